@@ -1,0 +1,100 @@
+# Build conventions for ucp (see README "Repository layout").
+#
+#   ucp_add_module(<name> SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
+#     One static library `ucp_<name>` (alias `ucp::<name>`). DEPS are other ucp
+#     modules (public), PRIVATE_DEPS the heavy third-party targets that only this
+#     module may see. Headers are included as "engine/<module>/<file>.h" etc.
+#
+#   ucp_add_test(<name> SOURCES ... [DEPS ...] [LABELS ...] [ENV ...]
+#                [FIXTURES_REQUIRED ...] [FIXTURES_SETUP ...])
+#     One GoogleTest binary registered as one ctest test.
+#
+#   ucp_add_sanitized_test(<name> SOURCES ... MODULES ... [LABELS ...])
+#     The same, but compiles the test and the sources of the listed modules
+#     once more with -fsanitize=address,undefined (used by tests/malformed).
+
+set_property(GLOBAL PROPERTY UCP_MODULES "")
+
+function(ucp_add_module name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(target ucp_${name})
+  add_library(${target} STATIC ${ARG_SOURCES})
+  add_library(ucp::${name} ALIAS ${target})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS})
+  if(ARG_DEPS)
+    target_link_libraries(${target} PUBLIC ${ARG_DEPS})
+  endif()
+  if(ARG_PRIVATE_DEPS)
+    target_link_libraries(${target} PRIVATE ${ARG_PRIVATE_DEPS})
+  endif()
+  # Remember absolute sources and deps for sanitized re-builds.
+  set(abs_sources "")
+  foreach(src IN LISTS ARG_SOURCES)
+    get_filename_component(abs "${src}" ABSOLUTE)
+    list(APPEND abs_sources "${abs}")
+  endforeach()
+  set_property(GLOBAL PROPERTY UCP_MODULE_${name}_SOURCES "${abs_sources}")
+  set_property(GLOBAL PROPERTY UCP_MODULE_${name}_PRIVATE_DEPS "${ARG_PRIVATE_DEPS}")
+  set_property(GLOBAL APPEND PROPERTY UCP_MODULES ${name})
+endfunction()
+
+function(ucp_add_test name)
+  cmake_parse_arguments(ARG "" "WORKING_DIRECTORY"
+    "SOURCES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  add_test(NAME ${name} COMMAND ${name})
+  _ucp_test_properties(${name})
+endfunction()
+
+function(ucp_add_sanitized_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;MODULES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
+  set(all_sources ${ARG_SOURCES})
+  set(private_deps "")
+  foreach(module IN LISTS ARG_MODULES)
+    get_property(srcs GLOBAL PROPERTY UCP_MODULE_${module}_SOURCES)
+    get_property(deps GLOBAL PROPERTY UCP_MODULE_${module}_PRIVATE_DEPS)
+    list(APPEND all_sources ${srcs})
+    list(APPEND private_deps ${deps})
+  endforeach()
+  add_executable(${name} ${all_sources})
+  set(san -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${san} -O1 -g)
+  target_link_options(${name} PRIVATE ${san})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE ${private_deps} ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  add_test(NAME ${name} COMMAND ${name})
+  list(APPEND ARG_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1"
+                      "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+  _ucp_test_properties(${name})
+endfunction()
+
+# Registers a Python test run with Debian's system interpreter (which has torch).
+#   ucp_add_python_test(<name> SCRIPT file ARGS ... [LABELS ...] [ENV ...] [FIXTURES_...])
+function(ucp_add_python_test name)
+  cmake_parse_arguments(ARG "" "SCRIPT" "ARGS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP;FIXTURES_CLEANUP" ${ARGN})
+  add_test(NAME ${name} COMMAND ${UCP_PYTHON} ${ARG_SCRIPT} ${ARG_ARGS})
+  _ucp_test_properties(${name})
+endfunction()
+
+macro(_ucp_test_properties name)
+  set(_env "UCP_TESTDATA=${UCP_TESTDATA_DIR}" "UCP_FIXTURES=${UCP_FIXTURES_DIR}"
+           "UCP_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "UCP_BINARY_DIR=${PROJECT_BINARY_DIR}"
+           "UCP_PYTHON=${UCP_PYTHON}" ${ARG_ENV})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${_env}")
+  if(ARG_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
+  endif()
+  if(ARG_FIXTURES_REQUIRED)
+    set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "${ARG_FIXTURES_REQUIRED}")
+  endif()
+  if(ARG_FIXTURES_SETUP)
+    set_tests_properties(${name} PROPERTIES FIXTURES_SETUP "${ARG_FIXTURES_SETUP}")
+  endif()
+  if(ARG_FIXTURES_CLEANUP)
+    set_tests_properties(${name} PROPERTIES FIXTURES_CLEANUP "${ARG_FIXTURES_CLEANUP}")
+  endif()
+endmacro()

@@ -1,0 +1,188 @@
+#include "engine/core/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "engine/core/error.h"
+
+namespace ucp {
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+}  // namespace
+
+File::File(File&& other) noexcept
+    : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    Close();
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+File::~File() { Close(); }
+
+void File::Close() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+File File::OpenRead(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open ", path.string(), ": ", Errno());
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw IoError("cannot open ", path.string(), ": is a directory");
+  }
+  return File(fd, path);
+}
+
+File File::Create(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError("cannot create ", path.string(), ": ", Errno());
+  return File(fd, path);
+}
+
+uint64_t File::Size() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    throw IoError("cannot stat ", path_.string(), ": ", Errno());
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+size_t File::ReadSome(void* dst, size_t n, uint64_t offset) const {
+  auto* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd_, out + done, n - done,
+                        static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("read failed on ", path_.string(), " at offset ",
+                    offset + done, ": ", Errno());
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+void File::ReadExact(void* dst, size_t n, uint64_t offset) const {
+  size_t got = ReadSome(dst, n, offset);
+  if (got != n) {
+    throw FormatError(path_.string(), ": unexpected end of file (wanted ", n,
+                      " bytes at offset ", offset, ", file has ", Size(),
+                      ")");
+  }
+}
+
+void File::WriteExact(const void* src, size_t n, uint64_t offset) {
+  const auto* in = static_cast<const char*>(src);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = ::pwrite(fd_, in + done, n - done,
+                         static_cast<off_t>(offset + done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("write failed on ", path_.string(), " at offset ",
+                    offset + done, ": ", Errno());
+    }
+    done += static_cast<size_t>(w);
+  }
+}
+
+void File::Allocate(uint64_t size) {
+  if (size == 0) return;
+  int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+  if (rc == 0) return;
+  if (rc == ENOSPC) {
+    throw IoError("no space left to allocate ", size, " bytes for ",
+                  path_.string());
+  }
+  Truncate(size);  // Filesystems without fallocate support.
+}
+
+void File::Truncate(uint64_t size) {
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+    throw IoError("cannot resize ", path_.string(), ": ", Errno());
+  }
+}
+
+void File::Sync() {
+  if (::fsync(fd_) != 0) {
+    throw IoError("fsync failed on ", path_.string(), ": ", Errno());
+  }
+}
+
+namespace {
+
+std::filesystem::path TempNameFor(const std::filesystem::path& final_path) {
+  static std::atomic<uint64_t> counter{0};
+  std::filesystem::path dir = final_path.parent_path();
+  std::string name = StrCat(".", final_path.filename().string(), ".ucp-tmp-",
+                            ::getpid(), "-", counter.fetch_add(1));
+  return dir.empty() ? std::filesystem::path(name) : dir / name;
+}
+
+}  // namespace
+
+OutputFile::OutputFile(std::filesystem::path final_path)
+    : final_(std::move(final_path)), temp_(TempNameFor(final_)) {
+  file_ = File::Create(temp_);
+}
+
+OutputFile::~OutputFile() {
+  if (!committed_ && !temp_.empty() && file_.is_open()) {
+    file_.Close();
+    std::error_code ignored;
+    std::filesystem::remove(temp_, ignored);
+  }
+}
+
+void OutputFile::Commit() {
+  file_.Sync();
+  file_.Close();
+  std::error_code ec;
+  std::filesystem::rename(temp_, final_, ec);
+  if (ec) {
+    std::filesystem::remove(temp_, ec);
+    throw IoError("cannot rename ", temp_.string(), " to ", final_.string(),
+                  ": ", ec.message());
+  }
+  committed_ = true;
+}
+
+std::string ReadSmallFile(const std::filesystem::path& path, size_t max_bytes) {
+  File f = File::OpenRead(path);
+  uint64_t size = f.Size();
+  if (size > max_bytes) {
+    throw FormatError(path.string(), ": file is ", size,
+                      " bytes, expected at most ", max_bytes);
+  }
+  std::string data(size, '\0');
+  f.ReadExact(data.data(), data.size(), 0);
+  return data;
+}
+
+void WriteFileAtomically(const std::filesystem::path& path,
+                         std::string_view data) {
+  OutputFile out(path);
+  out.file().WriteExact(data.data(), data.size(), 0);
+  out.Commit();
+}
+
+}  // namespace ucp

@@ -1,0 +1,89 @@
+#pragma once
+// Positional file I/O (pread/pwrite) and atomically published output files.
+// All functions are safe to call from several threads on one File.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace ucp {
+
+class File {
+ public:
+  File() noexcept = default;
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  /// Opens an existing file read-only. Throws IoError naming the file.
+  static File OpenRead(const std::filesystem::path& path);
+  /// Creates (or truncates) a file for writing. Throws IoError.
+  static File Create(const std::filesystem::path& path);
+
+  bool is_open() const noexcept { return fd_ >= 0; }
+  int fd() const noexcept { return fd_; }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+  /// Current size in bytes. Throws IoError.
+  uint64_t Size() const;
+  /// Reads exactly `n` bytes at `offset`. Throws FormatError ("unexpected end
+  /// of file") if the file ends first, IoError on a read failure.
+  void ReadExact(void* dst, size_t n, uint64_t offset) const;
+  /// Reads up to `n` bytes; returns fewer only at end of file. Throws IoError.
+  size_t ReadSome(void* dst, size_t n, uint64_t offset) const;
+  /// Writes exactly `n` bytes at `offset`. Throws IoError (e.g. disk full).
+  void WriteExact(const void* src, size_t n, uint64_t offset);
+  /// Reserves disk blocks for [0, size) (posix_fallocate, else ftruncate).
+  void Allocate(uint64_t size);
+  /// Sets the file size. Throws IoError.
+  void Truncate(uint64_t size);
+  /// fsync. Throws IoError.
+  void Sync();
+  /// Closes the descriptor; errors are ignored (use Sync first).
+  void Close() noexcept;
+
+ private:
+  File(int fd, std::filesystem::path path) noexcept
+      : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
+
+/// A file written under a temporary name in the destination folder and renamed
+/// to its final name only by Commit(); destroyed uncommitted, it is removed, so
+/// a failed run never leaves a partial file under the final name.
+class OutputFile {
+ public:
+  /// Throws IoError if the temporary file cannot be created.
+  explicit OutputFile(std::filesystem::path final_path);
+  OutputFile(OutputFile&&) noexcept = default;
+  OutputFile& operator=(OutputFile&&) noexcept = default;
+  ~OutputFile();
+
+  File& file() noexcept { return file_; }
+  const std::filesystem::path& final_path() const noexcept { return final_; }
+  const std::filesystem::path& temp_path() const noexcept { return temp_; }
+
+  /// fsync + rename onto the final name. Throws IoError.
+  void Commit();
+
+ private:
+  std::filesystem::path final_;
+  std::filesystem::path temp_;
+  File file_;
+  bool committed_ = false;
+};
+
+/// Reads a whole small file. Throws IoError, or FormatError if it is larger
+/// than `max_bytes`.
+std::string ReadSmallFile(const std::filesystem::path& path,
+                          size_t max_bytes = 1 << 20);
+
+/// Writes `data` to `path` atomically (temporary name + rename). Throws IoError.
+void WriteFileAtomically(const std::filesystem::path& path,
+                         std::string_view data);
+
+}  // namespace ucp

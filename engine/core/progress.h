@@ -1,0 +1,45 @@
+#pragma once
+// A progress bar on stderr, drawn only when stderr is a terminal (quiet in
+// pipes and CI logs). Add() is thread-safe and cheap.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace ucp {
+
+class Progress {
+ public:
+  enum class Mode { kAuto, kAlways, kNever };
+  /// `total` is in `unit`s ("B" prints bytes as KiB/MiB/GiB).
+  Progress(std::string label, uint64_t total, std::string unit = "B",
+           Mode mode = Mode::kAuto);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void Add(uint64_t amount) noexcept;
+  /// Draws the final state and a newline (if drawing at all).
+  void Finish() noexcept;
+  bool enabled() const noexcept { return enabled_; }
+  uint64_t done() const noexcept { return done_.load(); }
+
+  /// Process-wide default used by Mode::kAuto (the CLI's --quiet/--progress).
+  static void SetDefaultMode(Mode mode) noexcept;
+
+ private:
+  void Draw(bool final) noexcept;
+  std::string label_;
+  std::string unit_;
+  uint64_t total_;
+  bool enabled_;
+  bool finished_ = false;
+  std::atomic<uint64_t> done_{0};
+  std::atomic<int64_t> next_draw_ns_{0};
+  std::mutex draw_mutex_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace ucp
