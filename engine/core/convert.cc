@@ -53,7 +53,8 @@ uint16_t Float32ToFloat16(float value) noexcept {
   uint32_t sign = (f >> 16) & 0x8000u;
   uint32_t abs = f & 0x7FFFFFFFu;
   if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
-  if (abs >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7C00u);  // overflow/inf
+  if (abs >= 0x47800000u)
+    return static_cast<uint16_t>(sign | 0x7C00u);  // overflow/inf
   if (abs < 0x38800000u) {
     // Subnormal half (or zero): value * 2^24, rounded to nearest even.
     float scaled = FromBits(abs) * 16777216.0f;  // exact for these magnitudes

@@ -5,7 +5,8 @@
 // Foreign exceptions (c10::Error, HDF5 error stacks, nlohmann::json, yaml-cpp,
 // Boost.Program_options) are translated in the one module that touches that
 // library. Each layer adds one phrase of context, so a message reads
-//   rank file a/mp_rank_01/model_optim_rng.pt > param layers.3.mlp.fc1.weight > exp_avg: <what>
+//   rank file a/mp_rank_01/model_optim_rng.pt > param layers.3.mlp.fc1.weight >
+//   exp_avg: <what>
 // The subclasses are split by what the user can do about the failure; the CLI
 // maps each to its own exit code (ExitCode()).
 
@@ -100,11 +101,10 @@ class InternalError : public Error {
 }  // namespace ucp
 
 /// Throws InternalError if `cond` is false. For invariants, not for bad input.
-#define UCP_CHECK(cond, ...)                                            \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      throw ::ucp::InternalError("check failed at ", __FILE__, ":",     \
-                                 __LINE__, ": ",                        \
-                                 #cond __VA_OPT__(, " ", ) __VA_ARGS__); \
-    }                                                                   \
+#define UCP_CHECK(cond, ...)                                                   \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      throw ::ucp::InternalError("check failed at ", __FILE__, ":", __LINE__,  \
+                                 ": ", #cond __VA_OPT__(, " ", ) __VA_ARGS__); \
+    }                                                                          \
   } while (false)

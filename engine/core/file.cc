@@ -68,8 +68,8 @@ size_t File::ReadSome(void* dst, size_t n, uint64_t offset) const {
   auto* out = static_cast<char*>(dst);
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd_, out + done, n - done,
-                        static_cast<off_t>(offset + done));
+    ssize_t r =
+        ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw IoError("read failed on ", path_.string(), " at offset ",
@@ -85,8 +85,7 @@ void File::ReadExact(void* dst, size_t n, uint64_t offset) const {
   size_t got = ReadSome(dst, n, offset);
   if (got != n) {
     throw FormatError(path_.string(), ": unexpected end of file (wanted ", n,
-                      " bytes at offset ", offset, ", file has ", Size(),
-                      ")");
+                      " bytes at offset ", offset, ", file has ", Size(), ")");
   }
 }
 
@@ -94,8 +93,8 @@ void File::WriteExact(const void* src, size_t n, uint64_t offset) {
   const auto* in = static_cast<const char*>(src);
   size_t done = 0;
   while (done < n) {
-    ssize_t w = ::pwrite(fd_, in + done, n - done,
-                         static_cast<off_t>(offset + done));
+    ssize_t w =
+        ::pwrite(fd_, in + done, n - done, static_cast<off_t>(offset + done));
     if (w < 0) {
       if (errno == EINTR) continue;
       throw IoError("write failed on ", path_.string(), " at offset ",

@@ -82,7 +82,8 @@ class OutputFile {
 std::string ReadSmallFile(const std::filesystem::path& path,
                           size_t max_bytes = 1 << 20);
 
-/// Writes `data` to `path` atomically (temporary name + rename). Throws IoError.
+/// Writes `data` to `path` atomically (temporary name + rename). Throws
+/// IoError.
 void WriteFileAtomically(const std::filesystem::path& path,
                          std::string_view data);
 

@@ -59,9 +59,9 @@ void Progress::Finish() noexcept {
   std::lock_guard<std::mutex> lock(draw_mutex_);
   if (finished_) return;
   finished_ = true;
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                              start_)
-                    .count();
+  double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+          .count();
   double done = static_cast<double>(done_.load());
   std::fprintf(stderr, "\r\033[K%s: %s in %.1f s", label_.c_str(),
                Human(done, unit_).c_str(), secs);

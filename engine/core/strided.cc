@@ -47,8 +47,8 @@ std::optional<ElementRange> ViewExtent(std::span<const int64_t> shape,
                                        std::span<const int64_t> stride,
                                        int64_t offset) {
   if (shape.size() != stride.size()) {
-    throw FormatError("tensor has ", shape.size(), " sizes but ",
-                      stride.size(), " strides");
+    throw FormatError("tensor has ", shape.size(), " sizes but ", stride.size(),
+                      " strides");
   }
   if (offset < 0) throw FormatError("negative storage offset ", offset);
   int64_t last = offset;

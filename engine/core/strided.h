@@ -13,7 +13,8 @@ namespace ucp {
 using Shape = std::vector<int64_t>;
 
 /// Product of the dims; absent if a dim is negative or the product overflows.
-std::optional<int64_t> CheckedNumElements(std::span<const int64_t> shape) noexcept;
+std::optional<int64_t> CheckedNumElements(
+    std::span<const int64_t> shape) noexcept;
 
 /// Product of the dims. Throws InternalError if negative or overflowing.
 int64_t NumElements(std::span<const int64_t> shape);

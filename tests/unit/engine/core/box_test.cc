@@ -53,7 +53,8 @@ TEST(BoxProperty, RunPairsVisitExactlyTheBoxElementsInOrder) {
     std::vector<std::pair<int64_t, int64_t>> got;
     ForEachRunPair(src, src_shape, dst, dst_shape,
                    [&](int64_t s, int64_t t, int64_t n) {
-                     for (int64_t k = 0; k < n; ++k) got.emplace_back(s + k, t + k);
+                     for (int64_t k = 0; k < n; ++k)
+                       got.emplace_back(s + k, t + k);
                    });
     std::vector<std::pair<int64_t, int64_t>> want;
     int64_t n = src.NumElements();
@@ -70,7 +71,8 @@ TEST(BoxProperty, RunPairsVisitExactlyTheBoxElementsInOrder) {
         idx[d] = 0;
       }
     }
-    ASSERT_EQ(got, want) << "src " << src.ToString() << " dst " << dst.ToString();
+    ASSERT_EQ(got, want) << "src " << src.ToString() << " dst "
+                         << dst.ToString();
   }
 }
 

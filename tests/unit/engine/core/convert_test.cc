@@ -18,11 +18,10 @@ TEST(ConvertTest, MatchesTorchRoundingOnRandomBitPatterns) {
   SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
   std::mt19937_64 rng(seed);
   std::vector<uint32_t> bits;
-  const uint32_t specials[] = {0u,          0x80000000u, 0x7F800000u,
-                               0xFF800000u, 0x7FC00000u, 0x7F800001u,
-                               0x00000001u, 0x477FF000u, 0x477FEFFFu,
-                               0x38800000u, 0x387FFFFFu, 0x33000000u,
-                               0x3F808000u, 0x3F818000u, 0x3F80FFFFu};
+  const uint32_t specials[] = {
+      0u,          0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+      0x7F800001u, 0x00000001u, 0x477FF000u, 0x477FEFFFu, 0x38800000u,
+      0x387FFFFFu, 0x33000000u, 0x3F808000u, 0x3F818000u, 0x3F80FFFFu};
   bits.assign(std::begin(specials), std::end(specials));
   for (int i = 0; i < 200000; ++i) {
     uint32_t b = static_cast<uint32_t>(rng());
@@ -31,9 +30,9 @@ TEST(ConvertTest, MatchesTorchRoundingOnRandomBitPatterns) {
     bits.push_back(b);
   }
   testutil::TempDir dir;
-  testutil::WriteFile(dir / "in.bin",
-                      std::string(reinterpret_cast<const char*>(bits.data()),
-                                  bits.size() * 4));
+  testutil::WriteFile(
+      dir / "in.bin",
+      std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 4));
   const std::string script =
       "import sys, torch\n"
       "d = sys.argv[1]\n"
@@ -45,10 +44,11 @@ TEST(ConvertTest, MatchesTorchRoundingOnRandomBitPatterns) {
       ".numpy().tobytes())\n";
   testutil::WriteFile(dir / "conv.py", script);
   std::string out;
-  ASSERT_EQ(testutil::RunCommand(testutil::Python() + " " +
-                                     testutil::ShellQuote((dir / "conv.py").string()) +
-                                     " " + testutil::ShellQuote(dir.path().string()),
-                                 &out),
+  ASSERT_EQ(testutil::RunCommand(
+                testutil::Python() + " " +
+                    testutil::ShellQuote((dir / "conv.py").string()) + " " +
+                    testutil::ShellQuote(dir.path().string()),
+                &out),
             0)
       << out;
   std::string bf = testutil::ReadFile(dir / "bf16.bin");

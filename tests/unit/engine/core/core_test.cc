@@ -39,8 +39,9 @@ TEST(ErrorTest, ContextIsPrependedOuterFirst) {
 }
 
 TEST(ErrorTest, ExitCodesDifferPerClass) {
-  std::vector<int> codes = {FormatError("").ExitCode(), LayoutError("").ExitCode(),
-                            IoError("").ExitCode(), UsageError("").ExitCode(),
+  std::vector<int> codes = {FormatError("").ExitCode(),
+                            LayoutError("").ExitCode(), IoError("").ExitCode(),
+                            UsageError("").ExitCode(),
                             InternalError("").ExitCode()};
   std::sort(codes.begin(), codes.end());
   EXPECT_EQ(std::unique(codes.begin(), codes.end()), codes.end());
@@ -117,7 +118,8 @@ TEST(StridedTest, Contiguity) {
   EXPECT_TRUE(IsContiguous(Shape{2, 3}, std::vector<int64_t>{3, 1}));
   EXPECT_FALSE(IsContiguous(Shape{2, 3}, std::vector<int64_t>{1, 2}));
   EXPECT_TRUE(IsContiguous(Shape{1, 3}, std::vector<int64_t>{99, 1}));
-  EXPECT_EQ(ContiguousStrides(Shape{2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
+  EXPECT_EQ(ContiguousStrides(Shape{2, 3, 4}),
+            (std::vector<int64_t>{12, 4, 1}));
 }
 
 TEST(FileTest, OutputFileAppearsOnlyOnCommit) {

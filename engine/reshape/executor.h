@@ -1,0 +1,75 @@
+#pragma once
+// The parallel executor: runs plans (plan.h) with oneTBB under a memory
+// budget. Each target tensor is produced in chunks of whole dim-0 slices;
+// each chunk reads only the source bytes it needs (pread of contiguous runs,
+// coalesced when dense), converts dtypes, and is handed to the target's sink.
+// Peak buffer memory is about 2 x threads x chunk size <= memory_budget,
+// independent of checkpoint size.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/reshape/plan.h"
+
+namespace ucp {
+class Progress;
+}
+
+namespace ucp::reshape {
+
+/// Where source bytes come from. Read must be thread-safe.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  /// Reads exactly dst.size() bytes at `offset`. Throws ucp::Error.
+  virtual void Read(uint64_t offset, std::span<std::byte> dst) const = 0;
+  /// For messages: "rank file .../mp_rank_01/model_optim_rng.pt".
+  virtual std::string Describe() const = 0;
+};
+
+/// Where target bytes go. Write must be thread-safe; byte ranges of one
+/// target never overlap, and chunks of one target may arrive in any order
+/// unless the job asks for a hash.
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  virtual void Write(uint64_t offset, std::span<const std::byte> data) = 0;
+};
+
+struct Job {
+  TargetTensor tensor;
+  ByteSink* sink = nullptr;
+  /// Compute the XXH3-64 of the tensor's bytes (chunks then run in order).
+  bool hash = false;
+  uint64_t xxh3 = 0;  // result when hash is set
+};
+
+struct ExecutorOptions {
+  int threads = 0;                      // 0: all hardware threads
+  uint64_t memory_budget = 2ull << 30;  // bytes for chunk and staging buffers
+  Progress* progress = nullptr;         // receives bytes produced
+  uint64_t chunk_bytes = 0;             // 0: derived from the budget (tests)
+};
+
+struct ExecutorStats {
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t chunk_bytes = 0;  // chunk size used
+  int threads = 0;
+};
+
+/// Runs every job. The first failure cancels the rest and is rethrown with
+/// the job's name as context. Throws what sources and sinks throw, and
+/// InternalError for invalid plans.
+ExecutorStats Execute(std::span<Job> jobs,
+                      std::span<const ByteSource* const> sources,
+                      const ExecutorOptions& options);
+
+/// Parses "2G", "512M", "64K", "1000" (bytes). Throws UsageError.
+uint64_t ParseByteSize(std::string_view text);
+
+}  // namespace ucp::reshape

@@ -1,0 +1,55 @@
+#pragma once
+// The plan language shared by to-universal and reshape: every output tensor
+// (an atom in the universal file, or a tensor of a target rank file) is a
+// row-major contiguous tensor assembled from boxes of source tensors, each a
+// row-major contiguous tensor at a byte offset of some byte source (a storage
+// record of a torch file, an HDF5 dataset). Elements that no op covers are
+// zero (e.g. vocab padding beyond the stored padding rows, alignment gaps of a
+// flat optimizer buffer). Plans are pure data: format drivers build them,
+// the executor runs them.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/box.h"
+#include "engine/core/dtype.h"
+
+namespace ucp::reshape {
+
+/// A contiguous row-major tensor stored at `byte_offset` of source `source`
+/// (an index into the executor's source table).
+struct SourceTensor {
+  uint32_t source = 0;
+  uint64_t byte_offset = 0;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+};
+
+/// Copies `src_box` of `src` into `dst_box` of the target tensor (equal
+/// sizes), converting the dtype if it differs.
+struct CopyOp {
+  SourceTensor src;
+  Box src_box;
+  Box dst_box;
+};
+
+struct TargetTensor {
+  std::string name;  // used in messages: "param x > exp_avg"
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<CopyOp> ops;
+};
+
+/// Bytes of the target tensor.
+uint64_t NumBytes(const TargetTensor& t);
+
+/// Checks a target: every op's boxes inside their tensors with equal sizes,
+/// a supported dtype conversion, and no two ops writing the same element.
+/// Throws InternalError naming the tensor (these are planner bugs).
+void ValidateTarget(const TargetTensor& t);
+
+/// True if the ops cover every element of the target exactly (no fill).
+bool FullyCovered(const TargetTensor& t);
+
+}  // namespace ucp::reshape

@@ -1,0 +1,221 @@
+#include "engine/reshape/executor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "engine/core/convert.h"
+#include "engine/core/error.h"
+#include "engine/core/hash.h"
+#include "tests/testutil/testutil.h"
+
+namespace ucp::reshape {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+class MemSource : public ByteSource {
+ public:
+  explicit MemSource(std::string bytes) : bytes_(std::move(bytes)) {}
+  void Read(uint64_t offset, std::span<std::byte> dst) const override {
+    if (offset + dst.size() > bytes_.size()) throw FormatError("read past end");
+    std::memcpy(dst.data(), bytes_.data() + offset, dst.size());
+    reads_ += 1;
+  }
+  std::string Describe() const override { return "memory"; }
+  const std::string& bytes() const { return bytes_; }
+  mutable std::atomic<int> reads_{0};
+
+ private:
+  std::string bytes_;
+};
+
+class MemSink : public ByteSink {
+ public:
+  explicit MemSink(size_t size) : bytes_(size, '\xAB') {}
+  void Write(uint64_t offset, std::span<const std::byte> data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSERT_LE(offset + data.size(), bytes_.size());
+    std::memcpy(bytes_.data() + offset, data.data(), data.size());
+    offsets_.push_back(offset);
+  }
+  std::string bytes_;
+  std::vector<uint64_t> offsets_;
+  std::mutex mu_;
+};
+
+Shape RandomShape(std::mt19937_64& rng, size_t rank) {
+  Shape s(rank);
+  for (auto& d : s) d = 1 + static_cast<int64_t>(rng() % 7);
+  return s;
+}
+
+// Oracle: element-by-element assembly with the scalar conversion helpers.
+TEST(ExecutorProperty, AssemblesTargetsLikeNaiveElementCopy) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 150; ++iter) {
+    size_t rank = rng() % 4;
+    DType tdt = rng() % 2 ? DType::kFloat32 : DType::kBFloat16;
+    Shape tshape = RandomShape(rng, rank);
+    if (rank > 0) tshape[0] = 1 + static_cast<int64_t>(rng() % 40);
+    // Split the target into a grid of blocks along dim 0 and (maybe) dim 1;
+    // each block comes from its own source tensor, some blocks are left out.
+    std::vector<std::unique_ptr<MemSource>> sources;
+    TargetTensor t{"t" + std::to_string(iter), tdt, tshape, {}};
+    std::vector<Box> blocks;
+    if (rank == 0) {
+      blocks.push_back(Box::Whole(tshape));
+    } else {
+      int64_t r = 0;
+      while (r < tshape[0]) {
+        int64_t h = 1 + static_cast<int64_t>(rng() % 5);
+        h = std::min(h, tshape[0] - r);
+        Box b = Box::Whole(tshape);
+        b.offset[0] = r;
+        b.size[0] = h;
+        if (rank >= 2 && tshape[1] > 1 && rng() % 2) {
+          int64_t cut = 1 + static_cast<int64_t>(rng() % (tshape[1] - 1));
+          Box b2 = b;
+          b.size[1] = cut;
+          b2.offset[1] = cut;
+          b2.size[1] = tshape[1] - cut;
+          blocks.push_back(b2);
+        }
+        blocks.push_back(b);
+        r += h;
+      }
+    }
+    for (const Box& b : blocks) {
+      if (rng() % 6 == 0) continue;  // uncovered -> zeros
+      DType sdt = rng() % 2 ? DType::kFloat32 : DType::kBFloat16;
+      // Source tensor larger than the block; the block sits at a random offset.
+      Shape sshape = b.size;
+      Box src_box{Shape(rank, 0), b.size};
+      for (size_t d = 0; d < rank; ++d) {
+        int64_t extra = static_cast<int64_t>(rng() % 3);
+        src_box.offset[d] = static_cast<int64_t>(rng() % (extra + 1));
+        sshape[d] += extra;
+      }
+      uint64_t lead = rng() % 64;
+      std::string bytes(lead + NumElements(sshape) * ElementSize(sdt), '\0');
+      for (auto& c : bytes) c = static_cast<char>(rng());
+      if (sdt == DType::kFloat32) {  // avoid NaNs so conversion is comparable
+        for (size_t k = lead; k + 4 <= bytes.size(); k += 4)
+          bytes[k + 3] &= 0x3F;
+      } else {
+        for (size_t k = lead; k + 2 <= bytes.size(); k += 2)
+          bytes[k + 1] &= 0x3F;
+      }
+      sources.push_back(std::make_unique<MemSource>(bytes));
+      t.ops.push_back(
+          CopyOp{SourceTensor{static_cast<uint32_t>(sources.size() - 1), lead,
+                              sdt, sshape},
+                 src_box, b});
+    }
+    // Naive expected bytes.
+    const size_t tes = ElementSize(tdt);
+    std::string want(NumElements(tshape) * tes, '\0');
+    for (const CopyOp& op : t.ops) {
+      const std::string& sb = sources[op.src.source]->bytes();
+      int64_t n = op.dst_box.NumElements();
+      std::vector<int64_t> idx(rank, 0);
+      for (int64_t k = 0; k < n; ++k) {
+        int64_t sf = 0, df = 0;
+        for (size_t d = 0; d < rank; ++d) {
+          sf = sf * op.src.shape[d] + op.src_box.offset[d] + idx[d];
+          df = df * tshape[d] + op.dst_box.offset[d] + idx[d];
+        }
+        const char* from =
+            sb.data() + op.src.byte_offset + sf * ElementSize(op.src.dtype);
+        float v;
+        if (op.src.dtype == DType::kFloat32) {
+          std::memcpy(&v, from, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, from, 2);
+          v = BFloat16ToFloat32(h);
+        }
+        if (tdt == DType::kFloat32) {
+          std::memcpy(want.data() + df * 4, &v, 4);
+        } else {
+          uint16_t h = op.src.dtype == DType::kBFloat16
+                           ? *reinterpret_cast<const uint16_t*>(from)
+                           : Float32ToBFloat16(v);
+          std::memcpy(want.data() + df * 2, &h, 2);
+        }
+        for (size_t d = rank; d-- > 0;) {
+          if (++idx[d] < op.dst_box.size[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    MemSink sink(want.size());
+    std::vector<Job> jobs(1);
+    jobs[0].tensor = t;
+    jobs[0].sink = &sink;
+    jobs[0].hash = rng() % 2;
+    std::vector<const ByteSource*> srcs;
+    for (auto& s : sources) srcs.push_back(s.get());
+    ExecutorOptions options;
+    options.threads = 1 + static_cast<int>(rng() % 3);
+    options.chunk_bytes = 1 + rng() % 200;  // force many chunks
+    Execute(jobs, srcs, options);
+    ASSERT_EQ(sink.bytes_, want) << "iteration " << iter;
+    if (jobs[0].hash) {
+      EXPECT_EQ(jobs[0].xxh3, Xxh3(want.data(), want.size()));
+      EXPECT_TRUE(std::is_sorted(sink.offsets_.begin(), sink.offsets_.end()));
+    }
+  }
+}
+
+TEST(ExecutorTest, SourceErrorsCarryTheTensorName) {
+  MemSource src(std::string(8, '\0'));
+  MemSink sink(64);
+  std::vector<Job> jobs(1);
+  jobs[0].tensor =
+      TargetTensor{"param w > exp_avg",
+                   DType::kFloat32,
+                   {16},
+                   {CopyOp{SourceTensor{0, 0, DType::kFloat32, {16}},
+                           Box{{0}, {16}}, Box{{0}, {16}}}}};
+  jobs[0].sink = &sink;
+  std::vector<const ByteSource*> srcs = {&src};
+  EXPECT_THAT([&] { Execute(jobs, srcs, {}); },
+              ThrowsMessage<FormatError>(
+                  HasSubstr("param w > exp_avg > read past end")));
+}
+
+TEST(ExecutorTest, RejectsOverlappingOps) {
+  MemSource src(std::string(64, '\0'));
+  MemSink sink(64);
+  std::vector<Job> jobs(1);
+  SourceTensor s{0, 0, DType::kFloat32, {16}};
+  jobs[0].tensor = TargetTensor{"x",
+                                DType::kFloat32,
+                                {16},
+                                {CopyOp{s, Box{{0}, {8}}, Box{{0}, {8}}},
+                                 CopyOp{s, Box{{0}, {8}}, Box{{4}, {8}}}}};
+  jobs[0].sink = &sink;
+  std::vector<const ByteSource*> srcs = {&src};
+  EXPECT_THAT([&] { Execute(jobs, srcs, {}); },
+              ThrowsMessage<InternalError>(HasSubstr("overlapping")));
+}
+
+TEST(ExecutorTest, ParseByteSize) {
+  EXPECT_EQ(ParseByteSize("2G"), 2ull << 30);
+  EXPECT_EQ(ParseByteSize("512M"), 512ull << 20);
+  EXPECT_EQ(ParseByteSize("1000"), 1000u);
+  EXPECT_THROW(ParseByteSize("12X"), UsageError);
+  EXPECT_THROW(ParseByteSize("G"), UsageError);
+  EXPECT_THROW(ParseByteSize("99999999999999999999"), UsageError);
+}
+
+}  // namespace
+}  // namespace ucp::reshape
