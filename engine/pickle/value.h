@@ -7,13 +7,17 @@
 // its arguments, any BUILD state and any APPEND(S)/SETITEM(S) applied to it.
 // So argparse.Namespace, numpy arrays, enums, io.BytesIO, OrderedDict,
 // DeepSpeed/Megatron classes and torch's _rebuild_tensor_v2 calls all survive
-// as opaque, re-serialisable objects. The one decoding the VM performs is
-// `_codecs.encode(str, 'latin1')` (and `bytes()`), which protocol 2 uses for
-// Python `bytes`: it becomes a kBytes node, and the pickler re-encodes it.
+// as opaque, re-serialisable objects. The only decoding the VM performs is of
+// builtins whose result is a plain value and which protocol 2 uses to spell
+// such values: `_codecs.encode(str, 'latin1')` and `bytes()` become kBytes,
+// `bytearray(...)` kByteArray, `set(list)` kSet, `frozenset(list)`
+// kFrozenSet, and `copyreg.__newobj_ex__(cls, args, kwargs)` a kNewObjEx
+// object; the pickler spells them again the way CPython does.
 //
 // All nodes live in an Arena and refer to each other by raw pointer, so
 // sharing (memo BINGET) and even cycles are represented exactly and nothing is
-// destroyed recursively.
+// destroyed recursively. Every function here is iterative or depth-bounded:
+// graphs of any depth and cyclic graphs are safe.
 
 #include <cstdint>
 #include <deque>
@@ -40,7 +44,8 @@ enum class Kind : uint8_t {
   kSet,        // `items`
   kFrozenSet,  // `items`
   kGlobal,     // `module`, `name` exactly as written in the pickle
-  kObject,     // `op`, `callable`, `args`, [`kwargs`], [`state`], [`items`], [`entries`]
+  kObject,     // `op`, `callable`, `args`, [`kwargs`], [`state`], [`items`],
+               // [`entries`]
   kPersId,     // `pid`: a persistent id (torch storages)
 };
 
@@ -54,10 +59,13 @@ struct Value {
   /// kInt: the value when it fits int64 (then `big` is empty).
   int64_t i = 0;
   /// kInt that does not fit int64: two's-complement little-endian bytes, as
-  /// LONG1/LONG4 store them (minimal length).
+  /// LONG1/LONG4 store them (minimal length; never set for values that fit
+  /// int64).
   std::string big;
-  double f = 0;   // kFloat
-  std::string s;  // kStr / kBytes / kByteArray
+  double f = 0;  // kFloat
+  /// kStr: UTF-8 (lone surrogates allowed, as Python's 'surrogatepass');
+  /// kBytes / kByteArray: raw bytes.
+  std::string s;
 
   std::string module;  // kGlobal
   std::string name;    // kGlobal
@@ -90,23 +98,34 @@ struct Value {
   /// True for kObject nodes whose callable IsGlobal(module, name).
   bool IsObjectOf(std::string_view module,
                   std::string_view name) const noexcept;
-  /// "module.name" of a kGlobal, or of a kObject's callable when that is a
-  /// kGlobal; "" otherwise.
+  /// "module.qualname" of a kGlobal, or of a kObject's callable when that
+  /// names a global; "" otherwise. Python 2 names are normalised (fix_imports
+  /// mapping), and a callable spelled `getattr(Outer, 'Inner')` (nested
+  /// classes below protocol 4) reads "module.Outer.Inner". For objects built
+  /// by `copyreg._reconstructor(cls, ...)`, numpy's `_reconstruct(cls, ...)`,
+  /// `copyreg.__newobj_ex__(cls, ...)` or `builtins.getattr(cls, name)` (enum
+  /// members in Python >= 3.11) the class in args[0] is named instead, and
+  /// numpy's protocol-5 `_frombuffer(...)` reads "numpy.ndarray", so the
+  /// result equals Python's `type(obj).__module__ + '.' + __qualname__`
+  /// (numpy scalars, built by `numpy.core.multiarray.scalar`, are an
+  /// exception: their dtype is not a class reference).
   std::string ClassName() const;
   /// kDict, or a kObject whose class is collections.OrderedDict (with or
   /// without entries).
   bool IsDictLike() const noexcept;
-  /// For dict-likes: the value of the str key, nullptr if absent.
+  /// For dict-likes: the value of the str key (the last one if a stream
+  /// repeats a key, as in Python), nullptr if absent. Linear in the size.
   const Value* Get(std::string_view key) const noexcept;
   Value* Get(std::string_view key) noexcept;
   /// For a kObject whose BUILD state is a kDict (argparse.Namespace,
-  /// dataclasses, plain objects): that attribute, nullptr if absent.
+  /// dataclasses, plain objects) or a (dict-or-None, slots-dict) pair: that
+  /// attribute, nullptr if absent.
   const Value* Attr(std::string_view attribute) const noexcept;
   Value* Attr(std::string_view attribute) noexcept;
 };
 
-/// Owns every Value of one graph. Nodes never move (deque) and are freed all
-/// at once with the arena.
+/// Owns every Value of one graph. Nodes never move (deque; moving the Arena
+/// keeps them in place too) and are freed all at once with the arena.
 class Arena {
  public:
   Arena() = default;
@@ -119,12 +138,18 @@ class Arena {
   Value* None();
   Value* Bool(bool b);
   Value* Int(int64_t i);
+  /// An int from two's-complement little-endian bytes of any length (LONG1
+  /// style); stored in `i` when it fits int64, else minimal bytes in `big`.
+  Value* BigInt(std::string_view le_bytes);
   Value* Float(double f);
   Value* Str(std::string s);
   Value* Bytes(std::string s);
+  Value* ByteArray(std::string s);
   Value* Tuple(std::vector<Value*> items);
   Value* List(std::vector<Value*> items);
   Value* Dict(std::vector<std::pair<Value*, Value*>> entries = {});
+  Value* Set(std::vector<Value*> items);
+  Value* FrozenSet(std::vector<Value*> items);
   Value* Global(std::string module, std::string name);
   /// A kObject: op(callable, args); `args` must be a kTuple.
   Value* Object(ObjectOp op, Value* callable, Value* args);
@@ -144,21 +169,40 @@ class Arena {
   std::deque<Value> nodes_;
 };
 
-/// Structural equality: same kinds, values, order and class names; cycle-safe.
-/// Sharing is not compared (two equal copies equal one shared node).
+/// Structural equality: same kinds, values, order and class names (Python 2
+/// global names normalised); cycle-safe and iterative. Floats compare by bit
+/// pattern except that every NaN equals every NaN (so 0.0 != -0.0). Sharing
+/// is not compared (two equal copies equal one shared node).
 bool DeepEqual(const Value* a, const Value* b);
 
-/// A short Python-like rendering for messages and `ucp inspect`
-/// ("OrderedDict(3 items)", "'str'", "argparse.Namespace(...)"), at most
-/// `max_len` characters.
+/// A Python-like rendering for messages and `ucp inspect`, at most `max_len`
+/// characters (longer renderings are cut and end in "..."; pass
+/// std::string::npos for no limit). None, bool, int, float, str, bytes and
+/// bytearray render exactly as CPython 3.11's repr() (printable non-ASCII
+/// text is kept, per Unicode 14 as in Python 3.11; ints above 2048 bytes read
+/// "<int of N bytes>", as Python itself refuses to print them). Containers
+/// render like Python's repr ("[...]" for a list inside itself, nesting
+/// beyond 64 levels as "..."); objects as "module.Class(...)" with their
+/// entries, attributes or arguments; globals as "<global module.name>";
+/// persistent ids as "persid(...)".
 std::string Repr(const Value* v, size_t max_len = 80);
 
 /// True for globals that a malicious pickle would use to run code when loaded
-/// by Python (os.system, builtins.eval/exec, subprocess.*, ...). ucp never
-/// executes them; `ucp inspect` reports them.
-bool IsSuspiciousGlobal(std::string_view module, std::string_view name) noexcept;
+/// by Python: anything in os/posix/nt, subprocess, sys, shutil, socket, pty,
+/// runpy, importlib, ctypes, webbrowser, code, commands, multiprocessing,
+/// marshal, pdb, timeit, imp, zipimport; builtins eval/exec/compile/
+/// __import__/open/execfile/input/breakpoint/globals/locals/vars/apply/file/
+/// reload/setattr/delattr/__build_class__; pickle-style loads/load/Unpickler;
+/// codecs/io open and FileIO; types.FunctionType/CodeType; ... Python 2 names
+/// count as their Python 3 equivalents. Never what checkpoints legitimately
+/// use (getattr, set, bytes, _codecs.encode, OrderedDict, torch/numpy
+/// rebuild functions). ucp never executes any global; `ucp inspect` reports
+/// these.
+bool IsSuspiciousGlobal(std::string_view module,
+                        std::string_view name) noexcept;
 
-/// "module.name" of every suspicious kGlobal in the arena, sorted, unique.
+/// "module.name" (as written in the stream) of every suspicious kGlobal in the
+/// arena, sorted, unique; includes globals the stream POPs again.
 std::vector<std::string> SuspiciousGlobals(const Arena& arena);
 
 }  // namespace ucp::pickle
