@@ -1,0 +1,521 @@
+#include <hdf5.h>
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+
+#include "engine/atoms/atom_store.h"
+#include "engine/atoms/h5/h5.h"
+#include "engine/atoms/names.h"
+#include "engine/atoms/schema.h"
+#include "engine/core/aligned_buffer.h"
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/core/hash.h"
+
+namespace ucp::atoms {
+
+using namespace internal;  // NOLINT(build/namespaces): schema names.
+
+namespace {
+
+// Decodes a link name; only the canonical encoding is accepted, so that
+// lookups, which escape the name they are given, find every stored name.
+std::string Unescape(std::string_view link, std::string_view where,
+                     std::string_view reserved = {}) {
+  std::optional<std::string> name = UnescapeLinkName(link);
+  if (!name || EscapeLinkName(*name, reserved) != link) {
+    throw FormatError(where, ": malformed escaped name '", link, "'");
+  }
+  return *name;
+}
+
+template <typename T>
+T Require(std::optional<T> value, std::string_view where, const char* attr) {
+  if (!value) throw FormatError(where, ": attribute ", attr, " is missing");
+  return std::move(*value);
+}
+
+DType ParseDType(const std::string& name, std::string_view where) {
+  std::optional<DType> dtype = DTypeFromName(name);
+  if (!dtype) {
+    throw FormatError(where, ": unknown dtype attribute '", name, "'");
+  }
+  return *dtype;
+}
+
+// Objects below a group: opened with H5Oopen, typed with H5Iget_type.
+H5I_type_t ObjectType(const h5::Object& obj, const std::string& path) {
+  H5I_type_t type = H5Iget_type(obj.get());
+  if (type == H5I_BADID) h5::Fail("get object type of", path);
+  return type;
+}
+
+// Scans the HDF5 file; collects datasets (ids assigned later).
+class Scanner {
+ public:
+  Scanner(h5::Hid file, uint64_t file_size)
+      : file_(file), file_size_(file_size) {}
+
+  RootInfo ReadRoot() {
+    std::optional<std::string> format = attrs_.String(file_, kAttrFormat);
+    if (!format) {
+      throw FormatError(
+          "not a ucp universal file (root attribute ucp_format is missing)");
+    }
+    if (*format != kFormatName) {
+      throw FormatError("not a ucp universal file (ucp_format is '", *format,
+                        "', expected '", kFormatName, "')");
+    }
+    std::optional<int64_t> version = attrs_.Int64(file_, kAttrVersion);
+    if (!version) {
+      throw FormatError("root attribute ucp_version is missing");
+    }
+    if (*version != kFormatVersion) {
+      throw FormatError("unsupported ucp_version ", *version,
+                        " (this build reads version ", kFormatVersion, ")");
+    }
+    RootInfo root;
+    root.iteration =
+        Require(attrs_.Int64(file_, kAttrIteration), "/", kAttrIteration);
+    root.consumed_samples = Require(attrs_.Int64(file_, kAttrConsumedSamples),
+                                    "/", kAttrConsumedSamples);
+    auto text = [&](const char* name) {
+      return attrs_.String(file_, name).value_or("");
+    };
+    root.source = text(kAttrSource);
+    root.model = text(kAttrModel);
+    root.layout = text(kAttrLayout);
+    root.optimizer = text(kAttrOptimizer);
+    root.scheduler = text(kAttrScheduler);
+    root.args = text(kAttrArgs);
+    for (const std::string& name : h5::AttrNames(file_)) {
+      if (IsFixedRootAttr(name)) continue;
+      switch (attrs_.ScalarClass(file_, name.c_str())) {
+        case h5::AttrReader::Class::kString:
+          root.extra_strings[name] = *attrs_.String(file_, name.c_str());
+          break;
+        case h5::AttrReader::Class::kInteger:
+          root.extra_ints[name] = *attrs_.Int64(file_, name.c_str());
+          break;
+        case h5::AttrReader::Class::kOther:
+          break;
+      }
+    }
+    return root;
+  }
+
+  void ScanParams() {
+    std::optional<h5::Group> params = OpenTopGroup(kParamsGroup);
+    if (!params) return;
+    for (const std::string& link : h5::LinkNames(params->get())) {
+      std::string path = std::string(kParamsGroup) + "/" + link;
+      std::string fqn = Unescape(link, path);
+      h5::Object obj(H5Oopen(params->get(), link.c_str(), H5P_DEFAULT), "open",
+                     path);
+      if (ObjectType(obj, path) != H5I_GROUP) {
+        throw FormatError(path, ": expected a param group");
+      }
+      ParamInfo p = ReadParamAttrs(obj.get(), path);
+      p.fqn = std::move(fqn);
+      for (const std::string& child : h5::LinkNames(obj.get())) {
+        std::string child_path = path + "/" + child;
+        h5::Object c(H5Oopen(obj.get(), child.c_str(), H5P_DEFAULT), "open",
+                     child_path);
+        if (child == kPadGroup) {
+          if (ObjectType(c, child_path) != H5I_GROUP) {
+            throw FormatError(child_path, ": expected the pad group");
+          }
+          for (const std::string& pad : h5::LinkNames(c.get())) {
+            std::string pad_path = child_path + "/" + pad;
+            h5::Object d(H5Oopen(c.get(), pad.c_str(), H5P_DEFAULT), "open",
+                         pad_path);
+            DatasetInfo info = ScanDataset(d, pad_path);
+            info.kind = DatasetKind::kPad;
+            info.fqn = p.fqn;
+            info.state_kind = Unescape(pad, pad_path);
+            if (info.shape.size() != p.shape.size()) {
+              throw FormatError(pad_path, ": rank ", info.shape.size(),
+                                " differs from the param's shape attribute");
+            }
+            datasets_.push_back(std::move(info));
+          }
+          continue;
+        }
+        DatasetInfo info = ScanDataset(c, child_path);
+        info.kind = DatasetKind::kAtom;
+        info.fqn = p.fqn;
+        info.state_kind = Unescape(child, child_path, kPadGroup);
+        if (info.shape != p.shape && !info.shape.empty()) {
+          throw FormatError(child_path, ": extent ", ShapeText(info.shape),
+                            " differs from the param's shape attribute ",
+                            ShapeText(p.shape));
+        }
+        datasets_.push_back(std::move(info));
+      }
+      params_.push_back(StoredParam{std::move(p), {}, {}});
+    }
+  }
+
+  void ScanBuffers() {
+    std::optional<h5::Group> buffers = OpenTopGroup(kBuffersGroup);
+    if (!buffers) return;
+    for (const std::string& link : h5::LinkNames(buffers->get())) {
+      std::string path = std::string(kBuffersGroup) + "/" + link;
+      h5::Object obj(H5Oopen(buffers->get(), link.c_str(), H5P_DEFAULT), "open",
+                     path);
+      DatasetInfo info = ScanDataset(obj, path);
+      info.kind = DatasetKind::kBuffer;
+      info.fqn = Unescape(link, path);
+      datasets_.push_back(std::move(info));
+    }
+  }
+
+  void ScanOpaque() {
+    std::optional<h5::Group> opaque = OpenTopGroup(kOpaqueGroup);
+    if (!opaque) return;
+    ScanOpaqueGroup(opaque->get(), kOpaqueGroup, "", 0);
+  }
+
+  std::vector<StoredParam>& params() { return params_; }
+  std::vector<DatasetInfo>& datasets() { return datasets_; }
+
+ private:
+  static std::string ShapeText(const Shape& shape) {
+    std::string out = "(";
+    for (size_t i = 0; i < shape.size(); ++i) {
+      out += StrCat(i > 0 ? ", " : "", shape[i]);
+    }
+    return out + ")";
+  }
+
+  std::optional<h5::Group> OpenTopGroup(const char* name) {
+    if (!h5::HasLink(file_, name + 1)) return std::nullopt;
+    return h5::Group(H5Gopen2(file_, name, H5P_DEFAULT), "open group", name);
+  }
+
+  void ScanOpaqueGroup(h5::Hid group, const std::string& path,
+                       const std::string& key_prefix, int depth) {
+    // Bounds the recursion (hard links can even form cycles).
+    constexpr int kMaxDepth = 32;
+    if (depth > kMaxDepth) {
+      throw FormatError(path, ": opaque keys nested deeper than ", kMaxDepth,
+                        " levels");
+    }
+    for (const std::string& link : h5::LinkNames(group)) {
+      std::string child_path = path + "/" + link;
+      std::string key = key_prefix + Unescape(link, child_path);
+      h5::Object obj(H5Oopen(group, link.c_str(), H5P_DEFAULT), "open",
+                     child_path);
+      if (ObjectType(obj, child_path) == H5I_GROUP) {
+        ScanOpaqueGroup(obj.get(), child_path, key + "/", depth + 1);
+        continue;
+      }
+      DatasetInfo info = ScanDataset(obj, child_path);
+      info.kind = DatasetKind::kOpaque;
+      info.fqn = std::move(key);
+      if (info.dtype != DType::kUInt8 || info.shape.size() != 1) {
+        throw FormatError(child_path,
+                          ": an opaque blob must be a 1-D uint8 dataset");
+      }
+      datasets_.push_back(std::move(info));
+    }
+  }
+
+  ParamInfo ReadParamAttrs(h5::Hid group, const std::string& path) {
+    ParamInfo p;
+    p.shape = Require(attrs_.Int64Array(group, kAttrShape), path, kAttrShape);
+    if (!CheckedNumElements(p.shape)) {
+      throw FormatError(path, ": invalid shape attribute");
+    }
+    p.dtype = ParseDType(
+        Require(attrs_.String(group, kAttrDType), path, kAttrDType), path);
+    p.rule = Require(attrs_.String(group, kAttrRule), path, kAttrRule);
+    std::string kind =
+        Require(attrs_.String(group, kAttrKind), path, kAttrKind);
+    if (kind == "param") {
+      p.kind = ParamKind::kParam;
+    } else if (kind == "buffer") {
+      p.kind = ParamKind::kBuffer;
+    } else {
+      throw FormatError(path, ": kind attribute is '", kind,
+                        "', expected 'param' or 'buffer'");
+    }
+    p.group = Require(attrs_.Int64(group, kAttrGroup), path, kAttrGroup);
+    p.order = Require(attrs_.Int64(group, kAttrOrder), path, kAttrOrder);
+    p.tied_copies =
+        Require(attrs_.String(group, kAttrTiedCopies), path, kAttrTiedCopies);
+    return p;
+  }
+
+  const h5::Datatype& Expected(DType dtype) {
+    std::optional<h5::Datatype>& t = types_[static_cast<size_t>(dtype)];
+    if (!t) t = StorageType(dtype);
+    return *t;
+  }
+
+  static void CheckContiguous(hid_t ds, const std::string& path) {
+    h5::PropertyList dcpl(H5Dget_create_plist(ds), "get creation list of",
+                          path);
+    H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (layout < 0) h5::Fail("get layout of", path);
+    if (layout != H5D_CONTIGUOUS) {
+      throw FormatError(
+          path, ": has ",
+          layout == H5D_CHUNKED   ? "chunked"
+          : layout == H5D_COMPACT ? "compact"
+                                  : "non-contiguous",
+          " layout; ucp needs contiguous datasets (no compression) to read "
+          "them at file offsets");
+    }
+  }
+
+  DatasetInfo ScanDataset(const h5::Object& obj, const std::string& path) {
+    if (ObjectType(obj, path) != H5I_DATASET) {
+      throw FormatError(path, ": expected a dataset");
+    }
+    hid_t ds = obj.get();
+    DatasetInfo info;
+    info.path = path;
+
+    info.dtype = ParseDType(
+        Require(attrs_.String(ds, kAttrDType), path, kAttrDType), path);
+    info.xxh3 = Require(attrs_.UInt64(ds, kAttrXxh3), path, kAttrXxh3);
+
+    h5::Datatype type(H5Dget_type(ds), "get datatype of", path);
+    htri_t same = H5Tequal(type.get(), Expected(info.dtype).get());
+    h5::Check(same, "compare datatypes of", path);
+    if (same == 0) {
+      throw FormatError(path, ": stored as ", DescribeType(type.get()),
+                        " but its dtype attribute says ", DTypeName(info.dtype),
+                        " (stored as ",
+                        DescribeType(Expected(info.dtype).get()), ")");
+    }
+
+    h5::Dataspace space(H5Dget_space(ds), "get dataspace of", path);
+    H5S_class_t cls = H5Sget_simple_extent_type(space.get());
+    if (cls == H5S_SIMPLE) {
+      int rank = H5Sget_simple_extent_ndims(space.get());
+      h5::Check(rank, "get rank of", path);
+      std::vector<hsize_t> dims(static_cast<size_t>(rank));
+      h5::Check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr),
+                "get extent of", path);
+      for (hsize_t d : dims) {
+        if (d > static_cast<hsize_t>(INT64_MAX)) {
+          throw FormatError(path, ": extent too large");
+        }
+        info.shape.push_back(static_cast<int64_t>(d));
+      }
+    } else if (cls != H5S_SCALAR) {
+      throw FormatError(path, ": has a null dataspace");
+    }
+    std::optional<int64_t> n = CheckedNumElements(info.shape);
+    uint64_t size = ElementSize(info.dtype);
+    if (!n || (*n > 0 && static_cast<uint64_t>(*n) > UINT64_MAX / size)) {
+      throw FormatError(path, ": extent too large");
+    }
+    info.nbytes = static_cast<uint64_t>(*n) * size;
+    // H5Dget_offset is defined only for allocated contiguous storage; look
+    // at the (costly to fetch) creation list only if there is none.
+    haddr_t offset = H5Dget_offset(ds);
+    if (offset == HADDR_UNDEF) H5Eclear2(H5E_DEFAULT);
+    if (offset == HADDR_UNDEF || info.nbytes == 0) CheckContiguous(ds, path);
+    if (info.nbytes > 0) {
+      if (offset == HADDR_UNDEF) {
+        throw FormatError(path, ": has no allocated contiguous storage");
+      }
+      info.offset = offset;
+      if (info.offset > file_size_ || info.nbytes > file_size_ - info.offset) {
+        throw FormatError(path, ": its bytes end at ",
+                          info.offset + info.nbytes, " but the file has only ",
+                          file_size_, " bytes (truncated file?)");
+      }
+    }
+    return info;
+  }
+
+  h5::Hid file_;
+  uint64_t file_size_;
+  h5::AttrReader attrs_;
+  std::vector<StoredParam> params_;
+  std::vector<DatasetInfo> datasets_;
+  std::array<std::optional<h5::Datatype>, kNumDTypes> types_;
+};
+
+}  // namespace
+
+struct AtomStoreReader::Impl {
+  File file;
+  uint64_t file_size = 0;
+  RootInfo root;
+  std::vector<StoredParam> params;
+  std::vector<DatasetInfo> datasets;
+  std::unordered_map<std::string, size_t> param_index;
+  std::unordered_map<std::string, DatasetId> by_path;
+
+  const DatasetInfo* FindPath(const std::string& path) const {
+    auto it = by_path.find(path);
+    return it == by_path.end() ? nullptr : &datasets[it->second];
+  }
+
+  void Scan(const std::filesystem::path& path) {
+    h5::Silence();
+    h5::PropertyList fapl = FileAccessList(FileMode::kRead);
+    hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+    if (id < 0) {
+      throw FormatError("not a readable HDF5 file: ", h5::ErrorStack());
+    }
+    h5::File h5file(id, "open HDF5 file");
+    Scanner scanner(h5file.get(), file_size);
+    root = scanner.ReadRoot();
+    scanner.ScanParams();
+    scanner.ScanBuffers();
+    scanner.ScanOpaque();
+    h5file.Close("close HDF5 file");
+    params = std::move(scanner.params());
+    datasets = std::move(scanner.datasets());
+  }
+
+  void Index() {
+    std::sort(datasets.begin(), datasets.end(),
+              [](const DatasetInfo& a, const DatasetInfo& b) {
+                return std::tie(a.offset, a.path) < std::tie(b.offset, b.path);
+              });
+    std::sort(params.begin(), params.end(),
+              [](const StoredParam& a, const StoredParam& b) {
+                return std::tie(a.info.order, a.info.fqn) <
+                       std::tie(b.info.order, b.info.fqn);
+              });
+    for (size_t i = 0; i < params.size(); ++i) {
+      param_index.emplace(params[i].info.fqn, i);
+    }
+    for (size_t i = 0; i < datasets.size(); ++i) {
+      DatasetInfo& d = datasets[i];
+      d.id = static_cast<DatasetId>(i);
+      by_path.emplace(d.path, d.id);
+      if (d.kind == DatasetKind::kAtom || d.kind == DatasetKind::kPad) {
+        StoredParam& p = params[param_index.at(d.fqn)];
+        (d.kind == DatasetKind::kAtom ? p.atoms : p.pads).push_back(d.id);
+      }
+    }
+  }
+};
+
+AtomStoreReader::AtomStoreReader(std::unique_ptr<Impl> impl) noexcept
+    : impl_(std::move(impl)) {}
+AtomStoreReader::AtomStoreReader(AtomStoreReader&&) noexcept = default;
+AtomStoreReader& AtomStoreReader::operator=(AtomStoreReader&&) noexcept =
+    default;
+AtomStoreReader::~AtomStoreReader() = default;
+
+AtomStoreReader AtomStoreReader::Open(const std::filesystem::path& path) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    impl->file = File::OpenRead(path);
+    impl->file_size = impl->file.Size();
+    try {
+      impl->Scan(path);
+    } catch (const IoError& e) {
+      // HDF5 failing on a file we could open means its metadata is damaged.
+      throw FormatError("cannot read HDF5 metadata: ", e.what());
+    }
+    UCP_CHECK(impl->datasets.size() < UINT32_MAX, "too many datasets");
+    impl->Index();
+  } catch (Error& e) {
+    e.AddContext("universal file ", path.string());
+    throw;
+  }
+  return AtomStoreReader(std::move(impl));
+}
+
+const std::filesystem::path& AtomStoreReader::path() const noexcept {
+  return impl_->file.path();
+}
+
+const RootInfo& AtomStoreReader::root() const noexcept { return impl_->root; }
+
+uint64_t AtomStoreReader::file_size() const noexcept {
+  return impl_->file_size;
+}
+
+std::span<const StoredParam> AtomStoreReader::params() const noexcept {
+  return impl_->params;
+}
+
+std::span<const DatasetInfo> AtomStoreReader::datasets() const noexcept {
+  return impl_->datasets;
+}
+
+const DatasetInfo& AtomStoreReader::dataset(DatasetId id) const {
+  UCP_CHECK(id < impl_->datasets.size(), "dataset id ", id, " out of range");
+  return impl_->datasets[id];
+}
+
+const StoredParam* AtomStoreReader::FindParam(std::string_view fqn) const {
+  auto it = impl_->param_index.find(std::string(fqn));
+  return it == impl_->param_index.end() ? nullptr : &impl_->params[it->second];
+}
+
+const DatasetInfo* AtomStoreReader::FindAtom(
+    std::string_view fqn, std::string_view state_kind) const {
+  if (fqn.empty() || state_kind.empty()) return nullptr;
+  return impl_->FindPath(AtomPath(fqn, state_kind));
+}
+
+const DatasetInfo* AtomStoreReader::FindPadAtom(
+    std::string_view fqn, std::string_view state_kind) const {
+  if (fqn.empty() || state_kind.empty()) return nullptr;
+  return impl_->FindPath(PadPath(fqn, state_kind));
+}
+
+const DatasetInfo* AtomStoreReader::FindBuffer(std::string_view fqn) const {
+  if (fqn.empty()) return nullptr;
+  return impl_->FindPath(BufferPath(fqn));
+}
+
+const DatasetInfo* AtomStoreReader::FindOpaque(std::string_view key) const {
+  std::optional<std::string> path = OpaquePath(key);
+  return path ? impl_->FindPath(*path) : nullptr;
+}
+
+void AtomStoreReader::Read(DatasetId id, uint64_t byte_offset,
+                           std::span<std::byte> out) const {
+  const DatasetInfo& d = dataset(id);
+  UCP_CHECK(byte_offset <= d.nbytes && out.size() <= d.nbytes - byte_offset,
+            "read of ", out.size(), " bytes at ", byte_offset,
+            " outside dataset ", d.path, " of ", d.nbytes, " bytes");
+  if (out.empty()) return;
+  impl_->file.ReadExact(out.data(), out.size(), d.offset + byte_offset);
+}
+
+uint64_t AtomStoreReader::ComputeHash(DatasetId id) const {
+  const DatasetInfo& d = dataset(id);
+  constexpr uint64_t kChunk = 8 << 20;
+  AlignedBuffer buf(std::min(kChunk, std::max<uint64_t>(d.nbytes, 1)));
+  Xxh3Hasher hasher;
+  for (uint64_t done = 0; done < d.nbytes;) {
+    size_t n =
+        static_cast<size_t>(std::min<uint64_t>(buf.size(), d.nbytes - done));
+    impl_->file.ReadExact(buf.data(), n, d.offset + done);
+    hasher.Update(buf.data(), n);
+    done += n;
+  }
+  return hasher.Digest();
+}
+
+std::vector<HashMismatch> AtomStoreReader::Verify(
+    const std::function<void(uint64_t)>& progress) const {
+  std::vector<HashMismatch> mismatches;
+  for (const DatasetInfo& d : impl_->datasets) {
+    uint64_t actual = ComputeHash(d.id);
+    if (actual != d.xxh3) {
+      mismatches.push_back(HashMismatch{d.id, d.path, d.xxh3, actual});
+    }
+    if (progress && d.nbytes > 0) progress(d.nbytes);
+  }
+  return mismatches;
+}
+
+}  // namespace ucp::atoms
