@@ -1,0 +1,504 @@
+// ucp inspect: the key tree of torch.save files.
+
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/json/json.h"
+#include "engine/pickle/value.h"
+#include "engine/torchfile/torch_file.h"
+#include "engine/torchfile/zip.h"
+
+namespace ucp::cli {
+namespace {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+using torchfile::TensorInfo;
+using torchfile::TorchFile;
+
+constexpr const char* kHelp =
+    "usage: ucp inspect PATH... [--json] [--max-items N]\n"
+    "\n"
+    "Shows what a torch.save file holds without loading tensor data: the tree "
+    "of\n"
+    "dicts, lists and tuples with every tensor's dtype, shape and size "
+    "(views,\n"
+    "Parameters, requires_grad and the saving device are marked), scalars, "
+    "and\n"
+    "opaque objects by class (argparse.Namespace, numpy arrays, framework\n"
+    "classes). Nothing in the file is executed; globals that could run code "
+    "when\n"
+    "Python loads the file (os.system, builtins.eval, ...) are reported as\n"
+    "suspicious. A folder is searched recursively for torch.save files (zip "
+    "or\n"
+    "legacy format, recognised by content).\n"
+    "\n"
+    "examples:\n"
+    "  ucp inspect iter_0000100/mp_rank_00/model_optim_rng.pt\n"
+    "  ucp inspect checkpoints/iter_0000100            # every rank file\n"
+    "  ucp inspect --json model.pt | jq '.files[0].totals'\n"
+    "\n"
+    "options";
+
+bool LooksLikeTorchFile(const fs::path& path) {
+  try {
+    File f = File::OpenRead(path);
+    unsigned char head[4] = {0, 0, 0, 0};
+    if (f.ReadSome(head, 4, 0) < 4) return false;
+    if (head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4)
+      return true;
+    // Legacy format: a protocol-2 pickle starting with the LONG1 magic number.
+    return head[0] == 0x80 && head[1] == 0x02 && head[2] == 0x8a &&
+           head[3] == 0x0a;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<fs::path> CollectFiles(const std::vector<std::string>& paths) {
+  std::vector<fs::path> out;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<fs::path> found;
+      for (auto it = fs::recursive_directory_iterator(
+               p, fs::directory_options::skip_permission_denied, ec);
+           it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (ec) break;
+        if (it->is_regular_file(ec) && LooksLikeTorchFile(it->path())) {
+          found.push_back(it->path());
+        }
+      }
+      if (ec) throw IoError("cannot list ", p, ": ", ec.message());
+      std::sort(found.begin(), found.end());
+      if (found.empty())
+        throw UsageError("no torch.save files found under ", p);
+      out.insert(out.end(), found.begin(), found.end());
+    } else if (fs::exists(p, ec)) {
+      out.emplace_back(p);
+    } else {
+      throw IoError("cannot open ", p, ": no such file or directory");
+    }
+  }
+  return out;
+}
+
+// The Python class of a non-container, non-scalar value as Python would name
+// it (type(obj).__module__ + "." + __qualname__).
+std::string ClassOf(const Value* v) {
+  switch (v->kind) {
+    case Kind::kSet:
+      return "builtins.set";
+    case Kind::kFrozenSet:
+      return "builtins.frozenset";
+    case Kind::kByteArray:
+      return "builtins.bytearray";
+    case Kind::kGlobal:
+      return v->module + "." + v->name;
+    default: {
+      std::string cls = v->ClassName();
+      return cls.empty() ? "?" : cls;
+    }
+  }
+}
+
+bool IsContainer(const Value* v) {
+  return v->kind == Kind::kDict || v->kind == Kind::kList ||
+         v->kind == Kind::kTuple || v->IsDictLike();
+}
+
+std::string ShapeString(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string KeyString(const Value* key) {
+  if (auto s = key->AsStr()) return std::string(*s);
+  return pickle::Repr(key, 60);
+}
+
+std::string TensorLine(const TensorInfo& t) {
+  std::string s = StrCat(DTypeName(t.dtype), " ", ShapeString(t.shape), " ",
+                         HumanBytes(t.nbytes));
+  std::vector<std::string> flags;
+  if (t.is_parameter) flags.push_back("Parameter");
+  if (t.requires_grad) flags.push_back("requires_grad");
+  if (t.device() != "cpu") flags.push_back("saved on " + t.device());
+  if (!t.contiguous || t.storage_offset != 0 || t.storage->nbytes != t.nbytes) {
+    std::string v =
+        StrCat("view of storage ", t.storage_key(), " (",
+               HumanBytes(t.storage->nbytes), ") at offset ", t.storage_offset);
+    if (!t.contiguous) v += ", stride " + ShapeString(t.stride);
+    flags.push_back(v);
+  }
+  if (!flags.empty()) {
+    s += "  (";
+    for (size_t i = 0; i < flags.size(); ++i) s += (i ? ", " : "") + flags[i];
+    s += ")";
+  }
+  return s;
+}
+
+class TreePrinter {
+ public:
+  TreePrinter(const TorchFile& file, size_t max_items)
+      : file_(file), max_items_(max_items) {}
+
+  void Print(const Value* v, const std::string& label, int depth) {
+    std::string indent(2 * static_cast<size_t>(depth), ' ');
+    std::string prefix = indent + (label.empty() ? "" : label + ": ");
+    if (const TensorInfo* t = file_.FindTensor(v)) {
+      std::printf("%s%s\n", prefix.c_str(), TensorLine(*t).c_str());
+      return;
+    }
+    if (!IsContainer(v)) {
+      std::string what;
+      switch (v->kind) {
+        case Kind::kNone:
+        case Kind::kBool:
+        case Kind::kInt:
+        case Kind::kFloat:
+        case Kind::kStr:
+          what = pickle::Repr(v, 100);
+          break;
+        case Kind::kBytes:
+          what = StrCat("bytes (", v->s.size(), ")");
+          break;
+        default:
+          what = ClassOf(v);
+      }
+      std::printf("%s%s\n", prefix.c_str(), what.c_str());
+      return;
+    }
+    auto seen = seen_.find(v);
+    if (seen != seen_.end()) {
+      std::printf("%s(same object as %s)\n", prefix.c_str(),
+                  seen->second.c_str());
+      return;
+    }
+    seen_[v] = label.empty() ? "root" : label;
+    const bool dict = v->kind == Kind::kDict || v->IsDictLike();
+    std::string type = v->kind == Kind::kDict    ? "dict"
+                       : v->kind == Kind::kList  ? "list"
+                       : v->kind == Kind::kTuple ? "tuple"
+                                                 : "OrderedDict";
+    size_t n = dict ? v->entries.size() : v->items.size();
+    std::printf(
+        "%s%s (%zu %s)\n", prefix.c_str(), type.c_str(), n,
+        dict ? (n == 1 ? "entry" : "entries") : (n == 1 ? "item" : "items"));
+    if (dict) {
+      for (const auto& [key, value] : v->entries)
+        Print(value, KeyString(key), depth + 1);
+      return;
+    }
+    size_t shown = 0;
+    for (size_t i = 0; i < v->items.size(); ++i) {
+      const Value* item = v->items[i];
+      bool scalar = !IsContainer(item) && file_.FindTensor(item) == nullptr;
+      if (scalar && shown >= max_items_) {
+        std::printf("%s  ... (%zu more)\n", indent.c_str(),
+                    v->items.size() - i);
+        break;
+      }
+      if (scalar) ++shown;
+      Print(item, std::to_string(i), depth + 1);
+    }
+  }
+
+ private:
+  const TorchFile& file_;
+  size_t max_items_;
+  std::unordered_map<const Value*, std::string> seen_;
+};
+
+// Visits every non-container value reachable from `root` through dict /
+// OrderedDict / list / tuple containers, at every path (a container shared by
+// two parents is walked under both, as Python's traversal does), in
+// depth-first pre-order. Cycles are cut and at most `budget` values visited,
+// so a hostile graph of shared containers cannot blow up; returns false if the
+// budget ran out.
+bool ForEachLeaf(const Value* root,
+                 const std::function<void(const Value*,
+                                          const torchfile::TensorPath&)>& visit,
+                 size_t budget = 5'000'000) {
+  torchfile::TensorPath path;
+  std::set<const Value*> on_path;
+  size_t visited = 0;
+  std::function<bool(const Value*)> walk = [&](const Value* v) -> bool {
+    if (++visited > budget) return false;
+    if (!IsContainer(v)) {
+      visit(v, path);
+      return true;
+    }
+    if (!on_path.insert(v).second) return true;  // cycle
+    bool ok = true;
+    if (v->kind == Kind::kDict || v->IsDictLike()) {
+      for (const auto& [key, value] : v->entries) {
+        if (key->kind == Kind::kStr) {
+          path.emplace_back(key->s);
+        } else if (key->kind == Kind::kInt && key->big.empty()) {
+          path.emplace_back(key->i);
+        } else {
+          continue;
+        }
+        ok = walk(value);
+        path.pop_back();
+        if (!ok) break;
+      }
+    } else {
+      for (size_t i = 0; i < v->items.size() && ok; ++i) {
+        path.emplace_back(static_cast<int64_t>(i));
+        ok = walk(v->items[i]);
+        path.pop_back();
+      }
+    }
+    on_path.erase(v);
+    return ok;
+  };
+  return walk(root);
+}
+
+json::Value PathJson(const torchfile::TensorPath& path) {
+  json::Value a = json::Value::Array();
+  for (const auto& c : path) {
+    if (const std::string* s = std::get_if<std::string>(&c)) {
+      a.Append(*s);
+    } else {
+      a.Append(std::get<int64_t>(c));
+    }
+  }
+  return a;
+}
+
+json::Value ShapeJson(const std::vector<int64_t>& shape) {
+  json::Value a = json::Value::Array();
+  for (int64_t d : shape) a.Append(d);
+  return a;
+}
+
+struct Summary {
+  json::Value doc;   // --json document of the file
+  std::string text;  // totals lines for the human output
+};
+
+Summary Summarise(const TorchFile& file, uint64_t file_bytes) {
+  json::Value doc;
+  doc["path"] = file.path().string();
+  doc["format"] = file.format() == TorchFile::Format::kZip ? "zip" : "legacy";
+  doc["bytes"] = file_bytes;
+  if (file.zip() != nullptr) {
+    doc["archive_name"] = file.archive_name();
+    json::Value records = json::Value::Array();
+    const std::string prefix = file.archive_name() + "/";
+    for (const auto& e : file.zip()->entries()) {
+      records.Append(e.name.starts_with(prefix) ? e.name.substr(prefix.size())
+                                                : e.name);
+    }
+    doc["records"] = std::move(records);
+  }
+  json::Value tensors = json::Value::Array();
+  json::Value leaves = json::Value::Array();
+  json::Value objects = json::Value::Array();
+  std::map<std::string, std::pair<int64_t, uint64_t>> by_dtype;
+  std::map<std::string, int64_t> by_class;
+  std::set<const Value*> counted;
+  uint64_t tensor_bytes = 0;
+  const bool complete = ForEachLeaf(
+      file.root(), [&](const Value* v, const torchfile::TensorPath& path) {
+        if (const TensorInfo* t = file.FindTensor(v)) {
+          json::Value j;
+          j["path"] = PathJson(path);
+          j["dtype"] = std::string(DTypeName(t->dtype));
+          j["shape"] = ShapeJson(t->shape);
+          j["stride"] = ShapeJson(t->stride);
+          j["storage_offset"] = t->storage_offset;
+          j["nbytes"] = t->nbytes;
+          j["storage_key"] = t->storage_key();
+          j["storage_nbytes"] = t->storage->nbytes;
+          j["device"] = t->device();
+          j["requires_grad"] = t->requires_grad;
+          j["is_parameter"] = t->is_parameter;
+          tensors.Append(std::move(j));
+          return;
+        }
+        json::Value j;
+        j["path"] = PathJson(path);
+        switch (v->kind) {
+          case Kind::kNone:
+          case Kind::kBool:
+          case Kind::kInt:
+          case Kind::kFloat:
+          case Kind::kStr:
+          case Kind::kBytes: {
+            static const char* kTypes[] = {"NoneType", "bool", "int",
+                                           "float",    "str",  "bytes"};
+            j["type"] = kTypes[static_cast<int>(v->kind)];
+            j["repr"] = pickle::Repr(v, size_t{1} << 20);
+            leaves.Append(std::move(j));
+            return;
+          }
+          default:
+            j["class"] = ClassOf(v);
+            objects.Append(std::move(j));
+        }
+      });
+  for (const TensorInfo& t : file.tensors()) {
+    if (!counted.insert(t.node).second) continue;
+    auto& d = by_dtype[std::string(DTypeName(t.dtype))];
+    d.first += 1;
+    d.second += t.nbytes;
+    tensor_bytes += t.nbytes;
+  }
+  uint64_t storage_bytes = 0;
+  for (const auto& s : file.storages()) storage_bytes += s.nbytes;
+  for (const Value& node : file.arena().nodes()) {
+    if (node.kind != Kind::kObject) continue;
+    if (file.FindTensor(&node) != nullptr || node.IsDictLike()) continue;
+    std::string cls = node.ClassName();
+    if (cls.starts_with("torch._utils._rebuild") ||
+        cls == "torch._tensor._rebuild_from_type_v2")
+      continue;
+    by_class[cls.empty() ? "?" : cls] += 1;
+  }
+  std::vector<std::string> suspicious = pickle::SuspiciousGlobals(file.arena());
+
+  json::Value totals;
+  totals["tensors"] = static_cast<int64_t>(counted.size());
+  totals["tensor_bytes"] = tensor_bytes;
+  totals["storages"] = static_cast<int64_t>(file.storages().size());
+  totals["storage_bytes"] = storage_bytes;
+  json::Value dt = json::Value::Object();
+  for (const auto& [name, c] : by_dtype) {
+    json::Value e;
+    e["tensors"] = c.first;
+    e["bytes"] = c.second;
+    dt[name] = std::move(e);
+  }
+  totals["by_dtype"] = std::move(dt);
+  json::Value cl = json::Value::Object();
+  for (const auto& [name, c] : by_class) cl[name] = c;
+  totals["objects_by_class"] = std::move(cl);
+  doc["complete"] = complete;
+  doc["tensors"] = std::move(tensors);
+  doc["leaves"] = std::move(leaves);
+  doc["objects"] = std::move(objects);
+  doc["totals"] = std::move(totals);
+  json::Value sus = json::Value::Array();
+  for (const auto& s : suspicious) sus.Append(s);
+  doc["suspicious_globals"] = std::move(sus);
+
+  std::string text =
+      StrCat("totals: ", counted.size(), " tensors, ", HumanBytes(tensor_bytes),
+             " in ", file.storages().size(), " storages (",
+             HumanBytes(storage_bytes), ")");
+  for (const auto& [name, c] : by_dtype) {
+    text +=
+        StrCat("\n  ", name, ": ", c.first, " tensors, ", HumanBytes(c.second));
+  }
+  if (!by_class.empty()) {
+    text += "\nobjects:";
+    for (const auto& [name, c] : by_class)
+      text += StrCat(" ", name, " x", c, ";");
+    text.pop_back();
+  }
+  if (suspicious.empty()) {
+    text += "\nsuspicious globals: none";
+  } else {
+    text +=
+        "\nWARNING: suspicious globals (would run code if loaded by Python's "
+        "torch.load):";
+    for (const auto& s : suspicious) text += " " + s;
+  }
+  return {std::move(doc), std::move(text)};
+}
+
+}  // namespace
+
+int RunInspect(const std::vector<std::string>& args) {
+  po::options_description desc(kHelp);
+  bool json_out = false;
+  size_t max_items = 20;
+  desc.add_options()("help,h", "show this help")(
+      "json", po::bool_switch(&json_out),
+      "print one JSON document instead of the tree")(
+      "max-items", po::value<size_t>(&max_items)->default_value(20),
+      "scalar items shown per list/tuple in the tree");
+  po::options_description hidden;
+  hidden.add_options()("path", po::value<std::vector<std::string>>(), "");
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description pos;
+  pos.add("path", -1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(),
+            vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (!vm.count("path"))
+    throw UsageError("inspect needs a PATH (see: ucp inspect --help)");
+  std::vector<fs::path> files =
+      CollectFiles(vm["path"].as<std::vector<std::string>>());
+
+  json::Value all_docs = json::Value::Array();
+  json::Value errors = json::Value::Array();
+  int exit_code = 0;
+  for (const fs::path& path : files) {
+    try {
+      TorchFile file = TorchFile::Open(path);
+      std::error_code ec;
+      uint64_t bytes = fs::file_size(path, ec);
+      Summary s = Summarise(file, bytes);
+      if (json_out) {
+        all_docs.Append(std::move(s.doc));
+      } else {
+        std::string head =
+            StrCat(path.string(), "  (",
+                   file.format() == TorchFile::Format::kZip
+                       ? StrCat("zip, archive '", file.archive_name(), "'")
+                       : std::string("legacy format"),
+                   ", ", HumanBytes(bytes), ")");
+        std::printf("%s\n", head.c_str());
+        TreePrinter(file, max_items).Print(file.root(), "", 1);
+        std::printf("%s\n\n", s.text.c_str());
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "ucp: %s: %s\n", e.kind(), e.what());
+      if (exit_code == 0) exit_code = e.ExitCode();
+      json::Value err;
+      err["path"] = path.string();
+      err["kind"] = e.kind();
+      err["message"] = e.what();
+      errors.Append(std::move(err));
+    }
+  }
+  if (json_out) {
+    json::Value doc;
+    doc["files"] = std::move(all_docs);
+    doc["errors"] = std::move(errors);
+    std::printf("%s\n", doc.Dump(2).c_str());
+  }
+  return exit_code;
+}
+
+}  // namespace ucp::cli

@@ -1,0 +1,100 @@
+// ucp: universal checkpoint reshaping engine — command-line entry point.
+// Every failure ends as one line on stderr, "ucp: <kind>: <context > message>",
+// and an exit code per error class (see kExitCodes below and `ucp --help`).
+
+#include <boost/program_options/errors.hpp>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "engine/core/error.h"
+
+namespace ucp::cli {
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command> kCommands = {
+      {"inspect", "show the tensors, objects and totals of torch.save files",
+       RunInspect},
+  };
+  return kCommands;
+}
+
+namespace {
+
+void PrintUsage(std::FILE* out) {
+  std::fprintf(
+      out,
+      "ucp - universal checkpoint reshaping for large-model training\n"
+      "\n"
+      "usage: ucp <command> [options]   (ucp <command> --help for details)\n"
+      "\n"
+      "commands:\n");
+  for (const Command& c : Commands()) {
+    std::fprintf(out, "  %-14s %s\n", c.name, c.summary);
+  }
+  std::fprintf(
+      out,
+      "\n"
+      "examples:\n"
+      "  ucp inspect iter_0000100/mp_rank_00/model_optim_rng.pt\n"
+      "  ucp inspect --json checkpoints/iter_0000100 > tree.json\n"
+      "\n"
+      "exit codes: 0 ok, 1 other error, 2 usage error, 3 format error (input\n"
+      "corrupt or unsupported), 4 layout error, 5 i/o error, 70 internal "
+      "error\n");
+}
+
+int Fail(const char* kind, const char* what, int code) {
+  std::fprintf(stderr, "ucp: %s: %s\n", kind, what);
+  return code;
+}
+
+}  // namespace
+}  // namespace ucp::cli
+
+int main(int argc, char** argv) {
+  using namespace ucp::cli;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    PrintUsage(stderr);
+    return 2;
+  }
+  const std::string name = args.front();
+  if (name == "-h" || name == "--help" || name == "help") {
+    if (args.size() >= 2 && name == "help") {
+      args = {args[1], "--help"};
+    } else {
+      PrintUsage(stdout);
+      return 0;
+    }
+  }
+  if (name == "--version") {
+    std::printf("ucp 0.1.0\n");
+    return 0;
+  }
+  for (const Command& c : Commands()) {
+    if (args.front() != c.name) continue;
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    try {
+      return c.run(rest);
+    } catch (const ucp::Error& e) {
+      return Fail(e.kind(), e.what(), e.ExitCode());
+    } catch (const boost::program_options::error& e) {
+      std::string msg =
+          std::string(e.what()) + " (see: ucp " + c.name + " --help)";
+      return Fail("usage error", msg.c_str(), 2);
+    } catch (const std::bad_alloc&) {
+      return Fail("error", "out of memory (lower --memory or --threads)", 1);
+    } catch (const std::exception& e) {
+      return Fail("internal error", e.what(), 70);
+    }
+  }
+  std::fprintf(stderr,
+               "ucp: usage error: unknown command '%s' (see: ucp --help)\n",
+               name.c_str());
+  return 2;
+}
