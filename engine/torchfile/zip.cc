@@ -1,5 +1,7 @@
 #include "engine/torchfile/zip.h"
 
+#include "engine/torchfile/crc32_fast.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -17,8 +19,15 @@
 namespace ucp::torchfile {
 
 uint32_t Crc32(std::span<const std::byte> data, uint32_t crc) noexcept {
-  return static_cast<uint32_t>(
-      crc32_z(crc, reinterpret_cast<const Bytef*>(data.data()), data.size()));
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  size_t n = data.size();
+  if (n >= 256 && internal::HaveFastCrc32()) {
+    const size_t folded = n & ~size_t{15};
+    crc = internal::Crc32Folded(crc, p, folded);
+    p += folded;
+    n -= folded;
+  }
+  return static_cast<uint32_t>(crc32_z(crc, p, n));
 }
 
 uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) noexcept {
