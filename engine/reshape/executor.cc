@@ -28,12 +28,20 @@ struct WorkerBuffers {
   AlignedBuffer staging;
 };
 
-// A unit of work: one chunk of a job, or (for hashed jobs) all its chunks.
+// A job with its ops' runs computed once (shared by all its chunks).
+struct Prepared {
+  Job* job = nullptr;
+  std::vector<std::vector<Run>> runs;  // per op, increasing target order
+  int64_t numel = 0;
+};
+
+// A unit of work: one chunk (flat element range) of a job, or (for hashed
+// jobs) all its chunks in order.
 struct Unit {
-  Job* job;
-  int64_t first_slice;  // dim-0 slices [first, last)
-  int64_t last_slice;
-  bool whole_job;  // iterate all chunks in order (hashing)
+  Prepared* prepared;
+  int64_t begin;  // elements [begin, end)
+  int64_t end;
+  bool whole_job;
 };
 
 class Runner {
@@ -42,19 +50,24 @@ class Runner {
          Progress* progress)
       : sources_(sources), chunk_bytes_(chunk_bytes), progress_(progress) {}
 
+  int64_t ChunkElements(const TargetTensor& t) const {
+    return std::max<int64_t>(
+        1, static_cast<int64_t>(chunk_bytes_ / ElementSize(t.dtype)));
+  }
+
   void RunUnit(const Unit& unit) {
-    Job& job = *unit.job;
+    Prepared& p = *unit.prepared;
+    Job& job = *p.job;
     try {
       if (unit.whole_job) {
         Xxh3Hasher hasher;
-        const int64_t slices = Slices(job.tensor);
-        const int64_t per = SlicesPerChunk(job.tensor);
-        for (int64_t s = 0; s < slices; s += per) {
-          RunChunk(job, s, std::min(slices, s + per), &hasher);
+        const int64_t per = ChunkElements(job.tensor);
+        for (int64_t e = 0; e < p.numel; e += per) {
+          RunChunk(p, e, std::min(p.numel, e + per), &hasher);
         }
         job.xxh3 = hasher.Digest();
       } else {
-        RunChunk(job, unit.first_slice, unit.last_slice, nullptr);
+        RunChunk(p, unit.begin, unit.end, nullptr);
       }
     } catch (Error& e) {
       e.AddContext(job.tensor.name);
@@ -62,98 +75,57 @@ class Runner {
     }
   }
 
-  static int64_t Slices(const TargetTensor& t) {
-    if (t.shape.empty()) return 1;
-    return t.shape[0];
-  }
-
-  int64_t SlicesPerChunk(const TargetTensor& t) const {
-    uint64_t slice_bytes = SliceBytes(t);
-    if (slice_bytes == 0) return std::max<int64_t>(1, Slices(t));
-    return std::max<int64_t>(1,
-                             static_cast<int64_t>(chunk_bytes_ / slice_bytes));
-  }
-
-  static uint64_t SliceBytes(const TargetTensor& t) {
-    uint64_t n = ElementSize(t.dtype);
-    for (size_t d = 1; d < t.shape.size(); ++d)
-      n *= static_cast<uint64_t>(t.shape[d]);
-    return n;
-  }
-
   uint64_t bytes_read() const { return bytes_read_.load(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
 
  private:
-  void RunChunk(Job& job, int64_t s0, int64_t s1, Xxh3Hasher* hasher) {
-    const TargetTensor& t = job.tensor;
+  void RunChunk(Prepared& p, int64_t e0, int64_t e1, Xxh3Hasher* hasher) {
+    const TargetTensor& t = p.job->tensor;
     const size_t esize = ElementSize(t.dtype);
-    // The chunk as a box and as a tensor of its own.
-    Box chunk_box = Box::Whole(t.shape);
-    Shape chunk_shape = t.shape;
-    if (!t.shape.empty()) {
-      chunk_box.offset[0] = s0;
-      chunk_box.size[0] = s1 - s0;
-      chunk_shape[0] = s1 - s0;
-    }
-    const uint64_t bytes =
-        static_cast<uint64_t>(NumElements(chunk_shape)) * esize;
+    const uint64_t bytes = static_cast<uint64_t>(e1 - e0) * esize;
     if (bytes == 0) return;
     WorkerBuffers& buf = buffers_.local();
     buf.chunk.Reserve(bytes);
     std::byte* out = buf.chunk.data();
 
+    // Clip every op's runs to the chunk.
+    std::vector<std::pair<size_t, std::vector<Run>>> parts;
     int64_t covered = 0;
-    std::vector<std::pair<const CopyOp*, Box>> parts;
-    for (const CopyOp& op : t.ops) {
-      if (op.dst_box.empty()) continue;
-      std::optional<Box> sub = t.shape.empty()
-                                   ? std::optional<Box>(op.dst_box)
-                                   : Intersect(op.dst_box, chunk_box);
-      if (!sub) continue;
-      covered += sub->NumElements();
-      parts.emplace_back(&op, *sub);
-    }
-    if (covered != NumElements(chunk_shape)) std::memset(out, 0, bytes);
-
-    for (const auto& [op, sub] : parts) {
-      Shape src_delta(sub.rank()), chunk_delta(sub.rank());
-      for (size_t d = 0; d < sub.rank(); ++d) {
-        src_delta[d] = op->src_box.offset[d] - op->dst_box.offset[d];
-        chunk_delta[d] = -chunk_box.offset[d];
+    for (size_t i = 0; i < t.ops.size(); ++i) {
+      const std::vector<Run>& runs = p.runs[i];
+      auto it =
+          std::partition_point(runs.begin(), runs.end(),
+                               [&](const Run& r) { return r.dst + r.n <= e0; });
+      std::vector<Run> clipped;
+      for (; it != runs.end() && it->dst < e1; ++it) {
+        int64_t lo = std::max(it->dst, e0);
+        int64_t hi = std::min(it->dst + it->n, e1);
+        clipped.push_back({it->src + (lo - it->dst), lo - e0, hi - lo});
+        covered += hi - lo;
       }
-      Box src_sub = Shifted(sub, src_delta);
-      Box dst_sub = Shifted(sub, chunk_delta);
-      CopyBox(*op, src_sub, dst_sub, chunk_shape, t.dtype, out, buf);
+      if (!clipped.empty()) parts.emplace_back(i, std::move(clipped));
+    }
+    if (covered != e1 - e0) std::memset(out, 0, bytes);
+    for (const auto& [i, runs] : parts) {
+      CopyRuns(t.ops[i], runs, t.dtype, out, buf);
     }
 
-    const uint64_t byte_offset =
-        static_cast<uint64_t>(s0) * (t.shape.empty() ? 0 : SliceBytes(t));
-    job.sink->Write(byte_offset, std::span<const std::byte>(out, bytes));
+    p.job->sink->Write(static_cast<uint64_t>(e0) * esize,
+                       std::span<const std::byte>(out, bytes));
     if (hasher != nullptr) hasher->Update(out, bytes);
     bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
     if (progress_ != nullptr) progress_->Add(bytes);
   }
 
-  void CopyBox(const CopyOp& op, const Box& src_sub, const Box& dst_sub,
-               const Shape& chunk_shape, DType dst_dtype, std::byte* out,
-               WorkerBuffers& buf) {
+  // Copies runs (dst relative to the chunk) of one op into `out`.
+  void CopyRuns(const CopyOp& op, const std::vector<Run>& runs, DType dst_dtype,
+                std::byte* out, WorkerBuffers& buf) {
     const ByteSource* source = sources_[op.src.source];
     const size_t src_es = ElementSize(op.src.dtype);
     const size_t dst_es = ElementSize(dst_dtype);
     const bool same = op.src.dtype == dst_dtype;
-    struct Run {
-      int64_t src;
-      int64_t dst;
-      int64_t n;
-    };
-    std::vector<Run> runs;
-    ForEachRunPair(src_sub, op.src.shape, dst_sub, chunk_shape,
-                   [&](int64_t s, int64_t d, int64_t n) {
-                     runs.push_back({s, d, n});
-                   });
-    if (runs.empty()) return;
-    const int64_t needed = static_cast<int64_t>(runs.size()) * runs[0].n;
+    int64_t needed = 0;
+    for (const Run& r : runs) needed += r.n;
     const int64_t span_elems =
         runs.back().src + runs.back().n - runs.front().src;
     const uint64_t span_bytes = static_cast<uint64_t>(span_elems) * src_es;
@@ -183,7 +155,6 @@ class Runner {
       if (same) {
         source->Read(src_off, std::span<std::byte>(to, run_bytes));
       } else {
-        // Convert through the staging buffer, in pieces if the run is long.
         const uint64_t max_elems = std::max<uint64_t>(1, chunk_bytes_ / src_es);
         for (uint64_t done = 0; done < static_cast<uint64_t>(r.n);) {
           uint64_t n = std::min<uint64_t>(max_elems, r.n - done);
@@ -229,30 +200,35 @@ ExecutorStats Execute(std::span<Job> jobs,
     }
   }
 
+  std::vector<Prepared> prepared(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    prepared[j].job = &jobs[j];
+    prepared[j].numel = NumElements(jobs[j].tensor.shape);
+    for (const CopyOp& op : jobs[j].tensor.ops) {
+      prepared[j].runs.push_back(OpRuns(jobs[j].tensor, op));
+    }
+  }
   Runner runner(sources, chunk, options.progress);
   std::vector<Unit> units;
-  for (Job& job : jobs) {
-    if (job.hash) {
-      units.push_back({&job, 0, 0, true});
+  for (Prepared& p : prepared) {
+    if (p.job->hash) {
+      units.push_back({&p, 0, p.numel, true});
       continue;
     }
-    const int64_t slices = Runner::Slices(job.tensor);
-    const int64_t per = runner.SlicesPerChunk(job.tensor);
-    for (int64_t s = 0; s < slices; s += per) {
-      units.push_back({&job, s, std::min(slices, s + per), false});
+    const int64_t per = runner.ChunkElements(p.job->tensor);
+    for (int64_t e = 0; e < p.numel; e += per) {
+      units.push_back({&p, e, std::min(p.numel, e + per), false});
     }
   }
   // Largest first for better balance.
-  std::stable_sort(
-      units.begin(), units.end(), [](const Unit& a, const Unit& b) {
-        auto size = [](const Unit& u) {
-          return u.whole_job
-                     ? NumBytes(u.job->tensor)
-                     : static_cast<uint64_t>(u.last_slice - u.first_slice) *
-                           Runner::SliceBytes(u.job->tensor);
-        };
-        return size(a) > size(b);
-      });
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& a, const Unit& b) {
+                     auto size = [](const Unit& u) {
+                       return static_cast<uint64_t>(u.end - u.begin) *
+                              ElementSize(u.prepared->job->tensor.dtype);
+                     };
+                     return size(a) > size(b);
+                   });
 
   tbb::task_arena arena(threads);
   arena.execute([&] {

@@ -11,41 +11,44 @@ uint64_t NumBytes(const TargetTensor& t) {
   return static_cast<uint64_t>(NumElements(t.shape)) * ElementSize(t.dtype);
 }
 
+const Shape& DstShape(const TargetTensor& t, const CopyOp& op) {
+  return op.dst_shape.empty() && op.dst_offset == 0 ? t.shape : op.dst_shape;
+}
+
+std::vector<Run> OpRuns(const TargetTensor& t, const CopyOp& op) {
+  std::vector<Run> runs;
+  ForEachRunPair(op.src_box, op.src.shape, op.dst_box, DstShape(t, op),
+                 [&](int64_t s, int64_t d, int64_t n) {
+                   runs.push_back({s, op.dst_offset + d, n});
+                 });
+  return runs;
+}
+
 void ValidateTarget(const TargetTensor& t) {
+  const int64_t numel = NumElements(t.shape);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
   for (size_t i = 0; i < t.ops.size(); ++i) {
     const CopyOp& op = t.ops[i];
-    UCP_CHECK(BoxInside(op.dst_box, t.shape), t.name, ": op ", i,
-              " target box ", op.dst_box.ToString(), " outside shape of rank ",
-              t.shape.size());
+    const Shape& view = DstShape(t, op);
+    std::optional<int64_t> view_numel = CheckedNumElements(view);
+    UCP_CHECK(view_numel && op.dst_offset >= 0 &&
+                  op.dst_offset + *view_numel <= numel,
+              t.name, ": op ", i, " view at ", op.dst_offset,
+              " leaves the target of ", numel, " elements");
+    UCP_CHECK(BoxInside(op.dst_box, view), t.name, ": op ", i, " target box ",
+              op.dst_box.ToString(), " outside its view");
     UCP_CHECK(BoxInside(op.src_box, op.src.shape), t.name, ": op ", i,
               " source box ", op.src_box.ToString(), " outside its tensor");
     UCP_CHECK(op.src_box.size == op.dst_box.size, t.name, ": op ", i,
               " box sizes differ");
     UCP_CHECK(CanConvert(op.src.dtype, t.dtype), t.name, ": cannot convert ",
               DTypeName(op.src.dtype), " to ", DTypeName(t.dtype));
+    for (const Run& r : OpRuns(t, op)) ranges.emplace_back(r.dst, r.dst + r.n);
   }
-  // Overlap check: sort by dim-0 start, compare neighbours that overlap in dim
-  // 0.
-  if (t.shape.empty()) {
-    UCP_CHECK(t.ops.size() <= 1, t.name, ": several ops write a 0-d tensor");
-    return;
-  }
-  std::vector<const CopyOp*> ops;
-  for (const CopyOp& op : t.ops) {
-    if (!op.dst_box.empty()) ops.push_back(&op);
-  }
-  std::sort(ops.begin(), ops.end(), [](const CopyOp* a, const CopyOp* b) {
-    return a->dst_box.offset[0] < b->dst_box.offset[0];
-  });
-  for (size_t i = 0; i < ops.size(); ++i) {
-    int64_t end0 = ops[i]->dst_box.offset[0] + ops[i]->dst_box.size[0];
-    for (size_t j = i + 1; j < ops.size() && ops[j]->dst_box.offset[0] < end0;
-         ++j) {
-      UCP_CHECK(!Intersect(ops[i]->dst_box, ops[j]->dst_box).has_value(),
-                t.name, ": ops write overlapping boxes ",
-                ops[i]->dst_box.ToString(), " and ",
-                ops[j]->dst_box.ToString());
-    }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    UCP_CHECK(ranges[i].first >= ranges[i - 1].second, t.name,
+              ": ops write overlapping elements at ", ranges[i].first);
   }
 }
 

@@ -26,12 +26,18 @@ struct SourceTensor {
   Shape shape;
 };
 
-/// Copies `src_box` of `src` into `dst_box` of the target tensor (equal
-/// sizes), converting the dtype if it differs.
+/// Copies `src_box` of `src` into `dst_box` of the target, converting the
+/// dtype if it differs. The destination box lives in a row-major view of shape
+/// `dst_shape` that starts at element `dst_offset` of the target (flattened);
+/// an empty `dst_shape` means the target's own shape at offset 0. Views let a
+/// flat target (a distributed-optimizer buffer) hold many parameters' shards.
+/// Both boxes have the same sizes (and so the same rank).
 struct CopyOp {
   SourceTensor src;
   Box src_box;
   Box dst_box;
+  int64_t dst_offset = 0;
+  Shape dst_shape;
 };
 
 struct TargetTensor {
@@ -41,12 +47,27 @@ struct TargetTensor {
   std::vector<CopyOp> ops;
 };
 
+/// One contiguous run of an op: `n` elements from source element `src`
+/// (row-major in the source tensor) to target element `dst` (flat).
+struct Run {
+  int64_t src = 0;
+  int64_t dst = 0;
+  int64_t n = 0;
+};
+
+/// The op's runs in increasing target order (longest runs contiguous in both).
+std::vector<Run> OpRuns(const TargetTensor& t, const CopyOp& op);
+
+/// The shape of the view an op writes into.
+const Shape& DstShape(const TargetTensor& t, const CopyOp& op);
+
 /// Bytes of the target tensor.
 uint64_t NumBytes(const TargetTensor& t);
 
-/// Checks a target: every op's boxes inside their tensors with equal sizes,
-/// a supported dtype conversion, and no two ops writing the same element.
-/// Throws InternalError naming the tensor (these are planner bugs).
+/// Checks a target: every op's boxes inside their tensors (views inside the
+/// target) with equal sizes, a supported dtype conversion, and no two ops
+/// writing the same element. Throws InternalError naming the tensor (these are
+/// planner bugs).
 void ValidateTarget(const TargetTensor& t);
 
 /// True if the ops cover every element of the target exactly (no fill).

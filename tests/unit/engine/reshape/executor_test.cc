@@ -175,6 +175,88 @@ TEST(ExecutorProperty, AssemblesTargetsLikeNaiveElementCopy) {
   }
 }
 
+// Flat targets holding several row-major views (a distributed-optimizer
+// buffer): each view is filled from boxes of source tensors; gaps stay zero.
+TEST(ExecutorProperty, ViewsIntoFlatTargets) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 150; ++iter) {
+    std::vector<std::unique_ptr<MemSource>> sources;
+    TargetTensor t{"flat" + std::to_string(iter), DType::kFloat32, {0}, {}};
+    std::vector<float> want;
+    int nviews = 1 + static_cast<int>(rng() % 5);
+    for (int v = 0; v < nviews; ++v) {
+      int64_t gap = static_cast<int64_t>(rng() % 5);
+      want.resize(want.size() + gap, 0.0f);
+      size_t rank = 1 + rng() % 3;
+      Shape view = RandomShape(rng, rank);
+      const int64_t base = static_cast<int64_t>(want.size());
+      want.resize(want.size() + NumElements(view), 0.0f);
+      // The source: a larger tensor; the view equals a box of it (or two boxes
+      // split along dim 0).
+      Shape sshape = view;
+      sshape[rank - 1] += static_cast<int64_t>(rng() % 3);
+      std::vector<float> sdata(NumElements(sshape));
+      for (auto& x : sdata) x = static_cast<float>(rng() % 1000) - 500.0f;
+      sources.push_back(std::make_unique<MemSource>(std::string(
+          reinterpret_cast<const char*>(sdata.data()), sdata.size() * 4)));
+      int64_t col0 = sshape[rank - 1] - view[rank - 1];
+      int64_t cut = view[0] > 1 && rng() % 2
+                        ? 1 + static_cast<int64_t>(rng() % (view[0] - 1))
+                        : view[0];
+      for (int part = 0; part < 2; ++part) {
+        Box dst = Box::Whole(view);
+        if (part == 0) {
+          dst.size[0] = cut;
+        } else {
+          dst.offset[0] = cut;
+          dst.size[0] = view[0] - cut;
+        }
+        if (dst.empty()) continue;
+        Box src = dst;
+        src.offset[rank - 1] += col0;
+        t.ops.push_back(
+            CopyOp{SourceTensor{static_cast<uint32_t>(sources.size() - 1), 0,
+                                DType::kFloat32, sshape},
+                   src, dst, base, view});
+      }
+      // Expected: element (i0..) of the view = source element at +col0 in the
+      // last dim.
+      int64_t n = NumElements(view);
+      std::vector<int64_t> idx(rank, 0);
+      for (int64_t k = 0; k < n; ++k) {
+        int64_t sf = 0;
+        for (size_t d = 0; d < rank; ++d) {
+          sf = sf * sshape[d] + idx[d] + (d == rank - 1 ? col0 : 0);
+        }
+        want[base + k] = sdata[sf];
+        for (size_t d = rank; d-- > 0;) {
+          if (++idx[d] < view[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    want.resize(want.size() + rng() % 4, 0.0f);
+    t.shape = {static_cast<int64_t>(want.size())};
+    MemSink sink(want.size() * 4);
+    std::vector<Job> jobs(1);
+    jobs[0].tensor = t;
+    jobs[0].sink = &sink;
+    jobs[0].hash = rng() % 2;
+    std::vector<const ByteSource*> srcs;
+    for (auto& s : sources) srcs.push_back(s.get());
+    ExecutorOptions options;
+    options.threads = 1 + static_cast<int>(rng() % 3);
+    options.chunk_bytes = 4 * (1 + rng() % 50);
+    Execute(jobs, srcs, options);
+    ASSERT_EQ(sink.bytes_,
+              std::string(reinterpret_cast<const char*>(want.data()),
+                          want.size() * 4))
+        << "iteration " << iter;
+  }
+}
+
 TEST(ExecutorTest, SourceErrorsCarryTheTensorName) {
   MemSource src(std::string(8, '\0'));
   MemSink sink(64);
