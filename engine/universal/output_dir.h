@@ -1,0 +1,32 @@
+#pragma once
+// An output folder written under a temporary name next to its final name and
+// renamed into place only by Commit(), so a failed run leaves nothing under
+// the output name and never touches an existing folder.
+
+#include <filesystem>
+
+namespace ucp::universal {
+
+class StagedDirectory {
+ public:
+  /// Throws UsageError if `final_dir` exists and is not an empty folder;
+  /// IoError if the staging folder cannot be created.
+  explicit StagedDirectory(std::filesystem::path final_dir);
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+  /// Removes the staging folder unless committed.
+  ~StagedDirectory();
+
+  /// Where to write (the staging folder).
+  const std::filesystem::path& path() const noexcept { return staging_; }
+  const std::filesystem::path& final_path() const noexcept { return final_; }
+  /// Renames the staging folder onto the final name. Throws IoError.
+  void Commit();
+
+ private:
+  std::filesystem::path final_;
+  std::filesystem::path staging_;
+  bool committed_ = false;
+};
+
+}  // namespace ucp::universal

@@ -1,0 +1,50 @@
+#pragma once
+// Byte sources over the inputs of the executor: storages of torch files and
+// datasets of a universal file.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/atoms/atom_store.h"
+#include "engine/reshape/executor.h"
+#include "engine/reshape/plan.h"
+#include "engine/torchfile/torch_file.h"
+
+namespace ucp::universal {
+
+/// Reads one storage of a torch file (shared by all tensors viewing it).
+class TorchStorageSource : public reshape::ByteSource {
+ public:
+  TorchStorageSource(std::shared_ptr<const torchfile::TorchFile> file,
+                     const torchfile::StorageInfo* storage)
+      : file_(std::move(file)), storage_(storage) {}
+  void Read(uint64_t offset, std::span<std::byte> dst) const override {
+    file_->ReadStorage(*storage_, offset, dst);
+  }
+  std::string Describe() const override;
+
+ private:
+  std::shared_ptr<const torchfile::TorchFile> file_;
+  const torchfile::StorageInfo* storage_;
+};
+
+/// A byte source for every dataset of a universal file, indexed like the
+/// store's datasets (source index == DatasetId + `first_index`).
+class StoreSources {
+ public:
+  explicit StoreSources(const atoms::AtomStoreReader& store,
+                        uint32_t first_index = 0);
+  /// The source tensor of a dataset: the whole dataset, row-major.
+  reshape::SourceTensor Tensor(const atoms::DatasetInfo& dataset) const;
+  /// The sources in index order (append to the executor's source table).
+  std::vector<const reshape::ByteSource*> list() const;
+
+ private:
+  class DatasetSource;
+  const atoms::AtomStoreReader& store_;
+  uint32_t first_index_;
+  std::vector<std::unique_ptr<DatasetSource>> sources_;
+};
+
+}  // namespace ucp::universal

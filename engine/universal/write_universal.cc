@@ -1,0 +1,219 @@
+#include "engine/universal/write_universal.h"
+
+#include <chrono>
+#include <map>
+
+#include "engine/core/error.h"
+#include "engine/core/hash.h"
+#include "engine/core/progress.h"
+
+namespace ucp::universal {
+namespace {
+
+class NullSink : public reshape::ByteSink {
+ public:
+  void Write(uint64_t, std::span<const std::byte>) override {}
+};
+
+struct Classified {
+  std::vector<const Fragment*> main;  // primaries of the atom
+  std::vector<const Fragment*> pad;   // primaries of the pad atom
+  std::vector<std::pair<const Fragment*, const Fragment*>>
+      replicas;  // (copy, primary)
+};
+
+std::string AtomName(const AtomPlan& a) {
+  return StrCat("param ", a.param, " > ", a.state_kind);
+}
+
+Classified Classify(const AtomPlan& atom) {
+  Classified c;
+  for (const Fragment& f : atom.fragments) {
+    const Shape& region = f.pad ? atom.pad_shape : atom.shape;
+    UCP_CHECK(BoxInside(f.atom_box, region), AtomName(atom), ": fragment ",
+              f.where, " box ", f.atom_box.ToString(), " outside the atom");
+    UCP_CHECK(BoxInside(f.src_box, f.src.shape), AtomName(atom), ": fragment ",
+              f.where, " source box ", f.src_box.ToString(),
+              " outside its tensor");
+    UCP_CHECK(f.src_box.size == f.atom_box.size, AtomName(atom),
+              ": fragment box sizes differ");
+    if (f.atom_box.empty()) continue;
+    std::vector<const Fragment*>& list = f.pad ? c.pad : c.main;
+    const Fragment* same = nullptr;
+    for (const Fragment* p : list) {
+      if (!Intersect(p->atom_box, f.atom_box)) continue;
+      if (p->atom_box == f.atom_box) {
+        same = p;
+        break;
+      }
+      throw FormatError(AtomName(atom), ": ", p->where, " and ", f.where,
+                        " hold overlapping but different regions ",
+                        p->atom_box.ToString(), " and ", f.atom_box.ToString());
+    }
+    if (same != nullptr) {
+      c.replicas.emplace_back(&f, same);
+    } else {
+      list.push_back(&f);
+    }
+  }
+  auto check_cover = [&](const std::vector<const Fragment*>& list,
+                         const Shape& shape, const char* what) {
+    int64_t covered = 0;
+    for (const Fragment* f : list) covered += f->atom_box.NumElements();
+    const int64_t total = NumElements(shape);
+    if (covered != total) {
+      throw FormatError(AtomName(atom), ": the rank files hold ", covered,
+                        " of the ", total, " elements of the ", what,
+                        " (a rank file or a tensor is missing)");
+    }
+  };
+  check_cover(c.main, atom.shape, "tensor");
+  if (!atom.pad_shape.empty())
+    check_cover(c.pad, atom.pad_shape, "padding rows");
+  return c;
+}
+
+reshape::CopyOp OpOf(const Fragment& f) {
+  return reshape::CopyOp{f.src, f.src_box, f.atom_box, 0, {}};
+}
+
+}  // namespace
+
+WriteSummary WriteUniversal(const SourcePlan& plan,
+                            const std::filesystem::path& path,
+                            const reshape::ExecutorOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Classified> classified;
+  classified.reserve(plan.atoms.size());
+  for (const AtomPlan& a : plan.atoms) classified.push_back(Classify(a));
+
+  atoms::AtomStoreWriter writer = atoms::AtomStoreWriter::Create(path);
+  writer.SetRoot(plan.root);
+  for (const atoms::ParamInfo& p : plan.params) writer.AddParam(p);
+  std::vector<atoms::DatasetId> atom_ids, pad_ids;
+  for (const AtomPlan& a : plan.atoms) {
+    atom_ids.push_back(writer.AddAtom(a.param, a.state_kind, a.dtype, a.shape));
+    pad_ids.push_back(
+        a.pad_shape.empty()
+            ? atoms::DatasetId(-1)
+            : writer.AddPadAtom(a.param, a.state_kind, a.dtype, a.pad_shape));
+  }
+  std::vector<atoms::DatasetId> opaque_ids;
+  for (const OpaqueBlob& b : plan.opaque) {
+    opaque_ids.push_back(writer.AddOpaque(b.key, b.bytes.size()));
+  }
+  writer.Allocate();
+
+  std::vector<std::unique_ptr<StoreSink>> sinks;
+  NullSink null_sink;
+  std::vector<reshape::Job> jobs;
+  // (job of the atom, job of the pad atom or -1) per atom.
+  std::vector<std::pair<size_t, int64_t>> atom_jobs;
+  uint64_t atom_bytes = 0;
+  for (size_t i = 0; i < plan.atoms.size(); ++i) {
+    const AtomPlan& a = plan.atoms[i];
+    const Classified& c = classified[i];
+    reshape::Job job;
+    job.tensor = reshape::TargetTensor{AtomName(a), a.dtype, a.shape, {}};
+    for (const Fragment* f : c.main) job.tensor.ops.push_back(OpOf(*f));
+    sinks.push_back(std::make_unique<StoreSink>(writer, atom_ids[i]));
+    job.sink = sinks.back().get();
+    job.hash = true;
+    atom_bytes += reshape::NumBytes(job.tensor);
+    jobs.push_back(std::move(job));
+    int64_t pad_job = -1;
+    if (!a.pad_shape.empty()) {
+      reshape::Job pj;
+      pj.tensor = reshape::TargetTensor{
+          AtomName(a) + " (padding rows)", a.dtype, a.pad_shape, {}};
+      for (const Fragment* f : c.pad) pj.tensor.ops.push_back(OpOf(*f));
+      sinks.push_back(std::make_unique<StoreSink>(writer, pad_ids[i]));
+      pj.sink = sinks.back().get();
+      pj.hash = true;
+      atom_bytes += reshape::NumBytes(pj.tensor);
+      pad_job = static_cast<int64_t>(jobs.size());
+      jobs.push_back(std::move(pj));
+    }
+    atom_jobs.emplace_back(jobs.size() - (pad_job >= 0 ? 2 : 1), pad_job);
+  }
+  // Replica checks: hash the primary's and each copy's region.
+  struct Check {
+    size_t copy_job, primary_job;
+    const Fragment* copy;
+    const Fragment* primary;
+    const AtomPlan* atom;
+  };
+  std::vector<Check> checks;
+  std::map<const Fragment*, size_t> primary_job;
+  auto region_job = [&](const Fragment* f, const AtomPlan& a) {
+    reshape::Job job;
+    job.tensor = reshape::TargetTensor{
+        AtomName(a) + " (replica check of " + f->where + ")",
+        a.dtype,
+        f->atom_box.size,
+        {}};
+    job.tensor.ops.push_back(reshape::CopyOp{
+        f->src, f->src_box, Box::Whole(f->atom_box.size), 0, {}});
+    job.sink = &null_sink;
+    job.hash = true;
+    jobs.push_back(std::move(job));
+    return jobs.size() - 1;
+  };
+  for (size_t i = 0; i < plan.atoms.size(); ++i) {
+    for (const auto& [copy, primary] : classified[i].replicas) {
+      auto it = primary_job.find(primary);
+      size_t pj =
+          it != primary_job.end()
+              ? it->second
+              : (primary_job[primary] = region_job(primary, plan.atoms[i]));
+      checks.push_back(
+          {region_job(copy, plan.atoms[i]), pj, copy, primary, &plan.atoms[i]});
+    }
+  }
+
+  std::vector<const reshape::ByteSource*> sources;
+  for (const auto& s : plan.sources) sources.push_back(s.get());
+  uint64_t total = 0;
+  for (const reshape::Job& j : jobs) total += reshape::NumBytes(j.tensor);
+  Progress progress("to-universal", total);
+  reshape::ExecutorOptions opts = options;
+  opts.progress = &progress;
+  reshape::ExecutorStats stats = reshape::Execute(jobs, sources, opts);
+  progress.Finish();
+
+  for (const Check& c : checks) {
+    if (jobs[c.copy_job].xxh3 != jobs[c.primary_job].xxh3) {
+      throw FormatError(AtomName(*c.atom),
+                        ": replicas differ: ", c.primary->where, " and ",
+                        c.copy->where, " hold different values for ",
+                        c.primary->atom_box.ToString());
+    }
+  }
+  for (size_t i = 0; i < plan.atoms.size(); ++i) {
+    writer.SetHash(atom_ids[i], jobs[atom_jobs[i].first].xxh3);
+    if (atom_jobs[i].second >= 0) {
+      writer.SetHash(pad_ids[i],
+                     jobs[static_cast<size_t>(atom_jobs[i].second)].xxh3);
+    }
+  }
+  for (size_t i = 0; i < plan.opaque.size(); ++i) {
+    const std::string& b = plan.opaque[i].bytes;
+    writer.Write(opaque_ids[i], 0,
+                 std::as_bytes(std::span<const char>(b.data(), b.size())));
+    writer.SetHash(opaque_ids[i], Xxh3(b.data(), b.size()));
+  }
+  writer.Commit();
+
+  WriteSummary s;
+  s.params = static_cast<int64_t>(plan.params.size());
+  s.atoms = static_cast<int64_t>(plan.atoms.size());
+  s.atom_bytes = atom_bytes;
+  s.bytes_read = stats.bytes_read;
+  s.replicas_verified = static_cast<int64_t>(checks.size());
+  s.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  return s;
+}
+
+}  // namespace ucp::universal

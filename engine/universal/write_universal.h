@@ -1,0 +1,43 @@
+#pragma once
+// Writes a universal file from a SourcePlan (to-universal).
+
+#include <cstdint>
+#include <filesystem>
+
+#include "engine/reshape/executor.h"
+#include "engine/universal/source_plan.h"
+
+namespace ucp::universal {
+
+struct WriteSummary {
+  int64_t params = 0;
+  int64_t atoms = 0;
+  uint64_t atom_bytes = 0;
+  uint64_t bytes_read = 0;
+  int64_t replicas_verified = 0;
+  double seconds = 0;
+};
+
+/// Creates `path` (atomically: nothing appears under that name on failure).
+/// Throws FormatError if the fragments of an atom do not cover it exactly
+/// (naming the atom and the elements missing), overlap partially, or if
+/// replicas differ (naming both rank files); IoError on write failures.
+WriteSummary WriteUniversal(const SourcePlan& plan,
+                            const std::filesystem::path& path,
+                            const reshape::ExecutorOptions& options);
+
+/// A ByteSink into one dataset of a store being written.
+class StoreSink : public reshape::ByteSink {
+ public:
+  StoreSink(atoms::AtomStoreWriter& writer, atoms::DatasetId id)
+      : writer_(writer), id_(id) {}
+  void Write(uint64_t offset, std::span<const std::byte> data) override {
+    writer_.Write(id_, offset, data);
+  }
+
+ private:
+  atoms::AtomStoreWriter& writer_;
+  atoms::DatasetId id_;
+};
+
+}  // namespace ucp::universal

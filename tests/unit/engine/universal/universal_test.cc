@@ -1,0 +1,169 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "engine/atoms/atom_store.h"
+#include "engine/core/error.h"
+#include "engine/core/hash.h"
+#include "engine/universal/output_dir.h"
+#include "engine/universal/write_universal.h"
+#include "tests/testutil/testutil.h"
+
+namespace ucp::universal {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+class MemSource : public reshape::ByteSource {
+ public:
+  explicit MemSource(std::vector<float> v) : v_(std::move(v)) {}
+  void Read(uint64_t offset, std::span<std::byte> dst) const override {
+    ASSERT_LE(offset + dst.size(), v_.size() * 4);
+    std::memcpy(dst.data(), reinterpret_cast<const char*>(v_.data()) + offset,
+                dst.size());
+  }
+  std::string Describe() const override { return "mem"; }
+
+ private:
+  std::vector<float> v_;
+};
+
+// A 4x6 fp32 atom held as two dim-1 halves by two "TP ranks", each also
+// holding a replica of a 6-element norm; plus padding rows.
+struct Fixture {
+  std::vector<float> full;
+  SourcePlan plan;
+
+  explicit Fixture(bool corrupt_replica = false, bool drop_rank = false) {
+    for (int i = 0; i < 24; ++i) full.push_back(static_cast<float>(i) + 0.5f);
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float>
+          local;  // [4,3] columns 3r..3r+2, then norm [6], then pad [2,3]
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 3; ++j) local.push_back(full[i * 6 + 3 * r + j]);
+      for (int k = 0; k < 6; ++k)
+        local.push_back(100.0f + k + (corrupt_replica && r == 1 ? 1 : 0));
+      for (int k = 0; k < 6; ++k) local.push_back(-1.0f - k - 6 * r);
+      plan.sources.push_back(std::make_unique<MemSource>(local));
+    }
+    plan.root.iteration = 7;
+    plan.root.source = "{\"framework\": \"test\"}";
+    plan.params.push_back({"w",
+                           {4, 6},
+                           DType::kFloat32,
+                           "row",
+                           atoms::ParamKind::kParam,
+                           0,
+                           0,
+                           "[]"});
+    plan.params.push_back({"norm",
+                           {6},
+                           DType::kFloat32,
+                           "rep",
+                           atoms::ParamKind::kParam,
+                           1,
+                           1,
+                           "[]"});
+    AtomPlan w{"w", "fp32", DType::kFloat32, {4, 6}, {2, 6}, {}};
+    AtomPlan norm{"norm", "fp32", DType::kFloat32, {6}, {}, {}};
+    for (uint32_t r = 0; r < 2; ++r) {
+      if (drop_rank && r == 1) continue;
+      reshape::SourceTensor t{r, 0, DType::kFloat32, {4, 3}};
+      w.fragments.push_back({t, Box{{0, 0}, {4, 3}}, Box{{0, 3 * r}, {4, 3}},
+                             false, "rank " + std::to_string(r)});
+      reshape::SourceTensor pad{r, 4 * 18, DType::kFloat32, {2, 3}};
+      w.fragments.push_back({pad, Box{{0, 0}, {2, 3}}, Box{{0, 3 * r}, {2, 3}},
+                             true, "rank " + std::to_string(r) + " pad"});
+      reshape::SourceTensor n{r, 4 * 12, DType::kFloat32, {6}};
+      norm.fragments.push_back({n, Box{{0}, {6}}, Box{{0}, {6}}, false,
+                                "rank " + std::to_string(r) + " norm"});
+    }
+    plan.atoms.push_back(std::move(w));
+    plan.atoms.push_back(std::move(norm));
+    plan.opaque.push_back({"args", "pickled-args"});
+  }
+};
+
+std::vector<float> ReadAll(const atoms::AtomStoreReader& r,
+                           const atoms::DatasetInfo* d) {
+  std::vector<float> v(d->nbytes / 4);
+  r.Read(d->id, 0, std::as_writable_bytes(std::span<float>(v)));
+  return v;
+}
+
+TEST(WriteUniversalTest, AssemblesAtomsPadsAndBlobs) {
+  testutil::TempDir dir;
+  Fixture fx;
+  WriteSummary s = WriteUniversal(fx.plan, dir / "u.h5", {});
+  EXPECT_EQ(s.replicas_verified, 1);
+  atoms::AtomStoreReader r = atoms::AtomStoreReader::Open(dir / "u.h5");
+  EXPECT_EQ(r.root().iteration, 7);
+  EXPECT_EQ(ReadAll(r, r.FindAtom("w", "fp32")), fx.full);
+  std::vector<float> pad = ReadAll(r, r.FindPadAtom("w", "fp32"));
+  std::vector<float> want_pad = {-1, -2, -3, -7,  -8,  -9,
+                                 -4, -5, -6, -10, -11, -12};
+  EXPECT_EQ(pad, want_pad);
+  EXPECT_EQ(ReadAll(r, r.FindAtom("norm", "fp32")),
+            (std::vector<float>{100, 101, 102, 103, 104, 105}));
+  const atoms::DatasetInfo* blob = r.FindOpaque("args");
+  ASSERT_NE(blob, nullptr);
+  EXPECT_EQ(blob->xxh3, Xxh3("pickled-args", 12));
+  EXPECT_TRUE(r.Verify().empty());
+}
+
+TEST(WriteUniversalTest, ReplicasThatDifferAreAnErrorAndNothingIsWritten) {
+  testutil::TempDir dir;
+  Fixture fx(/*corrupt_replica=*/true);
+  EXPECT_THAT([&] { WriteUniversal(fx.plan, dir / "u.h5", {}); },
+              ThrowsMessage<FormatError>(
+                  AllOf(HasSubstr("param norm > fp32: replicas differ"),
+                        HasSubstr("rank 0 norm"), HasSubstr("rank 1 norm"))));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(WriteUniversalTest, MissingFragmentsAreNamed) {
+  testutil::TempDir dir;
+  Fixture fx(false, /*drop_rank=*/true);
+  EXPECT_THAT(
+      [&] { WriteUniversal(fx.plan, dir / "u.h5", {}); },
+      ThrowsMessage<FormatError>(HasSubstr(
+          "param w > fp32: the rank files hold 12 of the 24 elements")));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(WriteUniversalTest, PartialOverlapIsAnError) {
+  testutil::TempDir dir;
+  Fixture fx;
+  fx.plan.atoms[0].fragments[2].atom_box =
+      Box{{0, 2}, {4, 3}};  // rank 1 shifted
+  EXPECT_THAT([&] { WriteUniversal(fx.plan, dir / "u.h5", {}); },
+              ThrowsMessage<FormatError>(
+                  HasSubstr("overlapping but different regions")));
+}
+
+TEST(StagedDirectoryTest, AppearsOnlyOnCommitAndNeverOverwrites) {
+  testutil::TempDir dir;
+  auto out = dir / "out";
+  {
+    StagedDirectory s(out);
+    testutil::WriteFile(s.path() / "f", "x");
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  {
+    StagedDirectory s(out);
+    testutil::WriteFile(s.path() / "f", "x");
+    s.Commit();
+  }
+  EXPECT_EQ(testutil::ReadFile(out / "f"), "x");
+  EXPECT_THAT([&] { StagedDirectory again(out); },
+              ThrowsMessage<UsageError>(HasSubstr("already exists")));
+  EXPECT_THAT([&] { StagedDirectory bad(dir / "missing" / "out"); },
+              ThrowsMessage<IoError>(HasSubstr("does not exist")));
+}
+
+}  // namespace
+}  // namespace ucp::universal
