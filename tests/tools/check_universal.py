@@ -6,7 +6,9 @@ Usage:
                      [--allow-extra-kinds] [--no-xxh3-verify] [-v]
   check_universal.py --self-test
 
-TRUTH.pt is written by make_megatron_ckpts.py (DIR/<variant>/truth.pt).  Exit 0 when the file passes;
+TRUTH.pt is written by make_megatron_ckpts.py (DIR/<variant>/truth.pt, any --megatron-version: nothing checked
+here depends on the Megatron version; truth["megatron_version"] only names it in the reference writer's
+source.framework_version).  Exit 0 when the file passes;
 otherwise ONE line "<h5 path>: <what is wrong>" and exit 1 (2 for usage errors).
 
 Expectations (the schema of ISSUE3.md made explicit; names are exact):
@@ -435,7 +437,8 @@ def write_reference(truth: dict, path: str, topo_dir: str) -> None:
         f.attrs["iteration"] = np.int64(truth["iteration"])
         f.attrs["consumed_samples"] = np.int64(truth["consumed_train_samples"])
         f.attrs["source"] = json.dumps({
-            "framework": "megatron-lm", "framework_version": "core_v0.8.0", "format": "torch",
+            "framework": "megatron-lm",
+            "framework_version": f"core_v{truth.get('megatron_version', S.DEFAULT_VERSION)}.0", "format": "torch",
             "tp": a.tensor_model_parallel_size, "pp": a.pipeline_model_parallel_size,
             "vpp": a.virtual_pipeline_model_parallel_size or 1, "dp": a.data_parallel_size, "ep": 1,
             "distributed_optimizer": bool(a.use_distributed_optimizer), "dtypes": ["bfloat16"],

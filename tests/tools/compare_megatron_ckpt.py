@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""Compares two Megatron-LM legacy (``--ckpt-format torch``) checkpoint folders.
+"""Compares two Megatron-LM legacy (``--ckpt-format torch``) checkpoint folders (any Megatron-core version:
+v0.13 and v0.8 files as written by make_megatron_ckpts.py, see megatron_spec's version notes).
 
 Usage:
-  compare_megatron_ckpt.py EXPECTED_DIR ACTUAL_DIR [--ignore-rng] [--args-fields f1,f2,...]
-                           [--check-metadata] [--loose-optimizer-order]
+  compare_megatron_ckpt.py EXPECTED_DIR ACTUAL_DIR [--ignore-rng] [--ignore-rerun-state]
+                           [--args-fields f1,f2,...] [--check-metadata] [--loose-optimizer-order]
   compare_megatron_ckpt.py --self-test
 
 Exit 0 when equal.  Otherwise prints ONE line "<file>: <key path>: <difference>" and exits 1 (2 for
@@ -12,12 +13,15 @@ usage errors).  Both folders are checkpoint roots (the folder holding latest_che
 What must match:
   - tracker file content; the iteration folder it names; the set of entries at the root and in the
     iteration folder (rank folders); the set of files in each rank folder;
-  - per model_optim_rng.pt: the top-level keys (same order); `args`: the listed fields (default:
-    megatron_spec.LOAD_RELEVANT_ARGS; a field missing on one side is a difference); checkpoint_version,
-    iteration, opt_param_scheduler, num_floating_point_operations_so_far and any other top-level value
-    deeply equal; `rng_state` deeply equal unless --ignore-rng;
+  - per model_optim_rng.pt: the top-level keys (same order; v0.13 files have 'rerun_state_machine', v0.8
+    files do not); `args`: the listed fields (default: megatron_spec.LOAD_RELEVANT_ARGS; a field missing
+    on one side is a difference); checkpoint_version, iteration, opt_param_scheduler,
+    num_floating_point_operations_so_far and any other top-level value deeply equal; `rng_state` deeply
+    equal unless --ignore-rng; `rerun_state_machine` (v0.13: enums, iteration counter) deeply equal unless
+    --ignore-rerun-state;
   - model / model{i}: identical key ORDER, for tensors identical dtype, shape and bytes; TE
-    `_extra_state` io.BytesIO objects by content; None as None.  The state dict's `_metadata` only with
+    `_extra_state` by type and content (v0.8: io.BytesIO content; v0.13: torch.uint8 tensors, empty for TE
+    modules, pickle.dumps({}) for the final norm); None as None.  The state dict's `_metadata` only with
     --check-metadata;
   - optimizer: deep equality (param_groups incl. 'params' id lists, every hyper-parameter with its exact
     type and float bits, which keys exist (e.g. 'step'), state ids and tensors, fp32_from_fp16_params);
@@ -25,8 +29,9 @@ What must match:
     params) is compared too, unless --loose-optimizer-order;
   - distrib_optim.pt: deep equality (buckets_coalesced, buffer indices, (dtype, dtype) keys, world
     tensors bit-identical, numel_unpadded).
-Deep equality: same Python types (dict vs OrderedDict, list vs tuple, int vs float), tensors bitwise
-(NaN payloads and -0.0 count), floats bitwise, numpy arrays by dtype/shape/bytes, io.BytesIO by content.
+Deep equality: same Python types (dict vs OrderedDict, list vs tuple, int vs float, enum classes by
+module and name), tensors bitwise (NaN payloads and -0.0 count), floats bitwise, numpy arrays by
+dtype/shape/bytes, io.BytesIO by content, enum members by identity.
 Files are read with torch.load(map_location='cpu'); Megatron classes come from tests/tools/stubs.
 """
 
@@ -49,6 +54,8 @@ sys.path.insert(0, _HERE)
 sys.path.insert(0, os.path.join(_HERE, "stubs"))
 
 import megatron_spec as S  # noqa: E402
+import megatron.core.rerun_state_machine  # noqa: E402,F401  (stubs: classes pickled by v0.13 files)
+import megatron.core.transformer.enums  # noqa: E402,F401
 
 TRACKER = S.TRACKER_NAME
 
@@ -168,7 +175,7 @@ def compare_model(a: Any, b: Any, key: str, check_metadata: bool) -> None:
 
 
 def compare_rank_file(exp_path: str, act_path: str, args_fields: Sequence[str], ignore_rng: bool,
-                      check_metadata: bool, strict_order: bool) -> None:
+                      check_metadata: bool, strict_order: bool, ignore_rerun: bool = False) -> None:
     ea, aa = _load(exp_path), None
     try:
         aa = torch.load(act_path, map_location="cpu")
@@ -187,6 +194,9 @@ def compare_rank_file(exp_path: str, act_path: str, args_fields: Sequence[str], 
         elif k == "rng_state":
             if not ignore_rng:
                 deep_diff(ea[k], aa[k], [k])
+        elif k == "rerun_state_machine":
+            if not ignore_rerun:
+                deep_diff(ea[k], aa[k], [k])
         elif k == "optimizer":
             deep_diff(ea[k], aa[k], [k], strict_order)
         else:
@@ -194,7 +204,8 @@ def compare_rank_file(exp_path: str, act_path: str, args_fields: Sequence[str], 
 
 
 def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD_RELEVANT_ARGS,
-                 ignore_rng: bool = False, check_metadata: bool = False, strict_order: bool = True) -> None:
+                 ignore_rng: bool = False, check_metadata: bool = False, strict_order: bool = True,
+                 ignore_rerun: bool = False) -> None:
     """Raises Diff (message prefixed with the file) at the first difference."""
     def rel(p: str) -> str:
         return os.path.relpath(p, actual)
@@ -224,7 +235,8 @@ def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD
             pe, pa = os.path.join(ie, rd, f), os.path.join(ia, rd, f)
             try:
                 if f == "model_optim_rng.pt":
-                    compare_rank_file(pe, pa, args_fields, ignore_rng, check_metadata, strict_order)
+                    compare_rank_file(pe, pa, args_fields, ignore_rng, check_metadata, strict_order,
+                                      ignore_rerun)
                 elif f.endswith(".pt"):
                     deep_diff(_load(pe), _load(pa), [], strict_order=True)
                 else:
@@ -261,6 +273,17 @@ def self_test() -> int:
             r = run(e, os.path.join(tmp, "gen2", cfg.name, topo), check_metadata=True, strict_order=True)
             if r:
                 failures.append(f"independent regeneration differs: {r}")
+        # v0.8 files: regeneration equal, and different from the v0.13 files of the same topology
+        cfg08 = S.with_version(cfg, "0.8")
+        for d in ("exp08", "gen08"):
+            M.generate(os.path.join(tmp, d), [cfg08], "tp2_pp2_vpp2_dp1_nodo", log=lambda *_: None)
+        e08 = os.path.join(tmp, "exp08", cfg.name, "tp2_pp2_vpp2_dp1_nodo")
+        r = run(e08, os.path.join(tmp, "gen08", cfg.name, "tp2_pp2_vpp2_dp1_nodo"), check_metadata=True)
+        if r:
+            failures.append(f"independent v0.8 regeneration differs: {r}")
+        r = run(os.path.join(tmp, "exp", cfg.name, "tp2_pp2_vpp2_dp1_nodo"), e08)
+        if r is None or "top-level keys" not in r:
+            failures.append(f"v0.13 vs v0.8 files: {r}")
 
         def mutate(topo: str, rank: str, fname: str, fn, name: str, expect_fail: bool = True,
                    raw: bool = False, **kw):
@@ -311,9 +334,43 @@ def self_test() -> int:
         mutate(nodo, r0, "model_optim_rng.pt", drop_extra, "missing _extra_state")
 
         def extra_bytes(sd):
-            sd["model0"]["decoder.layers.0.self_attention.linear_proj._extra_state"] = io.BytesIO(b"x")
+            sd["model0"]["decoder.layers.0.self_attention.linear_proj._extra_state"] = torch.tensor(
+                [0x80], dtype=torch.uint8)
 
         mutate(nodo, r0, "model_optim_rng.pt", extra_bytes, "_extra_state content")
+
+        def extra_type(sd):
+            sd["model0"]["decoder.layers.0.self_attention.linear_proj._extra_state"] = io.BytesIO(b"")
+
+        mutate(nodo, r0, "model_optim_rng.pt", extra_type, "_extra_state as io.BytesIO")
+
+        def norm_extra(sd):
+            sd["model1"]["decoder.final_layernorm._extra_state"] = torch.frombuffer(
+                bytearray(b"\x80\x02}q\x00."), dtype=torch.uint8)
+
+        mutate(nodo, r1, "model_optim_rng.pt", norm_extra, "final norm _extra_state pickle protocol")
+
+        def rerun_iter(sd):
+            sd["rerun_state_machine"]["sharded"]["current_iteration"] = 99
+
+        mutate(nodo, r0, "model_optim_rng.pt", rerun_iter, "rerun_state_machine current_iteration")
+        mutate(nodo, r0, "model_optim_rng.pt", rerun_iter, "rerun state with --ignore-rerun-state",
+               expect_fail=False, ignore_rerun=True)
+
+        def rerun_mode(sd):
+            sd["rerun_state_machine"]["mode"] = type(sd["rerun_state_machine"]["mode"])("validate_results")
+
+        mutate(nodo, r0, "model_optim_rng.pt", rerun_mode, "rerun_state_machine mode enum")
+
+        def rerun_missing(sd):
+            del sd["rerun_state_machine"]
+
+        mutate(nodo, r0, "model_optim_rng.pt", rerun_missing, "missing rerun_state_machine", ignore_rerun=True)
+
+        def backend(sd):
+            sd["args"].attention_backend = type(sd["args"].attention_backend)["flash"]
+
+        mutate(nodo, r0, "model_optim_rng.pt", backend, "args enum field", args_fields=["attention_backend"])
 
         def meta(sd):
             sd["model0"]._metadata["decoder"] = {"version": 2}
@@ -398,7 +455,7 @@ def self_test() -> int:
         mutate(nodo, r0, "model_optim_rng.pt", ver, "checkpoint_version")
 
         def extra_key(sd):
-            sd["rerun_state_machine"] = {}
+            sd["modelopt_state"] = {}
 
         mutate(nodo, r0, "model_optim_rng.pt", extra_key, "extra top-level key")
 
@@ -459,6 +516,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("expected", nargs="?")
     ap.add_argument("actual", nargs="?")
     ap.add_argument("--ignore-rng", action="store_true")
+    ap.add_argument("--ignore-rerun-state", action="store_true",
+                    help="do not compare the v0.13 'rerun_state_machine' entries (key presence still counts)")
     ap.add_argument("--args-fields", help="comma list of args fields to compare (default: load-relevant set)")
     ap.add_argument("--check-metadata", action="store_true", help="also compare model state dicts' _metadata")
     ap.add_argument("--loose-optimizer-order", action="store_true",
@@ -472,7 +531,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     fields = S.LOAD_RELEVANT_ARGS if a.args_fields is None else [f for f in a.args_fields.split(",") if f]
     try:
-        compare_dirs(a.expected, a.actual, fields, a.ignore_rng, a.check_metadata, not a.loose_optimizer_order)
+        compare_dirs(a.expected, a.actual, fields, a.ignore_rng, a.check_metadata, not a.loose_optimizer_order,
+                     a.ignore_rerun_state)
     except Diff as e:
         print(str(e).replace("\n", " "))
         return 1

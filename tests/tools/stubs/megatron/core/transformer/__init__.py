@@ -1,0 +1,1 @@
+"""Test stand-in (see tests/tools/stubs/README.md)."""
