@@ -26,6 +26,8 @@ std::string AtomName(const AtomPlan& a) {
   return StrCat("param ", a.param, " > ", a.state_kind);
 }
 
+// Splits an atom's fragments into primaries and replicas and checks that the
+// primaries cover the atom (and its padding rows) exactly.
 Classified Classify(const AtomPlan& atom) {
   Classified c;
   for (const Fragment& f : atom.fragments) {
@@ -68,81 +70,36 @@ Classified Classify(const AtomPlan& atom) {
     }
   };
   check_cover(c.main, atom.shape, "tensor");
-  if (!atom.pad_shape.empty())
+  if (!atom.pad_shape.empty()) {
     check_cover(c.pad, atom.pad_shape, "padding rows");
+  }
   return c;
+}
+
+std::vector<Classified> ClassifyAll(const SourcePlan& plan) {
+  std::vector<Classified> out;
+  out.reserve(plan.atoms.size());
+  for (const AtomPlan& a : plan.atoms) out.push_back(Classify(a));
+  return out;
 }
 
 reshape::CopyOp OpOf(const Fragment& f) {
   return reshape::CopyOp{f.src, f.src_box, f.atom_box, 0, {}};
 }
 
-}  // namespace
+struct Check {
+  size_t copy_job, primary_job;
+  const Fragment* copy;
+  const Fragment* primary;
+  const AtomPlan* atom;
+};
 
-WriteSummary WriteUniversal(const SourcePlan& plan,
-                            const std::filesystem::path& path,
-                            const reshape::ExecutorOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<Classified> classified;
-  classified.reserve(plan.atoms.size());
-  for (const AtomPlan& a : plan.atoms) classified.push_back(Classify(a));
-
-  atoms::AtomStoreWriter writer = atoms::AtomStoreWriter::Create(path);
-  writer.SetRoot(plan.root);
-  for (const atoms::ParamInfo& p : plan.params) writer.AddParam(p);
-  std::vector<atoms::DatasetId> atom_ids, pad_ids;
-  for (const AtomPlan& a : plan.atoms) {
-    atom_ids.push_back(writer.AddAtom(a.param, a.state_kind, a.dtype, a.shape));
-    pad_ids.push_back(
-        a.pad_shape.empty()
-            ? atoms::DatasetId(-1)
-            : writer.AddPadAtom(a.param, a.state_kind, a.dtype, a.pad_shape));
-  }
-  std::vector<atoms::DatasetId> opaque_ids;
-  for (const OpaqueBlob& b : plan.opaque) {
-    opaque_ids.push_back(writer.AddOpaque(b.key, b.bytes.size()));
-  }
-  writer.Allocate();
-
-  std::vector<std::unique_ptr<StoreSink>> sinks;
-  NullSink null_sink;
-  std::vector<reshape::Job> jobs;
-  // (job of the atom, job of the pad atom or -1) per atom.
-  std::vector<std::pair<size_t, int64_t>> atom_jobs;
-  uint64_t atom_bytes = 0;
-  for (size_t i = 0; i < plan.atoms.size(); ++i) {
-    const AtomPlan& a = plan.atoms[i];
-    const Classified& c = classified[i];
-    reshape::Job job;
-    job.tensor = reshape::TargetTensor{AtomName(a), a.dtype, a.shape, {}};
-    for (const Fragment* f : c.main) job.tensor.ops.push_back(OpOf(*f));
-    sinks.push_back(std::make_unique<StoreSink>(writer, atom_ids[i]));
-    job.sink = sinks.back().get();
-    job.hash = true;
-    atom_bytes += reshape::NumBytes(job.tensor);
-    jobs.push_back(std::move(job));
-    int64_t pad_job = -1;
-    if (!a.pad_shape.empty()) {
-      reshape::Job pj;
-      pj.tensor = reshape::TargetTensor{
-          AtomName(a) + " (padding rows)", a.dtype, a.pad_shape, {}};
-      for (const Fragment* f : c.pad) pj.tensor.ops.push_back(OpOf(*f));
-      sinks.push_back(std::make_unique<StoreSink>(writer, pad_ids[i]));
-      pj.sink = sinks.back().get();
-      pj.hash = true;
-      atom_bytes += reshape::NumBytes(pj.tensor);
-      pad_job = static_cast<int64_t>(jobs.size());
-      jobs.push_back(std::move(pj));
-    }
-    atom_jobs.emplace_back(jobs.size() - (pad_job >= 0 ? 2 : 1), pad_job);
-  }
-  // Replica checks: hash the primary's and each copy's region.
-  struct Check {
-    size_t copy_job, primary_job;
-    const Fragment* copy;
-    const Fragment* primary;
-    const AtomPlan* atom;
-  };
+// Appends jobs hashing each replica's region and its primary's (once per
+// primary); returns the pairs to compare once the jobs ran.
+std::vector<Check> AddReplicaChecks(const SourcePlan& plan,
+                                    const std::vector<Classified>& classified,
+                                    reshape::ByteSink* null_sink,
+                                    std::vector<reshape::Job>& jobs) {
   std::vector<Check> checks;
   std::map<const Fragment*, size_t> primary_job;
   auto region_job = [&](const Fragment* f, const AtomPlan& a) {
@@ -154,7 +111,7 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
         {}};
     job.tensor.ops.push_back(reshape::CopyOp{
         f->src, f->src_box, Box::Whole(f->atom_box.size), 0, {}});
-    job.sink = &null_sink;
+    job.sink = null_sink;
     job.hash = true;
     jobs.push_back(std::move(job));
     return jobs.size() - 1;
@@ -162,7 +119,7 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
   for (size_t i = 0; i < plan.atoms.size(); ++i) {
     for (const auto& [copy, primary] : classified[i].replicas) {
       auto it = primary_job.find(primary);
-      size_t pj =
+      const size_t pj =
           it != primary_job.end()
               ? it->second
               : (primary_job[primary] = region_job(primary, plan.atoms[i]));
@@ -170,17 +127,11 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
           {region_job(copy, plan.atoms[i]), pj, copy, primary, &plan.atoms[i]});
     }
   }
+  return checks;
+}
 
-  std::vector<const reshape::ByteSource*> sources;
-  for (const auto& s : plan.sources) sources.push_back(s.get());
-  uint64_t total = 0;
-  for (const reshape::Job& j : jobs) total += reshape::NumBytes(j.tensor);
-  Progress progress("to-universal", total);
-  reshape::ExecutorOptions opts = options;
-  opts.progress = &progress;
-  reshape::ExecutorStats stats = reshape::Execute(jobs, sources, opts);
-  progress.Finish();
-
+void CompareReplicas(const std::vector<Check>& checks,
+                     const std::vector<reshape::Job>& jobs) {
   for (const Check& c : checks) {
     if (jobs[c.copy_job].xxh3 != jobs[c.primary_job].xxh3) {
       throw FormatError(AtomName(*c.atom),
@@ -189,13 +140,107 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
                         c.primary->atom_box.ToString());
     }
   }
+}
+
+std::vector<const reshape::ByteSource*> SourceList(const SourcePlan& plan) {
+  std::vector<const reshape::ByteSource*> sources;
+  for (const auto& s : plan.sources) sources.push_back(s.get());
+  return sources;
+}
+
+uint64_t TotalBytes(const std::vector<reshape::Job>& jobs) {
+  uint64_t total = 0;
+  for (const reshape::Job& j : jobs) total += reshape::NumBytes(j.tensor);
+  return total;
+}
+
+}  // namespace
+
+VerifySummary VerifySource(const SourcePlan& plan,
+                           const reshape::ExecutorOptions& options) {
+  std::vector<Classified> classified = ClassifyAll(plan);
+  VerifySummary s;
+  for (const AtomPlan& a : plan.atoms) {
+    s.atoms += 1;
+    s.atom_bytes +=
+        static_cast<uint64_t>(NumElements(a.shape)) * ElementSize(a.dtype);
+  }
+  NullSink null_sink;
+  std::vector<reshape::Job> jobs;
+  std::vector<Check> checks =
+      AddReplicaChecks(plan, classified, &null_sink, jobs);
+  Progress progress("verify", TotalBytes(jobs));
+  reshape::ExecutorOptions opts = options;
+  opts.progress = &progress;
+  reshape::Execute(jobs, SourceList(plan), opts);
+  progress.Finish();
+  CompareReplicas(checks, jobs);
+  s.replicas_verified = static_cast<int64_t>(checks.size());
+  return s;
+}
+
+WriteSummary WriteUniversal(const SourcePlan& plan,
+                            const std::filesystem::path& path,
+                            const reshape::ExecutorOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Classified> classified = ClassifyAll(plan);
+
+  atoms::AtomStoreWriter writer = atoms::AtomStoreWriter::Create(path);
+  writer.SetRoot(plan.root);
+  for (const atoms::ParamInfo& p : plan.params) writer.AddParam(p);
+  std::vector<atoms::DatasetId> atom_ids;
+  std::vector<std::optional<atoms::DatasetId>> pad_ids;
+  for (const AtomPlan& a : plan.atoms) {
+    atom_ids.push_back(writer.AddAtom(a.param, a.state_kind, a.dtype, a.shape));
+    pad_ids.push_back(a.pad_shape.empty()
+                          ? std::nullopt
+                          : std::optional(writer.AddPadAtom(
+                                a.param, a.state_kind, a.dtype, a.pad_shape)));
+  }
+  std::vector<atoms::DatasetId> opaque_ids;
+  for (const OpaqueBlob& b : plan.opaque) {
+    opaque_ids.push_back(writer.AddOpaque(b.key, b.bytes.size()));
+  }
+  writer.Allocate();
+
+  // One hashed job per atom and per pad atom, writing into the store.
+  std::vector<std::unique_ptr<StoreSink>> sinks;
+  std::vector<reshape::Job> jobs;
+  std::vector<std::pair<atoms::DatasetId, size_t>> hashed;  // dataset, job
+  uint64_t atom_bytes = 0;
+  auto add_job = [&](std::string name, const AtomPlan& a, const Shape& shape,
+                     const std::vector<const Fragment*>& fragments,
+                     atoms::DatasetId id) {
+    reshape::Job job;
+    job.tensor = reshape::TargetTensor{std::move(name), a.dtype, shape, {}};
+    for (const Fragment* f : fragments) job.tensor.ops.push_back(OpOf(*f));
+    sinks.push_back(std::make_unique<StoreSink>(writer, id));
+    job.sink = sinks.back().get();
+    job.hash = true;
+    atom_bytes += reshape::NumBytes(job.tensor);
+    hashed.emplace_back(id, jobs.size());
+    jobs.push_back(std::move(job));
+  };
   for (size_t i = 0; i < plan.atoms.size(); ++i) {
-    writer.SetHash(atom_ids[i], jobs[atom_jobs[i].first].xxh3);
-    if (atom_jobs[i].second >= 0) {
-      writer.SetHash(pad_ids[i],
-                     jobs[static_cast<size_t>(atom_jobs[i].second)].xxh3);
+    const AtomPlan& a = plan.atoms[i];
+    add_job(AtomName(a), a, a.shape, classified[i].main, atom_ids[i]);
+    if (pad_ids[i]) {
+      add_job(AtomName(a) + " (padding rows)", a, a.pad_shape,
+              classified[i].pad, *pad_ids[i]);
     }
   }
+  NullSink null_sink;
+  std::vector<Check> checks =
+      AddReplicaChecks(plan, classified, &null_sink, jobs);
+
+  Progress progress("to-universal", TotalBytes(jobs));
+  reshape::ExecutorOptions opts = options;
+  opts.progress = &progress;
+  reshape::ExecutorStats stats = reshape::Execute(jobs, SourceList(plan), opts);
+  progress.Finish();
+  CompareReplicas(checks, jobs);
+
+  for (const auto& [id, job] : hashed) writer.SetHash(id, jobs[job].xxh3);
   for (size_t i = 0; i < plan.opaque.size(); ++i) {
     const std::string& b = plan.opaque[i].bytes;
     writer.Write(opaque_ids[i], 0,

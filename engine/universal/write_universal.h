@@ -26,6 +26,17 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
                             const std::filesystem::path& path,
                             const reshape::ExecutorOptions& options);
 
+/// Checks a source without writing anything: every atom covered exactly by
+/// its fragments and every replica bit-identical to its primary (reads only
+/// the replicated regions). Throws like WriteUniversal.
+struct VerifySummary {
+  int64_t atoms = 0;
+  uint64_t atom_bytes = 0;
+  int64_t replicas_verified = 0;
+};
+VerifySummary VerifySource(const SourcePlan& plan,
+                           const reshape::ExecutorOptions& options);
+
 /// A ByteSink into one dataset of a store being written.
 class StoreSink : public reshape::ByteSink {
  public:

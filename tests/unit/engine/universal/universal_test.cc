@@ -124,6 +124,19 @@ TEST(WriteUniversalTest, ReplicasThatDifferAreAnErrorAndNothingIsWritten) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+TEST(VerifySourceTest, ChecksCoverageAndReplicasWithoutWriting) {
+  Fixture good;
+  VerifySummary v = VerifySource(good.plan, {});
+  EXPECT_EQ(v.atoms, 2);
+  EXPECT_EQ(v.replicas_verified, 1);
+  Fixture bad(/*corrupt_replica=*/true);
+  EXPECT_THAT([&] { VerifySource(bad.plan, {}); },
+              ThrowsMessage<FormatError>(HasSubstr("replicas differ")));
+  Fixture missing(false, /*drop_rank=*/true);
+  EXPECT_THAT([&] { VerifySource(missing.plan, {}); },
+              ThrowsMessage<FormatError>(HasSubstr("12 of the 24 elements")));
+}
+
 TEST(WriteUniversalTest, MissingFragmentsAreNamed) {
   testutil::TempDir dir;
   Fixture fx(false, /*drop_rank=*/true);

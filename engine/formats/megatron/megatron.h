@@ -1,0 +1,104 @@
+#pragma once
+// Megatron-LM legacy (`--ckpt-format torch`) checkpoints: discovery, reading
+// into a universal SourcePlan, and writing rank files for any topology.
+//
+// On-disk layout (Megatron-core v0.13; see the format notes in
+// megatron_format.h for every key):
+//   <dir>/latest_checkpointed_iteration.txt       "N" or "release" (written last)
+//   <dir>/iter_{N:07d}/ (or release/)
+//       mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt   [+ distrib_optim.pt]
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/atoms/atom_store.h"
+#include "engine/reshape/executor.h"
+#include "engine/universal/source_plan.h"
+#include "layouts/variables.h"
+
+namespace ucp::megatron {
+
+/// A checkpoint found on disk.
+struct Checkpoint {
+  std::filesystem::path dir;       // the --save folder (holds the tracker)
+  std::filesystem::path iter_dir;  // iter_0000100 / release
+  int64_t iteration = 0;
+  bool release = false;
+  layouts::Topology topology;  // tp, pp, vpp (1 = none), dp from args
+  bool distributed_optimizer = false;
+  /// rank_files[pp][tp] = .../mp_rank_TT[_PPP]/model_optim_rng.pt
+  std::vector<std::vector<std::filesystem::path>> rank_files;
+};
+
+/// Finds the checkpoint in `dir`: the tracker file's iteration (or
+/// `iteration` if given), or `dir` itself if it is an iter_* / release
+/// folder. Reads the args of rank (0, 0) for the topology and checks that
+/// every rank file (and distrib_optim.pt when the distributed optimizer was
+/// used) exists. Throws FormatError naming the missing or malformed file,
+/// IoError if unreadable.
+Checkpoint Discover(const std::filesystem::path& dir,
+                    std::optional<int64_t> iteration = std::nullopt);
+
+struct SourceOptions {
+  /// A builtin layout name or a YAML file; empty: detect from the names.
+  std::string layout;
+  /// The tokenizer's vocabulary size when args lack it (needed to strip
+  /// vocab padding and to re-pad for another TP).
+  std::optional<int64_t> true_vocab_size;
+};
+
+/// Canonical names (global layer indices, nested keys joined with ".") of
+/// every entry of every chunk of every rank file, each once, in canonical
+/// order, with the model variables derived from the args and the layout
+/// used to place layers (options.layout, else detected from the names). No
+/// rule matching is done: this feeds `ucp layout check`, which reports
+/// unmatched names instead of failing on the first. Throws FormatError
+/// naming the rank file, LayoutError if no layout can be chosen.
+struct NameListing {
+  std::vector<std::string> names;
+  layouts::Variables variables;
+  std::string layout_name;
+  std::string layout_yaml;
+};
+NameListing ListNames(const Checkpoint& checkpoint,
+                      const SourceOptions& options);
+
+/// Reads every rank file (index and pickle only) and plans the universal
+/// file: params in canonical order with global layer indices, atoms fp32 /
+/// exp_avg / exp_avg_sq (/ step) and the training-dtype weights (`param`),
+/// fragments from model_optim_rng.pt and distrib_optim.pt, metadata and
+/// opaque objects (args, rng states, TE _extra_state, ...). Throws
+/// FormatError / LayoutError naming the rank file, param and problem.
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const SourceOptions& options);
+
+struct TargetOptions {
+  layouts::Topology topology;  // tp, pp, vpp, dp
+  bool distributed_optimizer = false;
+  std::optional<int64_t> true_vocab_size;
+  /// Model weights only (no optimizer, no distrib_optim.pt).
+  bool no_optimizer = false;
+};
+
+struct TargetSummary {
+  int64_t files = 0;
+  uint64_t bytes = 0;
+  std::vector<std::string> notes;  // e.g. "rng states copied from source rank ..."
+};
+
+/// Writes the checkpoint for `options.topology` from a universal file into
+/// `out_dir` (an existing, empty folder): every rank file as Megatron would
+/// save it for that configuration (args patched for the new topology, local
+/// layer numbering, vocab padded for the new TP, optimizer state laid out
+/// for the new DP), tracker file last. Throws LayoutError if the topology
+/// does not divide heads, query groups, layers or split dims; FormatError if
+/// the universal file lacks what Megatron needs; IoError on write failures.
+TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
+                          const std::filesystem::path& out_dir,
+                          const TargetOptions& options,
+                          const reshape::ExecutorOptions& executor);
+
+}  // namespace ucp::megatron
