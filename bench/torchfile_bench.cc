@@ -106,7 +106,7 @@ void Read(const std::string& path) {
     tf.ReadTensor(t, std::span<std::byte>(buf.data(), t.nbytes));
     bytes += t.nbytes;
   }
-  Report("read", bytes, start);
+  Report("read-whole", bytes, start);
 }
 
 void ReadChunked(const std::string& path) {
@@ -123,7 +123,7 @@ void ReadChunked(const std::string& path) {
     }
     bytes += t.nbytes;
   }
-  Report("read-chunked", bytes, start);
+  Report("read", bytes, start);
 }
 
 void PlainWrite(const std::string& dst, uint64_t mib) {
@@ -210,9 +210,9 @@ int main(int argc, char** argv) {
     } else if (a.size() == 2 && a[0] == "plain-read") {
       PlainRead(a[1]);
     } else if (a.size() == 2 && a[0] == "read") {
-      Read(a[1]);
-    } else if (a.size() == 2 && a[0] == "read-chunked") {
       ReadChunked(a[1]);
+    } else if (a.size() == 2 && a[0] == "read-whole") {
+      Read(a[1]);
     } else if (a.size() == 3 && a[0] == "plain-write") {
       PlainWrite(a[1], std::stoull(a[2]));
     } else if (a.size() == 3 && a[0] == "write") {
