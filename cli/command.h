@@ -18,5 +18,10 @@ struct Command {
 const std::vector<Command>& Commands();
 
 int RunInspect(const std::vector<std::string>& args);
+int RunToUniversal(const std::vector<std::string>& args);
+int RunReshape(const std::vector<std::string>& args);
+int RunConvert(const std::vector<std::string>& args);
+int RunVerify(const std::vector<std::string>& args);
+int RunLayout(const std::vector<std::string>& args);
 
 }  // namespace ucp::cli

@@ -17,6 +17,14 @@ namespace ucp::cli {
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> kCommands = {
+      {"to-universal", "Megatron-LM checkpoint -> one universal HDF5 file",
+       RunToUniversal},
+      {"reshape", "universal file -> checkpoint for any TP/PP/VPP/DP",
+       RunReshape},
+      {"convert", "checkpoint -> checkpoint for another layout, one step",
+       RunConvert},
+      {"verify", "check a universal file or a checkpoint folder", RunVerify},
+      {"layout", "list / show / check layout descriptors", RunLayout},
       {"inspect", "show the tensors, objects and totals of torch.save files",
        RunInspect},
   };
@@ -40,7 +48,12 @@ void PrintUsage(std::FILE* out) {
       out,
       "\n"
       "examples:\n"
-      "  ucp inspect iter_0000100/mp_rank_00/model_optim_rng.pt\n"
+      "  ucp to-universal /ckpt/gpt -o gpt.ucp.h5\n"
+      "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2\n"
+      "  ucp convert /ckpt/gpt -o /ckpt/gpt-pp4 --tp 1 --pp 4 --dp 8 \\\n"
+      "      --distributed-optimizer\n"
+      "  ucp verify gpt.ucp.h5\n"
+      "  ucp layout check /ckpt/gpt\n"
       "  ucp inspect --json checkpoints/iter_0000100 > tree.json\n"
       "\n"
       "exit codes: 0 ok, 1 other error, 2 usage error, 3 format error (input\n"

@@ -1,8 +1,12 @@
 #include "cli/options.h"
 
 #include <cstdio>
+#include <iostream>
+#include <thread>
 
+#include "engine/core/error.h"
 #include "engine/core/progress.h"
+#include "engine/json/json.h"
 
 namespace ucp::cli {
 
@@ -31,5 +35,56 @@ void SetProgressMode(bool quiet, bool force_progress) {
     Progress::SetDefaultMode(Progress::Mode::kAlways);
   }
 }
+
+reshape::ExecutorOptions RunOptions::Executor() const {
+  reshape::ExecutorOptions o;
+  if (threads < 0) throw UsageError("--threads must be >= 0 (0: all cores)");
+  o.threads = threads;
+  o.memory_budget = reshape::ParseByteSize(memory);
+  if (o.memory_budget < (16u << 20)) {
+    throw UsageError("--memory ", memory, " is too small (at least 16M)");
+  }
+  return o;
+}
+
+void AddRunOptions(po::options_description& desc, RunOptions& options) {
+  desc.add_options()("threads", po::value<int>(&options.threads)->default_value(0),
+                     "worker threads (0: all cores)")(
+      "memory", po::value<std::string>(&options.memory)->default_value("2G"),
+      "buffer memory budget, e.g. 512M, 4G (peak RSS stays near it)")(
+      "json", po::bool_switch(&options.json), "print a JSON summary on stdout")(
+      "quiet,q", po::bool_switch(&options.quiet), "no progress bar")(
+      "progress", po::bool_switch(&options.progress),
+      "progress bar even when stderr is not a terminal");
+}
+
+bool Parse(const std::vector<std::string>& args, po::options_description& desc,
+           const std::vector<std::string>& positional, po::variables_map& vm,
+           bool last_repeats) {
+  desc.add_options()("help,h", "show this help");
+  po::options_description hidden;
+  po::positional_options_description pos;
+  for (size_t i = 0; i < positional.size(); ++i) {
+    const bool repeat = last_repeats && i + 1 == positional.size();
+    if (repeat) {
+      hidden.add_options()(positional[i].c_str(),
+                           po::value<std::vector<std::string>>(), "");
+    } else {
+      hidden.add_options()(positional[i].c_str(), po::value<std::string>(), "");
+    }
+    pos.add(positional[i].c_str(), repeat ? -1 : 1);
+  }
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return false;
+  }
+  po::notify(vm);
+  return true;
+}
+
+void PrintJson(const json::Value& doc) { std::printf("%s\n", doc.Dump(2).c_str()); }
 
 }  // namespace ucp::cli

@@ -1,0 +1,130 @@
+// ucp layout list | show NAME | check CKPT: the layout descriptors.
+
+#include <cstdio>
+#include <iostream>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "engine/core/error.h"
+#include "engine/formats/megatron/megatron.h"
+#include "engine/json/json.h"
+#include "layouts/layout.h"
+
+namespace ucp::cli {
+namespace {
+
+constexpr const char* kHelp =
+    "usage: ucp layout list\n"
+    "       ucp layout show NAME|FILE\n"
+    "       ucp layout check CKPT [--layout NAME|FILE] [--json]\n"
+    "\n"
+    "A layout descriptor (YAML, see layouts/README.md) says how each parameter of a\n"
+    "model family is partitioned: split along a numbered dim over TP, replicated,\n"
+    "vocab-padded, fused QKV with query groups, two-segment (SwiGLU) split, tied\n"
+    "copies, layer placement over PP/VPP, and which entries are opaque.\n"
+    "  list    the builtin descriptors\n"
+    "  show    print a descriptor's YAML (builtin name or file)\n"
+    "  check   list every parameter of a Megatron-LM checkpoint with the rule it\n"
+    "          matches; fails (exit 4) if a parameter is matched by no rule or by\n"
+    "          two\n"
+    "\n"
+    "examples:\n"
+    "  ucp layout check /ckpt/gpt\n"
+    "  ucp layout check /ckpt/gpt --layout my-model.yaml --json\n"
+    "\n"
+    "options";
+
+layouts::Layout LoadLayout(const std::string& name_or_file) {
+  for (const std::string& b : layouts::Layout::BuiltinNames()) {
+    if (b == name_or_file) return layouts::Layout::Builtin(b);
+  }
+  return layouts::Layout::Load(name_or_file);
+}
+
+}  // namespace
+
+int RunLayout(const std::vector<std::string>& args) {
+  po::options_description desc(kHelp);
+  std::string layout;
+  bool json_out = false;
+  desc.add_options()("layout", po::value<std::string>(&layout),
+                     "descriptor for check (default: detected)")(
+      "json", po::bool_switch(&json_out), "JSON output");
+  po::variables_map vm;
+  if (!Parse(args, desc, {"action", "target"}, vm)) return 0;
+  if (!vm.count("action")) throw UsageError("layout needs an action: list, show or check");
+  const std::string action = vm["action"].as<std::string>();
+  const std::string target = vm.count("target") ? vm["target"].as<std::string>() : "";
+  if (action == "list") {
+    json::Value j = json::Value::Array();
+    for (const std::string& name : layouts::Layout::BuiltinNames()) {
+      layouts::Layout l = layouts::Layout::Builtin(name);
+      if (json_out) {
+        json::Value e;
+        e["name"] = name;
+        e["description"] = l.description();
+        j.Append(std::move(e));
+      } else {
+        std::printf("%-22s %s\n", name.c_str(), l.description().c_str());
+      }
+    }
+    if (json_out) PrintJson(j);
+    return 0;
+  }
+  if (action == "show") {
+    if (target.empty()) throw UsageError("layout show needs a NAME or FILE");
+    std::printf("%s", LoadLayout(target).yaml().c_str());
+    return 0;
+  }
+  if (action != "check") {
+    throw UsageError("unknown layout action '", action, "' (list, show or check)");
+  }
+  if (target.empty()) throw UsageError("layout check needs a checkpoint folder");
+  megatron::Checkpoint c = megatron::Discover(target);
+  megatron::SourceOptions options;
+  options.layout = layout;
+  megatron::NameListing names = megatron::ListNames(c, options);
+  layouts::Layout l = layout.empty()
+                          ? layouts::Layout::Parse(names.layout_yaml, names.layout_name)
+                          : LoadLayout(layout);
+  std::vector<layouts::Diagnostic> diags = l.Check(names.names, names.variables);
+  size_t problems = 0;
+  json::Value list = json::Value::Array();
+  for (const layouts::Diagnostic& d : diags) {
+    if (!d.ok()) ++problems;
+    if (json_out) {
+      json::Value e;
+      e["param"] = d.name;
+      e["rule"] = d.rule;
+      e["ok"] = d.ok();
+      if (!d.ok()) e["problem"] = d.problem;
+      list.Append(std::move(e));
+    } else if (d.ok()) {
+      std::printf("%-70s %s\n", d.name.c_str(), d.rule.c_str());
+    } else {
+      std::printf("%-70s PROBLEM: %s\n", d.name.c_str(), d.problem.c_str());
+    }
+  }
+  if (json_out) {
+    json::Value j;
+    j["checkpoint"] = c.iter_dir.string();
+    j["layout"] = l.name();
+    j["params"] = std::move(list);
+    j["problems"] = static_cast<int64_t>(problems);
+    PrintJson(j);
+  } else {
+    std::printf("layout '%s': %zu entries, %zu problem(s)\n", l.name().c_str(),
+                diags.size(), problems);
+  }
+  if (problems > 0) {
+    for (const layouts::Diagnostic& d : diags) {
+      if (!d.ok()) {
+        throw LayoutError(c.iter_dir.string(), ": param ", d.name, ": ", d.problem,
+                          problems > 1 ? StrCat(" (and ", problems - 1, " more)") : "");
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace ucp::cli
