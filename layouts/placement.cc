@@ -358,6 +358,7 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
   for (const ParamShape& p : params) by_name.emplace(p.name, &p);
 
   std::vector<std::string> problems;
+  std::vector<std::string> model_problems;  // heads / query groups
   for (const ParamShape& param : params) {
     const Rule* rule = nullptr;
     try {
@@ -369,6 +370,10 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
     auto problem = [&](auto&&... args) {
       problems.push_back(StrCat("param '", param.name, "' (", rule->Describe(),
                                 "): ", args...));
+    };
+    auto model_problem = [&](auto&&... args) {
+      model_problems.push_back(StrCat("param '", param.name, "' (",
+                                      rule->Describe(), "): ", args...));
     };
     auto eval = [&](const Expression& e) -> std::optional<int64_t> {
       try {
@@ -403,6 +408,22 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
                 ShapeString(param.shape), " has ", param.shape.size(), " dims");
         continue;
       }
+      if (p.groups) {
+        // Heads and query groups first: they are the cause users act on.
+        const std::optional<int64_t> groups = eval(*p.groups);
+        const std::optional<int64_t> heads = eval(*p.heads);
+        if (!groups || !heads) continue;
+        if (*groups < 1 || *groups % tp != 0) {
+          model_problem("tp ", tp, " does not divide the query groups (",
+                        p.groups->text(), " = ", *groups, ")");
+          continue;
+        }
+        if (*heads < 1 || *heads % tp != 0) {
+          model_problem("tp ", tp, " does not divide the attention heads (",
+                        p.heads->text(), " = ", *heads, ")");
+          continue;
+        }
+      }
       const int64_t size = param.shape[dim];
       if (p.vocab) {
         const std::optional<int64_t> true_size = eval(p.vocab->true_size);
@@ -426,21 +447,6 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
         }
         continue;
       }
-      if (p.groups) {
-        const std::optional<int64_t> groups = eval(*p.groups);
-        const std::optional<int64_t> heads = eval(*p.heads);
-        if (!groups || !heads) continue;
-        if (*groups < 1 || *groups % tp != 0) {
-          problem("tp ", tp, " does not divide the query groups (",
-                  p.groups->text(), " = ", *groups, ")");
-          continue;
-        }
-        if (*heads < 1 || *heads % tp != 0) {
-          problem("tp ", tp, " does not divide the attention heads (",
-                  p.heads->text(), " = ", *heads, ")");
-          continue;
-        }
-      }
     }
     if (rule->tied_to) {
       auto it = by_name.find(*rule->tied_to);
@@ -454,11 +460,13 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
       }
     }
   }
-  if (problems.empty()) return;
-  std::string msg = header + problems.front();
-  if (problems.size() > 1) {
-    msg += StrCat(" (and ", problems.size() - 1, " more problem",
-                  problems.size() > 2 ? "s" : "", ")");
+  if (problems.empty() && model_problems.empty()) return;
+  const size_t total = problems.size() + model_problems.size();
+  std::string msg =
+      header + (model_problems.empty() ? problems : model_problems).front();
+  if (total > 1) {
+    msg += StrCat(" (and ", total - 1, " more problem", total > 2 ? "s" : "",
+                  ")");
   }
   throw LayoutError(msg);
 }

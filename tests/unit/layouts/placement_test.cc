@@ -711,7 +711,11 @@ TEST(ValidateTopologyTest, NamesTheParamAndTheProblem) {
                 "groups (groups = 2)");
   ExpectInvalid(Params(), vars.Merged({{"heads", 6}, {"groups", 4}}), Topo(4),
                 "tp 4 does not divide the attention heads (heads = 6)");
+  // Query groups and heads are reported before the dims they cause.
   ExpectInvalid(Params(), vars, Topo(5),
+                "param 'm.layers.0.qkv.weight' (rule 'qkv' (line 14)): tp 5 "
+                "does not divide the query groups (groups = 4)");
+  ExpectInvalid(Params(), vars.Merged({{"groups", 5}, {"heads", 10}}), Topo(5),
                 "param 'm.layers.0.qkv.weight' (rule 'qkv' (line 14)): tp 5 "
                 "does not divide dim 0 of size 48");
   std::vector<ParamShape> p = Params();

@@ -1,0 +1,253 @@
+#!/usr/bin/python3
+"""End-to-end tests of ucp to-universal / reshape / convert / verify / layout
+on Megatron-LM checkpoints written by the independent generator
+(tests/tools/make_megatron_ckpts.py, fixture megatron_ckpts), including the
+issue's bad-input cases: one clear error line naming file, parameter and
+problem; the right exit code; nothing left under the output name; the source
+untouched.
+"""
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron"
+TOOLS = HERE.parent / "tools"
+PY = os.environ.get("UCP_PYTHON", "/usr/bin/python3")
+VARIANT = "gqa_swiglu_bias_untied"
+SRC = DATA / VARIANT / "tp2_pp2_vpp1_dp2_do"
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, kind, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+def tree_hash(path):
+    h = hashlib.sha256()
+    for f in sorted(pathlib.Path(path).rglob("*")):
+        h.update(str(f.relative_to(path)).encode())
+        if f.is_file():
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def compare(expected, actual, *extra):
+    p = subprocess.run([PY, str(TOOLS / "compare_megatron_ckpt.py"), str(expected), str(actual),
+                        *extra], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+class Tmp:
+    def __enter__(self):
+        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-cli-"))
+        return self.path
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path)
+
+
+def test_help_teaches_every_command():
+    for cmd in ("to-universal", "reshape", "convert", "verify", "layout", "inspect"):
+        out = run(cmd, "--help").stdout
+        assert "usage: ucp " + cmd in out and "example" in out, (cmd, out[:300])
+
+
+def test_to_universal_reshape_verify_json():
+    with Tmp() as t:
+        doc = json.loads(run("to-universal", SRC, "-o", t / "u.h5", "--json", "-q").stdout)
+        assert doc["command"] == "to-universal" and doc["iteration"] == 100
+        assert doc["source_topology"] == {"tp": 2, "pp": 2, "vpp": 1, "dp": 2,
+                                          "distributed_optimizer": True}
+        assert doc["params"] > 0 and doc["replicas_verified"] > 0
+        v = json.loads(run("verify", t / "u.h5", "--json", "-q").stdout)
+        assert v["ok"] and v["kind"] == "universal"
+        assert {c["check"] for c in v["checks"]} == {"structure", "checksums", "layout"}
+        # Targets whose padded vocabulary is no larger than the source's (TP2:
+        # 192 rows), so every padding row they hold exists in the source.
+        for topo, flags in [("tp2_pp1_vpp1_dp2_do", ["--tp", 2, "--pp", 1, "--dp", 2,
+                                                     "--distributed-optimizer"]),
+                            ("tp1_pp4_vpp2_dp1_nodo", ["--tp", 1, "--pp", 4, "--vpp", 2,
+                                                       "--dp", 1])]:
+            out = t / topo
+            doc = json.loads(run("reshape", t / "u.h5", "-o", out, *flags, "--json", "-q").stdout)
+            assert doc["files"] > 0 and "--load" not in doc["megatron_flags"]
+            assert "--tensor-model-parallel-size" in doc["megatron_flags"]
+            compare(DATA / VARIANT / topo, out, "--ignore-rng")
+        v = json.loads(run("verify", t / "tp1_pp4_vpp2_dp1_nodo", "--json", "-q").stdout)
+        assert v["ok"] and v["kind"] == "megatron"
+
+
+def test_convert_equals_to_universal_then_reshape():
+    with Tmp() as t:
+        run("to-universal", SRC, "-o", t / "u.h5", "-q")
+        flags = ["--tp", 1, "--pp", 2, "--dp", 4, "--distributed-optimizer", "-q"]
+        run("reshape", t / "u.h5", "-o", t / "a", *flags)
+        run("convert", SRC, "-o", t / "b", *flags)
+        fa = sorted(p.relative_to(t / "a") for p in (t / "a").rglob("*") if p.is_file())
+        fb = sorted(p.relative_to(t / "b") for p in (t / "b").rglob("*") if p.is_file())
+        assert fa == fb and fa, (fa, fb)
+        for rel in fa:
+            assert (t / "a" / rel).read_bytes() == (t / "b" / rel).read_bytes(), rel
+        assert not list(t.glob(".*ucp*")), "staging left behind"
+
+
+def test_layout_check_lists_every_param():
+    doc = json.loads(run("layout", "check", SRC, "--json").stdout)
+    assert doc["problems"] == 0 and doc["layout"] == "mcore-gpt"
+    names = {p["param"] for p in doc["params"]}
+    assert "decoder.layers.7.mlp.linear_fc1.weight" in names  # global layer index
+    rules = {p["param"]: p["rule"] for p in doc["params"]}
+    assert rules["embedding.word_embeddings.weight"] == "word_embeddings"
+
+
+# --- bad input -------------------------------------------------------------
+
+def copy_source(t):
+    dst = t / "src"
+    shutil.copytree(SRC, dst)
+    return dst
+
+
+def check_failure(args, kind, code, needles, output, source):
+    before = tree_hash(source)
+    p = run(*args, expect=code)
+    one_error_line(p, kind, *needles)
+    assert not output.exists(), f"{output} left behind"
+    assert not list(output.parent.glob("." + output.name + "*")), "staging left behind"
+    assert tree_hash(source) == before, "source modified"
+
+
+def test_missing_rank_file():
+    with Tmp() as t:
+        src = copy_source(t)
+        victim = src / "iter_0000100" / "mp_rank_01_001" / "model_optim_rng.pt"
+        victim.unlink()
+        for cmd in (["to-universal", src, "-o", t / "u.h5"],
+                    ["convert", src, "-o", t / "out", "--tp", 1, "--pp", 1, "--dp", 1]):
+            out = t / ("u.h5" if cmd[0] == "to-universal" else "out")
+            check_failure(cmd, "format error", 3, [victim], out, src)
+
+
+def test_truncated_and_corrupt_rank_file():
+    with Tmp() as t:
+        src = copy_source(t)
+        victim = src / "iter_0000100" / "mp_rank_00_001" / "model_optim_rng.pt"
+        data = victim.read_bytes()
+        victim.write_bytes(data[: len(data) * 2 // 3])
+        check_failure(["to-universal", src, "-o", t / "u.h5"], "format error", 3, [victim],
+                      t / "u.h5", src)
+        garbled = bytearray(data)
+        for i in range(64, 400):  # the zip header and data.pkl
+            garbled[i] ^= 0x5A
+        victim.write_bytes(bytes(garbled))
+        check_failure(["to-universal", src, "-o", t / "u.h5"], "format error", 3, [victim],
+                      t / "u.h5", src)
+
+
+def rewrite(path, edit):
+    import megatron_spec  # noqa: F401  (stub classes for torch.load)
+    obj = torch.load(path, map_location="cpu")
+    edit(obj)
+    torch.save(obj, path)
+
+
+def test_replicas_that_disagree():
+    with Tmp() as t:
+        src = copy_source(t)
+        victim = src / "iter_0000100" / "mp_rank_01_000" / "model_optim_rng.pt"
+        name = "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"
+
+        def edit(obj):
+            obj["model"][name][3] += 1.0
+        rewrite(victim, edit)
+        check_failure(["to-universal", src, "-o", t / "u.h5"], "format error", 3,
+                      ["replicas differ", name, "mp_rank_01_000"], t / "u.h5", src)
+        p = run("verify", src, expect=3)
+        one_error_line(p, "format error", "replicas differ", name)
+
+
+def test_shapes_that_disagree():
+    with Tmp() as t:
+        src = copy_source(t)
+        victim = src / "iter_0000100" / "mp_rank_01_000" / "model_optim_rng.pt"
+        name = "decoder.layers.1.self_attention.linear_proj.weight"
+
+        def edit(obj):
+            w = obj["model"][name]
+            obj["model"][name] = torch.cat([w, w[:, :1]], dim=1)
+        rewrite(victim, edit)
+        check_failure(["to-universal", src, "-o", t / "u.h5"], "format error", 3,
+                      [name, "mp_rank_01_000"], t / "u.h5", src)
+
+
+def test_layout_leaving_a_param_unmatched():
+    with Tmp() as t:
+        yaml = run("layout", "show", "mcore-gpt").stdout
+        start = yaml.index("  - name: final_norm\n")
+        end = yaml.index("  - name:", start + 10)
+        bad = t / "bad.yaml"
+        bad.write_text(yaml[:start] + yaml[end:])  # drop the final-norm rule
+        p = run("layout", "check", SRC, "--layout", bad, expect=4)
+        assert "decoder.final_layernorm.weight" in p.stdout and "PROBLEM" in p.stdout
+        one_error_line(p, "layout error", "decoder.final_layernorm.weight")
+        check_failure(["to-universal", SRC, "-o", t / "u.h5", "--layout", bad],
+                      "layout error", 4, ["decoder.final_layernorm.weight"], t / "u.h5", SRC)
+
+
+def test_targets_that_do_not_divide():
+    with Tmp() as t:
+        run("to-universal", SRC, "-o", t / "u.h5", "-q")
+        cases = [
+            (["--tp", 3, "--pp", 1, "--dp", 1], ["tp 3 does not divide the query groups"]),
+            (["--tp", 8, "--pp", 1, "--dp", 1], ["tp 8 does not divide the query groups"]),
+            (["--tp", 1, "--pp", 3, "--dp", 1], ["layers"]),         # 8 layers
+            (["--tp", 1, "--pp", 4, "--vpp", 4, "--dp", 1], ["layers"]),
+            (["--tp", 1, "--pp", 1, "--vpp", 2, "--dp", 1], ["pipeline"]),
+        ]
+        for flags, needles in cases:
+            check_failure(["reshape", t / "u.h5", "-o", t / "out", *flags], "layout error", 4,
+                          needles, t / "out", SRC)
+
+
+def test_refuses_to_overwrite():
+    with Tmp() as t:
+        run("to-universal", SRC, "-o", t / "u.h5", "-q")
+        before = (t / "u.h5").read_bytes()
+        p = run("to-universal", SRC, "-o", t / "u.h5", expect=2)
+        one_error_line(p, "usage error", "already exists", "--force")
+        assert (t / "u.h5").read_bytes() == before
+        (t / "out").mkdir()
+        (t / "out" / "keep.txt").write_text("mine")
+        p = run("reshape", t / "u.h5", "-o", t / "out", "--tp", 1, "--pp", 1, "--dp", 1, expect=2)
+        one_error_line(p, "usage error", "already exists")
+        assert (t / "out" / "keep.txt").read_text() == "mine"
+        p = run("reshape", t / "u.h5", "-o", t / "x", "--tp", 1, expect=2)
+        one_error_line(p, "usage error", "is required")
+
+
+if __name__ == "__main__":
+    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
+    for fn in tests:
+        fn()
+        print("ok", fn.__name__)
