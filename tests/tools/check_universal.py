@@ -37,7 +37,7 @@ root attrs
   datasets fp32, exp_avg, exp_avg_sq: float32, shape == truth shape (TRUE vocab rows), attr dtype
          "float32", values bit-identical to truth.  Optional "model": uint16 + attr dtype "bfloat16",
          bits == truth bf16 weights.  Optional "step": every element == iteration.  Other datasets fail
-         unless --allow-extra-kinds.  Every dataset: attr xxh3 (uint64) == XXH3_64bits(seed 0) of the
+         unless --allow-extra-kinds.  "param" is accepted as another name of "model" (bf16 weights).  Every dataset: attr xxh3 (uint64) == XXH3_64bits(seed 0) of the
          dataset's stored little-endian bytes (verified through the system libxxhash.so.0 when it loads;
          --no-xxh3-verify only checks presence and type); contiguous layout with an allocated offset,
          offset % 4096 == 0 (--no-align-check to skip)
@@ -70,7 +70,10 @@ sys.path.insert(0, os.path.join(_HERE, "stubs"))
 import megatron_spec as S  # noqa: E402
 
 KINDS = ("fp32", "exp_avg", "exp_avg_sq")
-OPTIONAL_KINDS = ("model", "step")
+OPTIONAL_KINDS = ("model", "param", "step")
+#: names of the optional training-dtype (bf16) weights dataset: "model" (this checker's reference writer) and
+#: "param" (the state kind ucp's Megatron driver uses for the model tensors of a bf16 run)
+WEIGHT_KINDS = ("model", "param")
 
 
 class Bad(Exception):
@@ -347,10 +350,11 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
                 _expect_data(ds, _np(tp[kind]), "float32", f"{wn}/{kind}")
                 _check_dataset_storage(ds, f"{wn}/{kind}", align)
                 _check_xxh3(ds, f"{wn}/{kind}", verify_xxh3)
-            if "model" in g:
-                _expect_data(g["model"], _np(tp["model"]), "bfloat16", f"{wn}/model")
-                _check_dataset_storage(g["model"], f"{wn}/model", align)
-                _check_xxh3(g["model"], f"{wn}/model", verify_xxh3)
+            for wk in WEIGHT_KINDS:
+                if wk in g:
+                    _expect_data(g[wk], _np(tp["model"]), "bfloat16", f"{wn}/{wk}")
+                    _check_dataset_storage(g[wk], f"{wn}/{wk}", align)
+                    _check_xxh3(g[wk], f"{wn}/{wk}", verify_xxh3)
             if "step" in g:
                 st = np.asarray(g["step"][()])
                 if st.size == 0 or not np.all(st == truth["iteration"]):
@@ -362,11 +366,11 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
                     raise Bad(f"{wn}/pad: a non-vocabulary param has padding rows")
                 pg = g["pad"]
                 for k in pg.keys():
-                    if k not in KINDS + ("model",):
+                    if k not in KINDS + WEIGHT_KINDS:
                         raise Bad(f"{wn}/pad/{k}: unexpected dataset")
             if is_vocab:
                 rows_expected = None if P is None else P - V
-                for kind in KINDS + ("model",):
+                for kind in KINDS + WEIGHT_KINDS:
                     present = "pad" in g and kind in g["pad"]
                     if rows_expected is not None and kind in KINDS:
                         if rows_expected == 0 and present:
@@ -379,10 +383,10 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
                     rows = ds.shape[0] if len(ds.shape) else -1
                     if rows_expected is not None and rows != rows_expected:
                         raise Bad(f"{wn}/pad/{kind}: {rows} rows, expected {rows_expected}")
-                    block = truth["padding"][name][kind]
+                    block = truth["padding"][name]["model" if kind in WEIGHT_KINDS else kind]
                     if rows < 0 or rows > block.shape[0]:
                         raise Bad(f"{wn}/pad/{kind}: {rows} rows, at most {block.shape[0]} possible")
-                    _expect_data(ds, _np(block[:rows]), "bfloat16" if kind == "model" else "float32",
+                    _expect_data(ds, _np(block[:rows]), "bfloat16" if kind in WEIGHT_KINDS else "float32",
                                  f"{wn}/pad/{kind}")
                     _check_dataset_storage(ds, f"{wn}/pad/{kind}", align)
                     _check_xxh3(ds, f"{wn}/pad/{kind}", verify_xxh3)
@@ -587,6 +591,18 @@ def self_test() -> int:
                 _dataset(f["params"][l3], "model", x, "bfloat16")
 
             mutate("wrong bf16 model dataset", model_bad)
+
+            def param_kind(f):
+                _dataset(f["params"][l3], "param", _np(truth["params"][l3]["model"]), "bfloat16")
+
+            mutate("correct bf16 'param' dataset", param_kind, expect_fail=False)
+
+            def param_bad(f):
+                x = _np(truth["params"][l3]["model"]).copy()
+                x.reshape(-1)[5] ^= 1
+                _dataset(f["params"][l3], "param", x, "bfloat16")
+
+            mutate("wrong bf16 'param' dataset", param_bad)
 
             def as_f64(f):
                 g = f["params"][l3]

@@ -5,7 +5,12 @@ v0.13 and v0.8 files as written by make_megatron_ckpts.py, see megatron_spec's v
 Usage:
   compare_megatron_ckpt.py EXPECTED_DIR ACTUAL_DIR [--ignore-rng] [--ignore-rerun-state]
                            [--args-fields f1,f2,...] [--check-metadata] [--loose-optimizer-order]
+  compare_megatron_ckpt.py --batch PAIRS_FILE [same options]
   compare_megatron_ckpt.py --self-test
+
+--batch: PAIRS_FILE holds one pair per line, "EXPECTED_DIR<TAB>ACTUAL_DIR" (blank lines and lines starting
+with '#' are skipped); every pair is compared in this one process (importing torch costs 1-2 s) and one line
+per pair is printed, "OK <ACTUAL_DIR>" or "DIFF <ACTUAL_DIR>: <difference>"; exit 0 when all pairs are equal.
 
 Exit 0 when equal.  Otherwise prints ONE line "<file>: <key path>: <difference>" and exits 1 (2 for
 usage errors).  Both folders are checkpoint roots (the folder holding latest_checkpointed_iteration.txt).
@@ -244,6 +249,33 @@ def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD
                         raise Diff("content differs")
             except Diff as e:
                 raise Diff(f"{rel(pa)}: {e}") from None
+
+
+def run_batch(pairs_file: str, fields: Sequence[str], ignore_rng: bool, check_metadata: bool,
+              strict_order: bool, ignore_rerun: bool, out=None) -> int:
+    """Compares every pair of PAIRS_FILE; one line per pair; 0 if all are equal, 1 otherwise."""
+    out = out or sys.stdout
+    bad = 0
+    n = 0
+    with open(pairs_file) as f:
+        lines = [ln.rstrip("\n") for ln in f]
+    for ln in lines:
+        if not ln.strip() or ln.lstrip().startswith("#"):
+            continue
+        parts = ln.split("\t")
+        if len(parts) != 2:
+            print(f"BAD LINE {ln!r}: expected EXPECTED<TAB>ACTUAL", file=out)
+            bad += 1
+            continue
+        n += 1
+        try:
+            compare_dirs(parts[0], parts[1], fields, ignore_rng, check_metadata, strict_order, ignore_rerun)
+            print(f"OK {parts[1]}", file=out)
+        except Diff as e:
+            bad += 1
+            print(f"DIFF {parts[1]}: " + str(e).replace("\n", " "), file=out)
+    print(f"{n - bad} of {n} pairs equal" if n else "no pairs", file=out)
+    return 1 if bad or not n else 0
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -505,6 +537,21 @@ def self_test() -> int:
                              capture_output=True, text=True)
         if ok.returncode != 0 or bad.returncode != 1 or len(bad.stdout.strip().splitlines()) != 1:
             failures.append(f"CLI exit codes {ok.returncode}/{bad.returncode}: {ok.stdout}{ok.stderr}{bad.stdout}")
+        # batch mode: one line per pair, failure of any pair fails the batch
+        pf = os.path.join(tmp, "pairs.txt")
+        with open(pf, "w") as f:
+            f.write(f"# comment\n{e}\t{e}\n\n{e}\t{os.path.join(tmp, 'exp', cfg.name, do)}\n")
+        import io as _io
+        buf = _io.StringIO()
+        rc = run_batch(pf, S.LOAD_RELEVANT_ARGS, False, False, True, False, out=buf)
+        lines = buf.getvalue().splitlines()
+        if rc != 1 or len(lines) != 3 or not lines[0].startswith("OK ") or not lines[1].startswith("DIFF "):
+            failures.append(f"batch mode: rc {rc}, output {lines}")
+        with open(pf, "w") as f:
+            f.write(f"{e}\t{e}\n")
+        buf = _io.StringIO()
+        if run_batch(pf, S.LOAD_RELEVANT_ARGS, False, False, True, False, out=buf) != 0:
+            failures.append(f"batch mode of an equal pair: {buf.getvalue()}")
     for f in failures:
         print("FAIL:", f)
     print("self-test:", "FAILED" if failures else "ok")
@@ -522,10 +569,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--check-metadata", action="store_true", help="also compare model state dicts' _metadata")
     ap.add_argument("--loose-optimizer-order", action="store_true",
                     help="ignore dict key order inside `optimizer` (keys and values still compared)")
+    ap.add_argument("--batch", metavar="PAIRS_FILE", help="compare many pairs (see the module docstring)")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
     if a.self_test:
         return self_test()
+    if a.batch:
+        fields = S.LOAD_RELEVANT_ARGS if a.args_fields is None else [f for f in a.args_fields.split(",") if f]
+        return run_batch(a.batch, fields, a.ignore_rng, a.check_metadata, not a.loose_optimizer_order,
+                         a.ignore_rerun_state)
     if not a.expected or not a.actual:
         ap.print_usage()
         return 2

@@ -4,8 +4,8 @@
 //
 // On-disk layout (Megatron-core v0.13; see the format notes in
 // megatron_format.h for every key):
-//   <dir>/latest_checkpointed_iteration.txt       "N" or "release" (written last)
-//   <dir>/iter_{N:07d}/ (or release/)
+//   <dir>/latest_checkpointed_iteration.txt       "N" or "release" (written
+//   last) <dir>/iter_{N:07d}/ (or release/)
 //       mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt   [+ distrib_optim.pt]
 
 #include <cstdint>
@@ -31,14 +31,18 @@ struct Checkpoint {
   bool distributed_optimizer = false;
   /// rank_files[pp][tp] = .../mp_rank_TT[_PPP]/model_optim_rng.pt
   std::vector<std::vector<std::filesystem::path>> rank_files;
+  /// distrib_optim_files[pp][tp] = .../distrib_optim.pt (empty without the
+  /// distributed optimizer).
+  std::vector<std::vector<std::filesystem::path>> distrib_optim_files;
 };
 
 /// Finds the checkpoint in `dir`: the tracker file's iteration (or
 /// `iteration` if given), or `dir` itself if it is an iter_* / release
 /// folder. Reads the args of rank (0, 0) for the topology and checks that
 /// every rank file (and distrib_optim.pt when the distributed optimizer was
-/// used) exists. Throws FormatError naming the missing or malformed file,
-/// IoError if unreadable.
+/// used) exists and that no rank folder is unexplained. Throws FormatError
+/// naming the missing or malformed file (or unsupported feature such as
+/// expert parallelism), IoError if `dir` is not a folder or unreadable.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
 
@@ -46,7 +50,9 @@ struct SourceOptions {
   /// A builtin layout name or a YAML file; empty: detect from the names.
   std::string layout;
   /// The tokenizer's vocabulary size when args lack it (needed to strip
-  /// vocab padding and to re-pad for another TP).
+  /// vocab padding and to re-pad for another TP). Without it the args'
+  /// NullTokenizer size (vocab_size + 1) is used, else the padded size
+  /// (all rows kept as real rows).
   std::optional<int64_t> true_vocab_size;
 };
 
@@ -68,34 +74,46 @@ NameListing ListNames(const Checkpoint& checkpoint,
 
 /// Reads every rank file (index and pickle only) and plans the universal
 /// file: params in canonical order with global layer indices, atoms fp32 /
-/// exp_avg / exp_avg_sq (/ step) and the training-dtype weights (`param`),
-/// fragments from model_optim_rng.pt and distrib_optim.pt, metadata and
-/// opaque objects (args, rng states, TE _extra_state, ...). Throws
-/// FormatError / LayoutError naming the rank file, param and problem.
+/// exp_avg / exp_avg_sq (/ step) and the training-dtype weights (`param`,
+/// when they are not fp32), fragments from model_optim_rng.pt and
+/// distrib_optim.pt, metadata and opaque objects (args, rng states, TE
+/// _extra_state, ...). The plan keeps the rank files open. Throws
+/// FormatError / LayoutError naming the rank file, param and problem
+/// (unmatched or ambiguous names, shapes that disagree, optimizer groups
+/// that do not follow Megatron's rule, a distrib_optim.pt whose buffer
+/// layout does not match); IoError if a file cannot be read.
 universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const SourceOptions& options);
 
 struct TargetOptions {
   layouts::Topology topology;  // tp, pp, vpp, dp
   bool distributed_optimizer = false;
+  /// Overrides the universal file's vocabulary size for the padding (must
+  /// not be below the stored rows).
   std::optional<int64_t> true_vocab_size;
-  /// Model weights only (no optimizer, no distrib_optim.pt).
+  /// Model weights only (no optimizer, no distrib_optim.pt). Implied when
+  /// the universal file holds no optimizer state.
   bool no_optimizer = false;
 };
 
 struct TargetSummary {
+  /// Files written: model_optim_rng.pt, distrib_optim.pt and the tracker.
   int64_t files = 0;
   uint64_t bytes = 0;
-  std::vector<std::string> notes;  // e.g. "rng states copied from source rank ..."
+  std::vector<std::string>
+      notes;  // e.g. "rng states copied from source rank ..."
 };
 
 /// Writes the checkpoint for `options.topology` from a universal file into
-/// `out_dir` (an existing, empty folder): every rank file as Megatron would
-/// save it for that configuration (args patched for the new topology, local
-/// layer numbering, vocab padded for the new TP, optimizer state laid out
-/// for the new DP), tracker file last. Throws LayoutError if the topology
-/// does not divide heads, query groups, layers or split dims; FormatError if
-/// the universal file lacks what Megatron needs; IoError on write failures.
+/// `out_dir` (an existing, empty folder; wrap it in a StagedDirectory so a
+/// failure leaves nothing under the final name): every rank file as
+/// Megatron-core v0.13 would save it for that configuration (args patched
+/// for the new topology, local layer numbering, vocab padded for the new TP,
+/// optimizer state laid out for the new DP), tracker file last. Each file is
+/// written under a temporary name and renamed when complete. Throws
+/// LayoutError if the topology does not divide heads, query groups, layers
+/// or split dims (or asks for VPP > 1 with PP = 1); FormatError if the
+/// universal file lacks what Megatron needs; IoError on write failures.
 TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
                           const std::filesystem::path& out_dir,
                           const TargetOptions& options,

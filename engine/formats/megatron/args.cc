@@ -1,0 +1,309 @@
+#include "engine/formats/megatron/args.h"
+
+#include <functional>
+#include <utility>
+
+#include "engine/core/error.h"
+
+namespace ucp::megatron {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+// The attribute dict of a Namespace-like object (BUILD state that is a dict,
+// or the first element of a (dict, slots) pair).
+Value* StateDict(Value* ns) {
+  if (ns == nullptr || ns->kind != Kind::kObject || ns->state == nullptr)
+    return nullptr;
+  Value* s = ns->state;
+  if (s->kind == Kind::kDict) return s;
+  if (s->kind == Kind::kTuple && s->items.size() == 2 && s->items[0] &&
+      s->items[0]->kind == Kind::kDict)
+    return s->items[0];
+  return nullptr;
+}
+
+const char* KindName(const Value* v) {
+  switch (v->kind) {
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kStr:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kTuple:
+      return "tuple";
+    case Kind::kDict:
+      return "dict";
+    default:
+      return "object";
+  }
+}
+
+}  // namespace
+
+ArgsView::ArgsView(const Value* ns, std::string where)
+    : ns_(ns), where_(std::move(where)) {
+  if (StateDict(const_cast<Value*>(ns)) == nullptr) {
+    throw FormatError(where_, ": 'args' is not an argparse.Namespace (",
+                      ns ? pickle::Repr(ns, 60) : std::string("missing"), ")");
+  }
+}
+
+const Value* ArgsView::Find(std::string_view field) const {
+  return ns_->Attr(field);
+}
+
+std::optional<int64_t> ArgsView::Int(std::string_view field) const {
+  const Value* v = Find(field);
+  if (v == nullptr || v->kind == Kind::kNone) return std::nullopt;
+  if (v->kind == Kind::kBool) return v->b ? 1 : 0;
+  if (v->kind == Kind::kInt && v->big.empty()) return v->i;
+  throw FormatError(where_, ": args.", field, " is a ", KindName(v),
+                    ", expected an int");
+}
+
+std::optional<bool> ArgsView::Bool(std::string_view field) const {
+  const Value* v = Find(field);
+  if (v == nullptr || v->kind == Kind::kNone) return std::nullopt;
+  if (v->kind == Kind::kBool) return v->b;
+  if (v->kind == Kind::kInt && v->big.empty()) return v->i != 0;
+  throw FormatError(where_, ": args.", field, " is a ", KindName(v),
+                    ", expected a bool");
+}
+
+std::optional<std::string> ArgsView::Str(std::string_view field) const {
+  const Value* v = Find(field);
+  if (v == nullptr || v->kind == Kind::kNone) return std::nullopt;
+  if (v->kind == Kind::kStr) return v->s;
+  throw FormatError(where_, ": args.", field, " is a ", KindName(v),
+                    ", expected a str");
+}
+
+int64_t ArgsView::RequireInt(std::string_view field) const {
+  std::optional<int64_t> v = Int(field);
+  if (!v) throw FormatError(where_, ": args lack '", field, "'");
+  return *v;
+}
+
+int64_t RunConfig::OptimizerDp() const {
+  const int64_t n = topology.dp * cp;
+  return num_distributed_optimizer_instances > 1
+             ? n / num_distributed_optimizer_instances
+             : n;
+}
+
+RunConfig ReadRunConfig(const ArgsView& a) {
+  RunConfig c;
+  auto fail = [&](auto&&... parts) -> FormatError {
+    return FormatError(a.where(), ": ", parts...);
+  };
+  layouts::Topology& t = c.topology;
+  t.tp = a.RequireInt("tensor_model_parallel_size");
+  t.pp = a.Int("pipeline_model_parallel_size").value_or(1);
+  c.cp = a.Int("context_parallel_size").value_or(1);
+  const int64_t num_layers = a.RequireInt("num_layers");
+  if (t.tp < 1 || t.pp < 1 || c.cp < 1 || num_layers < 1) {
+    throw fail("bad parallel sizes in args (tp ", t.tp, ", pp ", t.pp, ", cp ",
+               c.cp, ", num_layers ", num_layers, ")");
+  }
+  if (auto v = a.Int("virtual_pipeline_model_parallel_size")) {
+    t.vpp = *v;
+  } else if (auto v2 = a.Int("num_virtual_stages_per_pipeline_rank")) {
+    t.vpp = *v2;
+  } else if (auto per = a.Int("num_layers_per_virtual_pipeline_stage")) {
+    if (*per < 1 || num_layers % (t.pp * *per) != 0)
+      throw fail("num_layers_per_virtual_pipeline_stage ", *per,
+                 " does not divide num_layers ", num_layers, " / pp ", t.pp);
+    t.vpp = num_layers / t.pp / *per;
+  }
+  if (t.vpp < 1) throw fail("bad virtual pipeline size ", t.vpp);
+  if (auto dp = a.Int("data_parallel_size")) {
+    t.dp = *dp;
+  } else if (auto ws = a.Int("world_size")) {
+    t.dp = *ws / (t.tp * t.pp * c.cp);
+  }
+  if (t.dp < 1) t.dp = 1;
+  if (auto f = a.Int("decoder_first_pipeline_num_layers"))
+    t.first_stage_layers = *f;
+  if (auto l = a.Int("decoder_last_pipeline_num_layers"))
+    t.last_stage_layers = *l;
+  c.distributed_optimizer = a.Bool("use_distributed_optimizer").value_or(false);
+
+  if (a.Int("expert_model_parallel_size").value_or(1) > 1 ||
+      a.Int("num_experts").has_value()) {
+    throw fail(
+        "mixture-of-experts checkpoints (num_experts / expert parallelism) "
+        "are not supported");
+  }
+  if (const Value* v = a.Find("pipeline_model_parallel_layout");
+      v != nullptr && v->kind != Kind::kNone) {
+    throw fail("--pipeline-model-parallel-layout is not supported");
+  }
+  for (const char* f :
+       {"account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split", "standalone_embedding_stage"}) {
+    if (a.Bool(f).value_or(false))
+      throw fail("args.", f, " is set: not supported");
+  }
+
+  layouts::Variables& v = c.variables;
+  v.Set("num_layers", num_layers);
+  for (const char* f : {"hidden_size", "num_attention_heads", "ffn_hidden_size",
+                        "kv_channels"}) {
+    if (auto x = a.Int(f)) v.Set(f, *x);
+  }
+  const int64_t heads = a.RequireInt("num_attention_heads");
+  const bool gqa = a.Bool("group_query_attention").value_or(false);
+  v.Set("num_query_groups",
+        gqa ? a.Int("num_query_groups").value_or(heads) : heads);
+  v.Set("swiglu", a.Bool("swiglu").value_or(false) ? 1 : 0);
+  v.Set("tied",
+        a.Bool("untie_embeddings_and_output_weights").value_or(false) ? 0 : 1);
+  v.Set("add_bias_linear", a.Bool("add_bias_linear").value_or(true) ? 1 : 0);
+  const int64_t div = a.Int("make_vocab_size_divisible_by").value_or(128);
+  if (div < 1) throw fail("make_vocab_size_divisible_by ", div);
+  v.Set("make_vocab_size_divisible_by", div);
+  c.padded_vocab_size = a.Int("padded_vocab_size");
+  // megatron/training/tokenizer: the NullTokenizer appends an end-of-document
+  // token to --vocab-size; other tokenizers take their size from files.
+  if (a.Str("tokenizer_type").value_or("") == "NullTokenizer") {
+    if (auto vs = a.Int("vocab_size")) c.true_vocab_size = *vs + 1;
+  }
+
+  c.overlap_grad_reduce = a.Bool("overlap_grad_reduce").value_or(false);
+  c.ddp_bucket_size = a.Int("ddp_bucket_size");
+  c.ddp_num_buckets = a.Int("ddp_num_buckets");
+  c.pad_buckets_for_high_nccl_busbw =
+      a.Bool("ddp_pad_buckets_for_high_nccl_busbw").value_or(false);
+  c.overlap_param_gather_with_optimizer_step =
+      a.Bool("overlap_param_gather_with_optimizer_step").value_or(false);
+  c.num_distributed_optimizer_instances =
+      a.Int("num_distributed_optimizer_instances").value_or(1);
+  c.grad_reduce_in_fp32 =
+      a.Bool("accumulate_allreduce_grads_in_fp32").value_or(false);
+  c.consumed_train_samples = a.Int("consumed_train_samples");
+  if (auto o = a.Str("optimizer")) c.optimizer = *o;
+  c.rank = a.Int("rank");
+  c.local_rank = a.Int("local_rank");
+  return c;
+}
+
+json::Value ArgsToJson(const ArgsView& args) {
+  // Iterative conversion is unnecessary: args values are shallow.
+  std::function<json::Value(const Value*, int)> conv = [&](const Value* v,
+                                                           int depth) {
+    if (v == nullptr) return json::Value();
+    switch (v->kind) {
+      case Kind::kNone:
+        return json::Value();
+      case Kind::kBool:
+        return json::Value(v->b);
+      case Kind::kInt:
+        if (v->big.empty()) return json::Value(v->i);
+        return json::Value(pickle::Repr(v, 200));
+      case Kind::kFloat:
+        return json::Value(v->f);
+      case Kind::kStr:
+        return json::Value(v->s);
+      case Kind::kList:
+      case Kind::kTuple: {
+        json::Value arr = json::Value::Array();
+        if (depth > 8) return json::Value(pickle::Repr(v, 200));
+        for (const Value* x : v->items) arr.Append(conv(x, depth + 1));
+        return arr;
+      }
+      case Kind::kGlobal:
+        return json::Value(v->module + "." + v->name);
+      default:
+        return json::Value(pickle::Repr(v, 200));
+    }
+  };
+  json::Value out = json::Value::Object();
+  const Value* state = StateDict(const_cast<Value*>(args.node()));
+  for (const auto& [k, val] : state->entries) {
+    if (k == nullptr || k->kind != Kind::kStr) continue;
+    out[k->s] = conv(val, 0);
+  }
+  return out;
+}
+
+int64_t GlobalRank(const layouts::Topology& t, int64_t cp, int64_t tp_rank,
+                   int64_t pp_rank) {
+  return tp_rank + t.tp * cp * t.dp * pp_rank;
+}
+
+void PatchArgs(pickle::Arena& arena, Value* ns, const ArgsPatch& p) {
+  Value* dict = StateDict(ns);
+  UCP_CHECK(dict != nullptr, "args has no attribute dict");
+  auto find = [&](std::string_view name) -> Value** {
+    for (auto& [k, v] : dict->entries) {
+      if (k != nullptr && k->kind == Kind::kStr && k->s == name) return &v;
+    }
+    return nullptr;
+  };
+  auto set = [&](std::string_view name, Value* value, bool add) {
+    if (Value** slot = find(name)) {
+      *slot = value;
+    } else if (add) {
+      dict->entries.emplace_back(arena.Str(std::string(name)), value);
+    }
+  };
+  auto opt_int = [&](std::optional<int64_t> x) {
+    return x ? arena.Int(*x) : arena.None();
+  };
+  const layouts::Topology& t = p.topology;
+  const int64_t world = t.tp * t.pp * t.dp * p.cp;
+  const int64_t rank = GlobalRank(t, p.cp, p.tp_rank, p.pp_rank);
+  set("tensor_model_parallel_size", arena.Int(t.tp), true);
+  set("pipeline_model_parallel_size", arena.Int(t.pp), true);
+  set("transformer_pipeline_model_parallel_size", arena.Int(t.pp), false);
+  const bool vpp = t.vpp > 1;
+  set("virtual_pipeline_model_parallel_size",
+      vpp ? arena.Int(t.vpp) : arena.None(), true);
+  set("num_layers_per_virtual_pipeline_stage",
+      vpp ? arena.Int(p.num_layers / t.pp / t.vpp) : arena.None(), true);
+  if (Value** slot = find("num_virtual_stages_per_pipeline_rank");
+      slot != nullptr && (*slot)->kind != Kind::kNone) {
+    *slot = vpp ? arena.Int(t.vpp) : arena.None();
+  }
+  set("decoder_first_pipeline_num_layers", opt_int(t.first_stage_layers),
+      false);
+  set("decoder_last_pipeline_num_layers", opt_int(t.last_stage_layers), false);
+  // arguments.py: overlap_p2p_comm and (v0.13) align_param_gather default to
+  // True and are forced off without a virtual pipeline.
+  for (const char* f : {"overlap_p2p_comm", "align_param_gather"}) {
+    if (Value** slot = find(f)) {
+      if (!vpp) {
+        *slot = arena.Bool(false);
+      } else if (p.source_vpp == 1) {
+        *slot = arena.Bool(true);
+      }
+    }
+  }
+  set("data_parallel_size", arena.Int(t.dp), true);
+  set("world_size", arena.Int(world), true);
+  set("inprocess_active_world_size", arena.Int(world), false);
+  set("rank", arena.Int(rank), false);
+  if (Value** slot = find("local_rank");
+      slot != nullptr && (*slot)->kind != Kind::kNone) {
+    *slot = arena.Int(rank % p.gpus_per_node);
+  }
+  if (Value** slot = find("expert_tensor_parallel_size");
+      slot != nullptr && (*slot)->kind == Kind::kInt &&
+      (*slot)->i == p.source_tp) {
+    *slot = arena.Int(t.tp);
+  }
+  if (t.tp == 1) set("sequence_parallel", arena.Bool(false), false);
+  set("padded_vocab_size", arena.Int(p.padded_vocab_size), true);
+  set("use_distributed_optimizer", arena.Bool(p.distributed_optimizer), true);
+}
+
+}  // namespace ucp::megatron

@@ -1,0 +1,130 @@
+#pragma once
+// The `args` Namespace of a Megatron rank file: what the driver reads from it
+// (topology, model variables, optimizer and buffer settings) and how it is
+// patched for a target topology.
+//
+// Fields read (megatron/training/arguments.py; absent or None = default):
+//   tensor_model_parallel_size, pipeline_model_parallel_size (1),
+//   virtual_pipeline_model_parallel_size | num_virtual_stages_per_pipeline_rank
+//   | num_layers_per_virtual_pipeline_stage (VPP = L / PP / that),
+//   data_parallel_size (else world_size / (tp*pp*cp)), context_parallel_size
+//   (1), decoder_first/last_pipeline_num_layers, use_distributed_optimizer,
+//   num_layers, hidden_size, ffn_hidden_size, num_attention_heads,
+//   group_query_attention + num_query_groups (= heads without GQA),
+//   kv_channels, swiglu, untie_embeddings_and_output_weights, add_bias_linear,
+//   make_vocab_size_divisible_by (128), padded_vocab_size, vocab_size and
+//   tokenizer_type (NullTokenizer: true vocab = vocab_size + 1, the EOD
+//   token), overlap_grad_reduce, ddp_bucket_size, ddp_num_buckets,
+//   ddp_pad_buckets_for_high_nccl_busbw, overlap_param_gather_with_optimizer_
+//   step, num_distributed_optimizer_instances, accumulate_allreduce_grads_in_
+//   fp32, consumed_train_samples, optimizer, rank, local_rank.
+// Refused (FormatError): expert_model_parallel_size > 1 or num_experts,
+// pipeline_model_parallel_layout, account_for_embedding/loss_in_pipeline_
+// split, standalone_embedding_stage.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "engine/json/json.h"
+#include "engine/pickle/value.h"
+#include "layouts/variables.h"
+
+namespace ucp::megatron {
+
+/// Typed read access to an argparse.Namespace. Accessors return nullopt for
+/// absent fields and None values; they throw FormatError naming the field
+/// and `where` for a value of another type.
+class ArgsView {
+ public:
+  /// Throws FormatError if `ns` is not an argparse.Namespace-like object.
+  ArgsView(const pickle::Value* ns, std::string where);
+
+  const pickle::Value* node() const { return ns_; }
+  const std::string& where() const { return where_; }
+  /// nullptr if absent.
+  const pickle::Value* Find(std::string_view field) const;
+  std::optional<int64_t> Int(std::string_view field) const;
+  std::optional<bool> Bool(std::string_view field) const;
+  std::optional<std::string> Str(std::string_view field) const;
+  /// Throws FormatError if absent or None.
+  int64_t RequireInt(std::string_view field) const;
+
+ private:
+  const pickle::Value* ns_;
+  std::string where_;
+};
+
+/// What a checkpoint's args say about the run.
+struct RunConfig {
+  layouts::Topology topology;
+  int64_t cp = 1;
+  bool distributed_optimizer = false;
+  /// Model variables for layouts (num_layers, hidden_size, ...); topology
+  /// independent, so without the vocabulary (see below).
+  layouts::Variables variables;
+  std::optional<int64_t> padded_vocab_size;
+  /// True vocabulary from the tokenizer settings (NullTokenizer); absent if
+  /// the args cannot tell.
+  std::optional<int64_t> true_vocab_size;
+  // Distributed-optimizer buffer settings.
+  bool overlap_grad_reduce = false;
+  std::optional<int64_t> ddp_bucket_size;
+  std::optional<int64_t> ddp_num_buckets;
+  bool pad_buckets_for_high_nccl_busbw = false;
+  bool overlap_param_gather_with_optimizer_step = false;
+  int64_t num_distributed_optimizer_instances = 1;
+  bool grad_reduce_in_fp32 = true;
+  std::optional<int64_t> consumed_train_samples;
+  std::string optimizer = "adam";
+  std::optional<int64_t> rank;
+  std::optional<int64_t> local_rank;
+
+  /// The data-parallel size the optimizer's buckets are padded for.
+  int64_t OptimizerDp() const;
+};
+
+/// Throws FormatError naming the field for missing required fields, bad
+/// types, inconsistent sizes and unsupported features.
+RunConfig ReadRunConfig(const ArgsView& args);
+
+/// A lossy JSON view of the Namespace (for the universal file's `args`
+/// attribute): None/bool/int/float/str as themselves, lists and tuples as
+/// arrays, torch dtypes as "torch.bfloat16", other objects as their class
+/// name or Python-like rendering.
+json::Value ArgsToJson(const ArgsView& args);
+
+/// The field values a target topology changes.
+struct ArgsPatch {
+  layouts::Topology topology;
+  int64_t cp = 1;
+  bool distributed_optimizer = false;
+  int64_t padded_vocab_size = 0;
+  int64_t num_layers = 0;
+  int64_t tp_rank = 0;
+  int64_t pp_rank = 0;
+  /// Ranks per node for local_rank (= rank % gpus_per_node).
+  int64_t gpus_per_node = 8;
+  /// The source's VPP (to keep overlap_p2p_comm / align_param_gather).
+  int64_t source_vpp = 1;
+  int64_t source_tp = 1;
+};
+
+/// The global rank of (tp_rank, dp_rank 0, pp_rank) in Megatron's default
+/// rank order tp-cp-ep-dp-pp.
+int64_t GlobalRank(const layouts::Topology& topology, int64_t cp,
+                   int64_t tp_rank, int64_t pp_rank);
+
+/// Patches a Namespace (a copy in `arena`) for a target rank: parallel sizes,
+/// VPP fields, data_parallel_size, world_size, rank, local_rank,
+/// padded_vocab_size, use_distributed_optimizer, and the fields v0.13
+/// derives from the topology (transformer_pipeline_model_parallel_size,
+/// expert_tensor_parallel_size, inprocess_active_world_size,
+/// overlap_p2p_comm, align_param_gather, sequence_parallel at TP 1,
+/// decoder_first/last_pipeline_num_layers). Only fields present in the
+/// Namespace are changed (plus the always-present topology sizes).
+/// Throws InternalError if `ns` has no attribute dict.
+void PatchArgs(pickle::Arena& arena, pickle::Value* ns, const ArgsPatch& patch);
+
+}  // namespace ucp::megatron

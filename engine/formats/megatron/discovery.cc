@@ -1,0 +1,203 @@
+// Finding a Megatron checkpoint on disk: tracker, iteration folder, rank
+// folders (naming in megatron_format.h).
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <system_error>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/torchfile/torch_file.h"
+
+namespace ucp::megatron {
+namespace fs = std::filesystem;
+
+std::string IterDirName(int64_t iteration, bool release) {
+  if (release) return std::string(kReleaseDir);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "iter_%07lld",
+                static_cast<long long>(iteration));
+  return buf;
+}
+
+std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp) {
+  char buf[48];
+  if (pp == 1) {
+    std::snprintf(buf, sizeof buf, "mp_rank_%02lld",
+                  static_cast<long long>(tp_rank));
+  } else {
+    std::snprintf(buf, sizeof buf, "mp_rank_%02lld_%03lld",
+                  static_cast<long long>(tp_rank),
+                  static_cast<long long>(pp_rank));
+  }
+  return buf;
+}
+
+namespace {
+
+std::optional<int64_t> ParseNumber(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr != s.data() + s.size() || v < 0)
+    return std::nullopt;
+  return v;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
+}
+
+bool IsIterDirName(std::string_view name) {
+  if (name == kReleaseDir) return true;
+  return name.size() > 5 && name.substr(0, 5) == "iter_" &&
+         ParseNumber(name.substr(5)).has_value();
+}
+
+}  // namespace
+
+std::optional<RankDirNumbers> ParseRankDirName(std::string_view name) {
+  constexpr std::string_view kPrefix = "mp_rank_";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  name.remove_prefix(kPrefix.size());
+  std::vector<int64_t> nums;
+  while (true) {
+    const size_t us = name.find('_');
+    auto n = ParseNumber(name.substr(0, us));
+    if (!n) return std::nullopt;
+    nums.push_back(*n);
+    if (us == std::string_view::npos) break;
+    name.remove_prefix(us + 1);
+  }
+  if (nums.size() > 3) return std::nullopt;
+  RankDirNumbers r;
+  r.tp_rank = nums[0];
+  if (nums.size() > 1) r.second = nums[1];
+  if (nums.size() > 2) r.third = nums[2];
+  return r;
+}
+
+Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw IoError("checkpoint folder ", dir.string(),
+                  " does not exist or is not a folder");
+  }
+  Checkpoint c;
+  const fs::path tracker = dir / kTrackerFile;
+  const std::string leaf = dir.filename().string();
+  if (fs::exists(tracker, ec) && !iteration) {
+    c.dir = dir;
+    const std::string text = ReadSmallFile(tracker, 1024);
+    std::string_view t = Trim(text);
+    if (t == kReleaseDir) {
+      c.release = true;
+    } else if (auto n = ParseNumber(t)) {
+      c.iteration = *n;
+    } else {
+      throw FormatError(tracker.string(), ": tracker holds '", t,
+                        "', expected an iteration number or 'release'");
+    }
+    c.iter_dir = dir / IterDirName(c.iteration, c.release);
+  } else if (iteration) {
+    c.dir = dir;
+    c.iteration = *iteration;
+    c.iter_dir = dir / IterDirName(*iteration, false);
+  } else if (IsIterDirName(leaf)) {
+    c.dir = dir.parent_path();
+    c.iter_dir = dir;
+    c.release = leaf == kReleaseDir;
+    if (!c.release) c.iteration = *ParseNumber(leaf.substr(5));
+  } else {
+    throw FormatError(dir.string(), ": no ", kTrackerFile,
+                      " and not an iter_NNNNNNN / release folder: not a "
+                      "Megatron checkpoint");
+  }
+  if (!fs::is_directory(c.iter_dir, ec)) {
+    throw FormatError(c.iter_dir.string(),
+                      ": the iteration folder named by the checkpoint is "
+                      "missing");
+  }
+
+  // Rank (0, 0) names the topology: mp_rank_00 (PP 1) or mp_rank_00_000.
+  fs::path first;
+  for (const char* name : {"mp_rank_00", "mp_rank_00_000"}) {
+    const fs::path p = c.iter_dir / name / kModelFile;
+    if (fs::exists(p, ec)) {
+      first = p;
+      break;
+    }
+  }
+  if (first.empty()) {
+    throw FormatError(c.iter_dir.string(), ": missing ",
+                      (c.iter_dir / "mp_rank_00" / kModelFile).string(),
+                      " (or mp_rank_00_000/", kModelFile,
+                      "): no rank file of tensor/pipeline rank 0");
+  }
+  RunConfig run;
+  torchfile::TorchFile f = torchfile::TorchFile::Open(first);  // names `first`
+  try {
+    const pickle::Value* root = f.root();
+    const pickle::Value* args =
+        root != nullptr && root->IsDictLike() ? root->Get("args") : nullptr;
+    if (args == nullptr) throw FormatError("no 'args' entry");
+    run = ReadRunConfig(ArgsView(args, "args"));
+  } catch (Error& e) {
+    e.AddContext("rank file ", first.string());
+    throw;
+  }
+  c.topology = run.topology;
+  c.distributed_optimizer = run.distributed_optimizer;
+  const layouts::Topology& t = c.topology;
+
+  c.rank_files.assign(static_cast<size_t>(t.pp), {});
+  if (c.distributed_optimizer)
+    c.distrib_optim_files.assign(static_cast<size_t>(t.pp), {});
+  for (int64_t p = 0; p < t.pp; ++p) {
+    for (int64_t r = 0; r < t.tp; ++r) {
+      const fs::path rd = c.iter_dir / RankDirName(r, p, t.pp);
+      const fs::path mf = rd / kModelFile;
+      if (!fs::is_regular_file(mf, ec)) {
+        throw FormatError("missing rank file ", mf.string(), " (topology ",
+                          t.ToString(), " from ", first.string(), ")");
+      }
+      c.rank_files[static_cast<size_t>(p)].push_back(mf);
+      if (c.distributed_optimizer) {
+        const fs::path df = rd / kDistribOptimFile;
+        if (!fs::is_regular_file(df, ec)) {
+          throw FormatError("missing ", df.string(),
+                            " (args say use_distributed_optimizer)");
+        }
+        c.distrib_optim_files[static_cast<size_t>(p)].push_back(df);
+      }
+    }
+  }
+  // Rank folders the topology does not explain (expert parallelism, a
+  // mixed-up folder) would be silently ignored otherwise.
+  for (const fs::directory_entry& e : fs::directory_iterator(c.iter_dir)) {
+    const std::string name = e.path().filename().string();
+    auto nums = ParseRankDirName(name);
+    if (!nums) continue;
+    const bool pp_suffix = t.pp > 1;
+    const bool ok =
+        nums->tp_rank < t.tp && !nums->third &&
+        (pp_suffix ? nums->second && *nums->second < t.pp : !nums->second);
+    if (!ok) {
+      throw FormatError(c.iter_dir.string(), ": unexpected rank folder '", name,
+                        "' for topology ", t.ToString(),
+                        " (expert parallelism is not supported)");
+    }
+  }
+  return c;
+}
+
+}  // namespace ucp::megatron

@@ -1,0 +1,129 @@
+#pragma once
+// Megatron-LM legacy checkpoints (`--ckpt-format torch`), as Megatron-core
+// v0.13.0 writes them (megatron/training/checkpointing.py, core/optimizer/,
+// core/distributed/). Readers also accept v0.8-v0.12 files and Megatron-LM
+// 23.x weights-only files (legacy `language_model.*` models).
+//
+// Folders
+//   <save>/latest_checkpointed_iteration.txt   "N" or "release"; written last
+//   <save>/iter_{N:07d}/ (or release/)
+//       mp_rank_{tp:02d}/            PP == 1
+//       mp_rank_{tp:02d}_{pp:03d}/   PP > 1 (a second suffix _{ep:03d} would
+//                                    follow with expert parallelism; EP > 1
+//                                    is not supported. "mp_rank_00_001" is
+//                                    read as PP rank 1 because args say PP>1)
+//           model_optim_rng.pt       written by DP rank 0 of each (tp, pp)
+//           distrib_optim.pt         with --use-distributed-optimizer
+//
+// model_optim_rng.pt: a dict, keys in this order (generate_state_dict, then
+// save_checkpoint):
+//   args                  argparse.Namespace of the run (all CLI args plus
+//                         padded_vocab_size, iteration, ... added later)
+//   checkpoint_version    3.0
+//   iteration             int
+//   model | model0..model{V-1}   one state dict per model chunk (VPP > 1);
+//                         layer indices local to the chunk (model.md: layer
+//                         placement); a dict that holds leaves is an
+//                         OrderedDict (module.state_dict()), a dict of dicts
+//                         (legacy models' state_dict_for_save_checkpoint) a
+//                         plain dict. Leaves: tensors (training dtype),
+//                         Transformer Engine `_extra_state` (TE >= 2.x: uint8
+//                         tensor, empty without FP8; TE 1.x: io.BytesIO of a
+//                         torch.save; fusible-op norms: uint8 tensor of
+//                         pickle.dumps({})), None (Megatron's own linears'
+//                         `_extra_state`)
+//   optimizer             absent in weights-only checkpoints. One of
+//     Float16OptimizerWithFloat16Params (bf16/fp16 training):
+//       {'optimizer': {'state': {id: {'exp_avg', 'exp_avg_sq'[, 'step']}},
+//                      'param_groups': [group...]},
+//        ['grad_scaler': {...},]          fp16 / dynamic loss scaling
+//        'fp32_from_fp16_params': [[fp32 master per param] per group]}
+//     FP32Optimizer (fp32 training): the inner {'state', 'param_groups'}
+//     DistributedOptimizer: {'optimizer': {'param_groups': [group without
+//                      'params']}, ['grad_scaler']}; the tensors are in
+//                      distrib_optim.pt
+//     A group is {wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr,
+//     max_lr, min_lr, lr, bias_correction, betas, eps, weight_decay[, step],
+//     params: [ids]} (_get_param_groups, then the optimizer's defaults, then
+//     TE FusedAdam's per-group int `step`, then torch moving `params` last).
+//     Groups: keys (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) in
+//     order of first appearance over named_parameters() of all chunks (chunk
+//     0 first); wd_mult 0 for names ending ".bias" and 1-D params. State ids
+//     count params over the groups in order. With the distributed optimizer
+//     the stored groups are DP rank 0's: a group whose params have no
+//     element in DP rank 0's shard never stepped there and has no `step`.
+//   opt_param_scheduler   {max_lr, lr_warmup_steps, num_steps, ...}
+//   rerun_state_machine   (v0.10+) {mode, sharded: {...}}
+//   rng_state             [ {random_rng_state, np_rng_state, torch_rng_state,
+//                         cuda_rng_state, rng_tracker_states} ] per rank
+//   num_floating_point_operations_so_far
+//
+// distrib_optim.pt (save_parameter_state, get_parameter_state_dp_zero):
+//   {'buckets_coalesced': True,
+//    gbuf_idx (int, chunk order): {(param_dtype, grad_dtype) (torch dtypes):
+//        {'param': fp32[n], 'exp_avg': fp32[n], 'exp_avg_sq': fp32[n],
+//         'numel_unpadded': n}}}
+//   grad_dtype = float32 with accumulate_allreduce_grads_in_fp32 (default
+//   for bf16), else the param dtype. The world tensors follow the buffer
+//   layout of buffer_layout.h.
+//
+// Tied embeddings (not untie_embeddings_and_output_weights) with PP > 1: the
+// last stage holds a copy of the word embeddings (`output_layer.weight`,
+// legacy `word_embeddings_for_head.weight`) with its own optimizer state;
+// both copies are `shared_embedding` params (own DistOpt bucket).
+//
+// What this driver keeps in the universal file (schema: atom_store.h):
+//   /params/<canonical>/param        training-dtype weights (bf16/fp16 runs
+//                                    with an optimizer: the model tensors)
+//   /params/<canonical>/fp32         fp32 master (fp32_from_fp16_params or
+//                                    distrib_optim 'param'); the model
+//                                    tensors for fp32 and weights-only runs
+//   /params/<canonical>/exp_avg, exp_avg_sq [, step (0-d, torch Adam)]
+//   /params/<canonical>/pad/<kind>   vocabulary padding rows of the source
+//   /opaque/args                     the args Namespace of rank (0, 0)
+//   /opaque/optimizer/param_groups   list of the group dicts (no 'params'),
+//                                    one per canonical group
+//   /opaque/grad_scaler              (fp16) from rank (0, 0)
+//   /opaque/rng_state/tpTT_ppPPP     each rank's rng_state entry
+//   /opaque/rerun_state_machine      from rank (0, 0)
+//   /opaque/extra_state/<canonical>  every opaque model entry (TE
+//                                    _extra_state, None), TP rank 0's
+//   /opaque/top_level/<key>          every other top-level entry of rank
+//                                    (0, 0): checkpoint_version, iteration,
+//                                    opt_param_scheduler,
+//                                    num_floating_point_operations_so_far, ...
+//   root attr "megatron" (JSON): {"top_level_keys": [... "model" for the
+//   chunks ...], "entries": [[canonical name, "param"|"buffer"|"opaque"]...]
+//   in canonical state-dict order (tied copies left out), "release": bool,
+//   "gpus_per_node": n, "optimizer_format": "float16"|"fp32"|"distributed"|
+//   "none", "state_keys": per-param state keys in order, "grad_dtype"}.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ucp::megatron {
+
+inline constexpr std::string_view kTrackerFile =
+    "latest_checkpointed_iteration.txt";
+inline constexpr std::string_view kModelFile = "model_optim_rng.pt";
+inline constexpr std::string_view kDistribOptimFile = "distrib_optim.pt";
+inline constexpr std::string_view kReleaseDir = "release";
+/// The root attribute of the universal file holding the driver's metadata.
+inline constexpr std::string_view kMetaAttr = "megatron";
+
+/// "iter_0000100", or "release".
+std::string IterDirName(int64_t iteration, bool release);
+/// "mp_rank_01" (pp == 1) or "mp_rank_01_003".
+std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp);
+
+/// The numbers of "mp_rank_TT[_AAA[_BBB]]"; absent if the name is not one.
+struct RankDirNumbers {
+  int64_t tp_rank = 0;
+  std::optional<int64_t> second;
+  std::optional<int64_t> third;
+};
+std::optional<RankDirNumbers> ParseRankDirName(std::string_view name);
+
+}  // namespace ucp::megatron

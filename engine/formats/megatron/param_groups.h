@@ -1,0 +1,57 @@
+#pragma once
+// Optimizer param groups as Megatron-core builds them
+// (megatron/core/optimizer/__init__.py:_get_param_groups, core_v0.13.0):
+// every trainable param of every model chunk (chunk 0 first, then in
+// named_parameters() order) gets the key
+//   (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)
+// with wd_mult = 0 for names ending in ".bias" and for 1-D params, else 1;
+// lr_mult = 1 (no scale_lr_cond), is_expert_parallel = false (dense),
+// is_decoupled_lr = false (no --decoupled-lr). Groups appear in the order
+// their key first appears; members keep their order.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/json/json.h"
+#include "engine/pickle/value.h"
+
+namespace ucp::megatron {
+
+struct GroupKey {
+  double wd_mult = 1.0;
+  double lr_mult = 1.0;
+  bool is_expert_parallel = false;
+  bool is_decoupled_lr = false;
+  friend bool operator==(const GroupKey&, const GroupKey&) = default;
+
+  /// "(wd_mult=0, lr_mult=1, is_expert_parallel=False, ...)".
+  std::string ToString() const;
+  /// [wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr].
+  json::Value ToJson() const;
+  /// Throws FormatError if `v` is not such an array.
+  static GroupKey FromJson(const json::Value& v);
+};
+
+/// Megatron's default key of a param (name as in the state dict, any layer
+/// numbering; `ndim` of its tensor).
+GroupKey DefaultGroupKey(std::string_view name, size_t ndim);
+
+/// The key fields of a stored param group dict; fields that are absent keep
+/// their defaults. Throws FormatError if `group` is not a dict or a field has
+/// the wrong type.
+GroupKey StoredGroupKey(const pickle::Value* group);
+
+struct Grouping {
+  std::vector<GroupKey> keys;                // group order
+  std::vector<std::vector<size_t>> members;  // indices into the input
+  std::vector<size_t> group_of;              // per input: its group
+};
+
+/// Groups params (their keys in named_parameters() order) by first
+/// appearance of the key.
+Grouping GroupParams(std::span<const GroupKey> keys);
+
+}  // namespace ucp::megatron

@@ -1,0 +1,1259 @@
+// Reading Megatron rank files into a universal SourcePlan (PlanSource) and
+// listing their names (ListNames). Formats: megatron_format.h; buffer
+// layout: buffer_layout.h; groups: param_groups.h.
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/buffer_layout.h"
+#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron/state_dict.h"
+#include "engine/formats/megatron/torch_blob.h"
+#include "engine/json/json.h"
+#include "engine/universal/sources.h"
+#include "layouts/layout.h"
+#include "layouts/placement.h"
+
+namespace ucp::megatron {
+namespace {
+
+namespace fs = std::filesystem;
+using layouts::EntryKind;
+using layouts::Layout;
+using layouts::Rule;
+using pickle::Kind;
+using pickle::Value;
+using torchfile::TensorInfo;
+using torchfile::TorchFile;
+
+// ------------------------------------------------------------ loading
+
+struct RankChunk {
+  std::string key;  // "model" / "model3"
+  std::vector<ChunkLeaf> leaves;
+  std::vector<std::string> canonical;  // per leaf
+  std::vector<const Rule*> rules;      // per leaf (after matching)
+};
+
+struct SourceRank {
+  int64_t tp_rank = 0;
+  int64_t pp_rank = 0;
+  fs::path path;
+  fs::path distrib_path;
+  std::shared_ptr<const TorchFile> file;
+  std::shared_ptr<const TorchFile> distrib;
+  const Value* root = nullptr;
+  std::vector<RankChunk> chunks;
+  std::string Where() const { return StrCat("rank file ", path.string()); }
+};
+
+struct Loaded {
+  RunConfig run;
+  std::vector<SourceRank> ranks;  // pp-major, tp-minor
+  std::optional<Layout> layout;
+  layouts::Variables vars;
+  std::optional<layouts::LayerPlacement> placement;
+  bool vocab_known = false;
+  std::string vocab_source;  // where vocab_size came from
+
+  const layouts::Topology& topology() const { return run.topology; }
+  SourceRank& Rank(int64_t pp, int64_t tp) {
+    return ranks[static_cast<size_t>(pp * run.topology.tp + tp)];
+  }
+};
+
+Layout ChooseLayout(const std::string& spec,
+                    const std::vector<std::string>& names) {
+  if (spec.empty()) return Layout::DetectBuiltin(names);
+  for (const std::string& b : Layout::BuiltinNames()) {
+    if (b == spec) return Layout::Builtin(spec);
+  }
+  return Layout::Load(spec);
+}
+
+const Value* TopGet(const Value* root, std::string_view key) {
+  return root != nullptr && root->IsDictLike() ? root->Get(key) : nullptr;
+}
+
+// Opens every rank file, flattens its chunks, reads the args, chooses the
+// layout and computes canonical names.
+Loaded Load(const Checkpoint& c, const SourceOptions& options) {
+  Loaded L;
+  const layouts::Topology& t0 = c.topology;
+  for (int64_t p = 0; p < t0.pp; ++p) {
+    for (int64_t r = 0; r < t0.tp; ++r) {
+      SourceRank sr;
+      sr.tp_rank = r;
+      sr.pp_rank = p;
+      sr.path =
+          c.rank_files.at(static_cast<size_t>(p)).at(static_cast<size_t>(r));
+      // TorchFile's own errors name the file.
+      sr.file = std::make_shared<const TorchFile>(TorchFile::Open(sr.path));
+      try {
+        sr.root = sr.file->root();
+        if (sr.root == nullptr || !sr.root->IsDictLike())
+          throw FormatError("the file does not hold a dict");
+        const ArgsView args(TopGet(sr.root, "args"), "args");
+        RunConfig run = ReadRunConfig(args);
+        if (p == 0 && r == 0) {
+          L.run = run;
+        } else if (!(run.topology == L.run.topology) ||
+                   run.distributed_optimizer != L.run.distributed_optimizer ||
+                   !(run.variables == L.run.variables)) {
+          throw FormatError("args disagree with rank (0, 0): topology ",
+                            run.topology.ToString(), " vs ",
+                            L.run.topology.ToString(), ", model ",
+                            run.variables.ToString(), " vs ",
+                            L.run.variables.ToString());
+        }
+        if (L.run.topology.tp != t0.tp || L.run.topology.pp != t0.pp) {
+          throw FormatError("args say ", L.run.topology.ToString(),
+                            " but the checkpoint was discovered as ",
+                            t0.ToString());
+        }
+        const int64_t vpp = L.run.topology.vpp;
+        for (int64_t v = 0; v < vpp; ++v) {
+          RankChunk chunk;
+          chunk.key = vpp == 1 ? std::string("model") : StrCat("model", v);
+          const Value* m = TopGet(sr.root, chunk.key);
+          if (m == nullptr) {
+            throw FormatError("no '", chunk.key, "' entry (",
+                              vpp == 1 ? "no virtual pipeline"
+                                       : StrCat(vpp, " virtual stages"),
+                              ")");
+          }
+          try {
+            chunk.leaves = FlattenChunk(*sr.file, m);
+          } catch (Error& e) {
+            e.AddContext(chunk.key);
+            throw;
+          }
+          sr.chunks.push_back(std::move(chunk));
+        }
+      } catch (Error& e) {
+        e.AddContext(sr.Where());
+        throw;
+      }
+      if (c.distributed_optimizer) {
+        sr.distrib_path = c.distrib_optim_files.at(static_cast<size_t>(p))
+                              .at(static_cast<size_t>(r));
+        sr.distrib =
+            std::make_shared<const TorchFile>(TorchFile::Open(sr.distrib_path));
+      }
+      L.ranks.push_back(std::move(sr));
+    }
+  }
+
+  // Layout: given, or detected from every local name.
+  std::vector<std::string> names;
+  {
+    std::set<std::string> seen;
+    for (const SourceRank& sr : L.ranks)
+      for (const RankChunk& ch : sr.chunks)
+        for (const ChunkLeaf& leaf : ch.leaves)
+          if (seen.insert(leaf.name).second) names.push_back(leaf.name);
+  }
+  L.layout = ChooseLayout(options.layout, names);
+  const Layout& layout = *L.layout;
+
+  // Model variables; the true vocabulary from the options, the tokenizer
+  // settings, or (unknown) the padded size.
+  layouts::Variables vars = L.run.variables;
+  std::optional<int64_t> vocab = options.true_vocab_size;
+  L.vocab_source = "option";
+  if (!vocab) {
+    vocab = L.run.true_vocab_size;
+    L.vocab_source = "tokenizer (NullTokenizer vocab_size + 1)";
+  }
+  if (!vocab) {
+    vocab = L.run.padded_vocab_size;
+    L.vocab_source = "padded_vocab_size (true size unknown)";
+  }
+  if (vocab) {
+    vars.Set("vocab_size", *vocab);
+    L.vocab_known = true;
+  }
+  L.vars = layout.Resolve(vars);
+  L.placement.emplace(layout.NumLayers(L.vars), L.run.topology);
+
+  for (SourceRank& sr : L.ranks) {
+    for (size_t v = 0; v < sr.chunks.size(); ++v) {
+      RankChunk& ch = sr.chunks[v];
+      for (const ChunkLeaf& leaf : ch.leaves) {
+        try {
+          if (layout.FromKeyPath(leaf.key_path) != leaf.name) {
+            throw LayoutError("nesting does not follow layout '", layout.name(),
+                              "'");
+          }
+          ch.canonical.push_back(
+              layouts::CanonicalName(layout, leaf.name, *L.placement,
+                                     sr.pp_rank, static_cast<int64_t>(v)));
+        } catch (Error& e) {
+          e.AddContext(sr.Where(), " > ", ch.key, " > ", leaf.name);
+          throw;
+        }
+      }
+    }
+  }
+  return L;
+}
+
+// Chunks in global order: (vp 0, pp 0), (vp 0, pp 1), ..., (vp V-1, pp P-1).
+template <typename Fn>
+void ForChunksInOrder(Loaded& L, Fn&& fn) {
+  const layouts::Topology& t = L.topology();
+  for (int64_t v = 0; v < t.vpp; ++v)
+    for (int64_t p = 0; p < t.pp; ++p) fn(p, v);
+}
+
+// ------------------------------------------------------------ planning
+
+// Strings for the universal file's JSON.
+json::Value ValueToJson(const Value* v, int depth = 0) {
+  if (v == nullptr) return json::Value();
+  switch (v->kind) {
+    case Kind::kNone:
+      return json::Value();
+    case Kind::kBool:
+      return json::Value(v->b);
+    case Kind::kInt:
+      if (v->big.empty()) return json::Value(v->i);
+      break;
+    case Kind::kFloat:
+      return json::Value(v->f);
+    case Kind::kStr:
+      return json::Value(v->s);
+    case Kind::kList:
+    case Kind::kTuple: {
+      if (depth > 8) break;
+      json::Value a = json::Value::Array();
+      for (const Value* x : v->items) a.Append(ValueToJson(x, depth + 1));
+      return a;
+    }
+    default:
+      if (v->IsDictLike() && depth <= 8) {
+        json::Value o = json::Value::Object();
+        for (const auto& [k, x] : v->entries) {
+          std::string key = k != nullptr && k->kind == Kind::kStr
+                                ? k->s
+                                : pickle::Repr(k, 60);
+          o[key] = ValueToJson(x, depth + 1);
+        }
+        return o;
+      }
+      break;
+  }
+  return json::Value(pickle::Repr(v, 200));
+}
+
+// Finds an int-keyed entry of a dict.
+const Value* GetInt(const Value* dict, int64_t key) {
+  if (dict == nullptr || !dict->IsDictLike()) return nullptr;
+  const Value* found = nullptr;
+  for (const auto& [k, v] : dict->entries) {
+    if (k != nullptr && k->kind == Kind::kInt && k->big.empty() && k->i == key)
+      found = v;
+  }
+  return found;
+}
+
+std::string ShapeString(std::span<const int64_t> s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += StrCat(i ? ", " : "", s[i]);
+  return out + "]";
+}
+
+struct ParamState {
+  std::string name;
+  const Rule* rule = nullptr;
+  Shape full_shape;
+  DType dtype = DType::kFloat32;
+  int64_t padded_rows = 0;  // vocab rules: local rows * tp
+  int64_t pad_rows = 0;     // padded_rows - true rows
+  int64_t order = 0;
+  int64_t group = -1;
+  bool buffer = false;
+  std::vector<std::string> tied_copies;
+};
+
+// One param entry of a rank, in named_parameters() order.
+struct RankParam {
+  size_t chunk = 0;
+  size_t leaf = 0;
+  ParamState* state = nullptr;
+  bool tied_copy = false;
+};
+
+class Planner {
+ public:
+  Planner(Loaded& L, const Checkpoint& c) : L_(L), c_(c) {}
+
+  universal::SourcePlan Run();
+
+ private:
+  uint32_t SourceIndex(const std::shared_ptr<const TorchFile>& file,
+                       const torchfile::StorageInfo* storage);
+  reshape::SourceTensor Tensor(const std::shared_ptr<const TorchFile>& file,
+                               const TensorInfo& t, const std::string& what);
+  universal::AtomPlan& Atom(const ParamState& ps, const std::string& kind,
+                            DType dtype, bool scalar);
+  void AddFragments(universal::AtomPlan& atom, const reshape::SourceTensor& src,
+                    const layouts::LocalShard& shard, const std::string& where);
+  layouts::LocalShard ShardOf(const ParamState& ps, const Rule& rule,
+                              int64_t tp_rank) const;
+
+  void CollectParams();
+  void PlanModel();
+  void PlanOptimizer();
+  void PlanRankOptimizer(SourceRank& sr);
+  std::optional<std::vector<RankParam>> PlanRankModelFileOptimizer(
+      SourceRank& sr);
+  void PlanDistributed(SourceRank& sr, const std::vector<RankParam>& params);
+  void NoteGroups(const Value* groups, const Grouping& g,
+                  const std::string& where);
+  void PlanOpaque();
+  void PlanRoot();
+  std::string Blob(const TorchFile* file, const Value* v);
+
+  Loaded& L_;
+  const Checkpoint& c_;
+  universal::SourcePlan plan_;
+  std::map<std::pair<const TorchFile*, const torchfile::StorageInfo*>, uint32_t>
+      sources_;
+  std::map<std::pair<std::string, std::string>, size_t> atoms_;
+  std::map<std::string, ParamState> params_;
+  std::vector<std::string> param_order_;
+  json::Value entries_ = json::Value::Array();
+  bool has_optimizer_ = false;
+  std::string optimizer_format_ = "none";
+  std::vector<std::string> state_keys_;
+  // Canonical groups: key, the first stored dict seen (and its file).
+  std::vector<GroupKey> group_keys_;
+  std::vector<const Value*> group_dicts_;
+  std::string grad_dtype_;
+  fs::path scratch_ = fs::temp_directory_path();
+};
+
+uint32_t Planner::SourceIndex(const std::shared_ptr<const TorchFile>& file,
+                              const torchfile::StorageInfo* storage) {
+  auto key = std::make_pair(file.get(), storage);
+  auto it = sources_.find(key);
+  if (it != sources_.end()) return it->second;
+  const uint32_t index = static_cast<uint32_t>(plan_.sources.size());
+  plan_.sources.push_back(
+      std::make_unique<universal::TorchStorageSource>(file, storage));
+  sources_.emplace(key, index);
+  return index;
+}
+
+reshape::SourceTensor Planner::Tensor(
+    const std::shared_ptr<const TorchFile>& file, const TensorInfo& t,
+    const std::string& what) {
+  if (!t.contiguous) {
+    throw FormatError(what, ": tensor is not contiguous (stride ",
+                      ShapeString(t.stride), ")");
+  }
+  reshape::SourceTensor s;
+  s.source = SourceIndex(file, t.storage);
+  s.byte_offset =
+      static_cast<uint64_t>(t.storage_offset) * ElementSize(t.dtype);
+  s.dtype = t.dtype;
+  s.shape = t.shape;
+  return s;
+}
+
+universal::AtomPlan& Planner::Atom(const ParamState& ps,
+                                   const std::string& kind, DType dtype,
+                                   bool scalar) {
+  auto key = std::make_pair(ps.name, kind);
+  auto it = atoms_.find(key);
+  if (it != atoms_.end()) return plan_.atoms[it->second];
+  universal::AtomPlan a;
+  a.param = ps.name;
+  a.state_kind = kind;
+  a.dtype = dtype;
+  if (!scalar) {
+    a.shape = ps.full_shape;
+    if (ps.pad_rows > 0) {
+      a.pad_shape = ps.full_shape;
+      a.pad_shape[static_cast<size_t>(ps.rule->tp.dim)] = ps.pad_rows;
+    }
+  }
+  atoms_.emplace(key, plan_.atoms.size());
+  plan_.atoms.push_back(std::move(a));
+  return plan_.atoms.back();
+}
+
+void Planner::AddFragments(universal::AtomPlan& atom,
+                           const reshape::SourceTensor& src,
+                           const layouts::LocalShard& shard,
+                           const std::string& where) {
+  for (const layouts::Piece& piece : shard.pieces) {
+    universal::Fragment f;
+    f.src = src;
+    f.src_box = piece.local;
+    f.atom_box = piece.global;
+    f.pad = piece.region == layouts::Region::kPad;
+    f.where = where;
+    atom.fragments.push_back(std::move(f));
+  }
+}
+
+layouts::LocalShard Planner::ShardOf(const ParamState& ps, const Rule& rule,
+                                     int64_t tp_rank) const {
+  return layouts::ShardFor(rule, ps.full_shape, L_.topology().tp, tp_rank,
+                           ps.padded_rows, ps.pad_rows);
+}
+
+// Canonical order, full shapes, dtypes, entries; checks every rank's chunk
+// against TP rank 0's and every entry's home.
+void Planner::CollectParams() {
+  const Layout& layout = *L_.layout;
+  const int64_t tp = L_.topology().tp;
+  std::set<std::string> seen;
+  // Match rules (with context), check homes and key lists.
+  for (SourceRank& sr : L_.ranks) {
+    for (size_t v = 0; v < sr.chunks.size(); ++v) {
+      RankChunk& ch = sr.chunks[v];
+      for (size_t i = 0; i < ch.leaves.size(); ++i) {
+        const std::string& name = ch.canonical[i];
+        try {
+          const Rule& rule = layout.Match(name, L_.vars);
+          const layouts::Home home =
+              layouts::HomeOf(layout, rule, name, *L_.placement);
+          if (home.pp_rank != sr.pp_rank ||
+              home.vp_chunk != static_cast<int64_t>(v)) {
+            throw FormatError("found on pipeline rank ", sr.pp_rank, " chunk ",
+                              v, " but ", rule.Describe(),
+                              " places it on pipeline rank ", home.pp_rank,
+                              " chunk ", home.vp_chunk);
+          }
+          if (rule.entry != EntryKind::kOpaque &&
+              ch.leaves[i].tensor == nullptr)
+            throw FormatError("is not a tensor (",
+                              pickle::Repr(ch.leaves[i].value, 60), ")");
+          ch.rules.push_back(&rule);
+        } catch (Error& e) {
+          e.AddContext(sr.Where(), " > ", ch.key, " > param ", name);
+          throw;
+        }
+      }
+      if (sr.tp_rank > 0) {
+        const RankChunk& ref = L_.Rank(sr.pp_rank, 0).chunks[v];
+        if (ref.canonical != ch.canonical) {
+          size_t k = 0;
+          while (k < ref.canonical.size() && k < ch.canonical.size() &&
+                 ref.canonical[k] == ch.canonical[k])
+            ++k;
+          throw FormatError(
+              sr.Where(), " > ", ch.key, ": entries differ from TP rank 0 (",
+              L_.Rank(sr.pp_rank, 0).path.string(), ") at position ", k, ": ",
+              k < ch.canonical.size() ? ch.canonical[k] : "<end>", " vs ",
+              k < ref.canonical.size() ? ref.canonical[k] : "<end>");
+        }
+      }
+    }
+  }
+
+  // The vocabulary from the padded rows when nothing else says it.
+  if (!L_.vocab_known) {
+    for (SourceRank& sr : L_.ranks) {
+      for (RankChunk& ch : sr.chunks) {
+        for (size_t i = 0; i < ch.leaves.size() && !L_.vocab_known; ++i) {
+          const Rule& r = *ch.rules[i];
+          if (r.tp.split && r.tp.vocab && ch.leaves[i].tensor != nullptr &&
+              static_cast<size_t>(r.tp.dim) <
+                  ch.leaves[i].tensor->shape.size()) {
+            L_.vars.Set(
+                "vocab_size",
+                ch.leaves[i].tensor->shape[static_cast<size_t>(r.tp.dim)] * tp);
+            L_.vocab_known = true;
+            L_.vocab_source = "the rank files' rows (true size unknown)";
+          }
+        }
+      }
+    }
+  }
+
+  // Canonical sequence from TP rank 0 of every chunk in global order.
+  int64_t order = 0;
+  ForChunksInOrder(L_, [&](int64_t p, int64_t v) {
+    SourceRank& sr = L_.Rank(p, 0);
+    RankChunk& ch = sr.chunks[static_cast<size_t>(v)];
+    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+      const Rule& rule = *ch.rules[i];
+      const std::string& name = ch.canonical[i];
+      if (rule.tied_to) continue;
+      if (!seen.insert(name).second) {
+        throw FormatError(sr.Where(), " > ", ch.key, " > param ", name,
+                          ": appears in two model chunks");
+      }
+      json::Value entry = json::Value::Array();
+      entry.Append(name);
+      if (rule.entry == EntryKind::kOpaque) {
+        entry.Append("opaque");
+        entries_.Append(std::move(entry));
+        continue;
+      }
+      entry.Append(rule.entry == EntryKind::kBuffer ? "buffer" : "param");
+      entries_.Append(std::move(entry));
+      const TensorInfo& t = *ch.leaves[i].tensor;
+      ParamState ps;
+      ps.name = name;
+      ps.rule = &rule;
+      ps.dtype = t.dtype;
+      ps.order = order++;
+      ps.buffer = rule.entry == EntryKind::kBuffer;
+      try {
+        ps.full_shape = layouts::FullShapeFromLocal(rule, t.shape, tp, L_.vars);
+        if (rule.tp.split && rule.tp.vocab) {
+          ps.padded_rows = t.shape[static_cast<size_t>(rule.tp.dim)] * tp;
+          ps.pad_rows =
+              ps.padded_rows - ps.full_shape[static_cast<size_t>(rule.tp.dim)];
+          if (ps.pad_rows < 0) {
+            throw FormatError("the ranks hold ", ps.padded_rows,
+                              " vocabulary rows, fewer than the vocabulary "
+                              "size ",
+                              ps.full_shape[static_cast<size_t>(rule.tp.dim)]);
+          }
+        }
+      } catch (Error& e) {
+        e.AddContext(sr.Where(), " > ", ch.key, " > param ", name);
+        throw;
+      }
+      param_order_.push_back(name);
+      params_.emplace(name, std::move(ps));
+    }
+  });
+
+  // Tied copies name existing originals with the same shape.
+  for (SourceRank& sr : L_.ranks) {
+    for (RankChunk& ch : sr.chunks) {
+      for (size_t i = 0; i < ch.leaves.size(); ++i) {
+        const Rule& rule = *ch.rules[i];
+        if (!rule.tied_to) continue;
+        auto it = params_.find(*rule.tied_to);
+        if (it == params_.end()) {
+          throw FormatError(sr.Where(), " > ", ch.key, " > param ",
+                            ch.canonical[i], ": tied copy of ", *rule.tied_to,
+                            ", which no rank file holds");
+        }
+        std::vector<std::string>& copies = it->second.tied_copies;
+        if (std::find(copies.begin(), copies.end(), ch.canonical[i]) ==
+            copies.end())
+          copies.push_back(ch.canonical[i]);
+      }
+    }
+  }
+}
+
+// Model tensors: `param` (training dtype) or `fp32` fragments; shape and
+// dtype checks per rank.
+void Planner::PlanModel() {
+  for (SourceRank& sr : L_.ranks) {
+    for (RankChunk& ch : sr.chunks) {
+      for (size_t i = 0; i < ch.leaves.size(); ++i) {
+        const Rule& rule = *ch.rules[i];
+        if (rule.entry == EntryKind::kOpaque) continue;
+        const std::string& name = ch.canonical[i];
+        const std::string where =
+            StrCat(sr.Where(), " > ", ch.key, " > ", ch.leaves[i].name);
+        try {
+          ParamState& ps = params_.at(rule.tied_to ? *rule.tied_to : name);
+          const TensorInfo& t = *ch.leaves[i].tensor;
+          if (t.dtype != ps.dtype) {
+            throw FormatError("dtype ", DTypeName(t.dtype), ", but ",
+                              DTypeName(ps.dtype),
+                              " on TP rank 0 of the "
+                              "first stage holding it");
+          }
+          layouts::LocalShard shard = ShardOf(ps, rule, sr.tp_rank);
+          if (shard.local_shape != t.shape) {
+            throw FormatError(
+                "local shape ", ShapeString(t.shape), ", expected ",
+                ShapeString(shard.local_shape), " for tp rank ", sr.tp_rank,
+                " of ", L_.topology().tp, " (full shape ",
+                ShapeString(ps.full_shape), ", ", rule.Describe(), ")");
+          }
+          const bool low_precision = ps.dtype != DType::kFloat32;
+          const std::string kind =
+              low_precision && has_optimizer_ && !ps.buffer ? "param" : "fp32";
+          universal::AtomPlan& atom =
+              ps.buffer
+                  ? Atom(ps, "param", ps.dtype, false)
+                  : Atom(ps, kind, kind == "param" ? ps.dtype : DType::kFloat32,
+                         false);
+          AddFragments(atom, Tensor(sr.file, t, where), shard, where);
+        } catch (Error& e) {
+          e.AddContext(sr.Where(), " > ", ch.key, " > param ", name);
+          throw;
+        }
+      }
+    }
+  }
+}
+
+void Planner::NoteGroups(const Value* groups, const Grouping& g,
+                         const std::string& where) {
+  if (groups == nullptr || groups->kind != Kind::kList) {
+    throw FormatError(where, ": 'param_groups' is not a list");
+  }
+  if (groups->items.size() != g.keys.size()) {
+    std::string keys;
+    for (const GroupKey& k : g.keys) {
+      keys += ' ';
+      keys += k.ToString();
+    }
+    throw FormatError(where, ": ", groups->items.size(),
+                      " optimizer param groups, but Megatron's grouping of "
+                      "this rank's params gives ",
+                      g.keys.size(), ":", keys);
+  }
+  for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+    const Value* d = groups->items[gi];
+    const GroupKey stored = StoredGroupKey(d);
+    if (!(stored == g.keys[gi])) {
+      throw FormatError(where, ": param group ", gi, " has key ",
+                        stored.ToString(), ", Megatron's rule gives ",
+                        g.keys[gi].ToString());
+    }
+    size_t ci = 0;
+    while (ci < group_keys_.size() && !(group_keys_[ci] == stored)) ++ci;
+    if (ci == group_keys_.size()) {
+      throw FormatError(where, ": param group ", gi, " ", stored.ToString(),
+                        " matches no canonical group");
+    }
+    const Value*& chosen = group_dicts_[ci];
+    if (chosen == nullptr) {
+      chosen = d;
+      continue;
+    }
+    // Same hyper-parameters on every rank; prefer a dict carrying `step`.
+    for (const auto& [k, v] : d->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
+      const Value* other = chosen->Get(k->s);
+      if (other == nullptr) {
+        if (k->s == "step") {
+          chosen = d;
+          break;
+        }
+        throw FormatError(where, ": param group ", gi, " has '", k->s,
+                          "', which the same group of another rank lacks");
+      }
+      if (!pickle::DeepEqual(v, other)) {
+        throw FormatError(where, ": param group ", gi, " '", k->s,
+                          "' = ", pickle::Repr(v, 40), ", another rank has ",
+                          pickle::Repr(other, 40));
+      }
+    }
+  }
+}
+
+void Planner::PlanOptimizer() {
+  const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
+  has_optimizer_ = opt0 != nullptr && opt0->kind != Kind::kNone;
+  for (SourceRank& sr : L_.ranks) {
+    const Value* o = TopGet(sr.root, "optimizer");
+    if ((o != nullptr && o->kind != Kind::kNone) != has_optimizer_) {
+      throw FormatError(sr.Where(), ": has ", has_optimizer_ ? "no " : "",
+                        "'optimizer' entry, unlike rank (0, 0)");
+    }
+  }
+  if (!has_optimizer_) return;
+  if (opt0->kind == Kind::kList) {
+    throw FormatError(L_.ranks.front().Where(),
+                      ": 'optimizer' is a list (a ChainedOptimizer of "
+                      "several optimizers, e.g. mixture of experts): not "
+                      "supported");
+  }
+  // Canonical groups over the canonical params.
+  std::vector<GroupKey> keys;
+  std::vector<std::string> names;
+  for (const std::string& n : param_order_) {
+    const ParamState& ps = params_.at(n);
+    if (ps.buffer) continue;
+    keys.push_back(DefaultGroupKey(n, ps.full_shape.size()));
+    names.push_back(n);
+  }
+  Grouping g = GroupParams(keys);
+  group_keys_ = g.keys;
+  group_dicts_.assign(g.keys.size(), nullptr);
+  for (size_t i = 0; i < names.size(); ++i)
+    params_.at(names[i]).group = static_cast<int64_t>(g.group_of[i]);
+  for (SourceRank& sr : L_.ranks) PlanRankOptimizer(sr);
+  for (size_t i = 0; i < group_dicts_.size(); ++i) {
+    if (group_dicts_[i] == nullptr) {
+      throw FormatError("no rank file holds optimizer group ",
+                        group_keys_[i].ToString());
+    }
+  }
+}
+
+void Planner::PlanRankOptimizer(SourceRank& sr) {
+  // The distributed optimizer's tensors live in distrib_optim.pt, whose
+  // errors name that file; everything else names the model file.
+  std::optional<std::vector<RankParam>> distributed;
+  try {
+    distributed = PlanRankModelFileOptimizer(sr);
+  } catch (Error& e) {
+    e.AddContext(sr.Where());
+    throw;
+  }
+  if (distributed) PlanDistributed(sr, *distributed);
+}
+
+std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
+    SourceRank& sr) {
+  const Value* opt = TopGet(sr.root, "optimizer");
+  if (!opt->IsDictLike()) throw FormatError("'optimizer' is not a dict");
+  // Params in named_parameters() order (tied copies are real params here).
+  std::vector<RankParam> params;
+  std::vector<GroupKey> keys;
+  for (size_t v = 0; v < sr.chunks.size(); ++v) {
+    RankChunk& ch = sr.chunks[v];
+    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+      const Rule& rule = *ch.rules[i];
+      if (rule.entry != EntryKind::kParam) continue;
+      RankParam rp;
+      rp.chunk = v;
+      rp.leaf = i;
+      rp.tied_copy = rule.tied_to.has_value();
+      rp.state = &params_.at(rp.tied_copy ? *rule.tied_to : ch.canonical[i]);
+      params.push_back(rp);
+      keys.push_back(DefaultGroupKey(ch.leaves[i].name,
+                                     ch.leaves[i].tensor->shape.size()));
+    }
+  }
+  const Grouping g = GroupParams(keys);
+
+  const Value* inner = opt->Get("optimizer");
+  const bool distributed = inner != nullptr && inner->IsDictLike() &&
+                           inner->Get("state") == nullptr &&
+                           inner->Get("param_groups") != nullptr;
+  std::string format;
+  const Value* fp32_groups = nullptr;
+  if (distributed) {
+    format = "distributed";
+  } else if (inner != nullptr && inner->IsDictLike()) {
+    format = "float16";
+    fp32_groups = opt->Get("fp32_from_fp16_params");
+    if (fp32_groups == nullptr) fp32_groups = opt->Get("fp32_from_fp16");
+    if (fp32_groups == nullptr) {
+      throw FormatError("optimizer has no 'fp32_from_fp16_params'");
+    }
+  } else if (opt->Get("state") != nullptr &&
+             opt->Get("param_groups") != nullptr) {
+    format = "fp32";
+    inner = opt;
+  } else {
+    throw FormatError("unrecognised 'optimizer' entry (", pickle::Repr(opt, 80),
+                      ")");
+  }
+  if (distributed != L_.run.distributed_optimizer) {
+    throw FormatError("the optimizer entry is ", distributed ? "" : "not ",
+                      "a distributed optimizer's, but args say "
+                      "use_distributed_optimizer=",
+                      L_.run.distributed_optimizer ? "True" : "False");
+  }
+  if (optimizer_format_ == "none") {
+    optimizer_format_ = format;
+  } else if (optimizer_format_ != format) {
+    throw FormatError("optimizer format ", format, ", rank (0, 0) has ",
+                      optimizer_format_);
+  }
+  const Value* groups = inner->Get("param_groups");
+  NoteGroups(groups, g, "optimizer param_groups");
+  if (distributed) return params;
+  if (format == "float16" && !(fp32_groups->kind == Kind::kList &&
+                               fp32_groups->items.size() == g.keys.size())) {
+    throw FormatError(
+        "'fp32_from_fp16_params' does not hold one list per "
+        "param group");
+  }
+  // State ids -> per-param state dicts.
+  const Value* state = inner->Get("state");
+  if (state == nullptr || !state->IsDictLike())
+    throw FormatError("optimizer 'state' is not a dict");
+  for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+    const Value* ids = groups->items[gi]->Get("params");
+    if (ids == nullptr || ids->kind != Kind::kList ||
+        ids->items.size() != g.members[gi].size()) {
+      throw FormatError("param group ", gi, " lists ",
+                        ids && ids->kind == Kind::kList ? ids->items.size() : 0,
+                        " params, Megatron's grouping gives ",
+                        g.members[gi].size());
+    }
+    const Value* fp32_list =
+        format == "float16" ? fp32_groups->items[gi] : nullptr;
+    if (fp32_list != nullptr &&
+        (fp32_list->kind != Kind::kList ||
+         fp32_list->items.size() != g.members[gi].size())) {
+      throw FormatError("fp32_from_fp16_params[", gi, "] does not hold ",
+                        g.members[gi].size(), " tensors");
+    }
+    for (size_t j = 0; j < g.members[gi].size(); ++j) {
+      const RankParam& rp = params[g.members[gi][j]];
+      RankChunk& ch = sr.chunks[rp.chunk];
+      const ChunkLeaf& leaf = ch.leaves[rp.leaf];
+      const Rule& rule = *ch.rules[rp.leaf];
+      const ParamState& ps = *rp.state;
+      const std::string pname = ch.canonical[rp.leaf];
+      try {
+        const layouts::LocalShard shard = ShardOf(ps, rule, sr.tp_rank);
+        if (fp32_list != nullptr) {
+          const TensorInfo* t = sr.file->FindTensor(fp32_list->items[j]);
+          const std::string where = StrCat(sr.Where(),
+                                           " > optimizer > fp32_from_fp16_"
+                                           "params[",
+                                           gi, "][", j, "]");
+          if (t == nullptr || t->shape != leaf.tensor->shape) {
+            throw FormatError(
+                "fp32_from_fp16_params[", gi, "][", j, "] ",
+                t ? "has shape " + ShapeString(t->shape) : "is not a tensor",
+                ", the param's shape is ", ShapeString(leaf.tensor->shape));
+          }
+          AddFragments(Atom(ps, "fp32", DType::kFloat32, false),
+                       Tensor(sr.file, *t, where), shard, where);
+        }
+        const Value* id = ids->items[j];
+        if (id == nullptr || id->kind != Kind::kInt)
+          throw FormatError("param group ", gi, " id ", pickle::Repr(id, 20));
+        const Value* st = GetInt(state, id->i);
+        if (st == nullptr) continue;  // never stepped: no state
+        if (!st->IsDictLike())
+          throw FormatError("optimizer state ", id->i, " is not a dict");
+        std::vector<std::string> kinds;
+        for (const auto& [k, val] : st->entries) {
+          if (k == nullptr || k->kind != Kind::kStr) continue;
+          const TensorInfo* t = sr.file->FindTensor(val);
+          if (t == nullptr) continue;  // python scalars stay out
+          kinds.push_back(k->s);
+          const std::string where = StrCat(sr.Where(), " > optimizer > state[",
+                                           id->i, "][", k->s, "]");
+          if (t->shape == leaf.tensor->shape) {
+            AddFragments(Atom(ps, k->s, t->dtype, false),
+                         Tensor(sr.file, *t, where), shard, where);
+          } else if (t->numel == 1) {
+            reshape::SourceTensor src = Tensor(sr.file, *t, where);
+            src.shape = {};
+            universal::AtomPlan& a = Atom(ps, k->s, t->dtype, true);
+            universal::Fragment f;
+            f.src = src;
+            f.src_box = Box::Whole(src.shape);
+            f.atom_box = Box::Whole(src.shape);
+            f.where = where;
+            a.fragments.push_back(std::move(f));
+          } else {
+            throw FormatError("optimizer state '", k->s, "' has shape ",
+                              ShapeString(t->shape), ", the param ",
+                              ShapeString(leaf.tensor->shape));
+          }
+        }
+        if (state_keys_.empty()) state_keys_ = kinds;
+      } catch (Error& e) {
+        e.AddContext("param ", pname);
+        throw;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+void Planner::PlanDistributed(SourceRank& sr,
+                              const std::vector<RankParam>& params) {
+  const std::string dwhere = StrCat("rank file ", sr.distrib_path.string());
+  try {
+    const Value* root = sr.distrib->root();
+    if (root == nullptr || !root->IsDictLike())
+      throw FormatError("does not hold a dict");
+    const Value* coalesced = root->Get("buckets_coalesced");
+    if (coalesced == nullptr || coalesced->kind != Kind::kBool ||
+        !coalesced->b) {
+      throw FormatError(
+          "no 'buckets_coalesced': True (a distributed-optimizer format of "
+          "Megatron-core before v0.7, not supported)");
+    }
+    const RunConfig& run = L_.run;
+    const layouts::Topology& t = run.topology;
+    int64_t local_params = 0;
+    for (const RankParam& rp : params)
+      local_params += sr.chunks[rp.chunk].leaves[rp.leaf].tensor->numel;
+    for (size_t v = 0; v < sr.chunks.size(); ++v) {
+      RankChunk& ch = sr.chunks[v];
+      std::vector<BufferParam> bparams;
+      std::vector<const RankParam*> members;
+      for (const RankParam& rp : params) {
+        if (rp.chunk != v) continue;
+        const ChunkLeaf& leaf = ch.leaves[rp.leaf];
+        BufferParam bp;
+        bp.name = leaf.name;
+        bp.numel = leaf.tensor->numel;
+        // shared_embedding: a tied copy, or an original whose copy exists.
+        bp.shared_embedding = rp.tied_copy || !rp.state->tied_copies.empty();
+        bparams.push_back(bp);
+        members.push_back(&rp);
+      }
+      BufferOptions bo;
+      bo.distributed_optimizer = true;
+      bo.dp = run.OptimizerDp();
+      bo.pad_for_high_nccl_busbw = run.pad_buckets_for_high_nccl_busbw;
+      if (run.overlap_grad_reduce && sr.pp_rank == 0 && v == 0 &&
+          !run.overlap_param_gather_with_optimizer_step) {
+        if (run.ddp_num_buckets && *run.ddp_num_buckets > 0) {
+          bo.bucket_size = local_params / *run.ddp_num_buckets;
+        } else if (run.ddp_bucket_size) {
+          bo.bucket_size = *run.ddp_bucket_size;
+        } else {
+          bo.bucket_size = std::max<int64_t>(40000000, 1000000 * t.dp * run.cp);
+        }
+      }
+      const Value* gbuf = GetInt(root, static_cast<int64_t>(v));
+      if (gbuf == nullptr || !gbuf->IsDictLike() || gbuf->entries.size() != 1) {
+        throw FormatError("buffer ", v, " (model chunk ", v,
+                          ") is missing or holds several dtype buffers");
+      }
+      const auto& [dtkey, world] = gbuf->entries.front();
+      if (dtkey != nullptr && dtkey->kind == Kind::kTuple &&
+          dtkey->items.size() == 2 && dtkey->items[1] &&
+          dtkey->items[1]->kind == Kind::kGlobal && grad_dtype_.empty()) {
+        grad_dtype_ = dtkey->items[1]->name;
+      }
+      const std::string bwhere = StrCat(dwhere, " > buffer ", v);
+      if (world == nullptr || !world->IsDictLike())
+        throw FormatError("buffer ", v, " is not a dict");
+      const Value* nu = world->Get("numel_unpadded");
+      if (nu == nullptr || nu->kind != Kind::kInt)
+        throw FormatError("buffer ", v, " lacks 'numel_unpadded'");
+      const int64_t stored = nu->i;
+      BufferLayout layout = ComputeBufferLayout(bparams, bo);
+      if (layout.numel_unpadded() != stored) {
+        std::optional<BufferLayout> alt;
+        for (LayoutRules rules : {LayoutRules::kCore08, LayoutRules::kCore07}) {
+          BufferOptions o2 = bo;
+          o2.rules = rules;
+          BufferLayout l2 = ComputeBufferLayout(bparams, o2);
+          if (l2.numel_unpadded() != stored) continue;
+          if (auto s = l2.FirstStraddling()) {
+            throw FormatError(
+                "buffer ", v, ": numel_unpadded ", stored, " fits the ",
+                LayoutRulesName(rules),
+                " buffer layout, where the shared-embedding param ",
+                bparams[*s].name,
+                " starts before its bucket: Megatron-core v0.8-v0.12 lost "
+                "its first elements when saving distrib_optim.pt, so the "
+                "file cannot be converted (re-save it with Megatron-core "
+                ">= v0.13, or without the distributed optimizer)");
+          }
+          alt = std::move(l2);
+          break;
+        }
+        if (!alt) {
+          throw FormatError("buffer ", v, ": numel_unpadded ", stored,
+                            " in the file, but the buffer layout of this "
+                            "rank's params (Megatron-core v0.13 rules, dp ",
+                            bo.dp, ") gives ", layout.numel_unpadded());
+        }
+        layout = std::move(*alt);
+      }
+      std::array<std::pair<const char*, const char*>, 3> kinds = {
+          {{"param", "fp32"},
+           {"exp_avg", "exp_avg"},
+           {"exp_avg_sq", "exp_avg_sq"}}};
+      for (const auto& [wkey, kind] : kinds) {
+        const TensorInfo* wt = sr.distrib->FindTensor(world->Get(wkey));
+        if (wt == nullptr) {
+          if (std::string_view(wkey) == "param")
+            throw FormatError("buffer ", v, " lacks '", wkey, "'");
+          continue;  // e.g. Lion: exp_avg only
+        }
+        const std::string where = StrCat(bwhere, " > ", wkey);
+        const std::string what = StrCat("buffer ", v, " > ", wkey);
+        if (wt->dtype != DType::kFloat32 || wt->shape.size() != 1 ||
+            wt->shape[0] != stored) {
+          throw FormatError(what, ": expected float32 [", stored, "], got ",
+                            DTypeName(wt->dtype), " ", ShapeString(wt->shape));
+        }
+        reshape::SourceTensor whole = Tensor(sr.distrib, *wt, what);
+        for (size_t k = 0; k < members.size(); ++k) {
+          const RankParam& rp = *members[k];
+          const ChunkLeaf& leaf = ch.leaves[rp.leaf];
+          const Rule& rule = *ch.rules[rp.leaf];
+          reshape::SourceTensor src = whole;
+          src.byte_offset += static_cast<uint64_t>(layout.WorldOffset(k)) * 4;
+          src.shape = leaf.tensor->shape;
+          try {
+            AddFragments(Atom(*rp.state, kind, DType::kFloat32, false), src,
+                         ShardOf(*rp.state, rule, sr.tp_rank),
+                         StrCat(where, " > ", leaf.name));
+          } catch (Error& e) {
+            e.AddContext("param ", ch.canonical[rp.leaf]);
+            throw;
+          }
+        }
+        if (std::find(state_keys_.begin(), state_keys_.end(), kind) ==
+                state_keys_.end() &&
+            std::string_view(kind) != "fp32")
+          state_keys_.push_back(kind);
+      }
+    }
+  } catch (Error& e) {
+    e.AddContext(dwhere);
+    throw;
+  }
+}
+
+std::string Planner::Blob(const TorchFile* file, const Value* v) {
+  return SaveBlob(file, v, scratch_);
+}
+
+void Planner::PlanOpaque() {
+  SourceRank& r0 = L_.ranks.front();
+  const TorchFile* f0 = r0.file.get();
+  auto add = [&](std::string key, std::string bytes) {
+    plan_.opaque.push_back({std::move(key), std::move(bytes)});
+  };
+  // Model entries kept as objects: TP rank 0's.
+  ForChunksInOrder(L_, [&](int64_t p, int64_t v) {
+    SourceRank& sr = L_.Rank(p, 0);
+    RankChunk& ch = sr.chunks[static_cast<size_t>(v)];
+    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+      if (ch.rules[i]->entry != EntryKind::kOpaque) continue;
+      add("extra_state/" + ch.canonical[i],
+          Blob(sr.file.get(), ch.leaves[i].value));
+    }
+  });
+  for (const auto& [k, v] : r0.root->entries) {
+    if (k == nullptr || k->kind != Kind::kStr) continue;
+    const std::string& key = k->s;
+    if (key == "args") {
+      add("args", Blob(f0, v));
+    } else if (key == "optimizer" || key == "rng_state" ||
+               (key.rfind("model", 0) == 0 &&
+                (key.size() == 5 ||
+                 std::all_of(key.begin() + 5, key.end(), ::isdigit)))) {
+      continue;
+    } else if (key == "rerun_state_machine") {
+      add("rerun_state_machine", Blob(f0, v));
+    } else {
+      add("top_level/" + key, Blob(f0, v));
+    }
+  }
+  for (SourceRank& sr : L_.ranks) {
+    const Value* rng = TopGet(sr.root, "rng_state");
+    if (rng == nullptr) continue;
+    char key[64];
+    std::snprintf(key, sizeof key, "rng_state/tp%02lld_pp%03lld",
+                  static_cast<long long>(sr.tp_rank),
+                  static_cast<long long>(sr.pp_rank));
+    add(key, Blob(sr.file.get(), rng));
+  }
+  if (has_optimizer_) {
+    const Value* opt = TopGet(r0.root, "optimizer");
+    if (const Value* gs = opt->Get("grad_scaler"))
+      add("grad_scaler", Blob(f0, gs));
+    // The canonical groups without 'params'.
+    pickle::Arena arena;
+    std::vector<Value*> list;
+    for (const Value* d : group_dicts_) {
+      Value* copy = arena.Dict();
+      for (const auto& [k, v] : d->entries) {
+        if (k != nullptr && k->kind == Kind::kStr && k->s == "params") continue;
+        copy->entries.emplace_back(const_cast<Value*>(k),
+                                   const_cast<Value*>(v));
+      }
+      list.push_back(copy);
+    }
+    add("optimizer/param_groups", Blob(nullptr, arena.List(std::move(list))));
+  }
+}
+
+void Planner::PlanRoot() {
+  const SourceRank& r0 = L_.ranks.front();
+  const RunConfig& run = L_.run;
+  const layouts::Topology& t = run.topology;
+  atoms::RootInfo& root = plan_.root;
+  const Value* it = TopGet(r0.root, "iteration");
+  root.iteration =
+      it != nullptr && it->kind == Kind::kInt ? it->i : c_.iteration;
+  root.consumed_samples = run.consumed_train_samples.value_or(-1);
+
+  // Ranks per node: the smallest common node size that explains every
+  // rank's local_rank (torchrun: local_rank = rank % ranks per node).
+  int64_t gpus_per_node = 8;
+  {
+    std::vector<std::pair<int64_t, int64_t>> seen;
+    for (const SourceRank& sr : L_.ranks) {
+      const ArgsView a(TopGet(sr.root, "args"), "args");
+      auto rank = a.Int("rank");
+      auto local = a.Int("local_rank");
+      if (rank && local) seen.emplace_back(*rank, *local);
+    }
+    for (int64_t g : {8, 16, 4, 2, 1, 32, 64}) {
+      bool ok = true;
+      for (auto [r, l] : seen) ok = ok && r % g == l;
+      if (ok) {
+        gpus_per_node = g;
+        break;
+      }
+    }
+  }
+  std::set<std::string> dtypes;
+  for (const auto& [n, ps] : params_)
+    dtypes.insert(std::string(DTypeName(ps.dtype)));
+  const ArgsView args(TopGet(r0.root, "args"), "args");
+  std::string version = "unknown";
+  if (TopGet(r0.root, "rerun_state_machine") != nullptr) {
+    version = "core_v0.10+ (likely v0.13)";
+  } else if (args.Find("use_legacy_models") != nullptr) {
+    version = "core_v0.5-v0.9";
+  } else {
+    version = "Megatron-LM <= 23.x";
+  }
+
+  json::Value src = json::Value::Object();
+  src["framework"] = "megatron-lm";
+  src["framework_version"] = version;
+  src["format"] = "legacy";
+  src["tp"] = t.tp;
+  src["pp"] = t.pp;
+  src["vpp"] = t.vpp;
+  src["dp"] = t.dp;
+  src["cp"] = run.cp;
+  src["ep"] = 1;
+  if (t.first_stage_layers) src["first_stage_layers"] = *t.first_stage_layers;
+  if (t.last_stage_layers) src["last_stage_layers"] = *t.last_stage_layers;
+  src["distributed_optimizer"] = run.distributed_optimizer;
+  if (run.padded_vocab_size) src["padded_vocab_size"] = *run.padded_vocab_size;
+  src["vocab_size_from"] = L_.vocab_source;
+  json::Value dt = json::Value::Array();
+  for (const std::string& d : dtypes) dt.Append(d);
+  src["dtypes"] = std::move(dt);
+  src["layout"] = L_.layout->name();
+  src["iteration_dir"] = c_.iter_dir.filename().string();
+  root.source = src.Dump();
+
+  json::Value model = json::Value::Object();
+  for (const auto& [k, v] : L_.vars.values()) model[k] = v;
+  model["true_vocab_size"] = L_.vars.Get("vocab_size");
+  root.model = model.Dump();
+  root.layout = L_.layout->yaml();
+
+  json::Value opt = json::Value::Object();
+  opt["type"] = run.optimizer;
+  json::Value groups = json::Value::Array();
+  for (size_t i = 0; i < group_keys_.size(); ++i) {
+    json::Value g = json::Value::Object();
+    g["key"] = group_keys_[i].ToJson();
+    for (const auto& [k, v] : group_dicts_[i]->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
+      g[k->s] = ValueToJson(v);
+    }
+    groups.Append(std::move(g));
+  }
+  opt["groups"] = std::move(groups);
+  json::Value kinds = json::Value::Array();
+  if (has_optimizer_) {
+    kinds.Append("fp32");
+    for (const std::string& k : state_keys_) kinds.Append(k);
+  }
+  opt["state_kinds"] = std::move(kinds);
+  root.optimizer = opt.Dump();
+  const Value* sched = TopGet(r0.root, "opt_param_scheduler");
+  root.scheduler =
+      sched != nullptr ? ValueToJson(sched).Dump() : std::string("{}");
+  root.args = ArgsToJson(args).Dump();
+
+  json::Value meta = json::Value::Object();
+  json::Value top = json::Value::Array();
+  bool model_seen = false;
+  for (const auto& [k, v] : r0.root->entries) {
+    if (k == nullptr || k->kind != Kind::kStr) continue;
+    const bool is_model =
+        k->s.rfind("model", 0) == 0 &&
+        (k->s.size() == 5 ||
+         std::all_of(k->s.begin() + 5, k->s.end(), ::isdigit));
+    if (is_model) {
+      if (!model_seen) top.Append("model");
+      model_seen = true;
+    } else {
+      top.Append(k->s);
+    }
+  }
+  meta["top_level_keys"] = std::move(top);
+  meta["entries"] = entries_;
+  meta["release"] = c_.release;
+  meta["gpus_per_node"] = gpus_per_node;
+  meta["optimizer_format"] = optimizer_format_;
+  json::Value sk = json::Value::Array();
+  for (const std::string& k : state_keys_) sk.Append(k);
+  meta["state_keys"] = std::move(sk);
+  meta["grad_dtype"] = grad_dtype_;
+  root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
+}
+
+universal::SourcePlan Planner::Run() {
+  CollectParams();
+  {
+    const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
+    has_optimizer_ = opt0 != nullptr && opt0->kind != Kind::kNone;
+  }
+  PlanModel();
+  PlanOptimizer();
+  for (const std::string& n : param_order_) {
+    const ParamState& ps = params_.at(n);
+    atoms::ParamInfo info;
+    info.fqn = n;
+    info.shape = ps.full_shape;
+    info.dtype = ps.dtype;
+    info.rule = ps.rule->name;
+    info.kind =
+        ps.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
+    info.group = ps.group;
+    info.order = ps.order;
+    json::Value tc = json::Value::Array();
+    for (const std::string& c : ps.tied_copies) tc.Append(c);
+    info.tied_copies = tc.Dump();
+    plan_.params.push_back(std::move(info));
+  }
+  PlanOpaque();
+  PlanRoot();
+  return std::move(plan_);
+}
+
+}  // namespace
+
+NameListing ListNames(const Checkpoint& checkpoint,
+                      const SourceOptions& options) {
+  Loaded L = Load(checkpoint, options);
+  NameListing out;
+  std::set<std::string> seen;
+  ForChunksInOrder(L, [&](int64_t p, int64_t v) {
+    for (int64_t r = 0; r < L.topology().tp; ++r) {
+      const RankChunk& ch = L.Rank(p, r).chunks[static_cast<size_t>(v)];
+      for (const std::string& n : ch.canonical)
+        if (seen.insert(n).second) out.names.push_back(n);
+    }
+  });
+  out.variables = L.vars;
+  out.layout_name = L.layout->name();
+  out.layout_yaml = L.layout->yaml();
+  return out;
+}
+
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const SourceOptions& options) {
+  Loaded L = Load(checkpoint, options);
+  Planner planner(L, checkpoint);
+  return planner.Run();
+}
+
+}  // namespace ucp::megatron

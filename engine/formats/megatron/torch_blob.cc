@@ -1,0 +1,139 @@
+#include "engine/formats/megatron/torch_blob.h"
+
+#include <unistd.h>
+
+#include <atomic>
+
+#include "engine/core/aligned_buffer.h"
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+
+namespace ucp::megatron {
+namespace {
+
+std::atomic<uint64_t> g_blob_counter{0};
+
+// Copies `value` into the writer's arena, replacing tensors of `file` with
+// new compact tensor nodes; returns the copy and records (tensor, node).
+pickle::Value* CopyWithTensors(
+    torchfile::TorchWriter& writer, const torchfile::TorchFile* file,
+    const pickle::Value* value,
+    std::vector<std::pair<const torchfile::TensorInfo*, const pickle::Value*>>&
+        copies) {
+  return writer.arena().Copy(
+      value, [&](const pickle::Value* v) -> pickle::Value* {
+        if (file == nullptr) return nullptr;
+        const torchfile::TensorInfo* t = file->FindTensor(v);
+        if (t == nullptr) return nullptr;
+        pickle::Value* node;
+        if (v == t->node) {
+          node = writer.NewTensorLike(*t);
+        } else {  // the inner tensor of a Parameter, met on its own
+          torchfile::TensorSpec spec{t->dtype, t->shape, false, false,
+                                     t->device()};
+          node = writer.NewTensor(spec);
+        }
+        copies.emplace_back(t, node);
+        return node;
+      });
+}
+
+void WriteCopies(torchfile::TorchWriter& writer,
+                 const torchfile::TorchFile& file,
+                 const std::vector<std::pair<const torchfile::TensorInfo*,
+                                             const pickle::Value*>>& copies) {
+  AlignedBuffer buf;
+  for (const auto& [t, node] : copies) {
+    if (t->nbytes == 0) continue;
+    buf.Reserve(static_cast<size_t>(t->nbytes));
+    std::span<std::byte> dst(buf.data(), static_cast<size_t>(t->nbytes));
+    file.ReadTensor(*t, dst);
+    writer.WriteTensorData(node, 0, dst);
+  }
+}
+
+}  // namespace
+
+std::string SaveBlob(const torchfile::TorchFile* file,
+                     const pickle::Value* object,
+                     const std::filesystem::path& scratch_dir) {
+  const std::filesystem::path path =
+      scratch_dir /
+      StrCat("ucp-blob-", ::getpid(), "-", g_blob_counter.fetch_add(1), ".pt");
+  std::string bytes;
+  {
+    torchfile::TorchWriterOptions options;
+    options.archive_name = "archive";
+    torchfile::TorchWriter writer(path, options);
+    std::vector<std::pair<const torchfile::TensorInfo*, const pickle::Value*>>
+        copies;
+    pickle::Value* root = CopyWithTensors(writer, file, object, copies);
+    writer.Begin(root);
+    if (file != nullptr) WriteCopies(writer, *file, copies);
+    writer.Commit();
+  }
+  try {
+    File f = File::OpenRead(path);
+    bytes.resize(static_cast<size_t>(f.Size()));
+    f.ReadExact(bytes.data(), bytes.size(), 0);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  return bytes;
+}
+
+pickle::Value* GraphImporter::Import(
+    std::shared_ptr<const torchfile::TorchFile> file,
+    const pickle::Value* value) {
+  std::vector<std::pair<const torchfile::TensorInfo*, const pickle::Value*>>
+      copies;
+  pickle::Value* copy = CopyWithTensors(writer_, file.get(), value, copies);
+  for (const auto& [t, node] : copies) pending_.push_back({file, t, node});
+  return copy;
+}
+
+void GraphImporter::WriteTensors() {
+  AlignedBuffer buf;
+  for (const Pending& p : pending_) {
+    if (p.tensor->nbytes == 0) continue;
+    buf.Reserve(static_cast<size_t>(p.tensor->nbytes));
+    std::span<std::byte> dst(buf.data(), static_cast<size_t>(p.tensor->nbytes));
+    p.file->ReadTensor(*p.tensor, dst);
+    writer_.WriteTensorData(p.node, 0, dst);
+  }
+  pending_.clear();
+}
+
+std::shared_ptr<const torchfile::TorchFile> BlobCache::Find(
+    const std::string& key) {
+  auto it = open_.find(key);
+  if (it != open_.end()) return it->second;
+  const atoms::DatasetInfo* d = store_.FindOpaque(key);
+  if (d == nullptr) return nullptr;
+  std::shared_ptr<const torchfile::TorchFile> f;
+  try {
+    f = std::make_shared<const torchfile::TorchFile>(
+        torchfile::TorchFile::Open(store_.path(), d->offset, d->nbytes));
+  } catch (Error& e) {
+    e.AddContext("universal file ", store_.path().string(), " > opaque ", key);
+    throw;
+  }
+  open_.emplace(key, f);
+  return f;
+}
+
+std::shared_ptr<const torchfile::TorchFile> BlobCache::Get(
+    const std::string& key) {
+  std::shared_ptr<const torchfile::TorchFile> f = Find(key);
+  if (f == nullptr) {
+    throw FormatError("universal file ", store_.path().string(),
+                      " lacks /opaque/", key);
+  }
+  return f;
+}
+
+}  // namespace ucp::megatron

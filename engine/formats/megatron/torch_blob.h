@@ -1,0 +1,75 @@
+#pragma once
+// Opaque Python objects carried through the universal file as torch.save
+// bytes (/opaque/<key>: args, rng states, TE _extra_state, optimizer param
+// groups, ...), so that torch.load(io.BytesIO(bytes)) returns the object, and
+// copied back into target rank files.
+//
+// A blob is a complete torch.save zip archive (archive folder "archive", as
+// torch.save writes to a buffer) whose data.pkl is the object; tensors inside
+// it (rng states, uint8 extra state) are stored compactly.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/atoms/atom_store.h"
+#include "engine/pickle/value.h"
+#include "engine/torchfile/torch_file.h"
+#include "engine/torchfile/torch_writer.h"
+
+namespace ucp::megatron {
+
+/// torch.save bytes of `object`, a node of `file`'s graph (or of any arena
+/// when `file` is null and the object holds no tensors). Uses a temporary
+/// file in `scratch_dir`. Throws IoError, FormatError when reading tensor
+/// bytes fails, InternalError if a tensor has no source.
+std::string SaveBlob(const torchfile::TorchFile* file,
+                     const pickle::Value* object,
+                     const std::filesystem::path& scratch_dir);
+
+/// Copies objects into a TorchWriter's graph: from blobs of a universal file
+/// or from other torch files; tensors become compact tensor nodes of the
+/// writer whose bytes WriteTensors() fills after Begin().
+class GraphImporter {
+ public:
+  explicit GraphImporter(torchfile::TorchWriter& writer) : writer_(writer) {}
+
+  /// A copy of `value` (a node of `file`) in the writer's arena.
+  pickle::Value* Import(std::shared_ptr<const torchfile::TorchFile> file,
+                        const pickle::Value* value);
+  /// Writes the bytes of every imported tensor. Call after Begin(). Throws
+  /// like TorchFile::ReadTensor and TorchWriter::WriteTensorData.
+  void WriteTensors();
+
+ private:
+  torchfile::TorchWriter& writer_;
+  struct Pending {
+    std::shared_ptr<const torchfile::TorchFile> file;
+    const torchfile::TensorInfo* tensor;
+    const pickle::Value* node;
+  };
+  std::vector<Pending> pending_;
+};
+
+/// Opens the opaque blobs of a universal file (each a torch.save archive
+/// embedded in the HDF5 file) and keeps them open.
+class BlobCache {
+ public:
+  explicit BlobCache(const atoms::AtomStoreReader& store) : store_(store) {}
+  /// The blob `key`; nullptr if the store has none. Throws FormatError
+  /// naming the key if it is not a torch.save archive.
+  std::shared_ptr<const torchfile::TorchFile> Find(const std::string& key);
+  /// Like Find, but throws FormatError naming the universal file and key if
+  /// the blob is missing.
+  std::shared_ptr<const torchfile::TorchFile> Get(const std::string& key);
+
+ private:
+  const atoms::AtomStoreReader& store_;
+  std::map<std::string, std::shared_ptr<const torchfile::TorchFile>> open_;
+};
+
+}  // namespace ucp::megatron

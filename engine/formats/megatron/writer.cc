@@ -1,0 +1,911 @@
+// Writing Megatron rank files for a target topology from a universal file
+// (WriteTarget). What is written: megatron_format.h (as Megatron-core v0.13
+// saves it); the driver's metadata in the universal file: same header.
+//
+// Plan per target rank (tp_rank, pp_rank):
+//   entries    the universal file's entries in canonical order (+ tied
+//              copies where their rule exists) whose home is one of this
+//              stage's chunks, renamed to local layer indices and nested by
+//              the layout;
+//   tensors    one executor job per tensor: its pieces (layouts::ShardFor for
+//              the target tp and padded vocabulary) copied from the atoms and
+//              pad atoms; elements no piece covers (padding beyond the stored
+//              padding rows, buffer alignment gaps) are zero;
+//   optimizer  groups recomputed for the rank (param_groups.h), group dicts
+//              from /opaque/optimizer/param_groups; distrib_optim.pt world
+//              tensors laid out by buffer_layout.h for the target DP.
+// Files are written by TorchWriter (temporary name, renamed on Commit), in
+// batches of rank files; distrib_optim.pt before model_optim_rng.pt, the
+// tracker last.
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/buffer_layout.h"
+#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron/state_dict.h"
+#include "engine/formats/megatron/torch_blob.h"
+#include "engine/json/json.h"
+#include "engine/torchfile/torch_writer.h"
+#include "layouts/layout.h"
+#include "layouts/placement.h"
+
+namespace ucp::megatron {
+namespace {
+
+namespace fs = std::filesystem;
+using layouts::EntryKind;
+using layouts::Layout;
+using layouts::Rule;
+using pickle::Kind;
+using pickle::Value;
+
+// Rank files written per executor run (bounds open files and graphs).
+constexpr size_t kBatchFiles = 32;
+
+class WriterSink : public reshape::ByteSink {
+ public:
+  WriterSink(torchfile::TorchWriter& writer, const Value* node)
+      : writer_(writer), node_(node) {}
+  void Write(uint64_t offset, std::span<const std::byte> data) override {
+    writer_.WriteTensorData(node_, offset, data);
+  }
+
+ private:
+  torchfile::TorchWriter& writer_;
+  const Value* node_;
+};
+
+json::Value ParseJson(const std::string& text, const char* what,
+                      const fs::path& path) {
+  if (text.empty()) return json::Value::Object();
+  try {
+    return json::Value::Parse(text);
+  } catch (Error& e) {
+    e.AddContext("universal file ", path.string(), " > attribute ", what);
+    throw;
+  }
+}
+
+// Byte sources over every dataset of the universal file, indexed by
+// DatasetId.
+class DatasetSources {
+ public:
+  explicit DatasetSources(const atoms::AtomStoreReader& store) {
+    for (const atoms::DatasetInfo& d : store.datasets())
+      sources_.push_back(std::make_unique<Source>(store, d.id));
+    for (const auto& s : sources_) list_.push_back(s.get());
+  }
+  reshape::SourceTensor Tensor(const atoms::DatasetInfo& d) const {
+    return reshape::SourceTensor{d.id, 0, d.dtype, d.shape};
+  }
+  std::span<const reshape::ByteSource* const> list() const { return list_; }
+
+ private:
+  class Source : public reshape::ByteSource {
+   public:
+    Source(const atoms::AtomStoreReader& store, atoms::DatasetId id)
+        : store_(store), id_(id) {}
+    void Read(uint64_t offset, std::span<std::byte> dst) const override {
+      store_.Read(id_, offset, dst);
+    }
+    std::string Describe() const override {
+      return StrCat("universal file ", store_.path().string(), " > ",
+                    store_.dataset(id_).path);
+    }
+
+   private:
+    const atoms::AtomStoreReader& store_;
+    atoms::DatasetId id_;
+  };
+  std::vector<std::unique_ptr<Source>> sources_;
+  std::vector<const reshape::ByteSource*> list_;
+};
+
+// A param (or tied copy) as the target sees it.
+struct TargetParam {
+  const atoms::StoredParam* stored = nullptr;  // the original's
+  const Rule* rule = nullptr;                  // the entry's own rule
+  std::optional<int64_t> padded_rows;          // vocab rules
+};
+
+struct Entry {
+  std::string name;  // canonical
+  enum Kind { kParam, kBuffer, kOpaque, kTiedCopy } kind = kParam;
+  const Rule* rule = nullptr;
+  layouts::Home home;
+  const atoms::StoredParam* param = nullptr;  // original for params/copies
+};
+
+class TargetWriter {
+ public:
+  TargetWriter(const atoms::AtomStoreReader& store, const fs::path& out_dir,
+               const TargetOptions& options,
+               const reshape::ExecutorOptions& executor)
+      : store_(store),
+        out_(out_dir),
+        options_(options),
+        executor_(executor),
+        sources_(store) {}
+
+  TargetSummary Run();
+
+ private:
+  void ReadMetadata();
+  void BuildEntries();
+  void WriteBatch(const std::vector<std::pair<int64_t, int64_t>>& ranks);
+
+  // Per target file.
+  struct FileJobs {
+    std::unique_ptr<torchfile::TorchWriter> writer;
+    std::unique_ptr<GraphImporter> importer;
+    std::vector<reshape::Job> jobs;
+    fs::path path;
+  };
+  const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, FileJobs& model,
+                         FileJobs* distrib, BlobCache& blobs);
+  Value* TensorFor(FileJobs& f, const Entry& e, const std::string& kind,
+                   DType dtype, int64_t tp_rank, const std::string& name);
+  std::vector<reshape::CopyOp> OpsFor(const Entry& e, const std::string& kind,
+                                      int64_t tp_rank, Shape* local_shape);
+  const atoms::DatasetInfo& AtomOf(const atoms::StoredParam& p,
+                                   const std::string& kind) const;
+  Value* Import(FileJobs& f, BlobCache& blobs, const std::string& key);
+  std::string Where(const FileJobs& f) const {
+    return StrCat("rank file ", f.path.string());
+  }
+
+  const atoms::AtomStoreReader& store_;
+  fs::path out_;
+  const TargetOptions& options_;
+  reshape::ExecutorOptions executor_;
+  DatasetSources sources_;
+  TargetSummary summary_;
+
+  std::optional<Layout> layout_;
+  layouts::Variables vars_;
+  layouts::Topology topo_;
+  std::optional<layouts::LayerPlacement> placement_;
+  json::Value meta_;
+  json::Value source_;
+  json::Value optimizer_;
+  std::vector<Entry> entries_;
+  // chunk_entries_[pp][vp] = indices into entries_
+  std::vector<std::vector<std::vector<size_t>>> chunk_entries_;
+  bool write_optimizer_ = false;
+  std::string target_format_;  // float16 | fp32 | distributed
+  std::vector<GroupKey> group_keys_;
+  std::vector<std::string> state_keys_;
+  std::string grad_dtype_;
+  int64_t cp_ = 1;
+  std::optional<RunConfig> run_;  // from the stored args
+  int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1;
+  int64_t gpus_per_node_ = 8;
+  bool release_ = false;
+  std::set<std::string> notes_;
+  std::deque<WriterSink> sinks_;
+};
+
+const atoms::DatasetInfo& TargetWriter::AtomOf(const atoms::StoredParam& p,
+                                               const std::string& kind) const {
+  const atoms::DatasetInfo* d = store_.FindAtom(p.info.fqn, kind);
+  if (d == nullptr) {
+    throw FormatError("universal file ", store_.path().string(), " lacks ",
+                      p.info.fqn, "/", kind);
+  }
+  return *d;
+}
+
+void TargetWriter::ReadMetadata() {
+  const atoms::RootInfo& root = store_.root();
+  if (root.layout.empty()) {
+    throw FormatError("universal file ", store_.path().string(),
+                      " has no layout descriptor: cannot place params");
+  }
+  layout_ = Layout::Parse(root.layout,
+                          StrCat("universal file ", store_.path().string()));
+  json::Value model = ParseJson(root.model, "model", store_.path());
+  layouts::Variables vars;
+  if (model.is_object()) {
+    for (const auto& [k, v] : model.members()) {
+      if (v.is_int()) vars.Set(k, v.AsInt());
+      if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
+    }
+  }
+  if (options_.true_vocab_size)
+    vars.Set("vocab_size", *options_.true_vocab_size);
+  vars_ = layout_->Resolve(vars);
+  auto it = root.extra_strings.find(std::string(kMetaAttr));
+  meta_ = it != root.extra_strings.end()
+              ? ParseJson(it->second, "megatron", store_.path())
+              : json::Value::Object();
+  source_ = ParseJson(root.source, "source", store_.path());
+  optimizer_ = ParseJson(root.optimizer, "optimizer", store_.path());
+  auto int_of = [](const json::Value& o, const char* k, int64_t def) {
+    const json::Value* v = o.Find(k);
+    return v != nullptr && v->is_int() ? v->AsInt() : def;
+  };
+  source_tp_ = int_of(source_, "tp", 1);
+  source_pp_ = int_of(source_, "pp", 1);
+  source_vpp_ = int_of(source_, "vpp", 1);
+  cp_ = int_of(source_, "cp", 1);
+  gpus_per_node_ = std::max<int64_t>(int_of(meta_, "gpus_per_node", 8), 1);
+  if (const json::Value* r = meta_.Find("release"); r && r->is_bool())
+    release_ = r->AsBool();
+  if (const json::Value* g = meta_.Find("grad_dtype"); g && g->is_string())
+    grad_dtype_ = g->AsString();
+
+  topo_ = options_.topology;
+  if (topo_.tp < 1 || topo_.pp < 1 || topo_.vpp < 1 || topo_.dp < 1) {
+    throw LayoutError("target topology ", topo_.ToString(),
+                      ": sizes must be >= 1");
+  }
+  if (topo_.vpp > 1 && topo_.pp == 1) {
+    throw LayoutError("target topology ", topo_.ToString(),
+                      ": a virtual pipeline (vpp ", topo_.vpp,
+                      ") needs pp > 1 (Megatron builds model chunks only "
+                      "with pipeline parallelism)");
+  }
+  std::vector<layouts::ParamShape> shapes;
+  for (const atoms::StoredParam& p : store_.params())
+    shapes.push_back({p.info.fqn, p.info.shape});
+  layouts::ValidateTopology(*layout_, shapes, vars_, topo_);
+  placement_.emplace(layout_->NumLayers(vars_), topo_);
+
+  // Optimizer: written when the universal file has one and it is wanted.
+  const json::Value* fmt = meta_.Find("optimizer_format");
+  const bool has_optimizer =
+      fmt != nullptr && fmt->is_string() && fmt->AsString() != "none" &&
+      store_.FindOpaque("optimizer/param_groups") != nullptr;
+  write_optimizer_ = has_optimizer && !options_.no_optimizer;
+  if (!has_optimizer && !options_.no_optimizer &&
+      options_.distributed_optimizer)
+    notes_.insert(
+        "the universal file holds no optimizer state: wrote model weights "
+        "only, no distrib_optim.pt");
+  bool low_precision = false;
+  for (const atoms::StoredParam& p : store_.params())
+    low_precision = low_precision || p.info.dtype != DType::kFloat32;
+  target_format_ = options_.distributed_optimizer
+                       ? "distributed"
+                       : (low_precision ? "float16" : "fp32");
+  if (const json::Value* groups = optimizer_.Find("groups");
+      groups != nullptr && groups->is_array()) {
+    for (const json::Value& g : groups->items())
+      group_keys_.push_back(GroupKey::FromJson(g.At("key")));
+  }
+  if (const json::Value* sk = meta_.Find("state_keys"); sk && sk->is_array()) {
+    for (const json::Value& k : sk->items())
+      state_keys_.push_back(k.AsString());
+  } else if (const json::Value* kinds = optimizer_.Find("state_kinds");
+             kinds && kinds->is_array()) {
+    for (const json::Value& k : kinds->items())
+      if (k.AsString() != "fp32") state_keys_.push_back(k.AsString());
+  }
+}
+
+void TargetWriter::BuildEntries() {
+  const Layout& layout = *layout_;
+  std::vector<std::pair<std::string, std::string>> list;  // name, kind
+  if (const json::Value* e = meta_.Find("entries"); e && e->is_array()) {
+    for (const json::Value& x : e->items())
+      list.emplace_back(x.items().at(0).AsString(), x.items().at(1).AsString());
+  } else {
+    for (const atoms::StoredParam& p : store_.params())
+      list.emplace_back(p.info.fqn, p.info.kind == atoms::ParamKind::kBuffer
+                                        ? "buffer"
+                                        : "param");
+    for (const atoms::DatasetInfo& d : store_.datasets()) {
+      if (d.kind == atoms::DatasetKind::kOpaque &&
+          d.fqn.rfind("extra_state/", 0) == 0)
+        list.emplace_back(d.fqn.substr(12), "opaque");
+    }
+  }
+  for (const auto& [name, kind] : list) {
+    Entry e;
+    e.name = name;
+    e.kind = kind == "opaque"   ? Entry::kOpaque
+             : kind == "buffer" ? Entry::kBuffer
+                                : Entry::kParam;
+    entries_.push_back(std::move(e));
+  }
+  // Tied copies (e.g. the last stage's output layer) where they exist.
+  for (const Rule& rule : layout.rules()) {
+    if (!rule.tied_to) continue;
+    const atoms::StoredParam* orig = store_.FindParam(*rule.tied_to);
+    if (orig == nullptr) continue;
+    for (const layouts::Glob& g : rule.match) {
+      for (const std::string& name : g.alternatives()) {
+        if (name.find('*') != std::string::npos) continue;
+        if (layout.Find(name, vars_) != &rule) continue;
+        if (!rule.Exists(vars_, topo_)) continue;
+        Entry e;
+        e.name = name;
+        e.kind = Entry::kTiedCopy;
+        const size_t dot = name.rfind('.');
+        const std::string prefix =
+            dot == std::string::npos ? name : name.substr(0, dot + 1);
+        auto pos = std::find_if(
+            entries_.begin(), entries_.end(),
+            [&](const Entry& x) { return x.name.rfind(prefix, 0) == 0; });
+        entries_.insert(pos, std::move(e));
+      }
+    }
+  }
+  chunk_entries_.assign(
+      static_cast<size_t>(topo_.pp),
+      std::vector<std::vector<size_t>>(static_cast<size_t>(topo_.vpp)));
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    Entry& e = entries_[i];
+    try {
+      e.rule = &layout.Match(e.name, vars_);
+      if (!e.rule->Exists(vars_, topo_)) continue;
+      e.home = layouts::HomeOf(layout, *e.rule, e.name, *placement_);
+      if (e.kind != Entry::kOpaque) {
+        e.param = store_.FindParam(e.kind == Entry::kTiedCopy ? *e.rule->tied_to
+                                                              : e.name);
+        if (e.param == nullptr)
+          throw FormatError("the universal file has no such param");
+      }
+    } catch (Error& e2) {
+      e2.AddContext("universal file ", store_.path().string(), " > param ",
+                    e.name);
+      throw;
+    }
+    chunk_entries_[static_cast<size_t>(e.home.pp_rank)]
+                  [static_cast<size_t>(e.home.vp_chunk)]
+                      .push_back(i);
+  }
+}
+
+std::vector<reshape::CopyOp> TargetWriter::OpsFor(const Entry& e,
+                                                  const std::string& kind,
+                                                  int64_t tp_rank,
+                                                  Shape* local_shape) {
+  const atoms::StoredParam& p = *e.param;
+  const atoms::DatasetInfo& atom = AtomOf(p, kind);
+  const atoms::DatasetInfo* pad = store_.FindPadAtom(p.info.fqn, kind);
+  if (pad == nullptr && kind == "param")
+    pad = store_.FindPadAtom(p.info.fqn, "fp32");
+  int64_t padded = 0;
+  int64_t pad_rows = 0;
+  if (std::optional<int64_t> pd =
+          layouts::PaddedDimSize(*e.rule, vars_, topo_.tp)) {
+    padded = *pd;
+    const size_t dim = static_cast<size_t>(e.rule->tp.dim);
+    if (padded < p.info.shape[dim]) {
+      throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
+                        padded, " rows for tp ", topo_.tp,
+                        ") is smaller than the stored ", p.info.shape[dim],
+                        " rows");
+    }
+    if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
+  }
+  layouts::LocalShard shard = layouts::ShardFor(*e.rule, p.info.shape, topo_.tp,
+                                                tp_rank, padded, pad_rows);
+  std::vector<reshape::CopyOp> ops;
+  const reshape::SourceTensor main = sources_.Tensor(atom);
+  for (const layouts::Piece& piece : shard.pieces) {
+    reshape::CopyOp op;
+    op.src =
+        piece.region == layouts::Region::kPad ? sources_.Tensor(*pad) : main;
+    op.src_box = piece.global;
+    op.dst_box = piece.local;
+    ops.push_back(std::move(op));
+  }
+  *local_shape = shard.local_shape;
+  return ops;
+}
+
+Value* TargetWriter::TensorFor(FileJobs& f, const Entry& e,
+                               const std::string& kind, DType dtype,
+                               int64_t tp_rank, const std::string& name) {
+  Shape local;
+  std::vector<reshape::CopyOp> ops = OpsFor(e, kind, tp_rank, &local);
+  torchfile::TensorSpec spec;
+  spec.dtype = dtype;
+  spec.shape = local;
+  Value* node = f.writer->NewTensor(spec);
+  reshape::Job job;
+  job.tensor.name = name;
+  job.tensor.dtype = dtype;
+  job.tensor.shape = local;
+  job.tensor.ops = std::move(ops);
+  sinks_.emplace_back(*f.writer, node);
+  job.sink = &sinks_.back();
+  f.jobs.push_back(std::move(job));
+  return node;
+}
+
+Value* TargetWriter::Import(FileJobs& f, BlobCache& blobs,
+                            const std::string& key) {
+  std::shared_ptr<const torchfile::TorchFile> file = blobs.Get(key);
+  return f.importer->Import(file, file->root());
+}
+
+const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
+                                     FileJobs& model, FileJobs* distrib,
+                                     BlobCache& blobs) {
+  pickle::Arena& arena = model.writer->arena();
+  const Layout& layout = *layout_;
+  // The rank's params in named_parameters() order (chunk 0 first).
+  struct RankParam {
+    size_t entry;
+    int64_t chunk;
+    Shape local_shape;
+    std::string local_name;
+  };
+  std::vector<RankParam> params;
+  std::vector<Value*> chunk_nodes;
+  for (int64_t v = 0; v < topo_.vpp; ++v) {
+    std::vector<std::pair<std::vector<std::string>, Value*>> leaves;
+    for (size_t i :
+         chunk_entries_[static_cast<size_t>(pp_rank)][static_cast<size_t>(v)]) {
+      const Entry& e = entries_[i];
+      const std::string local = layouts::LocalName(layout, e.name, *placement_);
+      const std::string where =
+          StrCat(Where(model), " > ",
+                 topo_.vpp == 1 ? std::string("model") : StrCat("model", v),
+                 " > ", local);
+      Value* value;
+      if (e.kind == Entry::kOpaque) {
+        value = Import(model, blobs, "extra_state/" + e.name);
+      } else {
+        const atoms::StoredParam& p = *e.param;
+        const bool has_param_atom = store_.FindAtom(p.info.fqn, "param");
+        value = TensorFor(model, e, has_param_atom ? "param" : "fp32",
+                          p.info.dtype, tp_rank, where);
+        if (e.kind != Entry::kBuffer) {
+          RankParam rp;
+          rp.entry = i;
+          rp.chunk = v;
+          rp.local_shape = model.writer->FindSpec(value)->shape;
+          rp.local_name = local;
+          params.push_back(std::move(rp));
+        }
+      }
+      leaves.emplace_back(layout.KeyPath(local), value);
+    }
+    chunk_nodes.push_back(BuildChunk(arena, leaves));
+  }
+
+  // Optimizer.
+  Value* optimizer = nullptr;
+  if (write_optimizer_) {
+    std::vector<GroupKey> keys;
+    for (const RankParam& rp : params)
+      keys.push_back(DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+    const Grouping g = GroupParams(keys);
+    std::shared_ptr<const torchfile::TorchFile> gfile =
+        blobs.Get("optimizer/param_groups");
+    const Value* templates = gfile->root();
+    if (templates == nullptr || templates->kind != Kind::kList ||
+        templates->items.size() != group_keys_.size()) {
+      throw FormatError("universal file ", store_.path().string(),
+                        " > opaque optimizer/param_groups does not hold one "
+                        "dict per optimizer group");
+    }
+    // Which groups hold an element of DP rank 0's shard (distributed only).
+    std::vector<bool> stepped(g.keys.size(), true);
+    std::vector<BufferLayout> buffers;
+    if (target_format_ == "distributed") {
+      int64_t local_params = 0;
+      for (const RankParam& rp : params)
+        local_params += NumElements(rp.local_shape);
+      std::fill(stepped.begin(), stepped.end(), false);
+      for (int64_t v = 0; v < topo_.vpp; ++v) {
+        std::vector<BufferParam> bp;
+        std::vector<size_t> which;
+        for (size_t k = 0; k < params.size(); ++k) {
+          if (params[k].chunk != v) continue;
+          const Entry& e = entries_[params[k].entry];
+          BufferParam b;
+          b.name = params[k].local_name;
+          b.numel = NumElements(params[k].local_shape);
+          bool has_copy = false;
+          for (size_t ci : chunk_entries_.back().back()) {
+            const Entry& c = entries_[ci];
+            has_copy =
+                has_copy || (c.kind == Entry::kTiedCopy && c.param == e.param);
+          }
+          b.shared_embedding =
+              e.kind == Entry::kTiedCopy || (has_copy && topo_.pp > 1);
+          bp.push_back(b);
+          which.push_back(k);
+        }
+        BufferOptions bo;
+        bo.distributed_optimizer = true;
+        bo.dp = run_ ? run_->num_distributed_optimizer_instances > 1
+                           ? topo_.dp * cp_ /
+                                 run_->num_distributed_optimizer_instances
+                           : topo_.dp * cp_
+                     : topo_.dp * cp_;
+        if (run_) {
+          bo.pad_for_high_nccl_busbw = run_->pad_buckets_for_high_nccl_busbw;
+          if (run_->overlap_grad_reduce && pp_rank == 0 && v == 0 &&
+              !run_->overlap_param_gather_with_optimizer_step) {
+            if (run_->ddp_num_buckets && *run_->ddp_num_buckets > 0)
+              bo.bucket_size = local_params / *run_->ddp_num_buckets;
+            else if (run_->ddp_bucket_size)
+              bo.bucket_size = *run_->ddp_bucket_size;
+            else
+              bo.bucket_size =
+                  std::max<int64_t>(40000000, 1000000 * topo_.dp * cp_);
+          }
+        }
+        BufferLayout lay = ComputeBufferLayout(bp, bo);
+        for (size_t j = 0; j < which.size(); ++j) {
+          if (lay.DpRankHolds(j, bo.dp, 0))
+            stepped[g.group_of[which[j]]] = true;
+        }
+        buffers.push_back(std::move(lay));
+      }
+    }
+    // Group dicts.
+    std::vector<Value*> group_nodes;
+    int64_t next_id = 0;
+    std::vector<std::vector<int64_t>> ids(g.keys.size());
+    for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+      size_t ci = 0;
+      while (ci < group_keys_.size() && !(group_keys_[ci] == g.keys[gi])) ++ci;
+      if (ci == group_keys_.size()) {
+        throw FormatError("optimizer group ", g.keys[gi].ToString(),
+                          " of this rank is not in the universal file");
+      }
+      Value* d = model.importer->Import(gfile, templates->items[ci]);
+      auto& entries = d->entries;
+      auto step_it = std::find_if(entries.begin(), entries.end(), [](auto& kv) {
+        return kv.first && kv.first->kind == Kind::kStr &&
+               kv.first->s == "step";
+      });
+      if (!stepped[gi] && step_it != entries.end()) {
+        entries.erase(step_it);
+      } else if (stepped[gi] && step_it == entries.end()) {
+        // No source rank stepped this group (distributed source whose DP
+        // rank 0 never held it): use the iteration, as FusedAdam counts.
+        entries.emplace_back(arena.Str("step"),
+                             arena.Int(store_.root().iteration));
+        notes_.insert(StrCat("optimizer group ", g.keys[gi].ToString(),
+                             " had no 'step' in the source; set to the "
+                             "iteration ",
+                             store_.root().iteration));
+      }
+      if (target_format_ != "distributed") {
+        std::vector<Value*> id_nodes;
+        for (size_t j = 0; j < g.members[gi].size(); ++j) {
+          ids[gi].push_back(next_id);
+          id_nodes.push_back(arena.Int(next_id++));
+        }
+        entries.emplace_back(arena.Str("params"), arena.List(id_nodes));
+      }
+      group_nodes.push_back(d);
+    }
+    if (target_format_ == "distributed") {
+      Value* inner = arena.Dict();
+      AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
+      optimizer = arena.Dict();
+      AppendEntry(arena, optimizer, "optimizer", inner);
+      if (store_.FindOpaque("grad_scaler"))
+        AppendEntry(arena, optimizer, "grad_scaler",
+                    Import(model, blobs, "grad_scaler"));
+      // distrib_optim.pt
+      pickle::Arena& da = distrib->writer->arena();
+      Value* droot = da.Dict();
+      AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
+      for (int64_t v = 0; v < topo_.vpp; ++v) {
+        const BufferLayout& lay = buffers[static_cast<size_t>(v)];
+        std::vector<size_t> members;
+        for (size_t k = 0; k < params.size(); ++k)
+          if (params[k].chunk == v) members.push_back(k);
+        DType pdtype = DType::kFloat32;
+        if (!members.empty())
+          pdtype = entries_[params[members[0]].entry].param->info.dtype;
+        std::string gdt = grad_dtype_;
+        if (gdt.empty()) {
+          gdt = run_ && run_->grad_reduce_in_fp32
+                    ? "float32"
+                    : std::string(DTypeName(pdtype));
+        }
+        Value* world = da.Dict();
+        const int64_t n = lay.numel_unpadded();
+        for (const auto& [wkey, kind] :
+             {std::pair<const char*, const char*>{"param", "fp32"},
+              {"exp_avg", "exp_avg"},
+              {"exp_avg_sq", "exp_avg_sq"}}) {
+          if (!members.empty() &&
+              store_.FindAtom(
+                  entries_[params[members[0]].entry].param->info.fqn, kind) ==
+                  nullptr)
+            continue;
+          torchfile::TensorSpec spec;
+          spec.dtype = DType::kFloat32;
+          spec.shape = {n};
+          Value* node = distrib->writer->NewTensor(spec);
+          reshape::Job job;
+          job.tensor.name =
+              StrCat(Where(*distrib), " > buffer ", v, " > ", wkey);
+          job.tensor.dtype = DType::kFloat32;
+          job.tensor.shape = {n};
+          for (size_t j = 0; j < members.size(); ++j) {
+            const RankParam& rp = params[members[j]];
+            Shape local;
+            for (reshape::CopyOp& op :
+                 OpsFor(entries_[rp.entry], kind, tp_rank, &local)) {
+              op.dst_offset = lay.WorldOffset(j);
+              op.dst_shape = local;
+              job.tensor.ops.push_back(std::move(op));
+            }
+          }
+          sinks_.emplace_back(*distrib->writer, node);
+          job.sink = &sinks_.back();
+          distrib->jobs.push_back(std::move(job));
+          AppendEntry(da, world, wkey, node);
+        }
+        AppendEntry(da, world, "numel_unpadded", da.Int(n));
+        Value* key =
+            da.Tuple({da.Global("torch", std::string(DTypeName(pdtype))),
+                      da.Global("torch", gdt)});
+        Value* per_dtype = da.Dict();
+        per_dtype->entries.emplace_back(key, world);
+        droot->entries.emplace_back(da.Int(v), per_dtype);
+      }
+      distrib->writer->Begin(droot);
+    } else {
+      Value* state = arena.Dict();
+      std::vector<Value*> fp32_groups;
+      for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+        std::vector<Value*> fp32_list;
+        for (size_t j = 0; j < g.members[gi].size(); ++j) {
+          const RankParam& rp = params[g.members[gi][j]];
+          const Entry& e = entries_[rp.entry];
+          const int64_t id = ids[gi][j];
+          Value* st = arena.Dict();
+          for (const std::string& k : state_keys_) {
+            const atoms::DatasetInfo* d = store_.FindAtom(e.param->info.fqn, k);
+            if (d == nullptr) continue;
+            const std::string name =
+                StrCat(Where(model), " > optimizer > state[", id, "][", k, "]");
+            Value* node;
+            if (d->shape.empty()) {  // per-param scalar (torch Adam's step)
+              torchfile::TensorSpec spec;
+              spec.dtype = d->dtype;
+              node = model.writer->NewTensor(spec);
+              reshape::Job job;
+              job.tensor.name = name;
+              job.tensor.dtype = d->dtype;
+              job.tensor.ops.push_back({sources_.Tensor(*d),
+                                        Box::Whole(Shape{}),
+                                        Box::Whole(Shape{}),
+                                        0,
+                                        {}});
+              sinks_.emplace_back(*model.writer, node);
+              job.sink = &sinks_.back();
+              model.jobs.push_back(std::move(job));
+            } else {
+              node = TensorFor(model, e, k, d->dtype, tp_rank, name);
+            }
+            AppendEntry(arena, st, k, node);
+          }
+          state->entries.emplace_back(arena.Int(id), st);
+          if (target_format_ == "float16") {
+            fp32_list.push_back(TensorFor(
+                model, e, "fp32", DType::kFloat32, tp_rank,
+                StrCat(Where(model), " > optimizer > fp32_from_fp16_params[",
+                       gi, "][", j, "]")));
+          }
+        }
+        fp32_groups.push_back(arena.List(fp32_list));
+      }
+      Value* inner = arena.Dict();
+      AppendEntry(arena, inner, "state", state);
+      AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
+      if (target_format_ == "fp32") {
+        optimizer = inner;
+      } else {
+        optimizer = arena.Dict();
+        AppendEntry(arena, optimizer, "optimizer", inner);
+        if (store_.FindOpaque("grad_scaler"))
+          AppendEntry(arena, optimizer, "grad_scaler",
+                      Import(model, blobs, "grad_scaler"));
+        AppendEntry(arena, optimizer, "fp32_from_fp16_params",
+                    arena.List(fp32_groups));
+      }
+    }
+  }
+
+  // The rank file's root, keys in the source's order.
+  std::vector<std::string> top;
+  if (const json::Value* t = meta_.Find("top_level_keys"); t && t->is_array()) {
+    for (const json::Value& k : t->items()) top.push_back(k.AsString());
+  } else {
+    top = {"args",
+           "checkpoint_version",
+           "iteration",
+           "model",
+           "optimizer",
+           "opt_param_scheduler",
+           "rerun_state_machine",
+           "rng_state",
+           "num_floating_point_operations_so_far"};
+  }
+  Value* root = arena.Dict();
+  for (const std::string& key : top) {
+    if (key == "model") {
+      for (int64_t v = 0; v < topo_.vpp; ++v) {
+        AppendEntry(arena, root,
+                    topo_.vpp == 1 ? std::string("model") : StrCat("model", v),
+                    chunk_nodes[static_cast<size_t>(v)]);
+      }
+    } else if (key == "optimizer") {
+      if (optimizer != nullptr) AppendEntry(arena, root, key, optimizer);
+    } else if (key == "args") {
+      Value* args = Import(model, blobs, "args");
+      ArgsPatch patch;
+      patch.topology = topo_;
+      patch.cp = cp_;
+      // What a run with these options saves (also with --no-save-optim).
+      patch.distributed_optimizer = options_.distributed_optimizer;
+      patch.num_layers = placement_->num_layers();
+      patch.tp_rank = tp_rank;
+      patch.pp_rank = pp_rank;
+      patch.gpus_per_node = gpus_per_node_;
+      patch.source_vpp = source_vpp_;
+      patch.source_tp = source_tp_;
+      patch.padded_vocab_size = 0;
+      for (const Rule& r : layout.rules()) {
+        if (auto pd = layouts::PaddedDimSize(r, vars_, topo_.tp)) {
+          patch.padded_vocab_size = *pd;
+          break;
+        }
+      }
+      if (patch.padded_vocab_size == 0) {
+        patch.padded_vocab_size = vars_.Find("vocab_size").value_or(0);
+      }
+      PatchArgs(arena, args, patch);
+      AppendEntry(arena, root, key, args);
+    } else if (key == "rng_state") {
+      char k[64];
+      std::snprintf(k, sizeof k, "rng_state/tp%02lld_pp%03lld",
+                    static_cast<long long>(tp_rank),
+                    static_cast<long long>(pp_rank));
+      std::string rk = k;
+      if (store_.FindOpaque(rk) == nullptr) {
+        const int64_t st = tp_rank % source_tp_, sp = pp_rank % source_pp_;
+        std::snprintf(k, sizeof k, "rng_state/tp%02lld_pp%03lld",
+                      static_cast<long long>(st), static_cast<long long>(sp));
+        if (store_.FindOpaque(k) == nullptr) continue;
+        rk = k;
+        notes_.insert(
+            StrCat("rng states: target ranks without a source rank of the same "
+                   "(tp, pp) got the state of source rank (tp_rank % ",
+                   source_tp_, ", pp_rank % ", source_pp_,
+                   "); their random streams repeat another rank's"));
+      }
+      AppendEntry(arena, root, key, Import(model, blobs, rk));
+    } else if (key == "opt_param_scheduler" && !write_optimizer_) {
+      // checkpointing.py:generate_state_dict: no scheduler without the
+      // optimizer (--no-save-optim).
+      continue;
+    } else if (key == "rerun_state_machine") {
+      if (store_.FindOpaque(key))
+        AppendEntry(arena, root, key, Import(model, blobs, key));
+    } else {
+      const std::string bk = "top_level/" + key;
+      if (store_.FindOpaque(bk))
+        AppendEntry(arena, root, key, Import(model, blobs, bk));
+    }
+  }
+  return root;
+}
+
+void TargetWriter::WriteBatch(
+    const std::vector<std::pair<int64_t, int64_t>>& ranks) {
+  std::vector<FileJobs> files;
+  files.reserve(ranks.size() * 2);
+  const bool distributed = target_format_ == "distributed" && write_optimizer_;
+  const fs::path iter_dir =
+      out_ / IterDirName(store_.root().iteration, release_);
+  for (const auto& [pp, tp] : ranks) {
+    const fs::path dir = iter_dir / RankDirName(tp, pp, topo_.pp);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError("cannot create ", dir.string(), ": ", ec.message());
+    FileJobs* distrib = nullptr;
+    if (distributed) {
+      FileJobs& d = files.emplace_back();
+      d.path = dir / kDistribOptimFile;
+      torchfile::TorchWriterOptions o;
+      d.writer = std::make_unique<torchfile::TorchWriter>(d.path, o);
+      d.importer = std::make_unique<GraphImporter>(*d.writer);
+      distrib = &d;
+    }
+    FileJobs& m = files.emplace_back();
+    m.path = dir / kModelFile;
+    m.writer = std::make_unique<torchfile::TorchWriter>(m.path);
+    m.importer = std::make_unique<GraphImporter>(*m.writer);
+    try {
+      // Blobs stay open only while this rank file is built.
+      BlobCache blobs(store_);
+      const Value* root = BuildRank(tp, pp, m, distrib, blobs);
+      m.writer->Begin(root);
+      m.importer->WriteTensors();
+    } catch (Error& e) {
+      e.AddContext(Where(m));
+      throw;
+    }
+  }
+  std::vector<reshape::Job> jobs;
+  for (FileJobs& f : files)
+    for (reshape::Job& j : f.jobs) jobs.push_back(std::move(j));
+  reshape::Execute(jobs, sources_.list(), executor_);
+  for (FileJobs& f : files) {
+    try {
+      f.writer->Commit();
+    } catch (Error& e) {
+      e.AddContext(Where(f));
+      throw;
+    }
+    std::error_code ec;
+    summary_.bytes += fs::file_size(f.path, ec);
+    ++summary_.files;
+  }
+  sinks_.clear();
+}
+
+TargetSummary TargetWriter::Run() {
+  ReadMetadata();
+  // Settings from the stored args (bucket sizes, grad dtype).
+  {
+    BlobCache blobs(store_);
+    if (auto args = blobs.Find("args")) {
+      try {
+        run_ = ReadRunConfig(ArgsView(args->root(), "args"));
+      } catch (const FormatError&) {
+        run_.reset();  // a partial Namespace: defaults are used
+      }
+    }
+  }
+  BuildEntries();
+  std::vector<std::pair<int64_t, int64_t>> all;
+  for (int64_t p = 0; p < topo_.pp; ++p)
+    for (int64_t t = 0; t < topo_.tp; ++t) all.emplace_back(p, t);
+  for (size_t i = 0; i < all.size(); i += kBatchFiles) {
+    std::vector<std::pair<int64_t, int64_t>> batch(
+        all.begin() + static_cast<std::ptrdiff_t>(i),
+        all.begin() +
+            static_cast<std::ptrdiff_t>(std::min(all.size(), i + kBatchFiles)));
+    WriteBatch(batch);
+  }
+  const std::string tracker = release_
+                                  ? std::string(kReleaseDir)
+                                  : std::to_string(store_.root().iteration);
+  WriteFileAtomically(out_ / kTrackerFile, tracker);
+  ++summary_.files;
+  summary_.bytes += tracker.size();
+  summary_.notes.assign(notes_.begin(), notes_.end());
+  return summary_;
+}
+
+}  // namespace
+
+TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
+                          const fs::path& out_dir, const TargetOptions& options,
+                          const reshape::ExecutorOptions& executor) {
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) {
+    throw IoError("output folder ", out_dir.string(), " does not exist");
+  }
+  TargetWriter w(store, out_dir, options, executor);
+  return w.Run();
+}
+
+}  // namespace ucp::megatron

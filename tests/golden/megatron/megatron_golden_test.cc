@@ -1,0 +1,748 @@
+// Golden tests of the Megatron driver (engine/formats/megatron):
+//  - to-universal of every generated topology
+//  (tests/tools/make_megatron_ckpts.py,
+//    Megatron-core v0.13 semantics) gives the same universal content, and the
+//    universal file equals the generator's truth.pt (check_universal.py);
+//  - universal -> every topology equals the generator's files for that
+//    topology (compare_megatron_ckpt.py, batched);
+//  - A -> universal -> B -> universal is the identity; universal -> A
+//    reproduces A's files;
+//  - the real Megatron-LM 23.06 files: synth_tp2 (TP2) -> TP1 PP2 equals
+//    Megatron's own from_tp2_to_tp1_pp2 tensor for tensor, and back;
+//  - bad input: errors name file, param and problem; nothing is left under
+//    the output name; the source is never modified.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/atoms/atom_store.h"
+#include "engine/core/error.h"
+#include "engine/formats/megatron/megatron.h"
+#include "engine/json/json.h"
+#include "engine/universal/output_dir.h"
+#include "engine/universal/write_universal.h"
+#include "layouts/layout.h"
+#include "tests/testutil/testutil.h"
+
+namespace ucp::megatron {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::HasSubstr;
+
+const char* const kVariants[] = {
+    "gqa_swiglu_bias_untied", "gqa_swiglu_bias_tied", "mha_gelu_nobias_tied"};
+// TP 4 x PP 4 holds every padding row of the grid and every (tp, pp) rank of
+// any other topology, so rng states are exact everywhere.
+constexpr const char* kReference = "tp4_pp4_vpp2_dp2_do";
+
+fs::path MegatronData() { return testutil::TestDataDir() / "megatron"; }
+
+std::vector<std::string> Topologies(const std::string& variant) {
+  json::Value m = json::Value::Parse(
+      testutil::ReadFile(MegatronData() / variant / "manifest.json"));
+  std::vector<std::string> out;
+  for (const json::Value& t : m.At("topologies").items())
+    out.push_back(t.AsString());
+  return out;
+}
+
+reshape::ExecutorOptions Exec() {
+  reshape::ExecutorOptions o;
+  o.threads = 2;
+  o.memory_budget = 64ull << 20;
+  return o;
+}
+
+universal::WriteSummary ToUniversal(const fs::path& ckpt, const fs::path& out,
+                                    const SourceOptions& options = {}) {
+  Checkpoint c = Discover(ckpt);
+  universal::SourcePlan plan = PlanSource(c, options);
+  return universal::WriteUniversal(plan, out, Exec());
+}
+
+TargetSummary WriteStaged(const fs::path& h5, const fs::path& out,
+                          const TargetOptions& options) {
+  atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(h5);
+  universal::StagedDirectory staged(out);
+  TargetSummary s = WriteTarget(store, staged.path(), options, Exec());
+  staged.Commit();
+  return s;
+}
+
+// name -> topology of the generator's folder names.
+TargetOptions TargetFor(const std::string& name) {
+  TargetOptions o;
+  int tp, pp, vpp, dp;
+  char kind[8] = {};
+  EXPECT_EQ(std::sscanf(name.c_str(), "tp%d_pp%d_vpp%d_dp%d_%7s", &tp, &pp,
+                        &vpp, &dp, kind),
+            5)
+      << name;
+  o.topology.tp = tp;
+  o.topology.pp = pp;
+  o.topology.vpp = vpp;
+  o.topology.dp = dp;
+  o.distributed_optimizer = std::string(kind) == "do";
+  return o;
+}
+
+// Everything of a universal file that does not depend on the source
+// topology: params with attributes and the xxh3 of every main atom, the
+// optimizer groups and the root attributes that describe the model.
+std::string Digest(const fs::path& h5) {
+  atoms::AtomStoreReader s = atoms::AtomStoreReader::Open(h5);
+  std::string out = StrCat(
+      "iteration=", s.root().iteration, " consumed=", s.root().consumed_samples,
+      "\n", "model=", s.root().model, "\n", "optimizer=", s.root().optimizer,
+      "\n", "scheduler=", s.root().scheduler, "\n");
+  for (const atoms::StoredParam& p : s.params()) {
+    out += StrCat(p.info.fqn, " rule=", p.info.rule,
+                  " dtype=", DTypeName(p.info.dtype), " group=", p.info.group,
+                  " order=", p.info.order, " shape=");
+    for (int64_t d : p.info.shape) out += StrCat(d, ",");
+    std::map<std::string, uint64_t> hashes;  // by state kind
+    for (atoms::DatasetId id : p.atoms)
+      hashes[s.dataset(id).state_kind] = s.dataset(id).xxh3;
+    for (const auto& [kind, h] : hashes) {
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "%016llx",
+                    static_cast<unsigned long long>(h));
+      out += StrCat(" ", kind, "=", hex);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string Py() { return testutil::ShellQuote(testutil::Python()); }
+std::string Tool(const char* name) {
+  return testutil::ShellQuote(
+      (testutil::SourceDir() / "tests" / "tools" / name).string());
+}
+
+// ---------------------------------------------------------------- to-universal
+
+// check_universal.py (h5py + torch): the universal file of one topology per
+// variant equals truth.pt, padding rows and tied copies included.
+TEST(MegatronGolden, UniversalEqualsTruth) {
+  testutil::TempDir tmp;
+  const std::pair<const char*, const char*> cases[] = {
+      {"gqa_swiglu_bias_untied", "tp1_pp1_vpp1_dp1_nodo"},
+      {"gqa_swiglu_bias_tied", kReference},
+      {"mha_gelu_nobias_tied", "tp2_pp2_vpp2_dp1_nodo"},
+  };
+  for (const auto& [v, t] : cases) {
+    SCOPED_TRACE(StrCat(v, "/", t));
+    const fs::path src = MegatronData() / v / t;
+    const fs::path h5 = tmp / StrCat(v, ".h5");
+    universal::WriteSummary s = ToUniversal(src, h5);
+    EXPECT_GT(s.params, 0);
+    std::string out;
+    const int rc = testutil::RunCommand(
+        StrCat(Py(), " ", Tool("check_universal.py"), " ",
+               testutil::ShellQuote(h5.string()), " ",
+               testutil::ShellQuote((MegatronData() / v / "truth.pt").string()),
+               " --no-align-check --padding-from ",
+               testutil::ShellQuote(src.string()), " -v"),
+        &out);
+    EXPECT_EQ(rc, 0) << out;
+  }
+}
+
+// Runs compare_megatron_ckpt.py --batch over (expected, actual) pairs; one
+// failure per differing pair.
+void CompareBatch(const fs::path& dir,
+                  const std::vector<std::pair<fs::path, fs::path>>& pairs) {
+  std::string text;
+  for (const auto& [e, a] : pairs)
+    text += StrCat(e.string(), "\t", a.string(), "\n");
+  const fs::path list = dir / "pairs.txt";
+  testutil::WriteFile(list, text);
+  std::string out;
+  const int rc = testutil::RunCommand(
+      StrCat(Py(), " ", Tool("compare_megatron_ckpt.py"), " --batch ",
+             testutil::ShellQuote(list.string())),
+      &out);
+  size_t ok = 0;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("OK ", 0) == 0) ++ok;
+    if (line.rfind("DIFF ", 0) == 0 || line.rfind("BAD ", 0) == 0)
+      ADD_FAILURE() << line;
+  }
+  EXPECT_EQ(ok, pairs.size()) << out;
+  EXPECT_EQ(rc, 0) << out;
+}
+
+// Every topology of every variant: to-universal gives the same content
+// (digest) as the reference topology's universal file.
+TEST(MegatronGolden, EveryTopologyToTheSameUniversal) {
+  testutil::TempDir tmp;
+  int checked = 0;
+  int failures = 0;
+  for (const char* v : kVariants) {
+    const fs::path ref_h5 = tmp / StrCat(v, "_ref.h5");
+    ToUniversal(MegatronData() / v / kReference, ref_h5);
+    const std::string want = Digest(ref_h5);
+    for (const std::string& t : Topologies(v)) {
+      SCOPED_TRACE(StrCat(v, "/", t));
+      const fs::path h5 = tmp / "t.h5";
+      fs::remove(h5);
+      ToUniversal(MegatronData() / v / t, h5);
+      const std::string got = Digest(h5);
+      if (got != want && ++failures <= 3) {
+        // The first differing line.
+        std::istringstream a(want), b(got);
+        std::string la, lb;
+        while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+        }
+        ADD_FAILURE() << "universal differs from " << kReference
+                      << "'s:\n  want " << la << "\n  got  " << lb;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 225);
+  EXPECT_EQ(failures, 0);
+}
+
+// The reference universal file of each variant -> every topology equals the
+// generator's files of that topology.
+TEST(MegatronGolden, UniversalToEveryTopology) {
+  testutil::TempDir tmp;
+  std::vector<std::pair<fs::path, fs::path>> pairs;
+  for (const char* v : kVariants) {
+    const fs::path h5 = tmp / StrCat(v, ".h5");
+    ToUniversal(MegatronData() / v / kReference, h5);
+    for (const std::string& t : Topologies(v)) {
+      SCOPED_TRACE(StrCat(v, "/", t));
+      const fs::path out = tmp / v / t;
+      fs::create_directories(out.parent_path());
+      TargetSummary s = WriteStaged(h5, out, TargetFor(t));
+      EXPECT_TRUE(s.notes.empty()) << s.notes.front();
+      pairs.emplace_back(MegatronData() / v / t, out);
+    }
+  }
+  EXPECT_EQ(pairs.size(), 225u);
+  CompareBatch(tmp.path(), pairs);
+}
+
+// Runs a Python snippet (argv: the snippet's own args) with the tools'
+// stand-in Megatron modules importable.
+void RunPython(const std::string& code, const std::vector<std::string>& args) {
+  std::string cmd =
+      StrCat(Py(), " -c ",
+             testutil::ShellQuote(StrCat(
+                 "import sys; sys.path.insert(0, ", "'",
+                 (testutil::SourceDir() / "tests" / "tools" / "stubs").string(),
+                 "')\n", code)));
+  for (const std::string& a : args) {
+    cmd += ' ';
+    cmd += testutil::ShellQuote(a);
+  }
+  std::string out;
+  ASSERT_EQ(testutil::RunCommand(cmd, &out), 0) << out;
+}
+
+// ---------------------------------------------------------------- round trips
+
+// A -> universal -> B -> universal is the identity for many pairs; universal
+// (A) -> A reproduces A's files.
+TEST(MegatronGolden, RoundTrips) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  testutil::TempDir tmp;
+  std::vector<std::pair<fs::path, fs::path>> same;
+  int pairs = 0;
+  for (const char* v : kVariants) {
+    const std::vector<std::string> topos = Topologies(v);
+    const std::string want = [&] {
+      const fs::path h5 = tmp / "ref.h5";
+      ToUniversal(MegatronData() / v / kReference, h5);
+      std::string d = Digest(h5);
+      fs::remove(h5);
+      return d;
+    }();
+    // Fixed pairs (extremes, VPP in and out, tied copies appearing and
+    // disappearing, distributed optimizer on and off) plus seeded ones.
+    std::vector<std::pair<std::string, std::string>> ab = {
+        {"tp1_pp1_vpp1_dp1_nodo", "tp4_pp4_vpp2_dp4_do"},
+        {"tp4_pp4_vpp2_dp4_do", "tp1_pp1_vpp1_dp1_nodo"},
+        {"tp2_pp2_vpp2_dp1_nodo", "tp4_pp2_vpp1_dp4_do"},
+        {"tp1_pp2_vpp1_dp4_do", "tp2_pp4_vpp2_dp1_nodo"},
+    };
+    for (int i = 0; i < 6; ++i) {
+      ab.emplace_back(topos[rng() % topos.size()], topos[rng() % topos.size()]);
+    }
+    for (const auto& [a, b] : ab) {
+      SCOPED_TRACE(StrCat(v, ": ", a, " -> ", b));
+      const fs::path ua = tmp / "a.h5", ub = tmp / "b.h5";
+      const fs::path outb = tmp / StrCat("b", pairs),
+                     outa = tmp / StrCat("a", pairs);
+      ToUniversal(MegatronData() / v / a, ua);
+      EXPECT_EQ(Digest(ua), want);
+      const TargetSummary sb = WriteStaged(ua, outb, TargetFor(b));
+      // Ranks of B that A lacks get another rank's rng state, with a note.
+      const TargetOptions ta = TargetFor(a), tb = TargetFor(b);
+      const bool all_ranks =
+          tb.topology.tp <= ta.topology.tp && tb.topology.pp <= ta.topology.pp;
+      EXPECT_EQ(sb.notes.empty(), all_ranks);
+      if (!all_ranks) {
+        EXPECT_THAT(sb.notes, testing::Contains(HasSubstr("rng states")));
+      }
+      ToUniversal(outb, ub);
+      EXPECT_EQ(Digest(ub), want);
+      // universal(A) -> A is A again (padding rows included).
+      WriteStaged(ua, outa, TargetFor(a));
+      same.emplace_back(MegatronData() / v / a, outa);
+      fs::remove(ua);
+      fs::remove(ub);
+      ++pairs;
+    }
+  }
+  EXPECT_EQ(pairs, 30);
+  CompareBatch(tmp.path(), same);
+
+  // Uneven pipeline stages (--decoder-first-pipeline-num-layers 3 of 8 on
+  // pp 2): the target's args carry the split and are read back from them.
+  const fs::path ua = tmp / "uneven_src.h5", ub = tmp / "uneven.h5";
+  ToUniversal(MegatronData() / kVariants[1] / kReference, ua);
+  TargetOptions o = TargetFor("tp2_pp2_vpp1_dp2_do");
+  o.topology.first_stage_layers = 3;
+  WriteStaged(ua, tmp / "uneven", o);
+  Checkpoint c = Discover(tmp / "uneven");
+  EXPECT_EQ(c.topology.first_stage_layers, std::optional<int64_t>(3));
+  ToUniversal(tmp / "uneven", ub);
+  EXPECT_EQ(Digest(ub), Digest(ua));
+}
+
+// --no-optimizer: model weights only, as Megatron saves with --no-save-optim
+// (no optimizer, no scheduler, no distrib_optim.pt); the model state dicts
+// equal the generator's.
+TEST(MegatronGolden, WeightsOnlyTarget) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_tied", t = "tp2_pp2_vpp2_dp2_do";
+  ToUniversal(MegatronData() / v / kReference, tmp / "u.h5");
+  TargetOptions o = TargetFor(t);
+  o.no_optimizer = true;
+  WriteStaged(tmp / "u.h5", tmp / "out", o);
+  RunPython(
+      "import os, torch\n"
+      "sys.path.insert(0, sys.argv[3])\n"
+      "import compare_megatron_ckpt as C\n"
+      "exp, act = sys.argv[1], sys.argv[2]\n"
+      "it = os.path.join(exp, 'iter_0000100')\n"
+      "n = 0\n"
+      "for rd in sorted(os.listdir(it)):\n"
+      "    files = sorted(os.listdir(os.path.join(act, 'iter_0000100', rd)))\n"
+      "    assert files == ['model_optim_rng.pt'], files\n"
+      "    e = torch.load(os.path.join(it, rd, 'model_optim_rng.pt'))\n"
+      "    a = torch.load(os.path.join(act, 'iter_0000100', rd, "
+      "'model_optim_rng.pt'))\n"
+      "    want = [k for k in e if k not in ('optimizer', "
+      "'opt_param_scheduler')]\n"
+      "    assert list(a) == want, (list(a), want)\n"
+      "    for k in want:\n"
+      "        if k.startswith('model'):\n"
+      "            C.compare_model(e[k], a[k], k, False)\n"
+      "            n += 1\n"
+      "    assert a['args'].use_distributed_optimizer is True\n"
+      "assert n == 8, n\n",
+      {(MegatronData() / v / t).string(), (tmp / "out").string(),
+       (testutil::SourceDir() / "tests" / "tools").string()});
+}
+
+// ---------------------------------------------------------------- 23.06
+
+// Copies a read-only fixture folder and makes the copy writable (so the
+// temporary folder can be removed).
+fs::path CopyFixture(const fs::path& from, const fs::path& to) {
+  fs::copy(from, to, fs::copy_options::recursive);
+  for (const auto& e : fs::recursive_directory_iterator(to)) {
+    fs::permissions(e.path(), fs::perms::owner_all, fs::perm_options::add);
+  }
+  fs::permissions(to, fs::perms::owner_all, fs::perm_options::add);
+  return to;
+}
+
+// Megatron-LM 23.06's own converter made from_tp2_to_tp1_pp2 out of
+// synth_tp2: the same through the universal file, tensor for tensor (and
+// back), with the right parallel sizes in args.
+TEST(MegatronGolden, Megatron2306Fixtures) {
+  testutil::TempDir tmp;
+  const fs::path fx = testutil::FixturesDir() / "megatron-23.06";
+  const fs::path tp2 = CopyFixture(fx / "synth_tp2", tmp / "synth_tp2");
+  const fs::path pp2 =
+      CopyFixture(fx / "from_tp2_to_tp1_pp2", tmp / "from_tp2_to_tp1_pp2");
+  TargetOptions to_pp2;
+  to_pp2.topology = {1, 2, 1, 4};
+  TargetOptions to_tp2;
+  to_tp2.topology = {2, 1, 1, 4};
+  ToUniversal(tp2, tmp / "tp2.h5");
+  ToUniversal(pp2, tmp / "pp2.h5");
+  {
+    atoms::AtomStoreReader s = atoms::AtomStoreReader::Open(tmp / "tp2.h5");
+    // Weights only, fp32: one fp32 atom per param, the embedding at the
+    // NullTokenizer's 511 + 1 = 512 rows (padded == true size).
+    const atoms::StoredParam* emb =
+        s.FindParam("language_model.embedding.word_embeddings.weight");
+    ASSERT_NE(emb, nullptr);
+    EXPECT_EQ(emb->info.shape, (Shape{512, 16}));
+    EXPECT_EQ(emb->atoms.size(), 1u);
+    EXPECT_EQ(s.params().size(), 28u);
+    EXPECT_EQ(Digest(tmp / "tp2.h5"), Digest(tmp / "pp2.h5"));
+  }
+  WriteStaged(tmp / "tp2.h5", tmp / "out_pp2", to_pp2);
+  WriteStaged(tmp / "pp2.h5", tmp / "out_tp2", to_tp2);
+  std::string out;
+  const std::string fields =
+      " --args-fields tensor_model_parallel_size,pipeline_model_parallel_size,"
+      "padded_vocab_size,num_layers,hidden_size ";
+  for (const auto& [want, got] :
+       {std::pair{pp2, tmp / "out_pp2"}, std::pair{tp2, tmp / "out_tp2"}}) {
+    const int rc =
+        testutil::RunCommand(StrCat(Py(), " ", Tool("compare_megatron_ckpt.py"),
+                                    fields, testutil::ShellQuote(want.string()),
+                                    " ", testutil::ShellQuote(got.string())),
+                             &out);
+    EXPECT_EQ(rc, 0) << out;
+  }
+}
+
+// ---------------------------------------------------------------- v0.8 files
+
+// Files written the way Megatron-core v0.8 writes them (TE 1.x BytesIO extra
+// state, no rerun_state_machine, v0.8 args) read into the same universal
+// content and come back unchanged; a v0.8 distrib_optim.pt hit by the
+// shared-embedding bucket quirk is refused with a clear message.
+TEST(MegatronGolden, Megatron08Files) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_tied";
+  const std::vector<std::string> topos = {
+      "tp2_pp2_vpp2_dp2_do", "tp1_pp2_vpp1_dp4_do", "tp4_pp1_vpp1_dp1_nodo",
+      "tp2_pp4_vpp1_dp2_nodo"};
+  std::string list;
+  for (const std::string& t : topos) {
+    if (!list.empty()) list += ',';
+    list += t;
+  }
+  std::string out;
+  ASSERT_EQ(testutil::RunCommand(
+                StrCat(Py(), " ", Tool("make_megatron_ckpts.py"),
+                       " --megatron-version 0.8 --no-truth --variant ", v,
+                       " --topologies ", list, " --out ",
+                       testutil::ShellQuote((tmp / "v08").string())),
+                &out),
+            0)
+      << out;
+  const fs::path ref = tmp / "ref.h5";
+  ToUniversal(MegatronData() / v / kReference, ref);
+  const std::string want = Digest(ref);
+  std::vector<std::pair<fs::path, fs::path>> pairs;
+  for (const std::string& t : topos) {
+    SCOPED_TRACE(t);
+    const fs::path src = tmp / "v08" / v / t;
+    const fs::path h5 = tmp / StrCat(t, ".h5");
+    ToUniversal(src, h5);
+    EXPECT_EQ(Digest(h5), want);
+    fs::create_directories(tmp / "out");
+    WriteStaged(h5, tmp / "out" / t, TargetFor(t));
+    pairs.emplace_back(src, tmp / "out" / t);
+  }
+  CompareBatch(tmp.path(), pairs);
+
+  // The quirk: on the first stage of mha_gelu_nobias_tied tp4_pp4_vpp2 dp1
+  // the tied embedding opens its own bucket at 576 (64-aligned) while the
+  // bucket starts at 640; v0.8 kept 576 and lost the embedding's first 64
+  // elements from distrib_optim.pt (numel_unpadded 1088 - 64).
+  const fs::path quirk = tmp / "quirk";
+  fs::copy(MegatronData() / "mha_gelu_nobias_tied" / "tp4_pp4_vpp2_dp1_do",
+           quirk, fs::copy_options::recursive);
+  const fs::path dfile =
+      quirk / "iter_0000100" / "mp_rank_00_000" / "distrib_optim.pt";
+  RunPython(
+      "import torch\n"
+      "p = sys.argv[1]\n"
+      "d = torch.load(p)\n"
+      "w = d[0][(torch.bfloat16, torch.float32)]\n"
+      "assert w['numel_unpadded'] == 1088, w['numel_unpadded']\n"
+      "for k in ('param', 'exp_avg', 'exp_avg_sq'):\n"
+      "    w[k] = torch.cat([w[k][:576], w[k][640:]])\n"
+      "w['numel_unpadded'] = 1024\n"
+      "torch.save(d, p)\n",
+      {dfile.string()});
+  EXPECT_THAT([&] { PlanSource(Discover(quirk), {}); },
+              testing::ThrowsMessage<FormatError>(testing::AllOf(
+                  HasSubstr(dfile.string()), HasSubstr("v0.8-v0.12"),
+                  HasSubstr("embedding.word_embeddings.weight"),
+                  HasSubstr("numel_unpadded 1024"))));
+}
+
+// ---------------------------------------------------------------- bad input
+
+// Names and contents of every file under `dir`.
+std::string TreeHash(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const fs::path& f : files)
+    all += StrCat(fs::relative(f, dir).string(), ":",
+                  testutil::Sha256Hex(testutil::ReadFile(f)), "\n");
+  return testutil::Sha256Hex(all);
+}
+
+fs::path CopyTopology(const std::string& v, const std::string& t,
+                      const fs::path& to) {
+  fs::copy(MegatronData() / v / t, to, fs::copy_options::recursive);
+  return to;
+}
+
+// The entries of a folder (no staging leftovers after a failure).
+std::vector<std::string> Entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(MegatronGolden, MissingFiles) {
+  testutil::TempDir tmp;
+  const fs::path src = CopyTopology("gqa_swiglu_bias_untied",
+                                    "tp2_pp2_vpp1_dp2_do", tmp / "src");
+  const fs::path it = src / "iter_0000100";
+  const fs::path m = it / "mp_rank_01_001" / "model_optim_rng.pt";
+  fs::rename(m, tmp / "saved.pt");
+  EXPECT_THAT([&] { Discover(src); },
+              testing::ThrowsMessage<FormatError>(testing::AllOf(
+                  HasSubstr("missing rank file"), HasSubstr(m.string()))));
+  fs::rename(tmp / "saved.pt", m);
+  const fs::path d = it / "mp_rank_00_001" / "distrib_optim.pt";
+  fs::remove(d);
+  EXPECT_THAT([&] { Discover(src); },
+              testing::ThrowsMessage<FormatError>(HasSubstr(d.string())));
+  EXPECT_THAT([&] { Discover(tmp.path()); },
+              testing::ThrowsMessage<FormatError>(
+                  HasSubstr("latest_checkpointed_iteration.txt")));
+  // The iteration folder itself is accepted.
+  const fs::path other = CopyTopology("gqa_swiglu_bias_untied",
+                                      "tp2_pp1_vpp1_dp1_nodo", tmp / "o");
+  Checkpoint c = Discover(other / "iter_0000100");
+  EXPECT_EQ(c.iteration, 100);
+  EXPECT_EQ(c.dir, other);
+  EXPECT_EQ(c.rank_files.size(), 1u);
+  EXPECT_EQ(c.rank_files[0].size(), 2u);
+  // An explicit iteration; a missing one.
+  EXPECT_EQ(Discover(other, 100).iter_dir, other / "iter_0000100");
+  EXPECT_THAT([&] { Discover(other, 99); },
+              testing::ThrowsMessage<FormatError>(HasSubstr("iter_0000099")));
+  // A release checkpoint: the tracker says "release" and so does the output.
+  const fs::path rel = CopyTopology("gqa_swiglu_bias_untied",
+                                    "tp1_pp1_vpp1_dp1_nodo", tmp / "rel");
+  fs::rename(rel / "iter_0000100", rel / "release");
+  testutil::WriteFile(rel / "latest_checkpointed_iteration.txt", "release\n");
+  Checkpoint r = Discover(rel);
+  EXPECT_TRUE(r.release);
+  EXPECT_EQ(r.iter_dir, rel / "release");
+  ToUniversal(rel, tmp / "rel.h5");
+  WriteStaged(tmp / "rel.h5", tmp / "rel_out",
+              TargetFor("tp2_pp1_vpp1_dp1_nodo"));
+  EXPECT_EQ(
+      testutil::ReadFile(tmp / "rel_out" / "latest_checkpointed_iteration.txt"),
+      "release");
+  EXPECT_TRUE(fs::exists(tmp / "rel_out" / "release" / "mp_rank_01" /
+                         "model_optim_rng.pt"));
+  // An unexplained rank folder (e.g. expert parallelism).
+  fs::create_directories(other / "iter_0000100" / "mp_rank_02");
+  EXPECT_THAT([&] { Discover(other); },
+              testing::ThrowsMessage<FormatError>(HasSubstr("mp_rank_02")));
+}
+
+TEST(MegatronGolden, TruncatedAndCorruptFiles) {
+  testutil::TempDir tmp;
+  const fs::path src = CopyTopology("gqa_swiglu_bias_untied",
+                                    "tp2_pp2_vpp1_dp2_do", tmp / "src");
+  const fs::path it = src / "iter_0000100";
+  const fs::path out = tmp / "u.h5";
+  auto expect_bad = [&](const fs::path& file) {
+    const std::string before = TreeHash(src);
+    EXPECT_THAT([&] { ToUniversal(src, out); },
+                testing::ThrowsMessage<FormatError>(HasSubstr(file.string())));
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(Entries(tmp.path()), (std::vector<std::string>{"src"}));
+    EXPECT_EQ(TreeHash(src), before);
+  };
+  for (const char* name : {"model_optim_rng.pt", "distrib_optim.pt"}) {
+    SCOPED_TRACE(name);
+    const fs::path f = it / "mp_rank_01_000" / name;
+    const std::string good = testutil::ReadFile(f);
+    // Truncated.
+    testutil::WriteFile(f, good.substr(0, good.size() / 2));
+    expect_bad(f);
+    // Corrupt: garbage over the first pickle bytes of data.pkl.
+    std::string bad = good;
+    const size_t pkl = bad.find("data.pkl") + 8 + 64;
+    for (size_t i = pkl; i < pkl + 40 && i < bad.size(); ++i) bad[i] = '\x97';
+    testutil::WriteFile(f, bad);
+    expect_bad(f);
+    testutil::WriteFile(f, good);
+  }
+  // Corrupt rank (0, 0): already Discover fails.
+  const fs::path f0 = it / "mp_rank_00_000" / "model_optim_rng.pt";
+  testutil::WriteFile(f0, "not a torch file");
+  EXPECT_THAT([&] { Discover(src); },
+              testing::ThrowsMessage<FormatError>(HasSubstr(f0.string())));
+}
+
+// Rank files that contradict each other or Megatron's rules, each a copy
+// with one change made by torch: a replicated norm differing in one bit on
+// TP rank 1, a tensor of the wrong shape, an fp32 master of the wrong shape,
+// optimizer groups in another order.
+TEST(MegatronGolden, RanksThatDisagree) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_untied", t = "tp2_pp1_vpp1_dp1_nodo";
+  const std::string norm =
+      "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight";
+  const std::string fc2 = "decoder.layers.0.mlp.linear_fc2.weight";
+  const char* kinds[] = {"flip", "shape", "master", "groups"};
+  std::vector<std::string> files;
+  for (const char* k : kinds) {
+    CopyTopology(v, t, tmp / k);
+    files.push_back(
+        (tmp / k / "iter_0000100" / "mp_rank_01" / "model_optim_rng.pt")
+            .string());
+  }
+  RunPython(
+      "import torch\n"
+      "def edit(p, fn):\n"
+      "    sd = torch.load(p)\n"
+      "    fn(sd)\n"
+      "    torch.save(sd, p)\n"
+      "norm, fc2 = sys.argv[5], sys.argv[6]\n"
+      "def flip(sd): sd['model'][norm].view(torch.int16)[3] ^= 1\n"
+      "def shape(sd): sd['model'][fc2] = torch.zeros(8, 9, "
+      "dtype=torch.bfloat16)\n"
+      "def master(sd): sd['optimizer']['fp32_from_fp16_params'][0][2] = "
+      "torch.zeros(3)\n"
+      "def groups(sd):\n"
+      "    g = sd['optimizer']['optimizer']['param_groups']\n"
+      "    g[0], g[1] = g[1], g[0]\n"
+      "for p, fn in zip(sys.argv[1:5], (flip, shape, master, groups)): edit(p, "
+      "fn)\n",
+      {files[0], files[1], files[2], files[3], norm, fc2});
+  const fs::path r0 =
+      tmp / "flip" / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt";
+  const std::vector<std::vector<std::string>> want = {
+      {"replicas differ", norm, r0.string(), files[0]},
+      {files[1], fc2, "local shape [8, 9], expected [8, 8]"},
+      {files[2], "fp32_from_fp16_params[0][2] has shape [3]",
+       "decoder.layers.0.self_attention.linear_qkv.weight"},
+      {files[3], "param group 0 has key (wd_mult=0",
+       "Megatron's rule gives (wd_mult=1"},
+  };
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(kinds[i]);
+    const fs::path src = tmp / kinds[i];
+    const std::string before = TreeHash(src);
+    const fs::path out = tmp / StrCat(kinds[i], ".h5");
+    try {
+      ToUniversal(src, out);
+      ADD_FAILURE() << "no error";
+    } catch (const FormatError& e) {
+      for (const std::string& m : want[i]) EXPECT_THAT(e.what(), HasSubstr(m));
+    }
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(TreeHash(src), before);
+  }
+}
+
+TEST(MegatronGolden, LayoutLeavingAParamUnmatched) {
+  testutil::TempDir tmp;
+  std::string yaml = layouts::Layout::Builtin("mcore-gpt").yaml();
+  const size_t a = yaml.find("  - name: fc2_bias");
+  const size_t b = yaml.find("  - name:", a + 4);
+  ASSERT_NE(a, std::string::npos);
+  yaml.erase(a, b - a);
+  testutil::WriteFile(tmp / "no_fc2_bias.yaml", yaml);
+  SourceOptions o;
+  o.layout = (tmp / "no_fc2_bias.yaml").string();
+  const fs::path src =
+      MegatronData() / "gqa_swiglu_bias_untied" / "tp1_pp2_vpp1_dp1_nodo";
+  EXPECT_THAT(
+      [&] { PlanSource(Discover(src), o); },
+      testing::ThrowsMessage<LayoutError>(testing::AllOf(
+          HasSubstr("decoder.layers.0.mlp.linear_fc2.bias"),
+          HasSubstr((src / "iter_0000100" / "mp_rank_00_000").string()))));
+}
+
+TEST(MegatronGolden, TargetsThatDoNotFit) {
+  testutil::TempDir tmp;
+  const fs::path h5 = tmp / "u.h5";
+  ToUniversal(MegatronData() / "gqa_swiglu_bias_untied" / kReference, h5);
+  struct Case {
+    layouts::Topology topology;
+    std::optional<int64_t> vocab;
+    std::vector<std::string> message;
+  };
+  const std::vector<Case> cases = {
+      {{3, 1, 1, 1}, {}, {"tp=3", "does not divide"}},
+      {{8, 1, 1, 1}, {}, {"tp=8", "query groups"}},
+      {{1, 3, 1, 1}, {}, {"pp=3", "layers"}},
+      {{1, 4, 4, 1}, {}, {"vpp=4", "layers"}},
+      {{1, 1, 2, 1}, {}, {"vpp", "pp > 1"}},
+      {{1, 1, 1, 1},
+       64,
+       {"embedding.word_embeddings.weight", "true vocab size"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.topology.ToString());
+    TargetOptions o;
+    o.topology = c.topology;
+    o.true_vocab_size = c.vocab;
+    const fs::path out = tmp / "out";
+    try {
+      WriteStaged(h5, out, o);
+      ADD_FAILURE() << "no error";
+    } catch (const LayoutError& e) {
+      for (const std::string& m : c.message)
+        EXPECT_THAT(e.what(), HasSubstr(m));
+    }
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(Entries(tmp.path()), (std::vector<std::string>{"u.h5"}));
+  }
+}
+
+// Conversions read their sources and never write there.
+TEST(MegatronGolden, SourceIsNeverModified) {
+  testutil::TempDir tmp;
+  const fs::path src =
+      CopyTopology("gqa_swiglu_bias_tied", "tp2_pp2_vpp2_dp2_do", tmp / "src");
+  const std::string before = TreeHash(src);
+  const Checkpoint c = Discover(src);
+  NameListing names = ListNames(c, {});
+  EXPECT_EQ(names.layout_name, "mcore-gpt");
+  EXPECT_EQ(names.variables.Get("num_layers"), 8);
+  // 8 layers x 17 entries, embeddings 2, final norm 3, output layer 2.
+  EXPECT_EQ(names.names.size(), 8u * 17 + 2 + 3 + 2);
+  ToUniversal(src, tmp / "u.h5");
+  WriteStaged(tmp / "u.h5", tmp / "out", TargetFor("tp1_pp1_vpp1_dp1_nodo"));
+  EXPECT_EQ(TreeHash(src), before);
+}
+
+}  // namespace
+}  // namespace ucp::megatron
