@@ -12,6 +12,7 @@
 #include "engine/core/error.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/json/json.h"
+#include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
 #include "engine/universal/write_universal.h"
 
@@ -24,16 +25,22 @@ constexpr const char* kToUniversalHelp =
     "usage: ucp to-universal SRC -o FILE [options]\n"
     "\n"
     "Reads a Megatron-LM checkpoint (the --save folder with\n"
-    "latest_checkpointed_iteration.txt, or one iter_XXXXXXX folder) and writes one\n"
-    "universal HDF5 file: every parameter once, whole, with its fp32 master weight,\n"
-    "optimizer state (exp_avg, exp_avg_sq, ...), training-dtype weights, vocab\n"
-    "padding rows, and everything else of the checkpoint (args, RNG states, TE\n"
-    "extra state, scheduler) kept verbatim. Replicated tensors are checked to agree\n"
+    "latest_checkpointed_iteration.txt, or one iter_XXXXXXX folder) and writes "
+    "one\n"
+    "universal HDF5 file: every parameter once, whole, with its fp32 master "
+    "weight,\n"
+    "optimizer state (exp_avg, exp_avg_sq, ...), training-dtype weights, "
+    "vocab\n"
+    "padding rows, and everything else of the checkpoint (args, RNG states, "
+    "TE\n"
+    "extra state, scheduler) kept verbatim. Replicated tensors are checked to "
+    "agree\n"
     "bit for bit. The file reads with h5py; its schema is in the README.\n"
     "\n"
     "examples:\n"
     "  ucp to-universal /ckpt/gpt -o gpt.ucp.h5\n"
-    "  ucp to-universal /ckpt/gpt/iter_0002000 -o gpt-2000.ucp.h5 --layout mcore-gpt\n"
+    "  ucp to-universal /ckpt/gpt/iter_0002000 -o gpt-2000.ucp.h5 --layout "
+    "mcore-gpt\n"
     "\n"
     "options";
 
@@ -42,14 +49,19 @@ constexpr const char* kReshapeHelp =
     "                   [--distributed-optimizer] [options]\n"
     "\n"
     "Writes, from a universal file, the Megatron-LM checkpoint for a new\n"
-    "tensor/pipeline/virtual-pipeline/data-parallel layout, exactly as Megatron\n"
+    "tensor/pipeline/virtual-pipeline/data-parallel layout, exactly as "
+    "Megatron\n"
     "would save it for that configuration: args patched for the new topology,\n"
-    "local layer numbering, vocab padded for the new TP, optimizer state laid out\n"
-    "for the new DP (with --distributed-optimizer: distrib_optim.pt), tracker file\n"
-    "last. DIR must not exist (or be empty); nothing appears under DIR on failure.\n"
+    "local layer numbering, vocab padded for the new TP, optimizer state laid "
+    "out\n"
+    "for the new DP (with --distributed-optimizer: distrib_optim.pt), tracker "
+    "file\n"
+    "last. DIR must not exist (or be empty); nothing appears under DIR on "
+    "failure.\n"
     "\n"
     "examples:\n"
-    "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2 --distributed-optimizer\n"
+    "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2 "
+    "--distributed-optimizer\n"
     "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-pp4 --tp 1 --pp 4 --vpp 2 --dp 8\n"
     "\n"
     "options";
@@ -58,10 +70,12 @@ constexpr const char* kConvertHelp =
     "usage: ucp convert SRC -o DIR --tp N --pp N --dp N [--vpp N]\n"
     "                   [--distributed-optimizer] [options]\n"
     "\n"
-    "to-universal and reshape in one step: reads the Megatron-LM checkpoint SRC\n"
-    "and writes the checkpoint for the new layout into DIR. The intermediate\n"
-    "universal file lives inside DIR's staging folder and is deleted; nothing is\n"
-    "kept besides DIR.\n"
+    "to-universal and reshape in one step, streaming: reads the Megatron-LM\n"
+    "checkpoint SRC and writes the checkpoint for the new layout into DIR; "
+    "every\n"
+    "target tensor is assembled directly from the source rank files (same "
+    "checks\n"
+    "as to-universal: coverage, replicas), no universal file is written.\n"
     "\n"
     "example:\n"
     "  ucp convert /ckpt/gpt -o /ckpt/gpt-tp1pp4 --tp 1 --pp 4 --dp 16\n"
@@ -192,7 +206,8 @@ int RunToUniversal(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
-  if (!vm.count("source")) throw UsageError("to-universal needs a source checkpoint folder");
+  if (!vm.count("source"))
+    throw UsageError("to-universal needs a source checkpoint folder");
   SetProgressMode(run.quiet, run.progress);
   CheckNewFile(output, force);
   megatron::Checkpoint c =
@@ -213,11 +228,13 @@ int RunToUniversal(const std::vector<std::string>& args) {
     j["seconds"] = s.seconds;
     PrintJson(j);
   } else {
-    std::printf("read %s\nwrote %s: %lld params, %lld atoms, %s (%lld replicas verified) in %.1f s\n",
-                SourceDescription(c).c_str(), output.c_str(),
-                static_cast<long long>(s.params), static_cast<long long>(s.atoms),
-                HumanBytes(s.atom_bytes).c_str(),
-                static_cast<long long>(s.replicas_verified), s.seconds);
+    std::printf(
+        "read %s\nwrote %s: %lld params, %lld atoms, %s (%lld replicas "
+        "verified) in %.1f s\n",
+        SourceDescription(c).c_str(), output.c_str(),
+        static_cast<long long>(s.params), static_cast<long long>(s.atoms),
+        HumanBytes(s.atom_bytes).c_str(),
+        static_cast<long long>(s.replicas_verified), s.seconds);
   }
   return 0;
 }
@@ -232,8 +249,8 @@ void PrintTargetResult(const char* command, const fs::path& out,
     json::Value j = std::move(extra);
     j["command"] = command;
     j["output"] = out.string();
-    j["target_topology"] = TopologyJson(target.Options().topology,
-                                        target.distributed_optimizer);
+    j["target_topology"] =
+        TopologyJson(target.Options().topology, target.distributed_optimizer);
     j["files"] = s.files;
     j["bytes"] = s.bytes;
     j["seconds"] = seconds;
@@ -253,7 +270,8 @@ void PrintTargetResult(const char* command, const fs::path& out,
 }
 
 double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+      .count();
 }
 
 }  // namespace
@@ -269,7 +287,8 @@ int RunReshape(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"universal"}, vm)) return 0;
-  if (!vm.count("universal")) throw UsageError("reshape needs a universal file");
+  if (!vm.count("universal"))
+    throw UsageError("reshape needs a universal file");
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   megatron::TargetOptions options = target.Options();
@@ -281,7 +300,8 @@ int RunReshape(const std::vector<std::string>& args) {
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
-  PrintTargetResult("reshape", output, target, s, Since(start), run, std::move(extra));
+  PrintTargetResult("reshape", output, target, s, Since(start), run,
+                    std::move(extra));
   return 0;
 }
 
@@ -298,7 +318,8 @@ int RunConvert(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
-  if (!vm.count("source")) throw UsageError("convert needs a source checkpoint folder");
+  if (!vm.count("source"))
+    throw UsageError("convert needs a source checkpoint folder");
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   megatron::TargetOptions options = target.Options();
@@ -306,20 +327,20 @@ int RunConvert(const std::vector<std::string>& args) {
   megatron::Checkpoint c =
       megatron::Discover(vm["source"].as<std::string>(), src.Iteration());
   universal::StagedDirectory out(output);
-  const fs::path temp = out.path() / ".ucp-universal.h5";
-  ToUniversal(c, src, temp, run);
-  megatron::TargetSummary s;
-  {
-    atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(temp);
-    s = megatron::WriteTarget(store, out.path(), options, run.Executor());
-  }
-  fs::remove(temp);
+  // Streaming: every target tensor is composed from boxes of the source rank
+  // files; no universal file is written.
+  universal::SourcePlan plan = megatron::PlanSource(c, src.Options());
+  std::unique_ptr<universal::UniversalInput> input =
+      universal::PlanInput(plan, c.iter_dir, run.Executor());
+  megatron::TargetSummary s =
+      megatron::WriteTarget(*input, out.path(), options, run.Executor());
   out.Commit();
   json::Value extra;
   extra["source"] = c.iter_dir.string();
   extra["source_topology"] = TopologyJson(c.topology, c.distributed_optimizer);
   if (!run.json) std::printf("read %s\n", SourceDescription(c).c_str());
-  PrintTargetResult("convert", output, target, s, Since(start), run, std::move(extra));
+  PrintTargetResult("convert", output, target, s, Since(start), run,
+                    std::move(extra));
   return 0;
 }
 

@@ -18,14 +18,19 @@ constexpr const char* kHelp =
     "       ucp layout show NAME|FILE\n"
     "       ucp layout check CKPT [--layout NAME|FILE] [--json]\n"
     "\n"
-    "A layout descriptor (YAML, see layouts/README.md) says how each parameter of a\n"
-    "model family is partitioned: split along a numbered dim over TP, replicated,\n"
-    "vocab-padded, fused QKV with query groups, two-segment (SwiGLU) split, tied\n"
+    "A layout descriptor (YAML, see layouts/README.md) says how each parameter "
+    "of a\n"
+    "model family is partitioned: split along a numbered dim over TP, "
+    "replicated,\n"
+    "vocab-padded, fused QKV with query groups, two-segment (SwiGLU) split, "
+    "tied\n"
     "copies, layer placement over PP/VPP, and which entries are opaque.\n"
     "  list    the builtin descriptors\n"
     "  show    print a descriptor's YAML (builtin name or file)\n"
-    "  check   list every parameter of a Megatron-LM checkpoint with the rule it\n"
-    "          matches; fails (exit 4) if a parameter is matched by no rule or by\n"
+    "  check   list every parameter of a Megatron-LM checkpoint with the rule "
+    "it\n"
+    "          matches; fails (exit 4) if a parameter is matched by no rule or "
+    "by\n"
     "          two\n"
     "\n"
     "examples:\n"
@@ -52,9 +57,11 @@ int RunLayout(const std::vector<std::string>& args) {
       "json", po::bool_switch(&json_out), "JSON output");
   po::variables_map vm;
   if (!Parse(args, desc, {"action", "target"}, vm)) return 0;
-  if (!vm.count("action")) throw UsageError("layout needs an action: list, show or check");
+  if (!vm.count("action"))
+    throw UsageError("layout needs an action: list, show or check");
   const std::string action = vm["action"].as<std::string>();
-  const std::string target = vm.count("target") ? vm["target"].as<std::string>() : "";
+  const std::string target =
+      vm.count("target") ? vm["target"].as<std::string>() : "";
   if (action == "list") {
     json::Value j = json::Value::Array();
     for (const std::string& name : layouts::Layout::BuiltinNames()) {
@@ -77,17 +84,20 @@ int RunLayout(const std::vector<std::string>& args) {
     return 0;
   }
   if (action != "check") {
-    throw UsageError("unknown layout action '", action, "' (list, show or check)");
+    throw UsageError("unknown layout action '", action,
+                     "' (list, show or check)");
   }
-  if (target.empty()) throw UsageError("layout check needs a checkpoint folder");
+  if (target.empty())
+    throw UsageError("layout check needs a checkpoint folder");
   megatron::Checkpoint c = megatron::Discover(target);
   megatron::SourceOptions options;
   options.layout = layout;
   megatron::NameListing names = megatron::ListNames(c, options);
-  layouts::Layout l = layout.empty()
-                          ? layouts::Layout::Parse(names.layout_yaml, names.layout_name)
-                          : LoadLayout(layout);
-  std::vector<layouts::Diagnostic> diags = l.Check(names.names, names.variables);
+  layouts::Layout l = layout.empty() ? layouts::Layout::Parse(names.layout_yaml,
+                                                              names.layout_name)
+                                     : LoadLayout(layout);
+  std::vector<layouts::Diagnostic> diags =
+      l.Check(names.names, names.variables);
   size_t problems = 0;
   json::Value list = json::Value::Array();
   for (const layouts::Diagnostic& d : diags) {
@@ -119,8 +129,9 @@ int RunLayout(const std::vector<std::string>& args) {
   if (problems > 0) {
     for (const layouts::Diagnostic& d : diags) {
       if (!d.ok()) {
-        throw LayoutError(c.iter_dir.string(), ": param ", d.name, ": ", d.problem,
-                          problems > 1 ? StrCat(" (and ", problems - 1, " more)") : "");
+        throw LayoutError(
+            c.iter_dir.string(), ": param ", d.name, ": ", d.problem,
+            problems > 1 ? StrCat(" (and ", problems - 1, " more)") : "");
       }
     }
   }

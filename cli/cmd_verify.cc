@@ -23,10 +23,13 @@ constexpr const char* kHelp =
     "usage: ucp verify PATH [options]\n"
     "\n"
     "Checks without writing anything.\n"
-    "  A universal file: its structure, the xxh3 checksum of every dataset, and\n"
+    "  A universal file: its structure, the xxh3 checksum of every dataset, "
+    "and\n"
     "  that every parameter still matches the stored layout descriptor.\n"
-    "  A Megatron-LM checkpoint folder: every rank file present and parsing, every\n"
-    "  parameter matched by exactly one layout rule, every tensor fully covered by\n"
+    "  A Megatron-LM checkpoint folder: every rank file present and parsing, "
+    "every\n"
+    "  parameter matched by exactly one layout rule, every tensor fully "
+    "covered by\n"
     "  the rank files, and replicated tensors (TP-replicated norms, tied\n"
     "  embedding copies) identical bit for bit.\n"
     "Exit code 0 if everything holds, 3 (format) / 4 (layout) otherwise, with\n"
@@ -74,8 +77,9 @@ layouts::Variables VariablesFromJson(const std::string& text) {
 
 void VerifyUniversal(const fs::path& path, Report& report) {
   atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(path);
-  report.Add("structure", StrCat(store.params().size(), " params, ",
-                                 store.datasets().size(), " datasets, schema v1"));
+  report.Add("structure",
+             StrCat(store.params().size(), " params, ", store.datasets().size(),
+                    " datasets, schema v1"));
   uint64_t total = 0;
   for (const auto& d : store.datasets()) total += d.nbytes;
   Progress progress("verify", total);
@@ -90,16 +94,19 @@ void VerifyUniversal(const fs::path& path, Report& report) {
   report.Add("checksums", StrCat("xxh3 of ", store.datasets().size(),
                                  " datasets (", HumanBytes(total), ") match"));
   if (!store.root().layout.empty()) {
-    layouts::Layout layout = layouts::Layout::Parse(store.root().layout, path.string());
+    layouts::Layout layout =
+        layouts::Layout::Parse(store.root().layout, path.string());
     layouts::Variables vars = VariablesFromJson(store.root().model);
     for (const atoms::StoredParam& p : store.params()) {
       const layouts::Rule& rule = layout.Match(p.info.fqn, vars);
       if (rule.name != p.info.rule) {
-        throw LayoutError(path.string(), ": param ", p.info.fqn, " is stored with rule '",
-                          p.info.rule, "' but the layout now matches ", rule.Describe());
+        throw LayoutError(path.string(), ": param ", p.info.fqn,
+                          " is stored with rule '", p.info.rule,
+                          "' but the layout now matches ", rule.Describe());
       }
     }
-    report.Add("layout", StrCat("every param matches layout '", layout.name(), "'"));
+    report.Add("layout",
+               StrCat("every param matches layout '", layout.name(), "'"));
   }
 }
 
@@ -108,10 +115,12 @@ void VerifyMegatron(const fs::path& path, const std::string& layout,
   megatron::Checkpoint c = megatron::Discover(path);
   size_t files = 0;
   for (const auto& row : c.rank_files) files += row.size();
-  report.Add("completeness",
-             StrCat("iteration ", c.iteration, ": all ", files,
-                    " rank files of tp ", c.topology.tp, " x pp ", c.topology.pp,
-                    c.distributed_optimizer ? " (+ distrib_optim.pt)" : "", " present"));
+  report.Add(
+      "completeness",
+      StrCat("iteration ", c.iteration, ": all ", files, " rank files of tp ",
+             c.topology.tp, " x pp ", c.topology.pp,
+             c.distributed_optimizer ? " (+ distrib_optim.pt)" : "",
+             " present"));
   megatron::SourceOptions options;
   options.layout = layout;
   universal::SourcePlan plan = megatron::PlanSource(c, options);
@@ -149,8 +158,9 @@ int RunVerify(const std::vector<std::string>& args) {
   } else if (fs::is_directory(path)) {
     VerifyMegatron(path, layout, run, report);
   } else {
-    throw FormatError(path.string(),
-                      ": neither a universal (HDF5) file nor a checkpoint folder");
+    throw FormatError(
+        path.string(),
+        ": neither a universal (HDF5) file nor a checkpoint folder");
   }
   if (run.json) {
     json::Value j;

@@ -48,7 +48,8 @@ reshape::ExecutorOptions RunOptions::Executor() const {
 }
 
 void AddRunOptions(po::options_description& desc, RunOptions& options) {
-  desc.add_options()("threads", po::value<int>(&options.threads)->default_value(0),
+  desc.add_options()("threads",
+                     po::value<int>(&options.threads)->default_value(0),
                      "worker threads (0: all cores)")(
       "memory", po::value<std::string>(&options.memory)->default_value("2G"),
       "buffer memory budget, e.g. 512M, 4G (peak RSS stays near it)")(
@@ -76,7 +77,8 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   }
   po::options_description all;
   all.add(desc).add(hidden);
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+  po::store(po::command_line_parser(args).options(all).positional(pos).run(),
+            vm);
   if (vm.count("help")) {
     std::cout << desc << "\n";
     return false;
@@ -85,6 +87,8 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   return true;
 }
 
-void PrintJson(const json::Value& doc) { std::printf("%s\n", doc.Dump(2).c_str()); }
+void PrintJson(const json::Value& doc) {
+  std::printf("%s\n", doc.Dump(2).c_str());
+}
 
 }  // namespace ucp::cli

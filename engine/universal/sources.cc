@@ -34,6 +34,9 @@ StoreSources::StoreSources(const atoms::AtomStoreReader& store,
   }
 }
 
+StoreSources::~StoreSources() = default;
+StoreSources::StoreSources(StoreSources&&) noexcept = default;
+
 reshape::SourceTensor StoreSources::Tensor(
     const atoms::DatasetInfo& dataset) const {
   return reshape::SourceTensor{first_index_ + dataset.id, 0, dataset.dtype,

@@ -35,6 +35,8 @@ class StoreSources {
  public:
   explicit StoreSources(const atoms::AtomStoreReader& store,
                         uint32_t first_index = 0);
+  ~StoreSources();
+  StoreSources(StoreSources&&) noexcept;
   /// The source tensor of a dataset: the whole dataset, row-major.
   reshape::SourceTensor Tensor(const atoms::DatasetInfo& dataset) const;
   /// The sources in index order (append to the executor's source table).

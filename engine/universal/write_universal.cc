@@ -6,25 +6,17 @@
 #include "engine/core/error.h"
 #include "engine/core/hash.h"
 #include "engine/core/progress.h"
+#include "engine/universal/classify.h"
 
 namespace ucp::universal {
+
 namespace {
-
-class NullSink : public reshape::ByteSink {
- public:
-  void Write(uint64_t, std::span<const std::byte>) override {}
-};
-
-struct Classified {
-  std::vector<const Fragment*> main;  // primaries of the atom
-  std::vector<const Fragment*> pad;   // primaries of the pad atom
-  std::vector<std::pair<const Fragment*, const Fragment*>>
-      replicas;  // (copy, primary)
-};
-
 std::string AtomName(const AtomPlan& a) {
   return StrCat("param ", a.param, " > ", a.state_kind);
 }
+}  // namespace
+
+namespace internal {
 
 // Splits an atom's fragments into primaries and replicas and checks that the
 // primaries cover the atom (and its padding rows) exactly.
@@ -75,6 +67,17 @@ Classified Classify(const AtomPlan& atom) {
   }
   return c;
 }
+
+}  // namespace internal
+namespace {
+
+using internal::Classified;
+using internal::Classify;
+
+class NullSink : public reshape::ByteSink {
+ public:
+  void Write(uint64_t, std::span<const std::byte>) override {}
+};
 
 std::vector<Classified> ClassifyAll(const SourcePlan& plan) {
   std::vector<Classified> out;

@@ -16,6 +16,7 @@
 
 #include "engine/atoms/atom_store.h"
 #include "engine/reshape/executor.h"
+#include "engine/universal/input.h"
 #include "engine/universal/source_plan.h"
 #include "layouts/variables.h"
 
@@ -104,7 +105,9 @@ struct TargetSummary {
       notes;  // e.g. "rng states copied from source rank ..."
 };
 
-/// Writes the checkpoint for `options.topology` from a universal file into
+/// Writes the checkpoint for `options.topology` from universal content (a
+/// universal file through universal::StoreInput, or a source checkpoint's
+/// plan through universal::PlanInput for a one-step convert) into
 /// `out_dir` (an existing, empty folder; wrap it in a StagedDirectory so a
 /// failure leaves nothing under the final name): every rank file as
 /// Megatron-core v0.13 would save it for that configuration (args patched
@@ -114,6 +117,11 @@ struct TargetSummary {
 /// LayoutError if the topology does not divide heads, query groups, layers
 /// or split dims (or asks for VPP > 1 with PP = 1); FormatError if the
 /// universal file lacks what Megatron needs; IoError on write failures.
+TargetSummary WriteTarget(const universal::UniversalInput& input,
+                          const std::filesystem::path& out_dir,
+                          const TargetOptions& options,
+                          const reshape::ExecutorOptions& executor);
+/// The same from a universal file.
 TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
                           const std::filesystem::path& out_dir,
                           const TargetOptions& options,

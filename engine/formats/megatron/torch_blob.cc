@@ -112,16 +112,9 @@ std::shared_ptr<const torchfile::TorchFile> BlobCache::Find(
     const std::string& key) {
   auto it = open_.find(key);
   if (it != open_.end()) return it->second;
-  const atoms::DatasetInfo* d = store_.FindOpaque(key);
+  const atoms::DatasetInfo* d = input_.FindOpaque(key);
   if (d == nullptr) return nullptr;
-  std::shared_ptr<const torchfile::TorchFile> f;
-  try {
-    f = std::make_shared<const torchfile::TorchFile>(
-        torchfile::TorchFile::Open(store_.path(), d->offset, d->nbytes));
-  } catch (Error& e) {
-    e.AddContext("universal file ", store_.path().string(), " > opaque ", key);
-    throw;
-  }
+  std::shared_ptr<const torchfile::TorchFile> f = input_.OpenBlob(*d);
   open_.emplace(key, f);
   return f;
 }
@@ -130,8 +123,7 @@ std::shared_ptr<const torchfile::TorchFile> BlobCache::Get(
     const std::string& key) {
   std::shared_ptr<const torchfile::TorchFile> f = Find(key);
   if (f == nullptr) {
-    throw FormatError("universal file ", store_.path().string(),
-                      " lacks /opaque/", key);
+    throw FormatError(input_.path().string(), " lacks /opaque/", key);
   }
   return f;
 }

@@ -20,6 +20,7 @@
 #include "engine/pickle/value.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/torch_writer.h"
+#include "engine/universal/input.h"
 
 namespace ucp::megatron {
 
@@ -55,11 +56,11 @@ class GraphImporter {
   std::vector<Pending> pending_;
 };
 
-/// Opens the opaque blobs of a universal file (each a torch.save archive
-/// embedded in the HDF5 file) and keeps them open.
+/// Opens the opaque blobs of the universal input (each a torch.save
+/// archive) and keeps them open.
 class BlobCache {
  public:
-  explicit BlobCache(const atoms::AtomStoreReader& store) : store_(store) {}
+  explicit BlobCache(const universal::UniversalInput& input) : input_(input) {}
   /// The blob `key`; nullptr if the store has none. Throws FormatError
   /// naming the key if it is not a torch.save archive.
   std::shared_ptr<const torchfile::TorchFile> Find(const std::string& key);
@@ -68,7 +69,7 @@ class BlobCache {
   std::shared_ptr<const torchfile::TorchFile> Get(const std::string& key);
 
  private:
-  const atoms::AtomStoreReader& store_;
+  const universal::UniversalInput& input_;
   std::map<std::string, std::shared_ptr<const torchfile::TorchFile>> open_;
 };
 

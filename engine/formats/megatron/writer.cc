@@ -36,6 +36,7 @@
 #include "engine/formats/megatron/torch_blob.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_writer.h"
+#include "engine/universal/input.h"
 #include "layouts/layout.h"
 #include "layouts/placement.h"
 
@@ -76,41 +77,6 @@ json::Value ParseJson(const std::string& text, const char* what,
   }
 }
 
-// Byte sources over every dataset of the universal file, indexed by
-// DatasetId.
-class DatasetSources {
- public:
-  explicit DatasetSources(const atoms::AtomStoreReader& store) {
-    for (const atoms::DatasetInfo& d : store.datasets())
-      sources_.push_back(std::make_unique<Source>(store, d.id));
-    for (const auto& s : sources_) list_.push_back(s.get());
-  }
-  reshape::SourceTensor Tensor(const atoms::DatasetInfo& d) const {
-    return reshape::SourceTensor{d.id, 0, d.dtype, d.shape};
-  }
-  std::span<const reshape::ByteSource* const> list() const { return list_; }
-
- private:
-  class Source : public reshape::ByteSource {
-   public:
-    Source(const atoms::AtomStoreReader& store, atoms::DatasetId id)
-        : store_(store), id_(id) {}
-    void Read(uint64_t offset, std::span<std::byte> dst) const override {
-      store_.Read(id_, offset, dst);
-    }
-    std::string Describe() const override {
-      return StrCat("universal file ", store_.path().string(), " > ",
-                    store_.dataset(id_).path);
-    }
-
-   private:
-    const atoms::AtomStoreReader& store_;
-    atoms::DatasetId id_;
-  };
-  std::vector<std::unique_ptr<Source>> sources_;
-  std::vector<const reshape::ByteSource*> list_;
-};
-
 // A param (or tied copy) as the target sees it.
 struct TargetParam {
   const atoms::StoredParam* stored = nullptr;  // the original's
@@ -128,14 +94,10 @@ struct Entry {
 
 class TargetWriter {
  public:
-  TargetWriter(const atoms::AtomStoreReader& store, const fs::path& out_dir,
+  TargetWriter(const universal::UniversalInput& input, const fs::path& out_dir,
                const TargetOptions& options,
                const reshape::ExecutorOptions& executor)
-      : store_(store),
-        out_(out_dir),
-        options_(options),
-        executor_(executor),
-        sources_(store) {}
+      : store_(input), out_(out_dir), options_(options), executor_(executor) {}
 
   TargetSummary Run();
 
@@ -164,11 +126,10 @@ class TargetWriter {
     return StrCat("rank file ", f.path.string());
   }
 
-  const atoms::AtomStoreReader& store_;
+  const universal::UniversalInput& store_;  // a universal file or a plan
   fs::path out_;
   const TargetOptions& options_;
   reshape::ExecutorOptions executor_;
-  DatasetSources sources_;
   TargetSummary summary_;
 
   std::optional<Layout> layout_;
@@ -393,11 +354,10 @@ std::vector<reshape::CopyOp> TargetWriter::OpsFor(const Entry& e,
   layouts::LocalShard shard = layouts::ShardFor(*e.rule, p.info.shape, topo_.tp,
                                                 tp_rank, padded, pad_rows);
   std::vector<reshape::CopyOp> ops;
-  const reshape::SourceTensor main = sources_.Tensor(atom);
+  const reshape::SourceTensor main = store_.Tensor(atom);
   for (const layouts::Piece& piece : shard.pieces) {
     reshape::CopyOp op;
-    op.src =
-        piece.region == layouts::Region::kPad ? sources_.Tensor(*pad) : main;
+    op.src = piece.region == layouts::Region::kPad ? store_.Tensor(*pad) : main;
     op.src_box = piece.global;
     op.dst_box = piece.local;
     ops.push_back(std::move(op));
@@ -682,7 +642,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
               reshape::Job job;
               job.tensor.name = name;
               job.tensor.dtype = d->dtype;
-              job.tensor.ops.push_back({sources_.Tensor(*d),
+              job.tensor.ops.push_back({store_.Tensor(*d),
                                         Box::Whole(Shape{}),
                                         Box::Whole(Shape{}),
                                         0,
@@ -846,7 +806,7 @@ void TargetWriter::WriteBatch(
   std::vector<reshape::Job> jobs;
   for (FileJobs& f : files)
     for (reshape::Job& j : f.jobs) jobs.push_back(std::move(j));
-  reshape::Execute(jobs, sources_.list(), executor_);
+  store_.Run(jobs, executor_);
   for (FileJobs& f : files) {
     try {
       f.writer->Commit();
@@ -897,15 +857,21 @@ TargetSummary TargetWriter::Run() {
 
 }  // namespace
 
-TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
+TargetSummary WriteTarget(const universal::UniversalInput& input,
                           const fs::path& out_dir, const TargetOptions& options,
                           const reshape::ExecutorOptions& executor) {
   std::error_code ec;
   if (!fs::is_directory(out_dir, ec)) {
     throw IoError("output folder ", out_dir.string(), " does not exist");
   }
-  TargetWriter w(store, out_dir, options, executor);
+  TargetWriter w(input, out_dir, options, executor);
   return w.Run();
+}
+
+TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
+                          const fs::path& out_dir, const TargetOptions& options,
+                          const reshape::ExecutorOptions& executor) {
+  return WriteTarget(*universal::StoreInput(store), out_dir, options, executor);
 }
 
 }  // namespace ucp::megatron

@@ -7,6 +7,7 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
 #include "engine/core/hash.h"
+#include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
 #include "engine/universal/write_universal.h"
 #include "tests/testutil/testutil.h"
@@ -155,6 +156,59 @@ TEST(WriteUniversalTest, PartialOverlapIsAnError) {
   EXPECT_THAT([&] { WriteUniversal(fx.plan, dir / "u.h5", {}); },
               ThrowsMessage<FormatError>(
                   HasSubstr("overlapping but different regions")));
+}
+
+class VecSink : public reshape::ByteSink {
+ public:
+  explicit VecSink(size_t n) : v(n, -7.0f) {}
+  void Write(uint64_t offset, std::span<const std::byte> data) override {
+    std::memcpy(reinterpret_cast<char*>(v.data()) + offset, data.data(),
+                data.size());
+  }
+  std::vector<float> v;
+};
+
+// A target read through PlanInput (composed with the source fragments) equals
+// the same target read from the written universal file.
+TEST(PlanInputTest, ComposedJobsEqualJobsOnTheUniversalFile) {
+  testutil::TempDir dir;
+  Fixture fx;
+  WriteUniversal(fx.plan, dir / "u.h5", {});
+  atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(dir / "u.h5");
+  std::unique_ptr<UniversalInput> from_store = StoreInput(store);
+  std::unique_ptr<UniversalInput> from_plan = PlanInput(fx.plan, "src", {});
+  ASSERT_EQ(from_plan->params().size(), 2u);
+  EXPECT_EQ(from_plan->root().iteration, 7);
+  ASSERT_NE(from_plan->FindOpaque("args"), nullptr);
+  std::vector<std::vector<float>> results;
+  for (const UniversalInput* in : {from_store.get(), from_plan.get()}) {
+    const atoms::DatasetInfo* w = in->FindAtom("w", "fp32");
+    const atoms::DatasetInfo* pad = in->FindPadAtom("w", "fp32");
+    ASSERT_NE(w, nullptr);
+    ASSERT_NE(pad, nullptr);
+    // A flat target: columns 2..4 of rows 1..3 (crossing both TP halves),
+    // then one padding row, with a gap of zeros in between.
+    VecSink sink(14);
+    std::vector<reshape::Job> jobs(1);
+    jobs[0].tensor = reshape::TargetTensor{"t", DType::kFloat32, {14}, {}};
+    jobs[0].tensor.ops.push_back(reshape::CopyOp{
+        in->Tensor(*w), Box{{1, 2}, {3, 3}}, Box{{0, 0}, {3, 3}}, 0, {3, 3}});
+    jobs[0].tensor.ops.push_back(reshape::CopyOp{in->Tensor(*pad),
+                                                 Box{{1, 0}, {1, 4}},
+                                                 Box{{0, 0}, {1, 4}},
+                                                 10,
+                                                 {1, 4}});
+    jobs[0].sink = &sink;
+    in->Run(jobs, {});
+    results.push_back(sink.v);
+  }
+  std::vector<float> want = {8.5f,  9.5f,  10.5f, 14.5f, 15.5f, 16.5f, 20.5f,
+                             21.5f, 22.5f, 0.0f,  -4.0f, -5.0f, -6.0f, -10.0f};
+  EXPECT_EQ(results[0], want);
+  EXPECT_EQ(results[1], want);
+  Fixture bad(/*corrupt_replica=*/true);
+  EXPECT_THAT([&] { PlanInput(bad.plan, "src", {}); },
+              ThrowsMessage<FormatError>(HasSubstr("replicas differ")));
 }
 
 TEST(StagedDirectoryTest, AppearsOnlyOnCommitAndNeverOverwrites) {

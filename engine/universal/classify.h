@@ -1,0 +1,24 @@
+#pragma once
+// Internal to engine/universal: splitting an atom's fragments into the
+// primaries that cover it once and the replicas to verify.
+
+#include <utility>
+#include <vector>
+
+#include "engine/universal/source_plan.h"
+
+namespace ucp::universal::internal {
+
+struct Classified {
+  std::vector<const Fragment*> main;  // primaries of the atom
+  std::vector<const Fragment*> pad;   // primaries of the pad atom
+  std::vector<std::pair<const Fragment*, const Fragment*>>
+      replicas;  // (copy, primary)
+};
+
+/// Throws FormatError if the primaries do not cover the atom (and its
+/// padding rows) exactly or two fragments overlap partially; InternalError
+/// for boxes outside their tensors.
+Classified Classify(const AtomPlan& atom);
+
+}  // namespace ucp::universal::internal
