@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -191,6 +192,34 @@ void PlainCopy(const std::string& src, const std::string& dst) {
   Report("plain-copy", size, start);
 }
 
+// Copies every regular file under SRC to the same relative path under DST.
+void PlainCopyTree(const std::string& src, const std::string& dst) {
+  namespace fs = std::filesystem;
+  auto start = Clock::now();
+  uint64_t total = 0;
+  AlignedBuffer buf(kChunk);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(src)) {
+    if (e.is_regular_file()) files.push_back(e.path());
+  }
+  for (const fs::path& f : files) {
+    fs::path out = fs::path(dst) / fs::relative(f, src);
+    fs::create_directories(out.parent_path());
+    File in = File::OpenRead(f);
+    uint64_t size = in.Size();
+    OutputFile o(out);
+    o.file().Allocate(size);
+    for (uint64_t off = 0; off < size; off += kChunk) {
+      uint64_t n = std::min<uint64_t>(kChunk, size - off);
+      in.ReadExact(buf.data(), n, off);
+      o.file().WriteExact(buf.data(), n, off);
+    }
+    o.Commit();
+    total += size;
+  }
+  Report("plain-copy-tree", total, start);
+}
+
 void Copy(const std::string& src, const std::string& dst) {
   auto start = Clock::now();
   torchfile::TorchFile tf = torchfile::TorchFile::Open(src);
@@ -219,6 +248,8 @@ int main(int argc, char** argv) {
       Write(a[1], a[2]);
     } else if (a.size() == 3 && a[0] == "plain-copy") {
       PlainCopy(a[1], a[2]);
+    } else if (a.size() == 3 && a[0] == "plain-copy-tree") {
+      PlainCopyTree(a[1], a[2]);
     } else if (a.size() == 3 && a[0] == "copy") {
       Copy(a[1], a[2]);
     } else {
