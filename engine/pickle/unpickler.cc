@@ -80,41 +80,6 @@ using namespace internal;  // NOLINT: opcode constants
 // (sys.int_info.default_max_str_digits).
 constexpr size_t kMaxDecimalDigits = 4300;
 
-const char* KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kNone:
-      return "None";
-    case Kind::kBool:
-      return "bool";
-    case Kind::kInt:
-      return "int";
-    case Kind::kFloat:
-      return "float";
-    case Kind::kStr:
-      return "str";
-    case Kind::kBytes:
-      return "bytes";
-    case Kind::kByteArray:
-      return "bytearray";
-    case Kind::kTuple:
-      return "tuple";
-    case Kind::kList:
-      return "list";
-    case Kind::kDict:
-      return "dict";
-    case Kind::kSet:
-      return "set";
-    case Kind::kFrozenSet:
-      return "frozenset";
-    case Kind::kGlobal:
-      return "global";
-    case Kind::kObject:
-      return "object";
-    case Kind::kPersId:
-      return "persistent id";
-  }
-  return "?";
-}
 
 class Machine {
  public:

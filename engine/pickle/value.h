@@ -169,6 +169,10 @@ class Arena {
   std::deque<Value> nodes_;
 };
 
+/// The Python-ish name of a kind for messages: "None", "int", "str", "dict",
+/// "global", "object", "persistent id", ...
+std::string_view KindName(Kind kind) noexcept;
+
 /// Structural equality: same kinds, values, order and class names (Python 2
 /// global names normalised); cycle-safe and iterative. Floats compare by bit
 /// pattern except that every NaN equals every NaN (so 0.0 != -0.0). Sharing

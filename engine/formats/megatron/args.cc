@@ -24,27 +24,8 @@ Value* StateDict(Value* ns) {
   return nullptr;
 }
 
-const char* KindName(const Value* v) {
-  switch (v->kind) {
-    case Kind::kNone:
-      return "None";
-    case Kind::kBool:
-      return "bool";
-    case Kind::kInt:
-      return "int";
-    case Kind::kFloat:
-      return "float";
-    case Kind::kStr:
-      return "str";
-    case Kind::kList:
-      return "list";
-    case Kind::kTuple:
-      return "tuple";
-    case Kind::kDict:
-      return "dict";
-    default:
-      return "object";
-  }
+std::string_view KindName(const Value* v) {
+  return v->kind == Kind::kObject ? "object" : pickle::KindName(v->kind);
 }
 
 }  // namespace

@@ -61,41 +61,6 @@ const std::vector<Entry>& Corpus() {
   return *corpus;
 }
 
-const char* KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kNone:
-      return "None";
-    case Kind::kBool:
-      return "bool";
-    case Kind::kInt:
-      return "int";
-    case Kind::kFloat:
-      return "float";
-    case Kind::kStr:
-      return "str";
-    case Kind::kBytes:
-      return "bytes";
-    case Kind::kByteArray:
-      return "bytearray";
-    case Kind::kTuple:
-      return "tuple";
-    case Kind::kList:
-      return "list";
-    case Kind::kDict:
-      return "dict";
-    case Kind::kSet:
-      return "set";
-    case Kind::kFrozenSet:
-      return "frozenset";
-    case Kind::kGlobal:
-      return "global";
-    case Kind::kObject:
-      return "object";
-    case Kind::kPersId:
-      return "persid";
-  }
-  return "?";
-}
 
 // Follows one path component the way make_pickle_corpus.py descends.
 const Value* Step(const Value* v, const json& component) {
