@@ -121,15 +121,6 @@ bool IsContainer(const Value* v) {
          v->kind == Kind::kTuple || v->IsDictLike();
 }
 
-std::string ShapeString(const Shape& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 std::string KeyString(const Value* key) {
   if (auto s = key->AsStr()) return std::string(*s);
   return pickle::Repr(key, 60);

@@ -192,13 +192,6 @@ std::string CanonicalName(const Layout& layout, std::string_view local_name,
 
 namespace {
 
-std::string ShapeString(std::span<const int64_t> shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    out += StrCat(i ? ", " : "", shape[i]);
-  return out + "]";
-}
-
 // A box covering all of `shape` except [offset, offset+size) along `dim`.
 Box Slab(std::span<const int64_t> shape, size_t dim, int64_t offset,
          int64_t size) {
@@ -465,8 +458,8 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
   std::string msg =
       header + (model_problems.empty() ? problems : model_problems).front();
   if (total > 1) {
-    msg += StrCat(" (and ", total - 1, " more problem", total > 2 ? "s" : "",
-                  ")");
+    msg +=
+        StrCat(" (and ", total - 1, " more problem", total > 2 ? "s" : "", ")");
   }
   throw LayoutError(msg);
 }

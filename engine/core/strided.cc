@@ -21,6 +21,15 @@ int64_t NumElements(std::span<const int64_t> shape) {
   return *n;
 }
 
+std::string ShapeString(std::span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
 std::vector<int64_t> ContiguousStrides(std::span<const int64_t> shape) {
   std::vector<int64_t> stride(shape.size());
   int64_t s = 1;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace ucp {
@@ -18,6 +19,9 @@ std::optional<int64_t> CheckedNumElements(
 
 /// Product of the dims. Throws InternalError if negative or overflowing.
 int64_t NumElements(std::span<const int64_t> shape);
+
+/// "[4, 6]" for messages.
+std::string ShapeString(std::span<const int64_t> shape);
 
 /// Row-major strides of a contiguous tensor of this shape.
 std::vector<int64_t> ContiguousStrides(std::span<const int64_t> shape);

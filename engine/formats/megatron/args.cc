@@ -177,41 +177,51 @@ RunConfig ReadRunConfig(const ArgsView& a) {
   return c;
 }
 
-json::Value ArgsToJson(const ArgsView& args) {
-  // Iterative conversion is unnecessary: args values are shallow.
-  std::function<json::Value(const Value*, int)> conv = [&](const Value* v,
-                                                           int depth) {
-    if (v == nullptr) return json::Value();
-    switch (v->kind) {
-      case Kind::kNone:
-        return json::Value();
-      case Kind::kBool:
-        return json::Value(v->b);
-      case Kind::kInt:
-        if (v->big.empty()) return json::Value(v->i);
-        return json::Value(pickle::Repr(v, 200));
-      case Kind::kFloat:
-        return json::Value(v->f);
-      case Kind::kStr:
-        return json::Value(v->s);
-      case Kind::kList:
-      case Kind::kTuple: {
-        json::Value arr = json::Value::Array();
-        if (depth > 8) return json::Value(pickle::Repr(v, 200));
-        for (const Value* x : v->items) arr.Append(conv(x, depth + 1));
-        return arr;
-      }
-      case Kind::kGlobal:
-        return json::Value(v->module + "." + v->name);
-      default:
-        return json::Value(pickle::Repr(v, 200));
+json::Value ValueToJson(const Value* v, int depth) {
+  if (v == nullptr) return json::Value();
+  switch (v->kind) {
+    case Kind::kNone:
+      return json::Value();
+    case Kind::kBool:
+      return json::Value(v->b);
+    case Kind::kInt:
+      if (v->big.empty()) return json::Value(v->i);
+      break;
+    case Kind::kFloat:
+      return json::Value(v->f);
+    case Kind::kStr:
+      return json::Value(v->s);
+    case Kind::kGlobal:
+      return json::Value(v->module + "." + v->name);
+    case Kind::kList:
+    case Kind::kTuple: {
+      if (depth > 8) break;
+      json::Value a = json::Value::Array();
+      for (const Value* x : v->items) a.Append(ValueToJson(x, depth + 1));
+      return a;
     }
-  };
+    default:
+      if (v->IsDictLike() && depth <= 8) {
+        json::Value o = json::Value::Object();
+        for (const auto& [k, x] : v->entries) {
+          std::string key = k != nullptr && k->kind == Kind::kStr
+                                ? k->s
+                                : pickle::Repr(k, 60);
+          o[key] = ValueToJson(x, depth + 1);
+        }
+        return o;
+      }
+      break;
+  }
+  return json::Value(pickle::Repr(v, 200));
+}
+
+json::Value ArgsToJson(const ArgsView& args) {
   json::Value out = json::Value::Object();
   const Value* state = StateDict(const_cast<Value*>(args.node()));
   for (const auto& [k, val] : state->entries) {
     if (k == nullptr || k->kind != Kind::kStr) continue;
-    out[k->s] = conv(val, 0);
+    out[k->s] = ValueToJson(val);
   }
   return out;
 }

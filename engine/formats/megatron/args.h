@@ -93,6 +93,10 @@ RunConfig ReadRunConfig(const ArgsView& args);
 /// attribute): None/bool/int/float/str as themselves, lists and tuples as
 /// arrays, torch dtypes as "torch.bfloat16", other objects as their class
 /// name or Python-like rendering.
+/// A lossy JSON view of a pickled value for the universal file's metadata:
+/// scalars, lists/tuples and dicts as JSON, globals as "module.name", other
+/// objects (and nesting deeper than 8) as their Python repr.
+json::Value ValueToJson(const pickle::Value* v, int depth = 0);
 json::Value ArgsToJson(const ArgsView& args);
 
 /// The field values a target topology changes.

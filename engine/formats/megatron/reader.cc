@@ -217,44 +217,6 @@ void ForChunksInOrder(Loaded& L, Fn&& fn) {
 
 // ------------------------------------------------------------ planning
 
-// Strings for the universal file's JSON.
-json::Value ValueToJson(const Value* v, int depth = 0) {
-  if (v == nullptr) return json::Value();
-  switch (v->kind) {
-    case Kind::kNone:
-      return json::Value();
-    case Kind::kBool:
-      return json::Value(v->b);
-    case Kind::kInt:
-      if (v->big.empty()) return json::Value(v->i);
-      break;
-    case Kind::kFloat:
-      return json::Value(v->f);
-    case Kind::kStr:
-      return json::Value(v->s);
-    case Kind::kList:
-    case Kind::kTuple: {
-      if (depth > 8) break;
-      json::Value a = json::Value::Array();
-      for (const Value* x : v->items) a.Append(ValueToJson(x, depth + 1));
-      return a;
-    }
-    default:
-      if (v->IsDictLike() && depth <= 8) {
-        json::Value o = json::Value::Object();
-        for (const auto& [k, x] : v->entries) {
-          std::string key = k != nullptr && k->kind == Kind::kStr
-                                ? k->s
-                                : pickle::Repr(k, 60);
-          o[key] = ValueToJson(x, depth + 1);
-        }
-        return o;
-      }
-      break;
-  }
-  return json::Value(pickle::Repr(v, 200));
-}
-
 // Finds an int-keyed entry of a dict.
 const Value* GetInt(const Value* dict, int64_t key) {
   if (dict == nullptr || !dict->IsDictLike()) return nullptr;
@@ -264,12 +226,6 @@ const Value* GetInt(const Value* dict, int64_t key) {
       found = v;
   }
   return found;
-}
-
-std::string ShapeString(std::span<const int64_t> s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += StrCat(i ? ", " : "", s[i]);
-  return out + "]";
 }
 
 struct ParamState {
