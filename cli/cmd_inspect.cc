@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/json/json.h"
@@ -45,14 +46,81 @@ constexpr const char* kHelp =
     "Python loads the file (os.system, builtins.eval, ...) are reported as\n"
     "suspicious. A folder is searched recursively for torch.save files (zip "
     "or\n"
-    "legacy format, recognised by content).\n"
+    "legacy format, recognised by content). A universal file (HDF5) is shown "
+    "as\n"
+    "its parameters with shape, training dtype, layout rule and state kinds.\n"
     "\n"
     "examples:\n"
     "  ucp inspect iter_0000100/mp_rank_00/model_optim_rng.pt\n"
     "  ucp inspect checkpoints/iter_0000100            # every rank file\n"
     "  ucp inspect --json model.pt | jq '.files[0].totals'\n"
+    "  ucp inspect gpt.ucp.h5                          # a universal file\n"
     "\n"
     "options";
+
+// A universal file: root attributes and every param with its atoms.
+json::Value InspectUniversal(const fs::path& path, bool print) {
+  atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(path);
+  const atoms::RootInfo& root = store.root();
+  json::Value doc;
+  doc["path"] = path.string();
+  doc["format"] = "universal";
+  doc["iteration"] = root.iteration;
+  doc["consumed_samples"] = root.consumed_samples;
+  doc["source"] =
+      root.source.empty() ? json::Value() : json::Value::Parse(root.source);
+  doc["model"] =
+      root.model.empty() ? json::Value() : json::Value::Parse(root.model);
+  json::Value params = json::Value::Array();
+  uint64_t total = 0;
+  if (print) {
+    std::printf("%s  (universal file, iteration %lld)\n", path.string().c_str(),
+                static_cast<long long>(root.iteration));
+    if (!root.source.empty())
+      std::printf("  source: %s\n", root.source.c_str());
+  }
+  for (const atoms::StoredParam& p : store.params()) {
+    json::Value j;
+    j["name"] = p.info.fqn;
+    j["shape"] = json::Value::Array();
+    for (int64_t d : p.info.shape) j["shape"].Append(d);
+    j["dtype"] = std::string(DTypeName(p.info.dtype));
+    j["rule"] = p.info.rule;
+    json::Value kinds = json::Value::Array();
+    std::string line;
+    for (atoms::DatasetId id : p.atoms) {
+      const atoms::DatasetInfo& d = store.dataset(id);
+      kinds.Append(d.state_kind);
+      line += StrCat(line.empty() ? "" : " ", d.state_kind);
+      total += d.nbytes;
+    }
+    for (atoms::DatasetId id : p.pads) total += store.dataset(id).nbytes;
+    j["state_kinds"] = std::move(kinds);
+    if (!p.pads.empty()) {
+      j["padding_rows"] = store.dataset(p.pads.front()).shape.at(0);
+    }
+    if (print) {
+      std::printf("  %s: %s %s  [%s]  rule %s%s\n", p.info.fqn.c_str(),
+                  std::string(DTypeName(p.info.dtype)).c_str(),
+                  ShapeString(p.info.shape).c_str(), line.c_str(),
+                  p.info.rule.c_str(),
+                  p.pads.empty()
+                      ? ""
+                      : StrCat(", ", store.dataset(p.pads.front()).shape.at(0),
+                               " padding rows")
+                            .c_str());
+    }
+    params.Append(std::move(j));
+  }
+  doc["params"] = std::move(params);
+  doc["tensor_bytes"] = total;
+  if (print) {
+    std::printf("totals: %zu params, %zu datasets, %s of tensors\n\n",
+                store.params().size(), store.datasets().size(),
+                HumanBytes(total).c_str());
+  }
+  return doc;
+}
 
 bool LooksLikeTorchFile(const fs::path& path) {
   try {
@@ -456,6 +524,11 @@ int RunInspect(const std::vector<std::string>& args) {
   int exit_code = 0;
   for (const fs::path& path : files) {
     try {
+      if (IsHdf5File(path)) {
+        json::Value doc = InspectUniversal(path, !json_out);
+        if (json_out) all_docs.Append(std::move(doc));
+        continue;
+      }
       TorchFile file = TorchFile::Open(path);
       std::error_code ec;
       uint64_t bytes = fs::file_size(path, ec);

@@ -41,17 +41,6 @@ constexpr const char* kHelp =
     "\n"
     "options";
 
-bool IsHdf5(const fs::path& path) {
-  try {
-    File f = File::OpenRead(path);
-    char sig[8] = {};
-    return f.ReadSome(sig, 8, 0) == 8 &&
-           std::string_view(sig, 8) == std::string_view("\x89HDF\r\n\x1a\n", 8);
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 struct Report {
   json::Value checks = json::Value::Array();
   void Add(const std::string& name, const std::string& detail) {
@@ -152,7 +141,7 @@ int RunVerify(const std::vector<std::string>& args) {
     throw IoError("cannot open ", path.string(), ": no such file or directory");
   }
   Report report;
-  const bool universal = !fs::is_directory(path) && IsHdf5(path);
+  const bool universal = !fs::is_directory(path) && IsHdf5File(path);
   if (universal) {
     VerifyUniversal(path, report);
   } else if (fs::is_directory(path)) {

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/core/progress.h"
 #include "engine/json/json.h"
 
@@ -85,6 +86,17 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   }
   po::notify(vm);
   return true;
+}
+
+bool IsHdf5File(const std::filesystem::path& path) {
+  try {
+    File f = File::OpenRead(path);
+    char sig[8] = {};
+    return f.ReadSome(sig, 8, 0) == 8 &&
+           std::string_view(sig, 8) == std::string_view("\x89HDF\r\n\x1a\n", 8);
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 void PrintJson(const json::Value& doc) {

@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ void AddRunOptions(po::options_description& desc, RunOptions& options);
 bool Parse(const std::vector<std::string>& args, po::options_description& desc,
            const std::vector<std::string>& positional, po::variables_map& vm,
            bool last_repeats = false);
+
+/// True if the file starts with the HDF5 signature (a universal file).
+bool IsHdf5File(const std::filesystem::path& path);
 
 /// Prints a JSON document on stdout.
 void PrintJson(const json::Value& doc);

@@ -82,6 +82,11 @@ def test_to_universal_reshape_verify_json():
         assert doc["params"] > 0 and doc["replicas_verified"] > 0
         v = json.loads(run("verify", t / "u.h5", "--json", "-q").stdout)
         assert v["ok"] and v["kind"] == "universal"
+        info = json.loads(run("inspect", "--json", t / "u.h5").stdout)["files"][0]
+        assert info["format"] == "universal" and len(info["params"]) == doc["params"]
+        emb = next(p for p in info["params"] if p["name"] == "embedding.word_embeddings.weight")
+        assert emb["dtype"] == "bfloat16" and emb["padding_rows"] == 192 - 130
+        assert set(emb["state_kinds"]) == {"param", "fp32", "exp_avg", "exp_avg_sq"}
         assert {c["check"] for c in v["checks"]} == {"structure", "checksums", "layout"}
         # Targets whose padded vocabulary is no larger than the source's (TP2:
         # 192 rows), so every padding row they hold exists in the source.
