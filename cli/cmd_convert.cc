@@ -261,7 +261,7 @@ void PrintTargetResult(const char* command, const fs::path& out,
     PrintJson(j);
     return;
   }
-  std::printf("wrote %s: %lld rank files, %s for %s in %.1f s\n",
+  std::printf("wrote %s: %lld files, %s for %s in %.1f s\n",
               out.string().c_str(), static_cast<long long>(s.files),
               HumanBytes(s.bytes).c_str(), target.Describe().c_str(), seconds);
   for (const auto& n : s.notes) std::printf("note: %s\n", n.c_str());

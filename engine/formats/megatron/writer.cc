@@ -27,6 +27,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/progress.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/buffer_layout.h"
 #include "engine/formats/megatron/megatron.h"
@@ -104,7 +105,8 @@ class TargetWriter {
  private:
   void ReadMetadata();
   void BuildEntries();
-  void WriteBatch(const std::vector<std::pair<int64_t, int64_t>>& ranks);
+  void WriteBatch(const std::vector<std::pair<int64_t, int64_t>>& ranks,
+                  const std::string& label);
 
   // Per target file.
   struct FileJobs {
@@ -768,7 +770,8 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
 }
 
 void TargetWriter::WriteBatch(
-    const std::vector<std::pair<int64_t, int64_t>>& ranks) {
+    const std::vector<std::pair<int64_t, int64_t>>& ranks,
+    const std::string& label) {
   std::vector<FileJobs> files;
   files.reserve(ranks.size() * 2);
   const bool distributed = target_format_ == "distributed" && write_optimizer_;
@@ -806,7 +809,13 @@ void TargetWriter::WriteBatch(
   std::vector<reshape::Job> jobs;
   for (FileJobs& f : files)
     for (reshape::Job& j : f.jobs) jobs.push_back(std::move(j));
-  store_.Run(jobs, executor_);
+  uint64_t bytes = 0;
+  for (const reshape::Job& j : jobs) bytes += reshape::NumBytes(j.tensor);
+  Progress progress(label, bytes);
+  reshape::ExecutorOptions executor = executor_;
+  executor.progress = &progress;
+  store_.Run(jobs, executor);
+  progress.Finish();
   for (FileJobs& f : files) {
     try {
       f.writer->Commit();
@@ -843,7 +852,8 @@ TargetSummary TargetWriter::Run() {
         all.begin() + static_cast<std::ptrdiff_t>(i),
         all.begin() +
             static_cast<std::ptrdiff_t>(std::min(all.size(), i + kBatchFiles)));
-    WriteBatch(batch);
+    WriteBatch(batch, StrCat("writing rank files ", i + 1, "-",
+                             i + batch.size(), " of ", all.size()));
   }
   const std::string tracker = release_
                                   ? std::string(kReleaseDir)
