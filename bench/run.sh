@@ -34,6 +34,7 @@ results=$work/results.jsonl
   best "$py" "$here/py_bench.py" load "$work/src.pt"
   best "$bin" plain-write "$work/out.pt" "$size"
   best "$bin" write "$work/src.pt" "$work/out.pt"
+  best "$bin" write "$work/src.pt" "$work/out.pt" "$(nproc)"
   best "$py" "$here/py_bench.py" save "$work/src.pt" "$work/out.pt"
   best "$bin" plain-copy "$work/src.pt" "$work/out.pt"
   best "$bin" copy "$work/src.pt" "$work/out.pt"
@@ -51,6 +52,7 @@ print("|-------------|------------|-------------|-------------------------|-----
 row("read", "plain-read", "py-load")
 row("read-whole", "plain-read", "py-load")
 row("write", "plain-write", "py-save")
+row("write-parallel", "plain-write", "py-save")
 row("copy", "plain-copy")
 for op in ("py-load", "py-save"):
     d = r[op]

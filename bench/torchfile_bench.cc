@@ -16,11 +16,12 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/core/aligned_buffer.h"
@@ -142,7 +143,7 @@ void PlainWrite(const std::string& dst, uint64_t mib) {
   Report("plain-write", size, start);
 }
 
-void Write(const std::string& src_path, const std::string& dst) {
+void Write(const std::string& src_path, const std::string& dst, int threads) {
   torchfile::TorchFile tf = torchfile::TorchFile::Open(src_path);
   std::vector<AlignedBuffer> data;
   for (const auto& t : tf.tensors()) {
@@ -163,17 +164,35 @@ void Write(const std::string& src_path, const std::string& dst) {
     return it == swap.end() ? nullptr : it->second;
   });
   w.Begin(root);
+  // Chunks dealt round-robin to `threads` writers, as ucp's executor does.
+  struct Chunk {
+    const pickle::Value* t;
+    const std::byte* p;
+    uint64_t off, n;
+  };
+  std::vector<Chunk> chunks;
   uint64_t total = 0;
   for (const pickle::Value* t : w.planned_tensors()) {
     const AlignedBuffer* b = bytes_of.at(t);
     for (uint64_t off = 0; off < b->size(); off += kChunk) {
-      uint64_t n = std::min<uint64_t>(kChunk, b->size() - off);
-      w.WriteTensorData(t, off, std::span<const std::byte>(b->data() + off, n));
+      chunks.push_back({t, b->data() + off, off,
+                        std::min<uint64_t>(kChunk, b->size() - off)});
     }
     total += b->size();
   }
+  std::vector<std::thread> pool;
+  for (int k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      for (size_t i = static_cast<size_t>(k); i < chunks.size();
+           i += static_cast<size_t>(threads)) {
+        const Chunk& c = chunks[i];
+        w.WriteTensorData(c.t, c.off, std::span<const std::byte>(c.p, c.n));
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
   w.Commit();
-  Report("write", total, start);
+  Report(threads == 1 ? "write" : "write-parallel", total, start);
 }
 
 void PlainCopy(const std::string& src, const std::string& dst) {
@@ -244,8 +263,8 @@ int main(int argc, char** argv) {
       Read(a[1]);
     } else if (a.size() == 3 && a[0] == "plain-write") {
       PlainWrite(a[1], std::stoull(a[2]));
-    } else if (a.size() == 3 && a[0] == "write") {
-      Write(a[1], a[2]);
+    } else if ((a.size() == 3 || a.size() == 4) && a[0] == "write") {
+      Write(a[1], a[2], a.size() == 4 ? std::stoi(a[3]) : 1);
     } else if (a.size() == 3 && a[0] == "plain-copy") {
       PlainCopy(a[1], a[2]);
     } else if (a.size() == 3 && a[0] == "plain-copy-tree") {
