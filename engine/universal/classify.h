@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/universal/source_plan.h"
+#include "engine/universal/write_universal.h"
 
 namespace ucp::universal::internal {
 
@@ -20,5 +21,14 @@ struct Classified {
 /// padding rows) exactly or two fragments overlap partially; InternalError
 /// for boxes outside their tensors.
 Classified Classify(const AtomPlan& atom);
+
+/// Classify for every atom of the plan, in order.
+std::vector<Classified> ClassifyAll(const SourcePlan& plan);
+
+/// VerifySource on an already classified plan (`classified` from
+/// ClassifyAll(plan)).
+VerifySummary VerifyClassified(const SourcePlan& plan,
+                               const std::vector<Classified>& classified,
+                               const reshape::ExecutorOptions& options);
 
 }  // namespace ucp::universal::internal

@@ -77,14 +77,17 @@ class PlanInputImpl : public UniversalInput {
   PlanInputImpl(const SourcePlan& plan, fs::path path,
                 const reshape::ExecutorOptions& options)
       : plan_(plan), path_(std::move(path)) {
-    VerifySource(plan, options);  // coverage and replicas, as to-universal
+    // Coverage and replicas, as to-universal.
+    std::vector<internal::Classified> classified = internal::ClassifyAll(plan);
+    internal::VerifyClassified(plan, classified, options);
     std::map<std::string, size_t> param_index;
     for (const atoms::ParamInfo& p : plan.params) {
       param_index[p.fqn] = params_.size();
       params_.push_back(atoms::StoredParam{p, {}, {}});
     }
-    for (const AtomPlan& a : plan.atoms) {
-      internal::Classified c = internal::Classify(a);
+    for (size_t i = 0; i < plan.atoms.size(); ++i) {
+      const AtomPlan& a = plan.atoms[i];
+      internal::Classified& c = classified[i];
       const auto pi = param_index.find(a.param);
       UCP_CHECK(pi != param_index.end(), "atom of unknown param ", a.param);
       atoms::StoredParam& sp = params_[pi->second];

@@ -1,6 +1,10 @@
 #include "engine/universal/output_dir.h"
 
+#include <stdlib.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "engine/core/error.h"
 
@@ -10,6 +14,10 @@ namespace fs = std::filesystem;
 
 StagedDirectory::StagedDirectory(fs::path final_dir)
     : final_(std::move(final_dir)) {
+  // "out/" names the folder "out".
+  while (!final_.empty() && !final_.has_filename() &&
+         final_ != final_.root_path())
+    final_ = final_.parent_path();
   std::error_code ec;
   if (fs::exists(final_, ec)) {
     if (!fs::is_directory(final_, ec) || !fs::is_empty(final_, ec)) {
@@ -24,12 +32,15 @@ StagedDirectory::StagedDirectory(fs::path final_dir)
     throw IoError("cannot write ", final_.string(), ": folder ",
                   parent.string(), " does not exist");
   }
-  staging_ = parent / StrCat(".", final_.filename().string(), ".ucp-partial-",
-                             ::getpid());
-  fs::remove_all(staging_, ec);
-  if (!fs::create_directory(staging_, ec) || ec) {
-    throw IoError("cannot create ", staging_.string(), ": ", ec.message());
+  // A fresh name (mkdtemp): never another run's staging folder.
+  std::string name =
+      (parent / StrCat(".", final_.filename().string(), ".ucp-partial-XXXXXX"))
+          .string();
+  if (::mkdtemp(name.data()) == nullptr) {
+    throw IoError("cannot create a staging folder next to ", final_.string(),
+                  ": ", std::strerror(errno));
   }
+  staging_ = name;
 }
 
 StagedDirectory::~StagedDirectory() {

@@ -26,9 +26,7 @@ class StoreSources::DatasetSource : public reshape::ByteSource {
   atoms::DatasetId id_;
 };
 
-StoreSources::StoreSources(const atoms::AtomStoreReader& store,
-                           uint32_t first_index)
-    : store_(store), first_index_(first_index) {
+StoreSources::StoreSources(const atoms::AtomStoreReader& store) {
   for (const atoms::DatasetInfo& d : store.datasets()) {
     sources_.push_back(std::make_unique<DatasetSource>(store, d.id));
   }
@@ -39,8 +37,7 @@ StoreSources::StoreSources(StoreSources&&) noexcept = default;
 
 reshape::SourceTensor StoreSources::Tensor(
     const atoms::DatasetInfo& dataset) const {
-  return reshape::SourceTensor{first_index_ + dataset.id, 0, dataset.dtype,
-                               dataset.shape};
+  return reshape::SourceTensor{dataset.id, 0, dataset.dtype, dataset.shape};
 }
 
 std::vector<const reshape::ByteSource*> StoreSources::list() const {

@@ -30,11 +30,10 @@ class TorchStorageSource : public reshape::ByteSource {
 };
 
 /// A byte source for every dataset of a universal file, indexed like the
-/// store's datasets (source index == DatasetId + `first_index`).
+/// store's datasets (source index == DatasetId).
 class StoreSources {
  public:
-  explicit StoreSources(const atoms::AtomStoreReader& store,
-                        uint32_t first_index = 0);
+  explicit StoreSources(const atoms::AtomStoreReader& store);
   ~StoreSources();
   StoreSources(StoreSources&&) noexcept;
   /// The source tensor of a dataset: the whole dataset, row-major.
@@ -44,8 +43,6 @@ class StoreSources {
 
  private:
   class DatasetSource;
-  const atoms::AtomStoreReader& store_;
-  uint32_t first_index_;
   std::vector<std::unique_ptr<DatasetSource>> sources_;
 };
 

@@ -68,23 +68,23 @@ Classified Classify(const AtomPlan& atom) {
   return c;
 }
 
-}  // namespace internal
-namespace {
-
-using internal::Classified;
-using internal::Classify;
-
-class NullSink : public reshape::ByteSink {
- public:
-  void Write(uint64_t, std::span<const std::byte>) override {}
-};
-
 std::vector<Classified> ClassifyAll(const SourcePlan& plan) {
   std::vector<Classified> out;
   out.reserve(plan.atoms.size());
   for (const AtomPlan& a : plan.atoms) out.push_back(Classify(a));
   return out;
 }
+
+}  // namespace internal
+namespace {
+
+using internal::Classified;
+using internal::ClassifyAll;
+
+class NullSink : public reshape::ByteSink {
+ public:
+  void Write(uint64_t, std::span<const std::byte>) override {}
+};
 
 reshape::CopyOp OpOf(const Fragment& f) {
   return reshape::CopyOp{f.src, f.src_box, f.atom_box, 0, {}};
@@ -161,7 +161,12 @@ uint64_t TotalBytes(const std::vector<reshape::Job>& jobs) {
 
 VerifySummary VerifySource(const SourcePlan& plan,
                            const reshape::ExecutorOptions& options) {
-  std::vector<Classified> classified = ClassifyAll(plan);
+  return internal::VerifyClassified(plan, ClassifyAll(plan), options);
+}
+
+VerifySummary internal::VerifyClassified(
+    const SourcePlan& plan, const std::vector<Classified>& classified,
+    const reshape::ExecutorOptions& options) {
   VerifySummary s;
   for (const AtomPlan& a : plan.atoms) {
     s.atoms += 1;

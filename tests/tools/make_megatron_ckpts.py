@@ -6,7 +6,7 @@ Usage:
   make_megatron_ckpts.py --out DIR [--megatron-version {0.13,0.8}] [--variant NAME ...]
                          [--topologies all|quick|tp2_pp2_vpp1_dp2_do,...] [--quick]
                          [--scale hidden=2048,ffn=5504,layers=4,vocab=32000,heads=16,groups=8,kv=128 |
-                          --scale bench4g] [--no-truth]
+                          --scale bench4g] [--no-truth] [--ddp-bucket-size N]
   make_megatron_ckpts.py --diff-versions V013_TOPOLOGY_DIR V08_TOPOLOGY_DIR
   make_megatron_ckpts.py --self-test
 
@@ -56,6 +56,7 @@ per rank; all 1-D params are smaller than the 64-element DistOpt alignment).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import collections
 import hashlib
 import io
@@ -1111,6 +1112,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="same as --topologies quick")
     ap.add_argument("--scale", help="preset (bench4g) or k=v list: hidden,ffn,layers,vocab,heads,groups,kv,seq")
     ap.add_argument("--no-truth", action="store_true", help="do not write truth.pt (truth.json still written)")
+    ap.add_argument("--ddp-bucket-size", type=int,
+                    help="emulate --overlap-grad-reduce --ddp-bucket-size N (several distributed-optimizer "
+                         "buckets on the first pipeline stage's first chunk); default: neither")
     ap.add_argument("--diff-versions", nargs=2, metavar=("V013_TOPOLOGY_DIR", "V08_TOPOLOGY_DIR"),
                     help="print every difference between a v0.13 and a v0.8 folder of the same topology")
     ap.add_argument("--self-test", action="store_true")
@@ -1128,6 +1132,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if n not in S.VARIANTS:
             ap.error(f"unknown variant {n} (known: {', '.join(S.VARIANTS)})")
     cfgs = [S.with_version(S.VARIANTS[n], a.megatron_version) for n in names]
+    if a.ddp_bucket_size is not None:
+        if a.ddp_bucket_size < 1:
+            ap.error("--ddp-bucket-size must be >= 1")
+        cfgs = [dataclasses.replace(c, ddp_bucket_size=a.ddp_bucket_size) for c in cfgs]
     topo_spec = "quick" if a.quick else a.topologies
     cache = True
     if a.scale:

@@ -90,6 +90,9 @@ class ModelConfig:
     iteration: int = 100
     # Megatron-core version whose files are emulated: "0.13" (default) or "0.8" (see VERSIONS)
     megatron_version: str = "0.13"
+    # --overlap-grad-reduce --ddp-bucket-size N (None: neither, one bucket per buffer).  Only via
+    # make_megatron_ckpts.py --ddp-bucket-size; the variants of the corpus leave it None.
+    ddp_bucket_size: Optional[int] = None
 
     @property
     def tied(self) -> bool:
@@ -850,8 +853,12 @@ def buffer_layout(params: Sequence[Tuple[str, int, bool]], dp: int, distopt: boo
 
 def chunk_buffer_layout(cfg: ModelConfig, t: Topology, pp_rank: int, vp: int,
                         bucket_size: Optional[int] = None) -> BufferLayout:
-    """The (bf16, fp32) buffer of one chunk.  DistributedDataParallel disables bucketing for chunks > 0
-    (training.py:get_model disable_bucketing) and for pp_rank > 0."""
+    """The (bf16, fp32) buffer of one chunk.  bucket_size defaults to cfg.ddp_bucket_size (with
+    --overlap-grad-reduce, training.py:get_model passes --ddp-bucket-size to DistributedDataParallelConfig);
+    DistributedDataParallel disables bucketing for chunks > 0 (training.py:get_model disable_bucketing) and
+    for pp_rank > 0 (distributed_data_parallel.py:DistributedDataParallel.__init__)."""
+    if bucket_size is None:
+        bucket_size = cfg.ddp_bucket_size
     if vp > 0 or pp_rank > 0:
         bucket_size = None
     params = [(e.key, math.prod(local_shape(e.param, cfg, t.tp)), e.shared_embedding)
@@ -1079,6 +1086,9 @@ def args_items(cfg: ModelConfig, t: Topology, tp_rank: int, pp_rank: int) -> Lis
         "rank": rank, "local_rank": rank % 8,
         "sequence_parallel": False,
         "consumed_train_samples": cfg.iteration * cfg.global_batch_size,
+        # '--overlap-grad-reduce' (store_true), '--ddp-bucket-size' (default None)
+        "overlap_grad_reduce": cfg.ddp_bucket_size is not None,
+        "ddp_bucket_size": cfg.ddp_bucket_size,
     }
     if cfg.v013:
         upd.update({

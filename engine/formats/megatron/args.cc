@@ -1,5 +1,6 @@
 #include "engine/formats/megatron/args.h"
 
+#include <algorithm>
 #include <functional>
 #include <utility>
 
@@ -74,11 +75,33 @@ int64_t ArgsView::RequireInt(std::string_view field) const {
   return *v;
 }
 
-int64_t RunConfig::OptimizerDp() const {
-  const int64_t n = topology.dp * cp;
+int64_t RunConfig::OptimizerDp(int64_t dp) const {
+  const int64_t n = dp * cp;
   return num_distributed_optimizer_instances > 1
              ? n / num_distributed_optimizer_instances
              : n;
+}
+
+BufferOptions RunConfig::DistributedBufferOptions(int64_t dp, int64_t pp_rank,
+                                                  int64_t chunk,
+                                                  int64_t local_params) const {
+  BufferOptions o;
+  o.distributed_optimizer = true;
+  o.dp = std::max<int64_t>(OptimizerDp(dp), 1);
+  o.pad_for_high_nccl_busbw = pad_buckets_for_high_nccl_busbw;
+  // Buckets only with --overlap-grad-reduce, on the first pipeline rank's
+  // first model chunk, without --overlap-param-gather-with-optimizer-step.
+  if (overlap_grad_reduce && pp_rank == 0 && chunk == 0 &&
+      !overlap_param_gather_with_optimizer_step) {
+    if (ddp_num_buckets && *ddp_num_buckets > 0) {
+      o.bucket_size = local_params / *ddp_num_buckets;
+    } else if (ddp_bucket_size) {
+      o.bucket_size = *ddp_bucket_size;
+    } else {
+      o.bucket_size = std::max<int64_t>(40000000, 1000000 * dp * cp);
+    }
+  }
+  return o;
 }
 
 RunConfig ReadRunConfig(const ArgsView& a) {
@@ -259,12 +282,18 @@ void PatchArgs(pickle::Arena& arena, Value* ns, const ArgsPatch& p) {
   const bool vpp = t.vpp > 1;
   set("virtual_pipeline_model_parallel_size",
       vpp ? arena.Int(t.vpp) : arena.None(), true);
-  set("num_layers_per_virtual_pipeline_stage",
-      vpp ? arena.Int(p.num_layers / t.pp / t.vpp) : arena.None(), true);
-  if (Value** slot = find("num_virtual_stages_per_pipeline_rank");
-      slot != nullptr && (*slot)->kind != Kind::kNone) {
-    *slot = vpp ? arena.Int(t.vpp) : arena.None();
-  }
+  // arguments.py:validate_args: at most one of
+  // --num-layers-per-virtual-pipeline-stage and
+  // --num-virtual-stages-per-pipeline-rank, the latter with uneven stages
+  // (or when the source used it).
+  const bool uneven = t.first_stage_layers || t.last_stage_layers;
+  Value** stages = find("num_virtual_stages_per_pipeline_rank");
+  const bool by_stages =
+      vpp && stages != nullptr && (uneven || (*stages)->kind != Kind::kNone);
+  if (stages != nullptr) *stages = by_stages ? arena.Int(t.vpp) : arena.None();
+  set("num_layers_per_virtual_pipeline_stage",  // may add: `stages` invalid
+      vpp && !by_stages ? arena.Int(p.num_layers / t.pp / t.vpp) : arena.None(),
+      true);
   set("decoder_first_pipeline_num_layers", opt_int(t.first_stage_layers),
       false);
   set("decoder_last_pipeline_num_layers", opt_int(t.last_stage_layers), false);

@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 
+#include "engine/formats/megatron/buffer_layout.h"
 #include "engine/json/json.h"
 #include "engine/pickle/value.h"
 #include "layouts/variables.h"
@@ -81,22 +82,31 @@ struct RunConfig {
   std::optional<int64_t> rank;
   std::optional<int64_t> local_rank;
 
-  /// The data-parallel size the optimizer's buckets are padded for.
-  int64_t OptimizerDp() const;
+  /// The data-parallel size the optimizer's buckets are padded for, at
+  /// data-parallel size `dp`: dp * cp / num_distributed_optimizer_instances.
+  int64_t OptimizerDp(int64_t dp) const;
+
+  /// The distributed optimizer's buffer options of model chunk `chunk` of
+  /// pipeline rank `pp_rank` at data-parallel size `dp` (`local_params`: the
+  /// rank's param count over all its chunks, for --ddp-num-buckets): the
+  /// bucket size rule of training.py:get_model and DistributedDataParallel
+  /// (buffer_layout.h).
+  BufferOptions DistributedBufferOptions(int64_t dp, int64_t pp_rank,
+                                         int64_t chunk,
+                                         int64_t local_params) const;
 };
 
 /// Throws FormatError naming the field for missing required fields, bad
 /// types, inconsistent sizes and unsupported features.
 RunConfig ReadRunConfig(const ArgsView& args);
 
-/// A lossy JSON view of the Namespace (for the universal file's `args`
-/// attribute): None/bool/int/float/str as themselves, lists and tuples as
-/// arrays, torch dtypes as "torch.bfloat16", other objects as their class
-/// name or Python-like rendering.
 /// A lossy JSON view of a pickled value for the universal file's metadata:
-/// scalars, lists/tuples and dicts as JSON, globals as "module.name", other
-/// objects (and nesting deeper than 8) as their Python repr.
+/// scalars, lists/tuples and dicts as JSON, globals (torch dtypes) as
+/// "module.name", other objects (and nesting deeper than 8) as their Python
+/// repr.
 json::Value ValueToJson(const pickle::Value* v, int depth = 0);
+/// The Namespace's fields as a JSON object of ValueToJson views (the
+/// universal file's `args` attribute).
 json::Value ArgsToJson(const ArgsView& args);
 
 /// The field values a target topology changes.
@@ -121,7 +131,10 @@ int64_t GlobalRank(const layouts::Topology& topology, int64_t cp,
                    int64_t tp_rank, int64_t pp_rank);
 
 /// Patches a Namespace (a copy in `arena`) for a target rank: parallel sizes,
-/// VPP fields, data_parallel_size, world_size, rank, local_rank,
+/// VPP fields (virtual_pipeline_model_parallel_size and either
+/// num_layers_per_virtual_pipeline_stage or, with uneven stages or when the
+/// source used it, num_virtual_stages_per_pipeline_rank), data_parallel_size,
+/// world_size, rank, local_rank,
 /// padded_vocab_size, use_distributed_optimizer, and the fields v0.13
 /// derives from the topology (transformer_pipeline_model_parallel_size,
 /// expert_tensor_parallel_size, inprocess_active_world_size,

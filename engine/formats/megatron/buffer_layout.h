@@ -32,9 +32,10 @@
 //
 // bucket_size is None (one bucket) unless --overlap-grad-reduce; then
 // --ddp-bucket-size, or (local param count) / --ddp-num-buckets, or
-// max(40e6, 1e6 * dp); it is None again for pipeline ranks > 0, model chunks
-// > 0 and with --overlap-param-gather-with-optimizer-step (training.py:
-// get_model, distributed_data_parallel.py).
+// max(40e6, 1e6 * dp * cp); it is None again for pipeline ranks > 0, model
+// chunks > 0 and with --overlap-param-gather-with-optimizer-step
+// (training.py:get_model, distributed_data_parallel.py;
+// RunConfig::DistributedBufferOptions).
 //
 // DP sharding: DP rank r owns [bucket.start + r*n/dp, bucket.start +
 // (r+1)*n/dp) of each bucket (n = its padded size).

@@ -25,6 +25,14 @@ std::string IterDirName(int64_t iteration, bool release) {
   return buf;
 }
 
+std::string RngStateKey(int64_t tp_rank, int64_t pp_rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rng_state/tp%02lld_pp%03lld",
+                static_cast<long long>(tp_rank),
+                static_cast<long long>(pp_rank));
+  return buf;
+}
+
 std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp) {
   char buf[48];
   if (pp == 1) {
@@ -144,6 +152,7 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
                       "): no rank file of tensor/pipeline rank 0");
   }
   RunConfig run;
+  bool has_optimizer = false;
   torchfile::TorchFile f = torchfile::TorchFile::Open(first);  // names `first`
   try {
     const pickle::Value* root = f.root();
@@ -151,6 +160,8 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
         root != nullptr && root->IsDictLike() ? root->Get("args") : nullptr;
     if (args == nullptr) throw FormatError("no 'args' entry");
     run = ReadRunConfig(ArgsView(args, "args"));
+    const pickle::Value* opt = root->Get("optimizer");
+    has_optimizer = opt != nullptr && opt->kind != pickle::Kind::kNone;
   } catch (Error& e) {
     e.AddContext("rank file ", first.string());
     throw;
@@ -158,9 +169,11 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
   c.topology = run.topology;
   c.distributed_optimizer = run.distributed_optimizer;
   const layouts::Topology& t = c.topology;
+  // Saved with --no-save-optim: no optimizer entry and no distrib_optim.pt.
+  const bool distrib_files = c.distributed_optimizer && has_optimizer;
 
   c.rank_files.assign(static_cast<size_t>(t.pp), {});
-  if (c.distributed_optimizer)
+  if (distrib_files)
     c.distrib_optim_files.assign(static_cast<size_t>(t.pp), {});
   for (int64_t p = 0; p < t.pp; ++p) {
     for (int64_t r = 0; r < t.tp; ++r) {
@@ -171,11 +184,12 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
                           t.ToString(), " from ", first.string(), ")");
       }
       c.rank_files[static_cast<size_t>(p)].push_back(mf);
-      if (c.distributed_optimizer) {
+      if (distrib_files) {
         const fs::path df = rd / kDistribOptimFile;
         if (!fs::is_regular_file(df, ec)) {
           throw FormatError("missing ", df.string(),
-                            " (args say use_distributed_optimizer)");
+                            " (args say use_distributed_optimizer and ",
+                            first.string(), " holds optimizer state)");
         }
         c.distrib_optim_files[static_cast<size_t>(p)].push_back(df);
       }
@@ -183,8 +197,9 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
   }
   // Rank folders the topology does not explain (expert parallelism, a
   // mixed-up folder) would be silently ignored otherwise.
-  for (const fs::directory_entry& e : fs::directory_iterator(c.iter_dir)) {
-    const std::string name = e.path().filename().string();
+  fs::directory_iterator it(c.iter_dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     auto nums = ParseRankDirName(name);
     if (!nums) continue;
     const bool pp_suffix = t.pp > 1;
@@ -196,6 +211,9 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
                         "' for topology ", t.ToString(),
                         " (expert parallelism is not supported)");
     }
+  }
+  if (ec) {
+    throw IoError("cannot list ", c.iter_dir.string(), ": ", ec.message());
   }
   return c;
 }

@@ -4,9 +4,9 @@
 //
 // On-disk layout (Megatron-core v0.13; see the format notes in
 // megatron_format.h for every key):
-//   <dir>/latest_checkpointed_iteration.txt       "N" or "release" (written
-//   last) <dir>/iter_{N:07d}/ (or release/)
-//       mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt   [+ distrib_optim.pt]
+//   <dir>/latest_checkpointed_iteration.txt   "N" or "release" (written last)
+//   <dir>/iter_{N:07d}/ (or release/)
+//     mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt   [+ distrib_optim.pt]
 
 #include <cstdint>
 #include <filesystem>
@@ -33,7 +33,7 @@ struct Checkpoint {
   /// rank_files[pp][tp] = .../mp_rank_TT[_PPP]/model_optim_rng.pt
   std::vector<std::vector<std::filesystem::path>> rank_files;
   /// distrib_optim_files[pp][tp] = .../distrib_optim.pt (empty without the
-  /// distributed optimizer).
+  /// distributed optimizer, or without optimizer state: --no-save-optim).
   std::vector<std::vector<std::filesystem::path>> distrib_optim_files;
 };
 
@@ -41,7 +41,8 @@ struct Checkpoint {
 /// `iteration` if given), or `dir` itself if it is an iter_* / release
 /// folder. Reads the args of rank (0, 0) for the topology and checks that
 /// every rank file (and distrib_optim.pt when the distributed optimizer was
-/// used) exists and that no rank folder is unexplained. Throws FormatError
+/// used and rank (0, 0) holds optimizer state) exists and that no rank
+/// folder is unexplained. Throws FormatError
 /// naming the missing or malformed file (or unsupported feature such as
 /// expert parallelism), IoError if `dir` is not a folder or unreadable.
 Checkpoint Discover(const std::filesystem::path& dir,
@@ -89,8 +90,11 @@ universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
 struct TargetOptions {
   layouts::Topology topology;  // tp, pp, vpp, dp
   bool distributed_optimizer = false;
-  /// Overrides the universal file's vocabulary size for the padding (must
-  /// not be below the stored rows).
+  /// Overrides the universal file's vocabulary size for the padding. Must
+  /// not be below the stored rows, unless the universal file did not know
+  /// the true size (its rows are the source's padded rows): then the rows
+  /// beyond it are padding rows. Without it, such a file's rows are all
+  /// kept, and a note says when Megatron could pad differently.
   std::optional<int64_t> true_vocab_size;
   /// Model weights only (no optimizer, no distrib_optim.pt). Implied when
   /// the universal file holds no optimizer state.

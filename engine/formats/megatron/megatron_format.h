@@ -1,8 +1,11 @@
 #pragma once
 // Megatron-LM legacy checkpoints (`--ckpt-format torch`), as Megatron-core
 // v0.13.0 writes them (megatron/training/checkpointing.py, core/optimizer/,
-// core/distributed/). Readers also accept v0.8-v0.12 files and Megatron-LM
-// 23.x weights-only files (legacy `language_model.*` models).
+// core/distributed/). Readers also accept v0.7-v0.12 files and Megatron-LM
+// 23.x / core <= v0.5 files (legacy `language_model.*` models; optimizer
+// groups in their fixed order, param_groups.h; not their distributed
+// optimizer files), fp16 / fp32 runs and torch.optim.Adam's per-param
+// `step`.
 //
 // Folders
 //   <save>/latest_checkpointed_iteration.txt   "N" or "release"; written last
@@ -13,7 +16,8 @@
 //                                    is not supported. "mp_rank_00_001" is
 //                                    read as PP rank 1 because args say PP>1)
 //           model_optim_rng.pt       written by DP rank 0 of each (tp, pp)
-//           distrib_optim.pt         with --use-distributed-optimizer
+//           distrib_optim.pt         with --use-distributed-optimizer (not
+//                                    with --no-save-optim)
 //
 // model_optim_rng.pt: a dict, keys in this order (generate_state_dict, then
 // save_checkpoint):
@@ -48,10 +52,14 @@
 //     TE FusedAdam's per-group int `step`, then torch moving `params` last).
 //     Groups: keys (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) in
 //     order of first appearance over named_parameters() of all chunks (chunk
-//     0 first); wd_mult 0 for names ending ".bias" and 1-D params. State ids
-//     count params over the groups in order. With the distributed optimizer
-//     the stored groups are DP rank 0's: a group whose params have no
-//     element in DP rank 0's shard never stepped there and has no `step`.
+//     0 first; <= v0.5: fixed order, param_groups.h); wd_mult 0 for names
+//     ending ".bias" and 1-D params. State ids count params over the groups
+//     in order. torch.optim.Adam (no apex / TE) keeps a 0-d float `step` per
+//     param in the state (first key); FusedAdam an int `step` per group.
+//     With the distributed optimizer the stored groups are DP rank 0's: a
+//     group whose params have no element in DP rank 0's shard never stepped
+//     there and has no `step` (FusedAdam); with torch.optim.Adam every group
+//     carries the step as a float (distrib_optimizer.py:state_dict).
 //   opt_param_scheduler   {max_lr, lr_warmup_steps, num_steps, ...}
 //   rerun_state_machine   (v0.10+) {mode, sharded: {...}}
 //   rng_state             [ {random_rng_state, np_rng_state, torch_rng_state,
@@ -96,7 +104,9 @@
 //   chunks ...], "entries": [[canonical name, "param"|"buffer"|"opaque"]...]
 //   in canonical state-dict order (tied copies left out), "release": bool,
 //   "gpus_per_node": n, "optimizer_format": "float16"|"fp32"|"distributed"|
-//   "none", "state_keys": per-param state keys in order, "grad_dtype"}.
+//   "none", "state_keys": per-param state keys in order, "grad_dtype",
+//   "vocab_size_known": false when the true vocabulary size was unknown and
+//   every stored row (the source's padded size) counts as a real row}.
 
 #include <cstdint>
 #include <optional>
@@ -113,8 +123,20 @@ inline constexpr std::string_view kReleaseDir = "release";
 /// The root attribute of the universal file holding the driver's metadata.
 inline constexpr std::string_view kMetaAttr = "megatron";
 
+/// The world tensors of a distrib_optim.pt buffer and the state kinds of the
+/// universal file they hold.
+struct WorldTensor {
+  const char* key;
+  const char* kind;
+};
+inline constexpr WorldTensor kWorldTensors[] = {
+    {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
+
 /// "iter_0000100", or "release".
 std::string IterDirName(int64_t iteration, bool release);
+/// The universal file's opaque key of a rank's rng state:
+/// "rng_state/tp01_pp003".
+std::string RngStateKey(int64_t tp_rank, int64_t pp_rank);
 /// "mp_rank_01" (pp == 1) or "mp_rank_01_003".
 std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp);
 

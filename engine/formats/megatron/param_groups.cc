@@ -1,5 +1,8 @@
 #include "engine/formats/megatron/param_groups.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "engine/core/error.h"
 
 namespace ucp::megatron {
@@ -72,7 +75,7 @@ GroupKey StoredGroupKey(const pickle::Value* group) {
   return k;
 }
 
-Grouping GroupParams(std::span<const GroupKey> keys) {
+Grouping GroupParams(std::span<const GroupKey> keys, GroupOrder order) {
   Grouping g;
   g.group_of.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -84,6 +87,27 @@ Grouping GroupParams(std::span<const GroupKey> keys) {
     }
     g.members[gi].push_back(i);
     g.group_of.push_back(gi);
+  }
+  if (order == GroupOrder::kLegacyFixed) {
+    // Weight decay first, then lr_mult 1 first, then dense first.
+    auto rank = [](const GroupKey& k) {
+      return std::make_tuple(k.wd_mult == 0.0, k.lr_mult != 1.0,
+                             k.is_expert_parallel, k.is_decoupled_lr);
+    };
+    std::vector<size_t> perm(g.keys.size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
+    std::stable_sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+      return rank(g.keys[a]) < rank(g.keys[b]);
+    });
+    Grouping sorted;
+    std::vector<size_t> new_index(perm.size());
+    for (size_t n = 0; n < perm.size(); ++n) {
+      sorted.keys.push_back(g.keys[perm[n]]);
+      sorted.members.push_back(std::move(g.members[perm[n]]));
+      new_index[perm[n]] = n;
+    }
+    for (size_t gi : g.group_of) sorted.group_of.push_back(new_index[gi]);
+    g = std::move(sorted);
   }
   return g;
 }

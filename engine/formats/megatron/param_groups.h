@@ -7,7 +7,13 @@
 // with wd_mult = 0 for names ending in ".bias" and for 1-D params, else 1;
 // lr_mult = 1 (no scale_lr_cond), is_expert_parallel = false (dense),
 // is_decoupled_lr = false (no --decoupled-lr). Groups appear in the order
-// their key first appears; members keep their order.
+// their key first appears (v0.6+); members keep their order.
+//
+// Megatron-core <= v0.5 and Megatron-LM 23.x (megatron/optimizer/__init__.py:
+// get_param_groups) used a fixed group order instead: weight-decayed groups
+// first, then the others; within each, lr_mult 1 before a scaled lr_mult
+// (and, v0.5, dense before expert-parallel). Empty groups are dropped in both.
+// Readers accept either order; writers use the first-appearance order.
 
 #include <cstdint>
 #include <span>
@@ -50,8 +56,14 @@ struct Grouping {
   std::vector<size_t> group_of;              // per input: its group
 };
 
-/// Groups params (their keys in named_parameters() order) by first
-/// appearance of the key.
-Grouping GroupParams(std::span<const GroupKey> keys);
+enum class GroupOrder {
+  kFirstAppearance,  // Megatron-core v0.6+
+  kLegacyFixed,      // Megatron-core <= v0.5, Megatron-LM 23.x
+};
+
+/// Groups params (their keys in named_parameters() order) by key, groups in
+/// `order`.
+Grouping GroupParams(std::span<const GroupKey> keys,
+                     GroupOrder order = GroupOrder::kFirstAppearance);
 
 }  // namespace ucp::megatron

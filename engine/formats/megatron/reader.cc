@@ -3,9 +3,6 @@
 // layout: buffer_layout.h; groups: param_groups.h.
 
 #include <algorithm>
-#include <array>
-#include <cctype>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <set>
@@ -62,8 +59,9 @@ struct Loaded {
   std::optional<Layout> layout;
   layouts::Variables vars;
   std::optional<layouts::LayerPlacement> placement;
-  bool vocab_known = false;
-  std::string vocab_source;  // where vocab_size came from
+  bool vocab_known = false;       // vocab_size set (true or padded size)
+  bool true_vocab_known = false;  // from the options or the tokenizer
+  std::string vocab_source;       // where vocab_size came from
 
   const layouts::Topology& topology() const { return run.topology; }
   SourceRank& Rank(int64_t pp, int64_t tp) {
@@ -78,6 +76,13 @@ Layout ChooseLayout(const std::string& spec,
     if (b == spec) return Layout::Builtin(spec);
   }
   return Layout::Load(spec);
+}
+
+// "model" or "model<i>": a model chunk of a rank file.
+bool IsModelKey(std::string_view key) {
+  return key.substr(0, 5) == "model" &&
+         std::all_of(key.begin() + std::min<size_t>(key.size(), 5), key.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
 }
 
 const Value* TopGet(const Value* root, std::string_view key) {
@@ -143,13 +148,42 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
         e.AddContext(sr.Where());
         throw;
       }
-      if (c.distributed_optimizer) {
+      if (!c.distrib_optim_files.empty()) {
         sr.distrib_path = c.distrib_optim_files.at(static_cast<size_t>(p))
                               .at(static_cast<size_t>(r));
         sr.distrib =
             std::make_shared<const TorchFile>(TorchFile::Open(sr.distrib_path));
       }
       L.ranks.push_back(std::move(sr));
+    }
+  }
+
+  // checkpoint_version < 2.0 (0 when absent): Megatron reorders the rows of
+  // the legacy query_key_value / key_value tensors when loading such files
+  // (checkpointing.py:fix_query_key_value_ordering); their rows are not in
+  // the order the layouts describe.
+  {
+    const Value* cv = TopGet(L.ranks.front().root, "checkpoint_version");
+    const double version = cv != nullptr ? cv->AsFloat().value_or(0) : 0;
+    if (version < 2.0) {
+      for (const SourceRank& sr : L.ranks)
+        for (const RankChunk& ch : sr.chunks)
+          for (const ChunkLeaf& leaf : ch.leaves) {
+            const std::string_view n = leaf.name;
+            for (std::string_view suffix :
+                 {".query_key_value.weight", ".query_key_value.bias",
+                  ".key_value.weight", ".key_value.bias"}) {
+              if (n.size() >= suffix.size() &&
+                  n.substr(n.size() - suffix.size()) == suffix) {
+                throw FormatError(
+                    sr.Where(), " > ", ch.key, " > ", leaf.name,
+                    ": checkpoint_version ", version,
+                    " (< 2.0) orders the query/key/value rows differently "
+                    "(Megatron reorders them when loading); load and save "
+                    "the checkpoint once with Megatron first");
+              }
+            }
+          }
     }
   }
 
@@ -174,6 +208,7 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
     vocab = L.run.true_vocab_size;
     L.vocab_source = "tokenizer (NullTokenizer vocab_size + 1)";
   }
+  L.true_vocab_known = vocab.has_value();
   if (!vocab) {
     vocab = L.run.padded_vocab_size;
     L.vocab_source = "padded_vocab_size (true size unknown)";
@@ -269,6 +304,7 @@ class Planner {
 
   void CollectParams();
   void PlanModel();
+  void FindOptimizer();
   void PlanOptimizer();
   void PlanRankOptimizer(SourceRank& sr);
   std::optional<std::vector<RankParam>> PlanRankModelFileOptimizer(
@@ -332,7 +368,20 @@ universal::AtomPlan& Planner::Atom(const ParamState& ps,
                                    bool scalar) {
   auto key = std::make_pair(ps.name, kind);
   auto it = atoms_.find(key);
-  if (it != atoms_.end()) return plan_.atoms[it->second];
+  if (it != atoms_.end()) {
+    universal::AtomPlan& a = plan_.atoms[it->second];
+    const Shape& shape = scalar ? Shape{} : ps.full_shape;
+    if (a.dtype != dtype) {
+      throw FormatError("'", kind, "' is ", DTypeName(dtype), " here but ",
+                        DTypeName(a.dtype), " in another rank file");
+    }
+    if (a.shape != shape) {
+      throw FormatError("'", kind, "' has full shape ", ShapeString(shape),
+                        " here but ", ShapeString(a.shape),
+                        " in another rank file");
+    }
+    return a;
+  }
   universal::AtomPlan a;
   a.param = ps.name;
   a.state_kind = kind;
@@ -558,6 +607,25 @@ void Planner::PlanModel() {
   }
 }
 
+// Megatron's grouping of a rank's params in the order the stored groups
+// follow: first appearance (v0.6+), or the fixed order of Megatron-core <=
+// v0.5 / Megatron-LM 23.x when the stored keys say so (NoteGroups reports a
+// mismatch against the first-appearance rule).
+Grouping MatchGrouping(const Value* groups, std::span<const GroupKey> keys) {
+  Grouping first = GroupParams(keys);
+  if (groups == nullptr || groups->kind != Kind::kList ||
+      groups->items.size() != first.keys.size())
+    return first;
+  std::vector<GroupKey> stored;
+  for (const Value* d : groups->items) {
+    if (d == nullptr || !d->IsDictLike()) return first;
+    stored.push_back(StoredGroupKey(d));
+  }
+  if (stored == first.keys) return first;
+  Grouping legacy = GroupParams(keys, GroupOrder::kLegacyFixed);
+  return stored == legacy.keys ? legacy : first;
+}
+
 void Planner::NoteGroups(const Value* groups, const Grouping& g,
                          const std::string& where) {
   if (groups == nullptr || groups->kind != Kind::kList) {
@@ -593,28 +661,35 @@ void Planner::NoteGroups(const Value* groups, const Grouping& g,
       chosen = d;
       continue;
     }
-    // Same hyper-parameters on every rank; prefer a dict carrying `step`.
-    for (const auto& [k, v] : d->entries) {
-      if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
-      const Value* other = chosen->Get(k->s);
-      if (other == nullptr) {
-        if (k->s == "step") {
-          chosen = d;
-          break;
+    // Same hyper-parameters on every rank (`step` only where both have it:
+    // a distributed optimizer's group that never stepped on DP rank 0 has
+    // none); prefer a dict carrying `step`.
+    auto compare = [&](const Value* a, const Value* b) {
+      for (const auto& [k, v] : a->entries) {
+        if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
+        const Value* other = b->Get(k->s);
+        if (other == nullptr) {
+          if (k->s == "step") continue;
+          throw FormatError(where, ": param group ", gi, " ",
+                            a == d ? "has" : "lacks", " '", k->s,
+                            "', unlike the same group of another rank");
         }
-        throw FormatError(where, ": param group ", gi, " has '", k->s,
-                          "', which the same group of another rank lacks");
+        if (!pickle::DeepEqual(v, other)) {
+          throw FormatError(where, ": param group ", gi, " '", k->s,
+                            "' = ", pickle::Repr(d->Get(k->s), 40),
+                            ", another rank has ",
+                            pickle::Repr(chosen->Get(k->s), 40));
+        }
       }
-      if (!pickle::DeepEqual(v, other)) {
-        throw FormatError(where, ": param group ", gi, " '", k->s,
-                          "' = ", pickle::Repr(v, 40), ", another rank has ",
-                          pickle::Repr(other, 40));
-      }
-    }
+    };
+    compare(d, chosen);
+    compare(chosen, d);
+    if (chosen->Get("step") == nullptr && d->Get("step") != nullptr) chosen = d;
   }
 }
 
-void Planner::PlanOptimizer() {
+// Whether the rank files hold optimizer state: all of them or none.
+void Planner::FindOptimizer() {
   const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
   has_optimizer_ = opt0 != nullptr && opt0->kind != Kind::kNone;
   for (SourceRank& sr : L_.ranks) {
@@ -624,7 +699,11 @@ void Planner::PlanOptimizer() {
                         "'optimizer' entry, unlike rank (0, 0)");
     }
   }
+}
+
+void Planner::PlanOptimizer() {
   if (!has_optimizer_) return;
+  const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
   if (opt0->kind == Kind::kList) {
     throw FormatError(L_.ranks.front().Where(),
                       ": 'optimizer' is a list (a ChainedOptimizer of "
@@ -689,8 +768,6 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
                                      ch.leaves[i].tensor->shape.size()));
     }
   }
-  const Grouping g = GroupParams(keys);
-
   const Value* inner = opt->Get("optimizer");
   const bool distributed = inner != nullptr && inner->IsDictLike() &&
                            inner->Get("state") == nullptr &&
@@ -727,6 +804,7 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
                       optimizer_format_);
   }
   const Value* groups = inner->Get("param_groups");
+  const Grouping g = MatchGrouping(groups, keys);
   NoteGroups(groups, g, "optimizer param_groups");
   if (distributed) return params;
   if (format == "float16" && !(fp32_groups->kind == Kind::kList &&
@@ -838,8 +916,19 @@ void Planner::PlanDistributed(SourceRank& sr,
           "no 'buckets_coalesced': True (a distributed-optimizer format of "
           "Megatron-core before v0.7, not supported)");
     }
+    // One buffer per model chunk: Megatron makes one per (chunk, param
+    // dtype, grad dtype), numbered over the chunks.
+    size_t buffers = 0;
+    for (const auto& [k, val] : root->entries)
+      if (k != nullptr && k->kind == Kind::kInt) ++buffers;
+    if (buffers != sr.chunks.size()) {
+      throw FormatError("holds ", buffers, " gradient buffers for ",
+                        sr.chunks.size(),
+                        " model chunks (params of several dtypes in one "
+                        "chunk, e.g. fp8 or fp32 params in a bf16 model, are "
+                        "not supported)");
+    }
     const RunConfig& run = L_.run;
-    const layouts::Topology& t = run.topology;
     int64_t local_params = 0;
     for (const RankParam& rp : params)
       local_params += sr.chunks[rp.chunk].leaves[rp.leaf].tensor->numel;
@@ -858,31 +947,38 @@ void Planner::PlanDistributed(SourceRank& sr,
         bparams.push_back(bp);
         members.push_back(&rp);
       }
-      BufferOptions bo;
-      bo.distributed_optimizer = true;
-      bo.dp = run.OptimizerDp();
-      bo.pad_for_high_nccl_busbw = run.pad_buckets_for_high_nccl_busbw;
-      if (run.overlap_grad_reduce && sr.pp_rank == 0 && v == 0 &&
-          !run.overlap_param_gather_with_optimizer_step) {
-        if (run.ddp_num_buckets && *run.ddp_num_buckets > 0) {
-          bo.bucket_size = local_params / *run.ddp_num_buckets;
-        } else if (run.ddp_bucket_size) {
-          bo.bucket_size = *run.ddp_bucket_size;
-        } else {
-          bo.bucket_size = std::max<int64_t>(40000000, 1000000 * t.dp * run.cp);
-        }
-      }
+      const BufferOptions bo = run.DistributedBufferOptions(
+          run.topology.dp, sr.pp_rank, static_cast<int64_t>(v), local_params);
       const Value* gbuf = GetInt(root, static_cast<int64_t>(v));
       if (gbuf == nullptr || !gbuf->IsDictLike() || gbuf->entries.size() != 1) {
         throw FormatError("buffer ", v, " (model chunk ", v,
                           ") is missing or holds several dtype buffers");
       }
       const auto& [dtkey, world] = gbuf->entries.front();
-      if (dtkey != nullptr && dtkey->kind == Kind::kTuple &&
-          dtkey->items.size() == 2 && dtkey->items[1] &&
-          dtkey->items[1]->kind == Kind::kGlobal && grad_dtype_.empty()) {
-        grad_dtype_ = dtkey->items[1]->name;
+      auto torch_dtype = [&](size_t i) -> const Value* {
+        if (dtkey == nullptr || dtkey->kind != Kind::kTuple ||
+            dtkey->items.size() != 2)
+          return nullptr;
+        const Value* d = dtkey->items[i];
+        return d != nullptr && d->kind == Kind::kGlobal && d->module == "torch"
+                   ? d
+                   : nullptr;
+      };
+      if (torch_dtype(0) == nullptr || torch_dtype(1) == nullptr) {
+        throw FormatError("buffer ", v, " key ", pickle::Repr(dtkey, 60),
+                          " is not a (param dtype, grad dtype) pair");
       }
+      for (const RankParam* rp : members) {
+        const ChunkLeaf& leaf = ch.leaves[rp->leaf];
+        if (DTypeName(leaf.tensor->dtype) != torch_dtype(0)->name) {
+          throw FormatError("buffer ", v, " holds torch.", torch_dtype(0)->name,
+                            " params, but ", leaf.name, " of model chunk ", v,
+                            " is ", DTypeName(leaf.tensor->dtype),
+                            " (params of several dtypes in one chunk are not "
+                            "supported)");
+        }
+      }
+      if (grad_dtype_.empty()) grad_dtype_ = torch_dtype(1)->name;
       const std::string bwhere = StrCat(dwhere, " > buffer ", v);
       if (world == nullptr || !world->IsDictLike())
         throw FormatError("buffer ", v, " is not a dict");
@@ -920,11 +1016,7 @@ void Planner::PlanDistributed(SourceRank& sr,
         }
         layout = std::move(*alt);
       }
-      std::array<std::pair<const char*, const char*>, 3> kinds = {
-          {{"param", "fp32"},
-           {"exp_avg", "exp_avg"},
-           {"exp_avg_sq", "exp_avg_sq"}}};
-      for (const auto& [wkey, kind] : kinds) {
+      for (const auto& [wkey, kind] : kWorldTensors) {
         const TensorInfo* wt = sr.distrib->FindTensor(world->Get(wkey));
         if (wt == nullptr) {
           if (std::string_view(wkey) == "param")
@@ -992,10 +1084,7 @@ void Planner::PlanOpaque() {
     const std::string& key = k->s;
     if (key == "args") {
       add("args", Blob(f0, v));
-    } else if (key == "optimizer" || key == "rng_state" ||
-               (key.rfind("model", 0) == 0 &&
-                (key.size() == 5 ||
-                 std::all_of(key.begin() + 5, key.end(), ::isdigit)))) {
+    } else if (key == "optimizer" || key == "rng_state" || IsModelKey(key)) {
       continue;
     } else if (key == "rerun_state_machine") {
       add("rerun_state_machine", Blob(f0, v));
@@ -1006,11 +1095,7 @@ void Planner::PlanOpaque() {
   for (SourceRank& sr : L_.ranks) {
     const Value* rng = TopGet(sr.root, "rng_state");
     if (rng == nullptr) continue;
-    char key[64];
-    std::snprintf(key, sizeof key, "rng_state/tp%02lld_pp%03lld",
-                  static_cast<long long>(sr.tp_rank),
-                  static_cast<long long>(sr.pp_rank));
-    add(key, Blob(sr.file.get(), rng));
+    add(RngStateKey(sr.tp_rank, sr.pp_rank), Blob(sr.file.get(), rng));
   }
   if (has_optimizer_) {
     const Value* opt = TopGet(r0.root, "optimizer");
@@ -1133,11 +1218,7 @@ void Planner::PlanRoot() {
   bool model_seen = false;
   for (const auto& [k, v] : r0.root->entries) {
     if (k == nullptr || k->kind != Kind::kStr) continue;
-    const bool is_model =
-        k->s.rfind("model", 0) == 0 &&
-        (k->s.size() == 5 ||
-         std::all_of(k->s.begin() + 5, k->s.end(), ::isdigit));
-    if (is_model) {
+    if (IsModelKey(k->s)) {
       if (!model_seen) top.Append("model");
       model_seen = true;
     } else {
@@ -1153,15 +1234,13 @@ void Planner::PlanRoot() {
   for (const std::string& k : state_keys_) sk.Append(k);
   meta["state_keys"] = std::move(sk);
   meta["grad_dtype"] = grad_dtype_;
+  meta["vocab_size_known"] = L_.true_vocab_known;
   root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
 }
 
 universal::SourcePlan Planner::Run() {
   CollectParams();
-  {
-    const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
-    has_optimizer_ = opt0 != nullptr && opt0->kind != Kind::kNone;
-  }
+  FindOptimizer();
   PlanModel();
   PlanOptimizer();
   for (const std::string& n : param_order_) {

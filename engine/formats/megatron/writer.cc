@@ -19,12 +19,13 @@
 // tracker last.
 
 #include <algorithm>
-#include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
 #include <set>
 
+#include "engine/core/convert.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
@@ -67,6 +68,21 @@ class WriterSink : public reshape::ByteSink {
   const Value* node_;
 };
 
+// Collects a small tensor's bytes.
+class MemorySink : public reshape::ByteSink {
+ public:
+  explicit MemorySink(size_t n) : bytes_(n) {}
+  void Write(uint64_t offset, std::span<const std::byte> data) override {
+    UCP_CHECK(offset + data.size() <= bytes_.size(), "write past the end");
+    std::copy(data.begin(), data.end(),
+              bytes_.begin() + static_cast<std::ptrdiff_t>(offset));
+  }
+  const std::vector<std::byte>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
 json::Value ParseJson(const std::string& text, const char* what,
                       const fs::path& path) {
   if (text.empty()) return json::Value::Object();
@@ -105,6 +121,8 @@ class TargetWriter {
  private:
   void ReadMetadata();
   void BuildEntries();
+  void ReadTorchStep();
+  void NoteUnknownVocab();
   void WriteBatch(const std::vector<std::pair<int64_t, int64_t>>& ranks,
                   const std::string& label);
 
@@ -113,6 +131,8 @@ class TargetWriter {
     std::unique_ptr<torchfile::TorchWriter> writer;
     std::unique_ptr<GraphImporter> importer;
     std::vector<reshape::Job> jobs;
+    // Tensors of known bytes (written after Begin).
+    std::vector<std::pair<const Value*, std::vector<std::byte>>> constants;
     fs::path path;
   };
   const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, FileJobs& model,
@@ -148,9 +168,24 @@ class TargetWriter {
   std::string target_format_;  // float16 | fp32 | distributed
   std::vector<GroupKey> group_keys_;
   std::vector<std::string> state_keys_;
+  std::vector<std::string> top_level_keys_;  // of a rank file, in order
+  // (canonical name, "param" | "buffer" | "opaque") from the metadata.
+  std::vector<std::pair<std::string, std::string>> meta_entries_;
+  // The true vocabulary size when the universal file's rows are the
+  // source's padded size (its vocab_size_known is false) and the options
+  // give the size: rows beyond it are read as padding rows.
+  std::optional<int64_t> vocab_rows_;
+  // torch.optim.Adam (Megatron without apex / TE) keeps `step` per param, a
+  // 0-d float tensor in the state, and the distributed optimizer stores its
+  // value as a float on every group; apex / TE FusedAdam keep an int per
+  // group. The step when the source used torch Adam; step_atoms_: the
+  // universal file holds the per-param tensors.
+  std::optional<double> torch_step_;
+  bool torch_step_integral_ = false;
+  bool step_atoms_ = false;
   std::string grad_dtype_;
   int64_t cp_ = 1;
-  std::optional<RunConfig> run_;  // from the stored args
+  RunConfig run_;  // from the stored args
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1;
   int64_t gpus_per_node_ = 8;
   bool release_ = false;
@@ -218,11 +253,26 @@ void TargetWriter::ReadMetadata() {
                       ") needs pp > 1 (Megatron builds model chunks only "
                       "with pipeline parallelism)");
   }
+  // A universal file that did not know the true vocabulary size holds the
+  // source's padded rows as real rows; a given size below them marks the
+  // rest as padding again.
+  const json::Value* vocab_known = meta_.Find("vocab_size_known");
+  if (options_.true_vocab_size && vocab_known != nullptr &&
+      vocab_known->is_bool() && !vocab_known->AsBool())
+    vocab_rows_ = *options_.true_vocab_size;
   std::vector<layouts::ParamShape> shapes;
-  for (const atoms::StoredParam& p : store_.params())
-    shapes.push_back({p.info.fqn, p.info.shape});
+  for (const atoms::StoredParam& p : store_.params()) {
+    Shape shape = p.info.shape;
+    const Rule* r = layout_->Find(p.info.fqn, vars_);
+    const size_t dim = r != nullptr ? static_cast<size_t>(r->tp.dim) : 0;
+    if (vocab_rows_ && r != nullptr && r->tp.split && r->tp.vocab &&
+        dim < shape.size())
+      shape[dim] = std::min(shape[dim], *vocab_rows_);
+    shapes.push_back({p.info.fqn, std::move(shape)});
+  }
   layouts::ValidateTopology(*layout_, shapes, vars_, topo_);
   placement_.emplace(layout_->NumLayers(vars_), topo_);
+  NoteUnknownVocab();
 
   // Optimizer: written when the universal file has one and it is wanted.
   const json::Value* fmt = meta_.Find("optimizer_format");
@@ -241,28 +291,153 @@ void TargetWriter::ReadMetadata() {
   target_format_ = options_.distributed_optimizer
                        ? "distributed"
                        : (low_precision ? "float16" : "fp32");
-  if (const json::Value* groups = optimizer_.Find("groups");
-      groups != nullptr && groups->is_array()) {
-    for (const json::Value& g : groups->items())
-      group_keys_.push_back(GroupKey::FromJson(g.At("key")));
+  auto in_attr = [&](const char* attr, auto&& fn) {
+    try {
+      fn();
+    } catch (Error& e) {
+      e.AddContext("universal file ", store_.path().string(), " > attribute ",
+                   attr);
+      throw;
+    }
+  };
+  in_attr("optimizer", [&] {
+    if (const json::Value* groups = optimizer_.Find("groups");
+        groups != nullptr && groups->is_array()) {
+      for (const json::Value& g : groups->items())
+        group_keys_.push_back(GroupKey::FromJson(g.At("key")));
+    }
+  });
+  in_attr(kMetaAttr.data(), [&] {
+    if (const json::Value* sk = meta_.Find("state_keys");
+        sk && sk->is_array()) {
+      for (const json::Value& k : sk->items())
+        state_keys_.push_back(k.AsString());
+    } else if (const json::Value* kinds = optimizer_.Find("state_kinds");
+               kinds && kinds->is_array()) {
+      for (const json::Value& k : kinds->items())
+        if (k.AsString() != "fp32") state_keys_.push_back(k.AsString());
+    }
+    if (const json::Value* t = meta_.Find("top_level_keys");
+        t && t->is_array()) {
+      for (const json::Value& k : t->items())
+        top_level_keys_.push_back(k.AsString());
+    } else {
+      top_level_keys_ = {"args",
+                         "checkpoint_version",
+                         "iteration",
+                         "model",
+                         "optimizer",
+                         "opt_param_scheduler",
+                         "rerun_state_machine",
+                         "rng_state",
+                         "num_floating_point_operations_so_far"};
+    }
+    if (const json::Value* e = meta_.Find("entries"); e && e->is_array()) {
+      for (const json::Value& x : e->items()) {
+        if (!x.is_array() || x.size() != 2 || !x.items()[0].is_string() ||
+            !x.items()[1].is_string()) {
+          throw FormatError("entry ", x.Dump(),
+                            " is not [name, \"param\"|\"buffer\"|\"opaque\"]");
+        }
+        meta_entries_.emplace_back(x.items()[0].AsString(),
+                                   x.items()[1].AsString());
+      }
+    }
+  });
+}
+
+// Without the true vocabulary size the stored rows (the source's padded
+// size P for tp T) count as real; the target's padding is computed from P.
+// That is what Megatron computes for every true size in (P - div*T, P] when
+// the target tp is a multiple of T, but not for every other tp: say so.
+void TargetWriter::NoteUnknownVocab() {
+  const json::Value* known = meta_.Find("vocab_size_known");
+  if (options_.true_vocab_size || known == nullptr || !known->is_bool() ||
+      known->AsBool())
+    return;
+  for (const Rule& r : layout_->rules()) {
+    if (!r.tp.split || !r.tp.vocab) continue;
+    const int64_t rows = r.tp.vocab->true_size.Evaluate(vars_);
+    const int64_t div = r.tp.vocab->divisible_by.Evaluate(vars_);
+    const int64_t lo = std::max<int64_t>(1, rows - div * source_tp_ + 1);
+    const int64_t padded = layouts::PaddedVocabSize(rows, div, topo_.tp);
+    const int64_t padded_lo = layouts::PaddedVocabSize(lo, div, topo_.tp);
+    if (padded_lo != padded) {
+      notes_.insert(StrCat(
+          "the true vocabulary size is unknown (the source's tokenizer is "
+          "not a NullTokenizer): its ",
+          rows, " padded rows were kept as real rows and padded to ", padded,
+          " for tp ", topo_.tp, "; Megatron pads the tokenizer's size to ",
+          padded_lo, "..", padded,
+          " rows for that tp: give the tokenizer's vocabulary size "
+          "(--vocab-size) to match it"));
+    }
+    return;
   }
-  if (const json::Value* sk = meta_.Find("state_keys"); sk && sk->is_array()) {
-    for (const json::Value& k : sk->items())
-      state_keys_.push_back(k.AsString());
-  } else if (const json::Value* kinds = optimizer_.Find("state_kinds");
-             kinds && kinds->is_array()) {
-    for (const json::Value& k : kinds->items())
-      if (k.AsString() != "fp32") state_keys_.push_back(k.AsString());
+}
+
+void TargetWriter::ReadTorchStep() {
+  if (!write_optimizer_) return;
+  const atoms::DatasetInfo* d = nullptr;
+  if (std::find(state_keys_.begin(), state_keys_.end(), "step") !=
+      state_keys_.end()) {
+    for (const atoms::StoredParam& p : store_.params()) {
+      d = store_.FindAtom(p.info.fqn, "step");
+      if (d != nullptr) break;
+    }
+  }
+  if (d == nullptr) {
+    // A distributed torch-Adam source: a float `step` on the groups.
+    BlobCache blobs(store_);
+    const Value* groups = blobs.Get("optimizer/param_groups")->root();
+    if (groups == nullptr || groups->kind != Kind::kList) return;
+    for (const Value* g : groups->items) {
+      const Value* step =
+          g != nullptr && g->IsDictLike() ? g->Get("step") : nullptr;
+      if (step != nullptr && step->kind == Kind::kFloat) {
+        torch_step_ = step->f;
+        return;
+      }
+    }
+    return;
+  }
+  if (!d->shape.empty()) {
+    throw FormatError("universal file ", store_.path().string(), " > ", d->path,
+                      ": per-param 'step' of shape ", ShapeString(d->shape),
+                      ", expected a scalar");
+  }
+  const bool integral = d->dtype == DType::kInt64;
+  const DType read = integral ? DType::kInt64 : DType::kFloat64;
+  if (!integral && !CanConvert(d->dtype, read)) {
+    throw FormatError("universal file ", store_.path().string(), " > ", d->path,
+                      ": per-param 'step' of dtype ", DTypeName(d->dtype));
+  }
+  MemorySink sink(8);
+  std::vector<reshape::Job> jobs(1);
+  jobs[0].tensor = reshape::TargetTensor{
+      d->path,
+      read,
+      {},
+      {{store_.Tensor(*d), Box::Whole({}), Box::Whole({}), 0, {}}}};
+  jobs[0].sink = &sink;
+  store_.Run(jobs, executor_);
+  step_atoms_ = true;
+  torch_step_integral_ = integral;
+  if (integral) {
+    int64_t v;
+    std::memcpy(&v, sink.bytes().data(), 8);
+    torch_step_ = static_cast<double>(v);
+  } else {
+    double v;
+    std::memcpy(&v, sink.bytes().data(), 8);
+    torch_step_ = v;
   }
 }
 
 void TargetWriter::BuildEntries() {
   const Layout& layout = *layout_;
-  std::vector<std::pair<std::string, std::string>> list;  // name, kind
-  if (const json::Value* e = meta_.Find("entries"); e && e->is_array()) {
-    for (const json::Value& x : e->items())
-      list.emplace_back(x.items().at(0).AsString(), x.items().at(1).AsString());
-  } else {
+  std::vector<std::pair<std::string, std::string>> list = meta_entries_;
+  if (list.empty()) {
     for (const atoms::StoredParam& p : store_.params())
       list.emplace_back(p.info.fqn, p.info.kind == atoms::ParamKind::kBuffer
                                         ? "buffer"
@@ -341,26 +516,46 @@ std::vector<reshape::CopyOp> TargetWriter::OpsFor(const Entry& e,
     pad = store_.FindPadAtom(p.info.fqn, "fp32");
   int64_t padded = 0;
   int64_t pad_rows = 0;
+  Shape full = p.info.shape;
+  int64_t stored_pad = 0;  // padding rows at the end of the main atom
   if (std::optional<int64_t> pd =
           layouts::PaddedDimSize(*e.rule, vars_, topo_.tp)) {
     padded = *pd;
     const size_t dim = static_cast<size_t>(e.rule->tp.dim);
-    if (padded < p.info.shape[dim]) {
+    if (vocab_rows_ && *vocab_rows_ < full.at(dim)) {
+      if (pad != nullptr) {
+        throw FormatError("universal file ", store_.path().string(),
+                          " > param ", p.info.fqn,
+                          ": padding rows stored although the vocabulary "
+                          "size was unknown");
+      }
+      stored_pad = full[dim] - *vocab_rows_;
+      full[dim] = *vocab_rows_;
+    }
+    if (padded < full[dim]) {
       throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
                         padded, " rows for tp ", topo_.tp,
-                        ") is smaller than the stored ", p.info.shape[dim],
-                        " rows");
+                        ") is smaller than the stored ", full[dim], " rows");
     }
+    pad_rows = stored_pad;
     if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
   }
-  layouts::LocalShard shard = layouts::ShardFor(*e.rule, p.info.shape, topo_.tp,
-                                                tp_rank, padded, pad_rows);
+  layouts::LocalShard shard =
+      layouts::ShardFor(*e.rule, full, topo_.tp, tp_rank, padded, pad_rows);
   std::vector<reshape::CopyOp> ops;
   const reshape::SourceTensor main = store_.Tensor(atom);
   for (const layouts::Piece& piece : shard.pieces) {
     reshape::CopyOp op;
-    op.src = piece.region == layouts::Region::kPad ? store_.Tensor(*pad) : main;
+    op.src = main;
     op.src_box = piece.global;
+    if (piece.region == layouts::Region::kPad) {
+      if (stored_pad > 0) {
+        op.src_box.offset[static_cast<size_t>(e.rule->tp.dim)] +=
+            full[static_cast<size_t>(e.rule->tp.dim)];
+      } else {
+        op.src = store_.Tensor(*pad);
+      }
+    }
     op.dst_box = piece.local;
     ops.push_back(std::move(op));
   }
@@ -484,26 +679,8 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
           bp.push_back(b);
           which.push_back(k);
         }
-        BufferOptions bo;
-        bo.distributed_optimizer = true;
-        bo.dp = run_ ? run_->num_distributed_optimizer_instances > 1
-                           ? topo_.dp * cp_ /
-                                 run_->num_distributed_optimizer_instances
-                           : topo_.dp * cp_
-                     : topo_.dp * cp_;
-        if (run_) {
-          bo.pad_for_high_nccl_busbw = run_->pad_buckets_for_high_nccl_busbw;
-          if (run_->overlap_grad_reduce && pp_rank == 0 && v == 0 &&
-              !run_->overlap_param_gather_with_optimizer_step) {
-            if (run_->ddp_num_buckets && *run_->ddp_num_buckets > 0)
-              bo.bucket_size = local_params / *run_->ddp_num_buckets;
-            else if (run_->ddp_bucket_size)
-              bo.bucket_size = *run_->ddp_bucket_size;
-            else
-              bo.bucket_size =
-                  std::max<int64_t>(40000000, 1000000 * topo_.dp * cp_);
-          }
-        }
+        const BufferOptions bo =
+            run_.DistributedBufferOptions(topo_.dp, pp_rank, v, local_params);
         BufferLayout lay = ComputeBufferLayout(bp, bo);
         for (size_t j = 0; j < which.size(); ++j) {
           if (lay.DpRankHolds(j, bo.dp, 0))
@@ -529,17 +706,46 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
         return kv.first && kv.first->kind == Kind::kStr &&
                kv.first->s == "step";
       });
-      if (!stepped[gi] && step_it != entries.end()) {
+      if (torch_step_) {
+        // torch Adam: the step lives in the state (non-distributed); the
+        // distributed optimizer without apex / TE stores its value on every
+        // group (distrib_optimizer.py:state_dict, `.item()` of the tensor).
+        if (target_format_ != "distributed") {
+          if (step_it != entries.end()) entries.erase(step_it);
+        } else {
+          Value* v = torch_step_integral_
+                         ? arena.Int(static_cast<int64_t>(*torch_step_))
+                         : arena.Float(*torch_step_);
+          if (step_it != entries.end()) {
+            step_it->second = v;
+          } else {
+            entries.emplace_back(arena.Str("step"), v);
+          }
+        }
+      } else if (!stepped[gi] && step_it != entries.end()) {
         entries.erase(step_it);
       } else if (stepped[gi] && step_it == entries.end()) {
-        // No source rank stepped this group (distributed source whose DP
-        // rank 0 never held it): use the iteration, as FusedAdam counts.
-        entries.emplace_back(arena.Str("step"),
-                             arena.Int(store_.root().iteration));
-        notes_.insert(StrCat("optimizer group ", g.keys[gi].ToString(),
-                             " had no 'step' in the source; set to the "
-                             "iteration ",
-                             store_.root().iteration));
+        // No source rank stepped this group (a distributed source whose DP
+        // rank 0 held none of it). FusedAdam steps every group with params
+        // together, so another group's step is this one's.
+        const Value* known = nullptr;
+        for (const Value* t : templates->items) {
+          if (t != nullptr && t->IsDictLike() && t->Get("step") != nullptr) {
+            known = t->Get("step");
+            break;
+          }
+        }
+        if (known != nullptr) {
+          entries.emplace_back(arena.Str("step"),
+                               model.importer->Import(gfile, known));
+        } else {
+          entries.emplace_back(arena.Str("step"),
+                               arena.Int(store_.root().iteration));
+          notes_.insert(StrCat("optimizer group ", g.keys[gi].ToString(),
+                               " had no 'step' in the source; set to the "
+                               "iteration ",
+                               store_.root().iteration));
+        }
       }
       if (target_format_ != "distributed") {
         std::vector<Value*> id_nodes;
@@ -573,16 +779,12 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
           pdtype = entries_[params[members[0]].entry].param->info.dtype;
         std::string gdt = grad_dtype_;
         if (gdt.empty()) {
-          gdt = run_ && run_->grad_reduce_in_fp32
-                    ? "float32"
-                    : std::string(DTypeName(pdtype));
+          gdt = run_.grad_reduce_in_fp32 ? "float32"
+                                         : std::string(DTypeName(pdtype));
         }
         Value* world = da.Dict();
         const int64_t n = lay.numel_unpadded();
-        for (const auto& [wkey, kind] :
-             {std::pair<const char*, const char*>{"param", "fp32"},
-              {"exp_avg", "exp_avg"},
-              {"exp_avg_sq", "exp_avg_sq"}}) {
+        for (const auto& [wkey, kind] : kWorldTensors) {
           if (!members.empty() &&
               store_.FindAtom(
                   entries_[params[members[0]].entry].param->info.fqn, kind) ==
@@ -631,6 +833,18 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
           const Entry& e = entries_[rp.entry];
           const int64_t id = ids[gi][j];
           Value* st = arena.Dict();
+          if (torch_step_ && !step_atoms_) {
+            // torch Adam's per-param step, first in its state (Adam's
+            // _init_group), from a distributed source's group step.
+            torchfile::TensorSpec spec;
+            spec.dtype = DType::kFloat32;
+            Value* node = model.writer->NewTensor(spec);
+            const float value = static_cast<float>(*torch_step_);
+            std::vector<std::byte> bytes(sizeof value);
+            std::memcpy(bytes.data(), &value, sizeof value);
+            model.constants.emplace_back(node, std::move(bytes));
+            AppendEntry(arena, st, "step", node);
+          }
           for (const std::string& k : state_keys_) {
             const atoms::DatasetInfo* d = store_.FindAtom(e.param->info.fqn, k);
             if (d == nullptr) continue;
@@ -685,22 +899,8 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
   }
 
   // The rank file's root, keys in the source's order.
-  std::vector<std::string> top;
-  if (const json::Value* t = meta_.Find("top_level_keys"); t && t->is_array()) {
-    for (const json::Value& k : t->items()) top.push_back(k.AsString());
-  } else {
-    top = {"args",
-           "checkpoint_version",
-           "iteration",
-           "model",
-           "optimizer",
-           "opt_param_scheduler",
-           "rerun_state_machine",
-           "rng_state",
-           "num_floating_point_operations_so_far"};
-  }
   Value* root = arena.Dict();
-  for (const std::string& key : top) {
+  for (const std::string& key : top_level_keys_) {
     if (key == "model") {
       for (int64_t v = 0; v < topo_.vpp; ++v) {
         AppendEntry(arena, root,
@@ -735,17 +935,10 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
       PatchArgs(arena, args, patch);
       AppendEntry(arena, root, key, args);
     } else if (key == "rng_state") {
-      char k[64];
-      std::snprintf(k, sizeof k, "rng_state/tp%02lld_pp%03lld",
-                    static_cast<long long>(tp_rank),
-                    static_cast<long long>(pp_rank));
-      std::string rk = k;
+      std::string rk = RngStateKey(tp_rank, pp_rank);
       if (store_.FindOpaque(rk) == nullptr) {
-        const int64_t st = tp_rank % source_tp_, sp = pp_rank % source_pp_;
-        std::snprintf(k, sizeof k, "rng_state/tp%02lld_pp%03lld",
-                      static_cast<long long>(st), static_cast<long long>(sp));
-        if (store_.FindOpaque(k) == nullptr) continue;
-        rk = k;
+        rk = RngStateKey(tp_rank % source_tp_, pp_rank % source_pp_);
+        if (store_.FindOpaque(rk) == nullptr) continue;
         notes_.insert(
             StrCat("rng states: target ranks without a source rank of the same "
                    "(tp, pp) got the state of source rank (tp_rank % ",
@@ -801,6 +994,8 @@ void TargetWriter::WriteBatch(
       const Value* root = BuildRank(tp, pp, m, distrib, blobs);
       m.writer->Begin(root);
       m.importer->WriteTensors();
+      for (const auto& [node, bytes] : m.constants)
+        m.writer->WriteTensorData(node, 0, bytes);
     } catch (Error& e) {
       e.AddContext(Where(m));
       throw;
@@ -832,18 +1027,21 @@ void TargetWriter::WriteBatch(
 
 TargetSummary TargetWriter::Run() {
   ReadMetadata();
-  // Settings from the stored args (bucket sizes, grad dtype).
+  // Settings from the stored args (bucket sizes, grad dtype); defaults for
+  // a partial Namespace.
+  run_.cp = cp_;
+  run_.grad_reduce_in_fp32 = false;
   {
     BlobCache blobs(store_);
     if (auto args = blobs.Find("args")) {
       try {
         run_ = ReadRunConfig(ArgsView(args->root(), "args"));
       } catch (const FormatError&) {
-        run_.reset();  // a partial Namespace: defaults are used
       }
     }
   }
   BuildEntries();
+  ReadTorchStep();
   std::vector<std::pair<int64_t, int64_t>> all;
   for (int64_t p = 0; p < topo_.pp; ++p)
     for (int64_t t = 0; t < topo_.tp; ++t) all.emplace_back(p, t);

@@ -132,6 +132,13 @@ std::string Tool(const char* name) {
       (testutil::SourceDir() / "tests" / "tools" / name).string());
 }
 
+// A copy of a generated topology folder.
+fs::path CopyTopology(const std::string& v, const std::string& t,
+                      const fs::path& to) {
+  fs::copy(MegatronData() / v / t, to, fs::copy_options::recursive);
+  return to;
+}
+
 // ---------------------------------------------------------------- to-universal
 
 // check_universal.py (h5py + torch): the universal file of one topology per
@@ -363,6 +370,177 @@ TEST(MegatronGolden, WeightsOnlyTarget) {
       "assert n == 8, n\n",
       {(MegatronData() / v / t).string(), (tmp / "out").string(),
        (testutil::SourceDir() / "tests" / "tools").string()});
+  // Read back (a distributed-optimizer run saved with --no-save-optim has no
+  // distrib_optim.pt) and written again: the same files.
+  ToUniversal(tmp / "out", tmp / "w.h5");
+  {
+    atoms::AtomStoreReader s = atoms::AtomStoreReader::Open(tmp / "w.h5");
+    EXPECT_EQ(s.FindOpaque("optimizer/param_groups"), nullptr);
+  }
+  WriteStaged(tmp / "w.h5", tmp / "again", o);
+  CompareBatch(tmp.path(), {{tmp / "out", tmp / "again"}});
+}
+
+// torch.optim.Adam (Megatron without apex / Transformer Engine) keeps `step`
+// per param as a 0-d float tensor in the state, not in the param groups; the
+// distributed optimizer then stores its value as a float on every group
+// (distrib_optimizer.py:state_dict). Files edited by torch from the
+// generator's: step 97 (fp16 runs skip steps, so not the iteration 100).
+// Both directions between the two.
+TEST(MegatronGolden, TorchAdamStepPerParam) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_tied";
+  const fs::path nodo = CopyTopology(v, "tp2_pp2_vpp1_dp1_nodo", tmp / "nodo");
+  const fs::path dist = CopyTopology(v, "tp2_pp2_vpp2_dp2_do", tmp / "dist");
+  RunPython(
+      "import glob, os, torch\n"
+      "def files(root):\n"
+      "    return sorted(glob.glob(os.path.join(root, 'iter_*', '*', "
+      "'model_optim_rng.pt')))\n"
+      "for p in files(sys.argv[1]):\n"
+      "    sd = torch.load(p)\n"
+      "    inner = sd['optimizer']['optimizer']\n"
+      "    for g in inner['param_groups']:\n"
+      "        del g['step']\n"
+      "        for i in g['params']:\n"
+      "            inner['state'][i] = {'step': torch.tensor(97.0), "
+      "**inner['state'][i]}\n"
+      "    torch.save(sd, p)\n"
+      "for p in files(sys.argv[2]):\n"
+      "    sd = torch.load(p)\n"
+      "    for g in sd['optimizer']['optimizer']['param_groups']:\n"
+      "        g['step'] = 97.0\n"
+      "    torch.save(sd, p)\n",
+      {nodo.string(), dist.string()});
+  const fs::path h5 = tmp / "u.h5";
+  ToUniversal(nodo, h5);
+  {
+    atoms::AtomStoreReader s = atoms::AtomStoreReader::Open(h5);
+    const atoms::DatasetInfo* step =
+        s.FindAtom("decoder.layers.3.mlp.linear_fc2.weight", "step");
+    ASSERT_NE(step, nullptr);
+    EXPECT_TRUE(step->shape.empty());
+  }
+  ToUniversal(dist, tmp / "d.h5");
+  std::vector<TargetSummary> notes;
+  notes.push_back(
+      WriteStaged(h5, tmp / "same", TargetFor("tp2_pp2_vpp1_dp1_nodo")));
+  notes.push_back(
+      WriteStaged(h5, tmp / "do", TargetFor("tp2_pp2_vpp2_dp2_do")));
+  notes.push_back(WriteStaged(tmp / "d.h5", tmp / "back",
+                              TargetFor("tp2_pp2_vpp1_dp1_nodo")));
+  for (const TargetSummary& t : notes)
+    EXPECT_TRUE(t.notes.empty()) << t.notes.front();
+  CompareBatch(
+      tmp.path(),
+      {{nodo, tmp / "same"}, {dist, tmp / "do"}, {nodo, tmp / "back"}});
+}
+
+// FusedAdam keeps `step` per group and steps every group that has params, so
+// a group that no source rank's DP rank 0 held (no `step` anywhere) takes
+// another group's step, not the iteration.
+TEST(MegatronGolden, GroupWithoutStepTakesAnotherGroupsStep) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_tied";
+  const fs::path src = CopyTopology(v, "tp2_pp2_vpp1_dp2_do", tmp / "src");
+  const fs::path want = CopyTopology(v, "tp2_pp2_vpp1_dp1_nodo", tmp / "want");
+  RunPython(
+      "import glob, os, torch\n"
+      "for root, drop in ((sys.argv[1], True), (sys.argv[2], False)):\n"
+      "    for p in glob.glob(os.path.join(root, 'iter_*', '*', "
+      "'model_optim_rng.pt')):\n"
+      "        sd = torch.load(p)\n"
+      "        for g in sd['optimizer']['optimizer']['param_groups']:\n"
+      "            if 'step' in g: g['step'] = 97\n"
+      "            if drop and g['wd_mult'] == 0.0: g.pop('step', None)\n"
+      "        torch.save(sd, p)\n",
+      {src.string(), want.string()});
+  ToUniversal(src, tmp / "u.h5");
+  const TargetSummary s = WriteStaged(tmp / "u.h5", tmp / "out",
+                                      TargetFor("tp2_pp2_vpp1_dp1_nodo"));
+  EXPECT_TRUE(s.notes.empty()) << s.notes.front();
+  CompareBatch(tmp.path(), {{want, tmp / "out"}});
+}
+
+// fp16 runs (Float16OptimizerWithFloat16Params with a dynamic grad scaler,
+// fp16 grads: buffer key (float16, float16)) and fp32 runs (FP32Optimizer:
+// the optimizer entry is the torch state dict itself; fp32 distributed
+// optimizer: the model params are the main params), made by torch from the
+// generator's bf16 files with the same values. Distributed and not, both
+// ways, other TP and DP.
+TEST(MegatronGolden, Fp16AndFp32Runs) {
+  const char* const kEdit =
+      "import glob, os, torch\n"
+      "mode = sys.argv[1]\n"
+      "dt = torch.float16 if mode == 'fp16' else torch.float32\n"
+      "for root in sys.argv[2:]:\n"
+      "  for p in glob.glob(os.path.join(root, 'iter_*', '*', "
+      "'model_optim_rng.pt')):\n"
+      "    sd = torch.load(p)\n"
+      "    a = sd['args']\n"
+      "    a.bf16, a.params_dtype = False, dt\n"
+      "    a.fp16 = mode == 'fp16'\n"
+      "    a.accumulate_allreduce_grads_in_fp32 = False\n"
+      "    d = os.path.join(os.path.dirname(p), 'distrib_optim.pt')\n"
+      "    dist = torch.load(d) if os.path.exists(d) else None\n"
+      "    chunks = [k for k in sd if k.startswith('model')]\n"
+      "    for v, k in enumerate(chunks):\n"
+      "        buf = None\n"
+      "        for n, t in sd[k].items():\n"
+      "            if isinstance(t, torch.Tensor) and t.dtype == "
+      "torch.bfloat16:\n"
+      "                if buf is None:\n"
+      "                    buf = torch.tensor([], "
+      "dtype=torch.bfloat16).set_(t.storage()).float()\n"
+      "                sd[k][n] = t.to(dt)\n"
+      "        if dist is not None:\n"
+      "            (key, w), = dist[v].items()\n"
+      "            if mode == 'fp32':\n"
+      "                w['param'] = buf[:w['numel_unpadded']].clone()\n"
+      "            dist[v] = {(dt, dt): w}\n"
+      "    o = sd['optimizer']\n"
+      "    if mode == 'fp16':\n"
+      "        scaler = {'scale': torch.tensor([4096.0]), 'growth_tracker': "
+      "7, 'hysteresis_tracker': 2}\n"
+      "        sd['optimizer'] = {'optimizer': o['optimizer'], "
+      "'grad_scaler': scaler}\n"
+      "        if 'fp32_from_fp16_params' in o:\n"
+      "            sd['optimizer']['fp32_from_fp16_params'] = "
+      "o['fp32_from_fp16_params']\n"
+      "    elif dist is None:\n"
+      "        sd['optimizer'] = o['optimizer']\n"
+      "    if dist is not None: torch.save(dist, d)\n"
+      "    torch.save(sd, p)\n";
+  const std::string v = "gqa_swiglu_bias_tied";
+  const std::string dist = "tp2_pp2_vpp1_dp2_do",
+                    dist_tp1 = "tp1_pp2_vpp1_dp4_do",
+                    nodo = "tp2_pp2_vpp1_dp1_nodo";
+  for (const char* mode : {"fp16", "fp32"}) {
+    SCOPED_TRACE(mode);
+    testutil::TempDir tmp;
+    std::vector<std::string> args = {mode};
+    for (const std::string& t : {dist, dist_tp1, nodo})
+      args.push_back(CopyTopology(v, t, tmp / t).string());
+    RunPython(kEdit, args);
+    ToUniversal(tmp / dist, tmp / "d.h5");
+    ToUniversal(tmp / nodo, tmp / "n.h5");
+    {
+      atoms::AtomStoreReader s = atoms::AtomStoreReader::Open(tmp / "d.h5");
+      const atoms::StoredParam* p =
+          s.FindParam("decoder.layers.0.mlp.linear_fc1.weight");
+      ASSERT_NE(p, nullptr);
+      EXPECT_EQ(DTypeName(p->info.dtype),
+                mode == std::string("fp16") ? "float16" : "float32");
+      EXPECT_EQ(s.FindOpaque("grad_scaler") != nullptr,
+                mode == std::string("fp16"));
+    }
+    WriteStaged(tmp / "d.h5", tmp / "o1", TargetFor(dist_tp1));
+    WriteStaged(tmp / "d.h5", tmp / "o2", TargetFor(nodo));
+    WriteStaged(tmp / "n.h5", tmp / "o3", TargetFor(dist));
+    CompareBatch(tmp.path(), {{tmp / dist_tp1, tmp / "o1"},
+                              {tmp / nodo, tmp / "o2"},
+                              {tmp / dist, tmp / "o3"}});
+  }
 }
 
 // ---------------------------------------------------------------- 23.06
@@ -420,6 +598,104 @@ TEST(MegatronGolden, Megatron2306Fixtures) {
                              &out);
     EXPECT_EQ(rc, 0) << out;
   }
+}
+
+// Megatron-LM 23.x / Megatron-core <= v0.5 with an optimizer: a legacy
+// (language_model.*) bf16 model whose param groups follow the old fixed order
+// (weight-decayed group first; v0.6+ orders groups by first appearance, so a
+// later pipeline stage starting with a norm lists the no-decay group first).
+// The 23.06 fixtures get a Float16OptimizerWithFloat16Params state made by
+// torch: fp32 masters = the fixture's tensors, exp_avg = master / 2,
+// exp_avg_sq = master^2, so every state id must land on its own param.
+TEST(MegatronGolden, Megatron2306WithOptimizer) {
+  testutil::TempDir tmp;
+  const fs::path fx = testutil::FixturesDir() / "megatron-23.06";
+  const fs::path tp2 = CopyFixture(fx / "synth_tp2", tmp / "synth_tp2");
+  const fs::path pp2 =
+      CopyFixture(fx / "from_tp2_to_tp1_pp2", tmp / "from_tp2_to_tp1_pp2");
+  RunPython(
+      "import glob, os, torch\n"
+      "for root in sys.argv[1:]:\n"
+      "  for p in sorted(glob.glob(os.path.join(root, 'iter_*', '*', "
+      "'model_optim_rng.pt'))):\n"
+      "    sd = torch.load(p)\n"
+      "    sd['args'].bf16, sd['args'].params_dtype = True, torch.bfloat16\n"
+      "    leaves = []\n"
+      "    def walk(d):\n"
+      "        for k, v in d.items():\n"
+      "            if isinstance(v, dict): walk(v)\n"
+      "            else:\n"
+      "                leaves.append((k, v))\n"
+      "                d[k] = v.to(torch.bfloat16)\n"
+      "    walk(sd['model'])\n"
+      "    nowd = lambda k, t: k.endswith('bias') or t.dim() == 1\n"
+      "    state, groups, masters, pid = {}, [], [], 0\n"
+      "    for mult in (1.0, 0.0):\n"
+      "        members = [t for k, t in leaves if nowd(k, t) == (mult == "
+      "0.0)]\n"
+      "        ids = list(range(pid, pid + len(members)))\n"
+      "        for i, t in zip(ids, members):\n"
+      "            state[i] = {'exp_avg': t * 0.5, 'exp_avg_sq': t * t}\n"
+      "        pid += len(members)\n"
+      "        groups.append({'params': ids, 'wd_mult': mult, 'lr_mult': 1.0, "
+      "'lr': 1e-4, 'bias_correction': True, 'betas': (0.9, 0.95), 'eps': "
+      "1e-8, 'weight_decay': 0.1, 'step': 10})\n"
+      "        masters.append(list(members))\n"
+      "    sd['optimizer'] = {'optimizer': {'state': state, 'param_groups': "
+      "groups}, 'fp32_from_fp16_params': masters}\n"
+      "    sd['opt_param_scheduler'] = {'max_lr': 1e-4, 'num_steps': 80}\n"
+      "    torch.save(sd, p)\n",
+      {tp2.string(), pp2.string()});
+  ToUniversal(tp2, tmp / "tp2.h5");
+  ToUniversal(pp2, tmp / "pp2.h5");
+  EXPECT_EQ(Digest(tmp / "tp2.h5"), Digest(tmp / "pp2.h5"));
+  RunPython(
+      "import h5py, numpy as np, torch\n"
+      "n = 0\n"
+      "with h5py.File(sys.argv[1], 'r') as f:\n"
+      "    for name, g in f['params'].items():\n"
+      "        m = g['fp32'][()]\n"
+      "        assert np.array_equal(g['exp_avg'][()], m * np.float32(0.5)), "
+      "name\n"
+      "        assert np.array_equal(g['exp_avg_sq'][()], m * m), name\n"
+      "        bf = torch.from_numpy(m).to(torch.bfloat16).view(torch.int16)\n"
+      "        assert np.array_equal(g['param'][()].view(np.int16), "
+      "bf.numpy()), name\n"
+      "        n += 1\n"
+      "assert n == 28, n\n",
+      {(tmp / "pp2.h5").string()});
+  // Written back (groups in first-appearance order) and read again.
+  TargetOptions to_tp2;
+  to_tp2.topology = {2, 1, 1, 4};
+  WriteStaged(tmp / "pp2.h5", tmp / "out_tp2", to_tp2);
+  ToUniversal(tmp / "out_tp2", tmp / "out_tp2.h5");
+  EXPECT_EQ(Digest(tmp / "out_tp2.h5"), Digest(tmp / "pp2.h5"));
+}
+
+// checkpoint_version < 2.0 (0 when absent): Megatron reorders the legacy
+// query_key_value rows when loading such files, so they are refused; an
+// mcore model (linear_qkv, nothing to reorder) without the key is read.
+TEST(MegatronGolden, OldCheckpointVersion) {
+  testutil::TempDir tmp;
+  const fs::path legacy = CopyFixture(
+      testutil::FixturesDir() / "megatron-23.06" / "synth_tp2", tmp / "l");
+  const fs::path mcore = CopyTopology("gqa_swiglu_bias_untied",
+                                      "tp1_pp1_vpp1_dp1_nodo", tmp / "m");
+  RunPython(
+      "import glob, os, torch\n"
+      "for root, v in ((sys.argv[1], 1.0), (sys.argv[2], None)):\n"
+      "  for p in glob.glob(os.path.join(root, 'iter_*', '*', "
+      "'model_optim_rng.pt')):\n"
+      "    sd = torch.load(p)\n"
+      "    if v is None: del sd['checkpoint_version']\n"
+      "    else: sd['checkpoint_version'] = v\n"
+      "    torch.save(sd, p)\n",
+      {legacy.string(), mcore.string()});
+  EXPECT_THAT([&] { PlanSource(Discover(legacy), {}); },
+              testing::ThrowsMessage<FormatError>(testing::AllOf(
+                  HasSubstr("mp_rank_00"), HasSubstr("query_key_value.weight"),
+                  HasSubstr("checkpoint_version 1"))));
+  ToUniversal(mcore, tmp / "m.h5");
 }
 
 // ---------------------------------------------------------------- v0.8 files
@@ -491,6 +767,46 @@ TEST(MegatronGolden, Megatron08Files) {
                   HasSubstr("numel_unpadded 1024"))));
 }
 
+// --overlap-grad-reduce --ddp-bucket-size 600: the first stage's first
+// chunk has several distributed-optimizer buckets, each padded for its DP
+// size (distrib_optim.pt drops every bucket's end padding). The generator's
+// files read into the same universal content, and one of them reshaped (DP
+// changes included) reproduces every other one.
+TEST(MegatronGolden, BucketedDistributedOptimizer) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_tied";
+  const std::vector<std::string> topos = {
+      "tp4_pp2_vpp1_dp4_do", "tp4_pp2_vpp1_dp1_do", "tp2_pp2_vpp1_dp2_do",
+      "tp1_pp2_vpp2_dp4_do", "tp2_pp1_vpp1_dp4_do", "tp2_pp2_vpp1_dp1_nodo"};
+  std::string list;
+  for (const std::string& t : topos) list += (list.empty() ? "" : ",") + t;
+  std::string out;
+  ASSERT_EQ(testutil::RunCommand(
+                StrCat(Py(), " ", Tool("make_megatron_ckpts.py"),
+                       " --ddp-bucket-size 600 --no-truth --variant ", v,
+                       " --topologies ", list, " --out ",
+                       testutil::ShellQuote((tmp / "gen").string())),
+                &out),
+            0)
+      << out;
+  ToUniversal(MegatronData() / v / kReference, tmp / "ref.h5");
+  const std::string want = Digest(tmp / "ref.h5");
+  for (const std::string& t : topos) {
+    SCOPED_TRACE(t);
+    ToUniversal(tmp / "gen" / v / t, tmp / "t.h5");
+    EXPECT_EQ(Digest(tmp / "t.h5"), want);
+    fs::remove(tmp / "t.h5");
+  }
+  ToUniversal(tmp / "gen" / v / topos[0], tmp / "src.h5");
+  std::vector<std::pair<fs::path, fs::path>> pairs;
+  for (const std::string& t : topos) {
+    const TargetSummary s = WriteStaged(tmp / "src.h5", tmp / t, TargetFor(t));
+    EXPECT_TRUE(s.notes.empty()) << t << ": " << s.notes.front();
+    pairs.emplace_back(tmp / "gen" / v / t, tmp / t);
+  }
+  CompareBatch(tmp.path(), pairs);
+}
+
 // ---------------------------------------------------------------- bad input
 
 // Names and contents of every file under `dir`.
@@ -504,12 +820,6 @@ std::string TreeHash(const fs::path& dir) {
     all += StrCat(fs::relative(f, dir).string(), ":",
                   testutil::Sha256Hex(testutil::ReadFile(f)), "\n");
   return testutil::Sha256Hex(all);
-}
-
-fs::path CopyTopology(const std::string& v, const std::string& t,
-                      const fs::path& to) {
-  fs::copy(MegatronData() / v / t, to, fs::copy_options::recursive);
-  return to;
 }
 
 // The entries of a folder (no staging leftovers after a failure).
@@ -612,14 +922,14 @@ TEST(MegatronGolden, TruncatedAndCorruptFiles) {
 // Rank files that contradict each other or Megatron's rules, each a copy
 // with one change made by torch: a replicated norm differing in one bit on
 // TP rank 1, a tensor of the wrong shape, an fp32 master of the wrong shape,
-// optimizer groups in another order.
+// optimizer groups in another order, an optimizer state in another dtype.
 TEST(MegatronGolden, RanksThatDisagree) {
   testutil::TempDir tmp;
   const std::string v = "gqa_swiglu_bias_untied", t = "tp2_pp1_vpp1_dp1_nodo";
   const std::string norm =
       "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight";
   const std::string fc2 = "decoder.layers.0.mlp.linear_fc2.weight";
-  const char* kinds[] = {"flip", "shape", "master", "groups"};
+  const char* kinds[] = {"flip", "shape", "master", "groups", "state_dtype"};
   std::vector<std::string> files;
   for (const char* k : kinds) {
     CopyTopology(v, t, tmp / k);
@@ -633,7 +943,7 @@ TEST(MegatronGolden, RanksThatDisagree) {
       "    sd = torch.load(p)\n"
       "    fn(sd)\n"
       "    torch.save(sd, p)\n"
-      "norm, fc2 = sys.argv[5], sys.argv[6]\n"
+      "norm, fc2 = sys.argv[6], sys.argv[7]\n"
       "def flip(sd): sd['model'][norm].view(torch.int16)[3] ^= 1\n"
       "def shape(sd): sd['model'][fc2] = torch.zeros(8, 9, "
       "dtype=torch.bfloat16)\n"
@@ -642,9 +952,12 @@ TEST(MegatronGolden, RanksThatDisagree) {
       "def groups(sd):\n"
       "    g = sd['optimizer']['optimizer']['param_groups']\n"
       "    g[0], g[1] = g[1], g[0]\n"
-      "for p, fn in zip(sys.argv[1:5], (flip, shape, master, groups)): edit(p, "
-      "fn)\n",
-      {files[0], files[1], files[2], files[3], norm, fc2});
+      "def state_dtype(sd):\n"
+      "    st = sd['optimizer']['optimizer']['state'][0]\n"
+      "    st['exp_avg'] = st['exp_avg'].to(torch.bfloat16)\n"
+      "for p, fn in zip(sys.argv[1:6], (flip, shape, master, groups, "
+      "state_dtype)): edit(p, fn)\n",
+      {files[0], files[1], files[2], files[3], files[4], norm, fc2});
   const fs::path r0 =
       tmp / "flip" / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt";
   const std::vector<std::vector<std::string>> want = {
@@ -654,6 +967,8 @@ TEST(MegatronGolden, RanksThatDisagree) {
        "decoder.layers.0.self_attention.linear_qkv.weight"},
       {files[3], "param group 0 has key (wd_mult=0",
        "Megatron's rule gives (wd_mult=1"},
+      {files[4], "embedding.word_embeddings.weight",
+       "'exp_avg' is bfloat16 here but float32 in another rank file"},
   };
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE(kinds[i]);
@@ -668,6 +983,46 @@ TEST(MegatronGolden, RanksThatDisagree) {
     }
     EXPECT_FALSE(fs::exists(out));
     EXPECT_EQ(TreeHash(src), before);
+  }
+}
+
+// distrib_optim.pt buffers that do not fit the model chunks: a buffer keyed
+// by another param dtype, a buffer more than there are chunks (Megatron
+// makes one per chunk and dtype).
+TEST(MegatronGolden, DistribOptimBuffersThatDoNotFit) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_untied", t = "tp2_pp2_vpp1_dp2_do";
+  const char* kinds[] = {"dtype", "extra"};
+  std::vector<std::string> files;
+  for (const char* k : kinds) {
+    CopyTopology(v, t, tmp / k);
+    files.push_back(
+        (tmp / k / "iter_0000100" / "mp_rank_01_001" / "distrib_optim.pt")
+            .string());
+  }
+  RunPython(
+      "import torch\n"
+      "d = torch.load(sys.argv[1])\n"
+      "d[0] = {(torch.float16, torch.float32): d[0][(torch.bfloat16, "
+      "torch.float32)]}\n"
+      "torch.save(d, sys.argv[1])\n"
+      "d = torch.load(sys.argv[2])\n"
+      "d[1] = d[0]\n"
+      "torch.save(d, sys.argv[2])\n",
+      {files[0], files[1]});
+  const std::vector<std::vector<std::string>> want = {
+      {files[0], "buffer 0 holds torch.float16 params",
+       "of model chunk 0 is bfloat16"},
+      {files[1], "holds 2 gradient buffers for 1 model chunks"},
+  };
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(kinds[i]);
+    try {
+      PlanSource(Discover(tmp / kinds[i]), {});
+      ADD_FAILURE() << "no error";
+    } catch (const FormatError& e) {
+      for (const std::string& m : want[i]) EXPECT_THAT(e.what(), HasSubstr(m));
+    }
   }
 }
 
@@ -725,6 +1080,66 @@ TEST(MegatronGolden, TargetsThatDoNotFit) {
     EXPECT_FALSE(fs::exists(out));
     EXPECT_EQ(Entries(tmp.path()), (std::vector<std::string>{"u.h5"}));
   }
+}
+
+// A tokenizer other than the NullTokenizer: the args do not tell the true
+// vocabulary size, so the padded rows count as real. Going to a tp whose
+// padding Megatron could compute differently (tp 4 -> 1: 256 rows, but a
+// true size of 129..256 pads to 160..256) says so; tp 4 -> 4 does not. With
+// the size given to reshape, the rows beyond it are padding again: tp 1 gets
+// Megatron's 160 rows, the generator's files.
+TEST(MegatronGolden, UnknownVocabularySize) {
+  testutil::TempDir tmp;
+  const std::string v = "gqa_swiglu_bias_untied";
+  const fs::path src = CopyTopology(v, "tp4_pp1_vpp1_dp1_nodo", tmp / "s");
+  const fs::path want = CopyTopology(v, "tp1_pp1_vpp1_dp1_nodo", tmp / "w");
+  RunPython(
+      "import glob, os, torch\n"
+      "for root in sys.argv[1:]:\n"
+      "  for p in glob.glob(os.path.join(root, 'iter_*', '*', "
+      "'model_optim_rng.pt')):\n"
+      "    sd = torch.load(p)\n"
+      "    sd['args'].tokenizer_type = 'GPT2BPETokenizer'\n"
+      "    torch.save(sd, p)\n",
+      {src.string(), want.string()});
+  ToUniversal(src, tmp / "u.h5");
+  const TargetSummary same = WriteStaged(tmp / "u.h5", tmp / "tp4",
+                                         TargetFor("tp4_pp1_vpp1_dp1_nodo"));
+  EXPECT_TRUE(same.notes.empty()) << same.notes.front();
+  const TargetSummary tp1 = WriteStaged(tmp / "u.h5", tmp / "tp1",
+                                        TargetFor("tp1_pp1_vpp1_dp1_nodo"));
+  EXPECT_THAT(tp1.notes,
+              testing::Contains(testing::AllOf(
+                  HasSubstr("true vocabulary size is unknown"),
+                  HasSubstr("256 padded rows"), HasSubstr("160..256"),
+                  HasSubstr("--vocab-size"))));
+  TargetOptions o = TargetFor("tp1_pp1_vpp1_dp1_nodo");
+  o.true_vocab_size = 130;
+  const TargetSummary sized = WriteStaged(tmp / "u.h5", tmp / "tp1v", o);
+  EXPECT_TRUE(sized.notes.empty()) << sized.notes.front();
+  CompareBatch(tmp.path(), {{want, tmp / "tp1v"}});
+}
+
+// A universal file whose driver metadata was damaged (an entry without its
+// kind): one FormatError naming the file and the attribute.
+TEST(MegatronGolden, DamagedUniversalMetadata) {
+  testutil::TempDir tmp;
+  const fs::path h5 = tmp / "u.h5";
+  ToUniversal(
+      MegatronData() / "gqa_swiglu_bias_untied" / "tp1_pp1_vpp1_dp1_nodo", h5);
+  RunPython(
+      "import h5py, json\n"
+      "with h5py.File(sys.argv[1], 'r+') as f:\n"
+      "    m = json.loads(f.attrs['megatron'])\n"
+      "    m['entries'][3] = ['decoder.layers.0.x']\n"
+      "    f.attrs['megatron'] = json.dumps(m)\n",
+      {h5.string()});
+  EXPECT_THAT(
+      [&] { WriteStaged(h5, tmp / "out", TargetFor("tp1_pp1_vpp1_dp1_nodo")); },
+      testing::ThrowsMessage<FormatError>(testing::AllOf(
+          HasSubstr(h5.string()), HasSubstr("attribute megatron"),
+          HasSubstr("entry [\"decoder.layers.0.x\"]"))));
+  EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
 // Conversions read their sources and never write there.

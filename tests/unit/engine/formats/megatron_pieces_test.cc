@@ -66,6 +66,24 @@ TEST(MegatronGroups, DefaultKeyAndFirstAppearance) {
   EXPECT_THROW(GroupKey::FromJson(json::Value("x")), FormatError);
 }
 
+TEST(MegatronGroups, LegacyFixedOrder) {
+  // Megatron-LM 23.06 / core v0.5 megatron/optimizer/__init__.py:
+  // get_param_groups appends wd_no_scale_lr, wd_scale_lr, no_wd_no_scale_lr,
+  // no_wd_scale_lr, skipping empty ones.
+  const GroupKey wd{1.0, 1.0, false, false}, nowd{0.0, 1.0, false, false},
+      wd_scaled{1.0, 2.0, false, false};
+  const std::vector<GroupKey> keys = {nowd, wd_scaled, wd, nowd};
+  Grouping g = GroupParams(keys, GroupOrder::kLegacyFixed);
+  ASSERT_EQ(g.keys.size(), 3u);
+  EXPECT_EQ(g.keys[0], wd);
+  EXPECT_EQ(g.keys[1], wd_scaled);
+  EXPECT_EQ(g.keys[2], nowd);
+  EXPECT_EQ(g.members[0], (std::vector<size_t>{2}));
+  EXPECT_EQ(g.members[1], (std::vector<size_t>{1}));
+  EXPECT_EQ(g.members[2], (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(g.group_of, (std::vector<size_t>{2, 1, 0, 2}));
+}
+
 TEST(MegatronGroups, StoredKey) {
   Arena a;
   Value* d = a.Dict();
@@ -218,6 +236,49 @@ TEST(MegatronArgs, Patch) {
   EXPECT_EQ(v.Int("num_layers_per_virtual_pipeline_stage"), 2);
   EXPECT_EQ(v.Bool("overlap_p2p_comm"), true);
   EXPECT_EQ(v.Int("rank"), 2);
+}
+
+// arguments.py:validate_args allows only one of
+// num_layers_per_virtual_pipeline_stage and
+// num_virtual_stages_per_pipeline_rank; uneven stages need the latter.
+TEST(MegatronArgs, PatchVirtualStages) {
+  Arena a;
+  auto make = [&](Value* per_stage, Value* stages) {
+    return Namespace(a, {{"tensor_model_parallel_size", a.Int(1)},
+                         {"pipeline_model_parallel_size", a.Int(2)},
+                         {"virtual_pipeline_model_parallel_size", a.Int(2)},
+                         {"num_layers_per_virtual_pipeline_stage", per_stage},
+                         {"num_virtual_stages_per_pipeline_rank", stages},
+                         {"num_layers", a.Int(8)},
+                         {"num_attention_heads", a.Int(4)}});
+  };
+  ArgsPatch p;
+  p.topology = {1, 4, 2, 1};
+  p.num_layers = 8;
+  p.source_vpp = 2;
+  // The source gave the stage count: it stays the way VPP is given.
+  Value* ns = make(a.None(), a.Int(2));
+  PatchArgs(a, ns, p);
+  ArgsView v(ns, "args");
+  EXPECT_EQ(v.Int("virtual_pipeline_model_parallel_size"), 2);
+  EXPECT_FALSE(v.Int("num_layers_per_virtual_pipeline_stage"));
+  EXPECT_EQ(v.Int("num_virtual_stages_per_pipeline_rank"), 2);
+  EXPECT_EQ(ReadRunConfig(v).topology.vpp, 2);
+  // Layers per stage given, uneven target: switches to the stage count.
+  ns = make(a.Int(2), a.None());
+  p.topology = {1, 2, 2, 1};
+  p.topology.first_stage_layers = 2;
+  PatchArgs(a, ns, p);
+  ArgsView u(ns, "args");
+  EXPECT_FALSE(u.Int("num_layers_per_virtual_pipeline_stage"));
+  EXPECT_EQ(u.Int("num_virtual_stages_per_pipeline_rank"), 2);
+  // Even target: layers per stage, no stage count.
+  ns = make(a.Int(2), a.None());
+  p.topology.first_stage_layers.reset();
+  PatchArgs(a, ns, p);
+  ArgsView e(ns, "args");
+  EXPECT_EQ(e.Int("num_layers_per_virtual_pipeline_stage"), 2);
+  EXPECT_FALSE(e.Int("num_virtual_stages_per_pipeline_rank"));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
@@ -230,6 +231,29 @@ TEST(StagedDirectoryTest, AppearsOnlyOnCommitAndNeverOverwrites) {
               ThrowsMessage<UsageError>(HasSubstr("already exists")));
   EXPECT_THAT([&] { StagedDirectory bad(dir / "missing" / "out"); },
               ThrowsMessage<IoError>(HasSubstr("does not exist")));
+}
+
+// Another run's staging folder (e.g. a process with the same pid in another
+// container on a shared file system) is never touched; "dir/" names "dir".
+TEST(StagedDirectoryTest, FreshStagingNameAndTrailingSlash) {
+  testutil::TempDir dir;
+  const auto other =
+      dir / StrCat(".out.ucp-partial-", static_cast<long>(::getpid()));
+  std::filesystem::create_directory(other);
+  testutil::WriteFile(other / "theirs", "y");
+  {
+    StagedDirectory s(dir / "out");
+    EXPECT_NE(s.path(), other);
+    EXPECT_EQ(s.path().parent_path(), dir.path());
+  }
+  EXPECT_EQ(testutil::ReadFile(other / "theirs"), "y");
+  {
+    StagedDirectory s(std::filesystem::path((dir / "new").string() + "/"));
+    EXPECT_EQ(s.final_path(), dir / "new");
+    testutil::WriteFile(s.path() / "f", "z");
+    s.Commit();
+  }
+  EXPECT_EQ(testutil::ReadFile(dir / "new" / "f"), "z");
 }
 
 }  // namespace
