@@ -178,9 +178,9 @@ json::Value TopologyJson(const layouts::Topology& t, bool distopt) {
 
 universal::WriteSummary ToUniversal(const megatron::Checkpoint& c,
                                     const SourceArgs& src, const fs::path& out,
-                                    const RunOptions& run) {
+                                    const reshape::ExecutorOptions& executor) {
   universal::SourcePlan plan = megatron::PlanSource(c, src.Options());
-  return universal::WriteUniversal(plan, out, run.Executor());
+  return universal::WriteUniversal(plan, out, executor);
 }
 
 void CheckNewFile(const fs::path& out, bool force) {
@@ -208,11 +208,12 @@ int RunToUniversal(const std::vector<std::string>& args) {
   if (!Parse(args, desc, {"source"}, vm)) return 0;
   if (!vm.count("source"))
     throw UsageError("to-universal needs a source checkpoint folder");
+  const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   CheckNewFile(output, force);
   megatron::Checkpoint c =
       megatron::Discover(vm["source"].as<std::string>(), src.Iteration());
-  universal::WriteSummary s = ToUniversal(c, src, output, run);
+  universal::WriteSummary s = ToUniversal(c, src, output, executor);
   if (run.json) {
     json::Value j;
     j["command"] = "to-universal";
@@ -289,6 +290,7 @@ int RunReshape(const std::vector<std::string>& args) {
   if (!Parse(args, desc, {"universal"}, vm)) return 0;
   if (!vm.count("universal"))
     throw UsageError("reshape needs a universal file");
+  const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   megatron::TargetOptions options = target.Options();
@@ -296,7 +298,7 @@ int RunReshape(const std::vector<std::string>& args) {
   atoms::AtomStoreReader store =
       atoms::AtomStoreReader::Open(vm["universal"].as<std::string>());
   megatron::TargetSummary s =
-      megatron::WriteTarget(store, out.path(), options, run.Executor());
+      megatron::WriteTarget(store, out.path(), options, executor);
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
@@ -320,6 +322,7 @@ int RunConvert(const std::vector<std::string>& args) {
   if (!Parse(args, desc, {"source"}, vm)) return 0;
   if (!vm.count("source"))
     throw UsageError("convert needs a source checkpoint folder");
+  const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   megatron::TargetOptions options = target.Options();
@@ -331,9 +334,9 @@ int RunConvert(const std::vector<std::string>& args) {
   // files; no universal file is written.
   universal::SourcePlan plan = megatron::PlanSource(c, src.Options());
   std::unique_ptr<universal::UniversalInput> input =
-      universal::PlanInput(plan, c.iter_dir, run.Executor());
+      universal::PlanInput(plan, c.iter_dir, executor);
   megatron::TargetSummary s =
-      megatron::WriteTarget(*input, out.path(), options, run.Executor());
+      megatron::WriteTarget(*input, out.path(), options, executor);
   out.Commit();
   json::Value extra;
   extra["source"] = c.iter_dir.string();

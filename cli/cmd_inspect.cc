@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cli/command.h"
@@ -67,17 +68,25 @@ json::Value InspectUniversal(const fs::path& path, bool print) {
   doc["format"] = "universal";
   doc["iteration"] = root.iteration;
   doc["consumed_samples"] = root.consumed_samples;
-  doc["source"] =
-      root.source.empty() ? json::Value() : json::Value::Parse(root.source);
-  doc["model"] =
-      root.model.empty() ? json::Value() : json::Value::Parse(root.model);
+  auto parse = [&](const std::string& text, const char* attribute) {
+    try {
+      return text.empty() ? json::Value() : json::Value::Parse(text);
+    } catch (Error& e) {
+      e.AddContext("attribute ", attribute);
+      e.AddContext("universal file ", path.string());
+      throw;
+    }
+  };
+  doc["source"] = parse(root.source, "source");
+  doc["model"] = parse(root.model, "model");
   json::Value params = json::Value::Array();
   uint64_t total = 0;
   if (print) {
-    std::printf("%s  (universal file, iteration %lld)\n", path.string().c_str(),
+    std::printf("%s  (universal file, iteration %lld)\n",
+                OneLine(path.string()).c_str(),
                 static_cast<long long>(root.iteration));
     if (!root.source.empty())
-      std::printf("  source: %s\n", root.source.c_str());
+      std::printf("  source: %s\n", OneLine(root.source).c_str());
   }
   for (const atoms::StoredParam& p : store.params()) {
     json::Value j;
@@ -96,19 +105,17 @@ json::Value InspectUniversal(const fs::path& path, bool print) {
     }
     for (atoms::DatasetId id : p.pads) total += store.dataset(id).nbytes;
     j["state_kinds"] = std::move(kinds);
-    if (!p.pads.empty()) {
-      j["padding_rows"] = store.dataset(p.pads.front()).shape.at(0);
-    }
+    // The reader guarantees pad datasets at least one dim (the rows).
+    const int64_t pad_rows =
+        p.pads.empty() ? 0 : store.dataset(p.pads.front()).shape.front();
+    if (!p.pads.empty()) j["padding_rows"] = pad_rows;
     if (print) {
-      std::printf("  %s: %s %s  [%s]  rule %s%s\n", p.info.fqn.c_str(),
+      const std::string pads =
+          p.pads.empty() ? "" : StrCat(", ", pad_rows, " padding rows");
+      std::printf("  %s: %s %s  [%s]  rule %s%s\n", OneLine(p.info.fqn).c_str(),
                   std::string(DTypeName(p.info.dtype)).c_str(),
-                  ShapeString(p.info.shape).c_str(), line.c_str(),
-                  p.info.rule.c_str(),
-                  p.pads.empty()
-                      ? ""
-                      : StrCat(", ", store.dataset(p.pads.front()).shape.at(0),
-                               " padding rows")
-                            .c_str());
+                  ShapeString(p.info.shape).c_str(), OneLine(line).c_str(),
+                  OneLine(p.info.rule).c_str(), pads.c_str());
     }
     params.Append(std::move(j));
   }
@@ -137,32 +144,29 @@ bool LooksLikeTorchFile(const fs::path& path) {
   }
 }
 
-std::vector<fs::path> CollectFiles(const std::vector<std::string>& paths) {
-  std::vector<fs::path> out;
-  for (const std::string& p : paths) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) {
-      std::vector<fs::path> found;
-      for (auto it = fs::recursive_directory_iterator(
-               p, fs::directory_options::skip_permission_denied, ec);
-           it != fs::recursive_directory_iterator(); it.increment(ec)) {
-        if (ec) break;
-        if (it->is_regular_file(ec) && LooksLikeTorchFile(it->path())) {
-          found.push_back(it->path());
-        }
+// The files one PATH argument names: itself, or the torch.save files found
+// under a folder. Throws IoError / UsageError if there are none.
+std::vector<fs::path> ExpandPath(const std::string& p) {
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) {
+    std::vector<fs::path> found;
+    for (auto it = fs::recursive_directory_iterator(
+             p, fs::directory_options::skip_permission_denied, ec);
+         it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      if (it->is_regular_file(ec) && LooksLikeTorchFile(it->path())) {
+        found.push_back(it->path());
       }
-      if (ec) throw IoError("cannot list ", p, ": ", ec.message());
-      std::sort(found.begin(), found.end());
-      if (found.empty())
-        throw UsageError("no torch.save files found under ", p);
-      out.insert(out.end(), found.begin(), found.end());
-    } else if (fs::exists(p, ec)) {
-      out.emplace_back(p);
-    } else {
-      throw IoError("cannot open ", p, ": no such file or directory");
     }
+    if (ec) throw IoError("cannot list ", p, ": ", ec.message());
+    std::sort(found.begin(), found.end());
+    if (found.empty()) throw UsageError("no torch.save files found under ", p);
+    return found;
   }
-  return out;
+  if (!fs::exists(p, ec)) {
+    throw IoError("cannot open ", p, ": no such file or directory");
+  }
+  return {fs::path(p)};
 }
 
 // The Python class of a non-container, non-scalar value as Python would name
@@ -189,9 +193,20 @@ bool IsContainer(const Value* v) {
          v->kind == Kind::kTuple || v->IsDictLike();
 }
 
+// A dict key as a tree label: at most kMaxLabel bytes (a hostile pickle can
+// share one huge key among many entries), control characters escaped (no
+// terminal escape sequences from a file reach the terminal).
+constexpr size_t kMaxLabel = 120;
+
 std::string KeyString(const Value* key) {
-  if (auto s = key->AsStr()) return std::string(*s);
-  return pickle::Repr(key, 60);
+  std::optional<std::string_view> s = key->AsStr();
+  if (!s) return pickle::Repr(key, 60);
+  if (s->size() <= kMaxLabel) return OneLine(*s);
+  size_t cut = kMaxLabel - 3;
+  while (cut > 0 && (static_cast<unsigned char>((*s)[cut]) & 0xc0) == 0x80) {
+    --cut;  // do not split a UTF-8 sequence
+  }
+  return StrCat(OneLine(s->substr(0, cut)), "...");
 }
 
 std::string TensorLine(const TensorInfo& t) {
@@ -200,10 +215,11 @@ std::string TensorLine(const TensorInfo& t) {
   std::vector<std::string> flags;
   if (t.is_parameter) flags.push_back("Parameter");
   if (t.requires_grad) flags.push_back("requires_grad");
-  if (t.device() != "cpu") flags.push_back("saved on " + t.device());
+  if (t.device() != "cpu")
+    flags.push_back(StrCat("saved on ", OneLine(t.device())));
   if (!t.contiguous || t.storage_offset != 0 || t.storage->nbytes != t.nbytes) {
     std::string v =
-        StrCat("view of storage ", t.storage_key(), " (",
+        StrCat("view of storage ", OneLine(t.storage_key()), " (",
                HumanBytes(t.storage->nbytes), ") at offset ", t.storage_offset);
     if (!t.contiguous) v += ", stride " + ShapeString(t.stride);
     flags.push_back(v);
@@ -221,9 +237,17 @@ class TreePrinter {
   TreePrinter(const TorchFile& file, size_t max_items)
       : file_(file), max_items_(max_items) {}
 
+  // Containers nested deeper than this are not expanded (the recursion
+  // stays shallow whatever the graph; real checkpoints nest a few levels).
+  static constexpr int kMaxDepth = 64;
+
   void Print(const Value* v, const std::string& label, int depth) {
     std::string indent(2 * static_cast<size_t>(depth), ' ');
     std::string prefix = indent + (label.empty() ? "" : label + ": ");
+    if (v == nullptr) {
+      std::printf("%s<null>\n", prefix.c_str());
+      return;
+    }
     if (const TensorInfo* t = file_.FindTensor(v)) {
       std::printf("%s%s\n", prefix.c_str(), TensorLine(*t).c_str());
       return;
@@ -242,7 +266,7 @@ class TreePrinter {
           what = StrCat("bytes (", v->s.size(), ")");
           break;
         default:
-          what = ClassOf(v);
+          what = OneLine(ClassOf(v));
       }
       std::printf("%s%s\n", prefix.c_str(), what.c_str());
       return;
@@ -251,6 +275,11 @@ class TreePrinter {
     if (seen != seen_.end()) {
       std::printf("%s(same object as %s)\n", prefix.c_str(),
                   seen->second.c_str());
+      return;
+    }
+    if (depth > kMaxDepth) {
+      std::printf("%s... (nested deeper than %d levels)\n", prefix.c_str(),
+                  kMaxDepth);
       return;
     }
     seen_[v] = label.empty() ? "root" : label;
@@ -291,48 +320,94 @@ class TreePrinter {
 // Visits every non-container value reachable from `root` through dict /
 // OrderedDict / list / tuple containers, at every path (a container shared by
 // two parents is walked under both, as Python's traversal does), in
-// depth-first pre-order. Cycles are cut and at most `budget` values visited,
-// so a hostile graph of shared containers cannot blow up; returns false if the
-// budget ran out.
-bool ForEachLeaf(const Value* root,
-                 const std::function<void(const Value*,
-                                          const torchfile::TensorPath&)>& visit,
-                 size_t budget = 5'000'000) {
-  torchfile::TensorPath path;
-  std::set<const Value*> on_path;
-  size_t visited = 0;
-  std::function<bool(const Value*)> walk = [&](const Value* v) -> bool {
-    if (++visited > budget) return false;
-    if (!IsContainer(v)) {
-      visit(v, path);
-      return true;
-    }
-    if (!on_path.insert(v).second) return true;  // cycle
-    bool ok = true;
-    if (v->kind == Kind::kDict || v->IsDictLike()) {
-      for (const auto& [key, value] : v->entries) {
-        if (key->kind == Kind::kStr) {
-          path.emplace_back(key->s);
-        } else if (key->kind == Kind::kInt && key->big.empty()) {
-          path.emplace_back(key->i);
-        } else {
-          continue;
-        }
-        ok = walk(value);
-        path.pop_back();
-        if (!ok) break;
-      }
-    } else {
-      for (size_t i = 0; i < v->items.size() && ok; ++i) {
-        path.emplace_back(static_cast<int64_t>(i));
-        ok = walk(v->items[i]);
-        path.pop_back();
-      }
-    }
-    on_path.erase(v);
-    return ok;
+// depth-first pre-order; dict entries whose key is neither str nor int are
+// skipped. Iterative, and cycles are cut. What a hostile graph of shared
+// containers can make of this is bounded: every node entered costs 1, every
+// leaf kLeafCost plus the bytes of its path (kComponentCost per component
+// plus its key) plus what `visit` returns; once `budget` is spent (or the
+// current path alone would exceed what is left) the walk stops and returns
+// false.
+constexpr size_t kLeafCost = 1024;
+constexpr size_t kComponentCost = 128;
+
+bool ForEachLeaf(
+    const Value* root,
+    const std::function<size_t(const Value*, const torchfile::TensorPath&)>&
+        visit,
+    size_t budget) {
+  struct Frame {
+    const Value* container;
+    size_t next = 0;  // next item / entry to visit
   };
-  return walk(root);
+  std::vector<Frame> stack;
+  torchfile::TensorPath path;  // one component per frame below the root
+  size_t path_bytes = 0;
+  std::unordered_set<const Value*> on_path;
+  size_t used = 0;
+  auto component_bytes = [](const torchfile::PathComponent& c) {
+    const std::string* s = std::get_if<std::string>(&c);
+    return kComponentCost + (s != nullptr ? s->size() : 0);
+  };
+  // Enters `v` at `path`. Returns false when the budget is spent, and in
+  // `entered` whether a frame was pushed (the path component then stays).
+  auto enter = [&](const Value* v, bool& entered) {
+    entered = false;
+    if (++used > budget) return false;
+    if (!IsContainer(v)) {
+      used += kLeafCost + path_bytes;
+      if (used > budget) return false;
+      used += visit(v, path);
+      return used <= budget;
+    }
+    if (!on_path.insert(v).second) return true;  // a cycle
+    stack.push_back(Frame{v});
+    entered = true;
+    return true;
+  };
+  if (root == nullptr) return true;
+  bool entered = false;
+  if (!enter(root, entered)) return false;
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    const Value* v = f.container;
+    const bool dict = v->kind == Kind::kDict || v->IsDictLike();
+    const size_t n = dict ? v->entries.size() : v->items.size();
+    if (f.next >= n) {
+      on_path.erase(v);
+      stack.pop_back();
+      if (!stack.empty()) {
+        path_bytes -= component_bytes(path.back());
+        path.pop_back();
+      }
+      continue;
+    }
+    const size_t i = f.next++;
+    const Value* child;
+    if (dict) {
+      const auto& [key, value] = v->entries[i];
+      if (key == nullptr || value == nullptr) continue;
+      if (key->kind == Kind::kStr) {
+        path.emplace_back(key->s);
+      } else if (key->kind == Kind::kInt && key->big.empty()) {
+        path.emplace_back(key->i);
+      } else {
+        continue;
+      }
+      child = value;
+    } else {
+      if (v->items[i] == nullptr) continue;
+      path.emplace_back(static_cast<int64_t>(i));
+      child = v->items[i];
+    }
+    path_bytes += component_bytes(path.back());
+    if (path_bytes > budget - std::min(used, budget)) return false;
+    if (!enter(child, entered)) return false;
+    if (!entered) {
+      path_bytes -= component_bytes(path.back());
+      path.pop_back();
+    }
+  }
+  return true;
 }
 
 json::Value PathJson(const torchfile::TensorPath& path) {
@@ -358,7 +433,14 @@ struct Summary {
   std::string text;  // totals lines for the human output
 };
 
-Summary Summarise(const TorchFile& file, uint64_t file_bytes) {
+// What --json reports per file may cost at most this much (see ForEachLeaf;
+// roughly bytes of memory): room for several hundred thousand tensors, while
+// a few hundred bytes of hostile pickle cannot make it unbounded.
+constexpr size_t kLeafBudget = size_t{512} << 20;
+
+// The summary of one file; the per-path lists (tensors, leaves, objects) only
+// if `with_paths` (for --json).
+Summary Summarise(const TorchFile& file, uint64_t file_bytes, bool with_paths) {
   json::Value doc;
   doc["path"] = file.path().string();
   doc["format"] = file.format() == TorchFile::Format::kZip ? "zip" : "legacy";
@@ -380,45 +462,54 @@ Summary Summarise(const TorchFile& file, uint64_t file_bytes) {
   std::map<std::string, int64_t> by_class;
   std::set<const Value*> counted;
   uint64_t tensor_bytes = 0;
-  const bool complete = ForEachLeaf(
-      file.root(), [&](const Value* v, const torchfile::TensorPath& path) {
-        if (const TensorInfo* t = file.FindTensor(v)) {
-          json::Value j;
-          j["path"] = PathJson(path);
-          j["dtype"] = std::string(DTypeName(t->dtype));
-          j["shape"] = ShapeJson(t->shape);
-          j["stride"] = ShapeJson(t->stride);
-          j["storage_offset"] = t->storage_offset;
-          j["nbytes"] = t->nbytes;
-          j["storage_key"] = t->storage_key();
-          j["storage_nbytes"] = t->storage->nbytes;
-          j["device"] = t->device();
-          j["requires_grad"] = t->requires_grad;
-          j["is_parameter"] = t->is_parameter;
-          tensors.Append(std::move(j));
-          return;
-        }
-        json::Value j;
-        j["path"] = PathJson(path);
-        switch (v->kind) {
-          case Kind::kNone:
-          case Kind::kBool:
-          case Kind::kInt:
-          case Kind::kFloat:
-          case Kind::kStr:
-          case Kind::kBytes: {
-            static const char* kTypes[] = {"NoneType", "bool", "int",
-                                           "float",    "str",  "bytes"};
-            j["type"] = kTypes[static_cast<int>(v->kind)];
-            j["repr"] = pickle::Repr(v, size_t{1} << 20);
-            leaves.Append(std::move(j));
-            return;
-          }
-          default:
-            j["class"] = ClassOf(v);
-            objects.Append(std::move(j));
-        }
-      });
+  auto visit = [&](const Value* v,
+                   const torchfile::TensorPath& path) -> size_t {
+    if (const TensorInfo* t = file.FindTensor(v)) {
+      json::Value j;
+      j["path"] = PathJson(path);
+      j["dtype"] = std::string(DTypeName(t->dtype));
+      j["shape"] = ShapeJson(t->shape);
+      j["stride"] = ShapeJson(t->stride);
+      j["storage_offset"] = t->storage_offset;
+      j["nbytes"] = t->nbytes;
+      j["storage_key"] = t->storage_key();
+      j["storage_nbytes"] = t->storage->nbytes;
+      j["device"] = t->device();
+      j["requires_grad"] = t->requires_grad;
+      j["is_parameter"] = t->is_parameter;
+      tensors.Append(std::move(j));
+      return kComponentCost * 2 * t->shape.size() + t->storage_key().size() +
+             t->device().size();
+    }
+    json::Value j;
+    j["path"] = PathJson(path);
+    switch (v->kind) {
+      case Kind::kNone:
+      case Kind::kBool:
+      case Kind::kInt:
+      case Kind::kFloat:
+      case Kind::kStr:
+      case Kind::kBytes: {
+        static const char* kTypes[] = {"NoneType", "bool", "int",
+                                       "float",    "str",  "bytes"};
+        j["type"] = kTypes[static_cast<int>(v->kind)];
+        std::string repr = pickle::Repr(v, size_t{1} << 20);
+        const size_t cost = repr.size();
+        j["repr"] = std::move(repr);
+        leaves.Append(std::move(j));
+        return cost;
+      }
+      default: {
+        std::string cls = ClassOf(v);
+        const size_t cost = cls.size();
+        j["class"] = std::move(cls);
+        objects.Append(std::move(j));
+        return cost;
+      }
+    }
+  };
+  const bool complete =
+      !with_paths || ForEachLeaf(file.root(), visit, kLeafBudget);
   for (const TensorInfo& t : file.tensors()) {
     if (!counted.insert(t.node).second) continue;
     auto& d = by_dtype[std::string(DTypeName(t.dtype))];
@@ -475,7 +566,7 @@ Summary Summarise(const TorchFile& file, uint64_t file_bytes) {
   if (!by_class.empty()) {
     text += "\nobjects:";
     for (const auto& [name, c] : by_class)
-      text += StrCat(" ", name, " x", c, ";");
+      text += StrCat(" ", OneLine(name), " x", c, ";");
     text.pop_back();
   }
   if (suspicious.empty()) {
@@ -484,7 +575,7 @@ Summary Summarise(const TorchFile& file, uint64_t file_bytes) {
     text +=
         "\nWARNING: suspicious globals (would run code if loaded by Python's "
         "torch.load):";
-    for (const auto& s : suspicious) text += " " + s;
+    for (const auto& s : suspicious) text += StrCat(" ", OneLine(s));
   }
   return {std::move(doc), std::move(text)};
 }
@@ -495,72 +586,71 @@ int RunInspect(const std::vector<std::string>& args) {
   po::options_description desc(kHelp);
   bool json_out = false;
   size_t max_items = 20;
-  desc.add_options()("help,h", "show this help")(
-      "json", po::bool_switch(&json_out),
-      "print one JSON document instead of the tree")(
+  desc.add_options()("json", po::bool_switch(&json_out),
+                     "print one JSON document instead of the tree")(
       "max-items", po::value<size_t>(&max_items)->default_value(20),
       "scalar items shown per list/tuple in the tree");
-  po::options_description hidden;
-  hidden.add_options()("path", po::value<std::vector<std::string>>(), "");
-  po::options_description all;
-  all.add(desc).add(hidden);
-  po::positional_options_description pos;
-  pos.add("path", -1);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(),
-            vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (!Parse(args, desc, {"path"}, vm, /*last_repeats=*/true)) return 0;
   if (!vm.count("path"))
     throw UsageError("inspect needs a PATH (see: ucp inspect --help)");
-  std::vector<fs::path> files =
-      CollectFiles(vm["path"].as<std::vector<std::string>>());
 
   json::Value all_docs = json::Value::Array();
   json::Value errors = json::Value::Array();
   int exit_code = 0;
-  for (const fs::path& path : files) {
+  // A PATH or file that fails is reported (stderr, and "errors" with --json)
+  // and the others are still inspected; the exit code is the first failure's.
+  auto report = [&](const std::string& path, const Error& e) {
+    PrintError(e.kind(), e.what());
+    if (exit_code == 0) exit_code = e.ExitCode();
+    json::Value err;
+    err["path"] = path;
+    err["kind"] = e.kind();
+    err["message"] = e.what();
+    errors.Append(std::move(err));
+  };
+  for (const std::string& arg : vm["path"].as<std::vector<std::string>>()) {
+    std::vector<fs::path> files;
     try {
-      if (IsHdf5File(path)) {
-        json::Value doc = InspectUniversal(path, !json_out);
-        if (json_out) all_docs.Append(std::move(doc));
-        continue;
-      }
-      TorchFile file = TorchFile::Open(path);
-      std::error_code ec;
-      uint64_t bytes = fs::file_size(path, ec);
-      Summary s = Summarise(file, bytes);
-      if (json_out) {
-        all_docs.Append(std::move(s.doc));
-      } else {
-        std::string head =
-            StrCat(path.string(), "  (",
-                   file.format() == TorchFile::Format::kZip
-                       ? StrCat("zip, archive '", file.archive_name(), "'")
-                       : std::string("legacy format"),
-                   ", ", HumanBytes(bytes), ")");
-        std::printf("%s\n", head.c_str());
-        TreePrinter(file, max_items).Print(file.root(), "", 1);
-        std::printf("%s\n\n", s.text.c_str());
-      }
+      files = ExpandPath(arg);
     } catch (const Error& e) {
-      std::fprintf(stderr, "ucp: %s: %s\n", e.kind(), e.what());
-      if (exit_code == 0) exit_code = e.ExitCode();
-      json::Value err;
-      err["path"] = path.string();
-      err["kind"] = e.kind();
-      err["message"] = e.what();
-      errors.Append(std::move(err));
+      report(arg, e);
+      continue;
+    }
+    for (const fs::path& path : files) {
+      try {
+        if (IsHdf5File(path)) {
+          json::Value doc = InspectUniversal(path, !json_out);
+          if (json_out) all_docs.Append(std::move(doc));
+          continue;
+        }
+        TorchFile file = TorchFile::Open(path);
+        std::error_code ec;
+        uint64_t bytes = fs::file_size(path, ec);
+        Summary s = Summarise(file, bytes, json_out);
+        if (json_out) {
+          all_docs.Append(std::move(s.doc));
+        } else {
+          std::string head = StrCat(
+              OneLine(path.string()), "  (",
+              file.format() == TorchFile::Format::kZip
+                  ? StrCat("zip, archive '", OneLine(file.archive_name()), "'")
+                  : std::string("legacy format"),
+              ", ", HumanBytes(bytes), ")");
+          std::printf("%s\n", head.c_str());
+          TreePrinter(file, max_items).Print(file.root(), "", 1);
+          std::printf("%s\n\n", s.text.c_str());
+        }
+      } catch (const Error& e) {
+        report(path.string(), e);
+      }
     }
   }
   if (json_out) {
     json::Value doc;
     doc["files"] = std::move(all_docs);
     doc["errors"] = std::move(errors);
-    std::printf("%s\n", doc.Dump(2).c_str());
+    PrintJson(doc);
   }
   return exit_code;
 }

@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kHelp =
     "usage: ucp layout list\n"
-    "       ucp layout show NAME|FILE\n"
+    "       ucp layout show NAME|FILE [--json]\n"
     "       ucp layout check CKPT [--layout NAME|FILE] [--json]\n"
     "\n"
     "A layout descriptor (YAML, see layouts/README.md) says how each parameter "
@@ -26,7 +26,8 @@ constexpr const char* kHelp =
     "tied\n"
     "copies, layer placement over PP/VPP, and which entries are opaque.\n"
     "  list    the builtin descriptors\n"
-    "  show    print a descriptor's YAML (builtin name or file)\n"
+    "  show    print a descriptor's YAML (builtin name or file); with --json\n"
+    "          {name, description, yaml}\n"
     "  check   list every parameter of a Megatron-LM checkpoint with the rule "
     "it\n"
     "          matches; fails (exit 4) if a parameter is matched by no rule or "
@@ -80,7 +81,16 @@ int RunLayout(const std::vector<std::string>& args) {
   }
   if (action == "show") {
     if (target.empty()) throw UsageError("layout show needs a NAME or FILE");
-    std::printf("%s", LoadLayout(target).yaml().c_str());
+    layouts::Layout l = LoadLayout(target);
+    if (json_out) {
+      json::Value j;
+      j["name"] = l.name();
+      j["description"] = l.description();
+      j["yaml"] = l.yaml();
+      PrintJson(j);
+    } else {
+      std::printf("%s", l.yaml().c_str());
+    }
     return 0;
   }
   if (action != "check") {

@@ -32,8 +32,8 @@ constexpr const char* kHelp =
     "covered by\n"
     "  the rank files, and replicated tensors (TP-replicated norms, tied\n"
     "  embedding copies) identical bit for bit.\n"
-    "Exit code 0 if everything holds, 3 (format) / 4 (layout) otherwise, with\n"
-    "the first problem on stderr.\n"
+    "Exit code 0 if everything holds, 3 (format), 4 (layout) or 5 (i/o)\n"
+    "otherwise, with the first problem on stderr.\n"
     "\n"
     "examples:\n"
     "  ucp verify gpt.ucp.h5\n"
@@ -85,7 +85,14 @@ void VerifyUniversal(const fs::path& path, Report& report) {
   if (!store.root().layout.empty()) {
     layouts::Layout layout =
         layouts::Layout::Parse(store.root().layout, path.string());
-    layouts::Variables vars = VariablesFromJson(store.root().model);
+    layouts::Variables vars;
+    try {
+      vars = VariablesFromJson(store.root().model);
+    } catch (Error& e) {
+      e.AddContext("attribute model");
+      e.AddContext("universal file ", path.string());
+      throw;
+    }
     for (const atoms::StoredParam& p : store.params()) {
       const layouts::Rule& rule = layout.Match(p.info.fqn, vars);
       if (rule.name != p.info.rule) {
@@ -100,7 +107,7 @@ void VerifyUniversal(const fs::path& path, Report& report) {
 }
 
 void VerifyMegatron(const fs::path& path, const std::string& layout,
-                    const RunOptions& run, Report& report) {
+                    const reshape::ExecutorOptions& executor, Report& report) {
   megatron::Checkpoint c = megatron::Discover(path);
   size_t files = 0;
   for (const auto& row : c.rank_files) files += row.size();
@@ -115,7 +122,7 @@ void VerifyMegatron(const fs::path& path, const std::string& layout,
   universal::SourcePlan plan = megatron::PlanSource(c, options);
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params matched by the layout"));
-  universal::VerifySummary v = universal::VerifySource(plan, run.Executor());
+  universal::VerifySummary v = universal::VerifySource(plan, executor);
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));
   report.Add("replicas", StrCat(v.replicas_verified,
@@ -134,6 +141,7 @@ int RunVerify(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!Parse(args, desc, {"path"}, vm)) return 0;
   if (!vm.count("path")) throw UsageError("verify needs a PATH");
+  const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const fs::path path = vm["path"].as<std::string>();
   std::error_code ec;
@@ -141,11 +149,12 @@ int RunVerify(const std::vector<std::string>& args) {
     throw IoError("cannot open ", path.string(), ": no such file or directory");
   }
   Report report;
-  const bool universal = !fs::is_directory(path) && IsHdf5File(path);
+  const bool directory = fs::is_directory(path, ec);
+  const bool universal = !directory && IsHdf5File(path);
   if (universal) {
     VerifyUniversal(path, report);
-  } else if (fs::is_directory(path)) {
-    VerifyMegatron(path, layout, run, report);
+  } else if (directory) {
+    VerifyMegatron(path, layout, executor, report);
   } else {
     throw FormatError(
         path.string(),

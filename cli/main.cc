@@ -2,6 +2,7 @@
 // Every failure ends as one line on stderr, "ucp: <kind>: <context > message>",
 // and an exit code per error class (see kExitCodes below and `ucp --help`).
 
+#include <algorithm>
 #include <boost/program_options/errors.hpp>
 #include <cstdio>
 #include <cstring>
@@ -11,7 +12,9 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/options.h"
 #include "engine/core/error.h"
+#include "engine/json/json.h"
 
 namespace ucp::cli {
 
@@ -61,8 +64,19 @@ void PrintUsage(std::FILE* out) {
       "error\n");
 }
 
-int Fail(const char* kind, const char* what, int code) {
-  std::fprintf(stderr, "ucp: %s: %s\n", kind, what);
+// The one error line on stderr; with --json also a JSON document on stdout
+// (unless the command already printed its own), so that --json output is
+// always one valid JSON document.
+int Fail(const char* kind, const std::string& what, int code, bool json) {
+  PrintError(kind, what);
+  if (json && !JsonPrinted()) {
+    json::Value doc;
+    doc["ok"] = false;
+    doc["error"]["kind"] = kind;
+    doc["error"]["message"] = what;
+    doc["error"]["exit_code"] = code;
+    PrintJson(doc);
+  }
   return code;
 }
 
@@ -89,25 +103,26 @@ int main(int argc, char** argv) {
     std::printf("ucp 0.1.0\n");
     return 0;
   }
+  const bool json = std::find(args.begin(), args.end(), "--json") != args.end();
   for (const Command& c : Commands()) {
     if (args.front() != c.name) continue;
     std::vector<std::string> rest(args.begin() + 1, args.end());
     try {
       return c.run(rest);
     } catch (const ucp::Error& e) {
-      return Fail(e.kind(), e.what(), e.ExitCode());
+      return Fail(e.kind(), e.what(), e.ExitCode(), json);
     } catch (const boost::program_options::error& e) {
       std::string msg =
           std::string(e.what()) + " (see: ucp " + c.name + " --help)";
-      return Fail("usage error", msg.c_str(), 2);
+      return Fail("usage error", msg, 2, json);
     } catch (const std::bad_alloc&) {
-      return Fail("error", "out of memory (lower --memory or --threads)", 1);
+      return Fail("error", "out of memory (lower --memory or --threads)", 1,
+                  json);
     } catch (const std::exception& e) {
-      return Fail("internal error", e.what(), 70);
+      return Fail("internal error", e.what(), 70, json);
     }
   }
-  std::fprintf(stderr,
-               "ucp: usage error: unknown command '%s' (see: ucp --help)\n",
-               name.c_str());
-  return 2;
+  return Fail("usage error",
+              "unknown command '" + args.front() + "' (see: ucp --help)", 2,
+              json);
 }

@@ -53,8 +53,9 @@ void AddRunOptions(po::options_description& desc, RunOptions& options) {
                      po::value<int>(&options.threads)->default_value(0),
                      "worker threads (0: all cores)")(
       "memory", po::value<std::string>(&options.memory)->default_value("2G"),
-      "buffer memory budget, e.g. 512M, 4G (peak RSS stays near it)")(
-      "json", po::bool_switch(&options.json), "print a JSON summary on stdout")(
+      "buffer memory budget, at least 16M, e.g. 512M, 4G (peak RSS stays "
+      "near it)")("json", po::bool_switch(&options.json),
+                  "print a JSON summary on stdout")(
       "quiet,q", po::bool_switch(&options.quiet), "no progress bar")(
       "progress", po::bool_switch(&options.progress),
       "progress bar even when stderr is not a terminal");
@@ -99,8 +100,51 @@ bool IsHdf5File(const std::filesystem::path& path) {
   }
 }
 
+namespace {
+bool g_json_printed = false;
+}  // namespace
+
 void PrintJson(const json::Value& doc) {
   std::printf("%s\n", doc.Dump(2).c_str());
+  std::fflush(stdout);
+  g_json_printed = true;
+}
+
+bool JsonPrinted() { return g_json_printed; }
+
+std::string OneLine(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const auto u = static_cast<unsigned char>(c);
+    if (u == 0xc2 && i + 1 < text.size() &&
+        (static_cast<unsigned char>(text[i + 1]) & 0xe0) == 0x80) {
+      // U+0080..U+009F, the C1 controls (CSI is U+009B), UTF-8 encoded.
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x",
+                    static_cast<unsigned char>(text[++i]));
+      out += buf;
+    } else if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+void PrintError(std::string_view kind, std::string_view what) {
+  std::fprintf(stderr, "ucp: %s: %s\n", OneLine(kind).c_str(),
+               OneLine(what).c_str());
 }
 
 }  // namespace ucp::cli

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/reshape/executor.h"
@@ -46,7 +47,16 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
 /// True if the file starts with the HDF5 signature (a universal file).
 bool IsHdf5File(const std::filesystem::path& path);
 
-/// Prints a JSON document on stdout.
+/// Prints a JSON document on stdout (and remembers that one was printed).
 void PrintJson(const json::Value& doc);
+/// True once PrintJson has printed a document in this process.
+bool JsonPrinted();
+
+/// `text` on one line and harmless for a terminal: control characters
+/// (newlines from a pickled string or a file name, escape sequences) are
+/// written as \n, \r, \t, \xNN, or \u00NN for the C1 controls.
+std::string OneLine(std::string_view text);
+/// Prints "ucp: <kind>: <what>" as one line on stderr.
+void PrintError(std::string_view kind, std::string_view what);
 
 }  // namespace ucp::cli

@@ -53,10 +53,13 @@
 // closed. HDF5 file locking is on with ignore_when_disabled (filesystems
 // without flock work); $HDF5_USE_FILE_LOCKING=FALSE turns it off.
 //
-// Threads: all HDF5 calls happen in Allocate / Commit / Open on the calling
-// thread; Write / SetHash / HashWritten / Read / ComputeHash are safe to call
-// from many threads at once. Cost: Allocate or Open of a store with 20 000
-// datasets takes about half a second to a second.
+// Threads: all HDF5 calls happen in Allocate / Commit on the calling thread,
+// and for Open in a child process forked from it (libhdf5 1.10 can crash on
+// damaged metadata; the child's death becomes a FormatError). No other
+// thread may be inside HDF5 during Open. Write / SetHash / HashWritten /
+// Read / ComputeHash are safe to call from many threads at once. Cost:
+// Allocate or Open of a store with 20 000 datasets takes about half a second
+// to a second.
 
 #include <cstddef>
 #include <cstdint>
@@ -231,10 +234,12 @@ class AtomStoreReader {
   /// file (and dataset) if it is not HDF5, lacks ucp_format="universal", has
   /// an unsupported ucp_version, or a dataset is not contiguous, has no or
   /// an unknown dtype attribute, a stored type that does not match it, an
-  /// extent that differs from its param's shape attribute, or bytes beyond
-  /// the end of the file; also for a missing schema attribute, a name that
-  /// is not canonically escaped, a soft / external link, or opaque groups
-  /// nested deeper than 32 levels.
+  /// extent that differs from its param's shape attribute (for a pad
+  /// dataset: its rank, which must be at least 1), or bytes beyond the end
+  /// of the file; also for a missing schema attribute, a name that is not
+  /// canonically escaped, a soft / external link, opaque groups nested
+  /// deeper than 32 levels, an opaque group reached through two links, or
+  /// metadata so damaged that HDF5 itself crashes reading it.
   static AtomStoreReader Open(const std::filesystem::path& path);
 
   AtomStoreReader(AtomStoreReader&&) noexcept;

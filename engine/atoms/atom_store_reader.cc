@@ -1,8 +1,18 @@
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <new>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
@@ -140,6 +150,11 @@ class Scanner {
               throw FormatError(pad_path, ": rank ", info.shape.size(),
                                 " differs from the param's shape attribute");
             }
+            if (info.shape.empty()) {
+              throw FormatError(pad_path,
+                                ": padding rows of a 0-d param (a pad dataset "
+                                "needs at least one dim)");
+            }
             datasets_.push_back(std::move(info));
           }
           continue;
@@ -149,9 +164,9 @@ class Scanner {
         info.fqn = p.fqn;
         info.state_kind = Unescape(child, child_path, kPadGroup);
         if (info.shape != p.shape && !info.shape.empty()) {
-          throw FormatError(child_path, ": extent ", ShapeText(info.shape),
+          throw FormatError(child_path, ": extent ", ShapeString(info.shape),
                             " differs from the param's shape attribute ",
-                            ShapeText(p.shape));
+                            ShapeString(p.shape));
         }
         datasets_.push_back(std::move(info));
       }
@@ -183,14 +198,6 @@ class Scanner {
   std::vector<DatasetInfo>& datasets() { return datasets_; }
 
  private:
-  static std::string ShapeText(const Shape& shape) {
-    std::string out = "(";
-    for (size_t i = 0; i < shape.size(); ++i) {
-      out += StrCat(i > 0 ? ", " : "", shape[i]);
-    }
-    return out + ")";
-  }
-
   std::optional<h5::Group> OpenTopGroup(const char* name) {
     if (!h5::HasLink(file_, name + 1)) return std::nullopt;
     return h5::Group(H5Gopen2(file_, name, H5P_DEFAULT), "open group", name);
@@ -198,11 +205,18 @@ class Scanner {
 
   void ScanOpaqueGroup(h5::Hid group, const std::string& path,
                        const std::string& key_prefix, int depth) {
-    // Bounds the recursion (hard links can even form cycles).
+    // Bounds the recursion.
     constexpr int kMaxDepth = 32;
     if (depth > kMaxDepth) {
       throw FormatError(path, ": opaque keys nested deeper than ", kMaxDepth,
                         " levels");
+    }
+    // Each group once: hard links could form cycles, or share subgroups so
+    // that a few dozen groups unfold into billions of paths.
+    if (!opaque_groups_.insert(h5::IdentityOf(group)).second) {
+      throw FormatError(path,
+                        ": a group linked more than once (a hard-link cycle "
+                        "or a shared subgroup)");
     }
     for (const std::string& link : h5::LinkNames(group)) {
       std::string child_path = path + "/" + link;
@@ -342,7 +356,262 @@ class Scanner {
   std::vector<StoredParam> params_;
   std::vector<DatasetInfo> datasets_;
   std::array<std::optional<h5::Datatype>, kNumDTypes> types_;
+  std::set<h5::ObjectIdentity> opaque_groups_;
 };
+
+// ---- The metadata scan in a child process ---------------------------------
+//
+// libhdf5 1.10 is not hardened against damaged files: a corrupt length in a
+// variable-length string attribute (every string attribute of the schema)
+// makes H5Aread copy past a heap buffer (SIGSEGV in H5HG_read), and a flipped
+// byte is enough. So the metadata is read by a forked child that sends what
+// it found back through a pipe; a child killed by HDF5 becomes a FormatError
+// instead of taking ucp down. The parent only initialises the library.
+// Cost: a few milliseconds per Open (more in a process with a large resident
+// set, whose page tables fork copies).
+
+struct ScanResult {
+  RootInfo root;
+  std::vector<StoredParam> params;
+  std::vector<DatasetInfo> datasets;
+};
+
+class Encoder {
+ public:
+  void U64(uint64_t v) { out_.append(reinterpret_cast<const char*>(&v), 8); }
+  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
+  void Str(std::string_view s) {
+    U64(s.size());
+    out_.append(s);
+  }
+  void Ints(const std::vector<int64_t>& v) {
+    U64(v.size());
+    for (int64_t x : v) I64(x);
+  }
+  std::string& out() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class Decoder {
+ public:
+  explicit Decoder(std::string_view in) : in_(in) {}
+  uint64_t U64() {
+    UCP_CHECK(in_.size() - pos_ >= 8, "truncated metadata from the scan");
+    uint64_t v;
+    std::memcpy(&v, in_.data() + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  int64_t I64() { return static_cast<int64_t>(U64()); }
+  std::string Str() {
+    const uint64_t n = U64();
+    UCP_CHECK(in_.size() - pos_ >= n, "truncated metadata from the scan");
+    std::string s(in_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  std::vector<int64_t> Ints() {
+    const uint64_t n = U64();
+    UCP_CHECK(n <= (in_.size() - pos_) / 8, "truncated metadata from the scan");
+    std::vector<int64_t> v(n);
+    for (int64_t& x : v) x = I64();
+    return v;
+  }
+  template <typename Enum>
+  Enum Small(uint64_t count) {
+    const uint64_t v = U64();
+    UCP_CHECK(v < count, "bad metadata from the scan");
+    return static_cast<Enum>(v);
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+void Encode(const ScanResult& r, Encoder& e) {
+  e.I64(r.root.iteration);
+  e.I64(r.root.consumed_samples);
+  for (const std::string* s :
+       {&r.root.source, &r.root.model, &r.root.layout, &r.root.optimizer,
+        &r.root.scheduler, &r.root.args}) {
+    e.Str(*s);
+  }
+  e.U64(r.root.extra_strings.size());
+  for (const auto& [k, v] : r.root.extra_strings) {
+    e.Str(k);
+    e.Str(v);
+  }
+  e.U64(r.root.extra_ints.size());
+  for (const auto& [k, v] : r.root.extra_ints) {
+    e.Str(k);
+    e.I64(v);
+  }
+  e.U64(r.params.size());
+  for (const StoredParam& sp : r.params) {
+    const ParamInfo& p = sp.info;
+    e.Str(p.fqn);
+    e.Ints(p.shape);
+    e.U64(static_cast<uint64_t>(p.dtype));
+    e.Str(p.rule);
+    e.U64(static_cast<uint64_t>(p.kind));
+    e.I64(p.group);
+    e.I64(p.order);
+    e.Str(p.tied_copies);
+  }
+  e.U64(r.datasets.size());
+  for (const DatasetInfo& d : r.datasets) {
+    e.U64(static_cast<uint64_t>(d.kind));
+    e.Str(d.fqn);
+    e.Str(d.state_kind);
+    e.Str(d.path);
+    e.U64(static_cast<uint64_t>(d.dtype));
+    e.Ints(d.shape);
+    e.U64(d.offset);
+    e.U64(d.nbytes);
+    e.U64(d.xxh3);
+  }
+}
+
+ScanResult Decode(Decoder& d) {
+  ScanResult r;
+  r.root.iteration = d.I64();
+  r.root.consumed_samples = d.I64();
+  for (std::string* s : {&r.root.source, &r.root.model, &r.root.layout,
+                         &r.root.optimizer, &r.root.scheduler, &r.root.args}) {
+    *s = d.Str();
+  }
+  for (uint64_t n = d.U64(); n > 0; --n) {
+    std::string k = d.Str();
+    r.root.extra_strings[k] = d.Str();
+  }
+  for (uint64_t n = d.U64(); n > 0; --n) {
+    std::string k = d.Str();
+    r.root.extra_ints[k] = d.I64();
+  }
+  for (uint64_t n = d.U64(); n > 0; --n) {
+    StoredParam sp;
+    ParamInfo& p = sp.info;
+    p.fqn = d.Str();
+    p.shape = d.Ints();
+    p.dtype = d.Small<DType>(kNumDTypes);
+    p.rule = d.Str();
+    p.kind = d.Small<ParamKind>(2);
+    p.group = d.I64();
+    p.order = d.I64();
+    p.tied_copies = d.Str();
+    r.params.push_back(std::move(sp));
+  }
+  for (uint64_t n = d.U64(); n > 0; --n) {
+    DatasetInfo info;
+    info.kind = d.Small<DatasetKind>(4);
+    info.fqn = d.Str();
+    info.state_kind = d.Str();
+    info.path = d.Str();
+    info.dtype = d.Small<DType>(kNumDTypes);
+    info.shape = d.Ints();
+    info.offset = d.U64();
+    info.nbytes = d.U64();
+    info.xxh3 = d.U64();
+    r.datasets.push_back(std::move(info));
+  }
+  UCP_CHECK(d.done(), "trailing metadata from the scan");
+  return r;
+}
+
+// Error classes a child reports (its first byte after the tag).
+enum class ErrorClass : uint64_t { kFormat, kIo, kInternal, kOutOfMemory };
+
+void WriteAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the parent reports the short message
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// Runs `scan` in a child process and returns its result, rethrowing the
+// ucp::Error it threw. Throws FormatError if the child dies (HDF5 crashed on
+// the file), IoError if no child can be started.
+ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
+  // Initialised here, the library is inherited ready to use instead of
+  // being set up again by every child (most of the cost of the fork).
+  h5::Check(H5open(), "initialise the HDF5 library");
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw IoError("cannot create a pipe: ", std::strerror(errno));
+  }
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw IoError("cannot start a process to read HDF5 metadata: ",
+                  std::strerror(err));
+  }
+  if (pid == 0) {  // the child: scan, send, _exit (no atexit, no destructors)
+    ::close(fds[0]);
+    Encoder e;
+    try {
+      ScanResult r = scan();
+      e.U64(0);
+      Encode(r, e);
+    } catch (const std::exception& ex) {
+      e.out().clear();
+      e.U64(1);
+      const ErrorClass cls =
+          dynamic_cast<const FormatError*>(&ex) != nullptr ? ErrorClass::kFormat
+          : dynamic_cast<const IoError*>(&ex) != nullptr   ? ErrorClass::kIo
+          : dynamic_cast<const std::bad_alloc*>(&ex) != nullptr
+              ? ErrorClass::kOutOfMemory
+              : ErrorClass::kInternal;
+      e.U64(static_cast<uint64_t>(cls));
+      e.Str(ex.what());
+    }
+    WriteAll(fds[1], e.out());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string data;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    throw FormatError("HDF5 crashed reading the metadata (signal ",
+                      WTERMSIG(status), ": ", strsignal(WTERMSIG(status)),
+                      "); the file is corrupt");
+  }
+  UCP_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "the metadata scan exited with status ", status);
+  Decoder d(data);
+  if (d.U64() == 0) return Decode(d);
+  const auto cls = d.Small<ErrorClass>(4);
+  const std::string message = d.Str();
+  switch (cls) {
+    case ErrorClass::kFormat:
+      throw FormatError(message);
+    case ErrorClass::kIo:
+      throw IoError(message);
+    case ErrorClass::kOutOfMemory:
+      throw std::bad_alloc();
+    case ErrorClass::kInternal:
+      break;
+  }
+  throw InternalError(message);
+}
 
 }  // namespace
 
@@ -360,22 +629,31 @@ struct AtomStoreReader::Impl {
     return it == by_path.end() ? nullptr : &datasets[it->second];
   }
 
-  void Scan(const std::filesystem::path& path) {
-    h5::Silence();
-    h5::PropertyList fapl = FileAccessList(FileMode::kRead);
-    hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
-    if (id < 0) {
-      throw FormatError("not a readable HDF5 file: ", h5::ErrorStack());
+  // Reads all metadata with HDF5 (in the calling process).
+  static ScanResult Scan(const std::filesystem::path& path,
+                         uint64_t file_size) {
+    try {
+      h5::Silence();
+      h5::PropertyList fapl = FileAccessList(FileMode::kRead);
+      hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+      if (id < 0) {
+        throw FormatError("not a readable HDF5 file: ", h5::ErrorStack());
+      }
+      h5::File h5file(id, "open HDF5 file");
+      Scanner scanner(h5file.get(), file_size);
+      ScanResult r;
+      r.root = scanner.ReadRoot();
+      scanner.ScanParams();
+      scanner.ScanBuffers();
+      scanner.ScanOpaque();
+      h5file.Close("close HDF5 file");
+      r.params = std::move(scanner.params());
+      r.datasets = std::move(scanner.datasets());
+      return r;
+    } catch (const IoError& e) {
+      // HDF5 failing on a file we could open means its metadata is damaged.
+      throw FormatError("cannot read HDF5 metadata: ", e.what());
     }
-    h5::File h5file(id, "open HDF5 file");
-    Scanner scanner(h5file.get(), file_size);
-    root = scanner.ReadRoot();
-    scanner.ScanParams();
-    scanner.ScanBuffers();
-    scanner.ScanOpaque();
-    h5file.Close("close HDF5 file");
-    params = std::move(scanner.params());
-    datasets = std::move(scanner.datasets());
   }
 
   void Index() {
@@ -415,12 +693,11 @@ AtomStoreReader AtomStoreReader::Open(const std::filesystem::path& path) {
   try {
     impl->file = File::OpenRead(path);
     impl->file_size = impl->file.Size();
-    try {
-      impl->Scan(path);
-    } catch (const IoError& e) {
-      // HDF5 failing on a file we could open means its metadata is damaged.
-      throw FormatError("cannot read HDF5 metadata: ", e.what());
-    }
+    const uint64_t size = impl->file_size;
+    ScanResult r = ScanInChild([&] { return Impl::Scan(path, size); });
+    impl->root = std::move(r.root);
+    impl->params = std::move(r.params);
+    impl->datasets = std::move(r.datasets);
     UCP_CHECK(impl->datasets.size() < UINT32_MAX, "too many datasets");
     impl->Index();
   } catch (Error& e) {

@@ -40,13 +40,24 @@ void File::Close() noexcept {
 }
 
 File File::OpenRead(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected
+  // below like every other file that pread cannot serve.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw IoError("cannot open ", path.string(), ": ", Errno());
   struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const std::string error = Errno();
     ::close(fd);
-    throw IoError("cannot open ", path.string(), ": is a directory");
+    throw IoError("cannot stat ", path.string(), ": ", error);
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError(
+        "cannot open ", path.string(), ": ",
+        S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   return File(fd, path);
 }
 
@@ -141,6 +152,17 @@ std::filesystem::path TempNameFor(const std::filesystem::path& final_path) {
 
 OutputFile::OutputFile(std::filesystem::path final_path)
     : final_(std::move(final_path)), temp_(TempNameFor(final_)) {
+  // Name the user's path, not the temporary one, when its folder is missing.
+  const std::filesystem::path dir = final_.parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+    if (std::filesystem::exists(dir, ec)) {
+      throw IoError("cannot write ", final_.string(), ": ", dir.string(),
+                    " is not a folder");
+    }
+    throw IoError("cannot write ", final_.string(), ": folder ", dir.string(),
+                  " does not exist");
+  }
   file_ = File::Create(temp_);
 }
 

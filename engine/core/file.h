@@ -18,7 +18,9 @@ class File {
   File& operator=(const File&) = delete;
   ~File();
 
-  /// Opens an existing file read-only. Throws IoError naming the file.
+  /// Opens an existing regular file read-only. Throws IoError naming the
+  /// file if it cannot be opened or is not a regular file (a directory, FIFO
+  /// or device: opening a FIFO does not wait for a writer).
   static File OpenRead(const std::filesystem::path& path);
   /// Creates (or truncates) a file for writing. Throws IoError.
   static File Create(const std::filesystem::path& path);
@@ -57,7 +59,8 @@ class File {
 /// a failed run never leaves a partial file under the final name.
 class OutputFile {
  public:
-  /// Throws IoError if the temporary file cannot be created.
+  /// Throws IoError naming `final_path` if its folder does not exist, or if
+  /// the temporary file cannot be created.
   explicit OutputFile(std::filesystem::path final_path);
   OutputFile(OutputFile&&) noexcept = default;
   OutputFile& operator=(OutputFile&&) noexcept = default;

@@ -40,7 +40,14 @@ Progress::Progress(std::string label, uint64_t total, std::string unit,
              (mode == Mode::kAuto && ::isatty(STDERR_FILENO) == 1);
 }
 
-Progress::~Progress() { Finish(); }
+Progress::~Progress() {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lock(draw_mutex_);
+  if (finished_) return;
+  finished_ = true;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
 
 void Progress::Add(uint64_t amount) noexcept {
   done_.fetch_add(amount, std::memory_order_relaxed);

@@ -16,6 +16,8 @@ class Progress {
   /// `total` is in `unit`s ("B" prints bytes as KiB/MiB/GiB).
   Progress(std::string label, uint64_t total, std::string unit = "B",
            Mode mode = Mode::kAuto);
+  /// Without a Finish() (a failed run) only erases the bar, so that the
+  /// error message that follows is not preceded by a completed-looking total.
   ~Progress();
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;

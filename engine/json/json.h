@@ -11,16 +11,36 @@
 
 namespace ucp::json {
 
+namespace internal {
+struct Access;  // json.cc: builds values without per-member lookups
+}  // namespace internal
+
+/// Deepest nesting of arrays/objects that Parse accepts.
+inline constexpr int kMaxParseDepth = 1000;
+
 class Value {
  public:
-  enum class Type : uint8_t { kNull, kBool, kInt, kDouble, kString, kArray, kObject };
+  enum class Type : uint8_t {
+    kNull,
+    kBool,
+    kInt,
+    kDouble,
+    kString,
+    kArray,
+    kObject
+  };
 
   Value() noexcept = default;  // null
   Value(std::nullptr_t) noexcept {}
   Value(bool b) noexcept : type_(Type::kBool), b_(b) {}
   Value(int i) noexcept : type_(Type::kInt), i_(i) {}
   Value(int64_t i) noexcept : type_(Type::kInt), i_(i) {}
-  Value(uint64_t i) noexcept : type_(Type::kInt), i_(static_cast<int64_t>(i)) {}
+  /// Above INT64_MAX the value is kept as a double (rounded), never wrapped.
+  Value(uint64_t i) noexcept
+      : type_(i > static_cast<uint64_t>(INT64_MAX) ? Type::kDouble
+                                                   : Type::kInt),
+        i_(i > static_cast<uint64_t>(INT64_MAX) ? 0 : static_cast<int64_t>(i)),
+        d_(static_cast<double>(i)) {}
   Value(double d) noexcept : type_(Type::kDouble), d_(d) {}
   Value(std::string s) noexcept : type_(Type::kString), s_(std::move(s)) {}
   Value(std::string_view s) : type_(Type::kString), s_(s) {}
@@ -50,7 +70,8 @@ class Value {
 
   /// Typed accessors. Throw FormatError naming the expected and actual type.
   bool AsBool() const;
-  int64_t AsInt() const;  // also accepts a double with an integral value
+  /// Also accepts a double with an integral value in int64's range.
+  int64_t AsInt() const;
   double AsDouble() const;
   const std::string& AsString() const;
   const std::vector<Value>& items() const;  // array
@@ -67,14 +88,20 @@ class Value {
   void Append(Value v);
   size_t size() const noexcept;
 
-  /// Serialises; indent < 0 gives one line.
+  /// Serialises; indent < 0 gives one line. Always valid JSON: NaN and
+  /// infinities (which JSON cannot spell) are written as null, invalid UTF-8
+  /// in strings as U+FFFD. Linear in the size of the document.
   std::string Dump(int indent = -1) const;
-  /// Parses a JSON text. Throws FormatError with the position on bad input.
+  /// Parses a JSON text (linear time; a repeated object key keeps its first
+  /// position and its last value; integers beyond int64 become doubles).
+  /// Throws FormatError with the position on bad input, and for nesting
+  /// deeper than kMaxParseDepth.
   static Value Parse(std::string_view text);
 
   friend bool operator==(const Value& a, const Value& b) noexcept;
 
  private:
+  friend struct internal::Access;
   Type type_ = Type::kNull;
   bool b_ = false;
   int64_t i_ = 0;

@@ -40,6 +40,11 @@
 // `copyreg.__newobj_ex__(cls, args, kwargs)` (which rebuilds the same object;
 // CPython itself writes a functools.partial of cls.__new__ there).
 //
+// One deliberate difference: an int beyond int64 that the graph shares
+// (which only a hand-made stream can produce: CPython never memoises ints)
+// is memoised and fetched with BINGET, so a stream that BINGETs one huge int
+// many times does not blow up when written again.
+//
 // Known limits: a BUILD through a state_setter (reduce tuples of 6, written
 // as REDUCE + POP) and any other value a stream computes and then POPs is
 // not part of the graph and is not written again.

@@ -8,7 +8,9 @@
 //   object and global gets BINPUT/LONG_BINPUT with sequential indices at its
 //   first emission and BINGET/LONG_BINGET afterwards; globals are memoised by
 //   name (CPython memoises the class/function object); None, bools, ints,
-//   floats, () and persistent ids are not memoised;
+//   floats, () and persistent ids are not memoised (except an int beyond
+//   int64 that the graph shares, which no CPython pickle does: see
+//   FindSharedBigInts);
 // - a tuple (or reduced object) that got memoised while its own elements were
 //   written is recursive: its pushes are dropped (POP.../POP_MARK or POP) and
 //   it is fetched with BINGET;
@@ -32,6 +34,7 @@
 #include <cstring>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -50,6 +53,7 @@ constexpr size_t kBatchSize = 1000;
 class Writer {
  public:
   std::string Run(const Value* root) {
+    FindSharedBigInts(root);
     out_.push_back(static_cast<char>(kProto));
     out_.push_back(2);
     tasks_.push_back({TaskOp::kSave, 0, 0, root});
@@ -100,6 +104,39 @@ class Writer {
   }
   static Task SaveTask(const Value* v) { return {TaskOp::kSave, 0, 0, v}; }
   static Task ByteTask(uint8_t op) { return {TaskOp::kByte, op, 0, nullptr}; }
+
+  // Ints beyond int64 that the graph references more than once. CPython
+  // never memoises ints, so no pickle it wrote shares one; a hostile stream
+  // can (BINPUT once, BINGET a million times), and writing such an int out
+  // at every reference would turn a few megabytes into terabytes. They are
+  // memoised like strings instead.
+  void FindSharedBigInts(const Value* root) {
+    std::unordered_map<const Value*, int> refs;
+    std::unordered_set<const Value*> seen;
+    std::vector<const Value*> todo;
+    auto edge = [&](const Value* c) {
+      if (c == nullptr) return;
+      if (c->kind == Kind::kInt) {
+        if (!c->big.empty() && ++refs[c] == 2) shared_big_ints_.insert(c);
+        return;
+      }
+      if (seen.insert(c).second) todo.push_back(c);
+    };
+    edge(root);
+    while (!todo.empty()) {
+      const Value* v = todo.back();
+      todo.pop_back();
+      for (const Value* c : v->items) edge(c);
+      for (const auto& [k, x] : v->entries) {
+        edge(k);
+        edge(x);
+      }
+      for (const Value* c :
+           {v->callable, v->args, v->kwargs, v->state, v->pid}) {
+        edge(c);
+      }
+    }
+  }
 
   // --- output
   // -----------------------------------------------------------------
@@ -227,6 +264,12 @@ class Writer {
         Put(v->b ? kNewTrue : kNewFalse);
         return;
       case Kind::kInt:
+        if (shared_big_ints_.count(v) != 0) {
+          if (PutGetIfMemoised(v)) return;
+          PutInt(v);
+          Memoize(v);
+          return;
+        }
         PutInt(v);
         return;
       case Kind::kFloat:
@@ -481,6 +524,7 @@ class Writer {
   std::string out_;
   std::vector<Task> tasks_;
   std::vector<Task> seq_;  // scratch for Schedule()
+  std::unordered_set<const Value*> shared_big_ints_;
   std::unordered_map<const Value*, uint32_t> memo_;
   std::map<std::pair<std::string, std::string>, uint32_t> global_memo_;
   uint32_t next_memo_ = 0;

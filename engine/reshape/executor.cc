@@ -256,17 +256,26 @@ uint64_t ParseByteSize(std::string_view text) {
     ++i;
   }
   if (i == 0) throw UsageError("not a size: '", text, "' (use e.g. 2G, 512M)");
-  std::string_view suffix = text.substr(i);
+  // K, M, G, T in any case, optionally followed by "B" or "iB": all binary.
+  std::string suffix;
+  for (char c : text.substr(i)) {
+    suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  if (suffix.ends_with("IB") && suffix.size() == 3) {
+    suffix.resize(1);
+  } else if (suffix.ends_with("B")) {
+    suffix.pop_back();
+  }
   uint64_t mult = 1;
-  if (suffix.empty() || suffix == "B") {
+  if (suffix.empty()) {
     mult = 1;
-  } else if (suffix == "K" || suffix == "KiB" || suffix == "k") {
+  } else if (suffix == "K") {
     mult = 1ull << 10;
-  } else if (suffix == "M" || suffix == "MiB") {
+  } else if (suffix == "M") {
     mult = 1ull << 20;
-  } else if (suffix == "G" || suffix == "GiB") {
+  } else if (suffix == "G") {
     mult = 1ull << 30;
-  } else if (suffix == "T" || suffix == "TiB") {
+  } else if (suffix == "T") {
     mult = 1ull << 40;
   } else {
     throw UsageError("unknown size suffix in '", text, "' (use K, M, G or T)");

@@ -1,10 +1,13 @@
 #pragma once
 // The parallel executor: runs plans (plan.h) with oneTBB under a memory
-// budget. Each target tensor is produced in chunks of whole dim-0 slices;
-// each chunk reads only the source bytes it needs (pread of contiguous runs,
-// coalesced when dense), converts dtypes, and is handed to the target's sink.
-// Peak buffer memory is about 2 x threads x chunk size <= memory_budget,
-// independent of checkpoint size.
+// budget. Each target tensor is produced in chunks of consecutive elements
+// (flat, row-major; a chunk may start and end inside a row); each chunk reads
+// only the source bytes it needs (pread of contiguous runs, coalesced when
+// dense), converts dtypes, zero-fills what no op covers, and is handed to the
+// target's sink. Chunk size = memory_budget / (2 x threads), clamped to
+// [1 MiB, 256 MiB]; peak buffer memory is about 2 x threads x chunk size
+// (at most memory_budget unless the 1 MiB floor applies), independent of
+// checkpoint size.
 
 #include <cstdint>
 #include <functional>
@@ -69,7 +72,9 @@ ExecutorStats Execute(std::span<Job> jobs,
                       std::span<const ByteSource* const> sources,
                       const ExecutorOptions& options);
 
-/// Parses "2G", "512M", "64K", "1000" (bytes). Throws UsageError.
+/// Parses a byte count: digits, then optionally K, M, G or T (any case,
+/// powers of 1024) optionally followed by "B" or "iB": "2G", "512m", "64KiB",
+/// "1000", "1000B". Throws UsageError for anything else or on overflow.
 uint64_t ParseByteSize(std::string_view text);
 
 }  // namespace ucp::reshape

@@ -292,22 +292,43 @@ void ForEachInPickleOrder(
 
 void ForEachContainerLeaf(
     const Value* root, const std::function<bool(const Value*)>& wanted,
-    const std::function<void(const Value*, const TensorPath&)>& visit) {
-  // Paths are kept as a tree of (parent, component) to stay linear in size.
+    const std::function<void(const Value*, const TensorPath&)>& visit,
+    uint64_t max_path_bytes) {
+  // Paths are kept as a tree of (parent, component) to stay linear in size;
+  // a str key is referenced, not copied (one key object may be shared by
+  // every level of a nesting).
   struct Step {
     size_t parent;
-    PathComponent component;
+    const Value* key;  // a kStr dict key, or nullptr: `index` is the component
+    int64_t index;     // list/tuple index or int dict key
   };
   constexpr size_t kNoParent = static_cast<size_t>(-1);
   std::vector<Step> steps;
   std::vector<std::pair<const Value*, size_t>> stack;  // node, step index
   std::unordered_set<const Value*> seen_containers;
+  uint64_t budget = max_path_bytes;
   auto materialize = [&](size_t step) {
-    TensorPath path;
-    for (size_t s = step; s != kNoParent; s = steps[s].parent) {
-      path.push_back(steps[s].component);
+    // Sized first: nothing is copied beyond the budget.
+    size_t depth = 0;
+    for (size_t s = step; s != kNoParent; s = steps[s].parent, ++depth) {
+      const uint64_t bytes =
+          sizeof(PathComponent) +
+          (steps[s].key != nullptr ? steps[s].key->s.size() : 0);
+      if (bytes > budget) {
+        throw FormatError("the paths of the tensors exceed ", max_path_bytes,
+                          " bytes (dict keys repeated along a deep nesting?)");
+      }
+      budget -= bytes;
     }
-    return TensorPath(path.rbegin(), path.rend());
+    TensorPath path(depth);
+    for (size_t s = step; s != kNoParent; s = steps[s].parent) {
+      if (steps[s].key != nullptr) {
+        path[--depth] = steps[s].key->s;
+      } else {
+        path[--depth] = steps[s].index;
+      }
+    }
+    return path;
   };
   if (root != nullptr) stack.emplace_back(root, kNoParent);
   std::vector<std::pair<const Value*, size_t>> children;
@@ -325,16 +346,16 @@ void ForEachContainerLeaf(
     if (is_list) {
       for (size_t i = 0; i < v->items.size(); ++i) {
         if (v->items[i] == nullptr) continue;
-        steps.push_back({step, static_cast<int64_t>(i)});
+        steps.push_back({step, nullptr, static_cast<int64_t>(i)});
         children.emplace_back(v->items[i], steps.size() - 1);
       }
     } else {
       for (const auto& [key, value] : v->entries) {
         if (key == nullptr || value == nullptr) continue;
         if (key->kind == Kind::kStr) {
-          steps.push_back({step, key->s});
+          steps.push_back({step, key, 0});
         } else if (key->kind == Kind::kInt && key->big.empty()) {
-          steps.push_back({step, key->i});
+          steps.push_back({step, nullptr, key->i});
         } else {
           continue;
         }

@@ -76,10 +76,14 @@ void ForEachInPickleOrder(
 /// tuple containers (dict keys must be str or int; other entries are
 /// skipped), in depth-first pre-order, each container once. For every
 /// non-container node for which `wanted` is true, calls `visit(node, path)`.
-/// Iterative: any depth.
+/// Iterative: any depth. The paths handed to `visit` may hold at most
+/// `max_path_bytes` in all (each component counts its size plus its string's
+/// length): a key shared through the memo at every level of a deep chain
+/// makes paths much larger than the pickle. Throws FormatError beyond that.
 void ForEachContainerLeaf(
     const pickle::Value* root,
     const std::function<bool(const pickle::Value*)>& wanted,
-    const std::function<void(const pickle::Value*, const TensorPath&)>& visit);
+    const std::function<void(const pickle::Value*, const TensorPath&)>& visit,
+    uint64_t max_path_bytes);
 
 }  // namespace ucp::torchfile::internal

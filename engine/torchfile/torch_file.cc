@@ -39,6 +39,12 @@ constexpr std::string_view kLegacyMagic(
     "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10);
 constexpr int64_t kLegacyProtocolVersion = 1001;
 
+// Bytes the paths of all tensors may take (TensorInfo::path): far beyond
+// any real checkpoint (a few hundred bytes per tensor, and every tensor costs
+// dozens of pickle bytes), far below what a hostile pickle could make them.
+constexpr uint64_t kMinPathBudget = uint64_t{64} << 20;
+constexpr uint64_t kPathBudgetPerPickleByte = 16;
+
 bool FitsWithin(uint64_t a, uint64_t b, uint64_t limit) {
   return a <= limit && b <= limit - a;
 }
@@ -158,7 +164,10 @@ void TorchFile::Impl::LoadLegacy() {
         pos += consumed;
         return v;
       } catch (FormatError& e) {
-        if (buffer.size() >= length) {
+        // Read more only if the pickle may just be cut short by the buffer;
+        // a corrupt one would otherwise pull the whole file into memory.
+        if (buffer.size() >= length ||
+            e.message().find("truncated") == std::string::npos) {
           e.AddContext(what);
           e.AddContext(Describe());
           throw;
@@ -384,12 +393,17 @@ void TorchFile::Impl::CollectTensors() {
   for (size_t i = 0; i < tensors.size(); ++i) {
     tensors[i].storage = &storages[storage_of[i]];
   }
+  // Only a tensor's first path is kept, so only that one is materialised.
+  auto pathless = [&](const Value* v) {
+    auto it = tensor_by_node.find(v);
+    return it != tensor_by_node.end() && !tensors[it->second].path;
+  };
   internal::ForEachContainerLeaf(
-      root, [&](const Value* v) { return tensor_by_node.count(v) != 0; },
+      root, pathless,
       [&](const Value* v, const TensorPath& path) {
-        TensorInfo& t = tensors[tensor_by_node.at(v)];
-        if (!t.path) t.path = path;
-      });
+        tensors[tensor_by_node.at(v)].path = path;
+      },
+      kMinPathBudget + kPathBudgetPerPickleByte * pickle.size());
 }
 
 TorchFile::TorchFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -132,8 +132,11 @@ class TorchFile {
   /// and the problem if it is not a torch.save file (TorchScript archives
   /// included), is truncated or corrupt, lacks data.pkl or a storage record,
   /// has a storage record smaller than declared, a tensor view reaching
-  /// outside its storage, an unknown storage class or dtype, or a malformed
-  /// persistent id; pickle errors carry the context "<file> > data.pkl".
+  /// outside its storage, an unknown storage class or dtype, a malformed
+  /// persistent id, or tensor paths (TensorInfo::path) of more than 64 MiB +
+  /// 16 bytes per pickle byte in all (a hostile pickle sharing long keys
+  /// along a deep nesting); pickle errors carry the context
+  /// "<file> > data.pkl".
   static TorchFile Open(const std::filesystem::path& path);
   /// The same for a file embedded at bytes [offset, offset + length) of
   /// `path` (e.g. a slice of a DCP .distcp file).

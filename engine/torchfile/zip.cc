@@ -1,7 +1,5 @@
 #include "engine/torchfile/zip.h"
 
-#include "engine/torchfile/crc32_fast.h"
-
 #include <zlib.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/torchfile/crc32_fast.h"
 
 namespace ucp::torchfile {
 
@@ -197,7 +196,12 @@ void ZipReader::Impl::Parse() {
     Fail("central directory (offset ", cd_offset, ", ", cd_size,
          " bytes) lies outside the archive");
   }
-  if (num_entries > cd_size / kCentralHeaderSize) {
+  // Each entry has a 46-byte header and at most 3 x 65535 bytes of name,
+  // extra field and comment: a directory larger than that for its entry
+  // count is corrupt (and is not read into memory).
+  constexpr uint64_t kMaxCentralEntry = kCentralHeaderSize + 3 * 0xFFFF;
+  if (num_entries > cd_size / kCentralHeaderSize ||
+      cd_size / kMaxCentralEntry > num_entries) {
     Fail("central directory of ", cd_size, " bytes cannot hold ", num_entries,
          " entries");
   }

@@ -153,6 +153,130 @@ def test_help_and_errors():
         shutil.rmtree(tmp)
 
 
+def write_zip_pickle(path, data):
+    import zipfile
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", data)
+        z.writestr("archive/version", "3\n")
+
+
+def deep_shared_chain(segments, length=900):
+    """A pickle of list chains N_1 -> ... -> N_segments, each `length` deep,
+    where the root first reaches every N_i directly ([[N_k], ..., [N_1]] + the
+    chain): shallow for the unpickler's depth check, segments x length deep
+    along the path through the chain."""
+    import struct
+    put = lambda i: b"r" + struct.pack("<I", i)
+    get = lambda i: b"j" + struct.pack("<I", i)
+    out = bytearray(b"\x80\x02")
+    out += b"]" * length + b"a" * (length - 1) + put(segments) + b"0"
+    for i in range(segments - 1, 0, -1):
+        out += b"]" * length + get(i + 1) + b"a" * length + put(i) + b"0"
+    out += b"("
+    for i in range(segments, 0, -1):
+        out += b"]" + get(i) + b"a"
+    out += b"l."
+    return bytes(out)
+
+
+def run_limited(args, seconds=120, address_space=4 << 30):
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    return subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True,
+                          timeout=seconds, preexec_fn=limit)
+
+
+def test_hostile_graphs_neither_crash_nor_explode():
+    import pickle
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    try:
+        # 200 x 900 levels along one path: no stack overflow in the tree or
+        # the --json walk.
+        deep = tmp / "deep.pt"
+        write_zip_pickle(deep, deep_shared_chain(200))
+        p = run_limited(["inspect", deep])
+        assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+        assert "nested deeper than" in p.stdout
+        p = run_limited(["inspect", "--json", deep])
+        assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+        assert json.loads(p.stdout)["files"][0]["complete"] is True
+        # 2^40 paths through 40 shared lists (a 300-byte file): the --json
+        # walk stops at its budget and says so.
+        x = None
+        for _ in range(40):
+            x = [x, x]
+        dag = tmp / "dag.pt"
+        write_zip_pickle(dag, pickle.dumps(x, protocol=2))
+        p = run_limited(["inspect", "--json", dag])
+        assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+        doc = json.loads(p.stdout)["files"][0]
+        assert doc["complete"] is False and len(doc["leaves"]) > 1000
+        p = run_limited(["inspect", dag])
+        assert p.returncode == 0 and "same object as" in p.stdout, p.stderr[-500:]
+        # One 1 MB key shared by 900 nested dicts (a 1 MB file): the tree
+        # shows the key cut short, the --json walk stops at its budget
+        # instead of copying the key 900 times.
+        big = "k" * (1 << 20)
+        d = {big: 1}
+        for _ in range(900):
+            d = {big: d}
+        keys = tmp / "keys.pt"
+        sys.setrecursionlimit(10000)
+        write_zip_pickle(keys, pickle.dumps(d, protocol=2))
+        p = run_limited(["inspect", keys], address_space=2 << 30)
+        assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+        assert len(p.stdout) < (8 << 20), len(p.stdout)
+        p = run_limited(["inspect", "--json", keys])
+        assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+        assert json.loads(p.stdout)["files"][0]["complete"] is False
+    finally:
+        shutil.rmtree(tmp)
+
+
+def test_tree_never_prints_control_characters():
+    import pickle
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    try:
+        f = tmp / "esc.pt"
+        evil = "\x1b]0;pwned\x07\x1b[2J\nline"
+        write_zip_pickle(f, pickle.dumps({evil: 1, "ok": [evil]}, protocol=2))
+        p = run("inspect", f)
+        assert "\x1b" not in p.stdout and "\x07" not in p.stdout, p.stdout
+        assert "\\x1b]0;pwned" in p.stdout, p.stdout
+        doc = json.loads(run("inspect", "--json", f).stdout)["files"][0]
+        assert [l["path"] for l in doc["leaves"]] == [[evil], ["ok", 0]]
+    finally:
+        shutil.rmtree(tmp)
+
+
+def test_errors_are_one_line_and_json_stays_json():
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    try:
+        p = run("help", "bogus", expect=2)
+        assert "unknown command 'bogus'" in p.stderr, p.stderr
+        weird = tmp / "line\nbreak\x1b[31m\u009b1m\u00e9.pt"
+        p = run("inspect", weird, expect=5)
+        assert p.stderr.count("\n") == 1 and "line\\nbreak\\x1b" in p.stderr, p.stderr
+        assert "\\u009b1m\u00e9.pt" in p.stderr, p.stderr
+        # --json: a missing PATH is one of the errors; the others are still
+        # inspected and the output stays one JSON document.
+        good = TESTDATA / "torch" / "megatron_rank.pt"
+        p = run("inspect", "--json", tmp / "missing.pt", good, expect=5)
+        doc = json.loads(p.stdout)
+        assert [e["kind"] for e in doc["errors"]] == ["i/o error"], doc["errors"]
+        assert [pathlib.Path(f["path"]).name for f in doc["files"]] == [good.name]
+        # A FIFO is refused at once instead of waiting for a writer.
+        fifo = tmp / "fifo.pt"
+        os.mkfifo(fifo)
+        p = subprocess.run([str(UCP), "inspect", str(fifo)], capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 5 and "not a regular file" in p.stderr, p.stderr
+    finally:
+        shutil.rmtree(tmp)
+
+
 if __name__ == "__main__":
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     for t in tests:

@@ -251,6 +251,69 @@ def test_refuses_to_overwrite():
         one_error_line(p, "usage error", "is required")
 
 
+def test_output_folder_missing_and_options_checked_first():
+    with Tmp() as t:
+        # The missing folder is named, not the temporary file inside it.
+        p = run("to-universal", SRC, "-o", t / "no" / "such" / "u.h5", expect=5)
+        one_error_line(p, "i/o error", t / "no" / "such", "does not exist")
+        assert "ucp-tmp" not in p.stderr, p.stderr
+        assert not (t / "no").exists()
+        # A bad --memory / --threads is a usage error before any work: no
+        # staging folder, no output.
+        for flags in (["--memory", "12X"], ["--memory", "1M"], ["--threads", -1]):
+            p = run("reshape", SRC, "-o", t / "out", "--tp", 1, "--pp", 1, "--dp", 1,
+                    *flags, expect=2)
+            one_error_line(p, "usage error")
+            p = run("to-universal", SRC, "-o", t / "u.h5", *flags, expect=2)
+            one_error_line(p, "usage error")
+            assert list(t.iterdir()) == [], list(t.iterdir())
+        # Size suffixes in any case.
+        run("to-universal", SRC, "-o", t / "u.h5", "--memory", "64m", "-q")
+        assert (t / "u.h5").is_file()
+
+
+def test_damaged_universal_file_metadata():
+    with Tmp() as t:
+        run("to-universal", SRC, "-o", t / "u.h5", "-q")
+        bad = t / "bad json.h5"
+        shutil.copyfile(t / "u.h5", bad)
+        subprocess.run([PY, "-c", "import h5py, sys\n"
+                        "with h5py.File(sys.argv[1], 'r+') as f:\n"
+                        "    f.attrs['model'] = '{\"hidden_size\": [' * 100000\n",
+                        str(bad)], check=True)
+        for cmd in (["inspect"], ["verify", "-q"]):
+            p = run(*cmd, bad, expect=3)
+            one_error_line(p, "format error", bad, "attribute model", "JSON")
+        # A byte of libhdf5's global heap (where string attributes live)
+        # damaged: HDF5 itself crashes on it; ucp reports a corrupt file.
+        data = bytearray((t / "u.h5").read_bytes())
+        gcol = data.index(b"GCOL")
+        data[gcol + 16 + 8 + 5] = 0x10
+        (t / "heap.h5").write_bytes(bytes(data))
+        for cmd in (["inspect"], ["verify", "-q"], ["reshape", "-q", "-o", t / "o", "--tp", 1,
+                                                     "--pp", 1, "--dp", 1]):
+            p = run(*cmd, t / "heap.h5", expect=3)
+            one_error_line(p, "format error", "heap.h5", "HDF5 crashed")
+        assert not (t / "o").exists()
+
+
+def test_json_output_is_json_even_on_failure():
+    with Tmp() as t:
+        for args, code in [(["verify", t / "missing.h5", "--json"], 5),
+                           (["reshape", t / "missing.h5", "-o", t / "o", "--tp", 1,
+                             "--pp", 1, "--dp", 1, "--json"], 5),
+                           (["to-universal", t, "-o", t / "u.h5", "--json"], 3),
+                           (["verify", "--json", "--bogus"], 2),
+                           (["nonsense", "--json"], 2)]:
+            p = run(*args, expect=code)
+            doc = json.loads(p.stdout)
+            assert doc["ok"] is False and doc["error"]["exit_code"] == code, doc
+            assert doc["error"]["kind"] in p.stderr
+            assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+        doc = json.loads(run("layout", "show", "mcore-gpt", "--json").stdout)
+        assert doc["name"] == "mcore-gpt" and "rules:" in doc["yaml"], doc
+
+
 if __name__ == "__main__":
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     for fn in tests:

@@ -225,6 +225,10 @@ std::optional<std::vector<int64_t>> AttrReader::Int64Array(Hid obj,
     throw FormatError("attribute ", name, " is not an integer array");
   }
   hssize_t n = AttrElements(*attr, name);
+  if (n > kMaxArrayElements) {
+    throw FormatError("attribute ", name, " has ", n, " elements (at most ",
+                      kMaxArrayElements, " expected)");
+  }
   std::vector<int64_t> values(static_cast<size_t>(n));
   if (n > 0) {
     Check(H5Aread(attr->get(), H5T_NATIVE_INT64, values.data()), kReadAttr,
@@ -307,6 +311,12 @@ std::vector<std::string> LinkNames(Hid group) {
 
 bool HasLink(Hid group, const char* name) {
   return Check(H5Lexists(group, name, H5P_DEFAULT), "look up link", name) > 0;
+}
+
+ObjectIdentity IdentityOf(Hid obj) {
+  H5O_info_t info;
+  Check(H5Oget_info2(obj, &info, H5O_INFO_BASIC), "get object info");
+  return ObjectIdentity{info.fileno, static_cast<uint64_t>(info.addr)};
 }
 
 }  // namespace ucp::atoms::h5

@@ -11,6 +11,7 @@
 // Callers keep every HDF5 call on one thread at a time; the thread-safe build
 // serialises the library behind one global lock anyway.
 
+#include <compare>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -135,7 +136,9 @@ class AttrReader {
   /// A scalar (or 1-element) integer attribute, converted.
   std::optional<int64_t> Int64(Hid obj, const char* name);
   std::optional<uint64_t> UInt64(Hid obj, const char* name);
-  /// A 1-D (or scalar, read as one element) integer attribute.
+  /// A 1-D (or scalar, read as one element) integer attribute of at most
+  /// kMaxArrayElements elements (FormatError beyond).
+  static constexpr int64_t kMaxArrayElements = 1 << 16;
   std::optional<std::vector<int64_t>> Int64Array(Hid obj, const char* name);
 
   enum class Class { kString, kInteger, kOther };
@@ -157,5 +160,15 @@ std::vector<std::string> AttrNames(Hid obj);
 std::vector<std::string> LinkNames(Hid group);
 /// True if `group` has a link `name` (one path component). Throws IoError.
 bool HasLink(Hid group, const char* name);
+
+/// Identifies the object behind an open id (file number and header
+/// address), equal for every hard link to it. Throws IoError.
+struct ObjectIdentity {
+  unsigned long fileno = 0;
+  uint64_t address = 0;
+  friend auto operator<=>(const ObjectIdentity&,
+                          const ObjectIdentity&) = default;
+};
+ObjectIdentity IdentityOf(Hid obj);
 
 }  // namespace ucp::atoms::h5

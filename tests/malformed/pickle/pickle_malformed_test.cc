@@ -314,6 +314,32 @@ TEST(PickleMalformedTest, FloodsStayProportionalToInput) {
   EXPECT_LE(a.size(), 2u);
 }
 
+// One 64 KiB int memoised once and fetched 4097 times: writing the graph
+// back must not spell the int out 4096 times (256 MiB; with bigger numbers,
+// terabytes from a few megabytes).
+TEST(PickleMalformedTest, SharedHugeIntIsWrittenOnce) {
+  const std::string digits(64 << 10, '\x7f');
+  std::string data =
+      P2() + "\x8b" + LE(digits.size(), 4) + digits + "q" + LE(0, 1) + "0(";
+  for (int k = 0; k < 4097; ++k) data += "h" + LE(0, 1);
+  data += "l.";
+  Arena a;
+  Value* v = Unpickle(data, a);
+  ASSERT_EQ(v->items.size(), 4097u);
+  const std::string again = Pickle(v);
+  EXPECT_LT(again.size(), data.size() + 64);
+  Arena b;
+  Value* back = Unpickle(again, b);
+  EXPECT_TRUE(DeepEqual(v, back));
+  EXPECT_EQ(back->items[4096], back->items[0]) << "shared again";
+  // Not shared: written in place, as CPython writes ints (never memoised).
+  Arena c;
+  Value* one = c.List({c.BigInt(digits), c.BigInt(digits)});
+  const std::string twice = Pickle(one);
+  EXPECT_GT(twice.size(), 2 * digits.size());
+  EXPECT_EQ(twice.find('q', 3), twice.rfind('q')) << "only the list is put";
+}
+
 TEST(PickleMalformedTest, SetConversionBudgetBoundsCopies) {
   // set(L) applied 20000 times to one 2000-item list must not copy 4e7 items.
   std::string data =

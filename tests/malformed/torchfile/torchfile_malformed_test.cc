@@ -432,6 +432,57 @@ TEST(TorchFileMalformedTest, RecursionBombsInsideAZip) {
   ExpectCleanOutcome(victim, "nested dicts");
 }
 
+// A directory size far beyond what its entry count can need (a damaged
+// size or offset in the end records) is rejected before it is read: here
+// the "directory" would be the whole 4 MiB archive.
+TEST(TorchFileMalformedTest, DirectoryLargerThanItsEntriesCanBe) {
+  testutil::TempDir dir;
+  const std::filesystem::path victim = dir / "bigdir.pt";
+  WriteZip(victim, {{"x/data.pkl", pickle::Pickle(Arena().Int(1))},
+                    {"x/data/0", std::string(4 << 20, 'd')}});
+  std::string bytes = testutil::ReadFile(victim);
+  const size_t z64 = bytes.rfind("PK\x06\x06");
+  ASSERT_NE(z64, std::string::npos);
+  const uint64_t cd_size = z64;  // offset 0 .. the zip64 EOCD
+  const uint64_t cd_offset = 0;
+  std::memcpy(bytes.data() + z64 + 40, &cd_size, 8);
+  std::memcpy(bytes.data() + z64 + 48, &cd_offset, 8);
+  testutil::WriteFile(victim, bytes);
+  ExpectFormatError(victim, "cannot hold 2 entries");
+}
+
+// One long key object shared (BINGET) by every level of a deep nesting:
+// every tensor's path repeats it hundreds of times, so paths would be far
+// larger than the file (here ~900 x 256 KiB per tensor).
+TEST(TorchFileMalformedTest, SharedKeysAlongADeepNestingDoNotMultiplyPaths) {
+  testutil::TempDir dir;
+  auto write = [&](const std::filesystem::path& p, size_t key_len) {
+    TorchWriter w(p);
+    Arena& a = w.arena();
+    Value* key = a.Str(std::string(key_len, 'k'));
+    std::vector<Value*> tensors;
+    for (int i = 0; i < 4; ++i) {
+      tensors.push_back(w.NewTensor({DType::kFloat32, {1}}));
+    }
+    Value* node = a.List(tensors);
+    for (int level = 0; level < 900; ++level) node = a.Dict({{key, node}});
+    w.Begin(node);
+    for (Value* t : tensors) w.WriteTensorData(t, 0, Bytes("abcd"));
+    w.Commit();
+  };
+  const std::filesystem::path shortkeys = dir / "short_keys.pt";
+  write(shortkeys, 1);
+  TorchFile f = TorchFile::Open(shortkeys);
+  ASSERT_EQ(f.tensors().size(), 4u);
+  ASSERT_TRUE(f.tensors()[3].path.has_value());
+  EXPECT_EQ(f.tensors()[3].path->size(), 901u);
+  EXPECT_EQ(f.tensors()[3].path->back(), PathComponent(int64_t{3}));
+
+  const std::filesystem::path longkeys = dir / "long_keys.pt";
+  write(longkeys, 256 << 10);
+  ExpectFormatError(longkeys, "paths of the tensors exceed");
+}
+
 // Random byte flips over whole files of every kind we read.
 TEST(TorchFileMalformedTest, RandomByteFlips) {
   const uint64_t seed = SeedAndPrint();

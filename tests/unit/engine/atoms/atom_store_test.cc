@@ -675,9 +675,44 @@ TEST(AtomStoreTest, RejectsMalformedFiles) {
   ExpectOpenFails<FormatError>(dir / "bad_kind.h5", "kind attribute is");
   ExpectOpenFails<FormatError>(dir / "soft_link.h5",
                                "link alias is a soft or external link");
-  ExpectOpenFails<FormatError>(dir / "cycle.h5", "nested deeper than 32");
+  ExpectOpenFails<FormatError>(dir / "cycle.h5",
+                               "/opaque/loop: a group linked more than once");
+  ExpectOpenFails<FormatError>(dir / "fanout.h5", "linked more than once");
+  ExpectOpenFails<FormatError>(dir / "deep.h5", "nested deeper than 32");
+  ExpectOpenFails<FormatError>(
+      dir / "pad_0d.h5", "/params/scalar/pad/fp32: padding rows of a 0-d");
   ExpectOpenFails<FormatError>(dir / "noncanonical_name.h5",
                                "malformed escaped name 'layer%2eweight'");
+}
+
+// libhdf5 1.10 trusts the object sizes in a global heap collection (where
+// variable-length string attributes live): a damaged size makes H5Aread copy
+// terabytes (SIGSEGV in H5HG_read). The reader must report a corrupt file,
+// not crash.
+TEST(AtomStoreTest, CorruptGlobalHeapIsAFormatErrorNotACrash) {
+  testutil::TempDir dir;
+  const fs::path file = dir / "heap.h5";
+  {
+    AtomStoreWriter w = AtomStoreWriter::Create(file);
+    ParamInfo p;
+    p.fqn = "w";
+    p.shape = {4};
+    w.AddParam(p);
+    DatasetId id = w.AddAtom("w", "fp32", DType::kFloat32, {4});
+    w.Allocate();
+    w.Write(id, 0, Bytes(std::string(16, 'x')));
+    w.HashWritten(id);
+    w.Commit();
+  }
+  ASSERT_NO_THROW(AtomStoreReader::Open(file));
+  std::string bytes = testutil::ReadFile(file);
+  // Collection header: "GCOL", version, 3 reserved, u64 size; then the first
+  // object: u16 index, u16 references, 4 reserved, u64 size, data.
+  const size_t gcol = bytes.find("GCOL");
+  ASSERT_NE(gcol, std::string::npos);
+  bytes[gcol + 16 + 8 + 5] = '\x10';  // object size ~2^44
+  testutil::WriteFile(file, bytes);
+  ExpectOpenFails<FormatError>(file, "HDF5 crashed reading the metadata");
 }
 
 TEST(AtomStoreTest, RejectsDatasetBeyondEndOfFile) {

@@ -149,6 +149,23 @@ def malform(valid, outdir, param_group, atom):
         f["/opaque/loop"] = f["/opaque"]
     with variant("bad_kind") as f:
         f[param_group].attrs["kind"] = "tensor"
+    with variant("fanout") as f:
+        # 28 levels of groups, each linked twice from the one above: 2^28
+        # paths through 28 groups.
+        groups = [f.create_group(f"/opaque/f{i}") for i in range(28)]
+        for upper, lower in zip(groups, groups[1:]):
+            upper["a"] = lower
+            upper["b"] = lower
+    with variant("deep") as f:
+        f.create_group("/opaque/" + "/".join(f"d{i}" for i in range(34)))
+    with variant("pad_0d") as f:
+        g = f.create_group("/params/scalar")
+        for name, value in f[param_group].attrs.items():
+            g.attrs[name] = value
+        g.attrs["shape"] = np.zeros((0,), np.int64)
+        ds = g.create_group("pad").create_dataset("fp32", data=np.float32(1))
+        ds.attrs["dtype"] = "float32"
+        ds.attrs["xxh3"] = np.uint64(0)
     print("OK malformed variants written")
 
 

@@ -1,5 +1,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/hash.h"
+#include "engine/core/progress.h"
 #include "engine/core/strided.h"
 #include "tests/testutil/testutil.h"
 
@@ -150,6 +152,66 @@ TEST(FileTest, ShortReadIsFormatErrorNamingFile) {
               ThrowsMessage<FormatError>(HasSubstr("unexpected end of file")));
   EXPECT_THAT([&] { File::OpenRead(dir / "missing"); },
               ThrowsMessage<IoError>(HasSubstr("missing")));
+}
+
+TEST(FileTest, OutputFileNamesAMissingFolder) {
+  testutil::TempDir dir;
+  EXPECT_THAT(
+      [&] { OutputFile out(dir / "no" / "such" / "out.bin"); },
+      ThrowsMessage<IoError>(testing::AllOf(
+          HasSubstr("cannot write " + (dir / "no/such/out.bin").string()),
+          HasSubstr("folder " + (dir / "no/such").string() + " does not exist"),
+          testing::Not(HasSubstr("ucp-tmp")))));
+  testutil::WriteFile(dir / "plain", "x");
+  EXPECT_THAT([&] { OutputFile out(dir / "plain" / "out.bin"); },
+              ThrowsMessage<IoError>(HasSubstr("is not a folder")));
+  EXPECT_FALSE(std::filesystem::exists(dir / "no"));
+}
+
+TEST(FileTest, OpenReadRefusesWhatIsNotARegularFile) {
+  testutil::TempDir dir;
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  // Must not block waiting for a writer.
+  EXPECT_THAT([&] { File::OpenRead(dir / "fifo"); },
+              ThrowsMessage<IoError>(HasSubstr("not a regular file")));
+  EXPECT_THAT([&] { File::OpenRead(dir.path()); },
+              ThrowsMessage<IoError>(HasSubstr("is a directory")));
+  testutil::WriteFile(dir / "f", "abc");
+  File f = File::OpenRead(dir / "f");
+  char buf[3];
+  f.ReadExact(buf, 3, 0);  // the descriptor reads normally (blocking mode)
+  EXPECT_EQ(std::string(buf, 3), "abc");
+}
+
+TEST(ProgressTest, DrawsOnlyWhenAskedAndErasesItselfOnFailure) {
+  testing::internal::CaptureStderr();
+  {
+    Progress quiet("quiet", 100, "B", Progress::Mode::kNever);
+    quiet.Add(50);
+    quiet.Finish();
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+
+  testing::internal::CaptureStderr();
+  {
+    Progress done("copy", 2048, "B", Progress::Mode::kAlways);
+    done.Add(2048);
+    done.Finish();
+  }
+  std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, HasSubstr("copy: 2.0 KiB in "));
+  EXPECT_EQ(out.back(), '\n');
+
+  // Destroyed without Finish (the run failed): the bar is erased, and no
+  // total that reads like success is printed before the error message.
+  testing::internal::CaptureStderr();
+  {
+    Progress failed("copy", 2048, "B", Progress::Mode::kAlways);
+    failed.Add(1024);
+  }
+  out = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, testing::Not(HasSubstr(" in ")));
+  EXPECT_THAT(out, testing::EndsWith("\r\033[K"));
 }
 
 TEST(HashTest, Xxh3KnownVectorAndStreaming) {

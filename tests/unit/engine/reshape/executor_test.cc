@@ -297,6 +297,22 @@ TEST(ExecutorTest, ParseByteSize) {
   EXPECT_THROW(ParseByteSize("12X"), UsageError);
   EXPECT_THROW(ParseByteSize("G"), UsageError);
   EXPECT_THROW(ParseByteSize("99999999999999999999"), UsageError);
+  EXPECT_THROW(ParseByteSize("16777216T"), UsageError);  // 2^64 bytes
+}
+
+TEST(ExecutorTest, ParseByteSizeSuffixesInAnyCase) {
+  EXPECT_EQ(ParseByteSize("2g"), 2ull << 30);
+  EXPECT_EQ(ParseByteSize("512m"), 512ull << 20);
+  EXPECT_EQ(ParseByteSize("64k"), 64ull << 10);
+  EXPECT_EQ(ParseByteSize("64KiB"), 64ull << 10);
+  EXPECT_EQ(ParseByteSize("3GB"), 3ull << 30);
+  EXPECT_EQ(ParseByteSize("1t"), 1ull << 40);
+  EXPECT_EQ(ParseByteSize("1000B"), 1000u);
+  EXPECT_THROW(ParseByteSize("5iB"), UsageError);
+  EXPECT_THROW(ParseByteSize("5BB"), UsageError);
+  EXPECT_THROW(ParseByteSize("1.5G"), UsageError);
+  EXPECT_THROW(ParseByteSize(" 2G"), UsageError);
+  EXPECT_THROW(ParseByteSize("2G "), UsageError);
 }
 
 }  // namespace

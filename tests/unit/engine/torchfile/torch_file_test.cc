@@ -5,7 +5,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -353,6 +356,49 @@ with zipfile.ZipFile(d + "/nodata.zip", "w") as z:
                     testing::AllOf(HasSubstr(what), HasSubstr(name))));
   }
   EXPECT_THROW(TorchFile::Open(dir / "missing.pt"), IoError);
+}
+
+// A legacy file whose object pickle is corrupt (not cut short) is rejected
+// at once: the reader must not pull the rest of a multi-gigabyte file into
+// memory looking for the pickle's end. Checked in a child process whose
+// address space is limited to far less than the (sparse) file.
+TEST(TorchFileTest, CorruptLegacyPickleDoesNotReadTheWholeFile) {
+  testutil::TempDir dir;
+  const std::filesystem::path path = dir / "legacy_corrupt.pt";
+  using namespace std::string_literals;
+  const std::string head =
+      "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19."s  // magic
+      "\x80\x02M\xe9\x03."s                             // protocol version 1001
+      "\x80\x02}X\x0d\x00\x00\x00little_endian\x88s."s  // sys_info
+      "\x80\x02\xff"s;  // object pickle: unknown opcode 0xff
+  testutil::WriteFile(path, head);
+  std::filesystem::resize_file(path, uint64_t{6} << 30);  // sparse
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        long pages = 0;
+        if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+          if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+          std::fclose(f);
+        }
+        struct rlimit limit;
+        getrlimit(RLIMIT_AS, &limit);
+        limit.rlim_cur = static_cast<rlim_t>(pages) * 4096 + (rlim_t{1} << 30);
+        setrlimit(RLIMIT_AS, &limit);
+        int code = 3;
+        try {
+          TorchFile::Open(path);
+        } catch (const FormatError& e) {
+          code = std::string(e.what()).find("unknown opcode 0xff") !=
+                         std::string::npos
+                     ? 0
+                     : 1;
+        } catch (...) {
+          code = 2;
+        }
+        std::_Exit(code);
+      },
+      testing::ExitedWithCode(0), "");
 }
 
 TEST(TorchFileTest, ReportsStoragesAndDevices) {

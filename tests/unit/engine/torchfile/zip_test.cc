@@ -48,7 +48,8 @@ uint32_t BitwiseCrc32(const unsigned char* p, size_t n, uint32_t crc) {
   crc = ~crc;
   for (size_t i = 0; i < n; ++i) {
     crc ^= p[i];
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    for (int k = 0; k < 8; ++k)
+      crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
   }
   return ~crc;
 }
@@ -63,7 +64,8 @@ TEST(Crc32Property, FoldedPathMatchesBitwiseDefinition) {
     size_t off = rng() % 64;
     size_t len = iter < 300 ? rng() % 3000 : rng() % (buf.size() - 64);
     uint32_t init = iter % 2 ? static_cast<uint32_t>(rng()) : 0u;
-    auto span = std::as_bytes(std::span<const unsigned char>(buf.data() + off, len));
+    auto span =
+        std::as_bytes(std::span<const unsigned char>(buf.data() + off, len));
     ASSERT_EQ(Crc32(span, init), BitwiseCrc32(buf.data() + off, len, init))
         << "offset " << off << " length " << len;
   }
@@ -78,6 +80,11 @@ TEST(Crc32Test, CombineEqualsCrcOfConcatenation) {
     std::string b = RandomBytes(rng, rng() % 3000);
     EXPECT_EQ(Crc32Combine(Crc32(Bytes(a)), Crc32(Bytes(b)), b.size()),
               Crc32(Bytes(a + b)));
+    // Empty pieces on either side.
+    EXPECT_EQ(Crc32Combine(Crc32(Bytes(a)), Crc32(Bytes("")), 0),
+              Crc32(Bytes(a)));
+    EXPECT_EQ(Crc32Combine(Crc32(Bytes("")), Crc32(Bytes(b)), b.size()),
+              Crc32(Bytes(b)));
   }
 }
 
