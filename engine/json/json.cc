@@ -227,6 +227,22 @@ Value& Value::operator[](std::string_view key) {
   return members_.back().second;
 }
 
+Value Value::FromMembers(std::vector<std::pair<std::string, Value>> members) {
+  Value o = Object();
+  std::unordered_map<std::string_view, size_t> index;
+  o.members_.reserve(members.size());
+  for (auto& [k, v] : members) {
+    auto it = index.find(k);
+    if (it != index.end()) {
+      o.members_[it->second].second = std::move(v);
+      continue;
+    }
+    o.members_.emplace_back(std::move(k), std::move(v));
+    index.emplace(o.members_.back().first, o.members_.size() - 1);
+  }
+  return o;
+}
+
 const Value& Value::At(std::string_view key) const {
   const Value* v = Find(key);
   if (v == nullptr) throw FormatError("JSON: missing key \"", key, "\"");

@@ -81,7 +81,11 @@ class Value {
   /// Object member or nullptr if absent (or not an object).
   const Value* Find(std::string_view key) const noexcept;
   /// Object member, inserted as null if absent (turns a null into an object).
+  /// Linear in the number of members: build large objects with FromMembers.
   Value& operator[](std::string_view key);
+  /// An object of these members in order; a repeated key keeps its first
+  /// position and its last value. Linear time.
+  static Value FromMembers(std::vector<std::pair<std::string, Value>> members);
   /// Object member. Throws FormatError "missing key" if absent.
   const Value& At(std::string_view key) const;
   /// Appends to an array (turns a null into an array).

@@ -200,8 +200,15 @@ RunConfig ReadRunConfig(const ArgsView& a) {
   return c;
 }
 
-json::Value ValueToJson(const Value* v, int depth) {
+namespace {
+
+// Budgeted conversion: a hostile pickle can share one container many times
+// at every level, so the number of nodes converted is capped (the rest become
+// their bounded repr).
+json::Value ToJson(const Value* v, int depth, size_t& budget) {
   if (v == nullptr) return json::Value();
+  if (budget == 0) return json::Value(pickle::Repr(v, 200));
+  --budget;
   switch (v->kind) {
     case Kind::kNone:
       return json::Value();
@@ -220,23 +227,31 @@ json::Value ValueToJson(const Value* v, int depth) {
     case Kind::kTuple: {
       if (depth > 8) break;
       json::Value a = json::Value::Array();
-      for (const Value* x : v->items) a.Append(ValueToJson(x, depth + 1));
+      for (const Value* x : v->items) a.Append(ToJson(x, depth + 1, budget));
       return a;
     }
     default:
       if (v->IsDictLike() && depth <= 8) {
-        json::Value o = json::Value::Object();
+        std::vector<std::pair<std::string, json::Value>> members;
+        members.reserve(v->entries.size());
         for (const auto& [k, x] : v->entries) {
-          std::string key = k != nullptr && k->kind == Kind::kStr
-                                ? k->s
-                                : pickle::Repr(k, 60);
-          o[key] = ValueToJson(x, depth + 1);
+          members.emplace_back(k != nullptr && k->kind == Kind::kStr
+                                   ? k->s
+                                   : pickle::Repr(k, 60),
+                               ToJson(x, depth + 1, budget));
         }
-        return o;
+        return json::Value::FromMembers(std::move(members));
       }
       break;
   }
   return json::Value(pickle::Repr(v, 200));
+}
+
+}  // namespace
+
+json::Value ValueToJson(const Value* v, int depth) {
+  size_t budget = 100'000;
+  return ToJson(v, depth, budget);
 }
 
 json::Value ArgsToJson(const ArgsView& args) {

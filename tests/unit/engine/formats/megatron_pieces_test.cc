@@ -183,6 +183,20 @@ TEST(MegatronArgs, RunConfig) {
   EXPECT_THROW(ArgsView(a.Dict(), "args"), FormatError);
 }
 
+// A pickle can share one container at every level (a few hundred bytes
+// naming 10^9 paths); the JSON view stops converting after a node budget.
+TEST(MegatronArgs, ValueToJsonIsBoundedOnSharedContainers) {
+  Arena a;
+  Value* level = a.Int(7);
+  for (int depth = 0; depth < 6; ++depth) {
+    level = a.List(std::vector<Value*>(64, level));  // 64^6 paths
+  }
+  const std::string dumped = ValueToJson(level).Dump();
+  EXPECT_LT(dumped.size(), size_t{50'000'000});
+  EXPECT_THAT(dumped, HasSubstr("7"));
+  EXPECT_THAT(dumped, HasSubstr("[7, 7"));  // a repr past the budget
+}
+
 TEST(MegatronArgs, Patch) {
   Arena a;
   Value* ns =

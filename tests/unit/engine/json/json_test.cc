@@ -88,6 +88,16 @@ TEST(JsonTest, RepeatedKeyKeepsFirstPositionAndLastValue) {
   EXPECT_EQ(v.Dump(), R"({"a":{"x":[3]},"b":2})");
 }
 
+TEST(JsonTest, FromMembersKeepsOrderAndMergesRepeatedKeys) {
+  std::vector<std::pair<std::string, Value>> members;
+  members.emplace_back("b", Value(int64_t{1}));
+  members.emplace_back("a", Value(int64_t{2}));
+  members.emplace_back("b", Value(std::string("x")));
+  Value v = Value::FromMembers(std::move(members));
+  EXPECT_EQ(v.Dump(), R"({"b":"x","a":2})");
+  EXPECT_EQ(Value::FromMembers({}).Dump(), "{}");
+}
+
 TEST(JsonTest, NestedDocumentsRoundTrip) {
   const std::string text =
       R"({"k":[1,{"a":[],"b":{}},[[null]],"s\u00e9\n"],"e":{}})";
