@@ -314,6 +314,84 @@ void TorchWriter::Commit() {
   im.zip->Commit();
 }
 
+namespace {
+
+// Copies elements [first, first + count) of dim 0 of the view `t` (shape
+// `shape`, strides `stride`, element `offset` into its storage) to byte
+// `out_offset` of `node`, recursing into dim 1 when one slice of dim 0 is
+// larger than the buffer.
+void CopyStrided(const TorchFile& source, const TensorInfo& t,
+                 std::span<const int64_t> shape,
+                 std::span<const int64_t> stride, int64_t offset,
+                 uint64_t out_offset, TorchWriter& writer,
+                 const pickle::Value* node, AlignedBuffer& scratch,
+                 size_t buffer_bytes) {
+  const size_t esize = ElementSize(t.dtype);
+  int64_t slice_numel = 1;
+  for (size_t d = 1; d < shape.size(); ++d) slice_numel *= shape[d];
+  const uint64_t slice_bytes = static_cast<uint64_t>(slice_numel) * esize;
+  if (slice_bytes == 0) return;
+  if (slice_bytes > buffer_bytes && shape.size() > 1) {
+    for (int64_t i = 0; i < shape[0]; ++i) {
+      CopyStrided(source, t, shape.subspan(1), stride.subspan(1),
+                  offset + i * stride[0], out_offset + i * slice_bytes, writer,
+                  node, scratch, buffer_bytes);
+    }
+    return;
+  }
+  const int64_t rows_per_block =
+      static_cast<int64_t>(std::max<uint64_t>(buffer_bytes / slice_bytes, 1));
+  scratch.Reserve(static_cast<size_t>(
+      std::min<uint64_t>(rows_per_block, shape[0]) * slice_bytes));
+  for (int64_t row = 0; row < shape[0]; row += rows_per_block) {
+    TensorInfo block = t;
+    block.shape.assign(shape.begin(), shape.end());
+    block.stride.assign(stride.begin(), stride.end());
+    block.shape[0] = std::min(rows_per_block, shape[0] - row);
+    block.storage_offset = offset + row * stride[0];
+    block.numel = block.shape[0] * slice_numel;
+    block.nbytes = static_cast<uint64_t>(block.numel) * esize;
+    block.contiguous = IsContiguous(block.shape, block.stride);
+    std::span<std::byte> dst(scratch.data(), static_cast<size_t>(block.nbytes));
+    source.ReadTensor(block, dst);
+    writer.WriteTensorData(node, out_offset + row * slice_bytes, dst);
+  }
+}
+
+}  // namespace
+
+void CopyTensorData(const TorchFile& source, const TensorInfo& t,
+                    TorchWriter& writer, const pickle::Value* node,
+                    AlignedBuffer& scratch, size_t buffer_bytes) {
+  if (t.nbytes == 0) return;
+  buffer_bytes = std::max<size_t>(buffer_bytes, 4096);
+  const size_t esize = ElementSize(t.dtype);
+  if (t.contiguous) {
+    const uint64_t chunk_elems = std::max<uint64_t>(buffer_bytes / esize, 1);
+    scratch.Reserve(
+        static_cast<size_t>(std::min<uint64_t>(chunk_elems * esize, t.nbytes)));
+    for (int64_t done = 0; done < t.numel;) {
+      const int64_t n = static_cast<int64_t>(std::min<uint64_t>(
+          chunk_elems, static_cast<uint64_t>(t.numel - done)));
+      std::span<std::byte> chunk(scratch.data(),
+                                 static_cast<size_t>(n) * esize);
+      source.ReadTensorRange(t, done, n, chunk);
+      writer.WriteTensorData(node, static_cast<uint64_t>(done) * esize, chunk);
+      done += n;
+    }
+    return;
+  }
+  if (t.shape.empty()) {  // a 0-d view is one element
+    scratch.Reserve(esize);
+    std::span<std::byte> dst(scratch.data(), esize);
+    source.ReadTensor(t, dst);
+    writer.WriteTensorData(node, 0, dst);
+    return;
+  }
+  CopyStrided(source, t, t.shape, t.stride, t.storage_offset, 0, writer, node,
+              scratch, buffer_bytes);
+}
+
 void WriteCompactCopy(const TorchFile& source,
                       const std::filesystem::path& path,
                       const TorchWriterOptions& options, size_t buffer_bytes) {
@@ -337,26 +415,7 @@ void WriteCompactCopy(const TorchFile& source,
   // One buffer, reused: fresh large allocations cost a page fault per page.
   AlignedBuffer buf;
   for (const auto& [t, node] : copies) {
-    if (t->nbytes == 0) continue;
-    const size_t esize = ElementSize(t->dtype);
-    if (!t->contiguous) {
-      buf.Reserve(t->nbytes);
-      std::span<std::byte> dst(buf.data(), t->nbytes);
-      source.ReadTensor(*t, dst);
-      writer.WriteTensorData(node, 0, dst);
-      continue;
-    }
-    const uint64_t chunk_elems = std::max<uint64_t>(buffer_bytes / esize, 1);
-    buf.Reserve(static_cast<size_t>(
-        std::min<uint64_t>(chunk_elems * esize, t->nbytes)));
-    for (int64_t done = 0; done < t->numel;) {
-      const int64_t n = static_cast<int64_t>(std::min<uint64_t>(
-          chunk_elems, static_cast<uint64_t>(t->numel - done)));
-      std::span<std::byte> chunk(buf.data(), static_cast<size_t>(n) * esize);
-      source.ReadTensorRange(*t, done, n, chunk);
-      writer.WriteTensorData(node, static_cast<uint64_t>(done) * esize, chunk);
-      done += n;
-    }
+    CopyTensorData(source, *t, writer, node, buf, buffer_bytes);
   }
   writer.Commit();
 }

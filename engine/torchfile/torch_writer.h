@@ -46,6 +46,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/aligned_buffer.h"
 #include "engine/core/dtype.h"
 #include "engine/core/strided.h"
 #include "engine/pickle/value.h"
@@ -137,12 +138,24 @@ class TorchWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Copies the elements of `tensor` (of `source`, any view) in row-major
+/// order into the planned tensor `node` of `writer` (after Begin()), through
+/// `scratch`, grown to at most max(`buffer_bytes`, one innermost row). A
+/// non-contiguous view is gathered block of leading-dim slices by block, so
+/// a view declaring far more elements than its storage holds (stride 0)
+/// never needs its declared size in memory; the storage extent of each block
+/// is read once per block. Throws like TorchFile::ReadTensor and
+/// TorchWriter::WriteTensorData.
+void CopyTensorData(const TorchFile& source, const TensorInfo& tensor,
+                    TorchWriter& writer, const pickle::Value* node,
+                    AlignedBuffer& scratch,
+                    size_t buffer_bytes = size_t{64} << 20);
+
 /// Writes `source` to `path` with every tensor replaced by a compact copy
 /// (NewTensorLike) and all other objects copied unchanged; tensor bytes are
-/// streamed through a buffer of at most `buffer_bytes` for contiguous
-/// tensors (a non-contiguous one is gathered whole). Throws like TorchFile's
-/// reads and TorchWriter (UsageError if `source` holds storages that no
-/// recognised tensor uses).
+/// streamed through a buffer of about `buffer_bytes` (CopyTensorData).
+/// Throws like TorchFile's reads and TorchWriter (UsageError if `source`
+/// holds storages that no recognised tensor uses).
 void WriteCompactCopy(const TorchFile& source,
                       const std::filesystem::path& path,
                       const TorchWriterOptions& options = {},

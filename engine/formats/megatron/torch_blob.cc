@@ -44,11 +44,7 @@ void WriteCopies(torchfile::TorchWriter& writer,
                                              const pickle::Value*>>& copies) {
   AlignedBuffer buf;
   for (const auto& [t, node] : copies) {
-    if (t->nbytes == 0) continue;
-    buf.Reserve(static_cast<size_t>(t->nbytes));
-    std::span<std::byte> dst(buf.data(), static_cast<size_t>(t->nbytes));
-    file.ReadTensor(*t, dst);
-    writer.WriteTensorData(node, 0, dst);
+    torchfile::CopyTensorData(file, *t, writer, node, buf);
   }
 }
 
@@ -99,11 +95,7 @@ pickle::Value* GraphImporter::Import(
 void GraphImporter::WriteTensors() {
   AlignedBuffer buf;
   for (const Pending& p : pending_) {
-    if (p.tensor->nbytes == 0) continue;
-    buf.Reserve(static_cast<size_t>(p.tensor->nbytes));
-    std::span<std::byte> dst(buf.data(), static_cast<size_t>(p.tensor->nbytes));
-    p.file->ReadTensor(*p.tensor, dst);
-    writer_.WriteTensorData(p.node, 0, dst);
+    torchfile::CopyTensorData(*p.file, *p.tensor, writer_, p.node, buf);
   }
   pending_.clear();
 }
