@@ -10,6 +10,7 @@
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
+#include "engine/core/progress.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"

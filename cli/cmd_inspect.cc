@@ -17,6 +17,7 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/progress.h"
 #include "engine/json/json.h"
 #include "engine/pickle/value.h"
 #include "engine/torchfile/torch_file.h"

@@ -2,6 +2,8 @@
 // Every failure ends as one line on stderr, "ucp: <kind>: <context > message>",
 // and an exit code per error class (see kExitCodes below and `ucp --help`).
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <boost/program_options/errors.hpp>
 #include <cstdio>
@@ -80,10 +82,22 @@ int Fail(const char* kind, const std::string& what, int code, bool json) {
   return code;
 }
 
+// A reshape keeps every source rank file open (TP8 x PP64 with the
+// distributed optimizer is 1024 files); Debian's default soft limit is 1024.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) {
+    return;
+  }
+  lim.rlim_cur = lim.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &lim);  // best effort
+}
+
 }  // namespace
 }  // namespace ucp::cli
 
 int main(int argc, char** argv) {
+  ucp::cli::RaiseOpenFileLimit();
   using namespace ucp::cli;
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {

@@ -18,9 +18,6 @@ namespace ucp::cli {
 
 namespace po = boost::program_options;
 
-/// "1.5 MiB"
-std::string HumanBytes(uint64_t bytes);
-
 /// Applies --quiet / --progress to the process-wide progress default.
 void SetProgressMode(bool quiet, bool force_progress);
 

@@ -13,7 +13,14 @@
 namespace ucp {
 namespace {
 
-std::string Errno() { return std::strerror(errno); }
+std::string Errno() {
+  if (errno == EMFILE) {  // ucp keeps the rank files of a checkpoint open
+    return StrCat(
+        std::strerror(errno),
+        " (raise the open-file limit: ulimit -n, hard limit as root)");
+  }
+  return std::strerror(errno);
+}
 
 }  // namespace
 

@@ -10,22 +10,26 @@ namespace {
 std::atomic<Progress::Mode> g_default_mode{Progress::Mode::kAuto};
 
 std::string Human(double value, const std::string& unit) {
+  if (unit == "B") return HumanBytes(value);
   char buf[64];
-  if (unit == "B") {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (value >= 1024 && u < 4) {
-      value /= 1024;
-      ++u;
-    }
-    std::snprintf(buf, sizeof buf, "%.1f %s", value, units[u]);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.0f %s", value, unit.c_str());
-  }
+  std::snprintf(buf, sizeof buf, "%.0f %s", value, unit.c_str());
   return buf;
 }
 
 }  // namespace
+
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes,
+                units[u]);
+  return buf;
+}
 
 void Progress::SetDefaultMode(Mode mode) noexcept { g_default_mode = mode; }
 

@@ -10,6 +10,9 @@
 
 namespace ucp {
 
+/// "512 B", "1.5 KiB", "3.2 GiB" (binary units, one decimal above bytes).
+std::string HumanBytes(double bytes);
+
 class Progress {
  public:
   enum class Mode { kAuto, kAlways, kNever };

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/core/aligned_buffer.h"
+#include "engine/core/checked.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/pickle/pickle.h"
@@ -44,10 +45,6 @@ constexpr int64_t kLegacyProtocolVersion = 1001;
 // dozens of pickle bytes), far below what a hostile pickle could make them.
 constexpr uint64_t kMinPathBudget = uint64_t{64} << 20;
 constexpr uint64_t kPathBudgetPerPickleByte = 16;
-
-bool FitsWithin(uint64_t a, uint64_t b, uint64_t limit) {
-  return a <= limit && b <= limit - a;
-}
 
 struct StorageLoc {
   const ZipEntry* entry = nullptr;  // zip

@@ -11,6 +11,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "engine/core/checked.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/torchfile/crc32_fast.h"
@@ -77,11 +78,6 @@ void Put32(std::string& out, uint64_t v) {
 void Put64(std::string& out, uint64_t v) {
   Put32(out, v & k32Max);
   Put32(out, v >> 32);
-}
-
-// a + b <= limit without overflow.
-bool FitsWithin(uint64_t a, uint64_t b, uint64_t limit) {
-  return a <= limit && b <= limit - a;
 }
 
 }  // namespace

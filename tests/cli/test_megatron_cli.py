@@ -314,6 +314,33 @@ def test_json_output_is_json_even_on_failure():
         assert doc["name"] == "mcore-gpt" and "rules:" in doc["yaml"], doc
 
 
+def test_many_rank_files_under_a_low_open_file_limit():
+    """A reshape keeps every source rank file open: ucp raises its soft
+    RLIMIT_NOFILE to the hard limit, so TP4 PP4 DP4 with the distributed
+    optimizer (16 model + 16 distrib_optim files) converts under a soft limit
+    of 24."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        print("skip: hard open-file limit", hard)
+        return
+    src = DATA / VARIANT / "tp4_pp4_vpp1_dp4_do"
+    assert len(list(src.rglob("*.pt"))) == 32
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (24, hard))
+
+    with Tmp() as t:
+        p = subprocess.run([str(UCP), "to-universal", str(src), "-o", str(t / "u.h5"), "-q"],
+                           capture_output=True, text=True, preexec_fn=low_limit)
+        assert p.returncode == 0, p.stderr
+        out = subprocess.run([str(UCP), "reshape", str(t / "u.h5"), "-o", str(t / "o"), "--tp",
+                              "4", "--pp", "4", "--dp", "4", "--distributed-optimizer", "-q"],
+                             capture_output=True, text=True, preexec_fn=low_limit)
+        assert out.returncode == 0, out.stderr
+        compare(src, t / "o", "--ignore-rng")
+
+
 if __name__ == "__main__":
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     for fn in tests:
