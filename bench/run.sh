@@ -46,9 +46,9 @@ def row(op, base, py=None):
     d = r[op]; b = r[base]
     ratio = d["gbps"] / b["gbps"]
     pyx = f'{d["gbps"] / r[py]["gbps"]:.1f}x' if py else "-"
-    print(f'| {op:<11} | {d["bytes"]/2**30:6.2f} GiB | {d["gbps"]:6.2f} GB/s | {base:<11} {b["gbps"]:6.2f} GB/s | {ratio:5.2f} | {pyx:>6} | {d["max_rss_mib"]:8.0f} MiB |')
-print("| op          | bytes      | throughput  | baseline (same run)     | ratio | vs Python | peak RSS   |")
-print("|-------------|------------|-------------|-------------------------|-------|-----------|------------|")
+    print(f'| {op:<14} | {d["bytes"]/2**30:6.2f} GiB | {d["gbps"]:6.2f} GB/s | {base:<11} {b["gbps"]:6.2f} GB/s | {ratio:5.2f} | {pyx:>6} | {d["max_rss_mib"]:8.0f} MiB |')
+print("| op             | bytes      | throughput  | baseline (same run)     | ratio | vs Python | peak RSS   |")
+print("|----------------|------------|-------------|-------------------------|-------|-----------|------------|")
 row("read", "plain-read", "py-load")
 row("read-whole", "plain-read", "py-load")
 row("write", "plain-write", "py-save")
@@ -56,5 +56,5 @@ row("write-parallel", "plain-write", "py-save")
 row("copy", "plain-copy")
 for op in ("py-load", "py-save"):
     d = r[op]
-    print(f'| {op:<11} | {d["bytes"]/2**30:6.2f} GiB | {d["gbps"]:6.2f} GB/s | -                       |   -   |     -     | {d["max_rss_mib"]:8.0f} MiB |')
+    print(f'| {op:<14} | {d["bytes"]/2**30:6.2f} GiB | {d["gbps"]:6.2f} GB/s | -                       |   -   |     -     | {d["max_rss_mib"]:8.0f} MiB |')
 PY
