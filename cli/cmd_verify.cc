@@ -84,7 +84,7 @@ void VerifyUniversal(const fs::path& path, Report& report) {
                                  " datasets (", HumanBytes(total), ") match"));
   if (!store.root().layout.empty()) {
     layouts::Layout layout =
-        layouts::Layout::Parse(store.root().layout, path.string());
+        layouts::Layout::ParseStored(store.root().layout, path);
     layouts::Variables vars;
     try {
       vars = VariablesFromJson(store.root().model);

@@ -93,6 +93,17 @@ Layout Layout::Load(const std::filesystem::path& path) {
   return Parse(text, path.string());
 }
 
+Layout Layout::ParseStored(std::string_view yaml_text,
+                           const std::filesystem::path& file) {
+  try {
+    return Parse(yaml_text, "attribute layout");
+  } catch (const LayoutError& e) {
+    FormatError f(e.message());
+    f.AddContext("universal file ", file.string());
+    throw f;
+  }
+}
+
 std::vector<std::string> Layout::BuiltinNames() {
   std::vector<std::string> out;
   for (int i = 0; i < internal::kNumBuiltinLayouts; ++i) {

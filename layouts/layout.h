@@ -132,6 +132,12 @@ class Layout {
   /// Reads and parses a file. Throws IoError if it cannot be read,
   /// LayoutError as Parse.
   static Layout Load(const std::filesystem::path& path);
+  /// Parses the descriptor stored in a universal file (`file`, attribute
+  /// `layout`). A ucp-written file always holds a valid one, so an invalid
+  /// one means a damaged file: throws FormatError "universal file <file> >
+  /// attribute layout > <line>:<column>: <problem>".
+  static Layout ParseStored(std::string_view yaml_text,
+                            const std::filesystem::path& file);
   /// A descriptor compiled into the library. Throws LayoutError naming the
   /// built-in layouts if there is none of that name.
   static Layout Builtin(std::string_view name);

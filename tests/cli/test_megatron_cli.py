@@ -284,6 +284,19 @@ def test_damaged_universal_file_metadata():
         for cmd in (["inspect"], ["verify", "-q"]):
             p = run(*cmd, bad, expect=3)
             one_error_line(p, "format error", bad, "attribute model", "JSON")
+        # A stored layout descriptor that is not valid YAML: the universal
+        # file is damaged (format error, 3), not a bad user layout (4).
+        bad = t / "bad layout.h5"
+        shutil.copyfile(t / "u.h5", bad)
+        subprocess.run([PY, "-c", "import h5py, sys\n"
+                        "with h5py.File(sys.argv[1], 'r+') as f:\n"
+                        "    f.attrs['layout'] = 'name: x\\nrules: [\\n'\n",
+                        str(bad)], check=True)
+        for cmd in (["verify", "-q"], ["reshape", "-q", "-o", t / "o", "--tp", 1, "--pp", 1,
+                                       "--dp", 1]):
+            p = run(*cmd, bad, expect=3)
+            one_error_line(p, "format error", bad, "attribute layout")
+        assert not (t / "o").exists()
         # A byte of libhdf5's global heap (where string attributes live)
         # damaged: HDF5 itself crashes on it; ucp reports a corrupt file.
         data = bytearray((t / "u.h5").read_bytes())

@@ -209,8 +209,7 @@ void TargetWriter::ReadMetadata() {
     throw FormatError("universal file ", store_.path().string(),
                       " has no layout descriptor: cannot place params");
   }
-  layout_ = Layout::Parse(root.layout,
-                          StrCat("universal file ", store_.path().string()));
+  layout_ = Layout::ParseStored(root.layout, store_.path());
   json::Value model = ParseJson(root.model, "model", store_.path());
   layouts::Variables vars;
   if (model.is_object()) {
