@@ -316,10 +316,10 @@ void TorchWriter::Commit() {
 
 namespace {
 
-// Copies elements [first, first + count) of dim 0 of the view `t` (shape
-// `shape`, strides `stride`, element `offset` into its storage) to byte
-// `out_offset` of `node`, recursing into dim 1 when one slice of dim 0 is
-// larger than the buffer.
+// Copies the sub-view of `t` with `shape`, `stride` and storage element
+// `offset` to byte `out_offset` of `node`: blocks of dim-0 slices that fit
+// the buffer, or each slice on its own (recursing into dim 1) when one slice
+// is larger than the buffer.
 void CopyStrided(const TorchFile& source, const TensorInfo& t,
                  std::span<const int64_t> shape,
                  std::span<const int64_t> stride, int64_t offset,
@@ -343,10 +343,10 @@ void CopyStrided(const TorchFile& source, const TensorInfo& t,
       static_cast<int64_t>(std::max<uint64_t>(buffer_bytes / slice_bytes, 1));
   scratch.Reserve(static_cast<size_t>(
       std::min<uint64_t>(rows_per_block, shape[0]) * slice_bytes));
+  TensorInfo block = t;  // keeps the storage and path for error messages
+  block.shape.assign(shape.begin(), shape.end());
+  block.stride.assign(stride.begin(), stride.end());
   for (int64_t row = 0; row < shape[0]; row += rows_per_block) {
-    TensorInfo block = t;
-    block.shape.assign(shape.begin(), shape.end());
-    block.stride.assign(stride.begin(), stride.end());
     block.shape[0] = std::min(rows_per_block, shape[0] - row);
     block.storage_offset = offset + row * stride[0];
     block.numel = block.shape[0] * slice_numel;
@@ -381,13 +381,7 @@ void CopyTensorData(const TorchFile& source, const TensorInfo& t,
     }
     return;
   }
-  if (t.shape.empty()) {  // a 0-d view is one element
-    scratch.Reserve(esize);
-    std::span<std::byte> dst(scratch.data(), esize);
-    source.ReadTensor(t, dst);
-    writer.WriteTensorData(node, 0, dst);
-    return;
-  }
+  // Not contiguous, so at least one dim (IsContiguous holds for 0-d views).
   CopyStrided(source, t, t.shape, t.stride, t.storage_offset, 0, writer, node,
               scratch, buffer_bytes);
 }

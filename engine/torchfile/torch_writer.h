@@ -140,12 +140,12 @@ class TorchWriter {
 
 /// Copies the elements of `tensor` (of `source`, any view) in row-major
 /// order into the planned tensor `node` of `writer` (after Begin()), through
-/// `scratch`, grown to at most max(`buffer_bytes`, one innermost row). A
-/// non-contiguous view is gathered block of leading-dim slices by block, so
-/// a view declaring far more elements than its storage holds (stride 0)
-/// never needs its declared size in memory; the storage extent of each block
-/// is read once per block. Throws like TorchFile::ReadTensor and
-/// TorchWriter::WriteTensorData.
+/// `scratch`, grown to at most max(`buffer_bytes`, 4096) bytes. A
+/// non-contiguous view is gathered in blocks of leading-dim slices, so a view
+/// declaring far more elements than its storage holds (stride 0) never needs
+/// its declared size in memory; ReadTensor additionally holds the storage
+/// extent one block covers (at most the storage, whose bytes are in the
+/// file). Throws like TorchFile::ReadTensor and TorchWriter::WriteTensorData.
 void CopyTensorData(const TorchFile& source, const TensorInfo& tensor,
                     TorchWriter& writer, const pickle::Value* node,
                     AlignedBuffer& scratch,
