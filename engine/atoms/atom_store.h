@@ -3,20 +3,25 @@
 // tensor of a checkpoint, written and read with pwrite/pread at dataset
 // offsets.
 //
-// Universal file, HDF5, format version 1 (kept in sync with notes/ISSUE3.md):
+// Universal file, HDF5, format version 2 (version 1 files still read: they
+// lack the `frozen` param attribute and the `training` root attribute):
 //
 // /                 attrs: ucp_format = "universal" (str),
-//                          ucp_version = 1 (int64), iteration (int64),
+//                          ucp_version = 2 (int64), iteration (int64),
 //                          consumed_samples (int64, -1 if unknown),
-//                          source, model, layout, optimizer, scheduler, args
-//                          (str: JSON / YAML text from the caller, opaque
-//                          here), any extra scalar str / int64 attrs
+//                          source, model, layout, optimizer, scheduler, args,
+//                          training (str: JSON / YAML text from the caller,
+//                          opaque here; `training` is the framework-neutral
+//                          run state, RootInfo::training), any extra scalar
+//                          str / int64 attrs (a framework's own metadata,
+//                          e.g. "megatron", "deepspeed")
 // /params/<fqn>     group; attrs: shape (int64[rank], a 0-element array for
 //                          a 0-d param), dtype (str, training dtype),
 //                          rule (str), kind ("param" | "buffer"),
 //                          group (int64, optimizer group, -1 none),
 //                          order (int64, canonical position),
-//                          tied_copies (str, JSON list of names)
+//                          tied_copies (str, JSON list of names),
+//                          frozen (int64 0/1: no optimizer state; v2)
 // /params/<fqn>/<state kind>      dataset: the full logical tensor, of the
 //                          group's shape (or 0-d for per-param scalars
 //                          such as Adam's step)
@@ -78,7 +83,10 @@
 namespace ucp::atoms {
 
 inline constexpr std::string_view kFormatName = "universal";
-inline constexpr int64_t kFormatVersion = 1;
+inline constexpr int64_t kFormatVersion = 2;
+/// The oldest version Open still reads (version 1: no `frozen` param
+/// attribute, no `training` root attribute).
+inline constexpr int64_t kMinFormatVersion = 1;
 /// Datasets of at least kAlignmentThreshold bytes start at a multiple of
 /// kAlignment.
 inline constexpr uint64_t kAlignment = 4096;
@@ -94,6 +102,10 @@ struct RootInfo {
   std::string optimizer;  // JSON
   std::string scheduler;  // JSON
   std::string args;       // JSON
+  /// JSON, framework-neutral (version 2): {"dtype": training dtype,
+  /// "step": optimizer step, "iteration", "global_samples", "frozen":
+  /// [fqn...], "shared": {alias: fqn}, "param_order": [fqn...]}; "" in v1.
+  std::string training;
   /// Further scalar attributes. Names must differ from the fixed ones above.
   std::map<std::string, std::string> extra_strings;
   std::map<std::string, int64_t> extra_ints;
@@ -113,6 +125,8 @@ struct ParamInfo {
   int64_t group = -1;
   int64_t order = 0;
   std::string tied_copies = "[]";  // JSON text
+  /// A param without optimizer state (requires_grad False); version 2.
+  bool frozen = false;
 };
 
 enum class DatasetKind : uint8_t { kAtom, kPad, kBuffer, kOpaque };

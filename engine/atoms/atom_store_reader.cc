@@ -83,9 +83,10 @@ class Scanner {
     if (!version) {
       throw FormatError("root attribute ucp_version is missing");
     }
-    if (*version != kFormatVersion) {
+    if (*version < kMinFormatVersion || *version > kFormatVersion) {
       throw FormatError("unsupported ucp_version ", *version,
-                        " (this build reads version ", kFormatVersion, ")");
+                        " (this build reads versions ", kMinFormatVersion, " to ",
+                        kFormatVersion, ")");
     }
     RootInfo root;
     root.iteration =
@@ -101,6 +102,8 @@ class Scanner {
     root.optimizer = text(kAttrOptimizer);
     root.scheduler = text(kAttrScheduler);
     root.args = text(kAttrArgs);
+    root.training = text(kAttrTraining);  // absent in version 1
+    version_ = *version;
     for (const std::string& name : h5::AttrNames(file_)) {
       if (IsFixedRootAttr(name)) continue;
       switch (attrs_.ScalarClass(file_, name.c_str())) {
@@ -198,6 +201,8 @@ class Scanner {
   std::vector<DatasetInfo>& datasets() { return datasets_; }
 
  private:
+  int64_t version_ = kFormatVersion;
+
   std::optional<h5::Group> OpenTopGroup(const char* name) {
     if (!h5::HasLink(file_, name + 1)) return std::nullopt;
     return h5::Group(H5Gopen2(file_, name, H5P_DEFAULT), "open group", name);
@@ -261,6 +266,9 @@ class Scanner {
     p.order = Require(attrs_.Int64(group, kAttrOrder), path, kAttrOrder);
     p.tied_copies =
         Require(attrs_.String(group, kAttrTiedCopies), path, kAttrTiedCopies);
+    // Version 1 has no frozen params.
+    p.frozen = version_ >= 2 &&
+               Require(attrs_.Int64(group, kAttrFrozen), path, kAttrFrozen) != 0;
     return p;
   }
 
@@ -437,7 +445,7 @@ void Encode(const ScanResult& r, Encoder& e) {
   e.I64(r.root.consumed_samples);
   for (const std::string* s :
        {&r.root.source, &r.root.model, &r.root.layout, &r.root.optimizer,
-        &r.root.scheduler, &r.root.args}) {
+        &r.root.scheduler, &r.root.args, &r.root.training}) {
     e.Str(*s);
   }
   e.U64(r.root.extra_strings.size());
@@ -461,6 +469,7 @@ void Encode(const ScanResult& r, Encoder& e) {
     e.I64(p.group);
     e.I64(p.order);
     e.Str(p.tied_copies);
+    e.U64(p.frozen ? 1 : 0);
   }
   e.U64(r.datasets.size());
   for (const DatasetInfo& d : r.datasets) {
@@ -481,7 +490,8 @@ ScanResult Decode(Decoder& d) {
   r.root.iteration = d.I64();
   r.root.consumed_samples = d.I64();
   for (std::string* s : {&r.root.source, &r.root.model, &r.root.layout,
-                         &r.root.optimizer, &r.root.scheduler, &r.root.args}) {
+                         &r.root.optimizer, &r.root.scheduler, &r.root.args,
+                         &r.root.training}) {
     *s = d.Str();
   }
   for (uint64_t n = d.U64(); n > 0; --n) {
@@ -503,6 +513,7 @@ ScanResult Decode(Decoder& d) {
     p.group = d.I64();
     p.order = d.I64();
     p.tied_copies = d.Str();
+    p.frozen = d.Small<uint8_t>(2) != 0;
     r.params.push_back(std::move(sp));
   }
   for (uint64_t n = d.U64(); n > 0; --n) {

@@ -83,6 +83,7 @@ struct AtomStoreWriter::Impl {
     h5::WriteStringAttr(file, kAttrOptimizer, root.optimizer);
     h5::WriteStringAttr(file, kAttrScheduler, root.scheduler);
     h5::WriteStringAttr(file, kAttrArgs, root.args);
+    h5::WriteStringAttr(file, kAttrTraining, root.training);
     for (const auto& [name, value] : root.extra_strings) {
       h5::WriteStringAttr(file, name.c_str(), value);
     }
@@ -103,6 +104,7 @@ struct AtomStoreWriter::Impl {
     h5::WriteInt64Attr(g.get(), kAttrGroup, p.group);
     h5::WriteInt64Attr(g.get(), kAttrOrder, p.order);
     h5::WriteStringAttr(g.get(), kAttrTiedCopies, p.tied_copies);
+    h5::WriteInt64Attr(g.get(), kAttrFrozen, p.frozen ? 1 : 0);
     g.Close("close group", path);
   }
 

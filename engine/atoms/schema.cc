@@ -18,7 +18,7 @@ bool IsFixedRootAttr(std::string_view name) noexcept {
   for (const char* fixed :
        {kAttrFormat, kAttrVersion, kAttrIteration, kAttrConsumedSamples,
         kAttrSource, kAttrModel, kAttrLayout, kAttrOptimizer, kAttrScheduler,
-        kAttrArgs}) {
+        kAttrArgs, kAttrTraining}) {
     if (name == fixed) return true;
   }
   return false;

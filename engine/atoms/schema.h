@@ -22,6 +22,7 @@ inline constexpr char kAttrLayout[] = "layout";
 inline constexpr char kAttrOptimizer[] = "optimizer";
 inline constexpr char kAttrScheduler[] = "scheduler";
 inline constexpr char kAttrArgs[] = "args";
+inline constexpr char kAttrTraining[] = "training";
 
 inline constexpr char kAttrShape[] = "shape";
 inline constexpr char kAttrDType[] = "dtype";
@@ -30,6 +31,7 @@ inline constexpr char kAttrKind[] = "kind";
 inline constexpr char kAttrGroup[] = "group";
 inline constexpr char kAttrOrder[] = "order";
 inline constexpr char kAttrTiedCopies[] = "tied_copies";
+inline constexpr char kAttrFrozen[] = "frozen";
 inline constexpr char kAttrXxh3[] = "xxh3";
 
 inline constexpr char kParamsGroup[] = "/params";

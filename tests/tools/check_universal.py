@@ -14,7 +14,7 @@ otherwise ONE line "<h5 path>: <what is wrong>" and exit 1 (2 for usage errors).
 Expectations (the schema of ISSUE3.md made explicit; names are exact):
 root attrs
   ucp_format        string == "universal"
-  ucp_version       int64 scalar == 1
+  ucp_version       int64 scalar, 1 or 2
   iteration         int64 scalar == truth iteration (100)
   consumed_samples  int64 scalar, == truth consumed_train_samples (iteration * global batch) or -1
   source            JSON object with keys framework (contains "megatron", any case), format, tp, pp, vpp,
@@ -232,8 +232,8 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
         w = "/"
         if _str_attr(f, "ucp_format", w) != "universal":
             raise Bad("/: ucp_format != 'universal'")
-        if _int_attr(f, "ucp_version", w) != 1:
-            raise Bad("/: ucp_version != 1")
+        if _int_attr(f, "ucp_version", w) not in (1, 2):
+            raise Bad("/: ucp_version not in (1, 2)")
         if _int_attr(f, "iteration", w) != truth["iteration"]:
             raise Bad(f"/: iteration {f.attrs['iteration']} != {truth['iteration']}")
         cs = _int_attr(f, "consumed_samples", w)

@@ -117,6 +117,7 @@ Sample MakeSample(uint64_t seed) {
   s.root.optimizer = R"({"type": "adam", "groups": []})";
   s.root.scheduler = "{}";
   s.root.args = "{\"big\": \"" + std::string(200000, 'x') + "\"}";
+  s.root.training = R"({"dtype": "bfloat16", "step": 7})";
   s.root.extra_strings["note"] = "héllo wörld";
   s.root.extra_ints["schema_minor"] = -7;
 
@@ -132,6 +133,7 @@ Sample MakeSample(uint64_t seed) {
     // Orders run backwards so that name order and order differ.
     p.order = 1000 - static_cast<int64_t>(s.params.size());
     p.tied_copies = s.params.size() == 0 ? R"(["output_layer.weight"])" : "[]";
+    p.frozen = s.params.size() % 4 == 2;
     s.params.push_back(p);
     s.param_paths.push_back("/params/" + link);
     return s.params.back();
@@ -315,6 +317,7 @@ TEST(AtomStoreTest, RoundTripsEverything) {
     EXPECT_EQ(got->info.group, p.group);
     EXPECT_EQ(got->info.order, p.order);
     EXPECT_EQ(got->info.tied_copies, p.tied_copies);
+    EXPECT_EQ(got->info.frozen, p.frozen);
     size_t atoms = 0, pads = 0;
     for (const ExpectedDataset& d : s.datasets) {
       if (d.fqn != p.fqn) continue;
@@ -372,7 +375,7 @@ TEST(AtomStoreTest, H5pyReadsTheFile) {
 
   nlohmann::json exp;
   exp["root"] = {{"ucp_format", "universal"},
-                 {"ucp_version", 1},
+                 {"ucp_version", 2},
                  {"iteration", s.root.iteration},
                  {"consumed_samples", s.root.consumed_samples},
                  {"source", s.root.source},
@@ -380,7 +383,8 @@ TEST(AtomStoreTest, H5pyReadsTheFile) {
                  {"layout", s.root.layout},
                  {"optimizer", s.root.optimizer},
                  {"scheduler", s.root.scheduler},
-                 {"args", s.root.args}};
+                 {"args", s.root.args},
+                 {"training", s.root.training}};
   for (const auto& [k, v] : s.root.extra_strings) exp["root"][k] = v;
   for (const auto& [k, v] : s.root.extra_ints) exp["root"][k] = v;
   exp["params"] = nlohmann::json::array();
@@ -395,7 +399,8 @@ TEST(AtomStoreTest, H5pyReadsTheFile) {
            {"kind", p.kind == ParamKind::kParam ? "param" : "buffer"},
            {"group", p.group},
            {"order", p.order},
-           {"tied_copies", p.tied_copies}}}});
+           {"tied_copies", p.tied_copies},
+           {"frozen", p.frozen ? 1 : 0}}}});
   }
   exp["datasets"] = nlohmann::json::array();
   for (const ExpectedDataset& d : s.datasets) {
@@ -622,6 +627,7 @@ TEST(AtomStoreTest, RejectsMalformedFiles) {
     ParamInfo p;
     p.fqn = "layer.weight";
     p.shape = {64, 32};
+    p.frozen = true;  // version1.h5 drops the attribute: reads as false
     w.AddParam(p);
     DatasetId id = w.AddAtom("layer.weight", "fp32", DType::kFloat32, {64, 32});
     DatasetId blob = w.AddOpaque("blob", 100);
@@ -659,7 +665,14 @@ TEST(AtomStoreTest, RejectsMalformedFiles) {
   ExpectOpenFails<FormatError>(dir / "no_attrs.h5", "ucp_format is missing");
   ExpectOpenFails<FormatError>(dir / "wrong_format.h5", "'zarr'");
   ExpectOpenFails<FormatError>(dir / "wrong_version.h5",
-                               "unsupported ucp_version 2");
+                               "unsupported ucp_version 3");
+  {
+    // Version-1 files still read: no frozen params, no training attribute.
+    AtomStoreReader v1 = AtomStoreReader::Open(dir / "version1.h5");
+    EXPECT_TRUE(v1.root().training.empty());
+    EXPECT_FALSE(v1.params().empty());
+    for (const StoredParam& p : v1.params()) EXPECT_FALSE(p.info.frozen);
+  }
   ExpectOpenFails<FormatError>(dir / "missing_version.h5",
                                "ucp_version is missing");
   ExpectOpenFails<FormatError>(dir / "chunked.h5",

@@ -122,7 +122,14 @@ def malform(valid, outdir, param_group, atom):
     with variant("wrong_format") as f:
         f.attrs["ucp_format"] = "zarr"
     with variant("wrong_version") as f:
-        f.attrs["ucp_version"] = np.int64(2)
+        f.attrs["ucp_version"] = np.int64(3)
+    with variant("version1") as f:  # what a version-1 writer made
+        f.attrs["ucp_version"] = np.int64(1)
+        if "training" in f.attrs:
+            del f.attrs["training"]
+        for g in f["params"].values():
+            if "frozen" in g.attrs:
+                del g.attrs["frozen"]
     with variant("missing_version") as f:
         del f.attrs["ucp_version"]
     with variant("chunked") as f:
