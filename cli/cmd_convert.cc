@@ -1,5 +1,7 @@
-// ucp to-universal / reshape / convert: Megatron-LM checkpoint <-> universal
-// file <-> any TP/PP/VPP/DP layout.
+// ucp to-universal / reshape / convert: a checkpoint of any registered format
+// <-> universal file <-> any layout of any writable format. The formats are
+// picked through the driver registry (engine/formats/driver.h); nothing here
+// names a framework.
 
 #include <chrono>
 #include <cstdio>
@@ -11,7 +13,7 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
 #include "engine/core/progress.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -22,166 +24,199 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kToUniversalHelp =
-    "usage: ucp to-universal SRC -o FILE [options]\n"
-    "\n"
-    "Reads a Megatron-LM checkpoint (the --save folder with\n"
-    "latest_checkpointed_iteration.txt, or one iter_XXXXXXX folder) and writes "
-    "one\n"
-    "universal HDF5 file: every parameter once, whole, with its fp32 master "
-    "weight,\n"
-    "optimizer state (exp_avg, exp_avg_sq, ...), training-dtype weights, "
-    "vocab\n"
-    "padding rows, and everything else of the checkpoint (args, RNG states, "
-    "TE\n"
-    "extra state, scheduler) kept verbatim. Replicated tensors are checked to "
-    "agree\n"
-    "bit for bit. The file reads with h5py; its schema is in the README.\n"
-    "\n"
-    "examples:\n"
-    "  ucp to-universal /ckpt/gpt -o gpt.ucp.h5\n"
-    "  ucp to-universal /ckpt/gpt/iter_0002000 -o gpt-2000.ucp.h5 --layout "
-    "mcore-gpt\n"
-    "\n"
-    "options";
-
-constexpr const char* kReshapeHelp =
-    "usage: ucp reshape FILE -o DIR --tp N --pp N --dp N [--vpp N]\n"
-    "                   [--distributed-optimizer] [options]\n"
-    "\n"
-    "Writes, from a universal file, the Megatron-LM checkpoint for a new\n"
-    "tensor/pipeline/virtual-pipeline/data-parallel layout, exactly as "
-    "Megatron\n"
-    "would save it for that configuration: args patched for the new topology,\n"
-    "local layer numbering, vocab padded for the new TP, optimizer state laid "
-    "out\n"
-    "for the new DP (with --distributed-optimizer: distrib_optim.pt), tracker "
-    "file\n"
-    "last. DIR must not exist (or be empty); nothing appears under DIR on "
-    "failure.\n"
-    "\n"
-    "examples:\n"
-    "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2 "
-    "--distributed-optimizer\n"
-    "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-pp4 --tp 1 --pp 4 --vpp 2 --dp 8\n"
-    "\n"
-    "options";
-
-constexpr const char* kConvertHelp =
-    "usage: ucp convert SRC -o DIR --tp N --pp N --dp N [--vpp N]\n"
-    "                   [--distributed-optimizer] [options]\n"
-    "\n"
-    "to-universal and reshape in one step, streaming: reads the Megatron-LM\n"
-    "checkpoint SRC and writes the checkpoint for the new layout into DIR; "
-    "every\n"
-    "target tensor is assembled directly from the source rank files (same "
-    "checks\n"
-    "as to-universal: coverage, replicas), no universal file is written.\n"
-    "\n"
-    "example:\n"
-    "  ucp convert /ckpt/gpt -o /ckpt/gpt-tp1pp4 --tp 1 --pp 4 --dp 16\n"
-    "\n"
-    "options";
-
-struct SourceArgs {
-  std::string layout;
-  int64_t iteration = -1;
-  int64_t vocab_size = 0;
-
-  void Add(po::options_description& d) {
-    d.add_options()("layout", po::value<std::string>(&layout),
-                    "layout descriptor: a builtin name (ucp layout list) or a "
-                    "YAML file; default: detected")(
-        "iteration", po::value<int64_t>(&iteration),
-        "iteration to read (default: the tracker file's)")(
-        "vocab-size", po::value<int64_t>(&vocab_size),
-        "the tokenizer's true vocabulary size, when the args lack it");
+std::string FormatList(bool writable) {
+  std::string s;
+  for (const formats::Driver* d : formats::Drivers()) {
+    if (writable ? !d->CanWrite() : !d->CanRead()) continue;
+    s += StrCat("  ", d->Name(), std::string(22 - std::min<size_t>(
+                                                      20, d->Name().size()),
+                                             ' '),
+                d->Summary(), "\n");
   }
-  megatron::SourceOptions Options() const {
-    megatron::SourceOptions o;
-    o.layout = layout;
-    if (vocab_size > 0) o.true_vocab_size = vocab_size;
-    return o;
-  }
-  std::optional<int64_t> Iteration() const {
-    return iteration >= 0 ? std::optional<int64_t>(iteration) : std::nullopt;
-  }
-};
+  return s;
+}
+
+const std::string& ToUniversalHelp() {
+  static const std::string h =
+      "usage: ucp to-universal SRC -o FILE [options]\n"
+      "\n"
+      "Reads a training checkpoint and writes one universal HDF5 file: every\n"
+      "parameter once, whole, with its fp32 master weight, optimizer state\n"
+      "(exp_avg, exp_avg_sq, step, ...), training-dtype weights, vocab "
+      "padding\n"
+      "rows, and everything else of the checkpoint (args, RNG states, "
+      "scheduler,\n"
+      "client state) kept verbatim. Replicated tensors are checked to agree "
+      "bit\n"
+      "for bit. The file reads with h5py; its schema is in the README.\n"
+      "\n"
+      "The source format is detected (--from to force one):\n" +
+      FormatList(false) +
+      "\n"
+      "examples:\n"
+      "  ucp to-universal /ckpt/gpt -o gpt.ucp.h5\n"
+      "  ucp to-universal /ckpt/gpt/iter_0002000 -o gpt-2000.ucp.h5 --layout "
+      "mcore-gpt\n"
+      "  ucp to-universal /ckpt/ds --tag global_step500 -o ds.ucp.h5\n"
+      "\n"
+      "options";
+  return h;
+}
+
+const std::string& ReshapeHelp() {
+  static const std::string h =
+      "usage: ucp reshape FILE -o DIR --dp N [--tp N] [--pp N] [--vpp N]\n"
+      "                   [--format NAME] [--distributed-optimizer | "
+      "--zero-stage S]\n"
+      "                   [options]\n"
+      "\n"
+      "Writes, from a universal file, the checkpoint for a new tensor / "
+      "pipeline /\n"
+      "virtual-pipeline / data-parallel layout, exactly as the framework "
+      "would save\n"
+      "it for that configuration, optimizer state included. --format picks "
+      "the\n"
+      "target (default: the format the universal file was made from):\n" +
+      FormatList(true) +
+      "DIR must not exist (or be empty); nothing appears under DIR on "
+      "failure.\n"
+      "\n"
+      "examples:\n"
+      "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2 "
+      "--distributed-optimizer\n"
+      "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-pp4 --tp 1 --pp 4 --vpp 2 --dp 8\n"
+      "  ucp reshape ds.ucp.h5 -o /ckpt/ds-8 --format deepspeed --dp 8 "
+      "--zero-stage 3\n"
+      "\n"
+      "options";
+  return h;
+}
+
+const std::string& ConvertHelp() {
+  static const std::string h =
+      "usage: ucp convert SRC -o DIR --dp N [--tp N] [--pp N] [--vpp N]\n"
+      "                   [--format NAME] [--distributed-optimizer | "
+      "--zero-stage S]\n"
+      "                   [options]\n"
+      "\n"
+      "to-universal and reshape in one step, streaming: reads the checkpoint "
+      "SRC\n"
+      "(any readable format, detected) and writes the checkpoint for the new\n"
+      "layout into DIR; every target tensor is assembled directly from the "
+      "source\n"
+      "rank files (same checks as to-universal: coverage, replicas), no "
+      "universal\n"
+      "file is written. Target formats (--format, default: the source's):\n" +
+      FormatList(true) +
+      "\n"
+      "examples:\n"
+      "  ucp convert /ckpt/gpt -o /ckpt/gpt-tp1pp4 --tp 1 --pp 4 --dp 16\n"
+      "  ucp convert /ckpt/ds -o /ckpt/ds-3ranks --dp 3 --zero-stage 1\n"
+      "  ucp convert /ckpt/ds -o /ckpt/ds-uc --format deepspeed-universal "
+      "--dp 1\n"
+      "\n"
+      "options";
+  return h;
+}
+
+}  // namespace
+
+void SourceArgs::Add(po::options_description& d) {
+  d.add_options()("from", po::value<std::string>(&from),
+                  "source format (default: detected)")(
+      "layout", po::value<std::string>(&layout),
+      "layout descriptor: a builtin name (ucp layout list) or a YAML file; "
+      "default: detected")("iteration", po::value<int64_t>(&iteration),
+                           "Megatron: iteration to read (default: the "
+                           "tracker file's)")(
+      "tag", po::value<std::string>(&tag),
+      "DeepSpeed: tag to read (default: the one `latest` names)")(
+      "vocab-size", po::value<int64_t>(&vocab_size),
+      "the tokenizer's true vocabulary size, when the args lack it");
+}
+
+formats::SourceOptions SourceArgs::Options() const {
+  formats::SourceOptions o;
+  o.layout = layout;
+  if (vocab_size > 0) o.true_vocab_size = vocab_size;
+  if (iteration >= 0) o.selector.iteration = iteration;
+  o.selector.tag = tag;
+  return o;
+}
+
+std::unique_ptr<formats::Source> SourceArgs::Open(const fs::path& path) const {
+  const formats::Driver& d = formats::DetectDriver(path, from);
+  return d.Open(path, Options());
+}
+
+namespace {
 
 struct TargetArgs {
-  int64_t tp = 0, pp = 0, vpp = 1, dp = 0;
+  std::string format;
+  int64_t tp = 1, pp = 1, vpp = 1, dp = 0;
+  int zero_stage = -1;
   bool distributed_optimizer = false;
   bool no_optimizer = false;
   int64_t vocab_size = 0;
+  std::string tag;
 
   void Add(po::options_description& d, bool with_vocab) {
-    d.add_options()("tp", po::value<int64_t>(&tp)->required(),
-                    "tensor-parallel size")(
-        "pp", po::value<int64_t>(&pp)->required(), "pipeline-parallel size")(
+    d.add_options()("format", po::value<std::string>(&format),
+                    "target format (default: the source's)")(
+        "tp", po::value<int64_t>(&tp)->default_value(1),
+        "tensor-parallel size")("pp",
+                                po::value<int64_t>(&pp)->default_value(1),
+                                "pipeline-parallel size")(
         "vpp", po::value<int64_t>(&vpp)->default_value(1),
         "virtual pipeline chunks per pipeline rank (1: none)")(
         "dp", po::value<int64_t>(&dp)->required(), "data-parallel size")(
         "distributed-optimizer", po::bool_switch(&distributed_optimizer),
-        "write distrib_optim.pt (Megatron --use-distributed-optimizer)")(
-        "no-optimizer", po::bool_switch(&no_optimizer),
-        "model weights only (Megatron --no-load-optim)");
+        "Megatron: write distrib_optim.pt (--use-distributed-optimizer)")(
+        "zero-stage", po::value<int>(&zero_stage),
+        "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's)")(
+        "tag", po::value<std::string>(&tag),
+        "DeepSpeed: the target tag (default: the source's, or "
+        "global_step<N>)")("no-optimizer", po::bool_switch(&no_optimizer),
+                           "model weights only (no optimizer state)");
     if (with_vocab) {
       d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
                       "the tokenizer's true vocabulary size, when the "
                       "universal file lacks it");
     }
   }
-  megatron::TargetOptions Options() const {
+  formats::TargetOptions Options() const {
     if (tp < 1 || pp < 1 || vpp < 1 || dp < 1) {
       throw UsageError("--tp, --pp, --vpp and --dp must be >= 1");
     }
-    megatron::TargetOptions o;
+    formats::TargetOptions o;
     o.topology.tp = tp;
     o.topology.pp = pp;
     o.topology.vpp = vpp;
     o.topology.dp = dp;
+    if (zero_stage >= 0) o.zero_stage = zero_stage;
     o.distributed_optimizer = distributed_optimizer;
     o.no_optimizer = no_optimizer;
+    o.tag = tag;
     if (vocab_size > 0) o.true_vocab_size = vocab_size;
     return o;
   }
   std::string Describe() const {
     return StrCat("tp ", tp, ", pp ", pp, ", vpp ", vpp, ", dp ", dp,
-                  distributed_optimizer ? ", distributed optimizer" : "");
-  }
-  std::string MegatronFlags() const {
-    std::string s = StrCat("--tensor-model-parallel-size ", tp,
-                           " --pipeline-model-parallel-size ", pp);
-    if (vpp > 1) s += StrCat(" --num-virtual-stages-per-pipeline-rank ", vpp);
-    if (distributed_optimizer) s += " --use-distributed-optimizer";
-    if (no_optimizer) s += " --no-load-optim";
-    return s;
+                  distributed_optimizer ? ", distributed optimizer" : "",
+                  zero_stage >= 0 ? StrCat(", zero stage ", zero_stage) : "");
   }
 };
 
-std::string SourceDescription(const megatron::Checkpoint& c) {
-  const layouts::Topology& t = c.topology;
-  return StrCat("Megatron-LM checkpoint ", c.iter_dir.string(), " (iteration ",
-                c.iteration, ", tp ", t.tp, ", pp ", t.pp, ", vpp ", t.vpp,
-                ", dp ", t.dp,
-                c.distributed_optimizer ? ", distributed optimizer" : "", ")");
-}
-
-json::Value TopologyJson(const layouts::Topology& t, bool distopt) {
+json::Value TopologyJson(const layouts::Topology& t, bool distopt,
+                         std::optional<int> zero_stage) {
   json::Value j;
   j["tp"] = t.tp;
   j["pp"] = t.pp;
   j["vpp"] = t.vpp;
   j["dp"] = t.dp;
   j["distributed_optimizer"] = distopt;
+  if (zero_stage) j["zero_stage"] = *zero_stage;
   return j;
-}
-
-universal::WriteSummary ToUniversal(const megatron::Checkpoint& c,
-                                    const SourceArgs& src, const fs::path& out,
-                                    const reshape::ExecutorOptions& executor) {
-  universal::SourcePlan plan = megatron::PlanSource(c, src.Options());
-  return universal::WriteUniversal(plan, out, executor);
 }
 
 void CheckNewFile(const fs::path& out, bool force) {
@@ -192,10 +227,95 @@ void CheckNewFile(const fs::path& out, bool force) {
   }
 }
 
+// The driver a universal file was made from: the source JSON's "driver", or
+// the driver whose name starts its "framework" ("megatron-lm").
+std::string NativeFormat(const atoms::RootInfo& root) {
+  json::Value src;
+  try {
+    src = json::Value::Parse(root.source.empty() ? "{}" : root.source);
+  } catch (const Error&) {
+    return "";
+  }
+  if (!src.is_object()) return "";
+  if (const json::Value* d = src.Find("driver"); d && d->is_string())
+    return d->AsString();
+  if (const json::Value* f = src.Find("framework"); f && f->is_string()) {
+    for (const formats::Driver* d : formats::Drivers()) {
+      if (d->CanWrite() && f->AsString().rfind(std::string(d->Name()), 0) == 0)
+        return std::string(d->Name());
+    }
+  }
+  return "";
+}
+
+const formats::Driver& TargetDriver(const std::string& format,
+                                    const std::string& native) {
+  const std::string name = format.empty() ? native : format;
+  if (name.empty()) {
+    throw UsageError("the source's format is unknown: pass --format NAME");
+  }
+  const formats::Driver& d = formats::GetDriver(name);
+  if (!d.CanWrite()) {
+    throw UsageError("format '", name, "' cannot be written (writable: ",
+                     [] {
+                       std::string s;
+                       for (const formats::Driver* x : formats::Drivers())
+                         if (x->CanWrite())
+                           s += (s.empty() ? "" : ", ") + std::string(x->Name());
+                       return s;
+                     }(),
+                     ")");
+  }
+  return d;
+}
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
+void PrintTargetResult(const char* command, const fs::path& out,
+                       const formats::Driver& driver, const TargetArgs& target,
+                       const formats::TargetSummary& s, double seconds,
+                       const RunOptions& run, json::Value extra) {
+  const formats::TargetOptions o = target.Options();
+  if (run.json) {
+    json::Value j = std::move(extra);
+    j["command"] = command;
+    j["output"] = out.string();
+    j["format"] = std::string(driver.Name());
+    j["target_topology"] = TopologyJson(o.topology, o.distributed_optimizer,
+                                        o.zero_stage);
+    j["files"] = s.files;
+    j["bytes"] = s.bytes;
+    j["seconds"] = seconds;
+    json::Value notes = json::Value::Array();
+    for (const auto& n : s.notes) notes.Append(n);
+    j["notes"] = std::move(notes);
+    if (s.details.is_object())
+      for (const auto& [k, v] : s.details.members()) j[k] = v;
+    if (!s.resume_hint.empty()) j["resume"] = s.resume_hint;
+    PrintJson(j);
+    return;
+  }
+  std::printf("wrote %s: %s checkpoint, %lld files, %s for %s in %.1f s\n",
+              out.string().c_str(), std::string(driver.Name()).c_str(),
+              static_cast<long long>(s.files), HumanBytes(s.bytes).c_str(),
+              target.Describe().c_str(), seconds);
+  for (const auto& n : s.notes) std::printf("note: %s\n", n.c_str());
+  if (!s.resume_hint.empty()) {
+    std::string hint = s.resume_hint;
+    const std::string marker = "<output>";
+    if (size_t at = hint.find(marker); at != std::string::npos)
+      hint.replace(at, marker.size(), out.string());
+    std::printf("resume with %s\n", hint.c_str());
+  }
+}
+
 }  // namespace
 
 int RunToUniversal(const std::vector<std::string>& args) {
-  po::options_description desc(kToUniversalHelp);
+  po::options_description desc(ToUniversalHelp());
   std::string output;
   bool force = false;
   SourceArgs src;
@@ -212,15 +332,20 @@ int RunToUniversal(const std::vector<std::string>& args) {
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   CheckNewFile(output, force);
-  megatron::Checkpoint c =
-      megatron::Discover(vm["source"].as<std::string>(), src.Iteration());
-  universal::WriteSummary s = ToUniversal(c, src, output, executor);
+  std::unique_ptr<formats::Source> source =
+      src.Open(vm["source"].as<std::string>());
+  const formats::CheckpointInfo& c = source->info();
+  universal::SourcePlan plan = source->Plan();
+  universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
   if (run.json) {
     json::Value j;
     j["command"] = "to-universal";
-    j["source"] = c.iter_dir.string();
+    j["source"] = c.path.string();
+    j["format"] = c.format;
     j["iteration"] = c.iteration;
-    j["source_topology"] = TopologyJson(c.topology, c.distributed_optimizer);
+    if (!c.tag.empty()) j["tag"] = c.tag;
+    j["source_topology"] =
+        TopologyJson(c.topology, c.distributed_optimizer, c.zero_stage);
     j["output"] = output;
     j["params"] = s.params;
     j["atoms"] = s.atoms;
@@ -233,53 +358,15 @@ int RunToUniversal(const std::vector<std::string>& args) {
     std::printf(
         "read %s\nwrote %s: %lld params, %lld atoms, %s (%lld replicas "
         "verified) in %.1f s\n",
-        SourceDescription(c).c_str(), output.c_str(),
-        static_cast<long long>(s.params), static_cast<long long>(s.atoms),
-        HumanBytes(s.atom_bytes).c_str(),
+        c.Describe().c_str(), output.c_str(), static_cast<long long>(s.params),
+        static_cast<long long>(s.atoms), HumanBytes(s.atom_bytes).c_str(),
         static_cast<long long>(s.replicas_verified), s.seconds);
   }
   return 0;
 }
 
-namespace {
-
-void PrintTargetResult(const char* command, const fs::path& out,
-                       const TargetArgs& target,
-                       const megatron::TargetSummary& s, double seconds,
-                       const RunOptions& run, json::Value extra) {
-  if (run.json) {
-    json::Value j = std::move(extra);
-    j["command"] = command;
-    j["output"] = out.string();
-    j["target_topology"] =
-        TopologyJson(target.Options().topology, target.distributed_optimizer);
-    j["files"] = s.files;
-    j["bytes"] = s.bytes;
-    j["seconds"] = seconds;
-    json::Value notes = json::Value::Array();
-    for (const auto& n : s.notes) notes.Append(n);
-    j["notes"] = std::move(notes);
-    j["megatron_flags"] = target.MegatronFlags();
-    PrintJson(j);
-    return;
-  }
-  std::printf("wrote %s: %lld files, %s for %s in %.1f s\n",
-              out.string().c_str(), static_cast<long long>(s.files),
-              HumanBytes(s.bytes).c_str(), target.Describe().c_str(), seconds);
-  for (const auto& n : s.notes) std::printf("note: %s\n", n.c_str());
-  std::printf("resume with Megatron-LM: --load %s %s\n", out.string().c_str(),
-              target.MegatronFlags().c_str());
-}
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
-      .count();
-}
-
-}  // namespace
-
 int RunReshape(const std::vector<std::string>& args) {
-  po::options_description desc(kReshapeHelp);
+  po::options_description desc(ReshapeHelp());
   std::string output;
   TargetArgs target;
   RunOptions run;
@@ -294,22 +381,25 @@ int RunReshape(const std::vector<std::string>& args) {
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
-  megatron::TargetOptions options = target.Options();
+  formats::TargetOptions options = target.Options();
+  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
   universal::StagedDirectory out(output);
   atoms::AtomStoreReader store =
       atoms::AtomStoreReader::Open(vm["universal"].as<std::string>());
-  megatron::TargetSummary s =
-      megatron::WriteTarget(store, out.path(), options, executor);
+  const formats::Driver& driver =
+      TargetDriver(target.format, NativeFormat(store.root()));
+  formats::TargetSummary s = driver.Write(*universal::StoreInput(store),
+                                          out.path(), options, executor);
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
-  PrintTargetResult("reshape", output, target, s, Since(start), run,
+  PrintTargetResult("reshape", output, driver, target, s, Since(start), run,
                     std::move(extra));
   return 0;
 }
 
 int RunConvert(const std::vector<std::string>& args) {
-  po::options_description desc(kConvertHelp);
+  po::options_description desc(ConvertHelp());
   std::string output;
   SourceArgs src;
   TargetArgs target;
@@ -326,24 +416,28 @@ int RunConvert(const std::vector<std::string>& args) {
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
-  megatron::TargetOptions options = target.Options();
+  formats::TargetOptions options = target.Options();
   if (src.vocab_size > 0) options.true_vocab_size = src.vocab_size;
-  megatron::Checkpoint c =
-      megatron::Discover(vm["source"].as<std::string>(), src.Iteration());
+  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
+  std::unique_ptr<formats::Source> source =
+      src.Open(vm["source"].as<std::string>());
+  const formats::CheckpointInfo& c = source->info();
+  const formats::Driver& driver = TargetDriver(target.format, c.format);
   universal::StagedDirectory out(output);
   // Streaming: every target tensor is composed from boxes of the source rank
   // files; no universal file is written.
-  universal::SourcePlan plan = megatron::PlanSource(c, src.Options());
+  universal::SourcePlan plan = source->Plan();
   std::unique_ptr<universal::UniversalInput> input =
-      universal::PlanInput(plan, c.iter_dir, executor);
-  megatron::TargetSummary s =
-      megatron::WriteTarget(*input, out.path(), options, executor);
+      universal::PlanInput(plan, c.path, executor);
+  formats::TargetSummary s = driver.Write(*input, out.path(), options, executor);
   out.Commit();
   json::Value extra;
-  extra["source"] = c.iter_dir.string();
-  extra["source_topology"] = TopologyJson(c.topology, c.distributed_optimizer);
-  if (!run.json) std::printf("read %s\n", SourceDescription(c).c_str());
-  PrintTargetResult("convert", output, target, s, Since(start), run,
+  extra["source"] = c.path.string();
+  extra["source_format"] = c.format;
+  extra["source_topology"] =
+      TopologyJson(c.topology, c.distributed_optimizer, c.zero_stage);
+  if (!run.json) std::printf("read %s\n", c.Describe().c_str());
+  PrintTargetResult("convert", output, driver, target, s, Since(start), run,
                     std::move(extra));
   return 0;
 }

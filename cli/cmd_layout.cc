@@ -6,7 +6,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/core/error.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "layouts/layout.h"
 
@@ -52,9 +52,12 @@ layouts::Layout LoadLayout(const std::string& name_or_file) {
 int RunLayout(const std::vector<std::string>& args) {
   po::options_description desc(kHelp);
   std::string layout;
+  std::string from;
   bool json_out = false;
   desc.add_options()("layout", po::value<std::string>(&layout),
                      "descriptor for check (default: detected)")(
+      "from", po::value<std::string>(&from),
+      "checkpoint format for check (default: detected)")(
       "json", po::bool_switch(&json_out), "JSON output");
   po::variables_map vm;
   if (!Parse(args, desc, {"action", "target"}, vm)) return 0;
@@ -99,10 +102,11 @@ int RunLayout(const std::vector<std::string>& args) {
   }
   if (target.empty())
     throw UsageError("layout check needs a checkpoint folder");
-  megatron::Checkpoint c = megatron::Discover(target);
-  megatron::SourceOptions options;
-  options.layout = layout;
-  megatron::NameListing names = megatron::ListNames(c, options);
+  SourceArgs src;
+  src.layout = layout;
+  src.from = from;
+  std::unique_ptr<formats::Source> source = src.Open(target);
+  formats::Source::NameListing names = source->ListNames();
   layouts::Layout l = layout.empty() ? layouts::Layout::Parse(names.layout_yaml,
                                                               names.layout_name)
                                      : LoadLayout(layout);
@@ -127,7 +131,7 @@ int RunLayout(const std::vector<std::string>& args) {
   }
   if (json_out) {
     json::Value j;
-    j["checkpoint"] = c.iter_dir.string();
+    j["checkpoint"] = source->info().path.string();
     j["layout"] = l.name();
     j["params"] = std::move(list);
     j["problems"] = static_cast<int64_t>(problems);
@@ -140,7 +144,7 @@ int RunLayout(const std::vector<std::string>& args) {
     for (const layouts::Diagnostic& d : diags) {
       if (!d.ok()) {
         throw LayoutError(
-            c.iter_dir.string(), ": param ", d.name, ": ", d.problem,
+            source->info().path.string(), ": param ", d.name, ": ", d.problem,
             problems > 1 ? StrCat(" (and ", problems - 1, " more)") : "");
       }
     }

@@ -9,7 +9,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "engine/universal/write_universal.h"
 #include "layouts/layout.h"
@@ -26,7 +26,7 @@ constexpr const char* kHelp =
     "  A universal file: its structure, the xxh3 checksum of every dataset, "
     "and\n"
     "  that every parameter still matches the stored layout descriptor.\n"
-    "  A Megatron-LM checkpoint folder: every rank file present and parsing, "
+    "  A checkpoint folder (any readable format): every rank file present and parsing, "
     "every\n"
     "  parameter matched by exactly one layout rule, every tensor fully "
     "covered by\n"
@@ -68,7 +68,7 @@ void VerifyUniversal(const fs::path& path, Report& report) {
   atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(path);
   report.Add("structure",
              StrCat(store.params().size(), " params, ", store.datasets().size(),
-                    " datasets, schema v1"));
+                    " datasets, schema v", store.root().version));
   uint64_t total = 0;
   for (const auto& d : store.datasets()) total += d.nbytes;
   Progress progress("verify", total);
@@ -106,37 +106,37 @@ void VerifyUniversal(const fs::path& path, Report& report) {
   }
 }
 
-void VerifyMegatron(const fs::path& path, const std::string& layout,
-                    const reshape::ExecutorOptions& executor, Report& report) {
-  megatron::Checkpoint c = megatron::Discover(path);
-  size_t files = 0;
-  for (const auto& row : c.rank_files) files += row.size();
-  report.Add(
-      "completeness",
-      StrCat("iteration ", c.iteration, ": all ", files, " rank files of tp ",
-             c.topology.tp, " x pp ", c.topology.pp,
-             c.distributed_optimizer ? " (+ distrib_optim.pt)" : "",
-             " present"));
-  megatron::SourceOptions options;
-  options.layout = layout;
-  universal::SourcePlan plan = megatron::PlanSource(c, options);
+// Returns the format name.
+std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
+                             const reshape::ExecutorOptions& executor,
+                             Report& report) {
+  std::unique_ptr<formats::Source> source = src.Open(path);
+  const formats::CheckpointInfo& c = source->info();
+  report.Add("completeness",
+             StrCat(c.format, " ", c.tag.empty() ? "" : c.tag + ", ",
+                    "iteration ", c.iteration, ": all ", c.files.size(),
+                    " rank files of tp ", c.topology.tp, " x pp ",
+                    c.topology.pp, " x dp ", c.topology.dp,
+                    c.distributed_optimizer ? " (+ distrib_optim.pt)" : "",
+                    " present"));
+  universal::SourcePlan plan = source->Plan();
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
-                             " params matched by the layout"));
+                             " params planned"));
   universal::VerifySummary v = universal::VerifySource(plan, executor);
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));
   report.Add("replicas", StrCat(v.replicas_verified,
                                 " replicated regions identical bit for bit"));
+  return c.format;
 }
 
 }  // namespace
 
 int RunVerify(const std::vector<std::string>& args) {
   po::options_description desc(kHelp);
-  std::string layout;
+  SourceArgs src;
   RunOptions run;
-  desc.add_options()("layout", po::value<std::string>(&layout),
-                     "layout for a checkpoint folder (default: detected)");
+  src.Add(desc);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"path"}, vm)) return 0;
@@ -149,12 +149,13 @@ int RunVerify(const std::vector<std::string>& args) {
     throw IoError("cannot open ", path.string(), ": no such file or directory");
   }
   Report report;
+  std::string kind = "universal";
   const bool directory = fs::is_directory(path, ec);
   const bool universal = !directory && IsHdf5File(path);
   if (universal) {
     VerifyUniversal(path, report);
   } else if (directory) {
-    VerifyMegatron(path, layout, executor, report);
+    kind = VerifyCheckpoint(path, src, executor, report);
   } else {
     throw FormatError(
         path.string(),
@@ -163,7 +164,7 @@ int RunVerify(const std::vector<std::string>& args) {
   if (run.json) {
     json::Value j;
     j["path"] = path.string();
-    j["kind"] = universal ? "universal" : "megatron";
+    j["kind"] = kind;
     j["ok"] = true;
     j["checks"] = std::move(report.checks);
     PrintJson(j);

@@ -23,5 +23,7 @@ int RunReshape(const std::vector<std::string>& args);
 int RunConvert(const std::vector<std::string>& args);
 int RunVerify(const std::vector<std::string>& args);
 int RunLayout(const std::vector<std::string>& args);
+int RunExport(const std::vector<std::string>& args);
+int RunFormats(const std::vector<std::string>& args);
 
 }  // namespace ucp::cli

@@ -22,16 +22,19 @@ namespace ucp::cli {
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> kCommands = {
-      {"to-universal", "Megatron-LM checkpoint -> one universal HDF5 file",
+      {"to-universal", "checkpoint (any format) -> one universal HDF5 file",
        RunToUniversal},
-      {"reshape", "universal file -> checkpoint for any TP/PP/VPP/DP",
+      {"reshape", "universal file -> checkpoint for any TP/PP/VPP/DP/ZeRO",
        RunReshape},
       {"convert", "checkpoint -> checkpoint for another layout, one step",
        RunConvert},
+      {"export", "consolidated model: safetensors / pytorch_model.bin shards",
+       RunExport},
       {"verify", "check a universal file or a checkpoint folder", RunVerify},
       {"layout", "list / show / check layout descriptors", RunLayout},
       {"inspect", "show the tensors, objects and totals of torch.save files",
        RunInspect},
+      {"formats", "the checkpoint formats ucp reads and writes", RunFormats},
   };
   return kCommands;
 }
@@ -57,6 +60,9 @@ void PrintUsage(std::FILE* out) {
       "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2\n"
       "  ucp convert /ckpt/gpt -o /ckpt/gpt-pp4 --tp 1 --pp 4 --dp 8 \\\n"
       "      --distributed-optimizer\n"
+      "  ucp convert /ckpt/ds -o /ckpt/ds-8 --format deepspeed --dp 8 "
+      "--zero-stage 2\n"
+      "  ucp export /ckpt/ds -o hf/ --max-shard-size 2GB\n"
       "  ucp verify gpt.ucp.h5\n"
       "  ucp layout check /ckpt/gpt\n"
       "  ucp inspect --json checkpoints/iter_0000100 > tree.json\n"

@@ -4,10 +4,12 @@
 #include <boost/program_options.hpp>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/formats/driver.h"
 #include "engine/reshape/executor.h"
 
 namespace ucp::json {
@@ -40,6 +42,21 @@ void AddRunOptions(po::options_description& desc, RunOptions& options);
 bool Parse(const std::vector<std::string>& args, po::options_description& desc,
            const std::vector<std::string>& positional, po::variables_map& vm,
            bool last_repeats = false);
+
+/// Options that choose and read a source checkpoint (any format).
+struct SourceArgs {
+  std::string from;
+  std::string layout;
+  int64_t iteration = -1;
+  std::string tag;
+  int64_t vocab_size = 0;
+
+  void Add(po::options_description& desc);
+  formats::SourceOptions Options() const;
+  /// Detects the format (or takes --from) and opens the checkpoint. Throws
+  /// what formats::DetectDriver and Driver::Open throw.
+  std::unique_ptr<formats::Source> Open(const std::filesystem::path& path) const;
+};
 
 /// True if the file starts with the HDF5 signature (a universal file).
 bool IsHdf5File(const std::filesystem::path& path);

@@ -94,6 +94,8 @@ inline constexpr uint64_t kAlignmentThreshold = 4096;
 
 /// Root attributes.
 struct RootInfo {
+  /// ucp_version as read (writers always write kFormatVersion).
+  int64_t version = 2;
   int64_t iteration = 0;
   int64_t consumed_samples = -1;
   std::string source;     // JSON

@@ -104,6 +104,7 @@ class Scanner {
     root.args = text(kAttrArgs);
     root.training = text(kAttrTraining);  // absent in version 1
     version_ = *version;
+    root.version = *version;
     for (const std::string& name : h5::AttrNames(file_)) {
       if (IsFixedRootAttr(name)) continue;
       switch (attrs_.ScalarClass(file_, name.c_str())) {
@@ -441,6 +442,7 @@ class Decoder {
 };
 
 void Encode(const ScanResult& r, Encoder& e) {
+  e.I64(r.root.version);
   e.I64(r.root.iteration);
   e.I64(r.root.consumed_samples);
   for (const std::string* s :
@@ -487,6 +489,7 @@ void Encode(const ScanResult& r, Encoder& e) {
 
 ScanResult Decode(Decoder& d) {
   ScanResult r;
+  r.root.version = d.I64();
   r.root.iteration = d.I64();
   r.root.consumed_samples = d.I64();
   for (std::string* s : {&r.root.source, &r.root.model, &r.root.layout,

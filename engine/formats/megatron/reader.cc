@@ -13,8 +13,8 @@
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
-#include "engine/formats/megatron/state_dict.h"
-#include "engine/formats/megatron/torch_blob.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/common/torch_blob.h"
 #include "engine/json/json.h"
 #include "engine/universal/sources.h"
 #include "layouts/layout.h"
@@ -31,6 +31,9 @@ using pickle::Kind;
 using pickle::Value;
 using torchfile::TensorInfo;
 using torchfile::TorchFile;
+using formats::ChunkLeaf;
+using formats::FlattenChunk;
+using formats::SaveBlob;
 
 // ------------------------------------------------------------ loading
 
@@ -68,6 +71,24 @@ struct Loaded {
     return ranks[static_cast<size_t>(pp * run.topology.tp + tp)];
   }
 };
+
+// How a source keeps its optimizer state (megatron_format.h); the names are
+// the universal file's "optimizer_format" values.
+enum class OptimizerFormat { kNone, kFp32, kFloat16, kDistributed };
+
+const char* OptimizerFormatName(OptimizerFormat f) {
+  switch (f) {
+    case OptimizerFormat::kNone:
+      return "none";
+    case OptimizerFormat::kFp32:
+      return "fp32";
+    case OptimizerFormat::kFloat16:
+      return "float16";
+    case OptimizerFormat::kDistributed:
+      return "distributed";
+  }
+  return "none";
+}
 
 Layout ChooseLayout(const std::string& spec,
                     const std::vector<std::string>& names) {
@@ -326,7 +347,7 @@ class Planner {
   std::vector<std::string> param_order_;
   json::Value entries_ = json::Value::Array();
   bool has_optimizer_ = false;
-  std::string optimizer_format_ = "none";
+  OptimizerFormat optimizer_format_ = OptimizerFormat::kNone;
   std::vector<std::string> state_keys_;
   // Canonical groups: key, the first stored dict seen (and its file).
   std::vector<GroupKey> group_keys_;
@@ -772,12 +793,12 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
   const bool distributed = inner != nullptr && inner->IsDictLike() &&
                            inner->Get("state") == nullptr &&
                            inner->Get("param_groups") != nullptr;
-  std::string format;
+  OptimizerFormat format;
   const Value* fp32_groups = nullptr;
   if (distributed) {
-    format = "distributed";
+    format = OptimizerFormat::kDistributed;
   } else if (inner != nullptr && inner->IsDictLike()) {
-    format = "float16";
+    format = OptimizerFormat::kFloat16;
     fp32_groups = opt->Get("fp32_from_fp16_params");
     if (fp32_groups == nullptr) fp32_groups = opt->Get("fp32_from_fp16");
     if (fp32_groups == nullptr) {
@@ -785,7 +806,7 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
     }
   } else if (opt->Get("state") != nullptr &&
              opt->Get("param_groups") != nullptr) {
-    format = "fp32";
+    format = OptimizerFormat::kFp32;
     inner = opt;
   } else {
     throw FormatError("unrecognised 'optimizer' entry (", pickle::Repr(opt, 80),
@@ -797,17 +818,18 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
                       "use_distributed_optimizer=",
                       L_.run.distributed_optimizer ? "True" : "False");
   }
-  if (optimizer_format_ == "none") {
+  if (optimizer_format_ == OptimizerFormat::kNone) {
     optimizer_format_ = format;
   } else if (optimizer_format_ != format) {
-    throw FormatError("optimizer format ", format, ", rank (0, 0) has ",
-                      optimizer_format_);
+    throw FormatError("optimizer format ", OptimizerFormatName(format),
+                      ", rank (0, 0) has ",
+                      OptimizerFormatName(optimizer_format_));
   }
   const Value* groups = inner->Get("param_groups");
   const Grouping g = MatchGrouping(groups, keys);
   NoteGroups(groups, g, "optimizer param_groups");
   if (distributed) return params;
-  if (format == "float16" && !(fp32_groups->kind == Kind::kList &&
+  if (format == OptimizerFormat::kFloat16 && !(fp32_groups->kind == Kind::kList &&
                                fp32_groups->items.size() == g.keys.size())) {
     throw FormatError(
         "'fp32_from_fp16_params' does not hold one list per "
@@ -827,7 +849,7 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
                         g.members[gi].size());
     }
     const Value* fp32_list =
-        format == "float16" ? fp32_groups->items[gi] : nullptr;
+        format == OptimizerFormat::kFloat16 ? fp32_groups->items[gi] : nullptr;
     if (fp32_list != nullptr &&
         (fp32_list->kind != Kind::kList ||
          fp32_list->items.size() != g.members[gi].size())) {
@@ -1229,7 +1251,7 @@ void Planner::PlanRoot() {
   meta["entries"] = entries_;
   meta["release"] = c_.release;
   meta["gpus_per_node"] = gpus_per_node;
-  meta["optimizer_format"] = optimizer_format_;
+  meta["optimizer_format"] = OptimizerFormatName(optimizer_format_);
   json::Value sk = json::Value::Array();
   for (const std::string& k : state_keys_) sk.Append(k);
   meta["state_keys"] = std::move(sk);

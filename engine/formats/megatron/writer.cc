@@ -34,8 +34,9 @@
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
-#include "engine/formats/megatron/state_dict.h"
-#include "engine/formats/megatron/torch_blob.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/common/sinks.h"
+#include "engine/formats/common/torch_blob.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
@@ -55,33 +56,15 @@ using pickle::Value;
 // Rank files written per executor run (bounds open files and graphs).
 constexpr size_t kBatchFiles = 32;
 
-class WriterSink : public reshape::ByteSink {
- public:
-  WriterSink(torchfile::TorchWriter& writer, const Value* node)
-      : writer_(writer), node_(node) {}
-  void Write(uint64_t offset, std::span<const std::byte> data) override {
-    writer_.WriteTensorData(node_, offset, data);
-  }
+using formats::BlobCache;
+using formats::BuildChunk;
+using formats::GraphImporter;
+using formats::MemorySink;
+using formats::WriterSink;
+using formats::AppendEntry;
 
- private:
-  torchfile::TorchWriter& writer_;
-  const Value* node_;
-};
-
-// Collects a small tensor's bytes.
-class MemorySink : public reshape::ByteSink {
- public:
-  explicit MemorySink(size_t n) : bytes_(n) {}
-  void Write(uint64_t offset, std::span<const std::byte> data) override {
-    UCP_CHECK(offset + data.size() <= bytes_.size(), "write past the end");
-    std::copy(data.begin(), data.end(),
-              bytes_.begin() + static_cast<std::ptrdiff_t>(offset));
-  }
-  const std::vector<std::byte>& bytes() const { return bytes_; }
-
- private:
-  std::vector<std::byte> bytes_;
-};
+// How the target keeps its optimizer state (megatron_format.h).
+enum class OptimizerFormat { kFp32, kFloat16, kDistributed };
 
 json::Value ParseJson(const std::string& text, const char* what,
                       const fs::path& path) {
@@ -165,7 +148,7 @@ class TargetWriter {
   // chunk_entries_[pp][vp] = indices into entries_
   std::vector<std::vector<std::vector<size_t>>> chunk_entries_;
   bool write_optimizer_ = false;
-  std::string target_format_;  // float16 | fp32 | distributed
+  OptimizerFormat target_format_ = OptimizerFormat::kFp32;
   std::vector<GroupKey> group_keys_;
   std::vector<std::string> state_keys_;
   std::vector<std::string> top_level_keys_;  // of a rank file, in order
@@ -288,8 +271,9 @@ void TargetWriter::ReadMetadata() {
   for (const atoms::StoredParam& p : store_.params())
     low_precision = low_precision || p.info.dtype != DType::kFloat32;
   target_format_ = options_.distributed_optimizer
-                       ? "distributed"
-                       : (low_precision ? "float16" : "fp32");
+                       ? OptimizerFormat::kDistributed
+                       : (low_precision ? OptimizerFormat::kFloat16
+                                        : OptimizerFormat::kFp32);
   auto in_attr = [&](const char* attr, auto&& fn) {
     try {
       fn();
@@ -653,7 +637,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
     // Which groups hold an element of DP rank 0's shard (distributed only).
     std::vector<bool> stepped(g.keys.size(), true);
     std::vector<BufferLayout> buffers;
-    if (target_format_ == "distributed") {
+    if (target_format_ == OptimizerFormat::kDistributed) {
       int64_t local_params = 0;
       for (const RankParam& rp : params)
         local_params += NumElements(rp.local_shape);
@@ -709,7 +693,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
         // torch Adam: the step lives in the state (non-distributed); the
         // distributed optimizer without apex / TE stores its value on every
         // group (distrib_optimizer.py:state_dict, `.item()` of the tensor).
-        if (target_format_ != "distributed") {
+        if (target_format_ != OptimizerFormat::kDistributed) {
           if (step_it != entries.end()) entries.erase(step_it);
         } else {
           Value* v = torch_step_integral_
@@ -746,7 +730,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
                                store_.root().iteration));
         }
       }
-      if (target_format_ != "distributed") {
+      if (target_format_ != OptimizerFormat::kDistributed) {
         std::vector<Value*> id_nodes;
         for (size_t j = 0; j < g.members[gi].size(); ++j) {
           ids[gi].push_back(next_id);
@@ -756,7 +740,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
       }
       group_nodes.push_back(d);
     }
-    if (target_format_ == "distributed") {
+    if (target_format_ == OptimizerFormat::kDistributed) {
       Value* inner = arena.Dict();
       AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
       optimizer = arena.Dict();
@@ -871,7 +855,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
             AppendEntry(arena, st, k, node);
           }
           state->entries.emplace_back(arena.Int(id), st);
-          if (target_format_ == "float16") {
+          if (target_format_ == OptimizerFormat::kFloat16) {
             fp32_list.push_back(TensorFor(
                 model, e, "fp32", DType::kFloat32, tp_rank,
                 StrCat(Where(model), " > optimizer > fp32_from_fp16_params[",
@@ -883,7 +867,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
       Value* inner = arena.Dict();
       AppendEntry(arena, inner, "state", state);
       AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
-      if (target_format_ == "fp32") {
+      if (target_format_ == OptimizerFormat::kFp32) {
         optimizer = inner;
       } else {
         optimizer = arena.Dict();
@@ -966,7 +950,7 @@ void TargetWriter::WriteBatch(
     const std::string& label) {
   std::vector<FileJobs> files;
   files.reserve(ranks.size() * 2);
-  const bool distributed = target_format_ == "distributed" && write_optimizer_;
+  const bool distributed = target_format_ == OptimizerFormat::kDistributed && write_optimizer_;
   const fs::path iter_dir =
       out_ / IterDirName(store_.root().iteration, release_);
   for (const auto& [pp, tp] : ranks) {

@@ -8,7 +8,7 @@
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
-#include "engine/formats/megatron/state_dict.h"
+#include "engine/formats/common/state_dict.h"
 #include "engine/pickle/pickle.h"
 #include "engine/pickle/value.h"
 
@@ -18,6 +18,10 @@ namespace {
 using pickle::Arena;
 using pickle::Kind;
 using pickle::Value;
+using formats::AppendEntry;
+using formats::BuildChunk;
+using formats::FlattenChunk;
+using formats::NewOrderedDict;
 using testing::HasSubstr;
 
 TEST(MegatronNaming, Folders) {

@@ -1,11 +1,11 @@
-#include "engine/formats/megatron/state_dict.h"
+#include "engine/formats/common/state_dict.h"
 
 #include <map>
 #include <variant>
 
 #include "engine/core/error.h"
 
-namespace ucp::megatron {
+namespace ucp::formats {
 
 using pickle::Kind;
 using pickle::Value;
@@ -115,4 +115,4 @@ Value* BuildChunk(
   return nodes[0];
 }
 
-}  // namespace ucp::megatron
+}  // namespace ucp::formats

@@ -22,7 +22,7 @@
 #include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
 
-namespace ucp::megatron {
+namespace ucp::formats {
 
 /// torch.save bytes of `object`, a node of `file`'s graph (or of any arena
 /// when `file` is null and the object holds no tensors). Uses a temporary
@@ -73,4 +73,4 @@ class BlobCache {
   std::map<std::string, std::shared_ptr<const torchfile::TorchFile>> open_;
 };
 
-}  // namespace ucp::megatron
+}  // namespace ucp::formats

@@ -1,4 +1,4 @@
-#include "engine/formats/megatron/torch_blob.h"
+#include "engine/formats/common/torch_blob.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 
-namespace ucp::megatron {
+namespace ucp::formats {
 namespace {
 
 std::atomic<uint64_t> g_blob_counter{0};
@@ -120,4 +120,4 @@ std::shared_ptr<const torchfile::TorchFile> BlobCache::Get(
   return f;
 }
 
-}  // namespace ucp::megatron
+}  // namespace ucp::formats

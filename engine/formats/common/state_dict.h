@@ -20,7 +20,7 @@
 #include "engine/pickle/value.h"
 #include "engine/torchfile/torch_file.h"
 
-namespace ucp::megatron {
+namespace ucp::formats {
 
 struct ChunkLeaf {
   std::vector<std::string> key_path;
@@ -49,4 +49,4 @@ pickle::Value* NewOrderedDict(pickle::Arena& arena);
 void AppendEntry(pickle::Arena& arena, pickle::Value* dict,
                  std::string_view key, pickle::Value* value);
 
-}  // namespace ucp::megatron
+}  // namespace ucp::formats

@@ -1,0 +1,182 @@
+// ucp export: the consolidated model (Hugging Face safetensors or
+// pytorch_model.bin, sharded with an index) from a universal file or any
+// readable checkpoint: the successor of DeepSpeed's zero_to_fp32.
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "engine/atoms/atom_store.h"
+#include "engine/core/error.h"
+#include "engine/core/progress.h"
+#include "engine/formats/export/export.h"
+#include "engine/json/json.h"
+#include "engine/universal/input.h"
+#include "engine/universal/output_dir.h"
+
+namespace ucp::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kHelp =
+    "usage: ucp export SRC -o DIR [--format safetensors|torch]\n"
+    "                  [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
+    "                  [--exclude-frozen] [--tag T | --iteration N] [options]\n"
+    "\n"
+    "Writes the consolidated model of SRC (a universal file, or a checkpoint "
+    "of any\n"
+    "readable format: DeepSpeed of any ZeRO stage, Megatron-LM with TP/PP "
+    "merged)\n"
+    "in the Hugging Face layout: model.safetensors, or "
+    "model-0000i-of-0000N.safetensors\n"
+    "+ model.safetensors.index.json (--format torch: pytorch_model.bin, or "
+    "shards +\n"
+    "pytorch_model.bin.index.json). Every parameter and buffer under its "
+    "full\n"
+    "(canonical) name, TP shards merged, vocabulary padding removed. The "
+    "default\n"
+    "dtype fp32 gives the fp32 master weights; bf16/fp16 round them to "
+    "nearest even\n"
+    "(or take the training-dtype weights when they already have that "
+    "dtype).\n"
+    "Streaming: memory stays within --memory whatever the model size.\n"
+    "\n"
+    "examples:\n"
+    "  ucp export /ckpt/ds -o hf/                      # like zero_to_fp32\n"
+    "  ucp export gpt.ucp.h5 -o hf/ --dtype bf16 --max-shard-size 2GB\n"
+    "  ucp export /ckpt/ds --tag global_step100 -o out/ --format torch\n"
+    "\n"
+    "options";
+
+DType ParseDType(const std::string& s) {
+  if (s == "fp32" || s == "float32") return DType::kFloat32;
+  if (s == "bf16" || s == "bfloat16") return DType::kBFloat16;
+  if (s == "fp16" || s == "float16" || s == "half") return DType::kFloat16;
+  throw UsageError("--dtype ", s, ": use fp32, bf16 or fp16");
+}
+
+}  // namespace
+
+int RunExport(const std::vector<std::string>& args) {
+  po::options_description desc(kHelp);
+  std::string output, format = "safetensors", dtype = "fp32",
+                      shard = "5GB";
+  bool exclude_frozen = false;
+  SourceArgs src;
+  RunOptions run;
+  desc.add_options()("output,o", po::value<std::string>(&output)->required(),
+                     "the folder to create")(
+      "format", po::value<std::string>(&format)->default_value("safetensors"),
+      "safetensors or torch (pytorch_model.bin)")(
+      "dtype", po::value<std::string>(&dtype)->default_value("fp32"),
+      "fp32 (the master weights), bf16 or fp16")(
+      "max-shard-size", po::value<std::string>(&shard)->default_value("5GB"),
+      "largest shard, Hugging Face units (5GB = 5e9 bytes, 1GiB)")(
+      "exclude-frozen", po::bool_switch(&exclude_frozen),
+      "leave out frozen parameters");
+  src.Add(desc);
+  AddRunOptions(desc, run);
+  po::variables_map vm;
+  if (!Parse(args, desc, {"source"}, vm)) return 0;
+  if (!vm.count("source")) throw UsageError("export needs a source");
+  const reshape::ExecutorOptions executor = run.Executor();  // checks first
+  exporting::ExportOptions o;
+  if (format == "safetensors") {
+    o.format = exporting::ExportFormat::kSafetensors;
+  } else if (format == "torch" || format == "bin") {
+    o.format = exporting::ExportFormat::kTorch;
+  } else {
+    throw UsageError("--format ", format, ": use safetensors or torch");
+  }
+  o.dtype = ParseDType(dtype);
+  o.max_shard_bytes = exporting::ParseShardSize(shard);
+  o.exclude_frozen = exclude_frozen;
+  SetProgressMode(run.quiet, run.progress);
+  const auto start = std::chrono::steady_clock::now();
+  const fs::path source = vm["source"].as<std::string>();
+  std::error_code ec;
+  if (!fs::exists(source, ec)) {
+    throw IoError("cannot open ", source.string(),
+                  ": no such file or directory");
+  }
+  universal::StagedDirectory out(output);
+  exporting::ExportSummary s;
+  json::Value from;
+  if (!fs::is_directory(source, ec) && IsHdf5File(source)) {
+    atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
+    s = exporting::Export(*universal::StoreInput(store), out.path(), o,
+                          executor);
+    from["format"] = "universal";
+    from["path"] = source.string();
+  } else {
+    std::unique_ptr<formats::Source> c = src.Open(source);
+    universal::SourcePlan plan = c->Plan();
+    std::unique_ptr<universal::UniversalInput> input =
+        universal::PlanInput(plan, c->info().path, executor);
+    s = exporting::Export(*input, out.path(), o, executor);
+    from = c->info().ToJson();
+  }
+  out.Commit();
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+  if (run.json) {
+    json::Value j;
+    j["command"] = "export";
+    j["source"] = std::move(from);
+    j["output"] = output;
+    j["format"] = format;
+    j["dtype"] = std::string(DTypeName(o.dtype));
+    j["tensors"] = s.tensors;
+    j["total_size"] = s.total_size;
+    json::Value files = json::Value::Array();
+    for (const auto& f : s.files) files.Append(f);
+    j["files"] = std::move(files);
+    json::Value notes = json::Value::Array();
+    for (const auto& n : s.notes) notes.Append(n);
+    j["notes"] = std::move(notes);
+    j["seconds"] = seconds;
+    PrintJson(j);
+  } else {
+    std::printf("wrote %s: %lld tensors, %s in %zu file(s), %s, in %.1f s\n",
+                output.c_str(), static_cast<long long>(s.tensors),
+                HumanBytes(s.total_size).c_str(), s.files.size(),
+                std::string(DTypeName(o.dtype)).c_str(), seconds);
+    for (const auto& n : s.notes) std::printf("note: %s\n", n.c_str());
+  }
+  return 0;
+}
+
+int RunFormats(const std::vector<std::string>& args) {
+  po::options_description desc(
+      "usage: ucp formats [--json]\n\nThe checkpoint formats this ucp reads "
+      "and writes (the\nnames --from and --format take).\n\noptions");
+  bool json_out = false;
+  desc.add_options()("json", po::bool_switch(&json_out), "JSON output");
+  po::variables_map vm;
+  if (!Parse(args, desc, {}, vm)) return 0;
+  json::Value list = json::Value::Array();
+  for (const formats::Driver* d : formats::Drivers()) {
+    if (json_out) {
+      json::Value e;
+      e["name"] = std::string(d->Name());
+      e["read"] = d->CanRead();
+      e["write"] = d->CanWrite();
+      e["summary"] = std::string(d->Summary());
+      list.Append(std::move(e));
+    } else {
+      std::printf("%-22s %-11s %s\n", std::string(d->Name()).c_str(),
+                  d->CanRead() && d->CanWrite() ? "read/write"
+                  : d->CanRead()                ? "read"
+                                                : "write",
+                  std::string(d->Summary()).c_str());
+    }
+  }
+  if (json_out) PrintJson(list);
+  return 0;
+}
+
+}  // namespace ucp::cli

@@ -1,0 +1,76 @@
+#pragma once
+// DeepSpeed checkpoints: discovery, reading into a universal SourcePlan, and
+// writing native rank files and universal folders for any DP size and ZeRO
+// stage. Formats: deepspeed_format.h.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/formats/deepspeed/deepspeed_format.h"
+#include "engine/formats/driver.h"
+#include "engine/universal/source_plan.h"
+
+namespace ucp::deepspeed {
+
+struct Checkpoint {
+  std::filesystem::path dir;      // the save folder (holds `latest`)
+  std::filesystem::path tag_dir;  // dir / tag
+  std::string tag;
+  int stage = 0;                  // ZeRO stage (BF16_Optimizer: 0)
+  Wrapper wrapper = Wrapper::kTorch;
+  bool bf16_prefix = false;       // optimizer files named bf16_zero_pp_...
+  int64_t dp = 1;
+  /// ZeRO 3: one per dp rank; else one (mp_rank_00_model_states.pt).
+  std::vector<std::filesystem::path> model_files;
+  /// One per dp rank (empty for Wrapper::kTorch).
+  std::vector<std::filesystem::path> optim_files;
+  /// A universal folder: its zero/ folder (per-param atoms and
+  /// optimizer_state.pt) replaces the optimizer files.
+  std::filesystem::path zero_dir;
+};
+
+/// Finds the checkpoint: `dir/latest`'s tag (or `tag`), or `dir` itself if it
+/// is a tag folder. Checks that every rank file the checkpoint's own world
+/// size needs is there and that the files agree on it. Throws UsageError if
+/// there is no `latest` and no tag is given (naming the tags present),
+/// FormatError naming the missing / extra / mismatched file, or an
+/// unsupported layout (pipeline layer files, model parallelism, an unknown
+/// ZeRO stage); IoError if `dir` is not a readable folder.
+Checkpoint Discover(const std::filesystem::path& dir, const std::string& tag);
+
+/// Reads every rank file (index and pickle only) and plans the universal
+/// content (deepspeed_format.h). The plan keeps the files open. Throws
+/// FormatError naming the rank file, param and problem.
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint);
+
+/// Writes native DeepSpeed rank files for options.topology.dp ranks and
+/// ZeRO stage options.zero_stage (default: the source's) into out_dir:
+/// out_dir/<tag>/... and out_dir/latest (last). Throws UsageError for
+/// tp/pp > 1 or an unknown stage, FormatError if the universal content lacks
+/// master weights, IoError on write failures.
+formats::TargetSummary WriteNative(const universal::UniversalInput& input,
+                                   const std::filesystem::path& out_dir,
+                                   const formats::TargetOptions& options,
+                                   const reshape::ExecutorOptions& executor);
+
+/// Writes a DeepSpeed universal checkpoint folder (what ds_to_universal
+/// writes and `load_universal` reads): out_dir/<tag>_universal/zero/<param>/
+/// {fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt, the model
+/// states file(s), and out_dir/latest_universal (last).
+formats::TargetSummary WriteUniversalFolder(
+    const universal::UniversalInput& input,
+    const std::filesystem::path& out_dir,
+    const formats::TargetOptions& options,
+    const reshape::ExecutorOptions& executor);
+
+/// A DeepSpeed universal folder as a source: `path` is a save folder with
+/// latest_universal (or `tag`, the universal folder's name), or the
+/// universal folder itself. The Checkpoint has zero_dir set; PlanSource
+/// reads it. Throws UsageError / FormatError like Discover.
+Checkpoint DiscoverUniversal(const std::filesystem::path& path,
+                             const std::string& tag);
+
+}  // namespace ucp::deepspeed

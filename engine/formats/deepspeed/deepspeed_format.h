@@ -1,0 +1,72 @@
+#pragma once
+// DeepSpeed checkpoints (DeepSpeed 0.14-0.16 engine.save_checkpoint; see
+// ../shared/reference/deepspeed.md for the sources), as this driver reads and
+// writes them. TP = PP = 1 (mp rank 00) so far; Megatron-DeepSpeed pipeline
+// layer files and mp ranks > 0 are refused with a clear error.
+//
+// Folders
+//   <save>/latest                 the tag, no newline (written last)
+//   <save>/<tag>/                 default tag global_step<N>
+//     mp_rank_00_model_states.pt                  ZeRO 0/1/2 (dp rank 0)
+//     zero_pp_rank_{d}_mp_rank_00_model_states.pt ZeRO 3, every dp rank d
+//     [bf16_]zero_pp_rank_{d}_mp_rank_00_optim_states.pt
+//                                   ZeRO 1/2/3 and BF16_Optimizer (bf16_
+//                                   prefix iff bf16 training); d unpadded
+// model states: dict {module: OrderedDict (lp dtype; ZeRO-3: empty
+//   placeholders, buffers real), buffer_names, optimizer (ZeRO 0 fp32: the
+//   torch optimizer's state_dict, else None), param_shapes ([OrderedDict
+//   name -> torch.Size] per group; ZeRO-3 per sub-group; None at ZeRO 0
+//   fp32), frozen_param_shapes, shared_params {alias: name},
+//   frozen_param_fragments (stage 2: full tensors; 3: partitions),
+//   lr_scheduler, data_sampler, random_ltd, sparse_tensor_module_names,
+//   skipped_steps, global_steps, global_samples, dp_world_size,
+//   mp_world_size, ds_config, ds_version, client state...}
+// optim states: {optimizer_state_dict: {...}, ds_config, ds_version}
+//   ZeRO 1/2 (zero_stage 1|2): loss_scaler, dynamic_loss_scale, overflow,
+//     clip_grad, base_optimizer_state {state: {g: {step, exp_avg,
+//     exp_avg_sq}}, param_groups: [...]}, single_partition_of_fp32_groups
+//     (padding stripped), zero_stage, group_paddings, partition_count,
+//     ds_version, param_slice_mappings [OrderedDict name ->
+//     fragment_address(numel, start)]
+//   BF16_Optimizer (no zero_stage): clip_grad, base_optimizer_state,
+//     single_partition_of_fp32_groups (full partition), group_paddings,
+//     partition_count, ds_version, param_slice_mappings
+//   ZeRO 3: zero_stage, loss_scaler, dynamic_loss_scale, overflow,
+//     partition_count (int), optimizer_state_dict {state: {s: ...},
+//     param_groups}, fp32_flat_groups [per sub-group]
+// Flat layouts (W = dp):
+//   ZeRO 1/2, BF16: per group, params in param_shapes order, N = sum numel,
+//     A = 2W, Np = ceil(N/A)*A, ps = Np/W; rank r owns flat[r*ps, (r+1)*ps);
+//     padding_r = ps if N <= r*ps, (r+1)*ps - N if inside, else 0
+//     (BF16_Optimizer: Np - N on the last rank only).
+//   ZeRO 3: per sub-group, per param p = ceil(n/W); rank r holds
+//     padded(param)[r*p, (r+1)*p), params back to back.
+//
+// What this driver keeps in the universal file:
+//   /params/<name>/fp32, exp_avg, exp_avg_sq (+ any other state kind),
+//     step (0-d, torch optimizers), param (lp weights when not fp32, stage
+//     0-2; frozen params and buffers: their stored tensor)
+//   /opaque/top_level/<key>   model-states entries (ds_config,
+//     lr_scheduler, client state, ...)
+//   /opaque/optim/<key>       non-tensor optimizer entries (loss_scaler,
+//     zero_stage, clip_grad, ...), /opaque/optim_top/<key> (ds_config, ...)
+//   /opaque/optimizer/param_groups  the groups without 'params'
+//   root attr "deepspeed" (JSON): tag, stage, wrapper, groups (names per
+//     group), module_keys, model_keys, step_kind, lp_dtype.
+
+#include <string_view>
+
+namespace ucp::deepspeed {
+
+inline constexpr std::string_view kLatestFile = "latest";
+inline constexpr std::string_view kLatestUniversalFile = "latest_universal";
+inline constexpr std::string_view kMetaAttr = "deepspeed";
+
+/// How the optimizer state is kept.
+enum class Wrapper {
+  kTorch,  // ZeRO 0, fp32: the torch optimizer inside the model states
+  kBf16,   // BF16_Optimizer: ZeRO 0 (or 1) with bf16
+  kZero,   // DeepSpeedZeroOptimizer (stage 1/2) or stage 3
+};
+
+}  // namespace ucp::deepspeed

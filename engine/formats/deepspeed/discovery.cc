@@ -1,0 +1,252 @@
+// Finding a DeepSpeed checkpoint on disk (deepspeed.h, deepspeed_format.h).
+
+#include <algorithm>
+#include <map>
+#include <regex>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/pickled.h"
+#include "engine/torchfile/torch_file.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace internal;
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+bool IsTagDir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p / "mp_rank_00_model_states.pt", ec) ||
+         fs::is_regular_file(p / "zero_pp_rank_0_mp_rank_00_model_states.pt",
+                             ec);
+}
+
+std::string TagsIn(const fs::path& dir) {
+  std::vector<std::string> tags;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (IsTagDir(it->path())) tags.push_back(it->path().filename().string());
+  }
+  std::sort(tags.begin(), tags.end());
+  if (tags.empty()) return "none";
+  std::string s;
+  for (const auto& t : tags) s += (s.empty() ? "" : ", ") + t;
+  return s;
+}
+
+}  // namespace
+
+Checkpoint Discover(const fs::path& path, const std::string& tag) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw IoError("checkpoint folder ", path.string(),
+                  " does not exist or is not a folder");
+  }
+  Checkpoint c;
+  if (!tag.empty()) {
+    c.dir = path;
+    c.tag = tag;
+  } else if (fs::exists(path / kLatestFile, ec)) {
+    c.dir = path;
+    c.tag = Trim(ReadSmallFile(path / kLatestFile, 4096));
+    if (c.tag.empty() || c.tag.find('/') != std::string::npos) {
+      throw FormatError((path / kLatestFile).string(), ": '", c.tag,
+                        "' is not a tag");
+    }
+  } else if (IsTagDir(path)) {
+    c.dir = path.parent_path();
+    c.tag = path.filename().string();
+  } else {
+    throw UsageError("no '", kLatestFile, "' file in ", path.string(),
+                     " and no --tag given (tags here: ", TagsIn(path), ")");
+  }
+  c.tag_dir = c.dir / c.tag;
+  if (!fs::is_directory(c.tag_dir, ec)) {
+    throw FormatError("tag ", c.tag, ": no folder ", c.tag_dir.string(),
+                      tag.empty() ? " (named by latest)" : "");
+  }
+  // The files.
+  static const std::regex kModel(R"(mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex kZ3Model(
+      R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex kOptim(
+      R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  static const std::regex kLayer(R"(layer_(\d+)-model_.*model_states\.pt)");
+  std::map<int64_t, fs::path> z3_models, optims;
+  std::optional<bool> prefix;
+  for (fs::directory_iterator it(c.tag_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, kModel)) {
+      if (std::stoll(m[1]) != 0) {
+        throw FormatError(it->path().string(),
+                          ": model parallelism (mp rank > 0) is not "
+                          "supported for DeepSpeed checkpoints yet");
+      }
+      c.model_files = {it->path()};
+    } else if (std::regex_match(name, m, kZ3Model)) {
+      if (std::stoll(m[2]) != 0) {
+        throw FormatError(it->path().string(),
+                          ": model parallelism (mp rank > 0) is not "
+                          "supported for DeepSpeed checkpoints yet");
+      }
+      z3_models[std::stoll(m[1])] = it->path();
+    } else if (std::regex_match(name, m, kOptim)) {
+      if (std::stoll(m[3]) != 0) {
+        throw FormatError(it->path().string(),
+                          ": model parallelism (mp rank > 0) is not "
+                          "supported for DeepSpeed checkpoints yet");
+      }
+      const bool bf16 = m[1].matched;
+      if (prefix && *prefix != bf16) {
+        throw FormatError(it->path().string(),
+                          ": optimizer files with and without the bf16_ "
+                          "prefix in one tag folder");
+      }
+      prefix = bf16;
+      optims[std::stoll(m[2])] = it->path();
+    } else if (std::regex_match(name, kLayer)) {
+      throw FormatError(it->path().string(),
+                        ": pipeline layer files (PipelineModule / "
+                        "Megatron-DeepSpeed) are not supported yet");
+    }
+  }
+  if (ec) throw IoError("cannot list ", c.tag_dir.string(), ": ", ec.message());
+  c.bf16_prefix = prefix.value_or(false);
+  const fs::path first_model =
+      !c.model_files.empty()
+          ? c.model_files[0]
+          : (z3_models.count(0) ? z3_models[0] : fs::path());
+  if (first_model.empty()) {
+    throw FormatError(c.tag_dir.string(),
+                      ": no mp_rank_00_model_states.pt (nor ZeRO-3 "
+                      "zero_pp_rank_0_mp_rank_00_model_states.pt)");
+  }
+  {
+    torchfile::TorchFile f = torchfile::TorchFile::Open(first_model);
+    try {
+      const pickle::Value* root = f.root();
+      if (root == nullptr || !root->IsDictLike())
+        throw FormatError("the file does not hold a dict");
+      c.dp = Int(Require(root, "dp_world_size"), "dp_world_size");
+      const int64_t mp = Int(Require(root, "mp_world_size"), "mp_world_size");
+      if (c.dp < 1) throw FormatError("dp_world_size ", c.dp);
+      if (mp != 1) {
+        throw FormatError("mp_world_size ", mp,
+                          ": model parallelism is not supported for "
+                          "DeepSpeed checkpoints yet");
+      }
+      if (!IsNone(Get(root, "optimizer")) && optims.empty()) {
+        c.wrapper = Wrapper::kTorch;
+      }
+    } catch (Error& e) {
+      e.AddContext("rank file ", first_model.string());
+      throw;
+    }
+  }
+  // The stage, from the first optimizer file.
+  if (optims.empty()) {
+    c.wrapper = Wrapper::kTorch;
+    c.stage = 0;
+    if (!z3_models.empty()) {
+      throw FormatError(c.tag_dir.string(),
+                        ": ZeRO-3 model files but no optimizer file "
+                        "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+    }
+  } else {
+    auto it0 = optims.find(0);
+    if (it0 == optims.end()) {
+      throw FormatError(c.tag_dir.string(), ": missing ",
+                        c.bf16_prefix ? "bf16_" : "",
+                        "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+    }
+    torchfile::TorchFile f = torchfile::TorchFile::Open(it0->second);
+    try {
+      const pickle::Value* osd = Require(f.root(), "optimizer_state_dict");
+      const pickle::Value* zs = Get(osd, "zero_stage");
+      if (zs == nullptr) {
+        c.wrapper = Wrapper::kBf16;  // BF16_Optimizer has no zero_stage
+        c.stage = 0;
+      } else {
+        // ZeroStageEnum: getattr(ZeroStageEnum, 'gradients') or an int.
+        std::optional<int64_t> v = zs->AsInt();
+        if (!v && zs->kind == pickle::Kind::kObject && zs->args &&
+            zs->args->items.size() == 2) {
+          const pickle::Value* n = zs->args->items[1];
+          const std::string s = n && n->kind == pickle::Kind::kStr ? n->s : "";
+          if (s == "optimizer_states") v = 1;
+          if (s == "gradients") v = 2;
+          if (s == "weights") v = 3;
+          if (s == "disabled") v = 0;
+          if (zs->args->items[0] != nullptr &&
+              zs->args->items[0]->kind == pickle::Kind::kObject &&
+              zs->args->items[0]->args && !zs->args->items[0]->args->items.empty())
+            v = zs->args->items[0]->args->items[0]->AsInt();
+        }
+        if (!v && zs->kind == pickle::Kind::kObject && zs->args &&
+            zs->args->items.size() == 1)
+          v = zs->args->items[0]->AsInt();  // ZeroStageEnum(2)
+        if (!v || *v < 1 || *v > 3) {
+          throw FormatError("unknown ZeRO stage ", pickle::Repr(zs, 60),
+                            " (supported: 1, 2, 3)");
+        }
+        c.wrapper = Wrapper::kZero;
+        c.stage = static_cast<int>(*v);
+      }
+    } catch (Error& e) {
+      e.AddContext("rank file ", it0->second.string());
+      throw;
+    }
+  }
+  // Completeness and one world size.
+  if (c.wrapper != Wrapper::kTorch) {
+    for (int64_t d = 0; d < c.dp; ++d) {
+      if (!optims.count(d)) {
+        throw FormatError(
+            c.tag_dir.string(), ": missing ", c.bf16_prefix ? "bf16_" : "",
+            "zero_pp_rank_", d, "_mp_rank_00_optim_states.pt (dp_world_size ",
+            c.dp, ")");
+      }
+      c.optim_files.push_back(optims[d]);
+    }
+    if (static_cast<int64_t>(optims.size()) != c.dp) {
+      throw FormatError(optims.rbegin()->second.string(),
+                        ": more optimizer files than dp_world_size ", c.dp,
+                        " (files from mixed world sizes?)");
+    }
+  }
+  if (c.stage == 3) {
+    for (int64_t d = 0; d < c.dp; ++d) {
+      if (!z3_models.count(d)) {
+        throw FormatError(c.tag_dir.string(), ": missing zero_pp_rank_", d,
+                          "_mp_rank_00_model_states.pt (ZeRO-3, dp ", c.dp,
+                          ")");
+      }
+      c.model_files.push_back(z3_models[d]);
+    }
+    if (static_cast<int64_t>(z3_models.size()) != c.dp) {
+      throw FormatError(z3_models.rbegin()->second.string(),
+                        ": more ZeRO-3 model files than dp_world_size ", c.dp,
+                        " (files from mixed world sizes?)");
+    }
+  } else if (c.model_files.empty()) {
+    throw FormatError(c.tag_dir.string(),
+                      ": no mp_rank_00_model_states.pt (ZeRO stage ", c.stage,
+                      ")");
+  }
+  return c;
+}
+
+}  // namespace ucp::deepspeed

@@ -1,0 +1,156 @@
+// The "deepspeed" and "deepspeed-universal" format drivers (deepspeed.h).
+
+#include <string>
+
+#include "engine/core/error.h"
+#include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/driver.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool HasModelStates(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "mp_rank_00_model_states.pt", ec) ||
+         fs::is_regular_file(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt",
+                             ec);
+}
+
+class NativeSource : public formats::Source {
+ public:
+  explicit NativeSource(Checkpoint c) : c_(std::move(c)) {
+    info_.format = "deepspeed";
+    info_.dir = c_.dir;
+    info_.path = c_.tag_dir;
+    info_.tag = c_.tag;
+    info_.topology.dp = c_.dp;
+    info_.zero_stage = c_.stage;
+    info_.files = c_.model_files;
+    info_.files.insert(info_.files.end(), c_.optim_files.begin(),
+                       c_.optim_files.end());
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override {
+    universal::SourcePlan plan = PlanSource(c_);
+    info_.iteration = plan.root.iteration;
+    return plan;
+  }
+
+ private:
+  Checkpoint c_;
+  mutable formats::CheckpointInfo info_;
+};
+
+class DeepSpeedDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "deepspeed"; }
+  std::string_view Summary() const override {
+    return "DeepSpeed native checkpoints, ZeRO 0-3, fp32/bf16: latest, "
+           "<tag>/mp_rank_00_model_states.pt, "
+           "[bf16_]zero_pp_rank_D_mp_rank_00_optim_states.pt";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
+    if (fs::is_regular_file(path / kLatestFile, ec))
+      return formats::Confidence::kYes;
+    if (HasModelStates(path) && !fs::is_directory(path / "zero", ec))
+      return formats::Confidence::kYes;
+    return formats::Confidence::kNo;
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    if (options.selector.iteration) {
+      throw UsageError("DeepSpeed checkpoints are chosen with --tag, not "
+                       "--iteration");
+    }
+    if (!options.layout.empty()) {
+      throw UsageError("--layout applies to Megatron checkpoints; DeepSpeed "
+                       "files name every parameter in full");
+    }
+    return std::make_unique<NativeSource>(
+        Discover(path, options.selector.tag));
+  }
+  bool CanWrite() const override { return true; }
+  formats::TargetSummary Write(
+      const universal::UniversalInput& input, const fs::path& out_dir,
+      const formats::TargetOptions& options,
+      const reshape::ExecutorOptions& executor) const override {
+    return WriteNative(input, out_dir, options, executor);
+  }
+};
+
+class UniversalSource : public formats::Source {
+ public:
+  explicit UniversalSource(Checkpoint f) : f_(std::move(f)) {
+    info_.format = "deepspeed-universal";
+    info_.dir = f_.dir;
+    info_.path = f_.tag_dir;
+    info_.tag = f_.tag;
+    info_.topology.dp = f_.dp;
+    info_.zero_stage = f_.stage;
+    info_.files = f_.model_files;
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override {
+    universal::SourcePlan plan = PlanSource(f_);
+    info_.iteration = plan.root.iteration;
+    return plan;
+  }
+
+ private:
+  Checkpoint f_;
+  mutable formats::CheckpointInfo info_;
+};
+
+class DeepSpeedUniversalDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "deepspeed-universal"; }
+  std::string_view Summary() const override {
+    return "DeepSpeed universal checkpoint folders (ds_to_universal, "
+           "load_universal): latest_universal, <tag>_universal/zero/<param>/"
+           "{fp32,exp_avg,exp_avg_sq,step}.pt";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
+    if (fs::is_directory(path / "zero", ec) && HasModelStates(path))
+      return formats::Confidence::kYes;
+    if (fs::is_regular_file(path / kLatestUniversalFile, ec)) {
+      return fs::is_regular_file(path / kLatestFile, ec)
+                 ? formats::Confidence::kMaybe
+                 : formats::Confidence::kYes;
+    }
+    return formats::Confidence::kNo;
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    if (options.selector.iteration) {
+      throw UsageError("DeepSpeed checkpoints are chosen with --tag, not "
+                       "--iteration");
+    }
+    return std::make_unique<UniversalSource>(
+        DiscoverUniversal(path, options.selector.tag));
+  }
+  bool CanWrite() const override { return true; }
+  formats::TargetSummary Write(
+      const universal::UniversalInput& input, const fs::path& out_dir,
+      const formats::TargetOptions& options,
+      const reshape::ExecutorOptions& executor) const override {
+    return WriteUniversalFolder(input, out_dir, options, executor);
+  }
+};
+
+UCP_REGISTER_DRIVER(DeepSpeedDriver);
+UCP_REGISTER_DRIVER(DeepSpeedUniversalDriver);
+
+}  // namespace
+}  // namespace ucp::deepspeed

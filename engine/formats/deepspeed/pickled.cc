@@ -1,0 +1,79 @@
+#include "engine/formats/deepspeed/pickled.h"
+
+#include "engine/core/error.h"
+
+namespace ucp::deepspeed::internal {
+
+using pickle::Kind;
+using pickle::Value;
+
+const Value* Get(const Value* d, std::string_view key) {
+  return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
+}
+
+const Value* Require(const Value* d, std::string_view key) {
+  const Value* v = Get(d, key);
+  if (v == nullptr) throw FormatError("no '", key, "' entry");
+  return v;
+}
+
+int64_t Int(const Value* v, std::string_view what) {
+  std::optional<int64_t> i = v != nullptr ? v->AsInt() : std::nullopt;
+  if (!i) {
+    throw FormatError(what, " is ",
+                      v == nullptr ? "missing" : pickle::Repr(v, 60),
+                      ", expected an int");
+  }
+  return *i;
+}
+
+std::string Str(const Value* v, std::string_view what) {
+  if (v == nullptr || v->kind != Kind::kStr)
+    throw FormatError(what, " is not a str");
+  return v->s;
+}
+
+bool IsNone(const Value* v) { return v == nullptr || v->kind == Kind::kNone; }
+
+std::vector<std::string> Keys(const Value* d, std::string_view what) {
+  if (d == nullptr || !d->IsDictLike())
+    throw FormatError(what, " is not a dict");
+  std::vector<std::string> out;
+  for (const auto& [k, v] : d->entries) {
+    if (k == nullptr || k->kind != Kind::kStr)
+      throw FormatError(what, " has a key that is not a str");
+    out.push_back(k->s);
+  }
+  return out;
+}
+
+const std::vector<Value*>& Items(const Value* v, std::string_view what) {
+  if (v == nullptr || (v->kind != Kind::kList && v->kind != Kind::kTuple))
+    throw FormatError(what, " is not a list");
+  return v->items;
+}
+
+Shape SizeOf(const Value* v, std::string_view what) {
+  const Value* t = v;
+  if (v != nullptr && v->kind == Kind::kObject && v->args != nullptr &&
+      v->args->kind == Kind::kTuple && v->args->items.size() == 1)
+    t = v->args->items[0];  // torch.Size((13, 7))
+  Shape out;
+  for (const Value* d : Items(t, what)) {
+    const int64_t n = Int(d, what);
+    if (n < 0) throw FormatError(what, " has a negative dimension");
+    out.push_back(n);
+  }
+  return out;
+}
+
+const Value* GetIndex(const Value* d, int64_t key) {
+  if (d == nullptr || !d->IsDictLike()) return nullptr;
+  for (const auto& [k, v] : d->entries) {
+    if (k != nullptr && k->kind == Kind::kInt && k->big.empty() && k->i == key)
+      return v;
+  }
+  return nullptr;
+}
+
+}  // namespace ucp::deepspeed::internal

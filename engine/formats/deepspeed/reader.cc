@@ -1,0 +1,859 @@
+// Reading DeepSpeed rank files into a universal SourcePlan (deepspeed.h;
+// formats and flat layouts: deepspeed_format.h).
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/torch_blob.h"
+#include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/pickled.h"
+#include "engine/json/json.h"
+#include "engine/reshape/target_plan.h"
+#include "engine/universal/sources.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace internal;
+using pickle::Kind;
+using pickle::Value;
+using torchfile::TensorInfo;
+using torchfile::TorchFile;
+
+// Keys of the model-states dict that the driver rebuilds; the others are
+// kept verbatim (/opaque/top_level/<key>).
+const std::set<std::string> kModelRebuilt = {
+    "module",       "buffer_names",           "optimizer",
+    "param_shapes", "frozen_param_shapes",    "shared_params",
+    "frozen_param_fragments"};
+// Keys of optimizer_state_dict holding tensors or layout (rebuilt).
+const std::set<std::string> kOptimRebuilt = {
+    "base_optimizer_state",  "single_partition_of_fp32_groups",
+    "group_paddings",        "partition_count",
+    "param_slice_mappings",  "optimizer_state_dict",
+    "fp32_flat_groups"};
+
+struct Param {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kFloat32;  // training (lp) dtype
+  int64_t group = -1;             // optimizer group (ZeRO-3: sub-group's)
+  int64_t order = 0;
+  bool frozen = false;
+  bool buffer = false;
+  std::vector<std::string> aliases;  // shared params pointing here
+};
+
+class Planner {
+ public:
+  explicit Planner(const Checkpoint& c) : c_(c) {}
+  universal::SourcePlan Run();
+
+ private:
+  using FilePtr = std::shared_ptr<const TorchFile>;
+  uint32_t SourceIndex(const FilePtr& f, const torchfile::StorageInfo* s);
+  reshape::SourceTensor Tensor(const FilePtr& f, const TensorInfo& t,
+                               const std::string& what);
+  const TensorInfo& TensorAt(const FilePtr& f, const Value* v,
+                             const std::string& what);
+  universal::AtomPlan& Atom(const Param& p, const std::string& kind,
+                            DType dtype, bool scalar);
+  // Adds fragments mapping elements [begin, end) of the param's flattening
+  // to `src` elements starting at `src_elem`.
+  void AddFlat(universal::AtomPlan& atom, const Param& p,
+               const reshape::SourceTensor& flat, int64_t src_elem,
+               int64_t begin, int64_t end, const std::string& where);
+  void Whole(universal::AtomPlan& atom, const reshape::SourceTensor& src,
+             const std::string& where);
+
+  void ReadModel();
+  void PlanModule();
+  void PlanTorchOptimizer();
+  void PlanFlat();     // ZeRO 1/2, BF16_Optimizer
+  void PlanStage3();
+  void PlanZeroFolder();
+  void PlanStep(const Param& p, const FilePtr& f, const Value* state,
+                const std::string& where);
+  void PlanFrozen();
+  void PlanOpaque();
+  void PlanRoot();
+
+  const Checkpoint& c_;
+  universal::SourcePlan plan_;
+  std::map<std::pair<const TorchFile*, const torchfile::StorageInfo*>,
+           uint32_t>
+      sources_;
+  std::map<std::pair<std::string, std::string>, size_t> atoms_;
+  std::vector<FilePtr> models_;  // per model file
+  std::vector<FilePtr> optims_;  // per dp rank
+  FilePtr zero_state_;           // universal folder: zero/optimizer_state.pt
+  std::vector<FilePtr> zero_files_;  // universal folder: per-param files
+  const Value* model_ = nullptr;  // model states of rank 0
+  std::vector<Param> params_;     // in module order, then frozen / buffers
+  std::map<std::string, size_t> index_;
+  std::vector<std::vector<std::string>> groups_;  // names per group
+  std::vector<std::string> module_keys_;
+  std::map<std::string, std::string> shared_;  // alias -> source
+  DType lp_ = DType::kFloat32;
+  std::set<std::string> state_kinds_;
+  std::string step_kind_ = "none";  // tensor | int | float | none
+  std::vector<const Value*> group_dicts_;
+  fs::path scratch_ = fs::temp_directory_path();
+};
+
+uint32_t Planner::SourceIndex(const FilePtr& f,
+                              const torchfile::StorageInfo* s) {
+  auto key = std::make_pair(f.get(), s);
+  auto it = sources_.find(key);
+  if (it != sources_.end()) return it->second;
+  const auto index = static_cast<uint32_t>(plan_.sources.size());
+  plan_.sources.push_back(std::make_unique<universal::TorchStorageSource>(f, s));
+  sources_.emplace(key, index);
+  return index;
+}
+
+const TensorInfo& Planner::TensorAt(const FilePtr& f, const Value* v,
+                                    const std::string& what) {
+  const TensorInfo* t = v != nullptr ? f->FindTensor(v) : nullptr;
+  if (t == nullptr) throw FormatError(what, " is not a tensor");
+  return *t;
+}
+
+reshape::SourceTensor Planner::Tensor(const FilePtr& f, const TensorInfo& t,
+                                      const std::string& what) {
+  if (!t.contiguous) {
+    throw FormatError(what, ": tensor is not contiguous (stride ",
+                      ShapeString(t.stride), ")");
+  }
+  reshape::SourceTensor s;
+  s.source = SourceIndex(f, t.storage);
+  s.byte_offset =
+      static_cast<uint64_t>(t.storage_offset) * ElementSize(t.dtype);
+  s.dtype = t.dtype;
+  s.shape = t.shape;
+  return s;
+}
+
+universal::AtomPlan& Planner::Atom(const Param& p, const std::string& kind,
+                                   DType dtype, bool scalar) {
+  auto key = std::make_pair(p.name, kind);
+  auto it = atoms_.find(key);
+  if (it != atoms_.end()) {
+    universal::AtomPlan& a = plan_.atoms[it->second];
+    if (a.dtype != dtype) {
+      throw FormatError("param ", p.name, " > ", kind, ": ", DTypeName(dtype),
+                        " here but ", DTypeName(a.dtype), " in another file");
+    }
+    return a;
+  }
+  universal::AtomPlan a;
+  a.param = p.name;
+  a.state_kind = kind;
+  a.dtype = dtype;
+  if (!scalar) a.shape = p.shape;
+  atoms_.emplace(key, plan_.atoms.size());
+  plan_.atoms.push_back(std::move(a));
+  return plan_.atoms.back();
+}
+
+void Planner::AddFlat(universal::AtomPlan& atom, const Param& p,
+                      const reshape::SourceTensor& flat, int64_t src_elem,
+                      int64_t begin, int64_t end, const std::string& where) {
+  if (begin >= end) return;
+  const int64_t numel = NumElements(flat.shape);
+  if (src_elem < 0 || src_elem + (end - begin) > numel) {
+    throw FormatError(where, ": elements [", src_elem, ", ",
+                      src_elem + (end - begin), ") of param ", p.name,
+                      " lie outside the flat tensor of ", numel, " elements");
+  }
+  const size_t es = ElementSize(flat.dtype);
+  int64_t at = src_elem;
+  for (const Box& box : reshape::FlatRangeBoxes(p.shape, begin, end)) {
+    universal::Fragment f;
+    f.src = flat;
+    f.src.byte_offset += static_cast<uint64_t>(at) * es;
+    f.src.shape = box.size;
+    f.src_box = Box::Whole(box.size);
+    f.atom_box = box;
+    f.where = where;
+    at += box.NumElements();
+    atom.fragments.push_back(std::move(f));
+  }
+}
+
+void Planner::Whole(universal::AtomPlan& atom,
+                    const reshape::SourceTensor& src,
+                    const std::string& where) {
+  if (src.shape != atom.shape) {
+    throw FormatError(where, ": shape ", ShapeString(src.shape), ", expected ",
+                      ShapeString(atom.shape));
+  }
+  universal::Fragment f;
+  f.src = src;
+  f.src_box = Box::Whole(src.shape);
+  f.atom_box = f.src_box;
+  f.where = where;
+  atom.fragments.push_back(std::move(f));
+}
+
+void Planner::ReadModel() {
+  for (const fs::path& p : c_.model_files)
+    models_.push_back(std::make_shared<const TorchFile>(TorchFile::Open(p)));
+  for (const fs::path& p : c_.optim_files)
+    optims_.push_back(std::make_shared<const TorchFile>(TorchFile::Open(p)));
+  model_ = models_[0]->root();
+  const std::string where0 = StrCat("rank file ", c_.model_files[0].string());
+  try {
+    const Value* module = Require(model_, "module");
+    module_keys_ = Keys(module, "module");
+    std::set<std::string> buffers;
+    if (const Value* b = Get(model_, "buffer_names"); !IsNone(b)) {
+      for (const Value* n : Items(b, "buffer_names"))
+        buffers.insert(Str(n, "buffer name"));
+    }
+    if (const Value* sp = Get(model_, "shared_params"); !IsNone(sp)) {
+      for (const std::string& k : Keys(sp, "shared_params"))
+        shared_[k] = Str(Get(sp, k), "shared_params value");
+    }
+    // The lp dtype: of the first floating module tensor that is a param.
+    for (const std::string& k : module_keys_) {
+      if (buffers.count(k)) continue;
+      const TensorInfo* t = models_[0]->FindTensor(Get(module, k));
+      if (t != nullptr && IsFloatingPoint(t->dtype)) {
+        lp_ = t->dtype;
+        break;
+      }
+    }
+    // Trainable params: param_shapes (flat-buffer order, per group), or at
+    // ZeRO 0 fp32 the module's params in order.
+    const Value* shapes = Get(model_, "param_shapes");
+    if (!IsNone(shapes)) {
+      const auto& list = Items(shapes, "param_shapes");
+      for (size_t g = 0; g < list.size(); ++g) {
+        groups_.emplace_back();
+        for (const std::string& n : Keys(list[g], "param_shapes group")) {
+          Param p;
+          p.name = n;
+          p.shape = SizeOf(Get(list[g], n), StrCat("param_shapes[", g, "][", n, "]"));
+          p.dtype = lp_;
+          p.group = static_cast<int64_t>(g);
+          groups_.back().push_back(n);
+          index_[n] = params_.size();
+          params_.push_back(std::move(p));
+        }
+      }
+    } else {
+      if (c_.wrapper != Wrapper::kTorch) {
+        throw FormatError("param_shapes is None but the checkpoint has "
+                          "optimizer files");
+      }
+      groups_.emplace_back();
+      for (const std::string& k : module_keys_) {
+        if (buffers.count(k) || shared_.count(k)) continue;
+        const TensorInfo& t = TensorAt(models_[0], Get(module, k),
+                                       StrCat("module[", k, "]"));
+        Param p;
+        p.name = k;
+        p.shape = t.shape;
+        p.dtype = t.dtype;
+        p.group = 0;
+        groups_.back().push_back(k);
+        index_[k] = params_.size();
+        params_.push_back(std::move(p));
+      }
+    }
+    // Frozen params (ZeRO >= 2 records them).
+    if (const Value* fs = Get(model_, "frozen_param_shapes"); !IsNone(fs)) {
+      for (const std::string& n : Keys(fs, "frozen_param_shapes")) {
+        Param p;
+        p.name = n;
+        p.shape = SizeOf(Get(fs, n), StrCat("frozen_param_shapes[", n, "]"));
+        p.dtype = lp_;
+        p.frozen = true;
+        index_[n] = params_.size();
+        params_.push_back(std::move(p));
+      }
+    }
+    // Buffers and module entries that are neither (frozen params at ZeRO
+    // 0/1, which DeepSpeed does not record: kept as frozen params).
+    for (const std::string& k : module_keys_) {
+      if (index_.count(k) || shared_.count(k)) continue;
+      const TensorInfo* t = models_[0]->FindTensor(Get(module, k));
+      if (t == nullptr) {
+        throw FormatError("module[", k, "] is not a tensor");
+      }
+      Param p;
+      p.name = k;
+      p.shape = t->shape;
+      p.dtype = t->dtype;
+      p.buffer = buffers.count(k) > 0;
+      p.frozen = !p.buffer;
+      if (c_.stage == 3 && !p.buffer) {
+        throw FormatError("module[", k,
+                          "] is neither a partitioned param nor a buffer");
+      }
+      index_[k] = params_.size();
+      params_.push_back(std::move(p));
+    }
+    for (const auto& [alias, src] : shared_) {
+      auto it = index_.find(src);
+      if (it == index_.end()) {
+        throw FormatError("shared_params: ", alias, " points to ", src,
+                          ", which is not a param");
+      }
+      params_[it->second].aliases.push_back(alias);
+    }
+    // Canonical order: the module's order (aliases skipped), then the rest.
+    std::map<std::string, int64_t> pos;
+    for (size_t i = 0; i < module_keys_.size(); ++i)
+      pos.emplace(module_keys_[i], static_cast<int64_t>(i));
+    for (Param& p : params_) {
+      auto it = pos.find(p.name);
+      p.order = it != pos.end() ? it->second
+                                : static_cast<int64_t>(module_keys_.size() +
+                                                       index_[p.name]);
+    }
+  } catch (Error& e) {
+    e.AddContext(where0);
+    throw;
+  }
+}
+
+void Planner::PlanModule() {
+  // lp weights of params (stage 0-2, when not fp32), buffers, and stage 0/1
+  // frozen params, from rank 0's module.
+  const Value* module = Get(model_, "module");
+  const std::string where0 = StrCat("rank file ", c_.model_files[0].string());
+  for (const Param& p : params_) {
+    const std::string where = StrCat(where0, " > module > ", p.name);
+    try {
+      if (p.buffer || (p.frozen && c_.stage < 2)) {
+        const TensorInfo& t = TensorAt(models_[0], Get(module, p.name), where);
+        Whole(Atom(p, "param", t.dtype, false), Tensor(models_[0], t, where),
+              where);
+        continue;
+      }
+      if (p.frozen || c_.stage == 3) continue;
+      const TensorInfo& t = TensorAt(models_[0], Get(module, p.name), where);
+      if (c_.wrapper == Wrapper::kTorch) {
+        // No separate master: the module holds the fp32 weights.
+        Whole(Atom(p, "fp32", t.dtype, false), Tensor(models_[0], t, where),
+              where);
+      } else if (t.dtype != DType::kFloat32) {
+        Whole(Atom(p, "param", t.dtype, false), Tensor(models_[0], t, where),
+              where);
+      }
+    } catch (Error& e) {
+      e.AddContext("param ", p.name);
+      throw;
+    }
+  }
+}
+
+void Planner::PlanStep(const Param& p, const FilePtr& f, const Value* state,
+                       const std::string& where) {
+  const Value* step = Get(state, "step");
+  if (step == nullptr) return;
+  if (const TensorInfo* t = f->FindTensor(step)) {
+    step_kind_ = "tensor";
+    if (!t->shape.empty()) {
+      throw FormatError(where, " > step: shape ", ShapeString(t->shape),
+                        ", expected a scalar");
+    }
+    universal::AtomPlan& a = Atom(p, "step", t->dtype, true);
+    Whole(a, Tensor(f, *t, where + " > step"), where + " > step");
+  } else if (step->kind == Kind::kInt) {
+    step_kind_ = "int";
+  } else if (step->kind == Kind::kFloat) {
+    step_kind_ = "float";
+  }
+}
+
+void Planner::PlanTorchOptimizer() {
+  const Value* opt = Get(model_, "optimizer");
+  const std::string where0 =
+      StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
+  try {
+    const Value* state = Require(opt, "state");
+    const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
+    // ids: torch numbers params over the groups in order; the module's
+    // trainable params are taken in order.
+    size_t next = 0;
+    groups_.assign(groups.size(), {});
+    for (size_t g = 0; g < groups.size(); ++g) {
+      group_dicts_.push_back(groups[g]);
+      for (const Value* id : Items(Require(groups[g], "params"), "params")) {
+        if (next >= params_.size() || params_[next].buffer ||
+            params_[next].frozen) {
+          throw FormatError("param_groups name more params than the module "
+                            "has");
+        }
+        Param& p = params_[next++];
+        p.group = static_cast<int64_t>(g);
+        groups_[g].push_back(p.name);
+        const int64_t key = Int(id, "param id");
+        const Value* st = GetIndex(state, key);
+        if (st == nullptr) continue;  // never stepped
+        const std::string where = StrCat(where0, " > state[", key, "]");
+        for (const std::string& k : Keys(st, "state")) {
+          if (k == "step") continue;
+          const TensorInfo& t = TensorAt(models_[0], Get(st, k), where + " > " + k);
+          state_kinds_.insert(k);
+          Whole(Atom(p, k, t.dtype, false), Tensor(models_[0], t, where),
+                where + " > " + k);
+        }
+        PlanStep(p, models_[0], st, where);
+      }
+    }
+  } catch (Error& e) {
+    e.AddContext(where0);
+    throw;
+  }
+}
+
+void Planner::PlanFlat() {
+  const int64_t W = c_.dp;
+  for (int64_t r = 0; r < W; ++r) {
+    const FilePtr& f = optims_[static_cast<size_t>(r)];
+    const std::string where0 = StrCat("rank file ", c_.optim_files[r].string());
+    try {
+      const Value* osd = Require(f->root(), "optimizer_state_dict");
+      const Value* base = Require(osd, "base_optimizer_state");
+      const Value* state = Require(base, "state");
+      const auto& pgroups = Items(Require(base, "param_groups"), "param_groups");
+      const auto& fp32 = Items(Require(osd, "single_partition_of_fp32_groups"),
+                               "single_partition_of_fp32_groups");
+      const auto& counts = Items(Require(osd, "partition_count"), "partition_count");
+      if (fp32.size() != groups_.size() || pgroups.size() != groups_.size()) {
+        throw FormatError(fp32.size(), " fp32 partitions and ", pgroups.size(),
+                          " param groups, but param_shapes has ",
+                          groups_.size(), " groups");
+      }
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        if (r == 0) group_dicts_.push_back(pgroups[g]);
+        if (Int(counts.at(g), "partition_count") != W) {
+          throw FormatError("partition_count[", g, "] is ",
+                            Int(counts.at(g), "partition_count"),
+                            " but dp_world_size is ", W,
+                            " (files from mixed world sizes?)");
+        }
+        int64_t N = 0;
+        for (const std::string& n : groups_[g]) N += NumElements(params_[index_[n]].shape);
+        const int64_t A = 2 * W;
+        const int64_t Np = (N + A - 1) / A * A;
+        const int64_t ps = Np / W;
+        const std::string gw = StrCat(where0, " > group ", g);
+        // fp32 partition: ZeRO strips the padding, BF16_Optimizer keeps it.
+        const TensorInfo& ft = TensorAt(f, fp32[g], gw + " > fp32 partition");
+        const int64_t lo = std::min(N, r * ps), hi = std::min(N, (r + 1) * ps);
+        const int64_t real = hi - lo;
+        const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : real;
+        if (ft.numel != want || ft.dtype != DType::kFloat32 || ft.shape.size() != 1) {
+          throw FormatError("group ", g, ": fp32 partition of ", ft.numel,
+                            " ", DTypeName(ft.dtype), " elements, expected ",
+                            want, " float32 (", N, " elements over ", W,
+                            " ranks, partition ", ps, ")");
+        }
+        const reshape::SourceTensor fsrc = Tensor(f, ft, gw);
+        const Value* st = GetIndex(state, static_cast<int64_t>(g));
+        std::vector<std::pair<std::string, reshape::SourceTensor>> kinds;
+        if (st != nullptr) {
+          for (const std::string& k : Keys(st, "state")) {
+            if (k == "step") continue;
+            const TensorInfo& t = TensorAt(f, Get(st, k), gw + " > " + k);
+            if (t.numel != ps || t.dtype != DType::kFloat32) {
+              throw FormatError("group ", g, " > ", k, ": ", t.numel, " ",
+                                DTypeName(t.dtype), " elements, expected ", ps,
+                                " float32");
+            }
+            kinds.emplace_back(k, Tensor(f, t, gw + " > " + k));
+            state_kinds_.insert(k);
+          }
+        }
+        int64_t o = 0;
+        for (const std::string& n : groups_[g]) {
+          const Param& p = params_[index_[n]];
+          const int64_t num = NumElements(p.shape);
+          const int64_t b = std::max(o, r * ps), e = std::min(o + num, (r + 1) * ps);
+          if (b < e) {
+            try {
+              AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc,
+                      b - r * ps, b - o, e - o, gw + " > fp32 partition");
+              for (const auto& [k, src] : kinds)
+                AddFlat(Atom(p, k, DType::kFloat32, false), p, src, b - r * ps,
+                        b - o, e - o, gw + " > " + k);
+              if (st != nullptr) PlanStep(p, f, st, StrCat(gw, " > state[", g, "]"));
+            } catch (Error& e2) {
+              e2.AddContext("param ", n);
+              throw;
+            }
+          }
+          o += num;
+        }
+      }
+    } catch (Error& e) {
+      e.AddContext(where0);
+      throw;
+    }
+  }
+}
+
+void Planner::PlanStage3() {
+  const int64_t W = c_.dp;
+  for (int64_t r = 0; r < W; ++r) {
+    const FilePtr& f = optims_[static_cast<size_t>(r)];
+    const std::string where0 = StrCat("rank file ", c_.optim_files[r].string());
+    try {
+      const Value* osd = Require(f->root(), "optimizer_state_dict");
+      if (Int(Require(osd, "partition_count"), "partition_count") != W) {
+        throw FormatError("partition_count is ",
+                          Int(Get(osd, "partition_count"), "partition_count"),
+                          " but dp_world_size is ", W,
+                          " (files from mixed world sizes?)");
+      }
+      const Value* inner = Require(osd, "optimizer_state_dict");
+      const Value* state = Require(inner, "state");
+      const auto& pgroups = Items(Require(inner, "param_groups"), "param_groups");
+      const auto& flats = Items(Require(osd, "fp32_flat_groups"), "fp32_flat_groups");
+      if (flats.size() != groups_.size()) {
+        throw FormatError(flats.size(), " fp32 flat groups, but param_shapes "
+                          "has ", groups_.size(), " sub-groups");
+      }
+      if (r == 0) {
+        for (const Value* g : pgroups) group_dicts_.push_back(g);
+      }
+      for (size_t s = 0; s < groups_.size(); ++s) {
+        const std::string gw = StrCat(where0, " > sub-group ", s);
+        const TensorInfo& ft = TensorAt(f, flats[s], gw + " > fp32");
+        int64_t total = 0;
+        for (const std::string& n : groups_[s]) {
+          const int64_t num = NumElements(params_[index_[n]].shape);
+          total += (num + W - 1) / W;
+        }
+        if (ft.numel != total || ft.dtype != DType::kFloat32) {
+          throw FormatError("sub-group ", s, ": fp32 flat group of ", ft.numel,
+                            " elements, expected ", total, " (", W, " ranks)");
+        }
+        const reshape::SourceTensor fsrc = Tensor(f, ft, gw);
+        const Value* st = GetIndex(state, static_cast<int64_t>(s));
+        std::vector<std::pair<std::string, reshape::SourceTensor>> kinds;
+        if (st != nullptr) {
+          for (const std::string& k : Keys(st, "state")) {
+            if (k == "step") continue;
+            const TensorInfo& t = TensorAt(f, Get(st, k), gw + " > " + k);
+            if (t.numel != total || t.dtype != DType::kFloat32) {
+              throw FormatError("sub-group ", s, " > ", k, ": ", t.numel,
+                                " elements, expected ", total);
+            }
+            kinds.emplace_back(k, Tensor(f, t, gw + " > " + k));
+            state_kinds_.insert(k);
+          }
+        }
+        int64_t off = 0;
+        for (const std::string& n : groups_[s]) {
+          const Param& p = params_[index_[n]];
+          const int64_t num = NumElements(p.shape);
+          const int64_t part = (num + W - 1) / W;
+          const int64_t b = std::min(num, r * part), e = std::min(num, (r + 1) * part);
+          try {
+            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, off, b,
+                    e, gw + " > fp32");
+            for (const auto& [k, src] : kinds)
+              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, off, b, e,
+                      gw + " > " + k);
+            if (st != nullptr) PlanStep(p, f, st, StrCat(gw, " > state[", s, "]"));
+          } catch (Error& e2) {
+            e2.AddContext("param ", n);
+            throw;
+          }
+          off += part;
+        }
+      }
+    } catch (Error& e) {
+      e.AddContext(where0);
+      throw;
+    }
+  }
+}
+
+void Planner::PlanZeroFolder() {
+  const fs::path state_path = c_.zero_dir / "optimizer_state.pt";
+  zero_state_ = std::make_shared<const TorchFile>(TorchFile::Open(state_path));
+  try {
+    const Value* groups = Get(zero_state_->root(), "param_groups");
+    if (groups != nullptr)
+      for (const Value* g : Items(groups, "param_groups")) group_dicts_.push_back(g);
+  } catch (Error& e) {
+    e.AddContext("rank file ", state_path.string());
+    throw;
+  }
+  for (const auto& names : groups_) {
+    for (const std::string& n : names) {
+      const Param& p = params_[index_[n]];
+      const fs::path dir = c_.zero_dir / n;
+      std::error_code ec;
+      if (!fs::is_directory(dir, ec)) {
+        throw FormatError(c_.zero_dir.string(), ": no folder for param ", n);
+      }
+      std::vector<fs::path> files;
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+           it.increment(ec))
+        if (it->path().extension() == ".pt") files.push_back(it->path());
+      std::sort(files.begin(), files.end());
+      for (const fs::path& file : files) {
+        const std::string kind = file.stem().string();
+        const std::string where = StrCat("rank file ", file.string());
+        auto f = std::make_shared<const TorchFile>(TorchFile::Open(file));
+        zero_files_.push_back(f);
+        try {
+          const Value* root = f->root();
+          if (kind == "step") {
+            if (const TensorInfo* t = f->FindTensor(root)) {
+              step_kind_ = "tensor";
+              Whole(Atom(p, "step", t->dtype, true), Tensor(f, *t, where), where);
+            } else if (root != nullptr && root->kind == Kind::kInt) {
+              step_kind_ = "int";
+            } else if (root != nullptr && root->kind == Kind::kFloat) {
+              step_kind_ = "float";
+            }
+            continue;
+          }
+          const Value* tv = f->FindTensor(root) ? root : Get(root, "param");
+          const TensorInfo& t = TensorAt(f, tv, where + " > param");
+          if (t.numel != NumElements(p.shape) || t.dtype != DType::kFloat32) {
+            throw FormatError("param ", n, ": ", t.numel, " ", DTypeName(t.dtype),
+                              " elements, expected float32 ", ShapeString(p.shape));
+          }
+          reshape::SourceTensor src = Tensor(f, t, where);
+          src.shape = p.shape;
+          if (kind != "fp32") state_kinds_.insert(kind);
+          Whole(Atom(p, kind, DType::kFloat32, false), src, where + " > param");
+        } catch (Error& e) {
+          e.AddContext(where);
+          throw;
+        }
+      }
+    }
+  }
+}
+
+void Planner::PlanFrozen() {
+  if (c_.stage < 2) return;
+  const int64_t W = c_.stage == 3 ? c_.dp : 1;
+  for (int64_t r = 0; r < W; ++r) {
+    const FilePtr& f = models_[static_cast<size_t>(r)];
+    const std::string where0 =
+        StrCat("rank file ", c_.model_files[r].string(), " > frozen_param_fragments");
+    const Value* frags = Get(f->root(), "frozen_param_fragments");
+    for (const Param& p : params_) {
+      if (!p.frozen) continue;
+      const std::string where = where0 + " > " + p.name;
+      try {
+        const Value* v = Get(frags, p.name);
+        if (v == nullptr) throw FormatError("missing");
+        const TensorInfo& t = TensorAt(f, v, where);
+        universal::AtomPlan& a = Atom(p, "param", t.dtype, false);
+        if (c_.stage == 2) {
+          Whole(a, Tensor(f, t, where), where);
+        } else {
+          const int64_t num = NumElements(p.shape);
+          const int64_t part = (num + W - 1) / W;
+          reshape::SourceTensor src = Tensor(f, t, where);
+          src.shape = {t.numel};
+          AddFlat(a, p, src, 0, std::min(num, r * part),
+                  std::min(num, (r + 1) * part), where);
+        }
+      } catch (Error& e) {
+        e.AddContext("param ", p.name);
+        throw;
+      }
+    }
+  }
+}
+
+void Planner::PlanOpaque() {
+  auto add = [&](std::string key, const TorchFile* f, const Value* v) {
+    plan_.opaque.push_back({std::move(key), formats::SaveBlob(f, v, scratch_)});
+  };
+  for (const auto& [k, v] : model_->entries) {
+    if (k == nullptr || k->kind != Kind::kStr || kModelRebuilt.count(k->s))
+      continue;
+    add("top_level/" + k->s, models_[0].get(), v);
+  }
+  if (!c_.zero_dir.empty()) {
+    for (const auto& [k, v] : zero_state_->root()->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || k->s == "param_groups" ||
+          kOptimRebuilt.count(k->s))
+        continue;
+      add("optim/" + k->s, zero_state_.get(), v);
+    }
+  }
+  if (!optims_.empty()) {
+    const Value* root = optims_[0]->root();
+    for (const auto& [k, v] : root->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || k->s == "optimizer_state_dict")
+        continue;
+      add("optim_top/" + k->s, optims_[0].get(), v);
+    }
+    const Value* osd = Get(root, "optimizer_state_dict");
+    for (const auto& [k, v] : osd->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || kOptimRebuilt.count(k->s))
+        continue;
+      add("optim/" + k->s, optims_[0].get(), v);
+    }
+  }
+  if (!group_dicts_.empty()) {
+    pickle::Arena arena;
+    std::vector<Value*> list;
+    for (const Value* d : group_dicts_) {
+      Value* copy = arena.Dict();
+      for (const auto& [k, v] : d->entries) {
+        if (k != nullptr && k->kind == Kind::kStr && k->s == "params") continue;
+        copy->entries.emplace_back(const_cast<Value*>(k), const_cast<Value*>(v));
+      }
+      list.push_back(copy);
+    }
+    add("optimizer/param_groups", nullptr, arena.List(std::move(list)));
+  }
+}
+
+void Planner::PlanRoot() {
+  atoms::RootInfo& root = plan_.root;
+  const Value* gs = Get(model_, "global_steps");
+  root.iteration = gs != nullptr && gs->AsInt() ? *gs->AsInt() : 0;
+  const Value* samples = Get(model_, "global_samples");
+  root.consumed_samples =
+      samples != nullptr && samples->AsInt() ? *samples->AsInt() : -1;
+  json::Value src = json::Value::Object();
+  src["framework"] = "deepspeed";
+  src["driver"] = "deepspeed";
+  const Value* ver = Get(model_, "ds_version");
+  src["framework_version"] =
+      ver != nullptr && ver->kind == Kind::kStr ? ver->s : std::string("unknown");
+  src["tp"] = 1;
+  src["pp"] = 1;
+  src["vpp"] = 1;
+  src["dp"] = c_.dp;
+  src["ep"] = 1;
+  src["zero_stage"] = c_.stage;
+  src["distributed_optimizer"] = false;
+  src["dtype"] = std::string(DTypeName(lp_));
+  src["tag"] = c_.tag;
+  root.source = src.Dump();
+  root.model = "{}";
+  root.layout = "";
+  root.args = "{}";
+  json::Value opt = json::Value::Object();
+  opt["type"] = "torch.optim";
+  json::Value groups = json::Value::Array();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    json::Value j = json::Value::Object();
+    json::Value names = json::Value::Array();
+    for (const std::string& n : groups_[g]) names.Append(n);
+    j["params"] = std::move(names);
+    const Value* d = g < group_dicts_.size() ? group_dicts_[g] : nullptr;
+    if (d != nullptr && d->IsDictLike()) {
+      for (const auto& [k, v] : d->entries) {
+        if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
+        if (std::optional<double> x = v->AsFloat()) j[k->s] = *x;
+        if (v->kind == Kind::kBool) j[k->s] = v->b;
+      }
+    }
+    groups.Append(std::move(j));
+  }
+  opt["groups"] = std::move(groups);
+  json::Value kinds = json::Value::Array();
+  kinds.Append("fp32");
+  for (const std::string& k : state_kinds_) kinds.Append(k);
+  opt["state_kinds"] = std::move(kinds);
+  opt["step"] = root.iteration;
+  root.optimizer = opt.Dump();
+  root.scheduler = "{}";
+
+  json::Value training = json::Value::Object();
+  training["dtype"] = std::string(DTypeName(lp_));
+  training["step"] = root.iteration;
+  training["global_samples"] = root.consumed_samples;
+  json::Value frozen = json::Value::Array();
+  json::Value order = json::Value::Array();
+  for (const Param& p : params_) {
+    if (p.frozen) frozen.Append(p.name);
+  }
+  for (const std::string& k : module_keys_) order.Append(k);
+  training["frozen"] = std::move(frozen);
+  json::Value shared = json::Value::Object();
+  for (const auto& [a, s] : shared_) shared[a] = s;
+  training["shared"] = std::move(shared);
+  training["param_order"] = std::move(order);
+  root.training = training.Dump();
+
+  json::Value meta = json::Value::Object();
+  meta["tag"] = c_.tag;
+  meta["stage"] = c_.stage;
+  meta["wrapper"] = c_.wrapper == Wrapper::kTorch  ? "torch"
+                    : c_.wrapper == Wrapper::kBf16 ? "bf16"
+                                                   : "zero";
+  meta["bf16_prefix"] = c_.bf16_prefix;
+  json::Value gj = json::Value::Array();
+  for (const auto& g : groups_) {
+    json::Value names = json::Value::Array();
+    for (const std::string& n : g) names.Append(n);
+    gj.Append(std::move(names));
+  }
+  meta["groups"] = std::move(gj);
+  json::Value mk = json::Value::Array();
+  for (const std::string& k : module_keys_) mk.Append(k);
+  meta["module_keys"] = std::move(mk);
+  json::Value top = json::Value::Array();
+  for (const std::string& k : Keys(model_, "model states")) top.Append(k);
+  meta["model_keys"] = std::move(top);
+  meta["step_kind"] = step_kind_;
+  meta["lp_dtype"] = std::string(DTypeName(lp_));
+  root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
+}
+
+universal::SourcePlan Planner::Run() {
+  ReadModel();
+  PlanModule();
+  if (!c_.zero_dir.empty()) {
+    PlanZeroFolder();
+  } else if (c_.wrapper == Wrapper::kTorch) {
+    PlanTorchOptimizer();
+  } else if (c_.stage == 3) {
+    PlanStage3();
+  } else {
+    PlanFlat();
+  }
+  PlanFrozen();
+  for (const Param& p : params_) {
+    atoms::ParamInfo info;
+    info.fqn = p.name;
+    info.shape = p.shape;
+    info.dtype = p.dtype;
+    info.rule = p.buffer ? "buffer" : (p.frozen ? "frozen" : "dp");
+    info.kind = p.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
+    info.group = p.group;
+    info.order = p.order;
+    info.frozen = p.frozen;
+    json::Value tc = json::Value::Array();
+    for (const std::string& a : p.aliases) tc.Append(a);
+    info.tied_copies = tc.Dump();
+    plan_.params.push_back(std::move(info));
+  }
+  PlanOpaque();
+  PlanRoot();
+  return std::move(plan_);
+}
+
+}  // namespace
+
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint) {
+  Planner planner(checkpoint);
+  return planner.Run();
+}
+
+}  // namespace ucp::deepspeed

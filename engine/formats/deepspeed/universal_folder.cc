@@ -1,0 +1,248 @@
+// DeepSpeed universal checkpoint folders (ds_to_universal's output, what
+// `load_universal` reads), as a source and as a target (deepspeed.h).
+//
+//   <save>/latest_universal             the folder's name (written last)
+//   <save>/<tag>_universal/
+//     mp_rank_00_model_states.pt        (ZeRO 3: zero_pp_rank_D_... each)
+//     zero/optimizer_state.pt           non-sharded optimizer entries +
+//                                       param_groups
+//     zero/<param>/fp32.pt, exp_avg.pt, exp_avg_sq.pt
+//                                       {'param': full fp32 tensor,
+//                                        'cat_dim': 0}
+//     zero/<param>/step.pt              the raw step (0-d tensor or int)
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/pickled.h"
+#include "engine/formats/deepspeed/writer_base.h"
+#include "engine/torchfile/torch_file.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace internal;
+using pickle::Kind;
+using pickle::Value;
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.pop_back();
+  return s;
+}
+
+class UniversalFolderWriter : public WriterBase {
+ public:
+  using WriterBase::WriterBase;
+  formats::TargetSummary Run();
+};
+
+formats::TargetSummary UniversalFolderWriter::Run() {
+  Prepare();
+  const std::string name = tag_ + "_universal";
+  const fs::path folder = out_ / name;
+  const fs::path zero = folder / "zero";
+  std::error_code ec;
+  fs::create_directories(zero, ec);
+  if (ec) throw IoError("cannot create ", zero.string(), ": ", ec.message());
+  formats::TargetSummary summary;
+  std::vector<std::unique_ptr<FileBuild>> files;
+  auto flush = [&](bool force) {
+    if (files.empty() || (!force && files.size() < 256)) return;
+    summary.bytes += RunAndCommit(input_, files, executor_,
+                                  StrCat("writing ", name));
+    summary.files += static_cast<int64_t>(files.size());
+    files.clear();
+  };
+  // Model states (read by load_universal for the client / engine state).
+  const int64_t n = stage_ == 3 ? W_ : 1;
+  for (int64_t r = 0; r < n; ++r) {
+    const std::string file =
+        stage_ == 3 ? StrCat("zero_pp_rank_", r, "_mp_rank_00_model_states.pt")
+                    : std::string("mp_rank_00_model_states.pt");
+    auto f = std::make_unique<FileBuild>(folder / file);
+    ModelStatesOptions o;
+    o.rank = r;
+    o.universal_folder = true;
+    f->Begin(ModelStates(*f, o));
+    files.push_back(std::move(f));
+  }
+  // zero/optimizer_state.pt
+  {
+    auto f = std::make_unique<FileBuild>(zero / "optimizer_state.pt");
+    pickle::Arena& a = f->arena();
+    Value* root = a.Dict();
+    auto blob_or = [&](const std::string& key, Value* fallback) -> Value* {
+      if (Value* v = ImportBlob(*f, "optim/" + key)) return v;
+      return fallback;
+    };
+    const bool bf16 = wrapper_ == Wrapper::kBf16;
+    if (!bf16) {
+      formats::AppendEntry(a, root, "loss_scaler",
+                           blob_or("loss_scaler", DefaultLossScaler(a)));
+      formats::AppendEntry(a, root, "dynamic_loss_scale",
+                           blob_or("dynamic_loss_scale", a.Bool(false)));
+      formats::AppendEntry(a, root, "overflow", blob_or("overflow", a.Bool(false)));
+    }
+    formats::AppendEntry(a, root, "clip_grad", blob_or("clip_grad", a.Float(0.0)));
+    if (!bf16) formats::AppendEntry(a, root, "zero_stage", ZeroStage(a, std::max(stage_, 1)));
+    std::vector<Value*> pads, counts, groups;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      pads.push_back(a.Int(0));
+      counts.push_back(a.Int(W_));
+      Value* d = group_templates_ != nullptr && g < group_templates_->items.size()
+                     ? f->importer->Import(group_file_, group_templates_->items[g])
+                     : a.Dict();
+      AppendOrReplace(a, d, "params", a.List({a.Int(static_cast<int64_t>(g))}));
+      groups.push_back(d);
+    }
+    formats::AppendEntry(a, root, "group_paddings", a.List(std::move(pads)));
+    formats::AppendEntry(a, root, "partition_count", a.List(std::move(counts)));
+    formats::AppendEntry(a, root, "ds_version", DsVersion(*f));
+    formats::AppendEntry(a, root, "param_groups", a.List(std::move(groups)));
+    f->Begin(root);
+    files.push_back(std::move(f));
+  }
+  // One folder per trainable param.
+  for (const auto& group : groups_) {
+    for (size_t i : group) {
+      const TParam& p = params_[i];
+      const fs::path dir = zero / p.name;
+      fs::create_directories(dir, ec);
+      if (ec) throw IoError("cannot create ", dir.string(), ": ", ec.message());
+      std::vector<std::string> kinds = {"fp32"};
+      kinds.insert(kinds.end(), state_kinds_.begin(), state_kinds_.end());
+      for (const std::string& kind : kinds) {
+        const atoms::DatasetInfo* atom = input_.FindAtom(p.name, kind);
+        if (atom == nullptr && kind == "fp32") atom = input_.FindAtom(p.name, "param");
+        if (atom == nullptr) continue;
+        auto f = std::make_unique<FileBuild>(dir / (kind + ".pt"));
+        pickle::Arena& a = f->arena();
+        Value* d = a.Dict();
+        formats::AppendEntry(
+            a, d, "param",
+            f->AddTensor(WholeTensor(*atom, p.shape, DType::kFloat32,
+                                     StrCat("zero/", p.name, "/", kind))));
+        formats::AppendEntry(a, d, "cat_dim", a.Int(0));
+        f->Begin(d);
+        files.push_back(std::move(f));
+      }
+      auto f = std::make_unique<FileBuild>(dir / "step.pt");
+      if (Value* step = StepNode(*f, p, StrCat("zero/", p.name, "/step"))) {
+        f->Begin(step);
+        files.push_back(std::move(f));
+      }
+      flush(false);
+    }
+  }
+  flush(true);
+  WriteFileAtomically(out_ / kLatestUniversalFile, name);
+  ++summary.files;
+  summary.notes.assign(notes_.begin(), notes_.end());
+  summary.resume_hint = StrCat(
+      "DeepSpeed: checkpoint {\"load_universal\": true} in the config, then "
+      "engine.load_checkpoint(\"<output>\") at any world size, "
+      "zero_optimization.stage ",
+      stage_);
+  summary.details["tag"] = name;
+  summary.details["zero_stage"] = stage_;
+  return summary;
+}
+
+}  // namespace
+
+Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw IoError("checkpoint folder ", path.string(),
+                  " does not exist or is not a folder");
+  }
+  Checkpoint c;
+  if (fs::is_directory(path / "zero", ec)) {
+    c.tag_dir = path;
+    c.dir = path.parent_path();
+    c.tag = path.filename().string();
+  } else {
+    std::string name = tag;
+    if (name.empty()) {
+      if (!fs::exists(path / kLatestUniversalFile, ec)) {
+        throw UsageError("no '", kLatestUniversalFile, "' file in ",
+                         path.string(), " and no --tag given");
+      }
+      name = Trim(ReadSmallFile(path / kLatestUniversalFile, 4096));
+    }
+    c.dir = path;
+    c.tag = name;
+    c.tag_dir = path / name;
+  }
+  c.zero_dir = c.tag_dir / "zero";
+  if (!fs::is_directory(c.zero_dir, ec)) {
+    throw FormatError(c.tag_dir.string(),
+                      ": not a DeepSpeed universal folder (no zero/ folder)");
+  }
+  if (!fs::is_regular_file(c.zero_dir / "optimizer_state.pt", ec)) {
+    throw FormatError(c.zero_dir.string(), ": missing optimizer_state.pt");
+  }
+  // Model files and the stage.
+  if (fs::is_regular_file(c.tag_dir / "mp_rank_00_model_states.pt", ec)) {
+    c.model_files = {c.tag_dir / "mp_rank_00_model_states.pt"};
+  }
+  for (int64_t d = 0;; ++d) {
+    const fs::path p =
+        c.tag_dir / StrCat("zero_pp_rank_", d, "_mp_rank_00_model_states.pt");
+    if (!fs::is_regular_file(p, ec)) break;
+    if (d == 0 && !c.model_files.empty()) break;
+    c.model_files.push_back(p);
+    c.stage = 3;
+  }
+  if (c.model_files.empty()) {
+    throw FormatError(c.tag_dir.string(), ": no mp_rank_00_model_states.pt");
+  }
+  torchfile::TorchFile m = torchfile::TorchFile::Open(c.model_files[0]);
+  try {
+    c.dp = Int(Require(m.root(), "dp_world_size"), "dp_world_size");
+    if (Int(Require(m.root(), "mp_world_size"), "mp_world_size") != 1) {
+      throw FormatError("model parallelism is not supported for DeepSpeed "
+                        "checkpoints yet");
+    }
+  } catch (Error& e) {
+    e.AddContext("rank file ", c.model_files[0].string());
+    throw;
+  }
+  torchfile::TorchFile o =
+      torchfile::TorchFile::Open(c.zero_dir / "optimizer_state.pt");
+  const Value* zs = Get(o.root(), "zero_stage");
+  if (c.stage != 3) {
+    if (zs == nullptr) {
+      c.wrapper = Wrapper::kBf16;
+      c.stage = 0;
+    } else {
+      c.wrapper = Wrapper::kZero;
+      c.stage = 1;
+      if (zs->kind == Kind::kObject && zs->args && zs->args->items.size() == 2 &&
+          zs->args->items[1] && zs->args->items[1]->kind == Kind::kStr) {
+        const std::string& s = zs->args->items[1]->s;
+        c.stage = s == "gradients" ? 2 : s == "weights" ? 3 : 1;
+      }
+    }
+  } else {
+    c.wrapper = Wrapper::kZero;
+  }
+  if (c.tag.size() > 10 && c.tag.ends_with("_universal"))
+    c.tag = c.tag.substr(0, c.tag.size() - 10);
+  return c;
+}
+
+formats::TargetSummary WriteUniversalFolder(
+    const universal::UniversalInput& input, const fs::path& out_dir,
+    const formats::TargetOptions& options,
+    const reshape::ExecutorOptions& executor) {
+  UniversalFolderWriter w(input, out_dir, options, executor);
+  return w.Run();
+}
+
+}  // namespace ucp::deepspeed

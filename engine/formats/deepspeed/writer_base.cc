@@ -1,0 +1,519 @@
+#include "engine/formats/deepspeed/writer_base.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/reshape/target_plan.h"
+
+namespace ucp::deepspeed::internal {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+namespace {
+
+json::Value ParseAttr(const std::string& text, const char* what,
+                      const fs::path& path) {
+  if (text.empty()) return json::Value::Object();
+  try {
+    return json::Value::Parse(text);
+  } catch (Error& e) {
+    e.AddContext("universal input ", path.string(), " > attribute ", what);
+    throw;
+  }
+}
+
+const char* kDefaultModelKeys[] = {
+    "module",         "buffer_names",           "optimizer",
+    "param_shapes",   "frozen_param_shapes",    "shared_params",
+    "frozen_param_fragments", "lr_scheduler",   "data_sampler",
+    "random_ltd",     "sparse_tensor_module_names", "skipped_steps",
+    "global_steps",   "global_samples",         "dp_world_size",
+    "mp_world_size",  "ds_config",              "ds_version"};
+
+}  // namespace
+
+void WriterBase::AppendOrReplace(pickle::Arena& a, Value* dict,
+                                 const std::string& key, Value* v) {
+  for (auto& [k, old] : dict->entries) {
+    if (k != nullptr && k->kind == Kind::kStr && k->s == key) {
+      old = v;
+      return;
+    }
+  }
+  formats::AppendEntry(a, dict, key, v);
+}
+
+void WriterBase::Prepare() {
+  const layouts::Topology& t = options_.topology;
+  if (t.tp != 1 || t.pp != 1 || t.vpp != 1) {
+    throw UsageError("DeepSpeed targets with tp, pp or vpp > 1 "
+                     "(Megatron-DeepSpeed) are not supported yet; pass "
+                     "--tp 1 --pp 1");
+  }
+  if (options_.distributed_optimizer) {
+    throw UsageError("--distributed-optimizer is a Megatron option; DeepSpeed "
+                     "targets take --zero-stage");
+  }
+  W_ = t.dp;
+  const atoms::RootInfo& root = input_.root();
+  if (auto it = root.extra_strings.find(std::string(kMetaAttr));
+      it != root.extra_strings.end())
+    meta_ = ParseAttr(it->second, "deepspeed", input_.path());
+  const json::Value training =
+      ParseAttr(root.training, "training", input_.path());
+  auto str = [](const json::Value& o, const char* k) -> std::string {
+    const json::Value* v = o.is_object() ? o.Find(k) : nullptr;
+    return v != nullptr && v->is_string() ? v->AsString() : std::string();
+  };
+  // Training dtype.
+  std::string lp = str(meta_, "lp_dtype");
+  if (lp.empty()) lp = str(training, "dtype");
+  if (!lp.empty()) {
+    if (auto d = DTypeFromName(lp)) lp_ = *d;
+  } else {
+    for (const atoms::StoredParam& p : input_.params()) {
+      if (p.info.kind == atoms::ParamKind::kParam) {
+        lp_ = p.info.dtype;
+        break;
+      }
+    }
+  }
+  // Stage and optimizer wrapper.
+  if (options_.zero_stage) {
+    stage_ = *options_.zero_stage;
+  } else if (const json::Value* s = meta_.Find("stage"); s && s->is_int()) {
+    stage_ = static_cast<int>(s->AsInt());
+  } else {
+    throw UsageError("the universal content was not made from a DeepSpeed "
+                     "checkpoint: pass --zero-stage 0-3");
+  }
+  if (stage_ < 0 || stage_ > 3) {
+    throw UsageError("--zero-stage ", stage_, ": DeepSpeed has stages 0-3");
+  }
+  if (stage_ >= 1) {
+    wrapper_ = Wrapper::kZero;
+  } else if (lp_ == DType::kBFloat16) {
+    wrapper_ = Wrapper::kBf16;
+  } else if (lp_ == DType::kFloat32) {
+    wrapper_ = Wrapper::kTorch;
+  } else {
+    throw UsageError("ZeRO stage 0 with ", DTypeName(lp_),
+                     " training (FP16_Optimizer) is not supported yet; "
+                     "pass --zero-stage 1, 2 or 3");
+  }
+  tag_ = options_.tag;
+  if (tag_.empty()) tag_ = str(meta_, "tag");
+  if (tag_.empty()) tag_ = StrCat("global_step", root.iteration);
+  if (tag_.find('/') != std::string::npos || tag_ == "." || tag_ == "..")
+    throw UsageError("--tag ", tag_, ": not a folder name");
+  tag_dir_ = out_ / tag_;
+  const bool from_deepspeed = meta_.is_object() && meta_.Find("stage");
+
+  // Params in canonical order.
+  std::map<std::string, size_t> index;
+  for (const atoms::StoredParam& sp : input_.params()) {
+    TParam p;
+    p.name = sp.info.fqn;
+    p.shape = sp.info.shape;
+    p.numel = NumElements(p.shape);
+    p.dtype = sp.info.dtype;
+    p.group = std::max<int64_t>(sp.info.group, 0);
+    p.frozen = sp.info.frozen;
+    p.buffer = sp.info.kind == atoms::ParamKind::kBuffer;
+    if (from_deepspeed) {
+      json::Value tc = ParseAttr(sp.info.tied_copies, "tied_copies", input_.path());
+      if (tc.is_array())
+        for (const json::Value& a : tc.items())
+          if (a.is_string()) p.aliases.push_back(a.AsString());
+    }
+    if (!p.buffer && !p.frozen && input_.FindAtom(p.name, "fp32") == nullptr &&
+        input_.FindAtom(p.name, "param") == nullptr) {
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        p.name, ": no master weights ('fp32' atom)");
+    }
+    index[p.name] = params_.size();
+    params_.push_back(std::move(p));
+  }
+  // Groups: the source's flat order when it was DeepSpeed, else canonical.
+  int64_t ngroups = 0;
+  for (const TParam& p : params_)
+    if (!p.buffer && !p.frozen) ngroups = std::max(ngroups, p.group + 1);
+  groups_.assign(static_cast<size_t>(std::max<int64_t>(ngroups, 1)), {});
+  bool used_meta = false;
+  if (const json::Value* g = meta_.Find("groups"); g && g->is_array()) {
+    std::vector<std::vector<size_t>> from(g->size());
+    size_t count = 0;
+    bool ok = true;
+    for (size_t k = 0; k < g->size() && ok; ++k) {
+      for (const json::Value& n : g->items()[k].items()) {
+        auto it = n.is_string() ? index.find(n.AsString()) : index.end();
+        if (it == index.end()) {
+          ok = false;
+          break;
+        }
+        from[k].push_back(it->second);
+        ++count;
+      }
+    }
+    size_t trainable = 0;
+    for (const TParam& p : params_) trainable += !p.buffer && !p.frozen;
+    if (ok && count == trainable) {
+      groups_ = std::move(from);
+      for (size_t k = 0; k < groups_.size(); ++k)
+        for (size_t i : groups_[k]) params_[i].group = static_cast<int64_t>(k);
+      used_meta = true;
+    }
+  }
+  if (!used_meta) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!params_[i].buffer && !params_[i].frozen)
+        groups_[static_cast<size_t>(params_[i].group)].push_back(i);
+  }
+  // Optimizer state kinds.
+  std::set<std::string> kinds;
+  bool any_state = false;
+  for (const atoms::DatasetInfo& d : input_.datasets()) {
+    if (d.kind != atoms::DatasetKind::kAtom) continue;
+    if (d.state_kind == "fp32" || d.state_kind == "param") continue;
+    if (d.state_kind == "step") {
+      if (step_kind_ == "none") step_kind_ = "tensor";
+      continue;
+    }
+    kinds.insert(d.state_kind);
+    any_state = true;
+  }
+  for (const char* k : {"exp_avg", "exp_avg_sq"}) {
+    if (kinds.erase(k)) state_kinds_.push_back(k);
+  }
+  state_kinds_.insert(state_kinds_.end(), kinds.begin(), kinds.end());
+  if (const json::Value* sk = meta_.Find("step_kind"); sk && sk->is_string())
+    step_kind_ = sk->AsString();
+  if (!any_state && !options_.no_optimizer) {
+    notes_.insert("the universal content holds no optimizer state (Adam "
+                  "moments): the optimizer files hold zeros there");
+    state_kinds_ = {"exp_avg", "exp_avg_sq"};
+  }
+  // Module keys.
+  if (const json::Value* mk = meta_.Find("module_keys"); mk && mk->is_array()) {
+    std::set<std::string> known;
+    for (const TParam& p : params_) {
+      known.insert(p.name);
+      known.insert(p.aliases.begin(), p.aliases.end());
+    }
+    bool ok = true;
+    for (const json::Value& k : mk->items()) {
+      if (!k.is_string() || !known.count(k.AsString())) ok = false;
+      if (ok) module_keys_.push_back(k.AsString());
+    }
+    if (!ok) module_keys_.clear();
+  }
+  if (module_keys_.empty()) {
+    for (const TParam& p : params_) {
+      module_keys_.push_back(p.name);
+      for (const std::string& a : p.aliases) module_keys_.push_back(a);
+    }
+  }
+  // Optimizer group templates.
+  group_file_ = blobs_.Find("optimizer/param_groups");
+  if (group_file_ != nullptr) {
+    const Value* list = group_file_->root();
+    if (list != nullptr && list->kind == Kind::kList) group_templates_ = list;
+  }
+  if (group_templates_ == nullptr && !options_.no_optimizer) {
+    notes_.insert("no optimizer param groups in the universal content: "
+                  "wrote groups without hyper-parameters");
+  }
+}
+
+reshape::TargetTensor WriterBase::WholeTensor(const atoms::DatasetInfo& atom,
+                                              const Shape& shape, DType dtype,
+                                              const std::string& name) const {
+  reshape::TargetTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = shape;
+  reshape::CopyOp op;
+  op.src = input_.Tensor(atom);
+  op.src.shape = shape;  // flat universal-folder atoms view as the param
+  op.src_box = Box::Whole(shape);
+  op.dst_box = op.src_box;
+  t.ops.push_back(std::move(op));
+  return t;
+}
+
+reshape::TargetTensor WriterBase::FlatTensor(const std::string& kind,
+                                             const std::vector<Window>& windows,
+                                             int64_t length,
+                                             const std::string& name) const {
+  reshape::TargetTensor t;
+  t.name = name;
+  t.dtype = DType::kFloat32;
+  t.shape = {length};
+  for (const Window& w : windows) {
+    const TParam& p = params_[w.param];
+    const atoms::DatasetInfo* atom = input_.FindAtom(p.name, kind);
+    if (atom == nullptr && kind == "fp32")
+      atom = input_.FindAtom(p.name, "param");
+    if (atom == nullptr) continue;  // zeros (never stepped)
+    reshape::Slot slot;
+    slot.local_shape = p.shape;
+    reshape::SlotPiece piece;
+    piece.local = Box::Whole(p.shape);
+    piece.src = input_.Tensor(*atom);
+    piece.src.shape = p.shape;
+    piece.src_box = piece.local;
+    slot.pieces.push_back(std::move(piece));
+    slot.begin = w.begin;
+    slot.end = std::min(w.end, w.begin + (length - w.dst));
+    slot.dst_offset = w.dst;
+    for (reshape::CopyOp& op : reshape::PlanSlot(slot))
+      t.ops.push_back(std::move(op));
+  }
+  return t;
+}
+
+const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
+                                                 DType* dtype) const {
+  const atoms::DatasetInfo* param = input_.FindAtom(p.name, "param");
+  const atoms::DatasetInfo* fp32 = input_.FindAtom(p.name, "fp32");
+  if (p.buffer || p.frozen) {
+    const atoms::DatasetInfo* d = param != nullptr ? param : fp32;
+    if (d == nullptr) {
+      throw FormatError("universal input ", input_.path().string(),
+                        " > param ", p.name, ": no tensor");
+    }
+    *dtype = d->dtype;
+    return *d;
+  }
+  *dtype = wrapper_ == Wrapper::kTorch ? DType::kFloat32 : lp_;
+  if (param != nullptr && param->dtype == *dtype) return *param;
+  if (fp32 != nullptr) return *fp32;
+  if (param != nullptr) return *param;
+  throw FormatError("universal input ", input_.path().string(), " > param ",
+                    p.name, ": no weights");
+}
+
+Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
+                            const std::string& where) {
+  pickle::Arena& a = f.arena();
+  if (const atoms::DatasetInfo* d = input_.FindAtom(p.name, "step")) {
+    reshape::TargetTensor t;
+    t.name = where + " > step";
+    t.dtype = d->dtype;
+    reshape::CopyOp op;
+    op.src = input_.Tensor(*d);
+    t.ops.push_back(std::move(op));
+    return f.AddTensor(std::move(t));
+  }
+  const int64_t step = input_.root().iteration;
+  if (step_kind_ == "int") return a.Int(step);
+  if (step_kind_ == "float") return a.Float(static_cast<double>(step));
+  if (step_kind_ == "tensor" || step_kind_ == "none") {
+    // torch.optim.Adam keeps a 0-d float step; the content has none for
+    // this param (e.g. a Megatron FusedAdam source): the iteration.
+    if (step_kind_ == "none")
+      notes_.insert(StrCat("the optimizer step was not stored per param: "
+                           "set to the iteration ",
+                           step));
+    const float v = static_cast<float>(step);
+    std::vector<std::byte> bytes(4);
+    std::memcpy(bytes.data(), &v, 4);
+    return f.AddConstant(DType::kFloat32, {}, std::move(bytes));
+  }
+  return nullptr;
+}
+
+Value* WriterBase::ImportBlob(FileBuild& f, const std::string& key) {
+  std::shared_ptr<const torchfile::TorchFile> b = blobs_.Find(key);
+  if (b == nullptr) return nullptr;
+  return f.importer->Import(b, b->root());
+}
+
+Value* WriterBase::DsVersion(FileBuild& f) {
+  for (const char* k : {"optim/ds_version", "optim_top/ds_version",
+                        "top_level/ds_version"})
+    if (Value* v = ImportBlob(f, k)) return v;
+  return f.arena().Str("0.14.5");
+}
+
+Value* WriterBase::DsConfig(FileBuild& f) {
+  for (const char* k : {"optim_top/ds_config", "top_level/ds_config"})
+    if (Value* v = ImportBlob(f, k)) return v;
+  return f.arena().Dict();
+}
+
+Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
+  pickle::Arena& a = f.arena();
+  const std::string fw = StrCat("rank file ", f.path.string());
+  std::vector<std::string> keys;
+  if (const json::Value* mk = meta_.Find("model_keys"); mk && mk->is_array()) {
+    for (const json::Value& k : mk->items())
+      if (k.is_string()) keys.push_back(k.AsString());
+  }
+  if (keys.empty()) keys.assign(std::begin(kDefaultModelKeys), std::end(kDefaultModelKeys));
+  // Client state blobs not in the list go last.
+  for (const atoms::DatasetInfo& d : input_.datasets()) {
+    if (d.kind == atoms::DatasetKind::kOpaque && d.fqn.rfind("top_level/", 0) == 0) {
+      const std::string k = d.fqn.substr(10);
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+  }
+  std::map<std::string, const TParam*> by_name;
+  std::map<std::string, std::string> alias_of;
+  for (const TParam& p : params_) {
+    by_name[p.name] = &p;
+    for (const std::string& al : p.aliases) alias_of[al] = p.name;
+  }
+  const bool torch = wrapper_ == Wrapper::kTorch;
+  Value* root = a.Dict();
+  for (const std::string& key : keys) {
+    Value* v = nullptr;
+    if (key == "module") {
+      Value* m = formats::NewOrderedDict(a);
+      std::map<std::string, Value*> nodes;
+      for (const std::string& k : module_keys_) {
+        if (auto al = alias_of.find(k); al != alias_of.end()) {
+          auto n = nodes.find(al->second);
+          if (n != nodes.end()) formats::AppendEntry(a, m, k, n->second);
+          continue;
+        }
+        const TParam& p = *by_name.at(k);
+        Value* node;
+        if (stage_ == 3 && !p.buffer) {
+          node = f.AddConstant(p.buffer ? p.dtype : lp_, {0}, {});
+        } else {
+          DType dt;
+          const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+          node = f.AddTensor(WholeTensor(atom, p.shape, dt, fw + " > module > " + k));
+        }
+        nodes[k] = node;
+        formats::AppendEntry(a, m, k, node);
+      }
+      v = m;
+    } else if (key == "buffer_names") {
+      std::vector<Value*> names;
+      for (const std::string& k : module_keys_)
+        if (by_name.count(k) && by_name[k]->buffer) names.push_back(a.Str(k));
+      v = a.List(std::move(names));
+    } else if (key == "optimizer") {
+      v = o.optimizer != nullptr ? o.optimizer : a.None();
+    } else if (key == "param_shapes") {
+      if (torch && !o.universal_folder) {
+        v = a.None();
+      } else {
+        std::vector<Value*> list;
+        std::vector<std::vector<size_t>> groups = groups_;
+        if (stage_ == 3) {
+          groups.clear();
+          for (const auto& g : groups_) {
+            std::vector<size_t> cur;
+            int64_t sum = 0;
+            for (size_t k = 0; k < g.size(); ++k) {
+              cur.push_back(g[k]);
+              sum += (params_[g[k]].numel + W_ - 1) / W_;
+              if (sum >= 1'000'000'000 || k + 1 == g.size()) {
+                groups.push_back(std::move(cur));
+                cur.clear();
+                sum = 0;
+              }
+            }
+          }
+        }
+        for (const auto& g : groups) {
+          Value* d = formats::NewOrderedDict(a);
+          for (size_t i : g)
+            formats::AppendEntry(a, d, params_[i].name, TorchSize(a, params_[i].shape));
+          list.push_back(d);
+        }
+        v = a.List(std::move(list));
+      }
+    } else if (key == "frozen_param_shapes") {
+      if (stage_ >= 2) {
+        v = formats::NewOrderedDict(a);
+        for (const TParam& p : params_)
+          if (p.frozen) formats::AppendEntry(a, v, p.name, TorchSize(a, p.shape));
+      } else {
+        v = a.None();
+      }
+    } else if (key == "shared_params") {
+      if (torch) {
+        v = a.None();
+      } else {
+        v = a.Dict();
+        if (o.rank == 0)
+          for (const auto& [al, src] : alias_of)
+            formats::AppendEntry(a, v, al, a.Str(src));
+      }
+    } else if (key == "frozen_param_fragments") {
+      if (stage_ == 2) {
+        v = formats::NewOrderedDict(a);
+        for (const TParam& p : params_) {
+          if (!p.frozen) continue;
+          DType dt;
+          const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+          formats::AppendEntry(a, v, p.name,
+                               f.AddTensor(WholeTensor(atom, p.shape, dt,
+                                                       fw + " > frozen > " + p.name)));
+        }
+      } else if (stage_ == 3) {
+        v = formats::NewOrderedDict(a);
+        for (size_t i = 0; i < params_.size(); ++i) {
+          const TParam& p = params_[i];
+          if (!p.frozen) continue;
+          DType dt;
+          const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+          const int64_t part = (p.numel + W_ - 1) / W_;
+          reshape::TargetTensor t;
+          t.name = fw + " > frozen > " + p.name;
+          t.dtype = dt;
+          t.shape = {part};
+          reshape::Slot slot;
+          slot.local_shape = p.shape;
+          reshape::SlotPiece piece;
+          piece.local = Box::Whole(p.shape);
+          piece.src = input_.Tensor(atom);
+          piece.src_box = piece.local;
+          slot.pieces.push_back(std::move(piece));
+          slot.begin = std::min(p.numel, o.rank * part);
+          slot.end = std::min(p.numel, (o.rank + 1) * part);
+          t.ops = reshape::PlanSlot(slot);
+          formats::AppendEntry(a, v, p.name, f.AddTensor(std::move(t)));
+        }
+      } else {
+        v = a.None();
+      }
+    } else if (key == "dp_world_size") {
+      v = a.Int(W_);
+    } else if (key == "mp_world_size") {
+      v = a.Int(1);
+    } else if (key == "ds_config") {
+      v = DsConfig(f);
+    } else if (key == "ds_version") {
+      v = DsVersion(f);
+    } else if (Value* b = ImportBlob(f, "top_level/" + key)) {
+      v = b;
+    } else if (key == "global_steps") {
+      v = a.Int(input_.root().iteration);
+    } else if (key == "global_samples") {
+      v = a.Int(std::max<int64_t>(input_.root().consumed_samples, 0));
+    } else if (key == "skipped_steps") {
+      v = a.Int(0);
+    } else if (key == "sparse_tensor_module_names") {
+      v = a.Set({});
+    } else if (key == "lr_scheduler" || key == "data_sampler" ||
+               key == "random_ltd") {
+      v = a.None();
+    } else {
+      continue;
+    }
+    formats::AppendEntry(a, root, key, v);
+  }
+  return root;
+}
+
+}  // namespace ucp::deepspeed::internal

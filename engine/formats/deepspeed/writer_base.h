@@ -1,0 +1,107 @@
+#pragma once
+// What the native and universal-folder writers share (internal): the
+// target's params, groups and settings read from the universal content, and
+// the model-states file.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/graph.h"
+#include "engine/json/json.h"
+
+namespace ucp::deepspeed::internal {
+
+struct TParam {
+  std::string name;
+  Shape shape;
+  int64_t numel = 0;
+  DType dtype = DType::kFloat32;  // stored training dtype
+  int64_t group = 0;
+  bool frozen = false;
+  bool buffer = false;
+  std::vector<std::string> aliases;
+};
+
+/// Elements [begin, end) of a param at element `dst` of a flat tensor.
+struct Window {
+  size_t param;
+  int64_t begin, end;
+  int64_t dst;
+};
+
+class WriterBase {
+ public:
+  WriterBase(const universal::UniversalInput& input,
+             const std::filesystem::path& out_dir,
+             const formats::TargetOptions& options,
+             const reshape::ExecutorOptions& executor)
+      : input_(input), out_(out_dir), options_(options), executor_(executor),
+        blobs_(input) {}
+
+ protected:
+  /// Reads the universal content's params, groups, dtype, stage, tag.
+  /// Throws UsageError for tp/pp > 1 or a stage outside 0-3, FormatError for
+  /// missing master weights.
+  void Prepare();
+
+  /// The atom (converted to `dtype`) as a whole tensor of `shape`.
+  reshape::TargetTensor WholeTensor(const atoms::DatasetInfo& atom,
+                                    const Shape& shape, DType dtype,
+                                    const std::string& name) const;
+  /// A flat float32 tensor of `length` elements holding the windows of
+  /// state kind `kind` (zeros elsewhere and where a param lacks the atom).
+  reshape::TargetTensor FlatTensor(const std::string& kind,
+                                   const std::vector<Window>& windows,
+                                   int64_t length,
+                                   const std::string& name) const;
+  /// The lp weights of a param (its `param` atom when it has the training
+  /// dtype, else its master converted); buffers / frozen: as stored.
+  const atoms::DatasetInfo& WeightAtom(const TParam& p, DType* dtype) const;
+  /// The optimizer step of the param's group as the source kept it (a 0-d
+  /// tensor from its `step` atom, an int), nullptr if none.
+  pickle::Value* StepNode(FileBuild& f, const TParam& p,
+                          const std::string& where);
+  /// A copy of blob `key` in f's graph; nullptr if the content has none.
+  pickle::Value* ImportBlob(FileBuild& f, const std::string& key);
+  pickle::Value* DsVersion(FileBuild& f);
+  pickle::Value* DsConfig(FileBuild& f);
+  static void AppendOrReplace(pickle::Arena& a, pickle::Value* dict,
+                              const std::string& key, pickle::Value* v);
+
+  struct ModelStatesOptions {
+    int64_t rank = 0;                    // ZeRO-3 file's dp rank
+    pickle::Value* optimizer = nullptr;  // torch optimizer (ZeRO 0 fp32)
+    bool universal_folder = false;
+  };
+  /// The model-states dict (mp_rank_00 / ZeRO-3 zero_pp_rank_D).
+  pickle::Value* ModelStates(FileBuild& f, const ModelStatesOptions& o);
+
+  const universal::UniversalInput& input_;
+  std::filesystem::path out_;
+  const formats::TargetOptions& options_;
+  reshape::ExecutorOptions executor_;
+  formats::BlobCache blobs_;
+
+  json::Value meta_ = json::Value::Object();  // source's "deepspeed" attr
+  DType lp_ = DType::kFloat32;
+  int stage_ = 0;
+  Wrapper wrapper_ = Wrapper::kZero;
+  int64_t W_ = 1;
+  std::string tag_;
+  std::filesystem::path tag_dir_;
+  std::vector<TParam> params_;              // canonical order
+  std::vector<std::vector<size_t>> groups_;  // trainable, per group
+  std::vector<std::string> state_kinds_;    // besides fp32 and step
+  std::vector<std::string> module_keys_;    // incl. aliases
+  std::string step_kind_ = "none";
+  std::shared_ptr<const torchfile::TorchFile> group_file_;
+  const pickle::Value* group_templates_ = nullptr;
+  std::set<std::string> notes_;
+};
+
+}  // namespace ucp::deepspeed::internal

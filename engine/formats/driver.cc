@@ -1,0 +1,145 @@
+#include "engine/formats/driver.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "engine/core/error.h"
+
+namespace ucp::formats {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, std::unique_ptr<Driver>, std::less<>> drivers;
+};
+
+Registry& TheRegistry() {
+  static Registry* r = new Registry();  // never destroyed: used at exit
+  return *r;
+}
+
+std::string KnownNames() {
+  std::string s;
+  for (const Driver* d : Drivers()) s += (s.empty() ? "" : ", ") + std::string(d->Name());
+  return s;
+}
+
+}  // namespace
+
+std::string CheckpointInfo::Describe() const {
+  std::string s = StrCat(format, " checkpoint ", path.string(), " (");
+  s += tag.empty() ? StrCat("iteration ", iteration)
+                   : StrCat(tag, ", step ", iteration);
+  s += StrCat(", tp ", topology.tp, ", pp ", topology.pp);
+  if (topology.vpp > 1) s += StrCat(", vpp ", topology.vpp);
+  s += StrCat(", dp ", topology.dp);
+  if (zero_stage) s += StrCat(", zero stage ", *zero_stage);
+  if (distributed_optimizer) s += ", distributed optimizer";
+  if (!dtype.empty()) s += ", " + dtype;
+  return s + ")";
+}
+
+json::Value CheckpointInfo::ToJson() const {
+  json::Value j = json::Value::Object();
+  j["format"] = format;
+  j["path"] = path.string();
+  if (!tag.empty()) j["tag"] = tag;
+  j["iteration"] = iteration;
+  j["tp"] = topology.tp;
+  j["pp"] = topology.pp;
+  j["vpp"] = topology.vpp;
+  j["dp"] = topology.dp;
+  if (zero_stage) j["zero_stage"] = *zero_stage;
+  j["distributed_optimizer"] = distributed_optimizer;
+  if (!dtype.empty()) j["dtype"] = dtype;
+  j["rank_files"] = static_cast<int64_t>(files.size());
+  return j;
+}
+
+Source::NameListing Source::ListNames() const {
+  throw UsageError(info().format,
+                   " checkpoints have no layout descriptors to check");
+}
+
+std::unique_ptr<Source> Driver::Open(const std::filesystem::path& path,
+                                     const SourceOptions&) const {
+  throw UsageError("format '", Name(), "' cannot be read (", path.string(),
+                   ")");
+}
+
+TargetSummary Driver::Write(const universal::UniversalInput&,
+                            const std::filesystem::path&, const TargetOptions&,
+                            const reshape::ExecutorOptions&) const {
+  throw UsageError("format '", Name(), "' cannot be written");
+}
+
+void RegisterDriver(std::unique_ptr<Driver> driver) {
+  Registry& r = TheRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::string name(driver->Name());
+  UCP_CHECK(!r.drivers.count(name), "driver ", name, " registered twice");
+  r.drivers.emplace(std::move(name), std::move(driver));
+}
+
+std::vector<const Driver*> Drivers() {
+  Registry& r = TheRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<const Driver*> out;
+  for (const auto& [n, d] : r.drivers) out.push_back(d.get());
+  return out;
+}
+
+const Driver* FindDriver(std::string_view name) {
+  Registry& r = TheRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.drivers.find(name);
+  return it == r.drivers.end() ? nullptr : it->second.get();
+}
+
+const Driver& GetDriver(std::string_view name) {
+  if (const Driver* d = FindDriver(name)) return *d;
+  throw UsageError("unknown format '", name, "' (known: ", KnownNames(), ")");
+}
+
+const Driver& DetectDriver(const std::filesystem::path& path,
+                           std::string_view from) {
+  if (!from.empty()) {
+    const Driver& d = GetDriver(from);
+    if (!d.CanRead())
+      throw UsageError("format '", from, "' cannot be read");
+    return d;
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw IoError("source ", path.string(), " does not exist");
+  }
+  const Driver* best = nullptr;
+  Confidence best_c = Confidence::kNo;
+  bool tie = false;
+  for (const Driver* d : Drivers()) {
+    if (!d->CanRead()) continue;
+    const Confidence c = d->Probe(path);
+    if (c > best_c) {
+      best = d;
+      best_c = c;
+      tie = false;
+    } else if (c == best_c && c != Confidence::kNo) {
+      tie = true;
+    }
+  }
+  if (best == nullptr) {
+    throw FormatError(path.string(),
+                      ": not a checkpoint of a known format (tried ",
+                      KnownNames(), "); pass --from FORMAT to force one");
+  }
+  if (tie) {
+    throw FormatError(path.string(),
+                      ": several formats could read it; pass --from FORMAT "
+                      "(known: ",
+                      KnownNames(), ")");
+  }
+  return *best;
+}
+
+}  // namespace ucp::formats

@@ -1,0 +1,165 @@
+#pragma once
+// Format drivers: the seam every framework plugs into.
+//
+// A driver knows one framework's files (names, keys, pickled objects, flat
+// optimizer buffers) and nothing of other frameworks. It
+//   - probes a path cheaply (file names and a few bytes; never throws),
+//   - opens (discovers) a checkpoint: tag / iteration, topology, rank files,
+//   - plans the checkpoint's fragments (universal::SourcePlan) for
+//     to-universal, convert and export,
+//   - writes a target checkpoint for a topology from universal content (a
+//     universal file or a source plan; universal::UniversalInput).
+// Drivers register themselves (UCP_REGISTER_DRIVER in their .cc); the CLI and
+// engine/universal pick them by name and never name a framework. A binary
+// that wants every driver links the target ucp::all_formats.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/json/json.h"
+#include "engine/reshape/executor.h"
+#include "engine/universal/input.h"
+#include "engine/universal/source_plan.h"
+#include "layouts/variables.h"
+
+namespace ucp::formats {
+
+/// How sure a driver is that a path is one of its checkpoints.
+enum class Confidence : uint8_t { kNo = 0, kMaybe = 1, kYes = 2 };
+
+/// Which checkpoint of a save folder to read.
+struct Selector {
+  std::string tag;                   // DeepSpeed tag; empty: `latest`
+  std::optional<int64_t> iteration;  // Megatron iteration; absent: tracker
+};
+
+struct SourceOptions {
+  /// A builtin layout name or a YAML file; empty: detected from the names.
+  std::string layout;
+  /// The tokenizer's true vocabulary size, when the checkpoint lacks it.
+  std::optional<int64_t> true_vocab_size;
+  Selector selector;
+};
+
+/// What was found on disk, framework-neutral (for messages and --json).
+struct CheckpointInfo {
+  std::string format;                // driver name
+  std::filesystem::path dir;         // the save folder
+  std::filesystem::path path;        // the checkpoint folder read
+  std::string tag;                   // tag or iteration folder name
+  int64_t iteration = 0;
+  layouts::Topology topology;        // tp, pp, vpp, dp
+  std::optional<int> zero_stage;     // DeepSpeed
+  bool distributed_optimizer = false;
+  std::string dtype;                 // training dtype, "" if unknown
+  std::vector<std::filesystem::path> files;  // every rank file read
+
+  /// "DeepSpeed checkpoint DIR/global_step2 (step 2, zero stage 2, bf16,
+  /// dp 2)".
+  std::string Describe() const;
+  json::Value ToJson() const;
+};
+
+/// An opened (discovered) checkpoint.
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual const CheckpointInfo& info() const noexcept = 0;
+  /// Reads every rank file's index and pickle and plans the universal
+  /// content. Throws FormatError / LayoutError naming the rank file, param
+  /// and problem; IoError if a file cannot be read.
+  virtual universal::SourcePlan Plan() const = 0;
+
+  /// Every canonical name once, the model variables and the layout chosen
+  /// (for `ucp layout check`). Throws UsageError if the driver has no
+  /// layouts, else like Plan.
+  struct NameListing {
+    std::vector<std::string> names;
+    layouts::Variables variables;
+    std::string layout_name;
+    std::string layout_yaml;
+  };
+  virtual NameListing ListNames() const;
+};
+
+struct TargetOptions {
+  layouts::Topology topology;         // tp, pp, vpp, dp
+  std::optional<int> zero_stage;      // DeepSpeed (default: the source's)
+  bool distributed_optimizer = false; // Megatron
+  bool no_optimizer = false;          // model weights only
+  std::optional<int64_t> true_vocab_size;
+  std::string tag;                    // DeepSpeed tag (default: the source's)
+};
+
+struct TargetSummary {
+  int64_t files = 0;  // written (rank files, trackers)
+  uint64_t bytes = 0;
+  std::vector<std::string> notes;
+  /// How to resume from the output with the framework, one line
+  /// ("--load DIR --tensor-model-parallel-size 2 ...").
+  std::string resume_hint;
+  json::Value details = json::Value::Object();  // driver-specific, for --json
+};
+
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  /// "megatron", "deepspeed", "deepspeed-universal".
+  virtual std::string_view Name() const = 0;
+  /// One line for `ucp formats` / --help.
+  virtual std::string_view Summary() const = 0;
+
+  /// Cheap; never throws (unreadable or foreign input is kNo).
+  virtual Confidence Probe(const std::filesystem::path& path) const = 0;
+  virtual bool CanRead() const { return true; }
+  /// Discovers the checkpoint at `path`. Throws FormatError naming the
+  /// missing or malformed file, IoError if unreadable, UsageError for a
+  /// selector that names nothing; UsageError if !CanRead().
+  virtual std::unique_ptr<Source> Open(const std::filesystem::path& path,
+                                       const SourceOptions& options) const;
+
+  virtual bool CanWrite() const { return false; }
+  /// Writes the target checkpoint into `out_dir` (an existing empty folder;
+  /// wrap it in a universal::StagedDirectory). Throws LayoutError if the
+  /// topology cannot hold the model, FormatError if the universal content
+  /// lacks what the format needs, UsageError for options it does not take
+  /// (or if !CanWrite()), IoError on write failures.
+  virtual TargetSummary Write(const universal::UniversalInput& input,
+                              const std::filesystem::path& out_dir,
+                              const TargetOptions& options,
+                              const reshape::ExecutorOptions& executor) const;
+};
+
+/// Adds a driver to the registry. Throws InternalError on a duplicate name.
+void RegisterDriver(std::unique_ptr<Driver> driver);
+/// Every registered driver, by name.
+std::vector<const Driver*> Drivers();
+/// nullptr if there is none of that name.
+const Driver* FindDriver(std::string_view name);
+/// Throws UsageError naming the known drivers if there is none.
+const Driver& GetDriver(std::string_view name);
+/// The driver of the checkpoint at `path`: `from` if given (GetDriver), else
+/// the most confident probe. Throws FormatError naming the path and the
+/// formats tried if no driver recognises it, or if two are equally sure.
+const Driver& DetectDriver(const std::filesystem::path& path,
+                           std::string_view from = {});
+
+namespace internal {
+struct Registrar {
+  explicit Registrar(std::unique_ptr<Driver> driver) {
+    RegisterDriver(std::move(driver));
+  }
+};
+}  // namespace internal
+
+}  // namespace ucp::formats
+
+/// In a driver's .cc: registers one instance of `Type` at start-up.
+#define UCP_REGISTER_DRIVER(Type)                                        \
+  static ::ucp::formats::internal::Registrar ucp_driver_registrar_##Type{ \
+      std::make_unique<Type>()}

@@ -1,0 +1,128 @@
+// The "megatron" format driver: Megatron-LM legacy (--ckpt-format torch)
+// checkpoints, read and written (megatron.h).
+
+#include <string>
+
+#include "engine/core/error.h"
+#include "engine/formats/driver.h"
+#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron/megatron_format.h"
+
+namespace ucp::megatron {
+namespace {
+
+namespace fs = std::filesystem;
+
+class MegatronSource : public formats::Source {
+ public:
+  MegatronSource(Checkpoint c, const formats::SourceOptions& o)
+      : checkpoint_(std::move(c)) {
+    options_.layout = o.layout;
+    options_.true_vocab_size = o.true_vocab_size;
+    info_.format = "megatron";
+    info_.dir = checkpoint_.dir;
+    info_.path = checkpoint_.iter_dir;
+    info_.tag = checkpoint_.iter_dir.filename().string();
+    info_.iteration = checkpoint_.iteration;
+    info_.topology = checkpoint_.topology;
+    info_.distributed_optimizer = checkpoint_.distributed_optimizer;
+    for (const auto& row : checkpoint_.rank_files)
+      for (const fs::path& p : row) info_.files.push_back(p);
+    for (const auto& row : checkpoint_.distrib_optim_files)
+      for (const fs::path& p : row)
+        if (!p.empty()) info_.files.push_back(p);
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override {
+    return PlanSource(checkpoint_, options_);
+  }
+  NameListing ListNames() const override {
+    megatron::NameListing n = megatron::ListNames(checkpoint_, options_);
+    return {std::move(n.names), std::move(n.variables),
+            std::move(n.layout_name), std::move(n.layout_yaml)};
+  }
+
+ private:
+  Checkpoint checkpoint_;
+  SourceOptions options_;
+  formats::CheckpointInfo info_;
+};
+
+bool IsRankDir(const fs::path& p) {
+  return ParseRankDirName(p.filename().string()).has_value();
+}
+
+class MegatronDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "megatron"; }
+  std::string_view Summary() const override {
+    return "Megatron-LM legacy checkpoints (--ckpt-format torch): "
+           "latest_checkpointed_iteration.txt, iter_*/mp_rank_*/"
+           "model_optim_rng.pt [+ distrib_optim.pt]";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
+    if (fs::is_regular_file(path / kTrackerFile, ec))
+      return formats::Confidence::kYes;
+    // An iter_* / release folder holding mp_rank_* folders.
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (IsRankDir(it->path()) &&
+          fs::is_regular_file(it->path() / kModelFile, ec))
+        return formats::Confidence::kYes;
+    }
+    return formats::Confidence::kNo;
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    if (!options.selector.tag.empty()) {
+      throw UsageError("Megatron checkpoints are chosen with --iteration, "
+                       "not --tag");
+    }
+    return std::make_unique<MegatronSource>(
+        Discover(path, options.selector.iteration), options);
+  }
+  bool CanWrite() const override { return true; }
+  formats::TargetSummary Write(
+      const universal::UniversalInput& input, const fs::path& out_dir,
+      const formats::TargetOptions& options,
+      const reshape::ExecutorOptions& executor) const override {
+    if (options.zero_stage) {
+      throw UsageError("--zero-stage is a DeepSpeed option; Megatron targets "
+                       "take --distributed-optimizer");
+    }
+    if (!options.tag.empty()) {
+      throw UsageError("--tag is a DeepSpeed option (Megatron folders are "
+                       "named by iteration)");
+    }
+    TargetOptions o;
+    o.topology = options.topology;
+    o.distributed_optimizer = options.distributed_optimizer;
+    o.true_vocab_size = options.true_vocab_size;
+    o.no_optimizer = options.no_optimizer;
+    TargetSummary s = WriteTarget(input, out_dir, o, executor);
+    formats::TargetSummary out;
+    out.files = s.files;
+    out.bytes = s.bytes;
+    out.notes = std::move(s.notes);
+    const layouts::Topology& t = options.topology;
+    std::string flags = StrCat("--tensor-model-parallel-size ", t.tp,
+                               " --pipeline-model-parallel-size ", t.pp);
+    if (t.vpp > 1)
+      flags += StrCat(" --num-virtual-stages-per-pipeline-rank ", t.vpp);
+    if (options.distributed_optimizer) flags += " --use-distributed-optimizer";
+    if (options.no_optimizer) flags += " --no-load-optim";
+    out.details["megatron_flags"] = flags;
+    out.resume_hint = "Megatron-LM: --load <output> " + flags;
+    return out;
+  }
+};
+
+UCP_REGISTER_DRIVER(MegatronDriver);
+
+}  // namespace
+}  // namespace ucp::megatron
