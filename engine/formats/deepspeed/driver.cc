@@ -60,6 +60,13 @@ class DeepSpeedDriver : public formats::Driver {
       return formats::Confidence::kYes;
     if (HasModelStates(path) && !fs::is_directory(path / "zero", ec))
       return formats::Confidence::kYes;
+    // A save folder without `latest` (a crash before it was written): tag
+    // folders inside.
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (HasModelStates(it->path()) && !fs::is_directory(it->path() / "zero", ec))
+        return formats::Confidence::kMaybe;
+    }
     return formats::Confidence::kNo;
   }
   std::unique_ptr<formats::Source> Open(

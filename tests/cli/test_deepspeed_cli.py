@@ -1,0 +1,301 @@
+#!/usr/bin/python3
+"""End-to-end tests of ucp on DeepSpeed checkpoints: the real DeepSpeed 0.14.5
+files in ../shared/fixtures (ZeRO 0-3 x fp32/bf16 x world 1/2, with DeepSpeed's
+own in-memory references) and the independent generator's cases
+(tests/tools/make_deepspeed_ckpts.py: frozen, shared and buffer entries, two
+optimizer groups, worlds 3 and 8). Oracles: tests/tools/check_deepspeed.py,
+written from the format spec, and DeepSpeed's own files.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
+import check_deepspeed as ck  # noqa: E402
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+FIXTURES = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5"
+ALL = sorted(p for p in FIXTURES.iterdir() if p.is_dir())
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, kind, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+class Tmp:
+    def __enter__(self):
+        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-ds-"))
+        return self.path
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path)
+
+
+def stage_world(fixture):
+    meta = json.load(open(fixture / "meta.json"))
+    return meta["zero_stage"], meta["world_size"], meta["dtype"]
+
+
+def atoms_of(h5path):
+    """Every dataset of /params as bytes, by path."""
+    out = {}
+    with h5py.File(h5path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (obj.attrs["dtype"], obj[()].tobytes())
+        f["params"].visititems(visit)
+        frozen = {k: int(g.attrs["frozen"]) for k, g in f["params"].items()}
+    return out, frozen
+
+
+def test_fixtures_to_universal_equal_deepspeeds_references():
+    with Tmp() as t:
+        for fx in ALL:
+            doc = json.loads(run("to-universal", fx, "-o", t / "u.h5", "--json", "-q").stdout)
+            stage, world, _ = stage_world(fx)
+            assert doc["format"] == "deepspeed" and doc["source_topology"]["dp"] == world
+            assert doc["source_topology"]["zero_stage"] == stage
+            ck.cmd_universal(str(t / "u.h5"), str(fx))
+            (t / "u.h5").unlink()
+
+
+def test_fixtures_export_equal_references():
+    with Tmp() as t:
+        for fx in ALL:
+            run("export", fx, "-o", t / "e", "-q")
+            ck.cmd_export(str(t / "e"), str(fx), "fp32", "safetensors")
+            shutil.rmtree(t / "e")
+        fx = FIXTURES / "ds0145_z3_bf16_w2_mlp"
+        for fmt in ("safetensors", "torch"):
+            doc = json.loads(run("export", fx, "-o", t / fmt, "--format", fmt, "--dtype", "bf16",
+                                 "--max-shard-size", "300B", "--json").stdout)
+            assert len(doc["files"]) > 2 and doc["files"][-1].endswith(".index.json"), doc
+            ck.cmd_export(str(t / fmt), str(fx), "bf16", fmt)
+        # From a universal file too.
+        run("to-universal", fx, "-o", t / "u.h5", "-q")
+        run("export", t / "u.h5", "-o", t / "fromu", "-q")
+        ck.cmd_export(str(t / "fromu"), str(fx), "fp32", "safetensors")
+
+
+def test_native_same_topology_reproduces_deepspeeds_files():
+    """Every fixture converted to its own world size and stage: the files,
+    keys, classes and every tensor equal DeepSpeed's (check_deepspeed)."""
+    with Tmp() as t:
+        for fx in ALL:
+            stage, world, _ = stage_world(fx)
+            run("convert", fx, "-o", t / "o", "--format", "deepspeed", "--dp", world,
+                "--zero-stage", stage, "-q")
+            ck.cmd_native(str(t / "o"), str(fx), world, stage)
+            shutil.rmtree(t / "o")
+
+
+def test_native_every_stage_and_world_size_round_trips():
+    """Every fixture -> native files for stages 0-3 x dp 1, 2, 3, 8 (checked
+    against the spec's flat layouts and the references) -> universal file
+    whose atoms equal those of the fixture's own universal file."""
+    with Tmp() as t:
+        for fx in ALL:
+            run("to-universal", fx, "-o", t / "a.h5", "-q")
+            want, _ = atoms_of(t / "a.h5")
+            for stage in (0, 1, 2, 3):
+                for dp in (1, 2, 3, 8):
+                    out = t / f"s{stage}dp{dp}"
+                    run("reshape", t / "a.h5", "-o", out, "--dp", dp, "--zero-stage", stage, "-q")
+                    ck.cmd_native(str(out), str(fx), dp, stage)
+                    run("to-universal", out, "-o", t / "b.h5", "-q")
+                    got, _ = atoms_of(t / "b.h5")
+                    for k, v in want.items():
+                        if k.endswith("/param") and stage == 3:
+                            continue  # ZeRO-3 files hold no lp weights
+                        assert got.get(k) == v, (fx.name, stage, dp, k)
+                    (t / "b.h5").unlink()
+                    shutil.rmtree(out)
+            (t / "a.h5").unlink()
+
+
+def test_deepspeed_universal_folders_both_ways():
+    with Tmp() as t:
+        for fx in ALL:
+            doc = json.loads(run("convert", fx, "-o", t / "u", "--format", "deepspeed-universal",
+                                 "--dp", 1, "--json", "-q").stdout)
+            assert doc["format"] == "deepspeed-universal"
+            assert (t / "u" / "latest_universal").read_text() == "global_step2_universal"
+            ck.cmd_dsuniversal(str(t / "u"), str(fx))
+            # Readable as a source: the same atoms as the fixture.
+            run("to-universal", t / "u", "-o", t / "b.h5", "-q")
+            ck.cmd_universal(str(t / "b.h5"), str(fx))
+            # And back to native files at another world size.
+            stage, _, _ = stage_world(fx)
+            run("convert", t / "u", "-o", t / "n", "--format", "deepspeed", "--dp", 3,
+                "--zero-stage", max(stage, 1), "-q")
+            ck.cmd_native(str(t / "n"), str(fx), 3, max(stage, 1))
+            for p in ("u", "n"):
+                shutil.rmtree(t / p)
+            (t / "b.h5").unlink()
+
+
+def test_verify_and_formats():
+    fx = FIXTURES / "ds0145_z2_bf16_w2_mlp"
+    doc = json.loads(run("verify", fx, "--json").stdout)
+    assert doc["ok"] and doc["kind"] == "deepspeed", doc
+    names = {f["name"] for f in json.loads(run("formats", "--json").stdout)}
+    assert {"megatron", "deepspeed", "deepspeed-universal"} <= names
+
+
+def copy_fixture(name, dst):
+    shutil.copytree(FIXTURES / name, dst)
+    return dst
+
+
+def check_failure(args, kind, code, needles, output):
+    p = run(*args, expect=code)
+    one_error_line(p, kind, *needles)
+    assert not pathlib.Path(output).exists(), output
+    assert not list(pathlib.Path(output).parent.glob(f".{pathlib.Path(output).name}*")), "staging left"
+
+
+def test_bad_input():
+    with Tmp() as t:
+        # Missing optimizer file.
+        src = copy_fixture("ds0145_z2_fp32_w2_mlp", t / "missing")
+        victim = src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        victim.unlink()
+        check_failure(["to-universal", src, "-o", t / "o.h5"], "format error", 3,
+                      ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing"], t / "o.h5")
+        # Truncated optimizer file.
+        src = copy_fixture("ds0145_z2_fp32_w2_mlp", t / "trunc")
+        victim = src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        data = victim.read_bytes()
+        victim.write_bytes(data[: len(data) // 2])
+        before = victim.read_bytes()
+        check_failure(["convert", src, "-o", t / "o", "--dp", 1], "format error", 3,
+                      ["zero_pp_rank_1_mp_rank_00_optim_states.pt"], t / "o")
+        assert victim.read_bytes() == before
+        # Files from mixed world sizes: rank 1 taken from a world-1 run.
+        src = copy_fixture("ds0145_z2_fp32_w2_mlp", t / "mixed")
+        shutil.copy(FIXTURES / "ds0145_z2_fp32_w1_mlp" / "global_step2" /
+                    "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                    src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+        check_failure(["export", src, "-o", t / "o"], "format error", 3,
+                      ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "mixed world sizes"], t / "o")
+        # An extra rank file beyond the world size.
+        src = copy_fixture("ds0145_z1_fp32_w1_mlp", t / "extra")
+        shutil.copy(FIXTURES / "ds0145_z1_fp32_w2_mlp" / "global_step2" /
+                    "zero_pp_rank_1_mp_rank_00_optim_states.pt", src / "global_step2")
+        check_failure(["to-universal", src, "-o", t / "o.h5"], "format error", 3,
+                      ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "mixed world sizes"], t / "o.h5")
+        # An unknown ZeRO stage.
+        src = copy_fixture("ds0145_z1_fp32_w1_mlp", t / "stage")
+        f = src / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        obj = torch.load(f)
+        obj["optimizer_state_dict"]["zero_stage"] = 7
+        torch.save(obj, f)
+        check_failure(["to-universal", src, "-o", t / "o.h5"], "format error", 3,
+                      ["unknown ZeRO stage 7", "zero_pp_rank_0_mp_rank_00_optim_states.pt"],
+                      t / "o.h5")
+        # No latest and no --tag.
+        src = copy_fixture("ds0145_z1_fp32_w1_mlp", t / "nolatest")
+        (src / "latest").unlink()
+        check_failure(["to-universal", src, "-o", t / "o.h5"], "usage error", 2,
+                      ["no 'latest' file", "--tag", "global_step2"], t / "o.h5")
+        run("to-universal", src, "--tag", "global_step2", "-o", t / "ok.h5", "-q")
+        # A tag that is not there.
+        check_failure(["to-universal", src, "--tag", "global_step9", "-o", t / "o.h5"],
+                      "format error", 3, ["global_step9"], t / "o.h5")
+        # Bad target options.
+        fx = FIXTURES / "ds0145_z1_fp32_w1_mlp"
+        check_failure(["convert", fx, "-o", t / "o", "--dp", 2, "--zero-stage", 4],
+                      "usage error", 2, ["--zero-stage 4"], t / "o")
+        check_failure(["convert", fx, "-o", t / "o", "--dp", 2, "--tp", 2],
+                      "usage error", 2, ["tp"], t / "o")
+        check_failure(["convert", fx, "-o", t / "o", "--dp", 2, "--format", "nosuch"],
+                      "usage error", 2, ["unknown format 'nosuch'", "deepspeed"], t / "o")
+        check_failure(["export", fx, "-o", t / "o", "--dtype", "int8"],
+                      "usage error", 2, ["--dtype int8"], t / "o")
+
+
+def test_generated_cases():
+    """The independent generator's checkpoints (frozen params, a shared
+    param, buffers, two optimizer groups, worlds 3 and 8, fp32 and bf16,
+    ZeRO 1/2/3 and BF16_Optimizer): to-universal equals the generator's truth,
+    export too, and conversions to every other stage and world size come back
+    to identical atoms."""
+    gen = HERE.parent / "tools" / "make_deepspeed_ckpts.py"
+    with Tmp() as t:
+        subprocess.run([sys.executable, str(gen), "--out", str(t / "gen")], check=True)
+        cases = sorted(p for p in (t / "gen").iterdir() if p.is_dir())
+        assert len(cases) >= 8
+        for case in cases:
+            truth = torch.load(case / "truth.pt")
+            run("to-universal", case, "-o", t / "a.h5", "-q")
+            check_truth(t / "a.h5", truth, case.name)
+            want, frozen = atoms_of(t / "a.h5")
+            assert frozen == truth["frozen_flags"], (case.name, frozen)
+            run("export", case, "-o", t / "e", "-q")
+            sd = ck.read_export(str(t / "e"), "safetensors")
+            for n, t32 in truth["export"].items():
+                ck.same(sd[n], t32, f"{case.name} export {n}")
+            assert set(sd) == set(truth["export"]), (case.name, sorted(sd))
+            shutil.rmtree(t / "e")
+            for stage in (1, 2, 3):
+                for dp in (1, 5):
+                    out = t / f"s{stage}dp{dp}"
+                    run("convert", case, "-o", out, "--dp", dp, "--zero-stage", stage, "-q")
+                    run("to-universal", out, "-o", t / "b.h5", "-q")
+                    got, _ = atoms_of(t / "b.h5")
+                    for k, v in want.items():
+                        if k.endswith("/param") and stage == 3 and not truth["param_is_stored"].get(k, False):
+                            continue  # ZeRO-3 keeps no lp copies of trainable params
+                        assert got.get(k) == v, (case.name, stage, dp, k)
+                    # Shared params load as the same tensor (torch.load).
+                    files = sorted(out.rglob("*model_states.pt"))
+                    m = torch.load(files[0])
+                    if stage < 3:
+                        assert m["module"]["head.weight"].data_ptr() == m["module"]["embed.weight"].data_ptr()
+                    assert m["shared_params"] == {"head.weight": "embed.weight"}
+                    (t / "b.h5").unlink()
+                    shutil.rmtree(out)
+            (t / "a.h5").unlink()
+
+
+def check_truth(h5path, truth, where):
+    with h5py.File(h5path, "r") as f:
+        for n, kinds in truth["atoms"].items():
+            g = f["params"][n]
+            for k, ref in kinds.items():
+                raw = g[k][()]
+                if g[k].attrs["dtype"] == "bfloat16":
+                    got = torch.from_numpy(raw.astype(np.int16)).view(torch.bfloat16)
+                else:
+                    got = torch.from_numpy(np.ascontiguousarray(raw))
+                ck.same(got.reshape(ref.shape), ref, f"{where} {n}/{k}")
+
+
+if __name__ == "__main__":
+    only = sys.argv[1:]
+    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
+    for fn in tests:
+        if only and fn.__name__ not in only:
+            continue
+        fn()
+        print("ok", fn.__name__, flush=True)

@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""Independent generator of DeepSpeed checkpoints, written from DeepSpeed's
+save code as ../shared/reference/deepspeed.md transcribes it (never from ucp),
+for the cases the real fixtures lack: a frozen param, a shared (tied) param,
+buffers (float and int), two optimizer groups, worlds 3 and 8, ZeRO 1/2/3 and
+BF16_Optimizer, fp32 and bf16. Each case folder holds `latest`, the tag folder
+and truth.pt:
+  atoms:   {name: {state kind: tensor}} what the universal file must hold
+  export:  {name: fp32 tensor} what `ucp export` must write
+  frozen_flags: {name: 0|1}; param_is_stored: {"name/param": bool}
+Classes come from tests/tools/stubs (the real module paths).
+"""
+import argparse
+import os
+import sys
+from collections import OrderedDict
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
+from deepspeed.runtime.fp16.loss_scaler import LossScaler  # noqa: E402
+from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: E402
+from deepspeed.utils.tensor_fragment import fragment_address  # noqa: E402
+
+STEP = 5
+# Model: module state-dict order. embed.weight is shared with head.weight
+# (named_parameters dedups: head.weight is the alias).
+PARAMS = OrderedDict([
+    ("embed.weight", (11, 6)),
+    ("block.norm.weight", (6,)),   # frozen
+    ("block.fc.weight", (7, 6)),
+    ("block.fc.bias", (7,)),
+])
+FROZEN = {"block.norm.weight"}
+GROUPS = [["embed.weight", "block.fc.weight"], ["block.fc.bias"]]  # trainable
+BUFFERS = OrderedDict([("block.running", torch.float32), ("block.count", torch.int64)])
+MODULE_ORDER = ["embed.weight", "block.norm.weight", "block.fc.weight", "block.fc.bias",
+                "block.running", "block.count", "head.weight"]
+HYPER = [dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, amsgrad=False,
+              foreach=None, maximize=False, capturable=False),
+         dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, amsgrad=False,
+              foreach=None, maximize=False, capturable=False)]
+
+
+def make_state(seed, lp):
+    g = torch.Generator().manual_seed(seed)
+    st = {}
+    for n, shape in PARAMS.items():
+        master = torch.randn(shape, generator=g)
+        st[n] = {"fp32": master, "lp": master.to(lp)}
+        if n not in FROZEN:
+            st[n]["exp_avg"] = torch.randn(shape, generator=g) * 1e-2
+            st[n]["exp_avg_sq"] = torch.rand(shape, generator=g) * 1e-4
+    bufs = {"block.running": torch.randn(5, generator=g),
+            "block.count": torch.tensor(42, dtype=torch.int64)}
+    return st, bufs
+
+
+def numel(n):
+    r = 1
+    for d in PARAMS[n]:
+        r *= d
+    return r
+
+
+def write_case(out, stage, world, dtype):
+    lp = torch.bfloat16 if dtype == "bf16" else torch.float32
+    st, bufs = make_state(1000 * stage + 10 * world + (dtype == "bf16"), lp)
+    tag = f"global_step{STEP}"
+    tdir = os.path.join(out, tag)
+    os.makedirs(tdir)
+    with open(os.path.join(out, "latest"), "w") as f:
+        f.write(tag)
+    bf16_opt = stage == 0  # BF16_Optimizer (bf16 only)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+           "bf16": {"enabled": dtype == "bf16"}}
+    trainable = [n for g in GROUPS for n in g]
+
+    def model_states(rank):
+        module = OrderedDict()
+        for k in MODULE_ORDER:
+            if k == "head.weight":
+                module[k] = module["embed.weight"]  # the same tensor
+            elif k in BUFFERS:
+                module[k] = bufs[k].clone()
+            elif stage == 3:
+                module[k] = torch.empty(0, dtype=lp)
+            else:
+                module[k] = st[k]["lp"].clone() if k not in FROZEN else st[k]["lp"].clone()
+        if stage == 3:
+            # ZeRO-3 param_shapes: one dict per sub-group (one per group here).
+            shapes = [OrderedDict((n, torch.Size(PARAMS[n])) for n in g) for g in GROUPS]
+        else:
+            shapes = [OrderedDict((n, torch.Size(PARAMS[n])) for n in g) for g in GROUPS]
+        frozen_shapes = OrderedDict((n, torch.Size(PARAMS[n])) for n in FROZEN) if stage >= 2 else None
+        if stage == 2:
+            frags = OrderedDict((n, st[n]["lp"].clone()) for n in FROZEN)
+        elif stage == 3:
+            frags = OrderedDict()
+            for n in FROZEN:
+                p = -(-numel(n) // world)
+                flat = torch.zeros(p * world, dtype=lp)
+                flat[:numel(n)] = st[n]["lp"].flatten()
+                frags[n] = flat[rank * p:(rank + 1) * p].clone()
+        else:
+            frags = None
+        return OrderedDict([
+            ("module", module), ("buffer_names", list(BUFFERS)), ("optimizer", None),
+            ("param_shapes", shapes), ("frozen_param_shapes", frozen_shapes),
+            ("shared_params", {"head.weight": "embed.weight"} if rank == 0 else {}),
+            ("frozen_param_fragments", frags), ("lr_scheduler", {"last_epoch": STEP}),
+            ("data_sampler", None), ("random_ltd", None), ("sparse_tensor_module_names", set()),
+            ("skipped_steps", 0), ("global_steps", STEP), ("global_samples", STEP * world),
+            ("dp_world_size", world), ("mp_world_size", 1), ("ds_config", cfg),
+            ("ds_version", "0.14.5"), ("iteration", STEP)])
+
+    if stage == 3:
+        for r in range(world):
+            torch.save(model_states(r), os.path.join(tdir, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"))
+    else:
+        torch.save(model_states(0), os.path.join(tdir, "mp_rank_00_model_states.pt"))
+
+    prefix = "bf16_" if dtype == "bf16" else ""
+    step = torch.tensor(float(STEP))
+    for r in range(world):
+        if stage == 3:
+            flats, state = [], {}
+            for gi, g in enumerate(GROUPS):
+                parts = {k: [] for k in ("fp32", "exp_avg", "exp_avg_sq")}
+                for n in g:
+                    p = -(-numel(n) // world)
+                    for k in parts:
+                        flat = torch.zeros(p * world)
+                        flat[:numel(n)] = st[n][k].flatten()
+                        parts[k].append(flat[r * p:(r + 1) * p])
+                flats.append(torch.cat(parts["fp32"]))
+                state[gi] = {"step": step.clone(), "exp_avg": torch.cat(parts["exp_avg"]),
+                             "exp_avg_sq": torch.cat(parts["exp_avg_sq"])}
+            osd = OrderedDict([
+                ("zero_stage", ZeroStageEnum.weights), ("loss_scaler", LossScaler(1.0)),
+                ("dynamic_loss_scale", False), ("overflow", False), ("partition_count", world),
+                ("optimizer_state_dict", {"state": state, "param_groups": [
+                    dict(HYPER[gi], params=[gi]) for gi in range(len(GROUPS))]}),
+                ("fp32_flat_groups", flats)])
+        else:
+            fp32s, state, pads, maps = [], {}, [], []
+            for gi, g in enumerate(GROUPS):
+                N = sum(numel(n) for n in g)
+                A = 2 * world
+                Np = -(-N // A) * A
+                ps = Np // world
+                cat = {k: torch.cat([st[n][k].flatten() for n in g] + [torch.zeros(Np - N)])
+                       for k in ("fp32", "exp_avg", "exp_avg_sq")}
+                if bf16_opt:
+                    pad = Np - N if r == world - 1 else 0
+                    fp32s.append(cat["fp32"][r * ps:(r + 1) * ps].clone())
+                else:
+                    pad = ps if N <= r * ps else ((r + 1) * ps - N if N < (r + 1) * ps else 0)
+                    fp32s.append(cat["fp32"][r * ps:(r + 1) * ps - pad].clone())
+                pads.append(pad)
+                state[gi] = {"step": step.clone(), "exp_avg": cat["exp_avg"][r * ps:(r + 1) * ps].clone(),
+                             "exp_avg_sq": cat["exp_avg_sq"][r * ps:(r + 1) * ps].clone()}
+                m, o = OrderedDict(), 0
+                for n in g:
+                    b, e = max(o, r * ps), min(o + numel(n), (r + 1) * ps)
+                    if b < e:
+                        m[n] = fragment_address(numel=e - b, start=b - r * ps)
+                    o += numel(n)
+                maps.append(m)
+            base = {"state": state, "param_groups": [dict(HYPER[gi], params=[gi])
+                                                     for gi in range(len(GROUPS))]}
+            items = []
+            if not bf16_opt:
+                items += [("loss_scaler", LossScaler(1.0)), ("dynamic_loss_scale", False),
+                          ("overflow", False)]
+            items += [("clip_grad", 1.0), ("base_optimizer_state", base),
+                      ("single_partition_of_fp32_groups", fp32s)]
+            if not bf16_opt:
+                items += [("zero_stage", ZeroStageEnum(stage))]
+            items += [("group_paddings", pads), ("partition_count", [world] * len(GROUPS)),
+                      ("ds_version", "0.14.5"), ("param_slice_mappings", maps)]
+            osd = OrderedDict(items)
+        torch.save({"optimizer_state_dict": osd, "ds_config": cfg, "ds_version": "0.14.5"},
+                   os.path.join(tdir, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"))
+
+    # Truth.
+    atoms, export, stored = {}, {}, {}
+    for n in PARAMS:
+        if n in FROZEN:
+            atoms[n] = {"param": st[n]["lp"]}
+            export[n] = st[n]["lp"].float()
+            stored[f"{n}/param"] = True
+            continue
+        atoms[n] = {"fp32": st[n]["fp32"], "exp_avg": st[n]["exp_avg"],
+                    "exp_avg_sq": st[n]["exp_avg_sq"], "step": step.clone()}
+        if dtype == "bf16" and stage < 3:
+            atoms[n]["param"] = st[n]["lp"]
+        export[n] = st[n]["fp32"]
+    for n, t in bufs.items():
+        atoms[n] = {"param": t}
+        export[n] = t.float() if t.is_floating_point() else t
+        stored[f"{n}/param"] = True
+    flags = {n: int(n in FROZEN) for n in list(PARAMS) + list(BUFFERS)}
+    torch.save({"atoms": atoms, "export": export, "frozen_flags": flags, "param_is_stored": stored},
+               os.path.join(out, "truth.pt"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    cases = [(1, 3, "fp32"), (1, 8, "bf16"), (2, 3, "bf16"), (2, 8, "fp32"),
+             (3, 3, "fp32"), (3, 8, "bf16"), (0, 3, "bf16"), (0, 8, "bf16")]
+    for stage, world, dtype in cases:
+        write_case(os.path.join(a.out, f"z{stage}_{dtype}_w{world}"), stage, world, dtype)
+    print(f"{len(cases)} DeepSpeed checkpoints in {a.out}")
+
+
+if __name__ == "__main__":
+    main()
