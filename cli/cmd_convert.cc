@@ -28,9 +28,8 @@ std::string FormatList(bool writable) {
   std::string s;
   for (const formats::Driver* d : formats::Drivers()) {
     if (writable ? !d->CanWrite() : !d->CanRead()) continue;
-    s += StrCat("  ", d->Name(), std::string(22 - std::min<size_t>(
-                                                      20, d->Name().size()),
-                                             ' '),
+    s += StrCat("  ", d->Name(),
+                std::string(22 - std::min<size_t>(20, d->Name().size()), ' '),
                 d->Summary(), "\n");
   }
   return s;
@@ -164,8 +163,7 @@ struct TargetArgs {
     d.add_options()("format", po::value<std::string>(&format),
                     "target format (default: the source's)")(
         "tp", po::value<int64_t>(&tp)->default_value(1),
-        "tensor-parallel size")("pp",
-                                po::value<int64_t>(&pp)->default_value(1),
+        "tensor-parallel size")("pp", po::value<int64_t>(&pp)->default_value(1),
                                 "pipeline-parallel size")(
         "vpp", po::value<int64_t>(&vpp)->default_value(1),
         "virtual pipeline chunks per pipeline rank (1: none)")(
@@ -256,15 +254,16 @@ const formats::Driver& TargetDriver(const std::string& format,
   }
   const formats::Driver& d = formats::GetDriver(name);
   if (!d.CanWrite()) {
-    throw UsageError("format '", name, "' cannot be written (writable: ",
-                     [] {
-                       std::string s;
-                       for (const formats::Driver* x : formats::Drivers())
-                         if (x->CanWrite())
-                           s += (s.empty() ? "" : ", ") + std::string(x->Name());
-                       return s;
-                     }(),
-                     ")");
+    throw UsageError(
+        "format '", name, "' cannot be written (writable: ",
+        [] {
+          std::string s;
+          for (const formats::Driver* x : formats::Drivers())
+            if (x->CanWrite())
+              s += (s.empty() ? "" : ", ") + std::string(x->Name());
+          return s;
+        }(),
+        ")");
   }
   return d;
 }
@@ -284,8 +283,8 @@ void PrintTargetResult(const char* command, const fs::path& out,
     j["command"] = command;
     j["output"] = out.string();
     j["format"] = std::string(driver.Name());
-    j["target_topology"] = TopologyJson(o.topology, o.distributed_optimizer,
-                                        o.zero_stage);
+    j["target_topology"] =
+        TopologyJson(o.topology, o.distributed_optimizer, o.zero_stage);
     j["files"] = s.files;
     j["bytes"] = s.bytes;
     j["seconds"] = seconds;
@@ -429,7 +428,8 @@ int RunConvert(const std::vector<std::string>& args) {
   universal::SourcePlan plan = source->Plan();
   std::unique_ptr<universal::UniversalInput> input =
       universal::PlanInput(plan, c.path, executor);
-  formats::TargetSummary s = driver.Write(*input, out.path(), options, executor);
+  formats::TargetSummary s =
+      driver.Write(*input, out.path(), options, executor);
   out.Commit();
   json::Value extra;
   extra["source"] = c.path.string();

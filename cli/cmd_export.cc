@@ -62,8 +62,7 @@ DType ParseDType(const std::string& s) {
 
 int RunExport(const std::vector<std::string>& args) {
   po::options_description desc(kHelp);
-  std::string output, format = "safetensors", dtype = "fp32",
-                      shard = "5GB";
+  std::string output, format = "safetensors", dtype = "fp32", shard = "5GB";
   bool exclude_frozen = false;
   SourceArgs src;
   RunOptions run;
@@ -120,9 +119,9 @@ int RunExport(const std::vector<std::string>& args) {
     from = c->info().ToJson();
   }
   out.Commit();
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   if (run.json) {
     json::Value j;
     j["command"] = "export";

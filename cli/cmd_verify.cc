@@ -26,7 +26,8 @@ constexpr const char* kHelp =
     "  A universal file: its structure, the xxh3 checksum of every dataset, "
     "and\n"
     "  that every parameter still matches the stored layout descriptor.\n"
-    "  A checkpoint folder (any readable format): every rank file present and parsing, "
+    "  A checkpoint folder (any readable format): every rank file present and "
+    "parsing, "
     "every\n"
     "  parameter matched by exactly one layout rule, every tensor fully "
     "covered by\n"
@@ -112,13 +113,13 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
                              Report& report) {
   std::unique_ptr<formats::Source> source = src.Open(path);
   const formats::CheckpointInfo& c = source->info();
-  report.Add("completeness",
-             StrCat(c.format, " ", c.tag.empty() ? "" : c.tag + ", ",
-                    "iteration ", c.iteration, ": all ", c.files.size(),
-                    " rank files of tp ", c.topology.tp, " x pp ",
-                    c.topology.pp, " x dp ", c.topology.dp,
-                    c.distributed_optimizer ? " (+ distrib_optim.pt)" : "",
-                    " present"));
+  report.Add(
+      "completeness",
+      StrCat(c.format, " ", c.tag.empty() ? "" : c.tag + ", ", "iteration ",
+             c.iteration, ": all ", c.files.size(), " rank files of tp ",
+             c.topology.tp, " x pp ", c.topology.pp, " x dp ", c.topology.dp,
+             c.distributed_optimizer ? " (+ distrib_optim.pt)" : "",
+             " present"));
   universal::SourcePlan plan = source->Plan();
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params planned"));

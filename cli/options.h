@@ -55,7 +55,8 @@ struct SourceArgs {
   formats::SourceOptions Options() const;
   /// Detects the format (or takes --from) and opens the checkpoint. Throws
   /// what formats::DetectDriver and Driver::Open throw.
-  std::unique_ptr<formats::Source> Open(const std::filesystem::path& path) const;
+  std::unique_ptr<formats::Source> Open(
+      const std::filesystem::path& path) const;
 };
 
 /// True if the file starts with the HDF5 signature (a universal file).

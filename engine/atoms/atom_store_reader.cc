@@ -85,8 +85,8 @@ class Scanner {
     }
     if (*version < kMinFormatVersion || *version > kFormatVersion) {
       throw FormatError("unsupported ucp_version ", *version,
-                        " (this build reads versions ", kMinFormatVersion, " to ",
-                        kFormatVersion, ")");
+                        " (this build reads versions ", kMinFormatVersion,
+                        " to ", kFormatVersion, ")");
     }
     RootInfo root;
     root.iteration =
@@ -268,8 +268,8 @@ class Scanner {
     p.tied_copies =
         Require(attrs_.String(group, kAttrTiedCopies), path, kAttrTiedCopies);
     // Version 1 has no frozen params.
-    p.frozen = version_ >= 2 &&
-               Require(attrs_.Int64(group, kAttrFrozen), path, kAttrFrozen) != 0;
+    p.frozen = version_ >= 2 && Require(attrs_.Int64(group, kAttrFrozen), path,
+                                        kAttrFrozen) != 0;
     return p;
   }
 
@@ -492,9 +492,9 @@ ScanResult Decode(Decoder& d) {
   r.root.version = d.I64();
   r.root.iteration = d.I64();
   r.root.consumed_samples = d.I64();
-  for (std::string* s : {&r.root.source, &r.root.model, &r.root.layout,
-                         &r.root.optimizer, &r.root.scheduler, &r.root.args,
-                         &r.root.training}) {
+  for (std::string* s :
+       {&r.root.source, &r.root.model, &r.root.layout, &r.root.optimizer,
+        &r.root.scheduler, &r.root.args, &r.root.training}) {
     *s = d.Str();
   }
   for (uint64_t n = d.U64(); n > 0; --n) {

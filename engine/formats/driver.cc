@@ -21,7 +21,8 @@ Registry& TheRegistry() {
 
 std::string KnownNames() {
   std::string s;
-  for (const Driver* d : Drivers()) s += (s.empty() ? "" : ", ") + std::string(d->Name());
+  for (const Driver* d : Drivers())
+    s += (s.empty() ? "" : ", ") + std::string(d->Name());
   return s;
 }
 
@@ -106,8 +107,7 @@ const Driver& DetectDriver(const std::filesystem::path& path,
                            std::string_view from) {
   if (!from.empty()) {
     const Driver& d = GetDriver(from);
-    if (!d.CanRead())
-      throw UsageError("format '", from, "' cannot be read");
+    if (!d.CanRead()) throw UsageError("format '", from, "' cannot be read");
     return d;
   }
   std::error_code ec;

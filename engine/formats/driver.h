@@ -48,15 +48,15 @@ struct SourceOptions {
 
 /// What was found on disk, framework-neutral (for messages and --json).
 struct CheckpointInfo {
-  std::string format;                // driver name
-  std::filesystem::path dir;         // the save folder
-  std::filesystem::path path;        // the checkpoint folder read
-  std::string tag;                   // tag or iteration folder name
+  std::string format;          // driver name
+  std::filesystem::path dir;   // the save folder
+  std::filesystem::path path;  // the checkpoint folder read
+  std::string tag;             // tag or iteration folder name
   int64_t iteration = 0;
-  layouts::Topology topology;        // tp, pp, vpp, dp
-  std::optional<int> zero_stage;     // DeepSpeed
+  layouts::Topology topology;     // tp, pp, vpp, dp
+  std::optional<int> zero_stage;  // DeepSpeed
   bool distributed_optimizer = false;
-  std::string dtype;                 // training dtype, "" if unknown
+  std::string dtype;                         // training dtype, "" if unknown
   std::vector<std::filesystem::path> files;  // every rank file read
 
   /// "DeepSpeed checkpoint DIR/global_step2 (step 2, zero stage 2, bf16,
@@ -88,12 +88,12 @@ class Source {
 };
 
 struct TargetOptions {
-  layouts::Topology topology;         // tp, pp, vpp, dp
-  std::optional<int> zero_stage;      // DeepSpeed (default: the source's)
-  bool distributed_optimizer = false; // Megatron
-  bool no_optimizer = false;          // model weights only
+  layouts::Topology topology;          // tp, pp, vpp, dp
+  std::optional<int> zero_stage;       // DeepSpeed (default: the source's)
+  bool distributed_optimizer = false;  // Megatron
+  bool no_optimizer = false;           // model weights only
   std::optional<int64_t> true_vocab_size;
-  std::string tag;                    // DeepSpeed tag (default: the source's)
+  std::string tag;  // DeepSpeed tag (default: the source's)
 };
 
 struct TargetSummary {
@@ -160,6 +160,7 @@ struct Registrar {
 }  // namespace ucp::formats
 
 /// In a driver's .cc: registers one instance of `Type` at start-up.
-#define UCP_REGISTER_DRIVER(Type)                                        \
-  static ::ucp::formats::internal::Registrar ucp_driver_registrar_##Type{ \
-      std::make_unique<Type>()}
+#define UCP_REGISTER_DRIVER(Type)                                          \
+  static ::ucp::formats::internal::Registrar ucp_driver_registrar_##Type { \
+    std::make_unique<Type>()                                               \
+  }

@@ -55,7 +55,8 @@ void Decompose(std::span<const int64_t> shape, size_t dim, Shape& prefix,
 // Flat index of a box's first element in a row-major tensor of `shape`.
 int64_t FlatIndex(std::span<const int64_t> shape, const Box& box) {
   int64_t index = 0;
-  for (size_t i = 0; i < shape.size(); ++i) index = index * shape[i] + box.offset[i];
+  for (size_t i = 0; i < shape.size(); ++i)
+    index = index * shape[i] + box.offset[i];
   return index;
 }
 
@@ -110,7 +111,8 @@ std::vector<CopyOp> PlanSlot(const Slot& slot) {
       op.src_box = *cut;
       op.dst_box = *cut;
       for (size_t i = 0; i < cut->rank(); ++i) {
-        op.src_box.offset[i] = p.src_box.offset[i] + cut->offset[i] - p.local.offset[i];
+        op.src_box.offset[i] =
+            p.src_box.offset[i] + cut->offset[i] - p.local.offset[i];
         op.dst_box.offset[i] = cut->offset[i] - box.offset[i];
       }
       op.dst_offset = at;

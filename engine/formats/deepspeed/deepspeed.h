@@ -19,9 +19,9 @@ struct Checkpoint {
   std::filesystem::path dir;      // the save folder (holds `latest`)
   std::filesystem::path tag_dir;  // dir / tag
   std::string tag;
-  int stage = 0;                  // ZeRO stage (BF16_Optimizer: 0)
+  int stage = 0;  // ZeRO stage (BF16_Optimizer: 0)
   Wrapper wrapper = Wrapper::kTorch;
-  bool bf16_prefix = false;       // optimizer files named bf16_zero_pp_...
+  bool bf16_prefix = false;  // optimizer files named bf16_zero_pp_...
   int64_t dp = 1;
   /// ZeRO 3: one per dp rank; else one (mp_rank_00_model_states.pt).
   std::vector<std::filesystem::path> model_files;
@@ -62,8 +62,7 @@ formats::TargetSummary WriteNative(const universal::UniversalInput& input,
 /// states file(s), and out_dir/latest_universal (last).
 formats::TargetSummary WriteUniversalFolder(
     const universal::UniversalInput& input,
-    const std::filesystem::path& out_dir,
-    const formats::TargetOptions& options,
+    const std::filesystem::path& out_dir, const formats::TargetOptions& options,
     const reshape::ExecutorOptions& executor);
 
 /// A DeepSpeed universal folder as a source: `path` is a save folder with

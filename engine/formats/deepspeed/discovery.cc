@@ -126,9 +126,8 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
   if (ec) throw IoError("cannot list ", c.tag_dir.string(), ": ", ec.message());
   c.bf16_prefix = prefix.value_or(false);
   const fs::path first_model =
-      !c.model_files.empty()
-          ? c.model_files[0]
-          : (z3_models.count(0) ? z3_models[0] : fs::path());
+      !c.model_files.empty() ? c.model_files[0]
+                             : (z3_models.count(0) ? z3_models[0] : fs::path());
   if (first_model.empty()) {
     throw FormatError(c.tag_dir.string(),
                       ": no mp_rank_00_model_states.pt (nor ZeRO-3 "
@@ -192,7 +191,8 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
           if (s == "disabled") v = 0;
           if (zs->args->items[0] != nullptr &&
               zs->args->items[0]->kind == pickle::Kind::kObject &&
-              zs->args->items[0]->args && !zs->args->items[0]->args->items.empty())
+              zs->args->items[0]->args &&
+              !zs->args->items[0]->args->items.empty())
             v = zs->args->items[0]->args->items[0]->AsInt();
         }
         if (!v && zs->kind == pickle::Kind::kObject && zs->args &&
@@ -214,10 +214,10 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
   if (c.wrapper != Wrapper::kTorch) {
     for (int64_t d = 0; d < c.dp; ++d) {
       if (!optims.count(d)) {
-        throw FormatError(
-            c.tag_dir.string(), ": missing ", c.bf16_prefix ? "bf16_" : "",
-            "zero_pp_rank_", d, "_mp_rank_00_optim_states.pt (dp_world_size ",
-            c.dp, ")");
+        throw FormatError(c.tag_dir.string(), ": missing ",
+                          c.bf16_prefix ? "bf16_" : "", "zero_pp_rank_", d,
+                          "_mp_rank_00_optim_states.pt (dp_world_size ", c.dp,
+                          ")");
       }
       c.optim_files.push_back(optims[d]);
     }

@@ -1,10 +1,11 @@
 // The "deepspeed" and "deepspeed-universal" format drivers (deepspeed.h).
 
+#include "engine/formats/driver.h"
+
 #include <string>
 
 #include "engine/core/error.h"
 #include "engine/formats/deepspeed/deepspeed.h"
-#include "engine/formats/driver.h"
 
 namespace ucp::deepspeed {
 namespace {
@@ -64,7 +65,8 @@ class DeepSpeedDriver : public formats::Driver {
     // folders inside.
     for (fs::directory_iterator it(path, ec), end; !ec && it != end;
          it.increment(ec)) {
-      if (HasModelStates(it->path()) && !fs::is_directory(it->path() / "zero", ec))
+      if (HasModelStates(it->path()) &&
+          !fs::is_directory(it->path() / "zero", ec))
         return formats::Confidence::kMaybe;
     }
     return formats::Confidence::kNo;
@@ -73,15 +75,16 @@ class DeepSpeedDriver : public formats::Driver {
       const fs::path& path,
       const formats::SourceOptions& options) const override {
     if (options.selector.iteration) {
-      throw UsageError("DeepSpeed checkpoints are chosen with --tag, not "
-                       "--iteration");
+      throw UsageError(
+          "DeepSpeed checkpoints are chosen with --tag, not "
+          "--iteration");
     }
     if (!options.layout.empty()) {
-      throw UsageError("--layout applies to Megatron checkpoints; DeepSpeed "
-                       "files name every parameter in full");
+      throw UsageError(
+          "--layout applies to Megatron checkpoints; DeepSpeed "
+          "files name every parameter in full");
     }
-    return std::make_unique<NativeSource>(
-        Discover(path, options.selector.tag));
+    return std::make_unique<NativeSource>(Discover(path, options.selector.tag));
   }
   bool CanWrite() const override { return true; }
   formats::TargetSummary Write(
@@ -141,8 +144,9 @@ class DeepSpeedUniversalDriver : public formats::Driver {
       const fs::path& path,
       const formats::SourceOptions& options) const override {
     if (options.selector.iteration) {
-      throw UsageError("DeepSpeed checkpoints are chosen with --tag, not "
-                       "--iteration");
+      throw UsageError(
+          "DeepSpeed checkpoints are chosen with --tag, not "
+          "--iteration");
     }
     return std::make_unique<UniversalSource>(
         DiscoverUniversal(path, options.selector.tag));

@@ -16,12 +16,12 @@ Value* TorchSize(pickle::Arena& a, const Shape& shape) {
 }
 
 Value* FragmentAddress(pickle::Arena& a, int64_t numel, int64_t start) {
-  Value* o = a.Object(ObjectOp::kNewObj,
-                      a.Global("deepspeed.utils.tensor_fragment",
-                               "fragment_address"),
-                      a.Tuple({}));
-  o->state = a.Dict({{a.Str("numel"), a.Int(numel)},
-                     {a.Str("start"), a.Int(start)}});
+  Value* o =
+      a.Object(ObjectOp::kNewObj,
+               a.Global("deepspeed.utils.tensor_fragment", "fragment_address"),
+               a.Tuple({}));
+  o->state =
+      a.Dict({{a.Str("numel"), a.Int(numel)}, {a.Str("start"), a.Int(start)}});
   return o;
 }
 
@@ -30,19 +30,19 @@ Value* ZeroStage(pickle::Arena& a, int stage) {
                      : stage == 2 ? "gradients"
                      : stage == 3 ? "weights"
                                   : "disabled";
-  return a.Object(ObjectOp::kReduce, a.Global("__builtin__", "getattr"),
-                  a.Tuple({a.Global("deepspeed.runtime.zero.config",
-                                    "ZeroStageEnum"),
-                           a.Str(name)}));
+  return a.Object(
+      ObjectOp::kReduce, a.Global("__builtin__", "getattr"),
+      a.Tuple({a.Global("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+               a.Str(name)}));
 }
 
 Value* DefaultLossScaler(pickle::Arena& a) {
-  Value* o = a.Object(ObjectOp::kNewObj,
-                      a.Global("deepspeed.runtime.fp16.loss_scaler",
-                               "LossScaler"),
-                      a.Tuple({}));
-  o->state = a.Dict({{a.Str("cur_scale"), a.Float(1.0)},
-                     {a.Str("dynamic"), a.Bool(false)}});
+  Value* o =
+      a.Object(ObjectOp::kNewObj,
+               a.Global("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+               a.Tuple({}));
+  o->state = a.Dict(
+      {{a.Str("cur_scale"), a.Float(1.0)}, {a.Str("dynamic"), a.Bool(false)}});
   return o;
 }
 

@@ -26,15 +26,18 @@ using torchfile::TorchFile;
 
 // Keys of the model-states dict that the driver rebuilds; the others are
 // kept verbatim (/opaque/top_level/<key>).
-const std::set<std::string> kModelRebuilt = {
-    "module",       "buffer_names",           "optimizer",
-    "param_shapes", "frozen_param_shapes",    "shared_params",
-    "frozen_param_fragments"};
+const std::set<std::string> kModelRebuilt = {"module",
+                                             "buffer_names",
+                                             "optimizer",
+                                             "param_shapes",
+                                             "frozen_param_shapes",
+                                             "shared_params",
+                                             "frozen_param_fragments"};
 // Keys of optimizer_state_dict holding tensors or layout (rebuilt).
 const std::set<std::string> kOptimRebuilt = {
-    "base_optimizer_state",  "single_partition_of_fp32_groups",
-    "group_paddings",        "partition_count",
-    "param_slice_mappings",  "optimizer_state_dict",
+    "base_optimizer_state", "single_partition_of_fp32_groups",
+    "group_paddings",       "partition_count",
+    "param_slice_mappings", "optimizer_state_dict",
     "fp32_flat_groups"};
 
 struct Param {
@@ -73,7 +76,7 @@ class Planner {
   void ReadModel();
   void PlanModule();
   void PlanTorchOptimizer();
-  void PlanFlat();     // ZeRO 1/2, BF16_Optimizer
+  void PlanFlat();  // ZeRO 1/2, BF16_Optimizer
   void PlanStage3();
   void PlanZeroFolder();
   void PlanStep(const Param& p, const FilePtr& f, const Value* state,
@@ -84,16 +87,15 @@ class Planner {
 
   const Checkpoint& c_;
   universal::SourcePlan plan_;
-  std::map<std::pair<const TorchFile*, const torchfile::StorageInfo*>,
-           uint32_t>
+  std::map<std::pair<const TorchFile*, const torchfile::StorageInfo*>, uint32_t>
       sources_;
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::vector<FilePtr> models_;  // per model file
   std::vector<FilePtr> optims_;  // per dp rank
   FilePtr zero_state_;           // universal folder: zero/optimizer_state.pt
   std::vector<FilePtr> zero_files_;  // universal folder: per-param files
-  const Value* model_ = nullptr;  // model states of rank 0
-  std::vector<Param> params_;     // in module order, then frozen / buffers
+  const Value* model_ = nullptr;     // model states of rank 0
+  std::vector<Param> params_;        // in module order, then frozen / buffers
   std::map<std::string, size_t> index_;
   std::vector<std::vector<std::string>> groups_;  // names per group
   std::vector<std::string> module_keys_;
@@ -111,7 +113,8 @@ uint32_t Planner::SourceIndex(const FilePtr& f,
   auto it = sources_.find(key);
   if (it != sources_.end()) return it->second;
   const auto index = static_cast<uint32_t>(plan_.sources.size());
-  plan_.sources.push_back(std::make_unique<universal::TorchStorageSource>(f, s));
+  plan_.sources.push_back(
+      std::make_unique<universal::TorchStorageSource>(f, s));
   sources_.emplace(key, index);
   return index;
 }
@@ -185,8 +188,7 @@ void Planner::AddFlat(universal::AtomPlan& atom, const Param& p,
   }
 }
 
-void Planner::Whole(universal::AtomPlan& atom,
-                    const reshape::SourceTensor& src,
+void Planner::Whole(universal::AtomPlan& atom, const reshape::SourceTensor& src,
                     const std::string& where) {
   if (src.shape != atom.shape) {
     throw FormatError(where, ": shape ", ShapeString(src.shape), ", expected ",
@@ -238,7 +240,8 @@ void Planner::ReadModel() {
         for (const std::string& n : Keys(list[g], "param_shapes group")) {
           Param p;
           p.name = n;
-          p.shape = SizeOf(Get(list[g], n), StrCat("param_shapes[", g, "][", n, "]"));
+          p.shape =
+              SizeOf(Get(list[g], n), StrCat("param_shapes[", g, "][", n, "]"));
           p.dtype = lp_;
           p.group = static_cast<int64_t>(g);
           groups_.back().push_back(n);
@@ -248,14 +251,15 @@ void Planner::ReadModel() {
       }
     } else {
       if (c_.wrapper != Wrapper::kTorch) {
-        throw FormatError("param_shapes is None but the checkpoint has "
-                          "optimizer files");
+        throw FormatError(
+            "param_shapes is None but the checkpoint has "
+            "optimizer files");
       }
       groups_.emplace_back();
       for (const std::string& k : module_keys_) {
         if (buffers.count(k) || shared_.count(k)) continue;
-        const TensorInfo& t = TensorAt(models_[0], Get(module, k),
-                                       StrCat("module[", k, "]"));
+        const TensorInfo& t =
+            TensorAt(models_[0], Get(module, k), StrCat("module[", k, "]"));
         Param p;
         p.name = k;
         p.shape = t.shape;
@@ -313,9 +317,10 @@ void Planner::ReadModel() {
       pos.emplace(module_keys_[i], static_cast<int64_t>(i));
     for (Param& p : params_) {
       auto it = pos.find(p.name);
-      p.order = it != pos.end() ? it->second
-                                : static_cast<int64_t>(module_keys_.size() +
-                                                       index_[p.name]);
+      p.order =
+          it != pos.end()
+              ? it->second
+              : static_cast<int64_t>(module_keys_.size() + index_[p.name]);
     }
   } catch (Error& e) {
     e.AddContext(where0);
@@ -389,8 +394,9 @@ void Planner::PlanTorchOptimizer() {
       for (const Value* id : Items(Require(groups[g], "params"), "params")) {
         if (next >= params_.size() || params_[next].buffer ||
             params_[next].frozen) {
-          throw FormatError("param_groups name more params than the module "
-                            "has");
+          throw FormatError(
+              "param_groups name more params than the module "
+              "has");
         }
         Param& p = params_[next++];
         p.group = static_cast<int64_t>(g);
@@ -401,7 +407,8 @@ void Planner::PlanTorchOptimizer() {
         const std::string where = StrCat(where0, " > state[", key, "]");
         for (const std::string& k : Keys(st, "state")) {
           if (k == "step") continue;
-          const TensorInfo& t = TensorAt(models_[0], Get(st, k), where + " > " + k);
+          const TensorInfo& t =
+              TensorAt(models_[0], Get(st, k), where + " > " + k);
           state_kinds_.insert(k);
           Whole(Atom(p, k, t.dtype, false), Tensor(models_[0], t, where),
                 where + " > " + k);
@@ -424,10 +431,12 @@ void Planner::PlanFlat() {
       const Value* osd = Require(f->root(), "optimizer_state_dict");
       const Value* base = Require(osd, "base_optimizer_state");
       const Value* state = Require(base, "state");
-      const auto& pgroups = Items(Require(base, "param_groups"), "param_groups");
+      const auto& pgroups =
+          Items(Require(base, "param_groups"), "param_groups");
       const auto& fp32 = Items(Require(osd, "single_partition_of_fp32_groups"),
                                "single_partition_of_fp32_groups");
-      const auto& counts = Items(Require(osd, "partition_count"), "partition_count");
+      const auto& counts =
+          Items(Require(osd, "partition_count"), "partition_count");
       if (fp32.size() != groups_.size() || pgroups.size() != groups_.size()) {
         throw FormatError(fp32.size(), " fp32 partitions and ", pgroups.size(),
                           " param groups, but param_shapes has ",
@@ -442,7 +451,8 @@ void Planner::PlanFlat() {
                             " (files from mixed world sizes?)");
         }
         int64_t N = 0;
-        for (const std::string& n : groups_[g]) N += NumElements(params_[index_[n]].shape);
+        for (const std::string& n : groups_[g])
+          N += NumElements(params_[index_[n]].shape);
         const int64_t A = 2 * W;
         const int64_t Np = (N + A - 1) / A * A;
         const int64_t ps = Np / W;
@@ -452,10 +462,11 @@ void Planner::PlanFlat() {
         const int64_t lo = std::min(N, r * ps), hi = std::min(N, (r + 1) * ps);
         const int64_t real = hi - lo;
         const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : real;
-        if (ft.numel != want || ft.dtype != DType::kFloat32 || ft.shape.size() != 1) {
-          throw FormatError("group ", g, ": fp32 partition of ", ft.numel,
-                            " ", DTypeName(ft.dtype), " elements, expected ",
-                            want, " float32 (", N, " elements over ", W,
+        if (ft.numel != want || ft.dtype != DType::kFloat32 ||
+            ft.shape.size() != 1) {
+          throw FormatError("group ", g, ": fp32 partition of ", ft.numel, " ",
+                            DTypeName(ft.dtype), " elements, expected ", want,
+                            " float32 (", N, " elements over ", W,
                             " ranks, partition ", ps, ")");
         }
         const reshape::SourceTensor fsrc = Tensor(f, ft, gw);
@@ -478,7 +489,8 @@ void Planner::PlanFlat() {
         for (const std::string& n : groups_[g]) {
           const Param& p = params_[index_[n]];
           const int64_t num = NumElements(p.shape);
-          const int64_t b = std::max(o, r * ps), e = std::min(o + num, (r + 1) * ps);
+          const int64_t b = std::max(o, r * ps),
+                        e = std::min(o + num, (r + 1) * ps);
           if (b < e) {
             try {
               AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc,
@@ -486,7 +498,8 @@ void Planner::PlanFlat() {
               for (const auto& [k, src] : kinds)
                 AddFlat(Atom(p, k, DType::kFloat32, false), p, src, b - r * ps,
                         b - o, e - o, gw + " > " + k);
-              if (st != nullptr) PlanStep(p, f, st, StrCat(gw, " > state[", g, "]"));
+              if (st != nullptr)
+                PlanStep(p, f, st, StrCat(gw, " > state[", g, "]"));
             } catch (Error& e2) {
               e2.AddContext("param ", n);
               throw;
@@ -517,11 +530,15 @@ void Planner::PlanStage3() {
       }
       const Value* inner = Require(osd, "optimizer_state_dict");
       const Value* state = Require(inner, "state");
-      const auto& pgroups = Items(Require(inner, "param_groups"), "param_groups");
-      const auto& flats = Items(Require(osd, "fp32_flat_groups"), "fp32_flat_groups");
+      const auto& pgroups =
+          Items(Require(inner, "param_groups"), "param_groups");
+      const auto& flats =
+          Items(Require(osd, "fp32_flat_groups"), "fp32_flat_groups");
       if (flats.size() != groups_.size()) {
-        throw FormatError(flats.size(), " fp32 flat groups, but param_shapes "
-                          "has ", groups_.size(), " sub-groups");
+        throw FormatError(flats.size(),
+                          " fp32 flat groups, but param_shapes "
+                          "has ",
+                          groups_.size(), " sub-groups");
       }
       if (r == 0) {
         for (const Value* g : pgroups) group_dicts_.push_back(g);
@@ -558,14 +575,16 @@ void Planner::PlanStage3() {
           const Param& p = params_[index_[n]];
           const int64_t num = NumElements(p.shape);
           const int64_t part = (num + W - 1) / W;
-          const int64_t b = std::min(num, r * part), e = std::min(num, (r + 1) * part);
+          const int64_t b = std::min(num, r * part),
+                        e = std::min(num, (r + 1) * part);
           try {
-            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, off, b,
-                    e, gw + " > fp32");
+            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, off, b, e,
+                    gw + " > fp32");
             for (const auto& [k, src] : kinds)
               AddFlat(Atom(p, k, DType::kFloat32, false), p, src, off, b, e,
                       gw + " > " + k);
-            if (st != nullptr) PlanStep(p, f, st, StrCat(gw, " > state[", s, "]"));
+            if (st != nullptr)
+              PlanStep(p, f, st, StrCat(gw, " > state[", s, "]"));
           } catch (Error& e2) {
             e2.AddContext("param ", n);
             throw;
@@ -586,7 +605,8 @@ void Planner::PlanZeroFolder() {
   try {
     const Value* groups = Get(zero_state_->root(), "param_groups");
     if (groups != nullptr)
-      for (const Value* g : Items(groups, "param_groups")) group_dicts_.push_back(g);
+      for (const Value* g : Items(groups, "param_groups"))
+        group_dicts_.push_back(g);
   } catch (Error& e) {
     e.AddContext("rank file ", state_path.string());
     throw;
@@ -614,7 +634,8 @@ void Planner::PlanZeroFolder() {
           if (kind == "step") {
             if (const TensorInfo* t = f->FindTensor(root)) {
               step_kind_ = "tensor";
-              Whole(Atom(p, "step", t->dtype, true), Tensor(f, *t, where), where);
+              Whole(Atom(p, "step", t->dtype, true), Tensor(f, *t, where),
+                    where);
             } else if (root != nullptr && root->kind == Kind::kInt) {
               step_kind_ = "int";
             } else if (root != nullptr && root->kind == Kind::kFloat) {
@@ -625,8 +646,9 @@ void Planner::PlanZeroFolder() {
           const Value* tv = f->FindTensor(root) ? root : Get(root, "param");
           const TensorInfo& t = TensorAt(f, tv, where + " > param");
           if (t.numel != NumElements(p.shape) || t.dtype != DType::kFloat32) {
-            throw FormatError("param ", n, ": ", t.numel, " ", DTypeName(t.dtype),
-                              " elements, expected float32 ", ShapeString(p.shape));
+            throw FormatError(
+                "param ", n, ": ", t.numel, " ", DTypeName(t.dtype),
+                " elements, expected float32 ", ShapeString(p.shape));
           }
           reshape::SourceTensor src = Tensor(f, t, where);
           src.shape = p.shape;
@@ -646,8 +668,8 @@ void Planner::PlanFrozen() {
   const int64_t W = c_.stage == 3 ? c_.dp : 1;
   for (int64_t r = 0; r < W; ++r) {
     const FilePtr& f = models_[static_cast<size_t>(r)];
-    const std::string where0 =
-        StrCat("rank file ", c_.model_files[r].string(), " > frozen_param_fragments");
+    const std::string where0 = StrCat("rank file ", c_.model_files[r].string(),
+                                      " > frozen_param_fragments");
     const Value* frags = Get(f->root(), "frozen_param_fragments");
     for (const Param& p : params_) {
       if (!p.frozen) continue;
@@ -695,7 +717,8 @@ void Planner::PlanOpaque() {
   if (!optims_.empty()) {
     const Value* root = optims_[0]->root();
     for (const auto& [k, v] : root->entries) {
-      if (k == nullptr || k->kind != Kind::kStr || k->s == "optimizer_state_dict")
+      if (k == nullptr || k->kind != Kind::kStr ||
+          k->s == "optimizer_state_dict")
         continue;
       add("optim_top/" + k->s, optims_[0].get(), v);
     }
@@ -713,7 +736,8 @@ void Planner::PlanOpaque() {
       Value* copy = arena.Dict();
       for (const auto& [k, v] : d->entries) {
         if (k != nullptr && k->kind == Kind::kStr && k->s == "params") continue;
-        copy->entries.emplace_back(const_cast<Value*>(k), const_cast<Value*>(v));
+        copy->entries.emplace_back(const_cast<Value*>(k),
+                                   const_cast<Value*>(v));
       }
       list.push_back(copy);
     }
@@ -732,8 +756,9 @@ void Planner::PlanRoot() {
   src["framework"] = "deepspeed";
   src["driver"] = "deepspeed";
   const Value* ver = Get(model_, "ds_version");
-  src["framework_version"] =
-      ver != nullptr && ver->kind == Kind::kStr ? ver->s : std::string("unknown");
+  src["framework_version"] = ver != nullptr && ver->kind == Kind::kStr
+                                 ? ver->s
+                                 : std::string("unknown");
   src["tp"] = 1;
   src["pp"] = 1;
   src["vpp"] = 1;

@@ -53,8 +53,8 @@ formats::TargetSummary UniversalFolderWriter::Run() {
   std::vector<std::unique_ptr<FileBuild>> files;
   auto flush = [&](bool force) {
     if (files.empty() || (!force && files.size() < 256)) return;
-    summary.bytes += RunAndCommit(input_, files, executor_,
-                                  StrCat("writing ", name));
+    summary.bytes +=
+        RunAndCommit(input_, files, executor_, StrCat("writing ", name));
     summary.files += static_cast<int64_t>(files.size());
     files.clear();
   };
@@ -86,17 +86,22 @@ formats::TargetSummary UniversalFolderWriter::Run() {
                            blob_or("loss_scaler", DefaultLossScaler(a)));
       formats::AppendEntry(a, root, "dynamic_loss_scale",
                            blob_or("dynamic_loss_scale", a.Bool(false)));
-      formats::AppendEntry(a, root, "overflow", blob_or("overflow", a.Bool(false)));
+      formats::AppendEntry(a, root, "overflow",
+                           blob_or("overflow", a.Bool(false)));
     }
-    formats::AppendEntry(a, root, "clip_grad", blob_or("clip_grad", a.Float(0.0)));
-    if (!bf16) formats::AppendEntry(a, root, "zero_stage", ZeroStage(a, std::max(stage_, 1)));
+    formats::AppendEntry(a, root, "clip_grad",
+                         blob_or("clip_grad", a.Float(0.0)));
+    if (!bf16)
+      formats::AppendEntry(a, root, "zero_stage",
+                           ZeroStage(a, std::max(stage_, 1)));
     std::vector<Value*> pads, counts, groups;
     for (size_t g = 0; g < groups_.size(); ++g) {
       pads.push_back(a.Int(0));
       counts.push_back(a.Int(W_));
-      Value* d = group_templates_ != nullptr && g < group_templates_->items.size()
-                     ? f->importer->Import(group_file_, group_templates_->items[g])
-                     : a.Dict();
+      Value* d =
+          group_templates_ != nullptr && g < group_templates_->items.size()
+              ? f->importer->Import(group_file_, group_templates_->items[g])
+              : a.Dict();
       AppendOrReplace(a, d, "params", a.List({a.Int(static_cast<int64_t>(g))}));
       groups.push_back(d);
     }
@@ -118,7 +123,8 @@ formats::TargetSummary UniversalFolderWriter::Run() {
       kinds.insert(kinds.end(), state_kinds_.begin(), state_kinds_.end());
       for (const std::string& kind : kinds) {
         const atoms::DatasetInfo* atom = input_.FindAtom(p.name, kind);
-        if (atom == nullptr && kind == "fp32") atom = input_.FindAtom(p.name, "param");
+        if (atom == nullptr && kind == "fp32")
+          atom = input_.FindAtom(p.name, "param");
         if (atom == nullptr) continue;
         auto f = std::make_unique<FileBuild>(dir / (kind + ".pt"));
         pickle::Arena& a = f->arena();
@@ -206,8 +212,9 @@ Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
   try {
     c.dp = Int(Require(m.root(), "dp_world_size"), "dp_world_size");
     if (Int(Require(m.root(), "mp_world_size"), "mp_world_size") != 1) {
-      throw FormatError("model parallelism is not supported for DeepSpeed "
-                        "checkpoints yet");
+      throw FormatError(
+          "model parallelism is not supported for DeepSpeed "
+          "checkpoints yet");
     }
   } catch (Error& e) {
     e.AddContext("rank file ", c.model_files[0].string());
@@ -223,8 +230,9 @@ Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
     } else {
       c.wrapper = Wrapper::kZero;
       c.stage = 1;
-      if (zs->kind == Kind::kObject && zs->args && zs->args->items.size() == 2 &&
-          zs->args->items[1] && zs->args->items[1]->kind == Kind::kStr) {
+      if (zs->kind == Kind::kObject && zs->args &&
+          zs->args->items.size() == 2 && zs->args->items[1] &&
+          zs->args->items[1]->kind == Kind::kStr) {
         const std::string& s = zs->args->items[1]->s;
         c.stage = s == "gradients" ? 2 : s == "weights" ? 3 : 1;
       }

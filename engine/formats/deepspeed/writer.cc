@@ -48,7 +48,8 @@ std::vector<Window> PartitionWindows(const std::vector<TParam>& params,
   int64_t o = 0;
   for (size_t i : members) {
     const int64_t n = params[i].numel;
-    const int64_t b = std::max(o, rank * ps), e = std::min(o + n, (rank + 1) * ps);
+    const int64_t b = std::max(o, rank * ps),
+                  e = std::min(o + n, (rank + 1) * ps);
     if (b < e) out.push_back({i, b - o, e - o, b - rank * ps});
     o += n;
   }
@@ -77,15 +78,17 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
     for (size_t i : groups_[g]) {
       const TParam& p = params_[i];
       Value* st = a.Dict();
-      const std::string where =
-          StrCat("rank file ", f.path.string(), " > optimizer > state[", id, "]");
-      if (Value* step = StepNode(f, p, where)) formats::AppendEntry(a, st, "step", step);
+      const std::string where = StrCat("rank file ", f.path.string(),
+                                       " > optimizer > state[", id, "]");
+      if (Value* step = StepNode(f, p, where))
+        formats::AppendEntry(a, st, "step", step);
       for (const std::string& k : state_kinds_) {
         const atoms::DatasetInfo* d = input_.FindAtom(p.name, k);
         if (d == nullptr) continue;
-        formats::AppendEntry(a, st, k,
-                             f.AddTensor(WholeTensor(*d, p.shape, DType::kFloat32,
-                                                     where + " > " + k)));
+        formats::AppendEntry(
+            a, st, k,
+            f.AddTensor(
+                WholeTensor(*d, p.shape, DType::kFloat32, where + " > " + k)));
       }
       if (!st->entries.empty()) state->entries.emplace_back(a.Int(id), st);
       ids.push_back(a.Int(id++));
@@ -138,18 +141,21 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
       for (size_t i : subs[s]) {
         const int64_t n = params_[i].numel;
         const int64_t part = (n + W_ - 1) / W_;
-        const int64_t b = std::min(n, r * part), e = std::min(n, (r + 1) * part);
+        const int64_t b = std::min(n, r * part),
+                      e = std::min(n, (r + 1) * part);
         if (b < e) windows.push_back({i, b, e, total});
         total += part;
       }
       const std::string sw = StrCat(fw, " > sub-group ", s);
-      flats.push_back(f.AddTensor(FlatTensor("fp32", windows, total, sw + " > fp32")));
+      flats.push_back(
+          f.AddTensor(FlatTensor("fp32", windows, total, sw + " > fp32")));
       Value* st = a.Dict();
       if (Value* step = StepNode(f, params_[subs[s][0]], sw))
         formats::AppendEntry(a, st, "step", step);
       for (const std::string& k : state_kinds_)
-        formats::AppendEntry(a, st, k,
-                             f.AddTensor(FlatTensor(k, windows, total, sw + " > " + k)));
+        formats::AppendEntry(
+            a, st, k,
+            f.AddTensor(FlatTensor(k, windows, total, sw + " > " + k)));
       state->entries.emplace_back(a.Int(static_cast<int64_t>(s)), st);
       group_members[static_cast<size_t>(params_[subs[s][0]].group)].push_back(
           a.Int(static_cast<int64_t>(s)));
@@ -187,20 +193,23 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
       } else {
         padding = 0;
       }
-      const std::vector<Window> windows = PartitionWindows(params_, groups_[g], ps, r);
+      const std::vector<Window> windows =
+          PartitionWindows(params_, groups_[g], ps, r);
       const std::string gw = StrCat(fw, " > group ", g);
       const int64_t lean = bf16 ? ps : ps - padding;
-      fp32s.push_back(f.AddTensor(FlatTensor("fp32", windows, lean, gw + " > fp32")));
+      fp32s.push_back(
+          f.AddTensor(FlatTensor("fp32", windows, lean, gw + " > fp32")));
       Value* st = a.Dict();
       if (!groups_[g].empty()) {
         if (Value* step = StepNode(f, params_[groups_[g][0]], gw))
           formats::AppendEntry(a, st, "step", step);
       }
       for (const std::string& k : state_kinds_)
-        formats::AppendEntry(a, st, k,
-                             f.AddTensor(FlatTensor(k, windows, ps, gw + " > " + k)));
+        formats::AppendEntry(
+            a, st, k, f.AddTensor(FlatTensor(k, windows, ps, gw + " > " + k)));
       state->entries.emplace_back(a.Int(static_cast<int64_t>(g)), st);
-      groups.push_back(GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
+      groups.push_back(
+          GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
       paddings.push_back(a.Int(padding));
       counts.push_back(a.Int(W_));
       Value* map = formats::NewOrderedDict(a);
@@ -259,7 +268,8 @@ formats::TargetSummary NativeWriter::Run() {
   Prepare();
   std::error_code ec;
   fs::create_directories(tag_dir_, ec);
-  if (ec) throw IoError("cannot create ", tag_dir_.string(), ": ", ec.message());
+  if (ec)
+    throw IoError("cannot create ", tag_dir_.string(), ": ", ec.message());
   formats::TargetSummary summary;
   std::vector<std::unique_ptr<FileBuild>> files;
   WriteModelStates(files);
@@ -291,10 +301,10 @@ formats::TargetSummary NativeWriter::Run() {
   WriteFileAtomically(out_ / kLatestFile, tag_);
   ++summary.files;
   summary.notes.assign(notes_.begin(), notes_.end());
-  summary.resume_hint = StrCat(
-      "DeepSpeed: engine.load_checkpoint(\"<output>\") with ", W_,
-      " ranks, zero_optimization.stage ", stage_,
-      lp_ == DType::kBFloat16 ? ", bf16 enabled" : "");
+  summary.resume_hint =
+      StrCat("DeepSpeed: engine.load_checkpoint(\"<output>\") with ", W_,
+             " ranks, zero_optimization.stage ", stage_,
+             lp_ == DType::kBFloat16 ? ", bf16 enabled" : "");
   summary.details["tag"] = tag_;
   summary.details["zero_stage"] = stage_;
   return summary;

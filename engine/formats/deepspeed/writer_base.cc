@@ -27,13 +27,24 @@ json::Value ParseAttr(const std::string& text, const char* what,
   }
 }
 
-const char* kDefaultModelKeys[] = {
-    "module",         "buffer_names",           "optimizer",
-    "param_shapes",   "frozen_param_shapes",    "shared_params",
-    "frozen_param_fragments", "lr_scheduler",   "data_sampler",
-    "random_ltd",     "sparse_tensor_module_names", "skipped_steps",
-    "global_steps",   "global_samples",         "dp_world_size",
-    "mp_world_size",  "ds_config",              "ds_version"};
+const char* kDefaultModelKeys[] = {"module",
+                                   "buffer_names",
+                                   "optimizer",
+                                   "param_shapes",
+                                   "frozen_param_shapes",
+                                   "shared_params",
+                                   "frozen_param_fragments",
+                                   "lr_scheduler",
+                                   "data_sampler",
+                                   "random_ltd",
+                                   "sparse_tensor_module_names",
+                                   "skipped_steps",
+                                   "global_steps",
+                                   "global_samples",
+                                   "dp_world_size",
+                                   "mp_world_size",
+                                   "ds_config",
+                                   "ds_version"};
 
 }  // namespace
 
@@ -51,13 +62,15 @@ void WriterBase::AppendOrReplace(pickle::Arena& a, Value* dict,
 void WriterBase::Prepare() {
   const layouts::Topology& t = options_.topology;
   if (t.tp != 1 || t.pp != 1 || t.vpp != 1) {
-    throw UsageError("DeepSpeed targets with tp, pp or vpp > 1 "
-                     "(Megatron-DeepSpeed) are not supported yet; pass "
-                     "--tp 1 --pp 1");
+    throw UsageError(
+        "DeepSpeed targets with tp, pp or vpp > 1 "
+        "(Megatron-DeepSpeed) are not supported yet; pass "
+        "--tp 1 --pp 1");
   }
   if (options_.distributed_optimizer) {
-    throw UsageError("--distributed-optimizer is a Megatron option; DeepSpeed "
-                     "targets take --zero-stage");
+    throw UsageError(
+        "--distributed-optimizer is a Megatron option; DeepSpeed "
+        "targets take --zero-stage");
   }
   W_ = t.dp;
   const atoms::RootInfo& root = input_.root();
@@ -89,8 +102,9 @@ void WriterBase::Prepare() {
   } else if (const json::Value* s = meta_.Find("stage"); s && s->is_int()) {
     stage_ = static_cast<int>(s->AsInt());
   } else {
-    throw UsageError("the universal content was not made from a DeepSpeed "
-                     "checkpoint: pass --zero-stage 0-3");
+    throw UsageError(
+        "the universal content was not made from a DeepSpeed "
+        "checkpoint: pass --zero-stage 0-3");
   }
   if (stage_ < 0 || stage_ > 3) {
     throw UsageError("--zero-stage ", stage_, ": DeepSpeed has stages 0-3");
@@ -126,7 +140,8 @@ void WriterBase::Prepare() {
     p.frozen = sp.info.frozen;
     p.buffer = sp.info.kind == atoms::ParamKind::kBuffer;
     if (from_deepspeed) {
-      json::Value tc = ParseAttr(sp.info.tied_copies, "tied_copies", input_.path());
+      json::Value tc =
+          ParseAttr(sp.info.tied_copies, "tied_copies", input_.path());
       if (tc.is_array())
         for (const json::Value& a : tc.items())
           if (a.is_string()) p.aliases.push_back(a.AsString());
@@ -194,8 +209,9 @@ void WriterBase::Prepare() {
   if (const json::Value* sk = meta_.Find("step_kind"); sk && sk->is_string())
     step_kind_ = sk->AsString();
   if (!any_state && !options_.no_optimizer) {
-    notes_.insert("the universal content holds no optimizer state (Adam "
-                  "moments): the optimizer files hold zeros there");
+    notes_.insert(
+        "the universal content holds no optimizer state (Adam "
+        "moments): the optimizer files hold zeros there");
     state_kinds_ = {"exp_avg", "exp_avg_sq"};
   }
   // Module keys.
@@ -225,8 +241,9 @@ void WriterBase::Prepare() {
     if (list != nullptr && list->kind == Kind::kList) group_templates_ = list;
   }
   if (group_templates_ == nullptr && !options_.no_optimizer) {
-    notes_.insert("no optimizer param groups in the universal content: "
-                  "wrote groups without hyper-parameters");
+    notes_.insert(
+        "no optimizer param groups in the universal content: "
+        "wrote groups without hyper-parameters");
   }
 }
 
@@ -284,8 +301,8 @@ const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
   if (p.buffer || p.frozen) {
     const atoms::DatasetInfo* d = param != nullptr ? param : fp32;
     if (d == nullptr) {
-      throw FormatError("universal input ", input_.path().string(),
-                        " > param ", p.name, ": no tensor");
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        p.name, ": no tensor");
     }
     *dtype = d->dtype;
     return *d;
@@ -317,9 +334,10 @@ Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
     // torch.optim.Adam keeps a 0-d float step; the content has none for
     // this param (e.g. a Megatron FusedAdam source): the iteration.
     if (step_kind_ == "none")
-      notes_.insert(StrCat("the optimizer step was not stored per param: "
-                           "set to the iteration ",
-                           step));
+      notes_.insert(
+          StrCat("the optimizer step was not stored per param: "
+                 "set to the iteration ",
+                 step));
     const float v = static_cast<float>(step);
     std::vector<std::byte> bytes(4);
     std::memcpy(bytes.data(), &v, 4);
@@ -335,8 +353,8 @@ Value* WriterBase::ImportBlob(FileBuild& f, const std::string& key) {
 }
 
 Value* WriterBase::DsVersion(FileBuild& f) {
-  for (const char* k : {"optim/ds_version", "optim_top/ds_version",
-                        "top_level/ds_version"})
+  for (const char* k :
+       {"optim/ds_version", "optim_top/ds_version", "top_level/ds_version"})
     if (Value* v = ImportBlob(f, k)) return v;
   return f.arena().Str("0.14.5");
 }
@@ -355,12 +373,15 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     for (const json::Value& k : mk->items())
       if (k.is_string()) keys.push_back(k.AsString());
   }
-  if (keys.empty()) keys.assign(std::begin(kDefaultModelKeys), std::end(kDefaultModelKeys));
+  if (keys.empty())
+    keys.assign(std::begin(kDefaultModelKeys), std::end(kDefaultModelKeys));
   // Client state blobs not in the list go last.
   for (const atoms::DatasetInfo& d : input_.datasets()) {
-    if (d.kind == atoms::DatasetKind::kOpaque && d.fqn.rfind("top_level/", 0) == 0) {
+    if (d.kind == atoms::DatasetKind::kOpaque &&
+        d.fqn.rfind("top_level/", 0) == 0) {
       const std::string k = d.fqn.substr(10);
-      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+      if (std::find(keys.begin(), keys.end(), k) == keys.end())
+        keys.push_back(k);
     }
   }
   std::map<std::string, const TParam*> by_name;
@@ -389,7 +410,8 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
         } else {
           DType dt;
           const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          node = f.AddTensor(WholeTensor(atom, p.shape, dt, fw + " > module > " + k));
+          node = f.AddTensor(
+              WholeTensor(atom, p.shape, dt, fw + " > module > " + k));
         }
         nodes[k] = node;
         formats::AppendEntry(a, m, k, node);
@@ -427,7 +449,8 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
         for (const auto& g : groups) {
           Value* d = formats::NewOrderedDict(a);
           for (size_t i : g)
-            formats::AppendEntry(a, d, params_[i].name, TorchSize(a, params_[i].shape));
+            formats::AppendEntry(a, d, params_[i].name,
+                                 TorchSize(a, params_[i].shape));
           list.push_back(d);
         }
         v = a.List(std::move(list));
@@ -436,7 +459,8 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
       if (stage_ >= 2) {
         v = formats::NewOrderedDict(a);
         for (const TParam& p : params_)
-          if (p.frozen) formats::AppendEntry(a, v, p.name, TorchSize(a, p.shape));
+          if (p.frozen)
+            formats::AppendEntry(a, v, p.name, TorchSize(a, p.shape));
       } else {
         v = a.None();
       }
@@ -456,9 +480,10 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
           if (!p.frozen) continue;
           DType dt;
           const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          formats::AppendEntry(a, v, p.name,
-                               f.AddTensor(WholeTensor(atom, p.shape, dt,
-                                                       fw + " > frozen > " + p.name)));
+          formats::AppendEntry(
+              a, v, p.name,
+              f.AddTensor(WholeTensor(atom, p.shape, dt,
+                                      fw + " > frozen > " + p.name)));
         }
       } else if (stage_ == 3) {
         v = formats::NewOrderedDict(a);

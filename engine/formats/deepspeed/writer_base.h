@@ -40,7 +40,10 @@ class WriterBase {
              const std::filesystem::path& out_dir,
              const formats::TargetOptions& options,
              const reshape::ExecutorOptions& executor)
-      : input_(input), out_(out_dir), options_(options), executor_(executor),
+      : input_(input),
+        out_(out_dir),
+        options_(options),
+        executor_(executor),
         blobs_(input) {}
 
  protected:
@@ -94,10 +97,10 @@ class WriterBase {
   int64_t W_ = 1;
   std::string tag_;
   std::filesystem::path tag_dir_;
-  std::vector<TParam> params_;              // canonical order
+  std::vector<TParam> params_;               // canonical order
   std::vector<std::vector<size_t>> groups_;  // trainable, per group
-  std::vector<std::string> state_kinds_;    // besides fp32 and step
-  std::vector<std::string> module_keys_;    // incl. aliases
+  std::vector<std::string> state_kinds_;     // besides fp32 and step
+  std::vector<std::string> module_keys_;     // incl. aliases
   std::string step_kind_ = "none";
   std::shared_ptr<const torchfile::TorchFile> group_file_;
   const pickle::Value* group_templates_ = nullptr;

@@ -63,14 +63,14 @@ std::vector<Item> Collect(const universal::UniversalInput& input,
       throw UsageError("param ", fqn, ": cannot convert ",
                        DTypeName(src->dtype), " to ", DTypeName(it.dtype));
     }
-    it.bytes = static_cast<uint64_t>(NumElements(it.shape)) *
-               ElementSize(it.dtype);
+    it.bytes =
+        static_cast<uint64_t>(NumElements(it.shape)) * ElementSize(it.dtype);
     summary.total_size += it.bytes;
     items.push_back(std::move(it));
   }
   if (frozen_skipped > 0) {
-    summary.notes.push_back(StrCat(frozen_skipped,
-                                   " frozen params left out (--exclude-frozen)"));
+    summary.notes.push_back(
+        StrCat(frozen_skipped, " frozen params left out (--exclude-frozen)"));
   }
   return items;
 }
@@ -99,8 +99,8 @@ std::vector<std::vector<size_t>> Shards(const std::vector<Item>& items,
   return shards;
 }
 
-std::string ShardName(const std::string& stem, const std::string& ext,
-                      size_t i, size_t n) {
+std::string ShardName(const std::string& stem, const std::string& ext, size_t i,
+                      size_t n) {
   if (n == 1) return stem + ext;
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu", i + 1, n);
@@ -203,9 +203,9 @@ void WriteTorch(const universal::UniversalInput& input,
                 const std::string& label) {
   torchfile::TorchWriter w(path);
   pickle::Arena& a = w.arena();
-  pickle::Value* root = a.Object(pickle::ObjectOp::kReduce,
-                                 a.Global("collections", "OrderedDict"),
-                                 a.Tuple({}));
+  pickle::Value* root =
+      a.Object(pickle::ObjectOp::kReduce,
+               a.Global("collections", "OrderedDict"), a.Tuple({}));
   std::vector<reshape::Job> jobs;
   std::deque<formats::WriterSink> sinks;
   for (size_t i : shard) {
@@ -229,21 +229,36 @@ void WriteTorch(const universal::UniversalInput& input,
 
 std::string_view SafetensorsDType(DType dtype) {
   switch (dtype) {
-    case DType::kFloat64: return "F64";
-    case DType::kFloat32: return "F32";
-    case DType::kFloat16: return "F16";
-    case DType::kBFloat16: return "BF16";
-    case DType::kInt64: return "I64";
-    case DType::kInt32: return "I32";
-    case DType::kInt16: return "I16";
-    case DType::kInt8: return "I8";
-    case DType::kUInt8: return "U8";
-    case DType::kBool: return "BOOL";
-    case DType::kUInt16: return "U16";
-    case DType::kUInt32: return "U32";
-    case DType::kUInt64: return "U64";
-    case DType::kFloat8E4M3Fn: return "F8_E4M3";
-    case DType::kFloat8E5M2: return "F8_E5M2";
+    case DType::kFloat64:
+      return "F64";
+    case DType::kFloat32:
+      return "F32";
+    case DType::kFloat16:
+      return "F16";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kInt64:
+      return "I64";
+    case DType::kInt32:
+      return "I32";
+    case DType::kInt16:
+      return "I16";
+    case DType::kInt8:
+      return "I8";
+    case DType::kUInt8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
+    case DType::kUInt16:
+      return "U16";
+    case DType::kUInt32:
+      return "U32";
+    case DType::kUInt64:
+      return "U64";
+    case DType::kFloat8E4M3Fn:
+      return "F8_E4M3";
+    case DType::kFloat8E5M2:
+      return "F8_E5M2";
     default:
       throw UsageError("safetensors has no dtype for ", DTypeName(dtype),
                        " (use --format torch)");
@@ -265,11 +280,16 @@ uint64_t ParseShardSize(std::string_view text) {
   for (char c : text.substr(i))
     unit += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   static const std::map<std::string, uint64_t> kUnits = {
-      {"", 1},          {"B", 1},
-      {"KB", 1000ull},  {"MB", 1000'000ull},
-      {"GB", 1000'000'000ull}, {"TB", 1000'000'000'000ull},
-      {"KIB", 1ull << 10}, {"MIB", 1ull << 20},
-      {"GIB", 1ull << 30}, {"TIB", 1ull << 40}};
+      {"", 1},
+      {"B", 1},
+      {"KB", 1000ull},
+      {"MB", 1000'000ull},
+      {"GB", 1000'000'000ull},
+      {"TB", 1000'000'000'000ull},
+      {"KIB", 1ull << 10},
+      {"MIB", 1ull << 20},
+      {"GIB", 1ull << 30},
+      {"TIB", 1ull << 40}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end())
     throw UsageError("not a shard size: '", text, "' (e.g. 5GB, 500MB, 1GiB)");

@@ -47,14 +47,14 @@ enum class ExportFormat { kSafetensors, kTorch };
 
 struct ExportOptions {
   ExportFormat format = ExportFormat::kSafetensors;
-  DType dtype = DType::kFloat32;  // float32, bfloat16 or float16
+  DType dtype = DType::kFloat32;             // float32, bfloat16 or float16
   uint64_t max_shard_bytes = 5'000'000'000;  // "5GB"
   bool exclude_frozen = false;
 };
 
 struct ExportSummary {
   int64_t tensors = 0;
-  uint64_t total_size = 0;  // bytes of tensor data
+  uint64_t total_size = 0;         // bytes of tensor data
   std::vector<std::string> files;  // written, in order (index last)
   std::vector<std::string> notes;
 };

@@ -1,10 +1,11 @@
 // The "megatron" format driver: Megatron-LM legacy (--ckpt-format torch)
 // checkpoints, read and written (megatron.h).
 
+#include "engine/formats/driver.h"
+
 #include <string>
 
 #include "engine/core/error.h"
-#include "engine/formats/driver.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 
@@ -22,7 +23,7 @@ class MegatronSource : public formats::Source {
     info_.format = "megatron";
     info_.dir = checkpoint_.dir;
     info_.path = checkpoint_.iter_dir;
-    info_.tag = checkpoint_.iter_dir.filename().string();
+    // Megatron names checkpoints by iteration (CheckpointInfo::Describe).
     info_.iteration = checkpoint_.iteration;
     info_.topology = checkpoint_.topology;
     info_.distributed_optimizer = checkpoint_.distributed_optimizer;
@@ -80,8 +81,9 @@ class MegatronDriver : public formats::Driver {
       const fs::path& path,
       const formats::SourceOptions& options) const override {
     if (!options.selector.tag.empty()) {
-      throw UsageError("Megatron checkpoints are chosen with --iteration, "
-                       "not --tag");
+      throw UsageError(
+          "Megatron checkpoints are chosen with --iteration, "
+          "not --tag");
     }
     return std::make_unique<MegatronSource>(
         Discover(path, options.selector.iteration), options);
@@ -92,12 +94,14 @@ class MegatronDriver : public formats::Driver {
       const formats::TargetOptions& options,
       const reshape::ExecutorOptions& executor) const override {
     if (options.zero_stage) {
-      throw UsageError("--zero-stage is a DeepSpeed option; Megatron targets "
-                       "take --distributed-optimizer");
+      throw UsageError(
+          "--zero-stage is a DeepSpeed option; Megatron targets "
+          "take --distributed-optimizer");
     }
     if (!options.tag.empty()) {
-      throw UsageError("--tag is a DeepSpeed option (Megatron folders are "
-                       "named by iteration)");
+      throw UsageError(
+          "--tag is a DeepSpeed option (Megatron folders are "
+          "named by iteration)");
     }
     TargetOptions o;
     o.topology = options.topology;

@@ -8,13 +8,13 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/common/torch_blob.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/buffer_layout.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
-#include "engine/formats/common/state_dict.h"
-#include "engine/formats/common/torch_blob.h"
 #include "engine/json/json.h"
 #include "engine/universal/sources.h"
 #include "layouts/layout.h"
@@ -24,6 +24,9 @@ namespace ucp::megatron {
 namespace {
 
 namespace fs = std::filesystem;
+using formats::ChunkLeaf;
+using formats::FlattenChunk;
+using formats::SaveBlob;
 using layouts::EntryKind;
 using layouts::Layout;
 using layouts::Rule;
@@ -31,9 +34,6 @@ using pickle::Kind;
 using pickle::Value;
 using torchfile::TensorInfo;
 using torchfile::TorchFile;
-using formats::ChunkLeaf;
-using formats::FlattenChunk;
-using formats::SaveBlob;
 
 // ------------------------------------------------------------ loading
 
@@ -829,8 +829,9 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
   const Grouping g = MatchGrouping(groups, keys);
   NoteGroups(groups, g, "optimizer param_groups");
   if (distributed) return params;
-  if (format == OptimizerFormat::kFloat16 && !(fp32_groups->kind == Kind::kList &&
-                               fp32_groups->items.size() == g.keys.size())) {
+  if (format == OptimizerFormat::kFloat16 &&
+      !(fp32_groups->kind == Kind::kList &&
+        fp32_groups->items.size() == g.keys.size())) {
     throw FormatError(
         "'fp32_from_fp16_params' does not hold one list per "
         "param group");

@@ -29,14 +29,14 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/formats/common/sinks.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/common/torch_blob.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/buffer_layout.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
-#include "engine/formats/common/state_dict.h"
-#include "engine/formats/common/sinks.h"
-#include "engine/formats/common/torch_blob.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
@@ -56,12 +56,12 @@ using pickle::Value;
 // Rank files written per executor run (bounds open files and graphs).
 constexpr size_t kBatchFiles = 32;
 
+using formats::AppendEntry;
 using formats::BlobCache;
 using formats::BuildChunk;
 using formats::GraphImporter;
 using formats::MemorySink;
 using formats::WriterSink;
-using formats::AppendEntry;
 
 // How the target keeps its optimizer state (megatron_format.h).
 enum class OptimizerFormat { kFp32, kFloat16, kDistributed };
@@ -950,7 +950,8 @@ void TargetWriter::WriteBatch(
     const std::string& label) {
   std::vector<FileJobs> files;
   files.reserve(ranks.size() * 2);
-  const bool distributed = target_format_ == OptimizerFormat::kDistributed && write_optimizer_;
+  const bool distributed =
+      target_format_ == OptimizerFormat::kDistributed && write_optimizer_;
   const fs::path iter_dir =
       out_ / IterDirName(store_.root().iteration, release_);
   for (const auto& [pp, tp] : ranks) {

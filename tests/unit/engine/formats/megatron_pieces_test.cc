@@ -5,23 +5,23 @@
 #include <gtest/gtest.h>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/state_dict.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
-#include "engine/formats/common/state_dict.h"
 #include "engine/pickle/pickle.h"
 #include "engine/pickle/value.h"
 
 namespace ucp::megatron {
 namespace {
 
-using pickle::Arena;
-using pickle::Kind;
-using pickle::Value;
 using formats::AppendEntry;
 using formats::BuildChunk;
 using formats::FlattenChunk;
 using formats::NewOrderedDict;
+using pickle::Arena;
+using pickle::Kind;
+using pickle::Value;
 using testing::HasSubstr;
 
 TEST(MegatronNaming, Folders) {

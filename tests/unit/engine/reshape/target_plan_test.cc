@@ -54,8 +54,9 @@ TEST(FlatRangeBoxesTest, CoversExactlyTheRangeInOrder) {
     for (const Box& box : boxes) {
       ASSERT_TRUE(BoxInside(box, shape)) << box.ToString();
       ForEachIndex(box, [&](const Shape& idx) {
-        EXPECT_EQ(Flat(shape, idx), next) << ShapeString(shape) << " [" << b
-                                          << ", " << e << ") " << box.ToString();
+        EXPECT_EQ(Flat(shape, idx), next)
+            << ShapeString(shape) << " [" << b << ", " << e << ") "
+            << box.ToString();
         ++next;
       });
     }
@@ -140,9 +141,9 @@ TEST(PlanSlotProperty, MatchesElementwiseAssembly) {
               (op.src.source + 1) * 1000000 + r.src + k;
       }
     }
-    ASSERT_EQ(got, expected) << "shape " << ShapeString(slot.local_shape)
-                             << " range [" << slot.begin << ", " << slot.end
-                             << ") at " << slot.dst_offset;
+    ASSERT_EQ(got, expected)
+        << "shape " << ShapeString(slot.local_shape) << " range [" << slot.begin
+        << ", " << slot.end << ") at " << slot.dst_offset;
   }
 }
 
