@@ -63,7 +63,7 @@ def numel(n):
     return r
 
 
-def write_case(out, stage, world, dtype):
+def write_case(out, stage, world, dtype, truth=True):
     lp = torch.bfloat16 if dtype == "bf16" else torch.float32
     st, bufs = make_state(1000 * stage + 10 * world + (dtype == "bf16"), lp)
     tag = f"global_step{STEP}"
@@ -183,6 +183,8 @@ def write_case(out, stage, world, dtype):
         torch.save({"optimizer_state_dict": osd, "ds_config": cfg, "ds_version": "0.14.5"},
                    os.path.join(tdir, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"))
 
+    if not truth:
+        return
     # Truth.
     atoms, export, stored = {}, {}, {}
     for n in PARAMS:
@@ -205,10 +207,34 @@ def write_case(out, stage, world, dtype):
                os.path.join(out, "truth.pt"))
 
 
+def use_bench_model(gib):
+    """A model of about `gib` GiB of checkpoint (ZeRO-2 bf16: 14 bytes per
+    parameter over all files): square layers, no frozen / shared entries."""
+    global PARAMS, FROZEN, GROUPS, BUFFERS, MODULE_ORDER
+    per = 4096 * 4096
+    n = max(1, round(gib * 2**30 / 14 / per))
+    PARAMS = OrderedDict((f"layers.{i}.weight", (4096, 4096)) for i in range(n))
+    PARAMS.update((f"layers.{i}.bias", (4096,)) for i in range(n))
+    FROZEN = set()
+    GROUPS = [[f"layers.{i}.weight" for i in range(n)], [f"layers.{i}.bias" for i in range(n)]]
+    MODULE_ORDER = [k for i in range(n) for k in (f"layers.{i}.weight", f"layers.{i}.bias")]
+    MODULE_ORDER += ["block.running", "block.count", "head.weight"]
+    PARAMS["embed.weight"] = (11, 6)
+    GROUPS[0].insert(0, "embed.weight")
+    MODULE_ORDER.insert(0, "embed.weight")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--bench-gib", type=float, default=0,
+                    help="one ZeRO-2 bf16 world-2 checkpoint of about this size (bench/)")
     a = ap.parse_args()
+    if a.bench_gib > 0:
+        use_bench_model(a.bench_gib)
+        write_case(os.path.join(a.out, "z2_bf16_w2"), 2, 2, "bf16", truth=False)
+        print(f"bench checkpoint in {a.out}/z2_bf16_w2")
+        return
     cases = [(1, 3, "fp32"), (1, 8, "bf16"), (2, 3, "bf16"), (2, 8, "fp32"),
              (3, 3, "fp32"), (3, 8, "bf16"), (0, 3, "bf16"), (0, 8, "bf16")]
     for stage, world, dtype in cases:
