@@ -236,8 +236,8 @@ def test_bad_input():
 
 def test_generated_cases():
     """The independent generator's checkpoints (frozen params, a shared
-    param, buffers, two optimizer groups, worlds 3 and 8, fp32 and bf16,
-    ZeRO 1/2/3 and BF16_Optimizer): to-universal equals the generator's truth,
+    param, buffers, two optimizer groups, worlds 3 and 8, fp32, bf16 and fp16
+    with a dynamic loss scaler, ZeRO 1/2/3 and BF16_Optimizer): to-universal equals the generator's truth,
     export too, and conversions to every other stage and world size come back
     to identical atoms."""
     gen = HERE.parent / "tools" / "make_deepspeed_ckpts.py"
@@ -270,6 +270,11 @@ def test_generated_cases():
                     # Shared params load as the same tensor (torch.load).
                     files = sorted(out.rglob("*model_states.pt"))
                     m = torch.load(files[0])
+                    if "fp16" in case.name:  # the dynamic loss scaler survives
+                        o = torch.load(sorted(out.rglob("*optim_states.pt"))[0])
+                        ls = o["optimizer_state_dict"]["loss_scaler"]
+                        assert type(ls).__name__ == "DynamicLossScaler" and ls.cur_scale == 2.0**12
+                        assert o["optimizer_state_dict"]["dynamic_loss_scale"] is True
                     if stage < 3:
                         assert m["module"]["head.weight"].data_ptr() == m["module"]["embed.weight"].data_ptr()
                     assert m["shared_params"] == {"head.weight": "embed.weight"}
@@ -286,6 +291,8 @@ def check_truth(h5path, truth, where):
                 raw = g[k][()]
                 if g[k].attrs["dtype"] == "bfloat16":
                     got = torch.from_numpy(raw.astype(np.int16)).view(torch.bfloat16)
+                elif g[k].attrs["dtype"] == "float16":
+                    got = torch.from_numpy(raw.astype(np.int16)).view(torch.float16)
                 else:
                     got = torch.from_numpy(np.ascontiguousarray(raw))
                 ck.same(got.reshape(ref.shape), ref, f"{where} {n}/{k}")

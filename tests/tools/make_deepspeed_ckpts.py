@@ -18,7 +18,7 @@ from collections import OrderedDict
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
-from deepspeed.runtime.fp16.loss_scaler import LossScaler  # noqa: E402
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # noqa: E402
 from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: E402
 from deepspeed.utils.tensor_fragment import fragment_address  # noqa: E402
 
@@ -64,7 +64,16 @@ def numel(n):
 
 
 def write_case(out, stage, world, dtype, truth=True):
-    lp = torch.bfloat16 if dtype == "bf16" else torch.float32
+    lp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    fp16 = dtype == "fp16"
+
+    def scaler():
+        # fp16 runs scale the loss dynamically; fp32 / bf16 keep a static 1.0.
+        if fp16:
+            s = DynamicLossScaler(init_scale=2.0**12)
+            s.cur_iter = STEP
+            return s
+        return LossScaler(1.0)
     st, bufs = make_state(1000 * stage + 10 * world + (dtype == "bf16"), lp)
     tag = f"global_step{STEP}"
     tdir = os.path.join(out, tag)
@@ -73,7 +82,7 @@ def write_case(out, stage, world, dtype, truth=True):
         f.write(tag)
     bf16_opt = stage == 0  # BF16_Optimizer (bf16 only)
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
-           "bf16": {"enabled": dtype == "bf16"}}
+           "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": fp16}}
     trainable = [n for g in GROUPS for n in g]
 
     def model_states(rank):
@@ -137,8 +146,8 @@ def write_case(out, stage, world, dtype, truth=True):
                 state[gi] = {"step": step.clone(), "exp_avg": torch.cat(parts["exp_avg"]),
                              "exp_avg_sq": torch.cat(parts["exp_avg_sq"])}
             osd = OrderedDict([
-                ("zero_stage", ZeroStageEnum.weights), ("loss_scaler", LossScaler(1.0)),
-                ("dynamic_loss_scale", False), ("overflow", False), ("partition_count", world),
+                ("zero_stage", ZeroStageEnum.weights), ("loss_scaler", scaler()),
+                ("dynamic_loss_scale", fp16), ("overflow", False), ("partition_count", world),
                 ("optimizer_state_dict", {"state": state, "param_groups": [
                     dict(HYPER[gi], params=[gi]) for gi in range(len(GROUPS))]}),
                 ("fp32_flat_groups", flats)])
@@ -171,7 +180,7 @@ def write_case(out, stage, world, dtype, truth=True):
                                                      for gi in range(len(GROUPS))]}
             items = []
             if not bf16_opt:
-                items += [("loss_scaler", LossScaler(1.0)), ("dynamic_loss_scale", False),
+                items += [("loss_scaler", scaler()), ("dynamic_loss_scale", fp16),
                           ("overflow", False)]
             items += [("clip_grad", 1.0), ("base_optimizer_state", base),
                       ("single_partition_of_fp32_groups", fp32s)]
@@ -195,7 +204,7 @@ def write_case(out, stage, world, dtype, truth=True):
             continue
         atoms[n] = {"fp32": st[n]["fp32"], "exp_avg": st[n]["exp_avg"],
                     "exp_avg_sq": st[n]["exp_avg_sq"], "step": step.clone()}
-        if dtype == "bf16" and stage < 3:
+        if dtype != "fp32" and stage < 3:
             atoms[n]["param"] = st[n]["lp"]
         export[n] = st[n]["fp32"]
     for n, t in bufs.items():
@@ -236,7 +245,8 @@ def main():
         print(f"bench checkpoint in {a.out}/z2_bf16_w2")
         return
     cases = [(1, 3, "fp32"), (1, 8, "bf16"), (2, 3, "bf16"), (2, 8, "fp32"),
-             (3, 3, "fp32"), (3, 8, "bf16"), (0, 3, "bf16"), (0, 8, "bf16")]
+             (3, 3, "fp32"), (3, 8, "bf16"), (0, 3, "bf16"), (0, 8, "bf16"),
+             (1, 3, "fp16"), (2, 8, "fp16"), (3, 3, "fp16")]
     for stage, world, dtype in cases:
         write_case(os.path.join(a.out, f"z{stage}_{dtype}_w{world}"), stage, world, dtype)
     print(f"{len(cases)} DeepSpeed checkpoints in {a.out}")

@@ -1259,6 +1259,22 @@ void Planner::PlanRoot() {
   meta["grad_dtype"] = grad_dtype_;
   meta["vocab_size_known"] = L_.true_vocab_known;
   root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
+
+  // Framework-neutral run state (atom_store.h RootInfo::training).
+  json::Value training = json::Value::Object();
+  training["dtype"] = dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
+  training["step"] = root.iteration;
+  training["global_samples"] = root.consumed_samples;
+  training["frozen"] = json::Value::Array();
+  json::Value shared = json::Value::Object();
+  json::Value order = json::Value::Array();
+  for (const std::string& n : param_order_) {
+    order.Append(n);
+    for (const std::string& c : params_.at(n).tied_copies) shared[c] = n;
+  }
+  training["shared"] = std::move(shared);
+  training["param_order"] = std::move(order);
+  root.training = training.Dump();
 }
 
 universal::SourcePlan Planner::Run() {
