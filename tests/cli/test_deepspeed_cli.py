@@ -257,6 +257,15 @@ def test_generated_cases():
                 ck.same(sd[n], t32, f"{case.name} export {n}")
             assert set(sd) == set(truth["export"]), (case.name, sorted(sd))
             shutil.rmtree(t / "e")
+            # Converted to its own stage and world size: the generator's files.
+            meta = case.name.split("_")
+            stage0, world0 = int(meta[0][1:]), int(meta[2][1:])
+            run("convert", case, "-o", t / "same", "--dp", world0, "--zero-stage", stage0, "-q")
+            tag = (case / "latest").read_text()
+            for f in sorted((case / tag).iterdir()):
+                ck.compare_tree(torch.load(t / "same" / tag / f.name), torch.load(f),
+                                f"{case.name}/{f.name}")
+            shutil.rmtree(t / "same")
             for stage in (1, 2, 3):
                 for dp in (1, 5):
                     out = t / f"s{stage}dp{dp}"

@@ -63,7 +63,23 @@ def numel(n):
     return r
 
 
-def write_case(out, stage, world, dtype, truth=True):
+def sub_groups(world, size):
+    """ZeRO-3 sub-groups (stage3.py): per param group, a sub-group closes when
+    its partitions (ceil(n / world) each) reach `size`, or at the group's end.
+    Returns [(group index, [names])]."""
+    out = []
+    for gi, g in enumerate(GROUPS):
+        cur, total = [], 0
+        for k, n in enumerate(g):
+            cur.append(n)
+            total += -(-numel(n) // world)
+            if total >= size or k + 1 == len(g):
+                out.append((gi, cur))
+                cur, total = [], 0
+    return out
+
+
+def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
     lp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     fp16 = dtype == "fp16"
 
@@ -81,7 +97,11 @@ def write_case(out, stage, world, dtype, truth=True):
     with open(os.path.join(out, "latest"), "w") as f:
         f.write(tag)
     bf16_opt = stage == 0  # BF16_Optimizer (bf16 only)
-    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+    subs = sub_groups(world, sub_group_size or 10**9)
+    zero_cfg = {"stage": stage}
+    if sub_group_size:
+        zero_cfg["sub_group_size"] = sub_group_size
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero_cfg,
            "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": fp16}}
     trainable = [n for g in GROUPS for n in g]
 
@@ -97,8 +117,8 @@ def write_case(out, stage, world, dtype, truth=True):
             else:
                 module[k] = st[k]["lp"].clone() if k not in FROZEN else st[k]["lp"].clone()
         if stage == 3:
-            # ZeRO-3 param_shapes: one dict per sub-group (one per group here).
-            shapes = [OrderedDict((n, torch.Size(PARAMS[n])) for n in g) for g in GROUPS]
+            # ZeRO-3 param_shapes: one dict per sub-group.
+            shapes = [OrderedDict((n, torch.Size(PARAMS[n])) for n in g) for _, g in subs]
         else:
             shapes = [OrderedDict((n, torch.Size(PARAMS[n])) for n in g) for g in GROUPS]
         frozen_shapes = OrderedDict((n, torch.Size(PARAMS[n])) for n in FROZEN) if stage >= 2 else None
@@ -134,7 +154,7 @@ def write_case(out, stage, world, dtype, truth=True):
     for r in range(world):
         if stage == 3:
             flats, state = [], {}
-            for gi, g in enumerate(GROUPS):
+            for si, (gi, g) in enumerate(subs):
                 parts = {k: [] for k in ("fp32", "exp_avg", "exp_avg_sq")}
                 for n in g:
                     p = -(-numel(n) // world)
@@ -143,13 +163,14 @@ def write_case(out, stage, world, dtype, truth=True):
                         flat[:numel(n)] = st[n][k].flatten()
                         parts[k].append(flat[r * p:(r + 1) * p])
                 flats.append(torch.cat(parts["fp32"]))
-                state[gi] = {"step": step.clone(), "exp_avg": torch.cat(parts["exp_avg"]),
+                state[si] = {"step": step.clone(), "exp_avg": torch.cat(parts["exp_avg"]),
                              "exp_avg_sq": torch.cat(parts["exp_avg_sq"])}
             osd = OrderedDict([
                 ("zero_stage", ZeroStageEnum.weights), ("loss_scaler", scaler()),
                 ("dynamic_loss_scale", fp16), ("overflow", False), ("partition_count", world),
                 ("optimizer_state_dict", {"state": state, "param_groups": [
-                    dict(HYPER[gi], params=[gi]) for gi in range(len(GROUPS))]}),
+                    dict(HYPER[gi], params=[si for si, (g2, _) in enumerate(subs) if g2 == gi])
+                    for gi in range(len(GROUPS))]}),
                 ("fp32_flat_groups", flats)])
         else:
             fp32s, state, pads, maps = [], {}, [], []
@@ -249,6 +270,9 @@ def main():
              (1, 3, "fp16"), (2, 8, "fp16"), (3, 3, "fp16")]
     for stage, world, dtype in cases:
         write_case(os.path.join(a.out, f"z{stage}_{dtype}_w{world}"), stage, world, dtype)
+    # ZeRO-3 with several sub-groups per param group (a small sub_group_size).
+    write_case(os.path.join(a.out, "z3_fp32_w3_subgroups"), 3, 3, "fp32", sub_group_size=20)
+    cases.append((3, 3, "fp32"))
     print(f"{len(cases)} DeepSpeed checkpoints in {a.out}")
 
 

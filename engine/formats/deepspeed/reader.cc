@@ -79,6 +79,7 @@ class Planner {
   void PlanFlat();  // ZeRO 1/2, BF16_Optimizer
   void PlanStage3();
   void PlanZeroFolder();
+  void RegroupSubGroups();
   void PlanStep(const Param& p, const FilePtr& f, const Value* state,
                 const std::string& where);
   void PlanFrozen();
@@ -104,6 +105,8 @@ class Planner {
   std::set<std::string> state_kinds_;
   std::string step_kind_ = "none";  // tensor | int | float | none
   std::vector<const Value*> group_dicts_;
+  std::vector<int64_t> sub_to_group_;  // ZeRO-3: param group of each sub-group
+  int64_t sub_groups_ = 0;
   fs::path scratch_ = fs::temp_directory_path();
 };
 
@@ -541,7 +544,26 @@ void Planner::PlanStage3() {
                           groups_.size(), " sub-groups");
       }
       if (r == 0) {
-        for (const Value* g : pgroups) group_dicts_.push_back(g);
+        // Sub-groups are enumerated param group by param group; each
+        // group's 'params' lists its sub-groups.
+        sub_to_group_.assign(groups_.size(), -1);
+        for (size_t k = 0; k < pgroups.size(); ++k) {
+          group_dicts_.push_back(pgroups[k]);
+          for (const Value* id :
+               Items(Require(pgroups[k], "params"), "params")) {
+            const int64_t sg = Int(id, "sub-group id");
+            if (sg < 0 || sg >= static_cast<int64_t>(groups_.size()) ||
+                sub_to_group_[static_cast<size_t>(sg)] >= 0) {
+              throw FormatError("param_groups[", k, "] names sub-group ", sg,
+                                " (", groups_.size(), " in param_shapes)");
+            }
+            sub_to_group_[static_cast<size_t>(sg)] = static_cast<int64_t>(k);
+          }
+        }
+        for (size_t sg = 0; sg < sub_to_group_.size(); ++sg) {
+          if (sub_to_group_[sg] < 0)
+            throw FormatError("sub-group ", sg, " is in no param group");
+        }
       }
       for (size_t s = 0; s < groups_.size(); ++s) {
         const std::string gw = StrCat(where0, " > sub-group ", s);
@@ -597,6 +619,20 @@ void Planner::PlanStage3() {
       throw;
     }
   }
+}
+
+// ZeRO-3: from sub-groups to the optimizer's param groups.
+void Planner::RegroupSubGroups() {
+  std::vector<std::vector<std::string>> groups(group_dicts_.size());
+  for (size_t sg = 0; sg < groups_.size(); ++sg) {
+    const auto k = static_cast<size_t>(sub_to_group_[sg]);
+    for (const std::string& n : groups_[sg]) {
+      params_[index_[n]].group = static_cast<int64_t>(k);
+      groups[k].push_back(n);
+    }
+  }
+  sub_groups_ = static_cast<int64_t>(groups_.size());
+  groups_ = std::move(groups);
 }
 
 void Planner::PlanZeroFolder() {
@@ -837,6 +873,7 @@ void Planner::PlanRoot() {
   for (const std::string& k : Keys(model_, "model states")) top.Append(k);
   meta["model_keys"] = std::move(top);
   meta["step_kind"] = step_kind_;
+  if (sub_groups_ > 0) meta["zero3_sub_groups"] = sub_groups_;
   meta["lp_dtype"] = std::string(DTypeName(lp_));
   root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
 }
@@ -850,6 +887,7 @@ universal::SourcePlan Planner::Run() {
     PlanTorchOptimizer();
   } else if (c_.stage == 3) {
     PlanStage3();
+    RegroupSubGroups();
   } else {
     PlanFlat();
   }

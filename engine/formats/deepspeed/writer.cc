@@ -24,9 +24,6 @@ using namespace internal;
 using pickle::Kind;
 using pickle::Value;
 
-// DeepSpeed's default zero_optimization.sub_group_size.
-constexpr int64_t kSubGroupSize = 1'000'000'000;
-
 class NativeWriter : public WriterBase {
  public:
   using WriterBase::WriterBase;
@@ -37,7 +34,6 @@ class NativeWriter : public WriterBase {
   Value* OptimFile(FileBuild& f, int64_t rank);
   Value* TorchOptimizer(FileBuild& f);
   Value* GroupDict(FileBuild& f, size_t g, Value* params);
-  std::vector<std::vector<size_t>> SubGroups() const;
 };
 
 // The param windows of the flat ZeRO-1/2 partition of `rank`.
@@ -99,24 +95,6 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
   formats::AppendEntry(a, opt, "state", state);
   formats::AppendEntry(a, opt, "param_groups", a.List(std::move(groups)));
   return opt;
-}
-
-std::vector<std::vector<size_t>> NativeWriter::SubGroups() const {
-  std::vector<std::vector<size_t>> out;
-  for (const auto& g : groups_) {
-    std::vector<size_t> cur;
-    int64_t sum = 0;
-    for (size_t k = 0; k < g.size(); ++k) {
-      cur.push_back(g[k]);
-      sum += (params_[g[k]].numel + W_ - 1) / W_;
-      if (sum >= kSubGroupSize || k + 1 == g.size()) {
-        out.push_back(std::move(cur));
-        cur.clear();
-        sum = 0;
-      }
-    }
-  }
-  return out;
 }
 
 Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {

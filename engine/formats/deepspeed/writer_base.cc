@@ -234,6 +234,22 @@ void WriterBase::Prepare() {
       for (const std::string& a : p.aliases) module_keys_.push_back(a);
     }
   }
+  // ZeRO-3 sub-group size from the saved ds_config.
+  for (const char* key : {"top_level/ds_config", "optim_top/ds_config"}) {
+    std::shared_ptr<const torchfile::TorchFile> b = blobs_.Find(key);
+    const Value* cfg = b != nullptr ? b->root() : nullptr;
+    const Value* zero = cfg != nullptr && cfg->IsDictLike()
+                            ? cfg->Get("zero_optimization")
+                            : nullptr;
+    const Value* sgs = zero != nullptr && zero->IsDictLike()
+                           ? zero->Get("sub_group_size")
+                           : nullptr;
+    std::optional<double> v = sgs != nullptr ? sgs->AsFloat() : std::nullopt;
+    if (v && *v >= 1) {
+      sub_group_size_ = static_cast<int64_t>(*v);
+      break;
+    }
+  }
   // Optimizer group templates.
   group_file_ = blobs_.Find("optimizer/param_groups");
   if (group_file_ != nullptr) {
@@ -346,6 +362,24 @@ Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
   return nullptr;
 }
 
+std::vector<std::vector<size_t>> WriterBase::SubGroups() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& g : groups_) {
+    std::vector<size_t> cur;
+    int64_t sum = 0;
+    for (size_t k = 0; k < g.size(); ++k) {
+      cur.push_back(g[k]);
+      sum += (params_[g[k]].numel + W_ - 1) / W_;
+      if (sum >= sub_group_size_ || k + 1 == g.size()) {
+        out.push_back(std::move(cur));
+        cur.clear();
+        sum = 0;
+      }
+    }
+  }
+  return out;
+}
+
 Value* WriterBase::ImportBlob(FileBuild& f, const std::string& key) {
   std::shared_ptr<const torchfile::TorchFile> b = blobs_.Find(key);
   if (b == nullptr) return nullptr;
@@ -430,22 +464,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
       } else {
         std::vector<Value*> list;
         std::vector<std::vector<size_t>> groups = groups_;
-        if (stage_ == 3) {
-          groups.clear();
-          for (const auto& g : groups_) {
-            std::vector<size_t> cur;
-            int64_t sum = 0;
-            for (size_t k = 0; k < g.size(); ++k) {
-              cur.push_back(g[k]);
-              sum += (params_[g[k]].numel + W_ - 1) / W_;
-              if (sum >= 1'000'000'000 || k + 1 == g.size()) {
-                groups.push_back(std::move(cur));
-                cur.clear();
-                sum = 0;
-              }
-            }
-          }
-        }
+        if (stage_ == 3) groups = SubGroups();
         for (const auto& g : groups) {
           Value* d = formats::NewOrderedDict(a);
           for (size_t i : g)

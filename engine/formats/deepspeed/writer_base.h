@@ -76,6 +76,11 @@ class WriterBase {
   static void AppendOrReplace(pickle::Arena& a, pickle::Value* dict,
                               const std::string& key, pickle::Value* v);
 
+  /// ZeRO-3 sub-groups (stage3.py): walking each group's params, a
+  /// sub-group closes when its partitions reach sub_group_size_ or at the
+  /// group's last param.
+  std::vector<std::vector<size_t>> SubGroups() const;
+
   struct ModelStatesOptions {
     int64_t rank = 0;                    // ZeRO-3 file's dp rank
     pickle::Value* optimizer = nullptr;  // torch optimizer (ZeRO 0 fp32)
@@ -102,6 +107,9 @@ class WriterBase {
   std::vector<std::string> state_kinds_;     // besides fp32 and step
   std::vector<std::string> module_keys_;     // incl. aliases
   std::string step_kind_ = "none";
+  /// ZeRO-3 sub-group size: the source's ds_config zero_optimization.
+  /// sub_group_size, else DeepSpeed's default 1e9.
+  int64_t sub_group_size_ = 1'000'000'000;
   std::shared_ptr<const torchfile::TorchFile> group_file_;
   const pickle::Value* group_templates_ = nullptr;
   std::set<std::string> notes_;
