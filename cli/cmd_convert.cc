@@ -159,7 +159,10 @@ struct TargetArgs {
   int64_t vocab_size = 0;
   std::string tag;
 
-  void Add(po::options_description& d, bool with_vocab) {
+  // `tag_option`: "tag" for reshape, "target-tag" for convert (where --tag
+  // selects the source's tag).
+  void Add(po::options_description& d, bool with_vocab,
+           const char* tag_option) {
     d.add_options()("format", po::value<std::string>(&format),
                     "target format (default: the source's)")(
         "tp", po::value<int64_t>(&tp)->default_value(1),
@@ -172,7 +175,7 @@ struct TargetArgs {
         "Megatron: write distrib_optim.pt (--use-distributed-optimizer)")(
         "zero-stage", po::value<int>(&zero_stage),
         "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's)")(
-        "tag", po::value<std::string>(&tag),
+        tag_option, po::value<std::string>(&tag),
         "DeepSpeed: the target tag (default: the source's, or "
         "global_step<N>)")("no-optimizer", po::bool_switch(&no_optimizer),
                            "model weights only (no optimizer state)");
@@ -371,7 +374,7 @@ int RunReshape(const std::vector<std::string>& args) {
   RunOptions run;
   desc.add_options()("output,o", po::value<std::string>(&output)->required(),
                      "the checkpoint folder to create");
-  target.Add(desc, /*with_vocab=*/true);
+  target.Add(desc, /*with_vocab=*/true, "tag");
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"universal"}, vm)) return 0;
@@ -406,7 +409,7 @@ int RunConvert(const std::vector<std::string>& args) {
   desc.add_options()("output,o", po::value<std::string>(&output)->required(),
                      "the checkpoint folder to create");
   src.Add(desc);
-  target.Add(desc, /*with_vocab=*/false);
+  target.Add(desc, /*with_vocab=*/false, "target-tag");
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;

@@ -160,6 +160,12 @@ def test_verify_and_formats():
     assert doc["ok"] and doc["kind"] == "deepspeed", doc
     names = {f["name"] for f in json.loads(run("formats", "--json").stdout)}
     assert {"megatron", "deepspeed", "deepspeed-universal"} <= names
+    with Tmp() as t:
+        # --tag picks the source's tag, --target-tag names the output's.
+        run("convert", fx, "--tag", "global_step2", "--target-tag", "step_two", "-o", t / "o",
+            "--dp", 1, "-q")
+        assert (t / "o" / "latest").read_text() == "step_two"
+        assert (t / "o" / "step_two" / "mp_rank_00_model_states.pt").exists()
 
 
 def copy_fixture(name, dst):
