@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <regex>
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
@@ -45,6 +44,64 @@ std::string TagsIn(const fs::path& dir) {
   return s;
 }
 
+bool Eat(std::string_view& s, std::string_view lit) {
+  if (s.substr(0, lit.size()) != lit) return false;
+  s.remove_prefix(lit.size());
+  return true;
+}
+
+// Leading decimal digits (at most 9).
+std::optional<int64_t> Digits(std::string_view& s) {
+  size_t n = 0;
+  while (n < s.size() && n < 9 && s[n] >= '0' && s[n] <= '9') ++n;
+  if (n == 0) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v = v * 10 + (s[i] - '0');
+  s.remove_prefix(n);
+  return v;
+}
+
+// The DeepSpeed rank-file names (deepspeed_format.h).
+struct RankFileName {
+  enum Kind { kModel, kZ3Model, kOptim, kLayer } kind;
+  int64_t dp = 0;
+  int64_t mp = 0;
+  bool bf16 = false;
+};
+
+std::optional<RankFileName> ParseRankFileName(std::string_view s) {
+  RankFileName r{};
+  std::string_view t = s;
+  if (Eat(t, "mp_rank_")) {  // mp_rank_XX_model_states.pt
+    auto mp = Digits(t);
+    if (mp && t == "_model_states.pt")
+      return RankFileName{RankFileName::kModel, 0, *mp, false};
+    return std::nullopt;
+  }
+  if (Eat(t, "layer_")) {  // layer_LL-model_...model_states.pt
+    if (Digits(t) && Eat(t, "-model_") && t.ends_with("model_states.pt"))
+      return RankFileName{RankFileName::kLayer, 0, 0, false};
+    return std::nullopt;
+  }
+  r.bf16 = Eat(t, "bf16_");
+  if (!Eat(t, "zero_pp_rank_")) return std::nullopt;
+  auto dp = Digits(t);
+  if (!dp || !Eat(t, "_mp_rank_")) return std::nullopt;
+  auto mp = Digits(t);
+  if (!mp) return std::nullopt;
+  r.dp = *dp;
+  r.mp = *mp;
+  if (t == "_optim_states.pt") {
+    r.kind = RankFileName::kOptim;
+    return r;
+  }
+  if (t == "_model_states.pt" && !r.bf16) {
+    r.kind = RankFileName::kZ3Model;
+    return r;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Checkpoint Discover(const fs::path& path, const std::string& tag) {
@@ -77,50 +134,36 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
                       tag.empty() ? " (named by latest)" : "");
   }
   // The files.
-  static const std::regex kModel(R"(mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex kZ3Model(
-      R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex kOptim(
-      R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
-  static const std::regex kLayer(R"(layer_(\d+)-model_.*model_states\.pt)");
   std::map<int64_t, fs::path> z3_models, optims;
   std::optional<bool> prefix;
+  auto no_mp = [](const fs::path& p) {
+    return FormatError(p.string(),
+                       ": model parallelism (mp rank > 0) is not supported "
+                       "for DeepSpeed checkpoints yet");
+  };
   for (fs::directory_iterator it(c.tag_dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, kModel)) {
-      if (std::stoll(m[1]) != 0) {
-        throw FormatError(it->path().string(),
-                          ": model parallelism (mp rank > 0) is not "
-                          "supported for DeepSpeed checkpoints yet");
-      }
+    const std::optional<RankFileName> f = ParseRankFileName(name);
+    if (!f) continue;
+    if (f->kind == RankFileName::kLayer) {
+      throw FormatError(it->path().string(),
+                        ": pipeline layer files (PipelineModule / "
+                        "Megatron-DeepSpeed) are not supported yet");
+    }
+    if (f->mp != 0) throw no_mp(it->path());
+    if (f->kind == RankFileName::kModel) {
       c.model_files = {it->path()};
-    } else if (std::regex_match(name, m, kZ3Model)) {
-      if (std::stoll(m[2]) != 0) {
-        throw FormatError(it->path().string(),
-                          ": model parallelism (mp rank > 0) is not "
-                          "supported for DeepSpeed checkpoints yet");
-      }
-      z3_models[std::stoll(m[1])] = it->path();
-    } else if (std::regex_match(name, m, kOptim)) {
-      if (std::stoll(m[3]) != 0) {
-        throw FormatError(it->path().string(),
-                          ": model parallelism (mp rank > 0) is not "
-                          "supported for DeepSpeed checkpoints yet");
-      }
-      const bool bf16 = m[1].matched;
-      if (prefix && *prefix != bf16) {
+    } else if (f->kind == RankFileName::kZ3Model) {
+      z3_models[f->dp] = it->path();
+    } else {
+      if (prefix && *prefix != f->bf16) {
         throw FormatError(it->path().string(),
                           ": optimizer files with and without the bf16_ "
                           "prefix in one tag folder");
       }
-      prefix = bf16;
-      optims[std::stoll(m[2])] = it->path();
-    } else if (std::regex_match(name, kLayer)) {
-      throw FormatError(it->path().string(),
-                        ": pipeline layer files (PipelineModule / "
-                        "Megatron-DeepSpeed) are not supported yet");
+      prefix = f->bf16;
+      optims[f->dp] = it->path();
     }
   }
   if (ec) throw IoError("cannot list ", c.tag_dir.string(), ": ", ec.message());

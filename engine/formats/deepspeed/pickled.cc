@@ -17,6 +17,15 @@ const Value* Require(const Value* d, std::string_view key) {
   return v;
 }
 
+const Value* RequireDict(const Value* d, std::string_view key) {
+  const Value* v = Require(d, key);
+  if (!v->IsDictLike()) {
+    throw FormatError("'", key, "' is ", pickle::KindName(v->kind),
+                      ", expected a dict");
+  }
+  return v;
+}
+
 int64_t Int(const Value* v, std::string_view what) {
   std::optional<int64_t> i = v != nullptr ? v->AsInt() : std::nullopt;
   if (!i) {

@@ -17,6 +17,8 @@ namespace ucp::deepspeed::internal {
 const pickle::Value* Get(const pickle::Value* d, std::string_view key);
 /// Throws FormatError "no 'key'" if absent.
 const pickle::Value* Require(const pickle::Value* d, std::string_view key);
+/// Require, and the value is a dict. Throws FormatError.
+const pickle::Value* RequireDict(const pickle::Value* d, std::string_view key);
 /// An int (or bool). Throws FormatError naming `what`.
 int64_t Int(const pickle::Value* v, std::string_view what);
 /// A str. Throws FormatError naming `what`.

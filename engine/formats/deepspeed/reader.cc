@@ -24,6 +24,15 @@ using pickle::Value;
 using torchfile::TensorInfo;
 using torchfile::TorchFile;
 
+// Adds context unless the message already names it (inner messages carry
+// their rank file).
+template <typename... Args>
+void AddContextOnce(Error& e, Args&&... args) {
+  const std::string c = StrCat(std::forward<Args>(args)...);
+  if (std::string_view(e.what()).find(c) == std::string_view::npos)
+    e.AddContext(c);
+}
+
 // Keys of the model-states dict that the driver rebuilds; the others are
 // kept verbatim (/opaque/top_level/<key>).
 const std::set<std::string> kModelRebuilt = {"module",
@@ -326,7 +335,7 @@ void Planner::ReadModel() {
               : static_cast<int64_t>(module_keys_.size() + index_[p.name]);
     }
   } catch (Error& e) {
-    e.AddContext(where0);
+    AddContextOnce(e, where0);
     throw;
   }
 }
@@ -386,7 +395,7 @@ void Planner::PlanTorchOptimizer() {
   const std::string where0 =
       StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
   try {
-    const Value* state = Require(opt, "state");
+    const Value* state = RequireDict(opt, "state");
     const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
     // ids: torch numbers params over the groups in order; the module's
     // trainable params are taken in order.
@@ -420,7 +429,7 @@ void Planner::PlanTorchOptimizer() {
       }
     }
   } catch (Error& e) {
-    e.AddContext(where0);
+    AddContextOnce(e, where0);
     throw;
   }
 }
@@ -433,7 +442,7 @@ void Planner::PlanFlat() {
     try {
       const Value* osd = Require(f->root(), "optimizer_state_dict");
       const Value* base = Require(osd, "base_optimizer_state");
-      const Value* state = Require(base, "state");
+      const Value* state = RequireDict(base, "state");
       const auto& pgroups =
           Items(Require(base, "param_groups"), "param_groups");
       const auto& fp32 = Items(Require(osd, "single_partition_of_fp32_groups"),
@@ -512,7 +521,7 @@ void Planner::PlanFlat() {
         }
       }
     } catch (Error& e) {
-      e.AddContext(where0);
+      AddContextOnce(e, where0);
       throw;
     }
   }
@@ -532,7 +541,7 @@ void Planner::PlanStage3() {
                           " (files from mixed world sizes?)");
       }
       const Value* inner = Require(osd, "optimizer_state_dict");
-      const Value* state = Require(inner, "state");
+      const Value* state = RequireDict(inner, "state");
       const auto& pgroups =
           Items(Require(inner, "param_groups"), "param_groups");
       const auto& flats =
@@ -615,7 +624,7 @@ void Planner::PlanStage3() {
         }
       }
     } catch (Error& e) {
-      e.AddContext(where0);
+      AddContextOnce(e, where0);
       throw;
     }
   }
@@ -712,7 +721,7 @@ void Planner::PlanFrozen() {
       const std::string where = where0 + " > " + p.name;
       try {
         const Value* v = Get(frags, p.name);
-        if (v == nullptr) throw FormatError("missing");
+        if (v == nullptr) throw FormatError(where, ": missing");
         const TensorInfo& t = TensorAt(f, v, where);
         universal::AtomPlan& a = Atom(p, "param", t.dtype, false);
         if (c_.stage == 2) {
@@ -726,7 +735,7 @@ void Planner::PlanFrozen() {
                   std::min(num, (r + 1) * part), where);
         }
       } catch (Error& e) {
-        e.AddContext("param ", p.name);
+        AddContextOnce(e, "param ", p.name);
         throw;
       }
     }
