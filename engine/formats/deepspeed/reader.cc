@@ -7,6 +7,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/source_table.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/pickled.h"
@@ -67,7 +68,6 @@ class Planner {
 
  private:
   using FilePtr = std::shared_ptr<const TorchFile>;
-  uint32_t SourceIndex(const FilePtr& f, const torchfile::StorageInfo* s);
   reshape::SourceTensor Tensor(const FilePtr& f, const TensorInfo& t,
                                const std::string& what);
   const TensorInfo& TensorAt(const FilePtr& f, const Value* v,
@@ -97,8 +97,7 @@ class Planner {
 
   const Checkpoint& c_;
   universal::SourcePlan plan_;
-  std::map<std::pair<const TorchFile*, const torchfile::StorageInfo*>, uint32_t>
-      sources_;
+  formats::SourceTable sources_{plan_};
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::vector<FilePtr> models_;  // per model file
   std::vector<FilePtr> optims_;  // per dp rank
@@ -119,18 +118,6 @@ class Planner {
   fs::path scratch_ = fs::temp_directory_path();
 };
 
-uint32_t Planner::SourceIndex(const FilePtr& f,
-                              const torchfile::StorageInfo* s) {
-  auto key = std::make_pair(f.get(), s);
-  auto it = sources_.find(key);
-  if (it != sources_.end()) return it->second;
-  const auto index = static_cast<uint32_t>(plan_.sources.size());
-  plan_.sources.push_back(
-      std::make_unique<universal::TorchStorageSource>(f, s));
-  sources_.emplace(key, index);
-  return index;
-}
-
 const TensorInfo& Planner::TensorAt(const FilePtr& f, const Value* v,
                                     const std::string& what) {
   const TensorInfo* t = v != nullptr ? f->FindTensor(v) : nullptr;
@@ -140,17 +127,7 @@ const TensorInfo& Planner::TensorAt(const FilePtr& f, const Value* v,
 
 reshape::SourceTensor Planner::Tensor(const FilePtr& f, const TensorInfo& t,
                                       const std::string& what) {
-  if (!t.contiguous) {
-    throw FormatError(what, ": tensor is not contiguous (stride ",
-                      ShapeString(t.stride), ")");
-  }
-  reshape::SourceTensor s;
-  s.source = SourceIndex(f, t.storage);
-  s.byte_offset =
-      static_cast<uint64_t>(t.storage_offset) * ElementSize(t.dtype);
-  s.dtype = t.dtype;
-  s.shape = t.shape;
-  return s;
+  return sources_.Tensor(f, t, what);
 }
 
 universal::AtomPlan& Planner::Atom(const Param& p, const std::string& kind,

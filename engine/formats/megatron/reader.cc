@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/source_table.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/megatron/args.h"
@@ -312,8 +313,6 @@ class Planner {
   universal::SourcePlan Run();
 
  private:
-  uint32_t SourceIndex(const std::shared_ptr<const TorchFile>& file,
-                       const torchfile::StorageInfo* storage);
   reshape::SourceTensor Tensor(const std::shared_ptr<const TorchFile>& file,
                                const TensorInfo& t, const std::string& what);
   universal::AtomPlan& Atom(const ParamState& ps, const std::string& kind,
@@ -340,8 +339,7 @@ class Planner {
   Loaded& L_;
   const Checkpoint& c_;
   universal::SourcePlan plan_;
-  std::map<std::pair<const TorchFile*, const torchfile::StorageInfo*>, uint32_t>
-      sources_;
+  formats::SourceTable sources_{plan_};
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::map<std::string, ParamState> params_;
   std::vector<std::string> param_order_;
@@ -356,32 +354,10 @@ class Planner {
   fs::path scratch_ = fs::temp_directory_path();
 };
 
-uint32_t Planner::SourceIndex(const std::shared_ptr<const TorchFile>& file,
-                              const torchfile::StorageInfo* storage) {
-  auto key = std::make_pair(file.get(), storage);
-  auto it = sources_.find(key);
-  if (it != sources_.end()) return it->second;
-  const uint32_t index = static_cast<uint32_t>(plan_.sources.size());
-  plan_.sources.push_back(
-      std::make_unique<universal::TorchStorageSource>(file, storage));
-  sources_.emplace(key, index);
-  return index;
-}
-
 reshape::SourceTensor Planner::Tensor(
     const std::shared_ptr<const TorchFile>& file, const TensorInfo& t,
     const std::string& what) {
-  if (!t.contiguous) {
-    throw FormatError(what, ": tensor is not contiguous (stride ",
-                      ShapeString(t.stride), ")");
-  }
-  reshape::SourceTensor s;
-  s.source = SourceIndex(file, t.storage);
-  s.byte_offset =
-      static_cast<uint64_t>(t.storage_offset) * ElementSize(t.dtype);
-  s.dtype = t.dtype;
-  s.shape = t.shape;
-  return s;
+  return sources_.Tensor(file, t, what);
 }
 
 universal::AtomPlan& Planner::Atom(const ParamState& ps,
@@ -1262,7 +1238,8 @@ void Planner::PlanRoot() {
 
   // Framework-neutral run state (atom_store.h RootInfo::training).
   json::Value training = json::Value::Object();
-  training["dtype"] = dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
+  training["dtype"] =
+      dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
   training["step"] = root.iteration;
   training["global_samples"] = root.consumed_samples;
   training["frozen"] = json::Value::Array();
