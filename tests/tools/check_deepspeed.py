@@ -216,6 +216,9 @@ def cmd_native(d, fixture, dp, stage):
         raise Bad(f"dp_world_size {m['dp_world_size']}")
     if list(m["module"]) != names:
         raise Bad(f"module keys {list(m['module'])}")
+    cfg = m.get("ds_config")
+    if isinstance(cfg, dict) and cfg.get("zero_optimization", {}).get("stage", stage) != stage:
+        raise Bad(f"ds_config says stage {cfg['zero_optimization']['stage']}, files are stage {stage}")
     for n in names:
         t = m["module"][n]
         if stage == 3:

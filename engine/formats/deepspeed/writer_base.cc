@@ -394,8 +394,18 @@ Value* WriterBase::DsVersion(FileBuild& f) {
 }
 
 Value* WriterBase::DsConfig(FileBuild& f) {
-  for (const char* k : {"optim_top/ds_config", "top_level/ds_config"})
-    if (Value* v = ImportBlob(f, k)) return v;
+  for (const char* k : {"optim_top/ds_config", "top_level/ds_config"}) {
+    Value* v = ImportBlob(f, k);
+    if (v == nullptr) continue;
+    // The saved config says which stage wrote the files: the target's.
+    Value* zero = v->IsDictLike() ? v->Get("zero_optimization") : nullptr;
+    if (zero != nullptr && zero->IsDictLike()) {
+      if (Value* st = zero->Get("stage");
+          st != nullptr && st->kind == Kind::kInt)
+        AppendOrReplace(f.arena(), zero, "stage", f.arena().Int(stage_));
+    }
+    return v;
+  }
   return f.arena().Dict();
 }
 
@@ -464,7 +474,9 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
       } else {
         std::vector<Value*> list;
         std::vector<std::vector<size_t>> groups = groups_;
-        if (stage_ == 3) groups = SubGroups();
+        // ZeRO-3 files list sub-groups; a universal folder lists the
+        // optimizer's param groups (its optimizer_state.pt names those).
+        if (stage_ == 3 && !o.universal_folder) groups = SubGroups();
         for (const auto& g : groups) {
           Value* d = formats::NewOrderedDict(a);
           for (size_t i : g)
