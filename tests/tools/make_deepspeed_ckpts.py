@@ -79,7 +79,7 @@ def sub_groups(world, size):
     return out
 
 
-def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
+def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_step=None):
     lp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     fp16 = dtype == "fp16"
 
@@ -150,7 +150,13 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
         torch.save(model_states(0), os.path.join(tdir, "mp_rank_00_model_states.pt"))
 
     prefix = "bf16_" if dtype == "bf16" else ""
-    step = torch.tensor(float(STEP))
+    # torch.optim.Adam keeps a 0-d float tensor; FusedAdam a Python int (which
+    # can differ from global_steps after skipped fp16 steps).
+    step = torch.tensor(float(STEP)) if int_step is None else int_step
+    hyper = [dict(h) for h in HYPER]
+    if int_step is not None:
+        for h in hyper:
+            h["step"] = int_step
     for r in range(world):
         if stage == 3:
             flats, state = [], {}
@@ -163,13 +169,13 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
                         flat[:numel(n)] = st[n][k].flatten()
                         parts[k].append(flat[r * p:(r + 1) * p])
                 flats.append(torch.cat(parts["fp32"]))
-                state[si] = {"step": step.clone(), "exp_avg": torch.cat(parts["exp_avg"]),
+                state[si] = {"step": step.clone() if int_step is None else step, "exp_avg": torch.cat(parts["exp_avg"]),
                              "exp_avg_sq": torch.cat(parts["exp_avg_sq"])}
             osd = OrderedDict([
                 ("zero_stage", ZeroStageEnum.weights), ("loss_scaler", scaler()),
                 ("dynamic_loss_scale", fp16), ("overflow", False), ("partition_count", world),
                 ("optimizer_state_dict", {"state": state, "param_groups": [
-                    dict(HYPER[gi], params=[si for si, (g2, _) in enumerate(subs) if g2 == gi])
+                    dict(hyper[gi], params=[si for si, (g2, _) in enumerate(subs) if g2 == gi])
                     for gi in range(len(GROUPS))]}),
                 ("fp32_flat_groups", flats)])
         else:
@@ -188,7 +194,7 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
                     pad = ps if N <= r * ps else ((r + 1) * ps - N if N < (r + 1) * ps else 0)
                     fp32s.append(cat["fp32"][r * ps:(r + 1) * ps - pad].clone())
                 pads.append(pad)
-                state[gi] = {"step": step.clone(), "exp_avg": cat["exp_avg"][r * ps:(r + 1) * ps].clone(),
+                state[gi] = {"step": step.clone() if int_step is None else step, "exp_avg": cat["exp_avg"][r * ps:(r + 1) * ps].clone(),
                              "exp_avg_sq": cat["exp_avg_sq"][r * ps:(r + 1) * ps].clone()}
                 m, o = OrderedDict(), 0
                 for n in g:
@@ -197,7 +203,7 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
                         m[n] = fragment_address(numel=e - b, start=b - r * ps)
                     o += numel(n)
                 maps.append(m)
-            base = {"state": state, "param_groups": [dict(HYPER[gi], params=[gi])
+            base = {"state": state, "param_groups": [dict(hyper[gi], params=[gi])
                                                      for gi in range(len(GROUPS))]}
             items = []
             if not bf16_opt:
@@ -224,7 +230,9 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None):
             stored[f"{n}/param"] = True
             continue
         atoms[n] = {"fp32": st[n]["fp32"], "exp_avg": st[n]["exp_avg"],
-                    "exp_avg_sq": st[n]["exp_avg_sq"], "step": step.clone()}
+                    "exp_avg_sq": st[n]["exp_avg_sq"]}
+        if int_step is None:
+            atoms[n]["step"] = step.clone()
         if dtype != "fp32" and stage < 3:
             atoms[n]["param"] = st[n]["lp"]
         export[n] = st[n]["fp32"]
@@ -273,6 +281,9 @@ def main():
     # ZeRO-3 with several sub-groups per param group (a small sub_group_size).
     write_case(os.path.join(a.out, "z3_fp32_w3_subgroups"), 3, 3, "fp32", sub_group_size=20)
     cases.append((3, 3, "fp32"))
+    # FusedAdam-style int step (7, while global_steps is 5).
+    write_case(os.path.join(a.out, "z2_fp32_w3_intstep"), 2, 3, "fp32", int_step=7)
+    cases.append((2, 3, "fp32"))
     print(f"{len(cases)} DeepSpeed checkpoints in {a.out}")
 
 

@@ -111,7 +111,8 @@ class Planner {
   std::map<std::string, std::string> shared_;  // alias -> source
   DType lp_ = DType::kFloat32;
   std::set<std::string> state_kinds_;
-  std::string step_kind_ = "none";  // tensor | int | float | none
+  std::string step_kind_ = "none";    // tensor | int | float | none
+  std::optional<double> step_value_;  // int / float steps
   std::vector<const Value*> group_dicts_;
   std::vector<int64_t> sub_to_group_;  // ZeRO-3: param group of each sub-group
   int64_t sub_groups_ = 0;
@@ -360,10 +361,12 @@ void Planner::PlanStep(const Param& p, const FilePtr& f, const Value* state,
     }
     universal::AtomPlan& a = Atom(p, "step", t->dtype, true);
     Whole(a, Tensor(f, *t, where + " > step"), where + " > step");
-  } else if (step->kind == Kind::kInt) {
-    step_kind_ = "int";
+  } else if (step->kind == Kind::kInt && step->big.empty()) {
+    step_kind_ = "int";  // FusedAdam / DeepSpeedCPUAdam: a Python int
+    step_value_ = static_cast<double>(step->i);
   } else if (step->kind == Kind::kFloat) {
     step_kind_ = "float";
+    step_value_ = step->f;
   }
 }
 
@@ -658,10 +661,13 @@ void Planner::PlanZeroFolder() {
               step_kind_ = "tensor";
               Whole(Atom(p, "step", t->dtype, true), Tensor(f, *t, where),
                     where);
-            } else if (root != nullptr && root->kind == Kind::kInt) {
+            } else if (root != nullptr && root->kind == Kind::kInt &&
+                       root->big.empty()) {
               step_kind_ = "int";
+              step_value_ = static_cast<double>(root->i);
             } else if (root != nullptr && root->kind == Kind::kFloat) {
               step_kind_ = "float";
+              step_value_ = root->f;
             }
             continue;
           }
@@ -859,6 +865,7 @@ void Planner::PlanRoot() {
   for (const std::string& k : Keys(model_, "model states")) top.Append(k);
   meta["model_keys"] = std::move(top);
   meta["step_kind"] = step_kind_;
+  if (step_value_) meta["step_value"] = *step_value_;
   if (sub_groups_ > 0) meta["zero3_sub_groups"] = sub_groups_;
   meta["lp_dtype"] = std::string(DTypeName(lp_));
   root.extra_strings[std::string(kMetaAttr)] = meta.Dump();

@@ -343,7 +343,11 @@ Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
     t.ops.push_back(std::move(op));
     return f.AddTensor(std::move(t));
   }
-  const int64_t step = input_.root().iteration;
+  int64_t step = input_.root().iteration;
+  if (const json::Value* v = meta_.Find("step_value"); v && v->is_number()) {
+    if (step_kind_ == "float") return a.Float(v->AsDouble());
+    step = static_cast<int64_t>(v->AsDouble());
+  }
   if (step_kind_ == "int") return a.Int(step);
   if (step_kind_ == "float") return a.Float(static_cast<double>(step));
   if (step_kind_ == "tensor" || step_kind_ == "none") {
