@@ -257,16 +257,12 @@ const formats::Driver& TargetDriver(const std::string& format,
   }
   const formats::Driver& d = formats::GetDriver(name);
   if (!d.CanWrite()) {
-    throw UsageError(
-        "format '", name, "' cannot be written (writable: ",
-        [] {
-          std::string s;
-          for (const formats::Driver* x : formats::Drivers())
-            if (x->CanWrite())
-              s += (s.empty() ? "" : ", ") + std::string(x->Name());
-          return s;
-        }(),
-        ")");
+    std::string writable;
+    for (const formats::Driver* x : formats::Drivers())
+      if (x->CanWrite())
+        writable += (writable.empty() ? "" : ", ") + std::string(x->Name());
+    throw UsageError("format '", name,
+                     "' cannot be written (writable: ", writable, ")");
   }
   return d;
 }

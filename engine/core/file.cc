@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -192,6 +193,14 @@ void OutputFile::Commit() {
                   ": ", ec.message());
   }
   committed_ = true;
+}
+
+std::string_view TrimWhitespace(std::string_view s) noexcept {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
 }
 
 std::string ReadSmallFile(const std::filesystem::path& path, size_t max_bytes) {

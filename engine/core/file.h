@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 namespace ucp {
 
@@ -84,6 +85,10 @@ class OutputFile {
 /// than `max_bytes`.
 std::string ReadSmallFile(const std::filesystem::path& path,
                           size_t max_bytes = 1 << 20);
+
+/// `s` without leading and trailing whitespace (marker files: Megatron's
+/// tracker, DeepSpeed's `latest`).
+std::string_view TrimWhitespace(std::string_view s) noexcept;
 
 /// Writes `data` to `path` atomically (temporary name + rename). Throws
 /// IoError.

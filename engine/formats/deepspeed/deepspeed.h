@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/formats/deepspeed/deepspeed_format.h"
 #include "engine/formats/driver.h"
+#include "engine/torchfile/torch_file.h"
 #include "engine/universal/source_plan.h"
 
 namespace ucp::deepspeed {
@@ -30,7 +32,15 @@ struct Checkpoint {
   /// A universal folder: its zero/ folder (per-param atoms and
   /// optimizer_state.pt) replaces the optimizer files.
   std::filesystem::path zero_dir;
+  /// The files Discover already opened (model file 0, optimizer file 0),
+  /// reused by PlanSource so that no pickle is parsed twice.
+  std::shared_ptr<const torchfile::TorchFile> first_model;
+  std::shared_ptr<const torchfile::TorchFile> first_optim;
 };
+
+/// True if `dir` holds DeepSpeed model states of mp rank 00 (a tag folder,
+/// or a universal folder).
+bool HoldsModelStates(const std::filesystem::path& dir);
 
 /// Finds the checkpoint: `dir/latest`'s tag (or `tag`), or `dir` itself if it
 /// is a tag folder. Checks that every rank file the checkpoint's own world

@@ -15,27 +15,13 @@ namespace {
 namespace fs = std::filesystem;
 using namespace internal;
 
-std::string Trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
-}
-
-bool IsTagDir(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_regular_file(p / "mp_rank_00_model_states.pt", ec) ||
-         fs::is_regular_file(p / "zero_pp_rank_0_mp_rank_00_model_states.pt",
-                             ec);
-}
-
 std::string TagsIn(const fs::path& dir) {
   std::vector<std::string> tags;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
        it.increment(ec)) {
-    if (IsTagDir(it->path())) tags.push_back(it->path().filename().string());
+    if (HoldsModelStates(it->path()))
+      tags.push_back(it->path().filename().string());
   }
   std::sort(tags.begin(), tags.end());
   if (tags.empty()) return "none";
@@ -104,6 +90,13 @@ std::optional<RankFileName> ParseRankFileName(std::string_view s) {
 
 }  // namespace
 
+bool HoldsModelStates(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "mp_rank_00_model_states.pt", ec) ||
+         fs::is_regular_file(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt",
+                             ec);
+}
+
 Checkpoint Discover(const fs::path& path, const std::string& tag) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
@@ -116,12 +109,13 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
     c.tag = tag;
   } else if (fs::exists(path / kLatestFile, ec)) {
     c.dir = path;
-    c.tag = Trim(ReadSmallFile(path / kLatestFile, 4096));
+    c.tag =
+        std::string(TrimWhitespace(ReadSmallFile(path / kLatestFile, 4096)));
     if (c.tag.empty() || c.tag.find('/') != std::string::npos) {
       throw FormatError((path / kLatestFile).string(), ": '", c.tag,
                         "' is not a tag");
     }
-  } else if (IsTagDir(path)) {
+  } else if (HoldsModelStates(path)) {
     c.dir = path.parent_path();
     c.tag = path.filename().string();
   } else {
@@ -177,9 +171,10 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
                       "zero_pp_rank_0_mp_rank_00_model_states.pt)");
   }
   {
-    torchfile::TorchFile f = torchfile::TorchFile::Open(first_model);
+    c.first_model = std::make_shared<const torchfile::TorchFile>(
+        torchfile::TorchFile::Open(first_model));
     try {
-      const pickle::Value* root = f.root();
+      const pickle::Value* root = c.first_model->root();
       if (root == nullptr || !root->IsDictLike())
         throw FormatError("the file does not hold a dict");
       c.dp = Int(Require(root, "dp_world_size"), "dp_world_size");
@@ -189,9 +184,6 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
         throw FormatError("mp_world_size ", mp,
                           ": model parallelism is not supported for "
                           "DeepSpeed checkpoints yet");
-      }
-      if (!IsNone(Get(root, "optimizer")) && optims.empty()) {
-        c.wrapper = Wrapper::kTorch;
       }
     } catch (Error& e) {
       e.AddContext("rank file ", first_model.string());
@@ -214,33 +206,17 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
                         c.bf16_prefix ? "bf16_" : "",
                         "zero_pp_rank_0_mp_rank_00_optim_states.pt");
     }
-    torchfile::TorchFile f = torchfile::TorchFile::Open(it0->second);
+    c.first_optim = std::make_shared<const torchfile::TorchFile>(
+        torchfile::TorchFile::Open(it0->second));
     try {
-      const pickle::Value* osd = Require(f.root(), "optimizer_state_dict");
+      const pickle::Value* osd =
+          Require(c.first_optim->root(), "optimizer_state_dict");
       const pickle::Value* zs = Get(osd, "zero_stage");
       if (zs == nullptr) {
         c.wrapper = Wrapper::kBf16;  // BF16_Optimizer has no zero_stage
         c.stage = 0;
       } else {
-        // ZeroStageEnum: getattr(ZeroStageEnum, 'gradients') or an int.
-        std::optional<int64_t> v = zs->AsInt();
-        if (!v && zs->kind == pickle::Kind::kObject && zs->args &&
-            zs->args->items.size() == 2) {
-          const pickle::Value* n = zs->args->items[1];
-          const std::string s = n && n->kind == pickle::Kind::kStr ? n->s : "";
-          if (s == "optimizer_states") v = 1;
-          if (s == "gradients") v = 2;
-          if (s == "weights") v = 3;
-          if (s == "disabled") v = 0;
-          if (zs->args->items[0] != nullptr &&
-              zs->args->items[0]->kind == pickle::Kind::kObject &&
-              zs->args->items[0]->args &&
-              !zs->args->items[0]->args->items.empty())
-            v = zs->args->items[0]->args->items[0]->AsInt();
-        }
-        if (!v && zs->kind == pickle::Kind::kObject && zs->args &&
-            zs->args->items.size() == 1)
-          v = zs->args->items[0]->AsInt();  // ZeroStageEnum(2)
+        const std::optional<int64_t> v = ZeroStageOf(zs);
         if (!v || *v < 1 || *v > 3) {
           throw FormatError("unknown ZeRO stage ", pickle::Repr(zs, 60),
                             " (supported: 1, 2, 3)");

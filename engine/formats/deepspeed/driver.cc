@@ -12,13 +12,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool HasModelStates(const fs::path& dir) {
-  std::error_code ec;
-  return fs::is_regular_file(dir / "mp_rank_00_model_states.pt", ec) ||
-         fs::is_regular_file(dir / "zero_pp_rank_0_mp_rank_00_model_states.pt",
-                             ec);
-}
-
 class NativeSource : public formats::Source {
  public:
   explicit NativeSource(Checkpoint c) : c_(std::move(c)) {
@@ -59,13 +52,13 @@ class DeepSpeedDriver : public formats::Driver {
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
     if (fs::is_regular_file(path / kLatestFile, ec))
       return formats::Confidence::kYes;
-    if (HasModelStates(path) && !fs::is_directory(path / "zero", ec))
+    if (HoldsModelStates(path) && !fs::is_directory(path / "zero", ec))
       return formats::Confidence::kYes;
     // A save folder without `latest` (a crash before it was written): tag
     // folders inside.
     for (fs::directory_iterator it(path, ec), end; !ec && it != end;
          it.increment(ec)) {
-      if (HasModelStates(it->path()) &&
+      if (HoldsModelStates(it->path()) &&
           !fs::is_directory(it->path() / "zero", ec))
         return formats::Confidence::kMaybe;
     }
@@ -131,7 +124,7 @@ class DeepSpeedUniversalDriver : public formats::Driver {
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
-    if (fs::is_directory(path / "zero", ec) && HasModelStates(path))
+    if (fs::is_directory(path / "zero", ec) && HoldsModelStates(path))
       return formats::Confidence::kYes;
     if (fs::is_regular_file(path / kLatestUniversalFile, ec)) {
       return fs::is_regular_file(path / kLatestFile, ec)

@@ -76,6 +76,22 @@ Shape SizeOf(const Value* v, std::string_view what) {
   return out;
 }
 
+std::optional<int64_t> ZeroStageOf(const Value* v) {
+  if (v == nullptr) return std::nullopt;
+  if (std::optional<int64_t> i = v->AsInt()) return i;
+  if (v->kind != Kind::kObject || v->args == nullptr) return std::nullopt;
+  const auto& args = v->args->items;
+  if (args.size() == 1 && args[0] != nullptr) return args[0]->AsInt();
+  if (args.size() == 2 && args[1] != nullptr && args[1]->kind == Kind::kStr) {
+    const std::string& s = args[1]->s;
+    if (s == "disabled") return 0;
+    if (s == "optimizer_states") return 1;
+    if (s == "gradients") return 2;
+    if (s == "weights" || s == "max_stage") return 3;
+  }
+  return std::nullopt;
+}
+
 const Value* GetIndex(const Value* d, int64_t key) {
   if (d == nullptr || !d->IsDictLike()) return nullptr;
   for (const auto& [k, v] : d->entries) {

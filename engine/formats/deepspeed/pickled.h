@@ -33,6 +33,9 @@ Shape SizeOf(const pickle::Value* v, std::string_view what);
 /// List or tuple items. Throws FormatError.
 const std::vector<pickle::Value*>& Items(const pickle::Value* v,
                                          std::string_view what);
+/// The value of a pickled ZeroStageEnum member (getattr(ZeroStageEnum,
+/// 'gradients'), ZeroStageEnum(2)) or a plain int; absent for anything else.
+std::optional<int64_t> ZeroStageOf(const pickle::Value* v);
 /// d[int key] of a dict (torch optimizer state); nullptr if absent.
 const pickle::Value* GetIndex(const pickle::Value* d, int64_t key);
 

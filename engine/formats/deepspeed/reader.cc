@@ -10,6 +10,7 @@
 #include "engine/formats/common/source_table.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/pickled.h"
 #include "engine/json/json.h"
 #include "engine/reshape/target_plan.h"
@@ -89,6 +90,12 @@ class Planner {
   void PlanStage3();
   void PlanZeroFolder();
   void RegroupSubGroups();
+  std::vector<int64_t> Numels(const std::vector<std::string>& names) {
+    std::vector<int64_t> out;
+    for (const std::string& n : names)
+      out.push_back(NumElements(params_[index_[n]].shape));
+    return out;
+  }
   void PlanStep(const Param& p, const FilePtr& f, const Value* state,
                 const std::string& where);
   void PlanFrozen();
@@ -193,10 +200,15 @@ void Planner::Whole(universal::AtomPlan& atom, const reshape::SourceTensor& src,
 }
 
 void Planner::ReadModel() {
+  // Discover opened the first model and optimizer files already.
+  auto open = [](const fs::path& p, const FilePtr& known) -> FilePtr {
+    if (known != nullptr && known->path() == p) return known;
+    return std::make_shared<const TorchFile>(TorchFile::Open(p));
+  };
   for (const fs::path& p : c_.model_files)
-    models_.push_back(std::make_shared<const TorchFile>(TorchFile::Open(p)));
+    models_.push_back(open(p, c_.first_model));
   for (const fs::path& p : c_.optim_files)
-    optims_.push_back(std::make_shared<const TorchFile>(TorchFile::Open(p)));
+    optims_.push_back(open(p, c_.first_optim));
   model_ = models_[0]->root();
   const std::string where0 = StrCat("rank file ", c_.model_files[0].string());
   try {
@@ -442,23 +454,18 @@ void Planner::PlanFlat() {
                             " but dp_world_size is ", W,
                             " (files from mixed world sizes?)");
         }
-        int64_t N = 0;
-        for (const std::string& n : groups_[g])
-          N += NumElements(params_[index_[n]].shape);
-        const int64_t A = 2 * W;
-        const int64_t Np = (N + A - 1) / A * A;
-        const int64_t ps = Np / W;
+        const std::vector<int64_t> numels = Numels(groups_[g]);
+        const ZeroGroup layout = ZeroLayout(numels, W);
+        const int64_t ps = layout.partition;
         const std::string gw = StrCat(where0, " > group ", g);
         // fp32 partition: ZeRO strips the padding, BF16_Optimizer keeps it.
         const TensorInfo& ft = TensorAt(f, fp32[g], gw + " > fp32 partition");
-        const int64_t lo = std::min(N, r * ps), hi = std::min(N, (r + 1) * ps);
-        const int64_t real = hi - lo;
-        const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : real;
+        const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : layout.Real(r);
         if (ft.numel != want || ft.dtype != DType::kFloat32 ||
             ft.shape.size() != 1) {
           throw FormatError("group ", g, ": fp32 partition of ", ft.numel, " ",
                             DTypeName(ft.dtype), " elements, expected ", want,
-                            " float32 (", N, " elements over ", W,
+                            " float32 (", layout.numel, " elements over ", W,
                             " ranks, partition ", ps, ")");
         }
         const reshape::SourceTensor fsrc = Tensor(f, ft, gw);
@@ -477,27 +484,21 @@ void Planner::PlanFlat() {
             state_kinds_.insert(k);
           }
         }
-        int64_t o = 0;
-        for (const std::string& n : groups_[g]) {
+        for (const Window& w : ZeroWindows(numels, layout, r)) {
+          const std::string& n = groups_[g][w.member];
           const Param& p = params_[index_[n]];
-          const int64_t num = NumElements(p.shape);
-          const int64_t b = std::max(o, r * ps),
-                        e = std::min(o + num, (r + 1) * ps);
-          if (b < e) {
-            try {
-              AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc,
-                      b - r * ps, b - o, e - o, gw + " > fp32 partition");
-              for (const auto& [k, src] : kinds)
-                AddFlat(Atom(p, k, DType::kFloat32, false), p, src, b - r * ps,
-                        b - o, e - o, gw + " > " + k);
-              if (st != nullptr)
-                PlanStep(p, f, st, StrCat(gw, " > state[", g, "]"));
-            } catch (Error& e2) {
-              e2.AddContext("param ", n);
-              throw;
-            }
+          try {
+            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, w.dst,
+                    w.begin, w.end, gw + " > fp32 partition");
+            for (const auto& [k, src] : kinds)
+              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, w.dst,
+                      w.begin, w.end, gw + " > " + k);
+            if (st != nullptr)
+              PlanStep(p, f, st, StrCat(gw, " > state[", g, "]"));
+          } catch (Error& e2) {
+            e2.AddContext("param ", n);
+            throw;
           }
-          o += num;
         }
       }
     } catch (Error& e) {
@@ -558,10 +559,8 @@ void Planner::PlanStage3() {
         const std::string gw = StrCat(where0, " > sub-group ", s);
         const TensorInfo& ft = TensorAt(f, flats[s], gw + " > fp32");
         int64_t total = 0;
-        for (const std::string& n : groups_[s]) {
-          const int64_t num = NumElements(params_[index_[n]].shape);
-          total += (num + W - 1) / W;
-        }
+        const std::vector<Window> windows =
+            Zero3Windows(Numels(groups_[s]), W, r, &total);
         if (ft.numel != total || ft.dtype != DType::kFloat32) {
           throw FormatError("sub-group ", s, ": fp32 flat group of ", ft.numel,
                             " elements, expected ", total, " (", W, " ranks)");
@@ -581,26 +580,21 @@ void Planner::PlanStage3() {
             state_kinds_.insert(k);
           }
         }
-        int64_t off = 0;
-        for (const std::string& n : groups_[s]) {
+        for (const Window& w : windows) {
+          const std::string& n = groups_[s][w.member];
           const Param& p = params_[index_[n]];
-          const int64_t num = NumElements(p.shape);
-          const int64_t part = (num + W - 1) / W;
-          const int64_t b = std::min(num, r * part),
-                        e = std::min(num, (r + 1) * part);
           try {
-            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, off, b, e,
-                    gw + " > fp32");
+            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, w.dst,
+                    w.begin, w.end, gw + " > fp32");
             for (const auto& [k, src] : kinds)
-              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, off, b, e,
-                      gw + " > " + k);
+              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, w.dst,
+                      w.begin, w.end, gw + " > " + k);
             if (st != nullptr)
               PlanStep(p, f, st, StrCat(gw, " > state[", s, "]"));
           } catch (Error& e2) {
             e2.AddContext("param ", n);
             throw;
           }
-          off += part;
         }
       }
     } catch (Error& e) {
@@ -711,7 +705,7 @@ void Planner::PlanFrozen() {
           Whole(a, Tensor(f, t, where), where);
         } else {
           const int64_t num = NumElements(p.shape);
-          const int64_t part = (num + W - 1) / W;
+          const int64_t part = Zero3Piece(num, W);
           reshape::SourceTensor src = Tensor(f, t, where);
           src.shape = {t.numel};
           AddFlat(a, p, src, 0, std::min(num, r * part),

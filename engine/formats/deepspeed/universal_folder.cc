@@ -29,12 +29,6 @@ using namespace internal;
 using pickle::Kind;
 using pickle::Value;
 
-std::string Trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.pop_back();
-  return s;
-}
-
 class UniversalFolderWriter : public WriterBase {
  public:
   using WriterBase::WriterBase;
@@ -179,7 +173,8 @@ Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
         throw UsageError("no '", kLatestUniversalFile, "' file in ",
                          path.string(), " and no --tag given");
       }
-      name = Trim(ReadSmallFile(path / kLatestUniversalFile, 4096));
+      name = std::string(
+          TrimWhitespace(ReadSmallFile(path / kLatestUniversalFile, 4096)));
     }
     c.dir = path;
     c.tag = name;
@@ -228,14 +223,13 @@ Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
       c.wrapper = Wrapper::kBf16;
       c.stage = 0;
     } else {
-      c.wrapper = Wrapper::kZero;
-      c.stage = 1;
-      if (zs->kind == Kind::kObject && zs->args &&
-          zs->args->items.size() == 2 && zs->args->items[1] &&
-          zs->args->items[1]->kind == Kind::kStr) {
-        const std::string& s = zs->args->items[1]->s;
-        c.stage = s == "gradients" ? 2 : s == "weights" ? 3 : 1;
+      const std::optional<int64_t> v = ZeroStageOf(zs);
+      if (!v || *v < 1 || *v > 3) {
+        throw FormatError((c.zero_dir / "optimizer_state.pt").string(),
+                          ": unknown ZeRO stage ", pickle::Repr(zs, 60));
       }
+      c.wrapper = Wrapper::kZero;
+      c.stage = static_cast<int>(*v);
     }
   } else {
     c.wrapper = Wrapper::kZero;

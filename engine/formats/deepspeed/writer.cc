@@ -36,22 +36,6 @@ class NativeWriter : public WriterBase {
   Value* GroupDict(FileBuild& f, size_t g, Value* params);
 };
 
-// The param windows of the flat ZeRO-1/2 partition of `rank`.
-std::vector<Window> PartitionWindows(const std::vector<TParam>& params,
-                                     const std::vector<size_t>& members,
-                                     int64_t ps, int64_t rank) {
-  std::vector<Window> out;
-  int64_t o = 0;
-  for (size_t i : members) {
-    const int64_t n = params[i].numel;
-    const int64_t b = std::max(o, rank * ps),
-                  e = std::min(o + n, (rank + 1) * ps);
-    if (b < e) out.push_back({i, b - o, e - o, b - rank * ps});
-    o += n;
-  }
-  return out;
-}
-
 Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   pickle::Arena& a = f.arena();
   Value* d = nullptr;
@@ -115,25 +99,18 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
     std::vector<std::vector<Value*>> group_members(groups_.size());
     for (size_t s = 0; s < subs.size(); ++s) {
       int64_t total = 0;
-      std::vector<Window> windows;
-      for (size_t i : subs[s]) {
-        const int64_t n = params_[i].numel;
-        const int64_t part = (n + W_ - 1) / W_;
-        const int64_t b = std::min(n, r * part),
-                      e = std::min(n, (r + 1) * part);
-        if (b < e) windows.push_back({i, b, e, total});
-        total += part;
-      }
+      const std::vector<Window> windows =
+          Zero3Windows(Numels(subs[s]), W_, r, &total);
       const std::string sw = StrCat(fw, " > sub-group ", s);
-      flats.push_back(
-          f.AddTensor(FlatTensor("fp32", windows, total, sw + " > fp32")));
+      flats.push_back(f.AddTensor(
+          FlatTensor("fp32", subs[s], windows, total, sw + " > fp32")));
       Value* st = a.Dict();
       if (Value* step = StepNode(f, params_[subs[s][0]], sw))
         formats::AppendEntry(a, st, "step", step);
       for (const std::string& k : state_kinds_)
-        formats::AppendEntry(
-            a, st, k,
-            f.AddTensor(FlatTensor(k, windows, total, sw + " > " + k)));
+        formats::AppendEntry(a, st, k,
+                             f.AddTensor(FlatTensor(k, subs[s], windows, total,
+                                                    sw + " > " + k)));
       state->entries.emplace_back(a.Int(static_cast<int64_t>(s)), st);
       group_members[static_cast<size_t>(params_[subs[s][0]].group)].push_back(
           a.Int(static_cast<int64_t>(s)));
@@ -156,35 +133,25 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
     Value* state = a.Dict();
     std::vector<Value*> groups, fp32s, paddings, counts, mappings;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      int64_t N = 0;
-      for (size_t i : groups_[g]) N += params_[i].numel;
-      const int64_t A = 2 * W_;
-      const int64_t Np = (N + A - 1) / A * A;
-      const int64_t ps = Np / W_;
-      int64_t padding;
-      if (bf16) {
-        padding = r == W_ - 1 ? Np - N : 0;
-      } else if (N <= r * ps) {
-        padding = ps;
-      } else if (N < (r + 1) * ps) {
-        padding = (r + 1) * ps - N;
-      } else {
-        padding = 0;
-      }
-      const std::vector<Window> windows =
-          PartitionWindows(params_, groups_[g], ps, r);
+      const std::vector<int64_t> numels = Numels(groups_[g]);
+      const ZeroGroup layout = ZeroLayout(numels, W_);
+      const int64_t ps = layout.partition;
+      const int64_t padding = layout.Padding(r, W_, bf16);
+      const std::vector<Window> windows = ZeroWindows(numels, layout, r);
       const std::string gw = StrCat(fw, " > group ", g);
-      const int64_t lean = bf16 ? ps : ps - padding;
-      fp32s.push_back(
-          f.AddTensor(FlatTensor("fp32", windows, lean, gw + " > fp32")));
+      // ZeRO strips the padding from the fp32 partition, BF16 keeps it.
+      const int64_t lean = bf16 ? ps : layout.Real(r);
+      fp32s.push_back(f.AddTensor(
+          FlatTensor("fp32", groups_[g], windows, lean, gw + " > fp32")));
       Value* st = a.Dict();
       if (!groups_[g].empty()) {
         if (Value* step = StepNode(f, params_[groups_[g][0]], gw))
           formats::AppendEntry(a, st, "step", step);
       }
       for (const std::string& k : state_kinds_)
-        formats::AppendEntry(
-            a, st, k, f.AddTensor(FlatTensor(k, windows, ps, gw + " > " + k)));
+        formats::AppendEntry(a, st, k,
+                             f.AddTensor(FlatTensor(k, groups_[g], windows, ps,
+                                                    gw + " > " + k)));
       state->entries.emplace_back(a.Int(static_cast<int64_t>(g)), st);
       groups.push_back(
           GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
@@ -192,7 +159,7 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
       counts.push_back(a.Int(W_));
       Value* map = formats::NewOrderedDict(a);
       for (const Window& w : windows)
-        formats::AppendEntry(a, map, params_[w.param].name,
+        formats::AppendEntry(a, map, params_[groups_[g][w.member]].name,
                              FragmentAddress(a, w.end - w.begin, w.dst));
       mappings.push_back(map);
     }

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/reshape/target_plan.h"
 
@@ -15,17 +16,6 @@ using pickle::Kind;
 using pickle::Value;
 
 namespace {
-
-json::Value ParseAttr(const std::string& text, const char* what,
-                      const fs::path& path) {
-  if (text.empty()) return json::Value::Object();
-  try {
-    return json::Value::Parse(text);
-  } catch (Error& e) {
-    e.AddContext("universal input ", path.string(), " > attribute ", what);
-    throw;
-  }
-}
 
 const char* kDefaultModelKeys[] = {"module",
                                    "buffer_names",
@@ -76,9 +66,9 @@ void WriterBase::Prepare() {
   const atoms::RootInfo& root = input_.root();
   if (auto it = root.extra_strings.find(std::string(kMetaAttr));
       it != root.extra_strings.end())
-    meta_ = ParseAttr(it->second, "deepspeed", input_.path());
+    meta_ = formats::ParseJsonAttr(it->second, "deepspeed", input_.path());
   const json::Value training =
-      ParseAttr(root.training, "training", input_.path());
+      formats::ParseJsonAttr(root.training, "training", input_.path());
   auto str = [](const json::Value& o, const char* k) -> std::string {
     const json::Value* v = o.is_object() ? o.Find(k) : nullptr;
     return v != nullptr && v->is_string() ? v->AsString() : std::string();
@@ -140,8 +130,8 @@ void WriterBase::Prepare() {
     p.frozen = sp.info.frozen;
     p.buffer = sp.info.kind == atoms::ParamKind::kBuffer;
     if (from_deepspeed) {
-      json::Value tc =
-          ParseAttr(sp.info.tied_copies, "tied_copies", input_.path());
+      json::Value tc = formats::ParseJsonAttr(sp.info.tied_copies,
+                                              "tied_copies", input_.path());
       if (tc.is_array())
         for (const json::Value& a : tc.items())
           if (a.is_string()) p.aliases.push_back(a.AsString());
@@ -279,7 +269,15 @@ reshape::TargetTensor WriterBase::WholeTensor(const atoms::DatasetInfo& atom,
   return t;
 }
 
+std::vector<int64_t> WriterBase::Numels(
+    const std::vector<size_t>& members) const {
+  std::vector<int64_t> out;
+  for (size_t i : members) out.push_back(params_[i].numel);
+  return out;
+}
+
 reshape::TargetTensor WriterBase::FlatTensor(const std::string& kind,
+                                             const std::vector<size_t>& members,
                                              const std::vector<Window>& windows,
                                              int64_t length,
                                              const std::string& name) const {
@@ -288,7 +286,7 @@ reshape::TargetTensor WriterBase::FlatTensor(const std::string& kind,
   t.dtype = DType::kFloat32;
   t.shape = {length};
   for (const Window& w : windows) {
-    const TParam& p = params_[w.param];
+    const TParam& p = params_[members[w.member]];
     const atoms::DatasetInfo* atom = input_.FindAtom(p.name, kind);
     if (atom == nullptr && kind == "fp32")
       atom = input_.FindAtom(p.name, "param");
@@ -373,7 +371,7 @@ std::vector<std::vector<size_t>> WriterBase::SubGroups() const {
     int64_t sum = 0;
     for (size_t k = 0; k < g.size(); ++k) {
       cur.push_back(g[k]);
-      sum += (params_[g[k]].numel + W_ - 1) / W_;
+      sum += Zero3Piece(params_[g[k]].numel, W_);
       if (sum >= sub_group_size_ || k + 1 == g.size()) {
         out.push_back(std::move(cur));
         cur.clear();
@@ -454,7 +452,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
         const TParam& p = *by_name.at(k);
         Value* node;
         if (stage_ == 3 && !p.buffer) {
-          node = f.AddConstant(p.buffer ? p.dtype : lp_, {0}, {});
+          node = f.AddConstant(lp_, {0}, {});  // a released partition
         } else {
           DType dt;
           const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
@@ -527,7 +525,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
           if (!p.frozen) continue;
           DType dt;
           const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          const int64_t part = (p.numel + W_ - 1) / W_;
+          const int64_t part = Zero3Piece(p.numel, W_);
           reshape::TargetTensor t;
           t.name = fw + " > frozen > " + p.name;
           t.dtype = dt;

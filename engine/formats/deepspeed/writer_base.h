@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/graph.h"
 #include "engine/json/json.h"
 
@@ -25,13 +26,6 @@ struct TParam {
   bool frozen = false;
   bool buffer = false;
   std::vector<std::string> aliases;
-};
-
-/// Elements [begin, end) of a param at element `dst` of a flat tensor.
-struct Window {
-  size_t param;
-  int64_t begin, end;
-  int64_t dst;
 };
 
 class WriterBase {
@@ -57,8 +51,10 @@ class WriterBase {
                                     const Shape& shape, DType dtype,
                                     const std::string& name) const;
   /// A flat float32 tensor of `length` elements holding the windows of
-  /// state kind `kind` (zeros elsewhere and where a param lacks the atom).
+  /// state kind `kind` (zeros elsewhere and where a param lacks the atom);
+  /// a window's member indexes `members` (param indices).
   reshape::TargetTensor FlatTensor(const std::string& kind,
+                                   const std::vector<size_t>& members,
                                    const std::vector<Window>& windows,
                                    int64_t length,
                                    const std::string& name) const;
@@ -80,6 +76,8 @@ class WriterBase {
   /// sub-group closes when its partitions reach sub_group_size_ or at the
   /// group's last param.
   std::vector<std::vector<size_t>> SubGroups() const;
+  /// The numels of params (indices into params_).
+  std::vector<int64_t> Numels(const std::vector<size_t>& members) const;
 
   struct ModelStatesOptions {
     int64_t rank = 0;                    // ZeRO-3 file's dp rank

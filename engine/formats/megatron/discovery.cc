@@ -57,14 +57,6 @@ std::optional<int64_t> ParseNumber(std::string_view s) {
   return v;
 }
 
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
-    s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.remove_suffix(1);
-  return s;
-}
-
 bool IsIterDirName(std::string_view name) {
   if (name == kReleaseDir) return true;
   return name.size() > 5 && name.substr(0, 5) == "iter_" &&
@@ -106,7 +98,7 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
   if (fs::exists(tracker, ec) && !iteration) {
     c.dir = dir;
     const std::string text = ReadSmallFile(tracker, 1024);
-    std::string_view t = Trim(text);
+    std::string_view t = TrimWhitespace(text);
     if (t == kReleaseDir) {
       c.release = true;
     } else if (auto n = ParseNumber(t)) {

@@ -29,6 +29,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/sinks.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/torch_blob.h"
@@ -65,17 +66,6 @@ using formats::WriterSink;
 
 // How the target keeps its optimizer state (megatron_format.h).
 enum class OptimizerFormat { kFp32, kFloat16, kDistributed };
-
-json::Value ParseJson(const std::string& text, const char* what,
-                      const fs::path& path) {
-  if (text.empty()) return json::Value::Object();
-  try {
-    return json::Value::Parse(text);
-  } catch (Error& e) {
-    e.AddContext("universal file ", path.string(), " > attribute ", what);
-    throw;
-  }
-}
 
 // A param (or tied copy) as the target sees it.
 struct TargetParam {
@@ -193,7 +183,8 @@ void TargetWriter::ReadMetadata() {
                       " has no layout descriptor: cannot place params");
   }
   layout_ = Layout::ParseStored(root.layout, store_.path());
-  json::Value model = ParseJson(root.model, "model", store_.path());
+  json::Value model =
+      formats::ParseJsonAttr(root.model, "model", store_.path());
   layouts::Variables vars;
   if (model.is_object()) {
     for (const auto& [k, v] : model.members()) {
@@ -206,10 +197,11 @@ void TargetWriter::ReadMetadata() {
   vars_ = layout_->Resolve(vars);
   auto it = root.extra_strings.find(std::string(kMetaAttr));
   meta_ = it != root.extra_strings.end()
-              ? ParseJson(it->second, "megatron", store_.path())
+              ? formats::ParseJsonAttr(it->second, "megatron", store_.path())
               : json::Value::Object();
-  source_ = ParseJson(root.source, "source", store_.path());
-  optimizer_ = ParseJson(root.optimizer, "optimizer", store_.path());
+  source_ = formats::ParseJsonAttr(root.source, "source", store_.path());
+  optimizer_ =
+      formats::ParseJsonAttr(root.optimizer, "optimizer", store_.path());
   auto int_of = [](const json::Value& o, const char* k, int64_t def) {
     const json::Value* v = o.Find(k);
     return v != nullptr && v->is_int() ? v->AsInt() : def;
