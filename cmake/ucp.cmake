@@ -7,7 +7,8 @@
 #
 #   ucp_add_test(<name> SOURCES ... [DEPS ...] [LABELS ...] [ENV ...]
 #                [FIXTURES_REQUIRED ...] [FIXTURES_SETUP ...])
-#     One GoogleTest binary registered as one ctest test.
+#     One GoogleTest binary; each of its test cases is its own ctest test
+#     (gtest_discover_tests at ctest time), so `ctest -j` spreads them.
 #
 #   ucp_add_sanitized_test(<name> SOURCES ... MODULES ... [LABELS ...])
 #     The same, but compiles the test and the sources of the listed modules
@@ -46,8 +47,7 @@ function(ucp_add_test name)
   target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
-  add_test(NAME ${name} COMMAND ${name})
-  _ucp_test_properties(${name})
+  _ucp_discover(${name})
 endfunction()
 
 function(ucp_add_sanitized_test name)
@@ -66,11 +66,33 @@ function(ucp_add_sanitized_test name)
   target_link_options(${name} PRIVATE ${san})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${private_deps} ${ARG_DEPS} GTest::gmock GTest::gtest_main)
-  add_test(NAME ${name} COMMAND ${name})
   list(APPEND ARG_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1"
                       "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
-  _ucp_test_properties(${name})
+  _ucp_discover(${name})
 endfunction()
+
+# Registers every test case of GoogleTest binary <name> as ctest test
+# `<name>.<Suite>.<Case>` with the common environment, labels and fixtures
+# (listing happens when ctest starts: cmake/ucp_gtest_cases.cmake).
+macro(_ucp_discover name)
+  _ucp_env_list(_env)
+  string(REPLACE ";" "\\;" _env "${_env}")
+  set(_props "ENVIRONMENT;${_env}")
+  foreach(_prop LABELS FIXTURES_REQUIRED FIXTURES_SETUP)
+    if(ARG_${_prop})
+      string(REPLACE ";" "\\;" _value "${ARG_${_prop}}")
+      list(APPEND _props ${_prop} "${_value}")
+    endif()
+  endforeach()
+  set(_include "${CMAKE_CURRENT_BINARY_DIR}/${name}_cases.cmake")
+  file(GENERATE OUTPUT "${_include}" CONTENT
+"set(UCP_CASE_EXE [==[$<TARGET_FILE:${name}>]==])
+set(UCP_CASE_PREFIX [==[${name}.]==])
+set(UCP_CASE_PROPS [==[${_props}]==])
+include([==[${PROJECT_SOURCE_DIR}/cmake/ucp_gtest_cases.cmake]==])
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_include}")
+endmacro()
 
 # Registers a Python test run with Debian's system interpreter (which has torch).
 #   ucp_add_python_test(<name> SCRIPT file ARGS ... [LABELS ...] [ENV ...] [FIXTURES_...])
@@ -80,10 +102,14 @@ function(ucp_add_python_test name)
   _ucp_test_properties(${name})
 endfunction()
 
+macro(_ucp_env_list out)
+  set(${out} "UCP_TESTDATA=${UCP_TESTDATA_DIR}" "UCP_FIXTURES=${UCP_FIXTURES_DIR}"
+             "UCP_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "UCP_BINARY_DIR=${PROJECT_BINARY_DIR}"
+             "UCP_PYTHON=${UCP_PYTHON}" ${ARG_ENV})
+endmacro()
+
 macro(_ucp_test_properties name)
-  set(_env "UCP_TESTDATA=${UCP_TESTDATA_DIR}" "UCP_FIXTURES=${UCP_FIXTURES_DIR}"
-           "UCP_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "UCP_BINARY_DIR=${PROJECT_BINARY_DIR}"
-           "UCP_PYTHON=${UCP_PYTHON}" ${ARG_ENV})
+  _ucp_env_list(_env)
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${_env}")
   if(ARG_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")

@@ -69,7 +69,34 @@ bool Glob::Matches(std::string_view name) const {
                      [&](const std::string& p) { return StarMatch(p, name); });
 }
 
+namespace {
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// Backtracking matcher for patterns with '#' (one or more decimal digits)
+// as well as '*'. Patterns hold a handful of wildcards, names are short.
+bool WildMatch(std::string_view pattern, std::string_view name) {
+  if (pattern.empty()) return name.empty();
+  const char c = pattern[0];
+  if (c == '*') {
+    for (size_t k = 0; k <= name.size(); ++k)
+      if (WildMatch(pattern.substr(1), name.substr(k))) return true;
+    return false;
+  }
+  if (c == '#') {
+    for (size_t k = 0; k < name.size() && IsDigit(name[k]); ++k)
+      if (WildMatch(pattern.substr(1), name.substr(k + 1))) return true;
+    return false;
+  }
+  return !name.empty() && name[0] == c &&
+         WildMatch(pattern.substr(1), name.substr(1));
+}
+
+}  // namespace
+
 bool StarMatch(std::string_view pattern, std::string_view name) {
+  if (pattern.find('#') != std::string_view::npos)
+    return WildMatch(pattern, name);
   // Greedy matching with one backtrack point (the last '*'): linear-ish and
   // exact for patterns whose only metacharacter is '*'.
   size_t p = 0, n = 0;

@@ -2,6 +2,8 @@
 // Name patterns of layout descriptors.
 //
 //   *        any run of characters, dots included ("decoder.layers.*.weight")
+//   #        a decimal number: one or more digits ("#.weight" matches "9.weight"
+//            but not "9.input_layernorm.weight"; PipelineModule names)
 //   {a,b,c}  one of the comma-separated alternatives (no nesting; an
 //            alternative may be empty: "norm{,_1}")
 //   anything else matches itself.
@@ -29,7 +31,7 @@ class Glob {
   std::vector<std::string> expanded_;
 };
 
-/// Matches a brace-free pattern ('*' only) against a name.
+/// Matches a brace-free pattern ('*' and '#') against a name.
 bool StarMatch(std::string_view pattern, std::string_view name);
 
 /// Levenshtein distance (for "closest pattern" hints).

@@ -23,7 +23,8 @@ using ::testing::ThrowsMessage;
 
 TEST(BuiltinTest, EveryBuiltinParses) {
   EXPECT_THAT(Layout::BuiltinNames(),
-              ElementsAre("mcore-gpt", "mcore-llama", "megatron-gpt-legacy"));
+              ElementsAre("mcore-gpt", "mcore-llama", "megatron-deepspeed-gpt-pipe",
+                          "megatron-gpt-legacy"));
   for (const std::string& name : Layout::BuiltinNames()) {
     const Layout l = Layout::Builtin(name);
     EXPECT_EQ(l.name(), name);
@@ -31,14 +32,17 @@ TEST(BuiltinTest, EveryBuiltinParses) {
     EXPECT_FALSE(l.description().empty());
     EXPECT_FALSE(l.rules().empty());
     EXPECT_EQ(l.yaml().substr(0, 2), "# ");
-    EXPECT_EQ(l.layer_count().text(), "num_layers");
+    // PipelineModule names start with the layer index: no layer prefix.
+    EXPECT_EQ(l.layer_count().text(),
+              l.layer_prefixes().empty() ? "0" : "num_layers");
     // The stored text parses to the same layout.
     EXPECT_EQ(Layout::Parse(l.yaml(), "copy").rules().size(), l.rules().size());
   }
   EXPECT_THAT([] { Layout::Builtin("gpt"); },
               ThrowsMessage<LayoutError>(
                   HasSubstr("no built-in layout 'gpt' (built-in: mcore-gpt, "
-                            "mcore-llama, megatron-gpt-legacy)")));
+                            "mcore-llama, megatron-deepspeed-gpt-pipe, "
+                            "megatron-gpt-legacy)")));
 }
 
 // name -> expected rule
@@ -213,6 +217,44 @@ TEST(BuiltinTest, LegacyMatchesEverySpelling) {
       l.SplitLayer("language_model.transformer.layers.4.attention.dense.weight")
           ->index,
       4);
+}
+
+// Megatron-DeepSpeed GPTModelPipe names (PipelineModule: the global layer
+// index first, tied modules under tied_modules.<key>, a bare final norm).
+Expected PipeNames(bool swiglu) {
+  Expected e = {
+      {"tied_modules.embed.word_embeddings.weight", "word_embeddings"},
+      {"tied_modules.embed.position_embeddings.weight", "position_embeddings"}};
+  const std::vector<std::pair<std::string, std::string>> layer = {
+      {"input_layernorm.weight", "norms"},
+      {"input_layernorm.bias", "norms"},
+      {"self_attention.query_key_value.weight", "qkv"},
+      {"self_attention.query_key_value.bias", "qkv"},
+      {"self_attention.dense.weight", "attn_dense"},
+      {"self_attention.dense.bias", "row_parallel_bias"},
+      {"post_attention_layernorm.weight", "norms"},
+      {"post_attention_layernorm.bias", "norms"},
+      {"mlp.dense_h_to_4h.weight", swiglu ? "fc1_swiglu" : "fc1"},
+      {"mlp.dense_h_to_4h.bias", swiglu ? "fc1_swiglu" : "fc1"},
+      {"mlp.dense_4h_to_h.weight", "fc2"},
+      {"mlp.dense_4h_to_h.bias", "row_parallel_bias"}};
+  for (int i = 2; i < 14; i += 11) {
+    for (const auto& [s, r] : layer)
+      e.emplace_back(std::to_string(i) + "." + s, r);
+  }
+  e.insert(e.end(), {{"16.weight", "final_norm"},
+                     {"16.bias", "final_norm"},
+                     {"1.word_embeddings.weight", "word_embeddings"},
+                     {"17.lm_head.weight", "lm_head"}});
+  return e;
+}
+
+TEST(BuiltinTest, PipeMatchesPipelineModuleNames) {
+  const Layout l = Layout::Builtin("megatron-deepspeed-gpt-pipe");
+  ExpectRules(l, PipeNames(false), {{"swiglu", 0}});
+  ExpectRules(l, PipeNames(true), {{"swiglu", 1}});
+  EXPECT_EQ(Layout::DetectBuiltin(Names(PipeNames(false))).name(),
+            "megatron-deepspeed-gpt-pipe");
 }
 
 TEST(BuiltinTest, DetectionPicksTheRightBuiltin) {

@@ -87,5 +87,39 @@ TEST(GlobTest, EditDistance) {
   EXPECT_EQ(EditDistance("flaw", "lawn"), 2u);
 }
 
+TEST(GlobTest, HashMatchesADecimalNumber) {
+  const Glob norm = Glob::Compile("#.{weight,bias}");
+  EXPECT_TRUE(norm.Matches("9.weight"));
+  EXPECT_TRUE(norm.Matches("105.bias"));
+  EXPECT_FALSE(norm.Matches("9.input_layernorm.weight"));
+  EXPECT_FALSE(norm.Matches(".weight"));
+  EXPECT_FALSE(norm.Matches("x9.weight"));
+  const Glob layer = Glob::Compile("#.self_attention.*.weight");
+  EXPECT_TRUE(layer.Matches("12.self_attention.dense.weight"));
+  EXPECT_FALSE(layer.Matches("tied_modules.self_attention.dense.weight"));
+}
+
+// Oracle: std::regex with '*' as ".*", '#' as "[0-9]+" and '.' escaped.
+TEST(GlobProperty, HashAndStarAgreeWithRegex) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  const std::string alphabet = "a1.*#";
+  for (int i = 0; i < 20000; ++i) {
+    std::string pattern, name;
+    for (size_t n = rng() % 8; n > 0; --n) pattern += alphabet[rng() % 5];
+    for (size_t n = rng() % 10; n > 0; --n) name += alphabet[rng() % 3];
+    std::string re;
+    for (char c : pattern)
+      re += c == '*'   ? ".*"
+            : c == '#' ? "[0-9]+"
+            : c == '.' ? "\\."
+                       : std::string(1, c);
+    const bool want = std::regex_match(name, std::regex(re));
+    ASSERT_EQ(StarMatch(pattern, name), want)
+        << "pattern '" << pattern << "' name '" << name << "'";
+  }
+}
+
 }  // namespace
 }  // namespace ucp::layouts
