@@ -298,6 +298,96 @@ def test_generated_cases():
             (t / "a.h5").unlink()
 
 
+def test_megatron_deepspeed_tp_pp():
+    """Megatron-DeepSpeed checkpoints with TP and PP (the independent
+    generator tests/tools/make_megatron_deepspeed_ckpts.py: GPTModelPipe layer
+    files with BF16_Optimizer / ZeRO-1, and GPTModel without pipeline at
+    ZeRO 1 / 2, SwiGLU, vocabulary padding): to-universal merges every mp
+    rank into the generator's full tensors (true vocabulary rows, padding rows
+    kept beside), the same model read at tp 1/2/4 x pp 1/2 gives identical
+    atoms, export equals the fp32 masters, and writing DeepSpeed files for
+    such a model is refused clearly."""
+    gen = HERE.parent / "tools" / "make_megatron_deepspeed_ckpts.py"
+    with Tmp() as t:
+        subprocess.run([sys.executable, str(gen), "--out", str(t / "gen")], check=True,
+                       capture_output=True)
+        cases = sorted(p for p in (t / "gen").iterdir() if p.is_dir())
+        assert len(cases) == 6, cases
+        fp32_atoms = {}
+        for case in cases:
+            truth = torch.load(case / "truth.pt")
+            h5 = t / f"{case.name}.h5"
+            p = run("to-universal", case, "-o", h5, "--json")
+            info = json.loads(p.stdout)
+            tp, pp = (int(x[2:]) for x in case.name.split("_") if x[:2] in ("tp", "pp")) \
+                if "_pp" in case.name else (int(case.name.split("_tp")[1][0]), 1)
+            check_truth(h5, truth, case.name)
+            with h5py.File(h5, "r") as f:
+                names = set(f["params"].keys())
+                assert names == set(truth["atoms"]), (case.name, names ^ set(truth["atoms"]))
+                for n, kinds in truth["pad"].items():
+                    for k, ref in kinds.items():
+                        ds = f["params"][n]["pad"][k]
+                        raw = ds[()]
+                        got = (torch.from_numpy(raw.astype(np.int16)).view(torch.bfloat16)
+                               if ds.attrs["dtype"] == "bfloat16" else torch.from_numpy(raw))
+                        ck.same(got, ref, f"{case.name} {n}/pad/{k}")
+                meta = json.loads(f.attrs["deepspeed"])["model_parallel"]
+                assert (meta["tp"], meta["pp"], meta["vocab_size"]) == (tp, pp, 30), meta
+                src = json.loads(f.attrs["source"])
+                assert (src["tp"], src["pp"]) == (tp, pp), src
+            assert json.dumps(info).count('"tp": %d' % tp) >= 1, info
+            # One model, several topologies: identical fp32 / moment atoms.
+            got, _ = atoms_of(h5)
+            key = ("pipe" if case.name.startswith("pipe") else "nopipe", "swiglu" in case.name)
+            kept = {k: v for k, v in got.items() if k.rsplit("/", 1)[-1] in
+                    ("fp32", "exp_avg", "exp_avg_sq")}
+            if key in fp32_atoms:
+                assert kept == fp32_atoms[key], (case.name, "atoms differ between topologies")
+            fp32_atoms[key] = kept
+            # Export: the fp32 masters at the true vocabulary size.
+            run("export", case, "-o", t / "e", "-q")
+            sd = ck.read_export(str(t / "e"), "safetensors")
+            assert set(sd) == set(truth["export"]), case.name
+            for n, ref in truth["export"].items():
+                ck.same(sd[n], ref, f"{case.name} export {n}")
+            shutil.rmtree(t / "e")
+            # Writing DeepSpeed files for a TP/PP model: refused, nothing left.
+            check_failure(["reshape", h5, "-o", t / "o", "--dp", 2, "--format", "deepspeed"],
+                          "usage error", 2, ["Megatron-DeepSpeed", f"tp {tp}", "not supported"],
+                          t / "o")
+            h5.unlink()
+        # --vocab-size overrides universal_checkpoint_info: the padded
+        # rows become part of the tensor.
+        case = t / "gen" / "pipe_bf16opt_tp2_pp2_dp2"
+        run("to-universal", case, "-o", t / "v.h5", "--vocab-size", 32, "-q")
+        with h5py.File(t / "v.h5", "r") as f:
+            e = f["params"]["tied_modules.embed.word_embeddings.weight"]
+            assert e["fp32"].shape == (32, 8) and "pad" not in e, list(e)
+        # Broken Megatron-DeepSpeed folders: one line naming the file.
+        tag = case / "global_step3"
+        for victim, needles in [
+                ("layer_03-model_01-model_states.pt", ["layer_03-model_01-model_states.pt", "missing"]),
+                ("mp_rank_03_model_states.pt", ["mp_rank_03_model_states.pt", "missing"]),
+                ("bf16_zero_pp_rank_1_mp_rank_02_optim_states.pt",
+                 ["bf16_zero_pp_rank_1_mp_rank_02_optim_states.pt", "missing"])]:
+            saved = (tag / victim).read_bytes()
+            (tag / victim).unlink()
+            check_failure(["to-universal", case, "-o", t / "o.h5"], "format error", 3, needles,
+                          t / "o.h5")
+            (tag / victim).write_bytes(saved)
+        # A tp rank whose local shape disagrees with tp rank 0.
+        f = tag / "layer_02-model_01-model_states.pt"
+        saved = f.read_bytes()
+        sd = torch.load(f)
+        sd["input_layernorm.weight"] = sd["input_layernorm.weight"][:4].clone()
+        torch.save(sd, f)
+        check_failure(["to-universal", case, "-o", t / "o.h5"], "format error", 3,
+                      ["layer_02-model_01-model_states.pt", "2.input_layernorm.weight"], t / "o.h5")
+        f.write_bytes(saved)
+        run("to-universal", case, "-o", t / "ok.h5", "-q")
+
+
 def check_truth(h5path, truth, where):
     with h5py.File(h5path, "r") as f:
         for n, kinds in truth["atoms"].items():

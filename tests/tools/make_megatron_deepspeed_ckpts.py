@@ -22,6 +22,7 @@ holds the same full tensors, sliced for its (tp, pp, dp):
 Each case folder holds `latest`, the tag folder and truth.pt:
   atoms:  {name: {state kind: full tensor (true vocab rows)}}
   export: {name: fp32 full tensor}
+  pad:    {name: {state kind: the padding rows beyond the true vocabulary}}
   vocab:  {"true": 30, "padded": rows of the padded embedding}
 """
 import argparse
@@ -237,15 +238,19 @@ def write_case(out, *, pipe, tp, pp, dp, layers, swiglu, dtype, stage):
                             "ds_version": "0.14.5"},
                            os.path.join(tdir, f"{prefix}zero_pp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt"))
     # Truth: full tensors at the true vocabulary size.
-    atoms, export = {}, {}
+    atoms, export, pad = {}, {}, {}
     for n, *_ in params:
         name = n if pipe else legacy[n]
         st = {k: v[:VOCAB].clone() if split[n] == ("vocab",) else v for k, v in full[n].items()}
+        if split[n] == ("vocab",):
+            pad[name] = {k: v[VOCAB:].clone() for k, v in full[n].items()}
+            if dtype != "fp32":
+                pad[name]["param"] = pad[name]["fp32"].to(lp)
         atoms[name] = dict(st, step=step.clone())
         if dtype != "fp32":
             atoms[name]["param"] = st["fp32"].to(lp)
         export[name] = st["fp32"]
-    torch.save({"atoms": atoms, "export": export,
+    torch.save({"atoms": atoms, "export": export, "pad": pad,
                 "vocab": {"true": VOCAB, "padded": padded_vocab(tp)}},
                os.path.join(out, "truth.pt"))
 

@@ -29,6 +29,24 @@ struct Checkpoint {
   std::vector<std::filesystem::path> model_files;
   /// One per dp rank (empty for Wrapper::kTorch).
   std::vector<std::filesystem::path> optim_files;
+  /// Model parallelism (Megatron-DeepSpeed): mp rank = pp_rank * tp +
+  /// tp_rank with a PipelineModule, tp_rank without. 1 and 1 otherwise.
+  int64_t tp = 1;
+  int64_t pp = 1;
+  /// A PipelineModule: model states hold module None; the weights are in
+  /// layer files.
+  bool pipeline = false;
+  /// model_files / optim_files of every mp rank (index mp; [0] equals the
+  /// two lists above).
+  struct MpRank {
+    std::vector<std::filesystem::path> model_files;
+    std::vector<std::filesystem::path> optim_files;
+  };
+  std::vector<MpRank> mp_ranks;
+  /// Pipeline layer files layer_{idx}-model_{tp}-model_states.pt: per tp
+  /// rank, (layer index, path) by index.
+  std::vector<std::vector<std::pair<int64_t, std::filesystem::path>>>
+      layer_files;
   /// A universal folder: its zero/ folder (per-param atoms and
   /// optimizer_state.pt) replaces the optimizer files.
   std::filesystem::path zero_dir;
@@ -44,17 +62,22 @@ bool HoldsModelStates(const std::filesystem::path& dir);
 
 /// Finds the checkpoint: `dir/latest`'s tag (or `tag`), or `dir` itself if it
 /// is a tag folder. Checks that every rank file the checkpoint's own world
-/// size needs is there and that the files agree on it. Throws UsageError if
-/// there is no `latest` and no tag is given (naming the tags present),
-/// FormatError naming the missing / extra / mismatched file, or an
-/// unsupported layout (pipeline layer files, model parallelism, an unknown
+/// size and model parallelism need is there and that the files agree on
+/// them. Throws UsageError if there is no `latest` and no tag is given
+/// (naming the tags present), FormatError naming the missing / extra /
+/// mismatched file, or an unsupported layout (MoE expert files, an unknown
 /// ZeRO stage); IoError if `dir` is not a readable folder.
 Checkpoint Discover(const std::filesystem::path& dir, const std::string& tag);
 
 /// Reads every rank file (index and pickle only) and plans the universal
-/// content (deepspeed_format.h). The plan keeps the files open. Throws
-/// FormatError naming the rank file, param and problem.
-universal::SourcePlan PlanSource(const Checkpoint& checkpoint);
+/// content (deepspeed_format.h). The plan keeps the files open. With model
+/// parallelism, each mp rank's local tensors are merged into whole ones by
+/// the layout (`options.layout`, else detected from the names; vocabulary
+/// size from `options.true_vocab_size` (--vocab-size), else the checkpoint's
+/// universal_checkpoint_info, else the padded rows). Throws FormatError
+/// naming the rank file, param and problem; LayoutError if no layout fits.
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const formats::SourceOptions& options = {});
 
 /// Writes native DeepSpeed rank files for options.topology.dp ranks and
 /// ZeRO stage options.zero_stage (default: the source's) into out_dir:

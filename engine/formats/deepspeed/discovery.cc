@@ -49,10 +49,11 @@ std::optional<int64_t> Digits(std::string_view& s) {
 
 // The DeepSpeed rank-file names (deepspeed_format.h).
 struct RankFileName {
-  enum Kind { kModel, kZ3Model, kOptim, kLayer } kind;
+  enum Kind { kModel, kZ3Model, kOptim, kLayer, kExpert } kind;
   int64_t dp = 0;
-  int64_t mp = 0;
+  int64_t mp = 0;  // kLayer: the tp rank
   bool bf16 = false;
+  int64_t layer = 0;
 };
 
 std::optional<RankFileName> ParseRankFileName(std::string_view s) {
@@ -61,14 +62,25 @@ std::optional<RankFileName> ParseRankFileName(std::string_view s) {
   if (Eat(t, "mp_rank_")) {  // mp_rank_XX_model_states.pt
     auto mp = Digits(t);
     if (mp && t == "_model_states.pt")
-      return RankFileName{RankFileName::kModel, 0, *mp, false};
+      return RankFileName{RankFileName::kModel, 0, *mp, false, 0};
     return std::nullopt;
   }
-  if (Eat(t, "layer_")) {  // layer_LL-model_...model_states.pt
-    if (Digits(t) && Eat(t, "-model_") && t.ends_with("model_states.pt"))
-      return RankFileName{RankFileName::kLayer, 0, 0, false};
+  if (Eat(t, "expp_rank_")) return RankFileName{RankFileName::kExpert};
+  if (Eat(t, "layer_")) {
+    // layer_LL-model_TT-model_states.pt, layer_LL-model_states.pt (no model
+    // axis), layer_LL_expert_EE_mp_rank_XX_model_states.pt (MoE).
+    auto idx = Digits(t);
+    if (!idx) return std::nullopt;
+    if (t.starts_with("_expert_")) return RankFileName{RankFileName::kExpert};
+    if (t == "-model_states.pt")
+      return RankFileName{RankFileName::kLayer, 0, 0, false, *idx};
+    if (!Eat(t, "-model_")) return std::nullopt;
+    auto tp = Digits(t);
+    if (tp && t == "-model_states.pt")
+      return RankFileName{RankFileName::kLayer, 0, *tp, false, *idx};
     return std::nullopt;
   }
+  if (Eat(t, "expert_")) return RankFileName{RankFileName::kExpert};
   r.bf16 = Eat(t, "bf16_");
   if (!Eat(t, "zero_pp_rank_")) return std::nullopt;
   auto dp = Digits(t);
@@ -86,6 +98,11 @@ std::optional<RankFileName> ParseRankFileName(std::string_view s) {
     return r;
   }
   return std::nullopt;
+}
+
+// "_mp_rank_03" as DeepSpeed formats it (%02d).
+std::string MpPart(int64_t mp) {
+  return StrCat(mp < 10 ? "_mp_rank_0" : "_mp_rank_", mp);
 }
 
 }  // namespace
@@ -127,49 +144,57 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
     throw FormatError("tag ", c.tag, ": no folder ", c.tag_dir.string(),
                       tag.empty() ? " (named by latest)" : "");
   }
-  // The files.
-  std::map<int64_t, fs::path> z3_models, optims;
+  // The files, by mp rank.
+  std::map<int64_t, fs::path> models;
+  std::map<int64_t, std::map<int64_t, fs::path>> z3_models, optims;
+  std::map<int64_t, std::map<int64_t, fs::path>> layers;  // tp -> idx -> file
   std::optional<bool> prefix;
-  auto no_mp = [](const fs::path& p) {
-    return FormatError(p.string(),
-                       ": model parallelism (mp rank > 0) is not supported "
-                       "for DeepSpeed checkpoints yet");
-  };
   for (fs::directory_iterator it(c.tag_dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const std::optional<RankFileName> f = ParseRankFileName(name);
     if (!f) continue;
-    if (f->kind == RankFileName::kLayer) {
-      throw FormatError(it->path().string(),
-                        ": pipeline layer files (PipelineModule / "
-                        "Megatron-DeepSpeed) are not supported yet");
-    }
-    if (f->mp != 0) throw no_mp(it->path());
-    if (f->kind == RankFileName::kModel) {
-      c.model_files = {it->path()};
-    } else if (f->kind == RankFileName::kZ3Model) {
-      z3_models[f->dp] = it->path();
-    } else {
-      if (prefix && *prefix != f->bf16) {
+    switch (f->kind) {
+      case RankFileName::kExpert:
         throw FormatError(it->path().string(),
-                          ": optimizer files with and without the bf16_ "
-                          "prefix in one tag folder");
-      }
-      prefix = f->bf16;
-      optims[f->dp] = it->path();
+                          ": mixture-of-experts files are not supported for "
+                          "DeepSpeed checkpoints yet");
+      case RankFileName::kLayer:
+        layers[f->mp][f->layer] = it->path();
+        break;
+      case RankFileName::kModel:
+        models[f->mp] = it->path();
+        break;
+      case RankFileName::kZ3Model:
+        z3_models[f->mp][f->dp] = it->path();
+        break;
+      case RankFileName::kOptim:
+        if (prefix && *prefix != f->bf16) {
+          throw FormatError(it->path().string(),
+                            ": optimizer files with and without the bf16_ "
+                            "prefix in one tag folder");
+        }
+        prefix = f->bf16;
+        optims[f->mp][f->dp] = it->path();
+        break;
     }
   }
   if (ec) throw IoError("cannot list ", c.tag_dir.string(), ": ", ec.message());
   c.bf16_prefix = prefix.value_or(false);
-  const fs::path first_model =
-      !c.model_files.empty() ? c.model_files[0]
-                             : (z3_models.count(0) ? z3_models[0] : fs::path());
+  const std::string zprefix = c.bf16_prefix ? "bf16_zero_pp_rank_" : "zero_pp_rank_";
+  fs::path first_model;
+  if (auto m = models.find(0); m != models.end()) {
+    first_model = m->second;
+  } else if (auto z = z3_models.find(0);
+             z != z3_models.end() && z->second.count(0)) {
+    first_model = z->second.at(0);
+  }
   if (first_model.empty()) {
     throw FormatError(c.tag_dir.string(),
                       ": no mp_rank_00_model_states.pt (nor ZeRO-3 "
                       "zero_pp_rank_0_mp_rank_00_model_states.pt)");
   }
+  int64_t mp_world = 1;
   {
     c.first_model = std::make_shared<const torchfile::TorchFile>(
         torchfile::TorchFile::Open(first_model));
@@ -178,16 +203,51 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
       if (root == nullptr || !root->IsDictLike())
         throw FormatError("the file does not hold a dict");
       c.dp = Int(Require(root, "dp_world_size"), "dp_world_size");
-      const int64_t mp = Int(Require(root, "mp_world_size"), "mp_world_size");
+      mp_world = Int(Require(root, "mp_world_size"), "mp_world_size");
       if (c.dp < 1) throw FormatError("dp_world_size ", c.dp);
-      if (mp != 1) {
-        throw FormatError("mp_world_size ", mp,
-                          ": model parallelism is not supported for "
-                          "DeepSpeed checkpoints yet");
-      }
+      if (mp_world < 1 || mp_world > 4096)
+        throw FormatError("mp_world_size ", mp_world);
     } catch (Error& e) {
       e.AddContext("rank file ", first_model.string());
       throw;
+    }
+  }
+  // Model parallelism: layer files name the tp ranks (PipelineModule);
+  // without them every mp rank is a tp rank.
+  c.pipeline = !layers.empty();
+  c.tp = c.pipeline ? static_cast<int64_t>(layers.size()) : mp_world;
+  for (int64_t t = 0; t < c.tp; ++t) {
+    if (c.pipeline && !layers.count(t)) {
+      throw FormatError(c.tag_dir.string(), ": layer files of tp ranks ",
+                        layers.begin()->first, "..", layers.rbegin()->first,
+                        " but none of tp rank ", t);
+    }
+  }
+  if (mp_world % c.tp != 0) {
+    throw FormatError(first_model.string(), ": mp_world_size ", mp_world,
+                      " is not a multiple of the ", c.tp,
+                      " tp ranks of the layer files");
+  }
+  c.pp = mp_world / c.tp;
+  if (c.pipeline) {
+    for (const auto& [t, files] : layers) {
+      c.layer_files.emplace_back(files.begin(), files.end());
+      const auto& ref = layers.begin()->second;
+      for (const auto& [idx, unused_path] : ref) {
+        (void)unused_path;
+        if (!files.count(idx)) {
+          throw FormatError(c.tag_dir.string(), ": missing layer_",
+                            idx < 10 ? "0" : "", idx, "-model_", t < 10 ? "0" : "",
+                            t, "-model_states.pt (tp rank ", t,
+                            " of layer ", idx, ")");
+        }
+      }
+      if (files.size() != ref.size()) {
+        throw FormatError(files.rbegin()->second.string(),
+                          ": tp rank ", t, " has ", files.size(),
+                          " layer files but tp rank ", layers.begin()->first,
+                          " has ", ref.size());
+      }
     }
   }
   // The stage, from the first optimizer file.
@@ -200,11 +260,10 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
                         "zero_pp_rank_0_mp_rank_00_optim_states.pt");
     }
   } else {
-    auto it0 = optims.find(0);
-    if (it0 == optims.end()) {
-      throw FormatError(c.tag_dir.string(), ": missing ",
-                        c.bf16_prefix ? "bf16_" : "",
-                        "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+    auto it0 = optims[0].find(0);
+    if (it0 == optims[0].end()) {
+      throw FormatError(c.tag_dir.string(), ": missing ", zprefix,
+                        "0_mp_rank_00_optim_states.pt");
     }
     c.first_optim = std::make_shared<const torchfile::TorchFile>(
         torchfile::TorchFile::Open(it0->second));
@@ -229,42 +288,66 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
       throw;
     }
   }
-  // Completeness and one world size.
-  if (c.wrapper != Wrapper::kTorch) {
-    for (int64_t d = 0; d < c.dp; ++d) {
-      if (!optims.count(d)) {
-        throw FormatError(c.tag_dir.string(), ": missing ",
-                          c.bf16_prefix ? "bf16_" : "", "zero_pp_rank_", d,
-                          "_mp_rank_00_optim_states.pt (dp_world_size ", c.dp,
-                          ")");
-      }
-      c.optim_files.push_back(optims[d]);
-    }
-    if (static_cast<int64_t>(optims.size()) != c.dp) {
-      throw FormatError(optims.rbegin()->second.string(),
-                        ": more optimizer files than dp_world_size ", c.dp,
+  // Completeness: every (mp, dp) file the world sizes need, nothing more.
+  auto extra = [&](const std::map<int64_t, fs::path>& files, int64_t count,
+                   const char* what) {
+    if (static_cast<int64_t>(files.size()) != count) {
+      throw FormatError(files.rbegin()->second.string(), ": more ", what,
+                        " than dp_world_size ", c.dp,
                         " (files from mixed world sizes?)");
     }
-  }
-  if (c.stage == 3) {
-    for (int64_t d = 0; d < c.dp; ++d) {
-      if (!z3_models.count(d)) {
-        throw FormatError(c.tag_dir.string(), ": missing zero_pp_rank_", d,
-                          "_mp_rank_00_model_states.pt (ZeRO-3, dp ", c.dp,
-                          ")");
+  };
+  for (int64_t mp = 0; mp < mp_world; ++mp) {
+    Checkpoint::MpRank rank;
+    if (c.wrapper != Wrapper::kTorch) {
+      for (int64_t d = 0; d < c.dp; ++d) {
+        if (!optims[mp].count(d)) {
+          throw FormatError(c.tag_dir.string(), ": missing ", zprefix, d,
+                            MpPart(mp), "_optim_states.pt (dp_world_size ",
+                            c.dp, ", mp_world_size ", mp_world, ")");
+        }
+        rank.optim_files.push_back(optims[mp][d]);
       }
-      c.model_files.push_back(z3_models[d]);
+      extra(optims[mp], c.dp, "optimizer files");
     }
-    if (static_cast<int64_t>(z3_models.size()) != c.dp) {
-      throw FormatError(z3_models.rbegin()->second.string(),
-                        ": more ZeRO-3 model files than dp_world_size ", c.dp,
-                        " (files from mixed world sizes?)");
+    if (c.stage == 3) {
+      for (int64_t d = 0; d < c.dp; ++d) {
+        if (!z3_models[mp].count(d)) {
+          throw FormatError(c.tag_dir.string(), ": missing zero_pp_rank_", d,
+                            MpPart(mp), "_model_states.pt (ZeRO-3, dp ", c.dp,
+                            ")");
+        }
+        rank.model_files.push_back(z3_models[mp][d]);
+      }
+      extra(z3_models[mp], c.dp, "ZeRO-3 model files");
+    } else if (models.count(mp)) {
+      rank.model_files.push_back(models[mp]);
+    } else {
+      throw FormatError(c.tag_dir.string(), ": missing mp", MpPart(mp).substr(3),
+                        "_model_states.pt (mp_world_size ", mp_world,
+                        c.pipeline ? StrCat(": pp ", c.pp, " x tp ", c.tp) : "",
+                        ")");
     }
-  } else if (c.model_files.empty()) {
-    throw FormatError(c.tag_dir.string(),
-                      ": no mp_rank_00_model_states.pt (ZeRO stage ", c.stage,
-                      ")");
+    c.mp_ranks.push_back(std::move(rank));
   }
+  auto beyond = [&](const auto& by_mp, const char* what) {
+    if (!by_mp.empty() && by_mp.rbegin()->first >= mp_world) {
+      const auto& files = by_mp.rbegin()->second;
+      throw FormatError(files.begin()->second.string(), ": ", what,
+                        " of mp rank ", by_mp.rbegin()->first,
+                        " but mp_world_size is ", mp_world,
+                        " (files from mixed runs?)");
+    }
+  };
+  beyond(optims, "an optimizer file");
+  beyond(z3_models, "a ZeRO-3 model file");
+  if (!models.empty() && models.rbegin()->first >= mp_world) {
+    throw FormatError(models.rbegin()->second.string(), ": mp rank ",
+                      models.rbegin()->first, " but mp_world_size is ",
+                      mp_world, " (files from mixed runs?)");
+  }
+  c.model_files = c.mp_ranks[0].model_files;
+  c.optim_files = c.mp_ranks[0].optim_files;
   return c;
 }
 

@@ -14,28 +14,37 @@ namespace fs = std::filesystem;
 
 class NativeSource : public formats::Source {
  public:
-  explicit NativeSource(Checkpoint c) : c_(std::move(c)) {
+  NativeSource(Checkpoint c, formats::SourceOptions options)
+      : c_(std::move(c)), options_(std::move(options)) {
     info_.format = "deepspeed";
     info_.dir = c_.dir;
     info_.path = c_.tag_dir;
     info_.tag = c_.tag;
+    info_.topology.tp = c_.tp;
+    info_.topology.pp = c_.pp;
     info_.topology.dp = c_.dp;
     info_.zero_stage = c_.stage;
-    info_.files = c_.model_files;
-    info_.files.insert(info_.files.end(), c_.optim_files.begin(),
-                       c_.optim_files.end());
+    for (const Checkpoint::MpRank& r : c_.mp_ranks) {
+      info_.files.insert(info_.files.end(), r.model_files.begin(),
+                         r.model_files.end());
+      info_.files.insert(info_.files.end(), r.optim_files.begin(),
+                         r.optim_files.end());
+    }
+    for (const auto& per_tp : c_.layer_files)
+      for (const auto& [idx, file] : per_tp) info_.files.push_back(file);
   }
   const formats::CheckpointInfo& info() const noexcept override {
     return info_;
   }
   universal::SourcePlan Plan() const override {
-    universal::SourcePlan plan = PlanSource(c_);
+    universal::SourcePlan plan = PlanSource(c_, options_);
     info_.iteration = plan.root.iteration;
     return plan;
   }
 
  private:
   Checkpoint c_;
+  formats::SourceOptions options_;
   mutable formats::CheckpointInfo info_;
 };
 
@@ -43,9 +52,10 @@ class DeepSpeedDriver : public formats::Driver {
  public:
   std::string_view Name() const override { return "deepspeed"; }
   std::string_view Summary() const override {
-    return "DeepSpeed native checkpoints, ZeRO 0-3, fp32/bf16: latest, "
-           "<tag>/mp_rank_00_model_states.pt, "
-           "[bf16_]zero_pp_rank_D_mp_rank_00_optim_states.pt";
+    return "DeepSpeed native checkpoints, ZeRO 0-3, fp32/bf16/fp16: latest, "
+           "<tag>/mp_rank_XX_model_states.pt, "
+           "[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt; Megatron-DeepSpeed "
+           "TP/PP (layer_LL-model_TT-model_states.pt) read";
   }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
@@ -72,12 +82,8 @@ class DeepSpeedDriver : public formats::Driver {
           "DeepSpeed checkpoints are chosen with --tag, not "
           "--iteration");
     }
-    if (!options.layout.empty()) {
-      throw UsageError(
-          "--layout applies to Megatron checkpoints; DeepSpeed "
-          "files name every parameter in full");
-    }
-    return std::make_unique<NativeSource>(Discover(path, options.selector.tag));
+    return std::make_unique<NativeSource>(Discover(path, options.selector.tag),
+                                          options);
   }
   bool CanWrite() const override { return true; }
   formats::TargetSummary Write(

@@ -11,6 +11,7 @@
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/flat_layout.h"
+#include "engine/formats/deepspeed/model_parallel.h"
 #include "engine/formats/deepspeed/pickled.h"
 #include "engine/json/json.h"
 #include "engine/reshape/target_plan.h"
@@ -62,13 +63,43 @@ struct Param {
   std::vector<std::string> aliases;  // shared params pointing here
 };
 
+using FilePtr = std::shared_ptr<const TorchFile>;
+using FileCache = std::map<fs::path, FilePtr>;
+
+// A module entry of a layer file (PipelineModule): its param name, file and
+// key there.
+struct LayerEntry {
+  std::string name;
+  fs::path file;
+  std::string key;
+};
+
+// One mp rank of a model-parallel checkpoint.
+struct RankView {
+  bool pipeline = false;
+  std::vector<LayerEntry> layer_entries;  // pipeline: this stage's, tp rank's
+};
+
 class Planner {
  public:
-  explicit Planner(const Checkpoint& c) : c_(c) {}
+  Planner(const Checkpoint& c, FileCache& cache, RankView view = {})
+      : c_(c), cache_(cache), view_(std::move(view)) {}
   universal::SourcePlan Run();
 
  private:
-  using FilePtr = std::shared_ptr<const TorchFile>;
+  // A module state-dict entry: from the model states' `module`, or from a
+  // pipeline layer file.
+  struct Entry {
+    std::string name;
+    FilePtr file;
+    const Value* value = nullptr;
+    std::string where;
+  };
+  FilePtr Open(const fs::path& p);
+  const Entry* FindEntry(const std::string& name) const {
+    auto it = entry_index_.find(name);
+    return it == entry_index_.end() ? nullptr : &entries_[it->second];
+  }
   reshape::SourceTensor Tensor(const FilePtr& f, const TensorInfo& t,
                                const std::string& what);
   const TensorInfo& TensorAt(const FilePtr& f, const Value* v,
@@ -103,6 +134,10 @@ class Planner {
   void PlanRoot();
 
   const Checkpoint& c_;
+  FileCache& cache_;
+  RankView view_;
+  std::vector<Entry> entries_;
+  std::map<std::string, size_t> entry_index_;
   universal::SourcePlan plan_;
   formats::SourceTable sources_{plan_};
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
@@ -199,21 +234,40 @@ void Planner::Whole(universal::AtomPlan& atom, const reshape::SourceTensor& src,
   atom.fragments.push_back(std::move(f));
 }
 
-void Planner::ReadModel() {
+FilePtr Planner::Open(const fs::path& p) {
   // Discover opened the first model and optimizer files already.
-  auto open = [](const fs::path& p, const FilePtr& known) -> FilePtr {
+  for (const FilePtr& known : {c_.first_model, c_.first_optim})
     if (known != nullptr && known->path() == p) return known;
-    return std::make_shared<const TorchFile>(TorchFile::Open(p));
-  };
-  for (const fs::path& p : c_.model_files)
-    models_.push_back(open(p, c_.first_model));
-  for (const fs::path& p : c_.optim_files)
-    optims_.push_back(open(p, c_.first_optim));
+  FilePtr& f = cache_[p];
+  if (f == nullptr) f = std::make_shared<const TorchFile>(TorchFile::Open(p));
+  return f;
+}
+
+void Planner::ReadModel() {
+  for (const fs::path& p : c_.model_files) models_.push_back(Open(p));
+  for (const fs::path& p : c_.optim_files) optims_.push_back(Open(p));
   model_ = models_[0]->root();
   const std::string where0 = StrCat("rank file ", c_.model_files[0].string());
   try {
-    const Value* module = Require(model_, "module");
-    module_keys_ = Keys(module, "module");
+    if (!view_.pipeline) {
+      const Value* module = Require(model_, "module");
+      for (const std::string& k : Keys(module, "module")) {
+        entries_.push_back(
+            {k, models_[0], Get(module, k), StrCat(where0, " > module > ", k)});
+      }
+    } else {
+      for (const LayerEntry& le : view_.layer_entries) {
+        const FilePtr f = Open(le.file);
+        entries_.push_back({le.name, f, Get(f->root(), le.key),
+                            StrCat("rank file ", le.file.string(), " > ",
+                                   le.key)});
+      }
+    }
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (!entry_index_.emplace(entries_[i].name, i).second)
+        throw FormatError("module entry ", entries_[i].name, " twice");
+      module_keys_.push_back(entries_[i].name);
+    }
     std::set<std::string> buffers;
     if (const Value* b = Get(model_, "buffer_names"); !IsNone(b)) {
       for (const Value* n : Items(b, "buffer_names"))
@@ -224,9 +278,9 @@ void Planner::ReadModel() {
         shared_[k] = Str(Get(sp, k), "shared_params value");
     }
     // The lp dtype: of the first floating module tensor that is a param.
-    for (const std::string& k : module_keys_) {
-      if (buffers.count(k)) continue;
-      const TensorInfo* t = models_[0]->FindTensor(Get(module, k));
+    for (const Entry& e : entries_) {
+      if (buffers.count(e.name)) continue;
+      const TensorInfo* t = e.file->FindTensor(e.value);
       if (t != nullptr && IsFloatingPoint(t->dtype)) {
         lp_ = t->dtype;
         break;
@@ -258,10 +312,10 @@ void Planner::ReadModel() {
             "optimizer files");
       }
       groups_.emplace_back();
-      for (const std::string& k : module_keys_) {
+      for (const Entry& e : entries_) {
+        const std::string& k = e.name;
         if (buffers.count(k) || shared_.count(k)) continue;
-        const TensorInfo& t =
-            TensorAt(models_[0], Get(module, k), StrCat("module[", k, "]"));
+        const TensorInfo& t = TensorAt(e.file, e.value, e.where);
         Param p;
         p.name = k;
         p.shape = t.shape;
@@ -286,11 +340,12 @@ void Planner::ReadModel() {
     }
     // Buffers and module entries that are neither (frozen params at ZeRO
     // 0/1, which DeepSpeed does not record: kept as frozen params).
-    for (const std::string& k : module_keys_) {
+    for (const Entry& e : entries_) {
+      const std::string& k = e.name;
       if (index_.count(k) || shared_.count(k)) continue;
-      const TensorInfo* t = models_[0]->FindTensor(Get(module, k));
+      const TensorInfo* t = e.file->FindTensor(e.value);
       if (t == nullptr) {
-        throw FormatError("module[", k, "] is not a tensor");
+        throw FormatError(e.where, " is not a tensor");
       }
       Param p;
       p.name = k;
@@ -332,30 +387,36 @@ void Planner::ReadModel() {
 
 void Planner::PlanModule() {
   // lp weights of params (stage 0-2, when not fp32), buffers, and stage 0/1
-  // frozen params, from rank 0's module.
-  const Value* module = Get(model_, "module");
-  const std::string where0 = StrCat("rank file ", c_.model_files[0].string());
+  // frozen params, from the module (rank 0's, or the stage's layer files).
   for (const Param& p : params_) {
-    const std::string where = StrCat(where0, " > module > ", p.name);
+    const Entry* e = FindEntry(p.name);
+    const std::string where =
+        e != nullptr ? e->where
+                     : StrCat("rank file ", c_.model_files[0].string(),
+                              " > module > ", p.name);
     try {
-      if (p.buffer || (p.frozen && c_.stage < 2)) {
-        const TensorInfo& t = TensorAt(models_[0], Get(module, p.name), where);
-        Whole(Atom(p, "param", t.dtype, false), Tensor(models_[0], t, where),
-              where);
-        continue;
+      const bool needed = p.buffer || (p.frozen && c_.stage < 2) ||
+                          (!p.frozen && c_.stage != 3);
+      if (!needed) continue;
+      if (e == nullptr) {
+        // A pipeline stage's copy of a tied module has no layer file.
+        if (view_.pipeline && !p.buffer) continue;
+        throw FormatError(where, ": missing");
       }
-      if (p.frozen || c_.stage == 3) continue;
-      const TensorInfo& t = TensorAt(models_[0], Get(module, p.name), where);
-      if (c_.wrapper == Wrapper::kTorch) {
+      const TensorInfo& t = TensorAt(e->file, e->value, where);
+      if (p.buffer || (p.frozen && c_.stage < 2)) {
+        Whole(Atom(p, "param", t.dtype, false), Tensor(e->file, t, where),
+              where);
+      } else if (c_.wrapper == Wrapper::kTorch) {
         // No separate master: the module holds the fp32 weights.
-        Whole(Atom(p, "fp32", t.dtype, false), Tensor(models_[0], t, where),
+        Whole(Atom(p, "fp32", t.dtype, false), Tensor(e->file, t, where),
               where);
       } else if (t.dtype != DType::kFloat32) {
-        Whole(Atom(p, "param", t.dtype, false), Tensor(models_[0], t, where),
+        Whole(Atom(p, "param", t.dtype, false), Tensor(e->file, t, where),
               where);
       }
-    } catch (Error& e) {
-      e.AddContext("param ", p.name);
+    } catch (Error& e2) {
+      e2.AddContext("param ", p.name);
       throw;
     }
   }
@@ -901,9 +962,217 @@ universal::SourcePlan Planner::Run() {
 
 }  // namespace
 
-universal::SourcePlan PlanSource(const Checkpoint& checkpoint) {
-  Planner planner(checkpoint);
-  return planner.Run();
+namespace {
+
+// "12.input_layernorm.weight" -> 12; absent for names not starting with a
+// decimal index and ".".
+std::optional<int64_t> LeadingIndex(std::string_view name) {
+  size_t n = 0;
+  while (n < name.size() && n < 9 && name[n] >= '0' && name[n] <= '9') ++n;
+  if (n == 0 || n >= name.size() || name[n] != '.') return std::nullopt;
+  return std::stoll(std::string(name.substr(0, n)));
+}
+
+// The trainable / frozen param names a model-states file lists.
+std::set<std::string> ListedParams(const TorchFile& f) {
+  std::set<std::string> out;
+  const Value* root = f.root();
+  try {
+    if (const Value* shapes = Get(root, "param_shapes"); !IsNone(shapes)) {
+      for (const Value* g : Items(shapes, "param_shapes"))
+        for (const std::string& n : Keys(g, "param_shapes group")) out.insert(n);
+    }
+    if (const Value* fr = Get(root, "frozen_param_shapes"); !IsNone(fr)) {
+      for (const std::string& n : Keys(fr, "frozen_param_shapes")) out.insert(n);
+    }
+  } catch (Error& e) {
+    e.AddContext("rank file ", f.path().string());
+    throw;
+  }
+  return out;
+}
+
+// Pipeline: which stage holds which layer file, and the param name of each
+// layer-file key. A layer index belongs to the stage whose params carry it
+// ("5.mlp..."); a layer file without such params (the tied embedding, a
+// parameter-free layer) to the stage of the nearest lower index (stage 0 at
+// the start). Keys are named "<index>.<key>", or "tied_modules.<k>.<key>"
+// when the stage lists that tied param and not the former.
+std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
+  std::vector<std::set<std::string>> listed;
+  std::map<int64_t, int64_t> owner;  // layer index -> stage
+  for (int64_t p = 0; p < c.pp; ++p) {
+    const fs::path& mf = c.mp_ranks[static_cast<size_t>(p * c.tp)].model_files[0];
+    FilePtr& f = cache[mf];
+    if (f == nullptr) {
+      f = c.first_model != nullptr && c.first_model->path() == mf
+              ? c.first_model
+              : std::make_shared<const TorchFile>(TorchFile::Open(mf));
+    }
+    listed.push_back(ListedParams(*f));
+    for (const std::string& n : listed.back()) {
+      if (auto idx = LeadingIndex(n)) {
+        auto [it, fresh] = owner.emplace(*idx, p);
+        if (!fresh && it->second != p) {
+          throw FormatError("rank file ", mf.string(), " > param ", n,
+                            ": layer ", *idx, " also belongs to pipeline "
+                            "stage ", it->second);
+        }
+      }
+    }
+  }
+  std::vector<RankView> views(static_cast<size_t>(c.pp * c.tp));
+  for (int64_t t = 0; t < c.tp; ++t) {
+    int64_t stage = 0;
+    for (const auto& [idx, file] : c.layer_files[static_cast<size_t>(t)]) {
+      if (auto it = owner.find(idx); it != owner.end()) stage = it->second;
+      const std::set<std::string>& names = listed[static_cast<size_t>(stage)];
+      FilePtr& f = cache[file];
+      if (f == nullptr)
+        f = std::make_shared<const TorchFile>(TorchFile::Open(file));
+      if (f->root() == nullptr || !f->root()->IsDictLike())
+        throw FormatError("rank file ", file.string(), ": not a state dict");
+      RankView& v = views[static_cast<size_t>(stage * c.tp + t)];
+      v.pipeline = true;
+      for (const std::string& k : Keys(f->root(), "layer state dict")) {
+        std::string name = StrCat(idx, ".", k);
+        if (!names.count(name)) {
+          std::vector<std::string> tied;
+          for (const std::string& n : names) {
+            if (n.starts_with("tied_modules.")) {
+              const size_t dot = n.find('.', 13);
+              if (dot != std::string::npos && n.substr(dot + 1) == k)
+                tied.push_back(n);
+            }
+          }
+          if (tied.size() > 1) {
+            throw FormatError("rank file ", file.string(), " > ", k,
+                              ": matches tied params ", tied[0], " and ",
+                              tied[1]);
+          }
+          if (tied.size() == 1) name = tied[0];
+        }
+        v.layer_entries.push_back({name, file, k});
+      }
+    }
+  }
+  for (RankView& v : views) v.pipeline = true;
+  return views;
+}
+
+// Model variables for the layout: Megatron-DeepSpeed's args and
+// universal_checkpoint_info in mp rank 0's model states.
+layouts::Variables ModelVariables(const TorchFile& f,
+                                  const formats::SourceOptions& options,
+                                  std::string& vocab_source) {
+  layouts::Variables vars;
+  const Value* root = f.root();
+  auto int_attr = [](const Value* ns, const char* k) -> std::optional<int64_t> {
+    const Value* v = ns != nullptr ? ns->Attr(k) : nullptr;
+    if (v == nullptr) return std::nullopt;
+    if (v->kind == Kind::kBool) return v->b ? 1 : 0;
+    return v->AsInt();
+  };
+  const Value* args = Get(root, "args");
+  for (const auto& [var, attr] :
+       std::vector<std::pair<const char*, const char*>>{
+           {"num_layers", "num_layers"},
+           {"num_attention_heads", "num_attention_heads"},
+           {"num_query_groups", "num_key_value_heads"},
+           {"make_vocab_size_divisible_by", "make_vocab_size_divisible_by"},
+           {"swiglu", "swiglu"}}) {
+    if (auto v = int_attr(args, attr)) vars.Set(var, *v);
+  }
+  if (auto untie = int_attr(args, "untie_embeddings_and_output_weights"))
+    vars.Set("tied", *untie ? 0 : 1);
+  if (!vars.Has("make_vocab_size_divisible_by"))
+    vars.Set("make_vocab_size_divisible_by", 1);
+  if (options.true_vocab_size) {
+    vars.Set("vocab_size", *options.true_vocab_size);
+    vocab_source = "--vocab-size";
+  } else if (const Value* info = Get(root, "universal_checkpoint_info");
+             info != nullptr && info->IsDictLike()) {
+    if (const Value* v = Get(info, "original_vocab_size");
+        v != nullptr && v->AsInt()) {
+      vars.Set("vocab_size", *v->AsInt());
+      vocab_source = "universal_checkpoint_info.original_vocab_size";
+    }
+  }
+  return vars;
+}
+
+// The layout placing the names over tp ranks.
+layouts::Layout ChooseLayout(const formats::SourceOptions& options,
+                             const std::vector<std::string>& names) {
+  if (options.layout.empty()) return layouts::Layout::DetectBuiltin(names);
+  for (const std::string& b : layouts::Layout::BuiltinNames())
+    if (b == options.layout) return layouts::Layout::Builtin(b);
+  return layouts::Layout::Load(options.layout);
+}
+
+}  // namespace
+
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const formats::SourceOptions& options) {
+  FileCache cache;
+  if (checkpoint.mp_ranks.size() <= 1 && !checkpoint.pipeline) {
+    Planner planner(checkpoint, cache);
+    return planner.Run();
+  }
+  const Checkpoint& c = checkpoint;
+  std::vector<RankView> views =
+      c.pipeline ? PipelineViews(c, cache)
+                 : std::vector<RankView>(c.mp_ranks.size());
+  std::vector<universal::SourcePlan> plans;
+  internal::ModelParallel mp;
+  mp.tp = c.tp;
+  mp.pp = c.pp;
+  mp.pipeline = c.pipeline;
+  for (size_t r = 0; r < c.mp_ranks.size(); ++r) {
+    Checkpoint one = c;
+    one.model_files = c.mp_ranks[r].model_files;
+    one.optim_files = c.mp_ranks[r].optim_files;
+    mp.model_files.push_back(one.model_files[0]);
+    Planner planner(one, cache, std::move(views[r]));
+    plans.push_back(planner.Run());
+  }
+  // The layout: required to merge tp ranks; at tp 1 it only tells the
+  // vocabulary padding, so a model no built-in layout knows is fine.
+  std::optional<layouts::Layout> layout;
+  const FilePtr& f0 = cache.count(mp.model_files[0]) ? cache[mp.model_files[0]]
+                                                     : c.first_model;
+  mp.vars = ModelVariables(*f0, options, mp.vocab_source);
+  std::vector<std::string> names;
+  for (const universal::SourcePlan& p : plans)
+    for (const atoms::ParamInfo& i : p.params) names.push_back(i.fqn);
+  if (c.tp > 1 || !options.layout.empty()) {
+    try {
+      layout = ChooseLayout(options, names);
+    } catch (Error& e) {
+      e.AddContext("model-parallel DeepSpeed checkpoint ", c.tag_dir.string());
+      throw;
+    }
+  } else if (!layouts::Layout::DetectBuiltins(names).empty()) {
+    layout = layouts::Layout::DetectBuiltin(names);
+  }
+  if (layout) {
+    mp.vars = layout->Resolve(mp.vars);
+    if (!mp.vars.Has("vocab_size")) {
+      // The padded rows of the first vocabulary-split param: no padding.
+      for (const atoms::ParamInfo& i : plans[0].params) {
+        const layouts::Rule& rule = layout->Match(i.fqn, mp.vars);
+        if (rule.tp.split && rule.tp.vocab &&
+            static_cast<size_t>(rule.tp.dim) < i.shape.size()) {
+          mp.vars.Set("vocab_size",
+                      i.shape[static_cast<size_t>(rule.tp.dim)] * c.tp);
+          mp.vocab_source = "the rank files' rows (true size unknown)";
+          break;
+        }
+      }
+    }
+    mp.layout = &*layout;
+  }
+  return internal::MergeModelParallel(std::move(plans), mp);
 }
 
 }  // namespace ucp::deepspeed

@@ -67,6 +67,21 @@ void WriterBase::Prepare() {
   if (auto it = root.extra_strings.find(std::string(kMetaAttr));
       it != root.extra_strings.end())
     meta_ = formats::ParseJsonAttr(it->second, "deepspeed", input_.path());
+  if (const json::Value* mp = meta_.Find("model_parallel");
+      mp != nullptr && mp->is_object()) {
+    const json::Value* tp = mp->Find("tp");
+    const json::Value* pp = mp->Find("pp");
+    const json::Value* pipe = mp->Find("pipeline");
+    throw UsageError(
+        input_.path().string(), ": the source is a Megatron-DeepSpeed checkpoint (tp ",
+        tp != nullptr && tp->is_int() ? tp->AsInt() : 1, ", pp ",
+        pp != nullptr && pp->is_int() ? pp->AsInt() : 1,
+        pipe != nullptr && pipe->is_bool() && pipe->AsBool()
+            ? ", pipeline layer files"
+            : "",
+        "); writing DeepSpeed files for TP/PP models is not supported yet "
+        "(`ucp export` writes its consolidated weights)");
+  }
   const json::Value training =
       formats::ParseJsonAttr(root.training, "training", input_.path());
   auto str = [](const json::Value& o, const char* k) -> std::string {

@@ -66,16 +66,21 @@ class MegatronDriver : public formats::Driver {
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
-    if (fs::is_regular_file(path / kTrackerFile, ec))
-      return formats::Confidence::kYes;
-    // An iter_* / release folder holding mp_rank_* folders.
+    const bool tracker = fs::is_regular_file(path / kTrackerFile, ec);
+    // An iter_* / release folder holding mp_rank_* folders, or a tracker
+    // beside iter_* / release folders (Megatron-DeepSpeed writes the same
+    // tracker beside DeepSpeed's global_step* tag folders: that is not ours).
     for (fs::directory_iterator it(path, ec), end; !ec && it != end;
          it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (tracker && (name == "release" || name.starts_with("iter_")) &&
+          fs::is_directory(it->path(), ec))
+        return formats::Confidence::kYes;
       if (IsRankDir(it->path()) &&
           fs::is_regular_file(it->path() / kModelFile, ec))
         return formats::Confidence::kYes;
     }
-    return formats::Confidence::kNo;
+    return tracker ? formats::Confidence::kMaybe : formats::Confidence::kNo;
   }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,

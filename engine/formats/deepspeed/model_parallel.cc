@@ -1,0 +1,273 @@
+// Merging per-mp-rank plans into whole tensors (model_parallel.h).
+
+#include "engine/formats/deepspeed/model_parallel.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/deepspeed/deepspeed_format.h"
+#include "engine/json/json.h"
+#include "layouts/placement.h"
+
+namespace ucp::deepspeed::internal {
+namespace {
+
+struct Global {
+  atoms::ParamInfo info;  // shape: full
+  int64_t stage = 0;
+  const layouts::Rule* rule = nullptr;  // tp > 1
+  Shape local;
+  int64_t padded_rows = 0;  // vocab-padded split dim: local rows x tp
+  int64_t pad_rows = 0;     // of which beyond the true size
+};
+
+std::string Mp(int64_t mp) { return StrCat(mp < 10 ? "0" : "", mp); }
+
+json::Value ParseOr(const std::string& text) {
+  if (text.empty()) return json::Value::Object();
+  return json::Value::Parse(text);
+}
+
+// Appends the names of `from` missing in `into` (arrays of strings).
+void Union(json::Value& into, const json::Value& from) {
+  if (!from.is_array()) return;
+  if (!into.is_array()) into = json::Value::Array();
+  std::set<std::string> have;
+  for (const json::Value& v : into.items())
+    if (v.is_string()) have.insert(v.AsString());
+  for (const json::Value& v : from.items())
+    if (v.is_string() && have.insert(v.AsString()).second) into.Append(v);
+}
+
+// Per-group name lists: group g of `from` joins group g of `into`.
+void UnionGroups(json::Value& into, const json::Value& from,
+                 const char* names_key) {
+  if (!from.is_array()) return;
+  if (!into.is_array()) into = json::Value::Array();
+  for (size_t g = 0; g < from.items().size(); ++g) {
+    if (g >= into.items().size()) into.Append(from.items()[g]);
+    json::Value& dst = into.items()[g];
+    const json::Value& src = from.items()[g];
+    if (names_key == nullptr) {
+      Union(dst, src);
+    } else if (dst.is_object() && src.is_object()) {
+      if (const json::Value* n = src.Find(names_key)) Union(dst[names_key], *n);
+    }
+  }
+}
+
+}  // namespace
+
+universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> ranks,
+                                         const ModelParallel& m) {
+  const int64_t tp = m.tp;
+  if (static_cast<int64_t>(ranks.size()) != tp * m.pp || ranks.empty())
+    throw InternalError("MergeModelParallel: ", ranks.size(), " plans for tp ",
+                        tp, " x pp ", m.pp);
+  if (tp > 1 && m.layout == nullptr)
+    throw InternalError("MergeModelParallel: tp > 1 without a layout");
+  auto where = [&](size_t mp) {
+    return StrCat("rank file ", mp < m.model_files.size()
+                                    ? m.model_files[mp].string()
+                                    : StrCat("of mp rank ", Mp(mp)));
+  };
+
+  universal::SourcePlan out;
+  out.root = ranks[0].root;
+  std::vector<uint32_t> offset(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    offset[i] = static_cast<uint32_t>(out.sources.size());
+    for (auto& s : ranks[i].sources) out.sources.push_back(std::move(s));
+  }
+
+  // Params: the first stage holding a name owns it; order by stage, then
+  // the stage's own order.
+  std::vector<Global> params;
+  std::map<std::string, size_t> index;
+  for (int64_t p = 0; p < m.pp; ++p) {
+    const size_t mp0 = static_cast<size_t>(p * tp);
+    std::vector<const atoms::ParamInfo*> local;
+    for (const atoms::ParamInfo& i : ranks[mp0].params) local.push_back(&i);
+    std::stable_sort(local.begin(), local.end(),
+                     [](auto* a, auto* b) { return a->order < b->order; });
+    std::map<std::string, const atoms::ParamInfo*> ref;
+    for (const atoms::ParamInfo* i : local) ref[i->fqn] = i;
+    for (const atoms::ParamInfo* i : local) {
+      if (index.count(i->fqn)) continue;  // pipeline-replicated (tied)
+      Global g;
+      g.info = *i;
+      g.info.order = static_cast<int64_t>(params.size());
+      g.stage = p;
+      g.local = i->shape;
+      try {
+        if (m.layout != nullptr) {
+          g.rule = &m.layout->Match(i->fqn, m.vars);
+          if (g.rule->entry == layouts::EntryKind::kOpaque)
+            throw FormatError("is a tensor but ", g.rule->Describe(),
+                              " says it is opaque");
+          g.info.shape =
+              layouts::FullShapeFromLocal(*g.rule, i->shape, tp, m.vars);
+          if (g.rule->tp.split && g.rule->tp.vocab) {
+            const size_t d = static_cast<size_t>(g.rule->tp.dim);
+            g.padded_rows = i->shape[d] * tp;
+            g.pad_rows = g.padded_rows - g.info.shape[d];
+          }
+          g.info.rule = g.rule->name;
+        }
+      } catch (Error& e) {
+        e.AddContext(where(mp0), " > param ", i->fqn);
+        throw;
+      }
+      index.emplace(i->fqn, params.size());
+      params.push_back(std::move(g));
+    }
+    // Every tp rank of the stage: the same names, shapes and dtypes.
+    for (int64_t t = 1; t < tp; ++t) {
+      const size_t mp = static_cast<size_t>(p * tp + t);
+      if (ranks[mp].params.size() != ref.size()) {
+        throw FormatError(where(mp), ": ", ranks[mp].params.size(),
+                          " params but tp rank 0 (", where(mp0), ") has ",
+                          ref.size());
+      }
+      for (const atoms::ParamInfo& i : ranks[mp].params) {
+        auto it = ref.find(i.fqn);
+        if (it == ref.end()) {
+          throw FormatError(where(mp), " > param ", i.fqn,
+                            ": not a param of tp rank 0 (", where(mp0), ")");
+        }
+        if (it->second->shape != i.shape || it->second->dtype != i.dtype) {
+          throw FormatError(where(mp), " > param ", i.fqn, ": local shape ",
+                            ShapeString(i.shape), " ", DTypeName(i.dtype),
+                            " but tp rank 0 has ",
+                            ShapeString(it->second->shape), " ",
+                            DTypeName(it->second->dtype));
+        }
+      }
+    }
+  }
+
+  // Atoms: every local fragment mapped onto the full tensor.
+  std::map<std::pair<std::string, std::string>, size_t> atom_index;
+  for (size_t mp = 0; mp < ranks.size(); ++mp) {
+    const int64_t p = static_cast<int64_t>(mp) / tp;
+    const int64_t t = static_cast<int64_t>(mp) % tp;
+    for (universal::AtomPlan& a : ranks[mp].atoms) {
+      auto pit = index.find(a.param);
+      if (pit == index.end()) {
+        throw InternalError("atom of unknown param ", a.param);
+      }
+      const Global& g = params[pit->second];
+      if (g.stage != p) continue;  // the first stage's copy is kept
+      const bool whole = a.shape != g.local;  // scalars (step)
+      if (whole && t > 0) continue;
+      for (universal::Fragment& f : a.fragments) f.src.source += offset[mp];
+      auto key = std::make_pair(a.param, a.state_kind);
+      auto it = atom_index.find(key);
+      if (it == atom_index.end()) {
+        universal::AtomPlan merged;
+        merged.param = a.param;
+        merged.state_kind = a.state_kind;
+        merged.dtype = a.dtype;
+        merged.shape = whole ? a.shape : g.info.shape;
+        if (!whole && g.pad_rows > 0) {
+          merged.pad_shape = g.info.shape;
+          merged.pad_shape[static_cast<size_t>(g.rule->tp.dim)] = g.pad_rows;
+        }
+        it = atom_index.emplace(key, out.atoms.size()).first;
+        out.atoms.push_back(std::move(merged));
+      }
+      universal::AtomPlan& dst = out.atoms[it->second];
+      if (dst.dtype != a.dtype) {
+        throw FormatError(where(mp), " > param ", a.param, " > ", a.state_kind,
+                          ": ", DTypeName(a.dtype), " but ",
+                          DTypeName(dst.dtype), " on tp rank 0");
+      }
+      if (whole || g.rule == nullptr) {
+        for (universal::Fragment& f : a.fragments)
+          dst.fragments.push_back(std::move(f));
+        continue;
+      }
+      layouts::LocalShard shard;
+      try {
+        shard = layouts::ShardFor(*g.rule, g.info.shape, tp, t, g.padded_rows,
+                                  g.pad_rows);
+      } catch (Error& e) {
+        e.AddContext(where(mp), " > param ", a.param);
+        throw;
+      }
+      for (const universal::Fragment& f : a.fragments) {
+        for (const layouts::Piece& piece : shard.pieces) {
+          const std::optional<Box> hit = Intersect(f.atom_box, piece.local);
+          if (!hit) continue;
+          universal::Fragment nf = f;
+          nf.src_box = f.src_box;
+          nf.atom_box = piece.global;
+          for (size_t d = 0; d < hit->offset.size(); ++d) {
+            nf.src_box.offset[d] += hit->offset[d] - f.atom_box.offset[d];
+            nf.atom_box.offset[d] += hit->offset[d] - piece.local.offset[d];
+          }
+          nf.src_box.size = hit->size;
+          nf.atom_box.size = hit->size;
+          nf.pad = piece.region == layouts::Region::kPad;
+          dst.fragments.push_back(std::move(nf));
+        }
+      }
+    }
+  }
+
+  for (Global& g : params) out.params.push_back(std::move(g.info));
+
+  // Opaque entries: mp rank 0's as they are, the others under mp_rank_XX/.
+  for (size_t mp = 0; mp < ranks.size(); ++mp) {
+    for (universal::OpaqueBlob& b : ranks[mp].opaque) {
+      if (mp > 0) b.key = StrCat("mp_rank_", Mp(static_cast<int64_t>(mp)), "/", b.key);
+      out.opaque.push_back(std::move(b));
+    }
+  }
+
+  // Root metadata: the stages' name lists joined; the topology.
+  json::Value source = ParseOr(out.root.source);
+  source["tp"] = tp;
+  source["pp"] = m.pp;
+  out.root.source = source.Dump();
+  json::Value training = ParseOr(out.root.training);
+  json::Value optimizer = ParseOr(out.root.optimizer);
+  const std::string meta_key(kMetaAttr);
+  json::Value meta = ParseOr(out.root.extra_strings[meta_key]);
+  for (int64_t p = 1; p < m.pp; ++p) {
+    const atoms::RootInfo& r = ranks[static_cast<size_t>(p * tp)].root;
+    const json::Value tr = ParseOr(r.training);
+    if (const json::Value* o = tr.Find("param_order"))
+      Union(training["param_order"], *o);
+    if (const json::Value* f = tr.Find("frozen")) Union(training["frozen"], *f);
+    const json::Value op = ParseOr(r.optimizer);
+    if (const json::Value* g = op.Find("groups"))
+      UnionGroups(optimizer["groups"], *g, "params");
+    auto mit = r.extra_strings.find(meta_key);
+    if (mit != r.extra_strings.end()) {
+      const json::Value mt = ParseOr(mit->second);
+      if (const json::Value* g = mt.Find("groups"))
+        UnionGroups(meta["groups"], *g, nullptr);
+      if (const json::Value* k = mt.Find("module_keys"))
+        Union(meta["module_keys"], *k);
+    }
+  }
+  json::Value mpj = json::Value::Object();
+  mpj["tp"] = tp;
+  mpj["pp"] = m.pp;
+  mpj["pipeline"] = m.pipeline;
+  if (m.layout != nullptr) mpj["layout"] = m.layout->name();
+  if (auto v = m.vars.Find("vocab_size")) {
+    mpj["vocab_size"] = *v;
+    mpj["vocab_size_from"] = m.vocab_source;
+  }
+  meta["model_parallel"] = std::move(mpj);
+  out.root.training = training.Dump();
+  out.root.optimizer = optimizer.Dump();
+  out.root.extra_strings[meta_key] = meta.Dump();
+  return out;
+}
+
+}  // namespace ucp::deepspeed::internal
