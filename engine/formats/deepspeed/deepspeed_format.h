@@ -1,8 +1,8 @@
 #pragma once
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.16 engine.save_checkpoint; see
 // ../shared/reference/deepspeed.md for the sources), as this driver reads and
-// writes them. TP = PP = 1 (mp rank 00) so far; Megatron-DeepSpeed pipeline
-// layer files and mp ranks > 0 are refused with a clear error.
+// writes them. Written: TP = PP = 1 (mp rank 00). Read: also
+// Megatron-DeepSpeed's model parallelism (below); MoE files are refused.
 //
 // Folders
 //   <save>/latest                 the tag, no newline (written last)
@@ -42,6 +42,28 @@
 //   ZeRO 3: per sub-group, per param p = ceil(n/W); rank r holds
 //     padded(param)[r*p, (r+1)*p), params back to back.
 //
+// Model parallelism (Megatron-DeepSpeed), read only:
+//   mp rank = pp_rank * TP + tp_rank (PipelineModule) or tp_rank (GPTModel
+//   with --no-pipeline-parallel); mp_world_size = PP * TP; every file above
+//   exists per mp rank (mp_rank_XX, zero_pp_rank_{d}_mp_rank_XX, %02d) and
+//   holds that rank's local tensors, flat groups over its own params.
+//   PipelineModule: module None; the weights are in
+//     layer_{idx:02d}-model_{tp:02d}-model_states.pt (layer_{idx:02d}-
+//     model_states.pt without a model axis), layer-local keys, one file per
+//     layer index and tp rank, independent of PP. Param names are the
+//     PipelineModule's: "<idx>.<key>", tied modules "tied_modules.<k>.<key>"
+//     (listed on every stage using them; the layer file exists once).
+//   TP = number of tp ranks in the layer file names (else mp_world_size);
+//   PP = mp_world_size / TP. A layer index belongs to the stage whose
+//   param_shapes carry it; a file without such params to the stage of the
+//   nearest lower index.
+//   Merge: each mp rank is planned alone, then its local tensors are mapped
+//   onto whole ones by a layout's TP placement (model_parallel.h; builtin
+//   megatron-deepspeed-gpt-pipe or megatron-gpt-legacy, or --layout);
+//   vocabulary rows beyond the true size (--vocab-size, else
+//   universal_checkpoint_info.original_vocab_size, else none) go to the pad
+//   atom; a tied param of several stages is taken from the first.
+//
 // What this driver keeps in the universal file:
 //   /params/<name>/fp32, exp_avg, exp_avg_sq (+ any other state kind),
 //     step (0-d, torch optimizers), param (lp weights when not fp32, stage
@@ -52,7 +74,10 @@
 //     zero_stage, clip_grad, ...), /opaque/optim_top/<key> (ds_config, ...)
 //   /opaque/optimizer/param_groups  the groups without 'params'
 //   root attr "deepspeed" (JSON): tag, stage, wrapper, groups (names per
-//     group), module_keys, model_keys, step_kind, lp_dtype.
+//     group), module_keys, model_keys, step_kind, lp_dtype; model_parallel
+//     {tp, pp, pipeline, layout, vocab_size, vocab_size_from} for
+//     Megatron-DeepSpeed sources (the other mp ranks' opaque entries sit
+//     under /opaque/mp_rank_XX/...).
 
 #include <string_view>
 
