@@ -334,6 +334,17 @@ int RunToUniversal(const std::vector<std::string>& args) {
       src.Open(vm["source"].as<std::string>());
   const formats::CheckpointInfo& c = source->info();
   universal::SourcePlan plan = source->Plan();
+  {
+    uint64_t bytes = 0;
+    for (const universal::AtomPlan& a : plan.atoms) {
+      bytes += static_cast<uint64_t>(NumElements(a.shape)) *
+               ElementSize(a.dtype);
+      if (!a.pad_shape.empty())
+        bytes += static_cast<uint64_t>(NumElements(a.pad_shape)) *
+                 ElementSize(a.dtype);
+    }
+    CheckFreeSpace(output, bytes);
+  }
   universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
   if (run.json) {
     json::Value j;
@@ -386,8 +397,11 @@ int RunReshape(const std::vector<std::string>& args) {
       atoms::AtomStoreReader::Open(vm["universal"].as<std::string>());
   const formats::Driver& driver =
       TargetDriver(target.format, NativeFormat(store.root()));
-  formats::TargetSummary s = driver.Write(*universal::StoreInput(store),
-                                          out.path(), options, executor);
+  std::unique_ptr<universal::UniversalInput> input =
+      universal::StoreInput(store);
+  CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
+  formats::TargetSummary s =
+      driver.Write(*input, out.path(), options, executor);
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
@@ -427,6 +441,7 @@ int RunConvert(const std::vector<std::string>& args) {
   universal::SourcePlan plan = source->Plan();
   std::unique_ptr<universal::UniversalInput> input =
       universal::PlanInput(plan, c.path, executor);
+  CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
   formats::TargetSummary s =
       driver.Write(*input, out.path(), options, executor);
   out.Commit();

@@ -58,6 +58,19 @@ DType ParseDType(const std::string& s) {
   throw UsageError("--dtype ", s, ": use fp32, bf16 or fp16");
 }
 
+// A lower bound of the export's size: every trainable param at the target
+// dtype.
+uint64_t ExportBytes(const universal::UniversalInput& input,
+                     const exporting::ExportOptions& o) {
+  uint64_t total = 0;
+  for (const atoms::StoredParam& p : input.params()) {
+    if (p.info.kind == atoms::ParamKind::kParam && !p.info.frozen)
+      total += static_cast<uint64_t>(NumElements(p.info.shape)) *
+               ElementSize(o.dtype);
+  }
+  return total;
+}
+
 }  // namespace
 
 int RunExport(const std::vector<std::string>& args) {
@@ -106,8 +119,10 @@ int RunExport(const std::vector<std::string>& args) {
   json::Value from;
   if (!fs::is_directory(source, ec) && IsHdf5File(source)) {
     atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
-    s = exporting::Export(*universal::StoreInput(store), out.path(), o,
-                          executor);
+    std::unique_ptr<universal::UniversalInput> input =
+        universal::StoreInput(store);
+    CheckFreeSpace(output, ExportBytes(*input, o));
+    s = exporting::Export(*input, out.path(), o, executor);
     from["format"] = "universal";
     from["path"] = source.string();
   } else {
@@ -115,6 +130,7 @@ int RunExport(const std::vector<std::string>& args) {
     universal::SourcePlan plan = c->Plan();
     std::unique_ptr<universal::UniversalInput> input =
         universal::PlanInput(plan, c->info().path, executor);
+    CheckFreeSpace(output, ExportBytes(*input, o));
     s = exporting::Export(*input, out.path(), o, executor);
     from = c->info().ToJson();
   }

@@ -155,6 +155,13 @@ std::vector<fs::path> ExpandPath(const std::string& p) {
              p, fs::directory_options::skip_permission_denied, ec);
          it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (ec) break;
+      const std::string name = it->path().filename().string();
+      if (name.find(".ucp-partial-") != std::string::npos ||
+          name.find(".ucp-tmp-") != std::string::npos) {
+        // Staging of a crashed run (reported as a leftover, not inspected).
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
       if (it->is_regular_file(ec) && LooksLikeTorchFile(it->path())) {
         found.push_back(it->path());
       }
@@ -610,7 +617,10 @@ int RunInspect(const std::vector<std::string>& args) {
     err["message"] = e.what();
     errors.Append(std::move(err));
   };
+  json::Value leftovers = json::Value::Array();
   for (const std::string& arg : vm["path"].as<std::vector<std::string>>()) {
+    for (const json::Value& l : ReportLeftovers(arg).items())
+      leftovers.Append(l);
     std::vector<fs::path> files;
     try {
       files = ExpandPath(arg);
@@ -651,6 +661,7 @@ int RunInspect(const std::vector<std::string>& args) {
     json::Value doc;
     doc["files"] = std::move(all_docs);
     doc["errors"] = std::move(errors);
+    doc["leftovers"] = std::move(leftovers);
     PrintJson(doc);
   }
   return exit_code;

@@ -162,12 +162,14 @@ int RunVerify(const std::vector<std::string>& args) {
         path.string(),
         ": neither a universal (HDF5) file nor a checkpoint folder");
   }
+  json::Value leftovers = ReportLeftovers(path);
   if (run.json) {
     json::Value j;
     j["path"] = path.string();
     j["kind"] = kind;
     j["ok"] = true;
     j["checks"] = std::move(report.checks);
+    j["leftovers"] = std::move(leftovers);
     PrintJson(j);
   } else {
     for (const auto& c : report.checks.items()) {

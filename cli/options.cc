@@ -1,12 +1,16 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <iostream>
 #include <thread>
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/core/staging.h"
+#include "engine/universal/input.h"
 #include "engine/json/json.h"
 
 namespace ucp::cli {
@@ -69,6 +73,71 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   }
   po::notify(vm);
   return true;
+}
+
+uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
+                            bool weights_only) {
+  uint64_t total = 0;
+  if (!weights_only) {
+    for (const atoms::DatasetInfo& d : input.datasets()) {
+      if (d.kind == atoms::DatasetKind::kAtom && d.state_kind != "param" &&
+          d.state_kind != "step")
+        total += d.nbytes;
+    }
+    return total;
+  }
+  // Weights only: each param at the smallest of its stored atoms.
+  std::map<std::string, uint64_t> least;
+  for (const atoms::DatasetInfo& d : input.datasets()) {
+    if (d.kind != atoms::DatasetKind::kAtom || d.state_kind == "step") continue;
+    if (d.state_kind != "param" && d.state_kind != "fp32") continue;
+    auto [it, fresh] = least.emplace(d.fqn, d.nbytes);
+    if (!fresh) it->second = std::min(it->second, d.nbytes);
+  }
+  for (const auto& [name, n] : least) total += n;
+  return total;
+}
+
+void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed) {
+  std::filesystem::path dir = output;
+  while (!dir.empty() && !dir.has_filename() && dir != dir.root_path())
+    dir = dir.parent_path();
+  dir = dir.parent_path();
+  std::error_code ec;
+  // A missing folder is the writer's error to report ("does not exist").
+  if (!std::filesystem::is_directory(dir.empty() ? "." : dir, ec)) return;
+  RequireFreeSpace(dir, needed, output.string());
+}
+
+json::Value ReportLeftovers(const std::filesystem::path& path) {
+  std::vector<Leftover> all = FindLeftovers(path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (Leftover& l : FindLeftoversIn(path)) all.push_back(std::move(l));
+  }
+  json::Value out = json::Value::Array();
+  for (const Leftover& l : all) {
+    std::string name = l.path.filename().string();
+    const size_t marker = name.find(".ucp-", 1);
+    const std::string output = name.substr(1, marker - 1);
+    std::fprintf(stderr,
+                 "ucp: note: %s: staging left by ucp process %lld (%s), %s; %s\n",
+                 OneLine(l.path.string()).c_str(),
+                 static_cast<long long>(l.pid),
+                 l.running ? "still running" : "no longer running",
+                 HumanBytes(static_cast<double>(l.bytes)).c_str(),
+                 l.running ? "it is in use"
+                           : StrCat("the next ucp run writing ", OneLine(output),
+                                    " here removes it (or delete it)")
+                                 .c_str());
+    json::Value j;
+    j["path"] = l.path.string();
+    j["pid"] = l.pid;
+    j["running"] = l.running;
+    j["bytes"] = static_cast<int64_t>(l.bytes);
+    out.Append(std::move(j));
+  }
+  return out;
 }
 
 bool IsHdf5File(const std::filesystem::path& path) {

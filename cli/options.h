@@ -59,6 +59,21 @@ struct SourceArgs {
       const std::filesystem::path& path) const;
 };
 
+/// A lower bound of the bytes a checkpoint written from `input` takes: every
+/// master weight and optimizer state (atoms other than training-dtype
+/// copies and steps) once; with `weights_only`, the weights at their
+/// smallest stored size.
+uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
+                            bool weights_only);
+/// Fails early, naming both numbers, when the filesystem that will hold
+/// `output` has less free space than `needed` (core/staging.h).
+void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed);
+
+/// Staging left by crashed runs in folder `path` and beside it
+/// (core/staging.h): one "ucp: note: ..." line each on stderr; returned as a
+/// JSON array of {path, pid, running, bytes}.
+json::Value ReportLeftovers(const std::filesystem::path& path);
+
 /// True if the file starts with the HDF5 signature (a universal file).
 bool IsHdf5File(const std::filesystem::path& path);
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "engine/core/error.h"
+#include "engine/core/staging.h"
 
 namespace ucp {
 namespace {
@@ -151,8 +152,9 @@ namespace {
 std::filesystem::path TempNameFor(const std::filesystem::path& final_path) {
   static std::atomic<uint64_t> counter{0};
   std::filesystem::path dir = final_path.parent_path();
+  // staging.h: the pid and start time name the writer, for reclaiming.
   std::string name = StrCat(".", final_path.filename().string(), ".ucp-tmp-",
-                            ::getpid(), "-", counter.fetch_add(1));
+                            StagingToken(), "-", counter.fetch_add(1));
   return dir.empty() ? std::filesystem::path(name) : dir / name;
 }
 
@@ -171,6 +173,7 @@ OutputFile::OutputFile(std::filesystem::path final_path)
     throw IoError("cannot write ", final_.string(), ": folder ", dir.string(),
                   " does not exist");
   }
+  ReclaimLeftovers(final_);  // staging of this name left by dead runs
   file_ = File::Create(temp_);
 }
 

@@ -60,8 +60,9 @@ class File {
 /// a failed run never leaves a partial file under the final name.
 class OutputFile {
  public:
-  /// Throws IoError naming `final_path` if its folder does not exist, or if
-  /// the temporary file cannot be created.
+  /// Removes staging of `final_path` left by runs that no longer exist
+  /// (staging.h). Throws IoError naming `final_path` if its folder does not
+  /// exist, or if the temporary file cannot be created.
   explicit OutputFile(std::filesystem::path final_path);
   OutputFile(OutputFile&&) noexcept = default;
   OutputFile& operator=(OutputFile&&) noexcept = default;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "engine/core/error.h"
+#include "engine/core/staging.h"
 
 namespace ucp::universal {
 
@@ -32,9 +33,13 @@ StagedDirectory::StagedDirectory(fs::path final_dir)
     throw IoError("cannot write ", final_.string(), ": folder ",
                   parent.string(), " does not exist");
   }
-  // A fresh name (mkdtemp): never another run's staging folder.
+  // Staging of this name left by runs that no longer exist (kill -9).
+  ReclaimLeftovers(final_);
+  // A fresh name (mkdtemp): never another run's staging folder; the pid and
+  // start time name this process (core/staging.h).
   std::string name =
-      (parent / StrCat(".", final_.filename().string(), ".ucp-partial-XXXXXX"))
+      (parent / StrCat(".", final_.filename().string(), ".ucp-partial-",
+                       StagingToken(), "-XXXXXX"))
           .string();
   if (::mkdtemp(name.data()) == nullptr) {
     throw IoError("cannot create a staging folder next to ", final_.string(),

@@ -1,7 +1,8 @@
 #pragma once
 // An output folder written under a temporary name next to its final name and
 // renamed into place only by Commit(), so a failed run leaves nothing under
-// the output name and never touches an existing folder.
+// the output name and never touches an existing folder. Staging of the same
+// name left by runs that no longer exist is removed first (core/staging.h).
 
 #include <filesystem>
 
