@@ -1,5 +1,6 @@
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <new>
@@ -548,10 +550,23 @@ void WriteAll(int fd, std::string_view data) {
   }
 }
 
+// CPU seconds the metadata scan may take: corrupt metadata can send HDF5
+// into an endless loop (found by fuzzing). UCP_H5_SCAN_CPU_SECONDS
+// overrides the default (tests, fuzzing).
+rlim_t ScanCpuSeconds() {
+  if (const char* v = std::getenv("UCP_H5_SCAN_CPU_SECONDS"); v && *v) {
+    const long long n = std::atoll(v);
+    if (n > 0) return static_cast<rlim_t>(n);
+  }
+  return 60;
+}
+
 // Runs `scan` in a child process and returns its result, rethrowing the
 // ucp::Error it threw. Throws FormatError if the child dies (HDF5 crashed on
+// the file) or runs out of its CPU time (ScanCpuSeconds: HDF5 looping on
 // the file), IoError if no child can be started.
 ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
+  const rlim_t cpu_seconds = ScanCpuSeconds();
   // Initialised here, the library is inherited ready to use instead of
   // being set up again by every child (most of the cost of the fork).
   h5::Check(H5open(), "initialise the HDF5 library");
@@ -570,6 +585,13 @@ ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
   }
   if (pid == 0) {  // the child: scan, send, _exit (no atexit, no destructors)
     ::close(fds[0]);
+    // SIGXCPU at the soft limit, SIGKILL at the hard one.
+    const struct rlimit cpu = {cpu_seconds, cpu_seconds + 1};
+    ::setrlimit(RLIMIT_CPU, &cpu);
+    // What a crashing HDF5 or allocator prints is not ours to show: the
+    // parent reports the failure in one line.
+    if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0)
+      ::dup2(null, STDERR_FILENO);
     Encoder e;
     try {
       ScanResult r = scan();
@@ -602,6 +624,13 @@ ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
   ::close(fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status) &&
+      (WTERMSIG(status) == SIGXCPU || WTERMSIG(status) == SIGKILL)) {
+    throw FormatError("reading the HDF5 metadata took more than ",
+                      static_cast<long long>(cpu_seconds),
+                      " s of CPU (HDF5 looping on corrupt metadata?); the "
+                      "file is corrupt");
   }
   if (WIFSIGNALED(status)) {
     throw FormatError("HDF5 crashed reading the metadata (signal ",

@@ -3,6 +3,8 @@
 // to a temporary file and opened; params and datasets are listed.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
@@ -17,7 +19,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& p : r.params()) n += p.atoms.size();
     for (const auto& d : r.datasets()) n += d.nbytes > 0;
     (void)n;
-  } catch (const ucp::Error&) {
+  } catch (const ucp::Error& e) {
+    // UCP_FUZZ_TRAP=<text>: treat an error containing <text> as a crash, so
+    // that libFuzzer saves the input (e.g. "of CPU" for metadata loops).
+    const char* trap = std::getenv("UCP_FUZZ_TRAP");
+    if (trap != nullptr && *trap && std::strstr(e.what(), trap) != nullptr)
+      std::abort();
   }
   return 0;
 }
