@@ -588,6 +588,13 @@ ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
     // SIGXCPU at the soft limit, SIGKILL at the hard one.
     const struct rlimit cpu = {cpu_seconds, cpu_seconds + 1};
     ::setrlimit(RLIMIT_CPU, &cpu);
+    // A crash in HDF5 ends the child by its signal (the parent reports it):
+    // no core file, and no inherited crash handler (a sanitizer's, a
+    // fuzzer's) that would report it as the parent's own.
+    const struct rlimit no_core = {0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL})
+      std::signal(sig, SIG_DFL);
     // What a crashing HDF5 or allocator prints is not ours to show: the
     // parent reports the failure in one line.
     if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0)
