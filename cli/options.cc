@@ -27,6 +27,7 @@ reshape::ExecutorOptions RunOptions::Executor() const {
   reshape::ExecutorOptions o;
   if (threads < 0) throw UsageError("--threads must be >= 0 (0: all cores)");
   o.threads = threads;
+  SetDurableWrites(!no_sync);
   o.memory_budget = reshape::ParseByteSize(memory);
   if (o.memory_budget < (16u << 20)) {
     throw UsageError("--memory ", memory, " is too small (at least 16M)");
@@ -44,7 +45,10 @@ void AddRunOptions(po::options_description& desc, RunOptions& options) {
                   "print a JSON summary on stdout")(
       "quiet,q", po::bool_switch(&options.quiet), "no progress bar")(
       "progress", po::bool_switch(&options.progress),
-      "progress bar even when stderr is not a terminal");
+      "progress bar even when stderr is not a terminal")(
+      "no-sync", po::bool_switch(&options.no_sync),
+      "do not fsync the outputs (like cp: faster, but a power loss can "
+      "leave files with missing data; unsafe for checkpoints you keep)");
 }
 
 bool Parse(const std::vector<std::string>& args, po::options_description& desc,

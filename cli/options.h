@@ -30,7 +30,9 @@ struct RunOptions {
   bool quiet = false;
   bool progress = false;
   bool json = false;
-  /// Executor settings from --threads / --memory. Throws UsageError.
+  bool no_sync = false;
+  /// Executor settings from --threads / --memory; applies --no-sync
+  /// (SetDurableWrites). Throws UsageError.
   reshape::ExecutorOptions Executor() const;
 };
 void AddRunOptions(po::options_description& desc, RunOptions& options);

@@ -185,8 +185,15 @@ OutputFile::~OutputFile() {
   }
 }
 
+namespace {
+std::atomic<bool> g_durable{true};
+}  // namespace
+
+void SetDurableWrites(bool durable) noexcept { g_durable = durable; }
+bool DurableWrites() noexcept { return g_durable; }
+
 void OutputFile::Commit() {
-  file_.Sync();
+  if (g_durable) file_.Sync();
   file_.Close();
   std::error_code ec;
   std::filesystem::rename(temp_, final_, ec);

@@ -55,6 +55,12 @@ class File {
   std::filesystem::path path_;
 };
 
+/// Whether OutputFile::Commit fsyncs before renaming (default true). False
+/// (`--no-sync`) is like `cp`: faster, but a power loss can leave a
+/// renamed file with missing data. Process-wide; set it before writing.
+void SetDurableWrites(bool durable) noexcept;
+bool DurableWrites() noexcept;
+
 /// A file written under a temporary name in the destination folder and renamed
 /// to its final name only by Commit(); destroyed uncommitted, it is removed, so
 /// a failed run never leaves a partial file under the final name.
@@ -72,7 +78,8 @@ class OutputFile {
   const std::filesystem::path& final_path() const noexcept { return final_; }
   const std::filesystem::path& temp_path() const noexcept { return temp_; }
 
-  /// fsync + rename onto the final name. Throws IoError.
+  /// fsync (unless SetDurableWrites(false)) + rename onto the final name.
+  /// Throws IoError.
   void Commit();
 
  private:

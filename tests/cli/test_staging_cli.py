@@ -157,6 +157,30 @@ def test_not_enough_free_space():
         run("convert", FIX, "--dp", 1, "-o", t / "o", "-q", env={"UCP_TESTING_FREE_BYTES": str(1 << 40)})
 
 
+def fsyncs(args, t):
+    """Runs ucp under strace; returns how many fsync/fdatasync calls it made."""
+    log = t / "strace.log"
+    p = subprocess.run(["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", str(log),
+                        str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == 0, (args, p.stderr[-2000:])
+    return sum(1 for line in log.read_text().splitlines() if "sync(" in line)
+
+
+def test_no_sync_skips_fsync():
+    """Outputs are fsynced before they are renamed into place; --no-sync (like
+    cp) skips that, and writes the same bytes."""
+    with tempfile.TemporaryDirectory(prefix="ucp-staging-") as t:
+        t = pathlib.Path(t)
+        for cmd, out in [(["convert", FIX, "--dp", 1], "c"), (["to-universal", FIX], "u.h5"),
+                         (["export", FIX], "e")]:
+            assert fsyncs([*cmd, "-o", t / out, "-q"], t) > 0, cmd
+            assert fsyncs([*cmd, "-o", t / f"{out}-ns", "-q", "--no-sync"], t) == 0, cmd
+        for a, b in [("c", "c-ns"), ("e", "e-ns")]:
+            fa = sorted(p.relative_to(t / a) for p in (t / a).rglob("*") if p.is_file())
+            fb = sorted(p.relative_to(t / b) for p in (t / b).rglob("*") if p.is_file())
+            assert fa == fb and all((t / a / f).read_bytes() == (t / b / f).read_bytes() for f in fa)
+
+
 if __name__ == "__main__":
     only = sys.argv[1:]
     for name, fn in sorted(globals().items()):
