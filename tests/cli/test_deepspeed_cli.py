@@ -188,6 +188,20 @@ def test_bad_input():
         victim.unlink()
         check_failure(["to-universal", src, "-o", t / "o.h5"], "format error", 3,
                       ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing"], t / "o.h5")
+        # A byte flipped inside a tensor: parsing cannot see it, the CRC-32 can.
+        src = copy_fixture("ds0145_z2_fp32_w2_mlp", t / "flip")
+        victim = src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        run("verify", src, "-q")
+        import zipfile
+        with zipfile.ZipFile(victim) as z:
+            info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 16)
+        data = bytearray(victim.read_bytes())
+        name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+            int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+        data[info.header_offset + 30 + name_len + extra_len + 5] ^= 0x10
+        victim.write_bytes(bytes(data))
+        p = run("verify", src, "-q", expect=3)
+        one_error_line(p, "format error", victim.name, info.filename, "CRC-32 mismatch")
         # Truncated optimizer file.
         src = copy_fixture("ds0145_z2_fp32_w2_mlp", t / "trunc")
         victim = src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
