@@ -6,12 +6,18 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <iostream>
 
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/core/progress.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
@@ -453,6 +459,297 @@ int RunConvert(const std::vector<std::string>& args) {
   if (!run.json) std::printf("read %s\n", c.Describe().c_str());
   PrintTargetResult("convert", output, driver, target, s, Since(start), run,
                     std::move(extra));
+  return 0;
+}
+
+
+namespace {
+
+constexpr const char* kResumeHelp =
+    "usage: ucp resume SAVE_DIR --dp N [--tp N --pp N --vpp N]\n"
+    "                  [--distributed-optimizer | --zero-stage S] [--format F]\n"
+    "                  [--global-batch-size B] [--ignore-data-skip | --data-skip-steps N]\n"
+    "                  [-o OUT] [--json]\n"
+    "\n"
+    "A launcher pre-step for elastic training: finds the newest checkpoint in\n"
+    "SAVE_DIR that is complete and intact (every rank file present and\n"
+    "parsing, every tensor covered, replicas identical, the CRC-32 of every\n"
+    "torch.save record), explaining each newer one it skips. If that\n"
+    "checkpoint already has the requested layout and the tracker / latest\n"
+    "names it, prints SAVE_DIR and changes nothing; otherwise writes a load\n"
+    "folder (default SAVE_DIR/ucp-resume/<name>-tpT-ppP-vppV-dpD...,\n"
+    "reused when it is already there) reshaped for the new layout, and prints\n"
+    "it. The source is never modified. Ranks that run it at once take turns\n"
+    "(a lock in SAVE_DIR) and print the same answer.\n"
+    "data_skip_steps = consumed samples / --global-batch-size (floor), 0 with\n"
+    "--ignore-data-skip, or --data-skip-steps.\n"
+    "\n"
+    "examples:\n"
+    "  ucp resume /ckpt/gpt --tp 2 --pp 2 --dp 4 --distributed-optimizer\n"
+    "  ucp resume /ckpt/ds --dp 3 --zero-stage 2 --global-batch-size 96 --json\n"
+    "\n"
+    "options";
+
+struct Candidate {
+  std::string name;  // iter_0000100, global_step100
+  int64_t iteration = 0;
+  std::string driver;
+  formats::SourceOptions options;
+};
+
+// Trailing decimal digits of a name ("global_step120" -> 120), or -1.
+int64_t TrailingNumber(const std::string& s) {
+  size_t i = s.size();
+  while (i > 0 && s[i - 1] >= '0' && s[i - 1] <= '9') --i;
+  if (i == s.size() || s.size() - i > 15) return -1;
+  return std::stoll(s.substr(i));
+}
+
+// Any DeepSpeed rank file (a tag folder missing some is still a candidate,
+// to be explained when skipped).
+bool HoldsDeepSpeedFiles(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.ends_with("_model_states.pt") || n.ends_with("_optim_states.pt") ||
+        n.ends_with("-model_states.pt"))
+      return true;
+  }
+  return false;
+}
+
+std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
+  std::vector<Candidate> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (!it->is_directory(ec)) continue;
+    const std::string name = it->path().filename().string();
+    Candidate c;
+    c.name = name;
+    if (name.rfind("iter_", 0) == 0 && TrailingNumber(name) >= 0) {
+      c.driver = "megatron";
+      c.iteration = TrailingNumber(name);
+      c.options.selector.iteration = c.iteration;
+    } else if (HoldsDeepSpeedFiles(it->path())) {
+      c.driver = "deepspeed";
+      c.iteration = TrailingNumber(name);
+      c.options.selector.tag = name;
+    } else {
+      continue;
+    }
+    out.push_back(std::move(c));
+  }
+  if (ec) throw IoError("cannot list ", dir.string(), ": ", ec.message());
+  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    return a.iteration != b.iteration ? a.iteration > b.iteration
+                                      : a.name > b.name;
+  });
+  return out;
+}
+
+// The name the save folder's own tracker / latest file gives.
+std::string TrackedName(const fs::path& dir, const std::string& driver) {
+  std::error_code ec;
+  try {
+    if (driver == "deepspeed" && fs::exists(dir / "latest", ec))
+      return std::string(TrimWhitespace(ReadSmallFile(dir / "latest", 4096)));
+    const fs::path tracker = dir / "latest_checkpointed_iteration.txt";
+    if (driver == "megatron" && fs::exists(tracker, ec)) {
+      const std::string t(TrimWhitespace(ReadSmallFile(tracker, 4096)));
+      if (t == "release") return t;
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "iter_%07lld", std::atoll(t.c_str()));
+      return buf;
+    }
+  } catch (const Error&) {
+  }
+  return "";
+}
+
+// Holds an exclusive flock on SAVE_DIR/.ucp-resume.lock while alive.
+class ResumeLock {
+ public:
+  explicit ResumeLock(const fs::path& dir) {
+    const fs::path p = dir / ".ucp-resume.lock";
+    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      throw IoError("cannot create the lock ", p.string(), ": ",
+                    std::strerror(errno));
+    }
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        throw IoError("cannot lock ", p.string(), ": ", std::strerror(errno));
+      }
+    }
+  }
+  ~ResumeLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  ResumeLock(const ResumeLock&) = delete;
+  ResumeLock& operator=(const ResumeLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
+int RunResume(const std::vector<std::string>& args) {
+  po::options_description desc(kResumeHelp);
+  std::string output;
+  TargetArgs target;
+  RunOptions run;
+  int64_t global_batch = 0, skip_steps = -1;
+  bool ignore_skip = false;
+  desc.add_options()("output,o", po::value<std::string>(&output),
+                     "the load folder to create (default: "
+                     "SAVE_DIR/ucp-resume/<name>-<layout>)")(
+      "global-batch-size", po::value<int64_t>(&global_batch),
+      "the new run's global batch size (for data_skip_steps)")(
+      "ignore-data-skip", po::bool_switch(&ignore_skip),
+      "data_skip_steps = 0")("data-skip-steps", po::value<int64_t>(&skip_steps),
+                             "data_skip_steps as given");
+  target.Add(desc, /*with_vocab=*/false, "target-tag");
+  AddRunOptions(desc, run);
+  po::variables_map vm;
+  if (!Parse(args, desc, {"save_dir"}, vm)) return 0;
+  if (!vm.count("save_dir")) throw UsageError("resume needs a SAVE_DIR");
+  if (global_batch < 0) throw UsageError("--global-batch-size must be >= 1");
+  if (vm.count("global-batch-size") && global_batch < 1)
+    throw UsageError("--global-batch-size must be >= 1");
+  if (ignore_skip && skip_steps >= 0)
+    throw UsageError("--ignore-data-skip and --data-skip-steps exclude each other");
+  if (vm.count("data-skip-steps") && skip_steps < 0)
+    throw UsageError("--data-skip-steps must be >= 0");
+  const reshape::ExecutorOptions executor = run.Executor();  // checks first
+  SetProgressMode(run.quiet, run.progress);
+  const formats::TargetOptions options = target.Options();
+  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
+  const fs::path save = vm["save_dir"].as<std::string>();
+  std::error_code ec;
+  if (!fs::is_directory(save, ec)) {
+    throw IoError("save folder ", save.string(),
+                  " does not exist or is not a folder");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ResumeLock lock(save);
+
+  // The newest checkpoint that is whole and intact.
+  json::Value skipped = json::Value::Array();
+  std::unique_ptr<formats::Source> source;
+  std::optional<universal::SourcePlan> plan;
+  Candidate chosen;
+  const std::vector<Candidate> candidates = FindCheckpoints(save);
+  for (const Candidate& c : candidates) {
+    try {
+      std::unique_ptr<formats::Source> s =
+          formats::GetDriver(c.driver).Open(save, c.options);
+      universal::SourcePlan p = s->Plan();
+      universal::VerifySource(p, executor);
+      CheckRecordCrcs(s->info().files);
+      source = std::move(s);
+      plan = std::move(p);
+      chosen = c;
+      break;
+    } catch (const Error& e) {
+      json::Value j;
+      j["name"] = c.name;
+      j["iteration"] = c.iteration;
+      j["reason"] = std::string(e.what());
+      skipped.Append(std::move(j));
+      if (!run.json) {
+        std::fprintf(stderr, "ucp: skipped %s (iteration %lld): %s\n",
+                     OneLine(c.name).c_str(),
+                     static_cast<long long>(c.iteration),
+                     OneLine(e.what()).c_str());
+      }
+    }
+  }
+  if (source == nullptr) {
+    throw FormatError("no complete and intact checkpoint in ", save.string(),
+                      " (", candidates.size(), " found, all skipped)");
+  }
+  const formats::CheckpointInfo& info = source->info();
+  const formats::Driver& driver = TargetDriver(target.format, chosen.driver);
+  const layouts::Topology& want = options.topology;
+  const bool fits =
+      driver.Name() == chosen.driver && info.topology.tp == want.tp &&
+      info.topology.pp == want.pp && info.topology.vpp == want.vpp &&
+      info.topology.dp == want.dp &&
+      (chosen.driver != "megatron" ||
+       info.distributed_optimizer == options.distributed_optimizer) &&
+      (!options.zero_stage || info.zero_stage == options.zero_stage);
+  const bool tracked = TrackedName(save, chosen.driver) == chosen.name;
+
+  fs::path load = save;
+  bool reshaped = false;
+  if (!fits || !tracked) {
+    fs::path out = output;
+    if (out.empty()) {
+      out = save / "ucp-resume" /
+            StrCat(chosen.name, "-tp", want.tp, "-pp", want.pp, "-vpp",
+                   want.vpp, "-dp", want.dp,
+                   options.distributed_optimizer ? "-do" : "",
+                   options.zero_stage ? StrCat("-z", *options.zero_stage) : "",
+                   driver.Name() != chosen.driver
+                       ? StrCat("-", std::string(driver.Name()))
+                       : "");
+      fs::create_directories(out.parent_path(), ec);
+    }
+    load = out;
+    reshaped = true;
+    if (!fs::exists(out, ec)) {
+      universal::StagedDirectory staged(out);
+      std::unique_ptr<universal::UniversalInput> input =
+          universal::PlanInput(*plan, info.path, executor);
+      CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
+      formats::TargetOptions o = options;
+      if (o.tag.empty() && !info.tag.empty() && driver.Name() == "deepspeed")
+        o.tag = info.tag;
+      driver.Write(*input, staged.path(), o, executor);
+      staged.Commit();
+    } else {
+      // Made by an earlier run (or another rank): it must open and plan.
+      formats::GetDriver(std::string(driver.Name())).Open(out, {})->Plan();
+    }
+  }
+
+  const int64_t consumed = plan->root.consumed_samples;
+  json::Value skip_json;  // null when unknown
+  if (ignore_skip) {
+    skip_json = int64_t{0};
+  } else if (skip_steps >= 0) {
+    skip_json = skip_steps;
+  } else if (global_batch > 0 && consumed >= 0) {
+    skip_json = consumed / global_batch;
+  }
+  if (run.json) {
+    json::Value j;
+    j["ok"] = true;
+    j["load"] = load.string();
+    j["checkpoint"] = chosen.name;
+    j["iteration"] = info.iteration;
+    j["format"] = std::string(driver.Name());
+    j["reshaped"] = reshaped;
+    j["skipped"] = std::move(skipped);
+    j["consumed_samples"] = consumed;
+    if (global_batch > 0) j["global_batch_size"] = global_batch;
+    j["data_skip_steps"] = std::move(skip_json);
+    j["seconds"] = Since(start);
+    PrintJson(j);
+  } else {
+    std::printf("%s\n", load.string().c_str());
+    std::fprintf(stderr, "ucp: resume from %s (iteration %lld)%s%s\n",
+                 chosen.name.c_str(), static_cast<long long>(info.iteration),
+                 reshaped ? ", reshaped for " : ", as saved",
+                 reshaped ? target.Describe().c_str() : "");
+    if (!skip_json.is_null()) {
+      std::fprintf(stderr, "ucp: data_skip_steps %lld\n",
+                   static_cast<long long>(skip_json.AsInt()));
+    }
+  }
   return 0;
 }
 

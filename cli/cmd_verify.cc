@@ -11,7 +11,6 @@
 #include "engine/core/progress.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
-#include "engine/torchfile/zip.h"
 #include "engine/universal/write_universal.h"
 #include "layouts/layout.h"
 
@@ -109,49 +108,6 @@ void VerifyUniversal(const fs::path& path, Report& report) {
   }
 }
 
-// The CRC-32 torch.save keeps for every zip record, recomputed: catches a
-// byte flipped after the file was written, which parsing alone misses when
-// it lands inside a tensor. Legacy (non-zip) files have no checksums.
-void CheckRecordCrcs(const std::vector<fs::path>& files, Report& report) {
-  uint64_t total = 0;
-  for (const fs::path& f : files) {
-    std::error_code ec;
-    const auto n = fs::file_size(f, ec);
-    if (!ec) total += n;
-  }
-  Progress progress("crc-32", total);
-  int64_t records = 0, zips = 0;
-  for (const fs::path& f : files) {
-    char magic[4] = {};
-    {
-      File in = File::OpenRead(f);
-      if (in.ReadSome(magic, sizeof magic, 0) < sizeof magic ||
-          std::string_view(magic, 4) != std::string_view("PK\x03\x04", 4)) {
-        continue;  // legacy torch.save: no checksums
-      }
-    }
-    const torchfile::ZipReader zip = torchfile::ZipReader::Open(f);
-    ++zips;
-    for (const torchfile::ZipEntry& e : zip.entries()) {
-      try {
-        if (!zip.CheckCrc(e)) {
-          throw FormatError(
-              "CRC-32 mismatch: the record's bytes changed after the file "
-              "was written (a damaged copy or disk)");
-        }
-      } catch (Error& err) {
-        err.AddContext("rank file ", f.string(), " > record ", e.name);
-        throw;
-      }
-      progress.Add(e.compressed_size);
-      ++records;
-    }
-  }
-  progress.Finish();
-  report.Add("crc-32", StrCat(records, " records of ", zips,
-                              " torch.save files match their CRC-32"));
-}
-
 // Returns the format name.
 std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
                              const reshape::ExecutorOptions& executor,
@@ -168,7 +124,7 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
              " present"));
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params planned"));
-  CheckRecordCrcs(c.files, report);
+  report.Add("crc-32", CheckRecordCrcs(c.files));
   universal::VerifySummary v = universal::VerifySource(plan, executor);
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));

@@ -25,5 +25,6 @@ int RunVerify(const std::vector<std::string>& args);
 int RunLayout(const std::vector<std::string>& args);
 int RunExport(const std::vector<std::string>& args);
 int RunFormats(const std::vector<std::string>& args);
+int RunResume(const std::vector<std::string>& args);
 
 }  // namespace ucp::cli
