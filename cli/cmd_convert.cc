@@ -491,81 +491,35 @@ constexpr const char* kResumeHelp =
     "options";
 
 struct Candidate {
-  std::string name;  // iter_0000100, global_step100
-  int64_t iteration = 0;
-  std::string driver;
-  formats::SourceOptions options;
+  const formats::Driver* driver = nullptr;
+  formats::SavedCheckpoint checkpoint;
 };
 
-// Trailing decimal digits of a name ("global_step120" -> 120), or -1.
-int64_t TrailingNumber(const std::string& s) {
-  size_t i = s.size();
-  while (i > 0 && s[i - 1] >= '0' && s[i - 1] <= '9') --i;
-  if (i == s.size() || s.size() - i > 15) return -1;
-  return std::stoll(s.substr(i));
-}
-
-// Any DeepSpeed rank file (a tag folder missing some is still a candidate,
-// to be explained when skipped).
-bool HoldsDeepSpeedFiles(const fs::path& dir) {
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string n = it->path().filename().string();
-    if (n.ends_with("_model_states.pt") || n.ends_with("_optim_states.pt") ||
-        n.ends_with("-model_states.pt"))
-      return true;
-  }
-  return false;
-}
-
+// Every checkpoint any format lists in `dir`, newest first.
 std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
   std::vector<Candidate> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    if (!it->is_directory(ec)) continue;
-    const std::string name = it->path().filename().string();
-    Candidate c;
-    c.name = name;
-    if (name.rfind("iter_", 0) == 0 && TrailingNumber(name) >= 0) {
-      c.driver = "megatron";
-      c.iteration = TrailingNumber(name);
-      c.options.selector.iteration = c.iteration;
-    } else if (HoldsDeepSpeedFiles(it->path())) {
-      c.driver = "deepspeed";
-      c.iteration = TrailingNumber(name);
-      c.options.selector.tag = name;
-    } else {
-      continue;
-    }
-    out.push_back(std::move(c));
+  for (const formats::Driver* d : formats::Drivers()) {
+    if (!d->CanRead()) continue;
+    for (formats::SavedCheckpoint& c : d->ListCheckpoints(dir))
+      out.push_back({d, std::move(c)});
   }
-  if (ec) throw IoError("cannot list ", dir.string(), ": ", ec.message());
   std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    return a.iteration != b.iteration ? a.iteration > b.iteration
-                                      : a.name > b.name;
+    return a.checkpoint.iteration != b.checkpoint.iteration
+               ? a.checkpoint.iteration > b.checkpoint.iteration
+               : a.checkpoint.name > b.checkpoint.name;
   });
   return out;
 }
 
-// The name the save folder's own tracker / latest file gives.
-std::string TrackedName(const fs::path& dir, const std::string& driver) {
-  std::error_code ec;
+// Whether the save folder's own tracker / `latest` names checkpoint `name`:
+// what the driver opens without a selector.
+bool Tracked(const formats::Driver& d, const fs::path& save,
+             const std::string& name) {
   try {
-    if (driver == "deepspeed" && fs::exists(dir / "latest", ec))
-      return std::string(TrimWhitespace(ReadSmallFile(dir / "latest", 4096)));
-    const fs::path tracker = dir / "latest_checkpointed_iteration.txt";
-    if (driver == "megatron" && fs::exists(tracker, ec)) {
-      const std::string t(TrimWhitespace(ReadSmallFile(tracker, 4096)));
-      if (t == "release") return t;
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "iter_%07lld", std::atoll(t.c_str()));
-      return buf;
-    }
+    return d.Open(save, {})->info().path.filename() == name;
   } catch (const Error&) {
+    return false;
   }
-  return "";
 }
 
 // Holds an exclusive flock on SAVE_DIR/.ucp-resume.lock while alive.
@@ -616,7 +570,6 @@ int RunResume(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!Parse(args, desc, {"save_dir"}, vm)) return 0;
   if (!vm.count("save_dir")) throw UsageError("resume needs a SAVE_DIR");
-  if (global_batch < 0) throw UsageError("--global-batch-size must be >= 1");
   if (vm.count("global-batch-size") && global_batch < 1)
     throw UsageError("--global-batch-size must be >= 1");
   if (ignore_skip && skip_steps >= 0)
@@ -644,8 +597,9 @@ int RunResume(const std::vector<std::string>& args) {
   const std::vector<Candidate> candidates = FindCheckpoints(save);
   for (const Candidate& c : candidates) {
     try {
-      std::unique_ptr<formats::Source> s =
-          formats::GetDriver(c.driver).Open(save, c.options);
+      formats::SourceOptions so;
+      so.selector = c.checkpoint.selector;
+      std::unique_ptr<formats::Source> s = c.driver->Open(save, so);
       universal::SourcePlan p = s->Plan();
       universal::VerifySource(p, executor);
       CheckRecordCrcs(s->info().files);
@@ -655,14 +609,14 @@ int RunResume(const std::vector<std::string>& args) {
       break;
     } catch (const Error& e) {
       json::Value j;
-      j["name"] = c.name;
-      j["iteration"] = c.iteration;
+      j["name"] = c.checkpoint.name;
+      j["iteration"] = c.checkpoint.iteration;
       j["reason"] = std::string(e.what());
       skipped.Append(std::move(j));
       if (!run.json) {
         std::fprintf(stderr, "ucp: skipped %s (iteration %lld): %s\n",
-                     OneLine(c.name).c_str(),
-                     static_cast<long long>(c.iteration),
+                     OneLine(c.checkpoint.name).c_str(),
+                     static_cast<long long>(c.checkpoint.iteration),
                      OneLine(e.what()).c_str());
       }
     }
@@ -672,28 +626,28 @@ int RunResume(const std::vector<std::string>& args) {
                       " (", candidates.size(), " found, all skipped)");
   }
   const formats::CheckpointInfo& info = source->info();
-  const formats::Driver& driver = TargetDriver(target.format, chosen.driver);
+  const std::string& name = chosen.checkpoint.name;
+  const formats::Driver& driver =
+      TargetDriver(target.format, std::string(chosen.driver->Name()));
   const layouts::Topology& want = options.topology;
   const bool fits =
-      driver.Name() == chosen.driver && info.topology.tp == want.tp &&
+      &driver == chosen.driver && info.topology.tp == want.tp &&
       info.topology.pp == want.pp && info.topology.vpp == want.vpp &&
       info.topology.dp == want.dp &&
-      (chosen.driver != "megatron" ||
-       info.distributed_optimizer == options.distributed_optimizer) &&
+      info.distributed_optimizer == options.distributed_optimizer &&
       (!options.zero_stage || info.zero_stage == options.zero_stage);
-  const bool tracked = TrackedName(save, chosen.driver) == chosen.name;
 
   fs::path load = save;
   bool reshaped = false;
-  if (!fits || !tracked) {
+  if (!fits || !Tracked(driver, save, name)) {
     fs::path out = output;
     if (out.empty()) {
       out = save / "ucp-resume" /
-            StrCat(chosen.name, "-tp", want.tp, "-pp", want.pp, "-vpp",
+            StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp",
                    want.vpp, "-dp", want.dp,
                    options.distributed_optimizer ? "-do" : "",
                    options.zero_stage ? StrCat("-z", *options.zero_stage) : "",
-                   driver.Name() != chosen.driver
+                   &driver != chosen.driver
                        ? StrCat("-", std::string(driver.Name()))
                        : "");
       fs::create_directories(out.parent_path(), ec);
@@ -705,14 +659,11 @@ int RunResume(const std::vector<std::string>& args) {
       std::unique_ptr<universal::UniversalInput> input =
           universal::PlanInput(*plan, info.path, executor);
       CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
-      formats::TargetOptions o = options;
-      if (o.tag.empty() && !info.tag.empty() && driver.Name() == "deepspeed")
-        o.tag = info.tag;
-      driver.Write(*input, staged.path(), o, executor);
+      driver.Write(*input, staged.path(), options, executor);
       staged.Commit();
     } else {
       // Made by an earlier run (or another rank): it must open and plan.
-      formats::GetDriver(std::string(driver.Name())).Open(out, {})->Plan();
+      driver.Open(out, {})->Plan();
     }
   }
 
@@ -729,7 +680,7 @@ int RunResume(const std::vector<std::string>& args) {
     json::Value j;
     j["ok"] = true;
     j["load"] = load.string();
-    j["checkpoint"] = chosen.name;
+    j["checkpoint"] = name;
     j["iteration"] = info.iteration;
     j["format"] = std::string(driver.Name());
     j["reshaped"] = reshaped;
@@ -742,7 +693,7 @@ int RunResume(const std::vector<std::string>& args) {
   } else {
     std::printf("%s\n", load.string().c_str());
     std::fprintf(stderr, "ucp: resume from %s (iteration %lld)%s%s\n",
-                 chosen.name.c_str(), static_cast<long long>(info.iteration),
+                 name.c_str(), static_cast<long long>(info.iteration),
                  reshaped ? ", reshaped for " : ", as saved",
                  reshaped ? target.Describe().c_str() : "");
     if (!skip_json.is_null()) {

@@ -63,6 +63,11 @@ Source::NameListing Source::ListNames() const {
                    " checkpoints have no layout descriptors to check");
 }
 
+std::vector<SavedCheckpoint> Driver::ListCheckpoints(
+    const std::filesystem::path&) const {
+  return {};
+}
+
 std::unique_ptr<Source> Driver::Open(const std::filesystem::path& path,
                                      const SourceOptions&) const {
   throw UsageError("format '", Name(), "' cannot be read (", path.string(),

@@ -106,6 +106,13 @@ struct TargetSummary {
   json::Value details = json::Value::Object();  // driver-specific, for --json
 };
 
+/// One checkpoint of a save folder (`ucp resume`).
+struct SavedCheckpoint {
+  std::string name;         // its folder: iter_0000100, global_step100
+  int64_t iteration = -1;   // from the name; -1 if it carries none
+  Selector selector;        // Open(save_dir, {.selector = selector}) reads it
+};
+
 class Driver {
  public:
   virtual ~Driver() = default;
@@ -122,6 +129,11 @@ class Driver {
   /// selector that names nothing; UsageError if !CanRead().
   virtual std::unique_ptr<Source> Open(const std::filesystem::path& path,
                                        const SourceOptions& options) const;
+  /// The checkpoints of save folder `dir` in this format, in any order,
+  /// damaged ones included (Open says what is wrong with them). Never
+  /// throws; empty by default.
+  virtual std::vector<SavedCheckpoint> ListCheckpoints(
+      const std::filesystem::path& dir) const;
 
   virtual bool CanWrite() const { return false; }
   /// Writes the target checkpoint into `out_dir` (an existing empty folder;

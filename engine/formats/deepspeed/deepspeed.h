@@ -60,6 +60,11 @@ struct Checkpoint {
 /// or a universal folder).
 bool HoldsModelStates(const std::filesystem::path& dir);
 
+/// The tag folders of save folder `dir`: every sub-folder holding a
+/// DeepSpeed rank file (complete or not); the iteration is the tag's
+/// trailing number (global_step120 -> 120), -1 without one. Never throws.
+std::vector<formats::SavedCheckpoint> ListTags(const std::filesystem::path& dir);
+
 /// Finds the checkpoint: `dir/latest`'s tag (or `tag`), or `dir` itself if it
 /// is a tag folder. Checks that every rank file the checkpoint's own world
 /// size and model parallelism need is there and that the files agree on

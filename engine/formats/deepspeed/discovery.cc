@@ -105,7 +105,34 @@ std::string MpPart(int64_t mp) {
   return StrCat(mp < 10 ? "_mp_rank_0" : "_mp_rank_", mp);
 }
 
+bool HoldsRankFiles(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (ParseRankFileName(it->path().filename().string())) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+std::vector<formats::SavedCheckpoint> ListTags(const fs::path& dir) {
+  std::vector<formats::SavedCheckpoint> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (!it->is_directory(ec) || !HoldsRankFiles(it->path())) continue;
+    formats::SavedCheckpoint c;
+    c.name = it->path().filename().string();
+    c.selector.tag = c.name;
+    size_t i = c.name.size();
+    while (i > 0 && c.name[i - 1] >= '0' && c.name[i - 1] <= '9') --i;
+    std::string_view digits = std::string_view(c.name).substr(i);
+    if (auto n = Digits(digits); n && digits.empty()) c.iteration = *n;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 bool HoldsModelStates(const fs::path& dir) {
   std::error_code ec;

@@ -74,6 +74,10 @@ class DeepSpeedDriver : public formats::Driver {
     }
     return formats::Confidence::kNo;
   }
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    return ListTags(dir);
+  }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
       const formats::SourceOptions& options) const override {

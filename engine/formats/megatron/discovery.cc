@@ -65,6 +65,25 @@ bool IsIterDirName(std::string_view name) {
 
 }  // namespace
 
+std::vector<formats::SavedCheckpoint> ListIterations(
+    const std::filesystem::path& dir) {
+  std::vector<formats::SavedCheckpoint> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == kReleaseDir || !IsIterDirName(name) ||
+        !it->is_directory(ec))
+      continue;
+    formats::SavedCheckpoint c;
+    c.name = name;
+    c.iteration = *ParseNumber(std::string_view(name).substr(5));
+    c.selector.iteration = c.iteration;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::optional<RankDirNumbers> ParseRankDirName(std::string_view name) {
   constexpr std::string_view kPrefix = "mp_rank_";
   if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;

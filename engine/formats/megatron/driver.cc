@@ -82,6 +82,10 @@ class MegatronDriver : public formats::Driver {
     }
     return tracker ? formats::Confidence::kMaybe : formats::Confidence::kNo;
   }
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    return ListIterations(dir);
+  }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
       const formats::SourceOptions& options) const override {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/atoms/atom_store.h"
+#include "engine/formats/driver.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
 #include "engine/universal/source_plan.h"
@@ -47,6 +48,10 @@ struct Checkpoint {
 /// expert parallelism), IoError if `dir` is not a folder or unreadable.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
+
+/// The iter_* folders of save folder `dir` (complete or not). Never throws.
+std::vector<formats::SavedCheckpoint> ListIterations(
+    const std::filesystem::path& dir);
 
 struct SourceOptions {
   /// A builtin layout name or a YAML file; empty: detect from the names.
