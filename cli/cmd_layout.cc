@@ -28,24 +28,15 @@ constexpr const char* kHelp =
     "  list    the builtin descriptors\n"
     "  show    print a descriptor's YAML (builtin name or file); with --json\n"
     "          {name, description, yaml}\n"
-    "  check   list every parameter of a Megatron-LM checkpoint with the rule "
-    "it\n"
-    "          matches; fails (exit 4) if a parameter is matched by no rule or "
-    "by\n"
-    "          two\n"
+    "  check   list every parameter of a Megatron-LM or Megatron-DeepSpeed\n"
+    "          (TP/PP) checkpoint with the rule it matches; fails (exit 4) if a\n"
+    "          parameter is matched by no rule or by two\n"
     "\n"
     "examples:\n"
     "  ucp layout check /ckpt/gpt\n"
     "  ucp layout check /ckpt/gpt --layout my-model.yaml --json\n"
     "\n"
     "options";
-
-layouts::Layout LoadLayout(const std::string& name_or_file) {
-  for (const std::string& b : layouts::Layout::BuiltinNames()) {
-    if (b == name_or_file) return layouts::Layout::Builtin(b);
-  }
-  return layouts::Layout::Load(name_or_file);
-}
 
 }  // namespace
 
@@ -84,7 +75,7 @@ int RunLayout(const std::vector<std::string>& args) {
   }
   if (action == "show") {
     if (target.empty()) throw UsageError("layout show needs a NAME or FILE");
-    layouts::Layout l = LoadLayout(target);
+    layouts::Layout l = layouts::Layout::FromSpec(target);
     if (json_out) {
       json::Value j;
       j["name"] = l.name();
@@ -109,7 +100,7 @@ int RunLayout(const std::vector<std::string>& args) {
   formats::Source::NameListing names = source->ListNames();
   layouts::Layout l = layout.empty() ? layouts::Layout::Parse(names.layout_yaml,
                                                               names.layout_name)
-                                     : LoadLayout(layout);
+                                     : layouts::Layout::FromSpec(layout);
   std::vector<layouts::Diagnostic> diags =
       l.Check(names.names, names.variables);
   size_t problems = 0;

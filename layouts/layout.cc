@@ -142,6 +142,14 @@ std::vector<std::string> Layout::DetectBuiltins(
   return out;
 }
 
+Layout Layout::FromSpec(std::string_view spec,
+                        std::span<const std::string> names) {
+  if (spec.empty()) return DetectBuiltin(names);
+  for (const std::string& b : BuiltinNames())
+    if (b == spec) return Builtin(b);
+  return Load(std::filesystem::path(spec));
+}
+
 Layout Layout::DetectBuiltin(std::span<const std::string> names) {
   const std::vector<std::string> accepted = DetectBuiltins(names);
   if (accepted.empty()) {

@@ -149,6 +149,11 @@ class Layout {
   /// The best built-in layout for `names`. Throws LayoutError if none accepts
   /// them or two of the highest priority do.
   static Layout DetectBuiltin(std::span<const std::string> names);
+  /// What a --layout option names: a built-in layout, else a YAML file; an
+  /// empty `spec` detects the built-in for `names`. Throws as Builtin /
+  /// Load / DetectBuiltin.
+  static Layout FromSpec(std::string_view spec,
+                         std::span<const std::string> names = {});
 
   const std::string& name() const { return name_; }
   const std::string& description() const { return description_; }

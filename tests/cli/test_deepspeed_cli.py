@@ -366,11 +366,17 @@ def test_megatron_deepspeed_tp_pp():
             for n, ref in truth["export"].items():
                 ck.same(sd[n], ref, f"{case.name} export {n}")
             shutil.rmtree(t / "e")
+            # Every name has its layout rule (ucp layout check).
+            p = run("layout", "check", case)
+            assert "27 entries, 0 problem(s)" in p.stdout, p.stdout[-500:]
             # Writing DeepSpeed files for a TP/PP model: refused, nothing left.
             check_failure(["reshape", h5, "-o", t / "o", "--dp", 2, "--format", "deepspeed"],
                           "usage error", 2, ["Megatron-DeepSpeed", f"tp {tp}", "not supported"],
                           t / "o")
             h5.unlink()
+        # Without model parallelism no layout applies: one clear line.
+        p = run("layout", "check", FIXTURES / "ds0145_z2_fp32_w2_mlp", expect=2)
+        one_error_line(p, "usage error", "no layout descriptor applies")
         # --vocab-size overrides universal_checkpoint_info: the padded
         # rows become part of the tensor.
         case = t / "gen" / "pipe_bf16opt_tp2_pp2_dp2"

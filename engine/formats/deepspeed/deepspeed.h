@@ -84,6 +84,14 @@ Checkpoint Discover(const std::filesystem::path& dir, const std::string& tag);
 universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const formats::SourceOptions& options = {});
 
+/// The param names (every mp rank's), model variables and layout of a
+/// Megatron-DeepSpeed checkpoint with TP or PP, for `ucp layout check`.
+/// Throws UsageError for a checkpoint without model parallelism (its names
+/// need no layout), LayoutError if no layout recognises the names, else as
+/// PlanSource.
+formats::Source::NameListing ListNames(const Checkpoint& checkpoint,
+                                       const formats::SourceOptions& options);
+
 /// Writes native DeepSpeed rank files for options.topology.dp ranks and
 /// ZeRO stage options.zero_stage (default: the source's) into out_dir:
 /// out_dir/<tag>/... and out_dir/latest (last). Throws UsageError for

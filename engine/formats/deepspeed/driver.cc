@@ -41,6 +41,9 @@ class NativeSource : public formats::Source {
     info_.iteration = plan.root.iteration;
     return plan;
   }
+  NameListing ListNames() const override {
+    return deepspeed::ListNames(c_, options_);
+  }
 
  private:
   Checkpoint c_;

@@ -1101,78 +1101,107 @@ layouts::Variables ModelVariables(const TorchFile& f,
   return vars;
 }
 
-// The layout placing the names over tp ranks.
-layouts::Layout ChooseLayout(const formats::SourceOptions& options,
-                             const std::vector<std::string>& names) {
-  if (options.layout.empty()) return layouts::Layout::DetectBuiltin(names);
-  for (const std::string& b : layouts::Layout::BuiltinNames())
-    if (b == options.layout) return layouts::Layout::Builtin(b);
-  return layouts::Layout::Load(options.layout);
+}  // namespace
+
+namespace {
+
+// A model-parallel checkpoint's mp ranks, each planned alone, and how to
+// merge them (mp.layout is left for the caller to point at `layout`).
+struct RankPlans {
+  std::vector<universal::SourcePlan> plans;
+  internal::ModelParallel mp;
+  std::optional<layouts::Layout> layout;
+  std::vector<std::string> names;  // every rank's params, in rank order
+};
+
+RankPlans PlanRanks(const Checkpoint& c, const formats::SourceOptions& options) {
+  FileCache cache;
+  std::vector<RankView> views =
+      c.pipeline ? PipelineViews(c, cache)
+                 : std::vector<RankView>(c.mp_ranks.size());
+  RankPlans r;
+  internal::ModelParallel& mp = r.mp;
+  mp.tp = c.tp;
+  mp.pp = c.pp;
+  mp.pipeline = c.pipeline;
+  for (size_t k = 0; k < c.mp_ranks.size(); ++k) {
+    Checkpoint one = c;
+    one.model_files = c.mp_ranks[k].model_files;
+    one.optim_files = c.mp_ranks[k].optim_files;
+    mp.model_files.push_back(one.model_files[0]);
+    Planner planner(one, cache, std::move(views[k]));
+    r.plans.push_back(planner.Run());
+  }
+  // The layout: required to merge tp ranks; at tp 1 it only tells the
+  // vocabulary padding, so a model no built-in layout knows is fine.
+  const FilePtr& f0 = cache.count(mp.model_files[0]) ? cache[mp.model_files[0]]
+                                                     : c.first_model;
+  mp.vars = ModelVariables(*f0, options, mp.vocab_source);
+  for (const universal::SourcePlan& p : r.plans)
+    for (const atoms::ParamInfo& i : p.params) r.names.push_back(i.fqn);
+  if (c.tp > 1 || !options.layout.empty()) {
+    try {
+      r.layout = layouts::Layout::FromSpec(options.layout, r.names);
+    } catch (Error& e) {
+      e.AddContext("model-parallel DeepSpeed checkpoint ", c.tag_dir.string());
+      throw;
+    }
+  } else if (!layouts::Layout::DetectBuiltins(r.names).empty()) {
+    r.layout = layouts::Layout::DetectBuiltin(r.names);
+  }
+  if (!r.layout) return r;
+  mp.vars = r.layout->Resolve(mp.vars);
+  if (!mp.vars.Has("vocab_size")) {
+    // The padded rows of the first vocabulary-split param: no padding.
+    for (const atoms::ParamInfo& i : r.plans[0].params) {
+      const layouts::Rule& rule = r.layout->Match(i.fqn, mp.vars);
+      if (rule.tp.split && rule.tp.vocab &&
+          static_cast<size_t>(rule.tp.dim) < i.shape.size()) {
+        mp.vars.Set("vocab_size",
+                    i.shape[static_cast<size_t>(rule.tp.dim)] * c.tp);
+        mp.vocab_source = "the rank files' rows (true size unknown)";
+        break;
+      }
+    }
+  }
+  return r;
+}
+
+bool IsModelParallel(const Checkpoint& c) {
+  return c.mp_ranks.size() > 1 || c.pipeline;
 }
 
 }  // namespace
 
 universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const formats::SourceOptions& options) {
-  FileCache cache;
-  if (checkpoint.mp_ranks.size() <= 1 && !checkpoint.pipeline) {
+  if (!IsModelParallel(checkpoint)) {
+    FileCache cache;
     Planner planner(checkpoint, cache);
     return planner.Run();
   }
-  const Checkpoint& c = checkpoint;
-  std::vector<RankView> views =
-      c.pipeline ? PipelineViews(c, cache)
-                 : std::vector<RankView>(c.mp_ranks.size());
-  std::vector<universal::SourcePlan> plans;
-  internal::ModelParallel mp;
-  mp.tp = c.tp;
-  mp.pp = c.pp;
-  mp.pipeline = c.pipeline;
-  for (size_t r = 0; r < c.mp_ranks.size(); ++r) {
-    Checkpoint one = c;
-    one.model_files = c.mp_ranks[r].model_files;
-    one.optim_files = c.mp_ranks[r].optim_files;
-    mp.model_files.push_back(one.model_files[0]);
-    Planner planner(one, cache, std::move(views[r]));
-    plans.push_back(planner.Run());
+  RankPlans r = PlanRanks(checkpoint, options);
+  r.mp.layout = r.layout ? &*r.layout : nullptr;
+  return internal::MergeModelParallel(std::move(r.plans), r.mp);
+}
+
+formats::Source::NameListing ListNames(const Checkpoint& checkpoint,
+                                       const formats::SourceOptions& options) {
+  if (!IsModelParallel(checkpoint)) {
+    throw UsageError(
+        "DeepSpeed checkpoints without tensor or pipeline parallelism name "
+        "every parameter in full: no layout descriptor applies");
   }
-  // The layout: required to merge tp ranks; at tp 1 it only tells the
-  // vocabulary padding, so a model no built-in layout knows is fine.
-  std::optional<layouts::Layout> layout;
-  const FilePtr& f0 = cache.count(mp.model_files[0]) ? cache[mp.model_files[0]]
-                                                     : c.first_model;
-  mp.vars = ModelVariables(*f0, options, mp.vocab_source);
-  std::vector<std::string> names;
-  for (const universal::SourcePlan& p : plans)
-    for (const atoms::ParamInfo& i : p.params) names.push_back(i.fqn);
-  if (c.tp > 1 || !options.layout.empty()) {
-    try {
-      layout = ChooseLayout(options, names);
-    } catch (Error& e) {
-      e.AddContext("model-parallel DeepSpeed checkpoint ", c.tag_dir.string());
-      throw;
-    }
-  } else if (!layouts::Layout::DetectBuiltins(names).empty()) {
-    layout = layouts::Layout::DetectBuiltin(names);
-  }
-  if (layout) {
-    mp.vars = layout->Resolve(mp.vars);
-    if (!mp.vars.Has("vocab_size")) {
-      // The padded rows of the first vocabulary-split param: no padding.
-      for (const atoms::ParamInfo& i : plans[0].params) {
-        const layouts::Rule& rule = layout->Match(i.fqn, mp.vars);
-        if (rule.tp.split && rule.tp.vocab &&
-            static_cast<size_t>(rule.tp.dim) < i.shape.size()) {
-          mp.vars.Set("vocab_size",
-                      i.shape[static_cast<size_t>(rule.tp.dim)] * c.tp);
-          mp.vocab_source = "the rank files' rows (true size unknown)";
-          break;
-        }
-      }
-    }
-    mp.layout = &*layout;
-  }
-  return internal::MergeModelParallel(std::move(plans), mp);
+  RankPlans r = PlanRanks(checkpoint, options);
+  if (!r.layout) r.layout = layouts::Layout::DetectBuiltin(r.names);
+  formats::Source::NameListing out;
+  std::set<std::string> seen;
+  for (const std::string& n : r.names)
+    if (seen.insert(n).second) out.names.push_back(n);
+  out.variables = r.mp.vars;
+  out.layout_name = r.layout->name();
+  out.layout_yaml = r.layout->yaml();
+  return out;
 }
 
 }  // namespace ucp::deepspeed

@@ -91,15 +91,6 @@ const char* OptimizerFormatName(OptimizerFormat f) {
   return "none";
 }
 
-Layout ChooseLayout(const std::string& spec,
-                    const std::vector<std::string>& names) {
-  if (spec.empty()) return Layout::DetectBuiltin(names);
-  for (const std::string& b : Layout::BuiltinNames()) {
-    if (b == spec) return Layout::Builtin(spec);
-  }
-  return Layout::Load(spec);
-}
-
 // "model" or "model<i>": a model chunk of a rank file.
 bool IsModelKey(std::string_view key) {
   return key.substr(0, 5) == "model" &&
@@ -218,7 +209,7 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
         for (const ChunkLeaf& leaf : ch.leaves)
           if (seen.insert(leaf.name).second) names.push_back(leaf.name);
   }
-  L.layout = ChooseLayout(options.layout, names);
+  L.layout = Layout::FromSpec(options.layout, names);
   const Layout& layout = *L.layout;
 
   // Model variables; the true vocabulary from the options, the tokenizer
