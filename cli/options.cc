@@ -104,10 +104,7 @@ uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
 }
 
 void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed) {
-  std::filesystem::path dir = output;
-  while (!dir.empty() && !dir.has_filename() && dir != dir.root_path())
-    dir = dir.parent_path();
-  dir = dir.parent_path();
+  const std::filesystem::path dir = OutputName(output).parent_path();
   std::error_code ec;
   // A missing folder is the writer's error to report ("does not exist").
   if (!std::filesystem::is_directory(dir.empty() ? "." : dir, ec)) return;

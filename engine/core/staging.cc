@@ -119,10 +119,14 @@ const std::string& StagingToken() {
   return token;
 }
 
+fs::path OutputName(fs::path path) {
+  while (!path.empty() && !path.has_filename() && path != path.root_path())
+    path = path.parent_path();
+  return path;
+}
+
 std::vector<Leftover> FindLeftovers(const fs::path& final_path) {
-  fs::path f = final_path;
-  while (!f.empty() && !f.has_filename() && f != f.root_path())
-    f = f.parent_path();
+  const fs::path f = OutputName(final_path);
   return Scan(f.parent_path(), StrCat(".", f.filename().string()));
 }
 

@@ -20,6 +20,10 @@
 
 namespace ucp {
 
+/// An output path as a name: "out/" (and "out//") -> "out"; the root and
+/// "" unchanged.
+std::filesystem::path OutputName(std::filesystem::path path);
+
 /// "<pid>-<start>" of this process (computed once).
 const std::string& StagingToken();
 

@@ -14,11 +14,7 @@ namespace ucp::universal {
 namespace fs = std::filesystem;
 
 StagedDirectory::StagedDirectory(fs::path final_dir)
-    : final_(std::move(final_dir)) {
-  // "out/" names the folder "out".
-  while (!final_.empty() && !final_.has_filename() &&
-         final_ != final_.root_path())
-    final_ = final_.parent_path();
+    : final_(OutputName(std::move(final_dir))) {
   std::error_code ec;
   if (fs::exists(final_, ec)) {
     if (!fs::is_directory(final_, ec) || !fs::is_empty(final_, ec)) {
