@@ -340,17 +340,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
       src.Open(vm["source"].as<std::string>());
   const formats::CheckpointInfo& c = source->info();
   universal::SourcePlan plan = source->Plan();
-  {
-    uint64_t bytes = 0;
-    for (const universal::AtomPlan& a : plan.atoms) {
-      bytes += static_cast<uint64_t>(NumElements(a.shape)) *
-               ElementSize(a.dtype);
-      if (!a.pad_shape.empty())
-        bytes += static_cast<uint64_t>(NumElements(a.pad_shape)) *
-                 ElementSize(a.dtype);
-    }
-    CheckFreeSpace(output, bytes);
-  }
+  CheckFreeSpace(output, UniversalBytes(plan));
   universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
   if (run.json) {
     json::Value j;

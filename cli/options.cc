@@ -103,6 +103,16 @@ uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
   return total;
 }
 
+uint64_t UniversalBytes(const universal::SourcePlan& plan) {
+  uint64_t bytes = 0;
+  for (const universal::AtomPlan& a : plan.atoms) {
+    const int64_t n = NumElements(a.shape) +
+                      (a.pad_shape.empty() ? 0 : NumElements(a.pad_shape));
+    bytes += static_cast<uint64_t>(n) * ElementSize(a.dtype);
+  }
+  return bytes;
+}
+
 void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed) {
   const std::filesystem::path dir = OutputName(output).parent_path();
   std::error_code ec;

@@ -67,6 +67,9 @@ struct SourceArgs {
 /// smallest stored size.
 uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
                             bool weights_only);
+/// The atom bytes a universal file written from `plan` holds (pad rows
+/// included).
+uint64_t UniversalBytes(const universal::SourcePlan& plan);
 /// Fails early, naming both numbers, when the filesystem that will hold
 /// `output` has less free space than `needed` (core/staging.h).
 void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed);

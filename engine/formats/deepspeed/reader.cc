@@ -1033,7 +1033,6 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
       if (f->root() == nullptr || !f->root()->IsDictLike())
         throw FormatError("rank file ", file.string(), ": not a state dict");
       RankView& v = views[static_cast<size_t>(stage * c.tp + t)];
-      v.pipeline = true;
       for (const std::string& k : Keys(f->root(), "layer state dict")) {
         std::string name = StrCat(idx, ".", k);
         if (!names.count(name)) {
