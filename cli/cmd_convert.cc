@@ -19,6 +19,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
@@ -464,12 +465,17 @@ constexpr const char* kResumeHelp =
     "A launcher pre-step for elastic training: finds the newest checkpoint in\n"
     "SAVE_DIR that is complete and intact (every rank file present and\n"
     "parsing, every tensor covered, replicas identical, the CRC-32 of every\n"
-    "torch.save record), explaining each newer one it skips. If that\n"
-    "checkpoint already has the requested layout and the tracker / latest\n"
-    "names it, prints SAVE_DIR and changes nothing; otherwise writes a load\n"
-    "folder (default SAVE_DIR/ucp-resume/<name>-tpT-ppP-vppV-dpD...,\n"
-    "reused when it is already there) reshaped for the new layout, and prints\n"
-    "it. The source is never modified. Ranks that run it at once take turns\n"
+    "torch.save record, sizes and xxh3 against the checkpoint's\n"
+    "ucp.manifest.json if it has one: see ucp manifest), explaining each\n"
+    "newer one it skips. If that checkpoint already has the requested layout\n"
+    "and the tracker / latest names it, prints SAVE_DIR and changes nothing;\n"
+    "otherwise it makes a load folder (default\n"
+    "SAVE_DIR/ucp-resume/<name>-tpT-ppP-vppV-dpD...) and prints it: the\n"
+    "checkpoint's files hard-linked beside a tracker naming it when only the\n"
+    "tracker was wrong, else the checkpoint reshaped for the new layout with\n"
+    "a ucp.manifest.json. A load folder already there is verified against\n"
+    "its manifest and reused. The source is never modified. Ranks that run\n"
+    "it at once take turns\n"
     "(a lock in SAVE_DIR) and print the same answer.\n"
     "data_skip_steps = consumed samples / --global-batch-size (floor), 0 with\n"
     "--ignore-data-skip, or --data-skip-steps.\n"
@@ -592,7 +598,7 @@ int RunResume(const std::vector<std::string>& args) {
       std::unique_ptr<formats::Source> s = c.driver->Open(save, so);
       universal::SourcePlan p = s->Plan();
       universal::VerifySource(p, executor);
-      CheckRecordCrcs(s->info().files);
+      formats::CheckIntegrity(s->info().path, s->info().files);
       source = std::move(s);
       plan = std::move(p);
       chosen = c;
@@ -629,6 +635,7 @@ int RunResume(const std::vector<std::string>& args) {
 
   fs::path load = save;
   bool reshaped = false;
+  int64_t linked = 0, copied = 0;
   if (!fits || !Tracked(driver, save, name)) {
     fs::path out = output;
     if (out.empty()) {
@@ -643,17 +650,52 @@ int RunResume(const std::vector<std::string>& args) {
       fs::create_directories(out.parent_path(), ec);
     }
     load = out;
-    reshaped = true;
-    if (!fs::exists(out, ec)) {
+    reshaped = !fits;
+    bool reuse = fs::exists(out, ec);
+    if (reuse) {
+      // Made by an earlier run (or another rank): it must be whole and
+      // intact (against its ucp.manifest.json) before it is handed out.
+      try {
+        const std::unique_ptr<formats::Source> made = driver.Open(out, {});
+        made->Plan();
+        formats::CheckIntegrity(made->info().path, made->info().files);
+        if (made->info().iteration != info.iteration) {
+          throw FormatError("holds iteration ", made->info().iteration,
+                            ", not ", info.iteration);
+        }
+      } catch (Error& e) {
+        e.AddContext("load folder ", out.string());
+        if (!output.empty()) throw;  // -o: not ours to delete
+        std::fprintf(stderr, "ucp: note: remaking %s\n",
+                     OneLine(e.what()).c_str());
+        fs::remove_all(out, ec);
+        if (ec) {
+          throw IoError("cannot remove the damaged load folder ", out.string(),
+                        ": ", ec.message());
+        }
+        reuse = false;
+      }
+    }
+    if (!reuse) {
       universal::StagedDirectory staged(out);
-      std::unique_ptr<universal::UniversalInput> input =
-          universal::PlanInput(*plan, info.path, executor);
-      CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
-      driver.Write(*input, staged.path(), options, executor);
+      if (fits) {
+        // The right layout, not the tracked one: hard links and a tracker.
+        const LinkCounts n =
+            LinkTree(info.path, staged.path() / info.path.filename());
+        driver.WriteTracker(staged.path(), info);
+        linked = n.linked;
+        copied = n.copied;
+      } else {
+        std::unique_ptr<universal::UniversalInput> input =
+            universal::PlanInput(*plan, info.path, executor);
+        CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
+        driver.Write(*input, staged.path(), options, executor);
+        // What a later run checks before reusing the folder.
+        const std::unique_ptr<formats::Source> written =
+            driver.Open(staged.path(), {});
+        formats::WriteManifest(written->info().path, written->info().files);
+      }
       staged.Commit();
-    } else {
-      // Made by an earlier run (or another rank): it must open and plan.
-      driver.Open(out, {})->Plan();
     }
   }
 
@@ -674,6 +716,8 @@ int RunResume(const std::vector<std::string>& args) {
     j["iteration"] = info.iteration;
     j["format"] = std::string(driver.Name());
     j["reshaped"] = reshaped;
+    j["linked_files"] = linked;
+    j["copied_files"] = copied;
     j["skipped"] = std::move(skipped);
     j["consumed_samples"] = consumed;
     if (global_batch > 0) j["global_batch_size"] = global_batch;
@@ -686,6 +730,15 @@ int RunResume(const std::vector<std::string>& args) {
                  name.c_str(), static_cast<long long>(info.iteration),
                  reshaped ? ", reshaped for " : ", as saved",
                  reshaped ? target.Describe().c_str() : "");
+    if (linked + copied > 0) {
+      std::fprintf(stderr,
+                   "ucp: %s is not the tracked checkpoint: %lld files "
+                   "hard-linked%s into the load folder\n",
+                   name.c_str(), static_cast<long long>(linked),
+                   copied ? StrCat(" (", copied,
+                                   " copied: another filesystem)").c_str()
+                          : "");
+    }
     if (!skip_json.is_null()) {
       std::fprintf(stderr, "ucp: data_skip_steps %lld\n",
                    static_cast<long long>(skip_json.AsInt()));

@@ -9,6 +9,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "engine/universal/write_universal.h"
@@ -33,7 +34,9 @@ constexpr const char* kHelp =
     "covered by\n"
     "  the rank files, and replicated tensors (TP-replicated norms, tied\n"
     "  embedding copies) identical bit for bit, and the CRC-32 of every\n"
-    "  torch.save record (a byte flipped inside a tensor is caught).\n"
+    "  torch.save record (a byte flipped inside a tensor is caught), and,\n"
+    "  when the checkpoint folder holds ucp.manifest.json (ucp manifest),\n"
+    "  each file's size and each record's xxh3 against it.\n"
     "Exit code 0 if everything holds, 3 (format), 4 (layout) or 5 (i/o)\n"
     "otherwise, with the first problem on stderr.\n"
     "\n"
@@ -124,7 +127,9 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
              " present"));
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params planned"));
-  report.Add("crc-32", CheckRecordCrcs(c.files));
+  report.Add(
+      "integrity",
+      formats::CheckIntegrity(c.path, c.files).Summary());
   universal::VerifySummary v = universal::VerifySource(plan, executor);
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));
@@ -179,6 +184,69 @@ int RunVerify(const std::vector<std::string>& args) {
                   c.At("detail").AsString().c_str());
     }
     std::printf("%s: verified\n", path.string().c_str());
+  }
+  return 0;
+}
+
+}  // namespace ucp::cli
+
+namespace ucp::cli {
+namespace {
+
+constexpr const char* kManifestHelp =
+    "usage: ucp manifest CHECKPOINT [options]\n"
+    "\n"
+    "Writes CHECKPOINT_FOLDER/ucp.manifest.json: the size of every rank file\n"
+    "of the checkpoint and the xxh3 of every torch.save record (of the whole\n"
+    "file when it is not a zip). Run it right after a framework saved a\n"
+    "checkpoint (a post-save hook); `ucp verify` and `ucp resume` then check\n"
+    "the files against it, so a truncated, replaced or damaged file is found\n"
+    "even where no CRC-32 would catch it. The files must be complete and parse,\n"
+    "and their CRC-32s must hold: a manifest never blesses damaged files.\n"
+    "\n"
+    "examples:\n"
+    "  ucp manifest /ckpt/gpt                       (the tracker's iteration)\n"
+    "  ucp manifest /ckpt/gpt --iteration 2000\n"
+    "  ucp manifest /ckpt/ds --tag global_step500 --json\n"
+    "\n"
+    "options";
+
+}  // namespace
+
+int RunManifest(const std::vector<std::string>& args) {
+  po::options_description desc(kManifestHelp);
+  SourceArgs src;
+  RunOptions run;
+  src.Add(desc);
+  AddRunOptions(desc, run);
+  po::variables_map vm;
+  if (!Parse(args, desc, {"path"}, vm)) return 0;
+  if (!vm.count("path")) throw UsageError("manifest needs a CHECKPOINT folder");
+  SetProgressMode(run.quiet, run.progress);
+  const fs::path path = vm["path"].as<std::string>();
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw IoError("checkpoint folder ", path.string(),
+                  " does not exist or is not a folder");
+  }
+  std::unique_ptr<formats::Source> source = src.Open(path);
+  const formats::CheckpointInfo& c = source->info();
+  source->Plan();  // every rank file parses
+  const formats::IntegrityReport r = formats::WriteManifest(c.path, c.files);
+  const fs::path written = c.path / formats::kManifestName;
+  if (run.json) {
+    json::Value j;
+    j["ok"] = true;
+    j["manifest"] = written.string();
+    j["format"] = c.format;
+    j["iteration"] = c.iteration;
+    j["files"] = r.files;
+    j["records"] = r.records;
+    PrintJson(j);
+  } else {
+    std::printf("%s: %lld files, %lld records\n", written.string().c_str(),
+                static_cast<long long>(r.files),
+                static_cast<long long>(r.records));
   }
   return 0;
 }

@@ -26,5 +26,6 @@ int RunLayout(const std::vector<std::string>& args);
 int RunExport(const std::vector<std::string>& args);
 int RunFormats(const std::vector<std::string>& args);
 int RunResume(const std::vector<std::string>& args);
+int RunManifest(const std::vector<std::string>& args);
 
 }  // namespace ucp::cli

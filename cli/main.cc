@@ -31,6 +31,8 @@ const std::vector<Command>& Commands() {
       {"export", "consolidated model: safetensors / pytorch_model.bin shards",
        RunExport},
       {"verify", "check a universal file or a checkpoint folder", RunVerify},
+      {"manifest", "write ucp.manifest.json (sizes, xxh3) for a checkpoint",
+       RunManifest},
       {"resume",
        "elastic restart: newest intact checkpoint, reshaped for the new job",
        RunResume},

@@ -121,49 +121,6 @@ void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed) {
   RequireFreeSpace(dir, needed, output.string());
 }
 
-// The CRC-32 torch.save keeps for every zip record, recomputed: catches a
-// byte flipped after the file was written, which parsing alone misses when
-// it lands inside a tensor. Legacy (non-zip) files have no checksums.
-std::string CheckRecordCrcs(const std::vector<std::filesystem::path>& files) {
-  uint64_t total = 0;
-  for (const std::filesystem::path& f : files) {
-    std::error_code ec;
-    const auto n = std::filesystem::file_size(f, ec);
-    if (!ec) total += n;
-  }
-  Progress progress("crc-32", total);
-  int64_t records = 0, zips = 0;
-  for (const std::filesystem::path& f : files) {
-    char magic[4] = {};
-    {
-      File in = File::OpenRead(f);
-      if (in.ReadSome(magic, sizeof magic, 0) < sizeof magic ||
-          std::string_view(magic, 4) != std::string_view("PK\x03\x04", 4)) {
-        continue;  // legacy torch.save: no checksums
-      }
-    }
-    const torchfile::ZipReader zip = torchfile::ZipReader::Open(f);
-    ++zips;
-    for (const torchfile::ZipEntry& e : zip.entries()) {
-      try {
-        if (!zip.CheckCrc(e)) {
-          throw FormatError(
-              "CRC-32 mismatch: the record's bytes changed after the file "
-              "was written (a damaged copy or disk)");
-        }
-      } catch (Error& err) {
-        err.AddContext("rank file ", f.string(), " > record ", e.name);
-        throw;
-      }
-      progress.Add(e.compressed_size);
-      ++records;
-    }
-  }
-  progress.Finish();
-  return StrCat(records, " records of ", zips,
-                " torch.save files match their CRC-32");
-}
-
 json::Value ReportLeftovers(const std::filesystem::path& path) {
   std::vector<Leftover> all = FindLeftovers(path);
   std::error_code ec;

@@ -74,12 +74,6 @@ uint64_t UniversalBytes(const universal::SourcePlan& plan);
 /// `output` has less free space than `needed` (core/staging.h).
 void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed);
 
-/// Recomputes the CRC-32 of every record of the zip (torch.save) files among
-/// `files` (legacy files have none), with a progress bar. Returns a summary;
-/// throws FormatError "rank file F > record R: CRC-32 mismatch ..." at the
-/// first damaged record, IoError if a file cannot be read.
-std::string CheckRecordCrcs(const std::vector<std::filesystem::path>& files);
-
 /// Staging left by crashed runs in folder `path` and beside it
 /// (core/staging.h): one "ucp: note: ..." line each on stderr; returned as a
 /// JSON array of {path, pid, running, bytes}.

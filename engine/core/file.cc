@@ -232,4 +232,41 @@ void WriteFileAtomically(const std::filesystem::path& path,
   out.Commit();
 }
 
+LinkCounts LinkTree(const std::filesystem::path& src,
+                    const std::filesystem::path& dst) {
+  namespace fs = std::filesystem;
+  LinkCounts counts;
+  std::error_code ec;
+  fs::create_directory(dst, ec);
+  if (ec) {
+    throw IoError("cannot create ", dst.string(), ": ", ec.message());
+  }
+  for (fs::recursive_directory_iterator it(src, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const fs::path to = dst / it->path().lexically_relative(src);
+    if (it->is_directory(ec)) {
+      fs::create_directory(to, ec);
+      if (ec) throw IoError("cannot create ", to.string(), ": ", ec.message());
+      continue;
+    }
+    if (!it->is_regular_file(ec)) continue;
+    if (::link(it->path().c_str(), to.c_str()) == 0) {
+      ++counts.linked;
+      continue;
+    }
+    if (errno != EXDEV && errno != EPERM && errno != EMLINK) {
+      throw IoError("cannot hard-link ", it->path().string(), " as ",
+                    to.string(), ": ", std::strerror(errno));
+    }
+    fs::copy_file(it->path(), to, ec);
+    if (ec) {
+      throw IoError("cannot copy ", it->path().string(), " to ", to.string(),
+                    ": ", ec.message());
+    }
+    ++counts.copied;
+  }
+  if (ec) throw IoError("cannot list ", src.string(), ": ", ec.message());
+  return counts;
+}
+
 }  // namespace ucp

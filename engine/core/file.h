@@ -103,4 +103,15 @@ std::string_view TrimWhitespace(std::string_view s) noexcept;
 void WriteFileAtomically(const std::filesystem::path& path,
                          std::string_view data);
 
+/// Recreates folder `src` as `dst` (which must not exist) with hard links to
+/// its regular files, never copying data; files on another filesystem than
+/// `dst` (EXDEV) are copied instead. Returns how many files were linked and
+/// copied. Throws IoError naming the file.
+struct LinkCounts {
+  int64_t linked = 0;
+  int64_t copied = 0;
+};
+LinkCounts LinkTree(const std::filesystem::path& src,
+                    const std::filesystem::path& dst);
+
 }  // namespace ucp

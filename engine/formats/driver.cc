@@ -68,6 +68,12 @@ std::vector<SavedCheckpoint> Driver::ListCheckpoints(
   return {};
 }
 
+void Driver::WriteTracker(const std::filesystem::path& dir,
+                          const CheckpointInfo&) const {
+  throw UsageError("format '", Name(), "' keeps no tracker file (", dir.string(),
+                   ")");
+}
+
 std::unique_ptr<Source> Driver::Open(const std::filesystem::path& path,
                                      const SourceOptions&) const {
   throw UsageError("format '", Name(), "' cannot be read (", path.string(),

@@ -135,6 +135,14 @@ class Driver {
   virtual std::vector<SavedCheckpoint> ListCheckpoints(
       const std::filesystem::path& dir) const;
 
+  /// Writes the save folder `dir`'s tracker (Megatron's
+  /// latest_checkpointed_iteration.txt, DeepSpeed's `latest`) naming
+  /// `checkpoint`, atomically: what `ucp resume` adds beside the hard links
+  /// of a checkpoint that fits but is not the tracked one. Throws IoError;
+  /// UsageError if the format has no tracker.
+  virtual void WriteTracker(const std::filesystem::path& dir,
+                            const CheckpointInfo& checkpoint) const;
+
   virtual bool CanWrite() const { return false; }
   /// Writes the target checkpoint into `out_dir` (an existing empty folder;
   /// wrap it in a universal::StagedDirectory). Throws LayoutError if the

@@ -335,6 +335,17 @@ void ForEachContainerLeaf(
   while (!stack.empty()) {
     auto [v, step] = stack.back();
     stack.pop_back();
+    // LibTorch's pickler (torch::pickle_save) wraps typed containers in
+    // torch.jit._pickle.restore_type_tag(obj, "Dict[str, Tensor]") and
+    // build_intlist(list) etc., which return their first argument: seen
+    // through, they add no path component.
+    while (v->kind == Kind::kObject && v->args != nullptr &&
+           !v->args->items.empty() && v->args->items[0] != nullptr &&
+           (v->IsObjectOf("torch.jit._pickle", "restore_type_tag") ||
+            v->IsObjectOf("torch.jit._pickle", "build_tensorlist") ||
+            v->IsObjectOf("torch.jit._pickle", "build_genericlist"))) {
+      v = v->args->items[0];
+    }
     const bool is_list = v->kind == Kind::kList || v->kind == Kind::kTuple;
     const bool is_dict = v->IsDictLike();
     if (!is_list && !is_dict) {

@@ -74,7 +74,9 @@ void ForEachInPickleOrder(
 
 /// Visits every node reachable from `root` through dict / OrderedDict / list /
 /// tuple containers (dict keys must be str or int; other entries are
-/// skipped), in depth-first pre-order, each container once. For every
+/// skipped), in depth-first pre-order, each container once; LibTorch's
+/// type-tag wrappers (torch.jit._pickle.restore_type_tag(obj, type),
+/// build_tensorlist(list), build_genericlist(list)) are seen through. For every
 /// non-container node for which `wanted` is true, calls `visit(node, path)`.
 /// Iterative: any depth. The paths handed to `visit` may hold at most
 /// `max_path_bytes` in all (each component counts its size plus its string's

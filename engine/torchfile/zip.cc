@@ -14,6 +14,7 @@
 #include "engine/core/checked.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/hash.h"
 #include "engine/torchfile/crc32_fast.h"
 
 namespace ucp::torchfile {
@@ -488,7 +489,12 @@ void ZipReader::ReadRange(const ZipEntry& entry, uint64_t offset,
 }
 
 bool ZipReader::CheckCrc(const ZipEntry& entry) const {
+  return Digest(entry).crc_ok;
+}
+
+ZipReader::RecordDigest ZipReader::Digest(const ZipEntry& entry) const {
   uint32_t crc = 0;
+  Xxh3Hasher hasher;
   if (entry.method == kZipStored) {
     std::vector<std::byte> buf(
         std::min<uint64_t>(entry.uncompressed_size, uint64_t{8} << 20));
@@ -497,13 +503,15 @@ bool ZipReader::CheckCrc(const ZipEntry& entry) const {
           std::min<uint64_t>(buf.size(), entry.uncompressed_size - done));
       ReadRange(entry, done, std::span<std::byte>(buf.data(), n));
       crc = Crc32(std::span<const std::byte>(buf.data(), n), crc);
+      hasher.Update(buf.data(), n);
       done += n;
     }
   } else {
     std::string all = ReadRecord(entry, entry.uncompressed_size);
     crc = Crc32(std::as_bytes(std::span<const char>(all.data(), all.size())));
+    hasher.Update(all.data(), all.size());
   }
-  return crc == entry.crc32;
+  return {crc == entry.crc32, hasher.Digest()};
 }
 
 // --- Layout ------------------------------------------------------------------

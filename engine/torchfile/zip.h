@@ -131,6 +131,14 @@ class ZipReader {
   /// the directory's. Throws like ReadRange.
   bool CheckCrc(const ZipEntry& entry) const;
 
+  /// One pass over the uncompressed content: whether its CRC-32 matches the
+  /// directory's, and its XXH3-64 (ucp.manifest.json). Throws like ReadRange.
+  struct RecordDigest {
+    bool crc_ok = false;
+    uint64_t xxh3 = 0;
+  };
+  RecordDigest Digest(const ZipEntry& entry) const;
+
  private:
   struct Impl;
   explicit ZipReader(std::unique_ptr<Impl> impl);

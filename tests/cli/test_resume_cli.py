@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
+
+import xxhash
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 DS = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5" / "ds0145_z2_fp32_w2_mlp"
@@ -137,7 +140,11 @@ def test_fault_matrix():
                 assert [s["name"] for s in r["skipped"]] == \
                     [f"global_step{k}" for k in (3, 2, 1) if f"global_step{k}" in damaged
                      and int(f"global_step{k}"[-1]) > int(intact[0][-1])], (where, r["skipped"])
-                assert r["reshaped"] == (intact[0] != "global_step3"), (where, r)
+                # Same layout: no reshape; an untracked one is hard-linked.
+                assert not r["reshaped"], (where, r)
+                assert (r["load"] == str(save)) == (intact[0] == "global_step3"), (where, r)
+                if intact[0] != "global_step3":
+                    assert r["linked_files"] == len(list((save / intact[0]).iterdir())), (where, r)
             shutil.rmtree(save)
 
 
@@ -172,6 +179,130 @@ def test_megatron_save_folder():
         flip_inside_a_record(victim, random.Random(1))
         p = run("resume", save, "--tp", 2, "--pp", 2, "--dp", 2, "--distributed-optimizer", expect=3)
         assert "no complete and intact checkpoint" in p.stderr and victim.name in p.stderr, p.stderr
+
+
+def rewrite_record(path, rng):
+    """Flips a byte inside a tensor record and writes the record's new CRC-32
+    into the central directory and the data descriptor: the archive is
+    consistent again (torch.load takes it, same size); only a manifest
+    tells."""
+    with zipfile.ZipFile(path) as z:
+        infos = [i for i in z.infolist() if "/data/" in i.filename and i.file_size > 0]
+    info = rng.choice(infos)
+    data = bytearray(path.read_bytes())
+    head = info.header_offset
+    start = head + 30 + int.from_bytes(data[head + 26:head + 28], "little") + \
+        int.from_bytes(data[head + 28:head + 30], "little")
+    old = zlib.crc32(data[start:start + info.file_size]).to_bytes(4, "little")
+    data[start + rng.randrange(info.file_size)] ^= 0x10
+    new = zlib.crc32(data[start:start + info.file_size]).to_bytes(4, "little")
+    name = info.filename.encode()
+    at = data.find(b"PK\x01\x02" + b"", 0)
+    while at >= 0:  # the central-directory entry of this record
+        n = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + n] == name:
+            assert data[at + 16:at + 20] == old
+            data[at + 16:at + 20] = new
+            break
+        at = data.find(b"PK\x01\x02", at + 4)
+    end = start + info.file_size  # the data descriptor, if any
+    for off in (end, end + 4):
+        if data[off:off + 4] == old:
+            data[off:off + 4] = new
+    if data[head + 14:head + 18] == old:
+        data[head + 14:head + 18] = new
+    path.write_bytes(bytes(data))
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None  # every CRC holds
+    return info.filename
+
+
+def test_manifest():
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        save = ds_save(pathlib.Path(t))
+        ckpt = save / "global_step2"
+        m = json.loads(run("manifest", save, "--tag", "global_step2", "--json").stdout)
+        assert m["manifest"] == str(ckpt / "ucp.manifest.json"), m
+        doc = json.loads((ckpt / "ucp.manifest.json").read_text())
+        assert (doc["format"], doc["version"], doc["hash"]) == ("ucp.manifest", 1, "xxh3-64"), doc
+        # Independent oracle: sizes from stat, record names and XXH3-64 from
+        # Python's zipfile and xxhash.
+        files = sorted(p.name for p in ckpt.iterdir() if p.name != "ucp.manifest.json")
+        assert sorted(doc["files"]) == files, doc["files"].keys()
+        for name in files:
+            f = doc["files"][name]
+            assert f["size"] == (ckpt / name).stat().st_size
+            with zipfile.ZipFile(ckpt / name) as z:
+                want = {i.filename: xxhash.xxh3_64_hexdigest(z.read(i)) for i in z.infolist()}
+            assert f["records"] == want, name
+        assert "manifest" in run("verify", ckpt).stdout
+        # A record rewritten with a valid CRC: only the manifest catches it.
+        victim = ckpt / files[0]
+        record = rewrite_record(victim, random.Random(3))
+        p = run("verify", ckpt, expect=3)
+        assert "ucp.manifest.json" in p.stderr and record in p.stderr and victim.name in p.stderr, p.stderr
+        assert "\n" not in p.stderr.strip()
+        run("verify", save / "global_step1")  # no manifest: CRCs only
+        (save / "latest").write_text("global_step2")
+        r = resume(save, "--dp", 2, "--zero-stage", 2)
+        assert r["checkpoint"] == "global_step3" and r["reshaped"] is False, r
+        shutil.rmtree(save / "global_step3")
+        r = resume(save, "--dp", 2, "--zero-stage", 2)
+        assert r["checkpoint"] == "global_step1", r
+        assert r["skipped"][0]["name"] == "global_step2" and "ucp.manifest.json" in r["skipped"][0]["reason"], r
+        # A listed file that is gone; a manifest that is not one.
+        shutil.copytree(DS / "global_step2", save / "global_step4")
+        run("manifest", save / "global_step4", "-q")
+        (save / "global_step4" / "extra.pt").write_bytes(b"x")
+        doc = json.loads((save / "global_step4" / "ucp.manifest.json").read_text())
+        doc["files"]["extra.pt"] = {"size": 1, "xxh3": xxhash.xxh3_64_hexdigest(b"x")}
+        (save / "global_step4" / "ucp.manifest.json").write_text(json.dumps(doc))
+        run("verify", save / "global_step4")
+        (save / "global_step4" / "extra.pt").unlink()
+        p = run("verify", save / "global_step4", expect=3)
+        assert "extra.pt" in p.stderr and "missing" in p.stderr, p.stderr
+        (save / "global_step4" / "ucp.manifest.json").write_text("{")
+        p = run("verify", save / "global_step4", expect=3)
+        assert "ucp.manifest.json" in p.stderr, p.stderr
+        run("manifest", save / "nothing", expect=5)
+
+
+def test_untracked_checkpoint_is_hard_linked():
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        save = ds_save(pathlib.Path(t))
+        os.remove(next((save / "global_step3").glob("*optim_states.pt")))
+        r = resume(save, "--dp", 2, "--zero-stage", 2)
+        load = pathlib.Path(r["load"])
+        assert (r["checkpoint"], r["reshaped"]) == ("global_step2", False), r
+        assert load == save / "ucp-resume" / "global_step2-tp1-pp1-vpp1-dp2-z2", r
+        src = sorted((save / "global_step2").iterdir())
+        assert r["linked_files"] == len(src) and r["copied_files"] == 0, r
+        for f in src:
+            assert os.stat(f).st_ino == os.stat(load / "global_step2" / f.name).st_ino, f
+        assert (load / "latest").read_text() == "global_step2"
+        run("verify", load, "-q")
+        assert resume(save, "--dp", 2, "--zero-stage", 2)["load"] == str(load)
+
+
+def test_reused_load_folder_is_verified():
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        save = ds_save(pathlib.Path(t))
+        r = resume(save, "--dp", 3, "--zero-stage", 1)
+        load = pathlib.Path(r["load"])
+        assert (load / "global_step3" / "ucp.manifest.json").exists()
+        good = {p.name: p.read_bytes() for p in (load / "global_step3").iterdir()}
+        victim = sorted((load / "global_step3").glob("*optim_states.pt"))[1]
+        rewrite_record(victim, random.Random(5))
+        p = run("resume", save, "--dp", 3, "--zero-stage", 1, "--json")
+        assert "remaking" in p.stderr and victim.name in p.stderr, p.stderr
+        assert json.loads(p.stdout)["load"] == str(load)
+        assert {p.name: p.read_bytes() for p in (load / "global_step3").iterdir()} == good
+        # With -o the folder is the user's: an error, nothing removed.
+        out = pathlib.Path(t) / "mine"
+        resume(save, "--dp", 3, "--zero-stage", 1, "-o", out)
+        rewrite_record(sorted((out / "global_step3").glob("*optim_states.pt"))[0], random.Random(6))
+        p = run("resume", save, "--dp", 3, "--zero-stage", 1, "-o", out, expect=3)
+        assert str(out) in p.stderr and (out / "global_step3").is_dir(), p.stderr
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/formats/deepspeed/deepspeed.h"
 
 namespace ucp::deepspeed {
@@ -91,6 +92,10 @@ class DeepSpeedDriver : public formats::Driver {
     }
     return std::make_unique<NativeSource>(Discover(path, options.selector.tag),
                                           options);
+  }
+  void WriteTracker(const fs::path& dir,
+                    const formats::CheckpointInfo& c) const override {
+    WriteFileAtomically(dir / kLatestFile, c.tag);
   }
   bool CanWrite() const override { return true; }
   formats::TargetSummary Write(

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 
@@ -96,6 +97,13 @@ class MegatronDriver : public formats::Driver {
     }
     return std::make_unique<MegatronSource>(
         Discover(path, options.selector.iteration), options);
+  }
+  void WriteTracker(const fs::path& dir,
+                    const formats::CheckpointInfo& c) const override {
+    const std::string name = c.path.filename().string();
+    WriteFileAtomically(dir / kTrackerFile, name == kReleaseDir
+                                                ? std::string(kReleaseDir)
+                                                : std::to_string(c.iteration));
   }
   bool CanWrite() const override { return true; }
   formats::TargetSummary Write(

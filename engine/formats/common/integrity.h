@@ -1,0 +1,63 @@
+#pragma once
+// Integrity of a saved checkpoint's files, beyond "it parses":
+//
+// * the CRC-32 torch.save keeps for every zip record, recomputed (a byte
+//   flipped inside a tensor after the file was written is caught without any
+//   manifest);
+// * when the checkpoint folder holds `ucp.manifest.json`, each file's size
+//   and each record's XXH3-64 against it.
+//
+// ucp.manifest.json (written by `ucp manifest CKPT`, and by ucp itself beside
+// the load folders `ucp resume` makes):
+//
+//   {
+//     "format": "ucp.manifest", "version": 1, "hash": "xxh3-64",
+//     "files": {
+//       "<path relative to the manifest's folder>": {
+//         "size": <bytes>,
+//         "records": {"<zip record name>": "<16 hex digits>", ...}
+//       },
+//       "<a file that is not a zip (legacy torch.save, marker)>": {
+//         "size": <bytes>, "xxh3": "<16 hex digits of the whole file>"
+//       }
+//     }
+//   }
+//
+// Every file the checkpoint needs must be listed with the same size and
+// hashes; files the manifest lists must exist.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace ucp::formats {
+
+inline constexpr const char* kManifestName = "ucp.manifest.json";
+
+struct IntegrityReport {
+  int64_t files = 0;
+  int64_t zips = 0;
+  int64_t records = 0;
+  bool manifest = false;  // checked against (or written to) ucp.manifest.json
+  /// "12 records of 4 torch.save files match their CRC-32 and ucp.manifest.json".
+  std::string Summary() const;
+};
+
+/// Reads each of `files` once and checks it as described above. `dir` is the
+/// checkpoint folder that may hold ucp.manifest.json (the files' paths are
+/// taken relative to it). Progress is reported on stderr.
+/// Throws FormatError naming the file and record on a CRC or manifest
+/// mismatch, a malformed manifest, or a listed file that is missing; IoError
+/// if a file cannot be read.
+IntegrityReport CheckIntegrity(const std::filesystem::path& dir,
+                               const std::vector<std::filesystem::path>& files);
+
+/// Writes `dir/ucp.manifest.json` (atomically) for `files`, all of which lie
+/// under `dir`, after checking their CRC-32s (a manifest of damaged files
+/// would bless them). Throws like CheckIntegrity (a manifest already there is
+/// not consulted), UsageError if a file lies outside `dir`.
+IntegrityReport WriteManifest(const std::filesystem::path& dir,
+                              const std::vector<std::filesystem::path>& files);
+
+}  // namespace ucp::formats
