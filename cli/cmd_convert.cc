@@ -155,21 +155,8 @@ std::unique_ptr<formats::Source> SourceArgs::Open(const fs::path& path) const {
   return d.Open(path, Options());
 }
 
-namespace {
-
-struct TargetArgs {
-  std::string format;
-  int64_t tp = 1, pp = 1, vpp = 1, dp = 0;
-  int zero_stage = -1;
-  bool distributed_optimizer = false;
-  bool no_optimizer = false;
-  int64_t vocab_size = 0;
-  std::string tag;
-
-  // `tag_option`: "tag" for reshape, "target-tag" for convert (where --tag
-  // selects the source's tag).
-  void Add(po::options_description& d, bool with_vocab,
-           const char* tag_option) {
+void TargetArgs::Add(po::options_description& d, bool with_vocab,
+                     const char* tag_option) {
     d.add_options()("format", po::value<std::string>(&format),
                     "target format (default: the source's)")(
         "tp", po::value<int64_t>(&tp)->default_value(1),
@@ -191,8 +178,9 @@ struct TargetArgs {
                       "the tokenizer's true vocabulary size, when the "
                       "universal file lacks it");
     }
-  }
-  formats::TargetOptions Options() const {
+}
+
+formats::TargetOptions TargetArgs::Options() const {
     if (tp < 1 || pp < 1 || vpp < 1 || dp < 1) {
       throw UsageError("--tp, --pp, --vpp and --dp must be >= 1");
     }
@@ -207,13 +195,13 @@ struct TargetArgs {
     o.tag = tag;
     if (vocab_size > 0) o.true_vocab_size = vocab_size;
     return o;
-  }
-  std::string Describe() const {
+}
+
+std::string TargetArgs::Describe() const {
     return StrCat("tp ", tp, ", pp ", pp, ", vpp ", vpp, ", dp ", dp,
                   distributed_optimizer ? ", distributed optimizer" : "",
                   zero_stage >= 0 ? StrCat(", zero stage ", zero_stage) : "");
-  }
-};
+}
 
 json::Value TopologyJson(const layouts::Topology& t, bool distopt,
                          std::optional<int> zero_stage) {
@@ -225,14 +213,6 @@ json::Value TopologyJson(const layouts::Topology& t, bool distopt,
   j["distributed_optimizer"] = distopt;
   if (zero_stage) j["zero_stage"] = *zero_stage;
   return j;
-}
-
-void CheckNewFile(const fs::path& out, bool force) {
-  std::error_code ec;
-  if (fs::exists(out, ec) && !force) {
-    throw UsageError("output ", out.string(),
-                     " already exists (pass --force to replace it)");
-  }
 }
 
 // The driver a universal file was made from: the source JSON's "driver", or
@@ -277,6 +257,16 @@ const formats::Driver& TargetDriver(const std::string& format,
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
       .count();
+}
+
+namespace {
+
+void CheckNewFile(const fs::path& out, bool force) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !force) {
+    throw UsageError("output ", out.string(),
+                     " already exists (pass --force to replace it)");
+  }
 }
 
 void PrintTargetResult(const char* command, const fs::path& out,
@@ -453,298 +443,5 @@ int RunConvert(const std::vector<std::string>& args) {
   return 0;
 }
 
-
-namespace {
-
-constexpr const char* kResumeHelp =
-    "usage: ucp resume SAVE_DIR --dp N [--tp N --pp N --vpp N]\n"
-    "                  [--distributed-optimizer | --zero-stage S] [--format F]\n"
-    "                  [--global-batch-size B] [--ignore-data-skip | --data-skip-steps N]\n"
-    "                  [-o OUT] [--json]\n"
-    "\n"
-    "A launcher pre-step for elastic training: finds the newest checkpoint in\n"
-    "SAVE_DIR that is complete and intact (every rank file present and\n"
-    "parsing, every tensor covered, replicas identical, the CRC-32 of every\n"
-    "torch.save record, sizes and xxh3 against the checkpoint's\n"
-    "ucp.manifest.json if it has one: see ucp manifest), explaining each\n"
-    "newer one it skips. If that checkpoint already has the requested layout\n"
-    "and the tracker / latest names it, prints SAVE_DIR and changes nothing;\n"
-    "otherwise it makes a load folder (default\n"
-    "SAVE_DIR/ucp-resume/<name>-tpT-ppP-vppV-dpD...) and prints it: the\n"
-    "checkpoint's files hard-linked beside a tracker naming it when only the\n"
-    "tracker was wrong, else the checkpoint reshaped for the new layout with\n"
-    "a ucp.manifest.json. A load folder already there is verified against\n"
-    "its manifest and reused. The source is never modified. Ranks that run\n"
-    "it at once take turns\n"
-    "(a lock in SAVE_DIR) and print the same answer.\n"
-    "data_skip_steps = consumed samples / --global-batch-size (floor), 0 with\n"
-    "--ignore-data-skip, or --data-skip-steps.\n"
-    "\n"
-    "examples:\n"
-    "  ucp resume /ckpt/gpt --tp 2 --pp 2 --dp 4 --distributed-optimizer\n"
-    "  ucp resume /ckpt/ds --dp 3 --zero-stage 2 --global-batch-size 96 --json\n"
-    "\n"
-    "options";
-
-struct Candidate {
-  const formats::Driver* driver = nullptr;
-  formats::SavedCheckpoint checkpoint;
-};
-
-// Every checkpoint any format lists in `dir`, newest first.
-std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
-  std::vector<Candidate> out;
-  for (const formats::Driver* d : formats::Drivers()) {
-    if (!d->CanRead()) continue;
-    for (formats::SavedCheckpoint& c : d->ListCheckpoints(dir))
-      out.push_back({d, std::move(c)});
-  }
-  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    return a.checkpoint.iteration != b.checkpoint.iteration
-               ? a.checkpoint.iteration > b.checkpoint.iteration
-               : a.checkpoint.name > b.checkpoint.name;
-  });
-  return out;
-}
-
-// Whether the save folder's own tracker / `latest` names checkpoint `name`:
-// what the driver opens without a selector.
-bool Tracked(const formats::Driver& d, const fs::path& save,
-             const std::string& name) {
-  try {
-    return d.Open(save, {})->info().path.filename() == name;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
-// Holds an exclusive flock on SAVE_DIR/.ucp-resume.lock while alive.
-class ResumeLock {
- public:
-  explicit ResumeLock(const fs::path& dir) {
-    const fs::path p = dir / ".ucp-resume.lock";
-    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      throw IoError("cannot create the lock ", p.string(), ": ",
-                    std::strerror(errno));
-    }
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        throw IoError("cannot lock ", p.string(), ": ", std::strerror(errno));
-      }
-    }
-  }
-  ~ResumeLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-  ResumeLock(const ResumeLock&) = delete;
-  ResumeLock& operator=(const ResumeLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-}  // namespace
-
-int RunResume(const std::vector<std::string>& args) {
-  po::options_description desc(kResumeHelp);
-  std::string output;
-  TargetArgs target;
-  RunOptions run;
-  int64_t global_batch = 0, skip_steps = -1;
-  bool ignore_skip = false;
-  desc.add_options()("output,o", po::value<std::string>(&output),
-                     "the load folder to create (default: "
-                     "SAVE_DIR/ucp-resume/<name>-<layout>)")(
-      "global-batch-size", po::value<int64_t>(&global_batch),
-      "the new run's global batch size (for data_skip_steps)")(
-      "ignore-data-skip", po::bool_switch(&ignore_skip),
-      "data_skip_steps = 0")("data-skip-steps", po::value<int64_t>(&skip_steps),
-                             "data_skip_steps as given");
-  target.Add(desc, /*with_vocab=*/false, "target-tag");
-  AddRunOptions(desc, run);
-  po::variables_map vm;
-  if (!Parse(args, desc, {"save_dir"}, vm)) return 0;
-  if (!vm.count("save_dir")) throw UsageError("resume needs a SAVE_DIR");
-  if (vm.count("global-batch-size") && global_batch < 1)
-    throw UsageError("--global-batch-size must be >= 1");
-  if (ignore_skip && skip_steps >= 0)
-    throw UsageError("--ignore-data-skip and --data-skip-steps exclude each other");
-  if (vm.count("data-skip-steps") && skip_steps < 0)
-    throw UsageError("--data-skip-steps must be >= 0");
-  const reshape::ExecutorOptions executor = run.Executor();  // checks first
-  SetProgressMode(run.quiet, run.progress);
-  const formats::TargetOptions options = target.Options();
-  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
-  const fs::path save = vm["save_dir"].as<std::string>();
-  std::error_code ec;
-  if (!fs::is_directory(save, ec)) {
-    throw IoError("save folder ", save.string(),
-                  " does not exist or is not a folder");
-  }
-  const auto start = std::chrono::steady_clock::now();
-  ResumeLock lock(save);
-
-  // The newest checkpoint that is whole and intact.
-  json::Value skipped = json::Value::Array();
-  std::unique_ptr<formats::Source> source;
-  std::optional<universal::SourcePlan> plan;
-  Candidate chosen;
-  const std::vector<Candidate> candidates = FindCheckpoints(save);
-  for (const Candidate& c : candidates) {
-    try {
-      formats::SourceOptions so;
-      so.selector = c.checkpoint.selector;
-      std::unique_ptr<formats::Source> s = c.driver->Open(save, so);
-      universal::SourcePlan p = s->Plan();
-      universal::VerifySource(p, executor);
-      formats::CheckIntegrity(s->info().path, s->info().files);
-      source = std::move(s);
-      plan = std::move(p);
-      chosen = c;
-      break;
-    } catch (const Error& e) {
-      json::Value j;
-      j["name"] = c.checkpoint.name;
-      j["iteration"] = c.checkpoint.iteration;
-      j["reason"] = std::string(e.what());
-      skipped.Append(std::move(j));
-      if (!run.json) {
-        std::fprintf(stderr, "ucp: skipped %s (iteration %lld): %s\n",
-                     OneLine(c.checkpoint.name).c_str(),
-                     static_cast<long long>(c.checkpoint.iteration),
-                     OneLine(e.what()).c_str());
-      }
-    }
-  }
-  if (source == nullptr) {
-    throw FormatError("no complete and intact checkpoint in ", save.string(),
-                      " (", candidates.size(), " found, all skipped)");
-  }
-  const formats::CheckpointInfo& info = source->info();
-  const std::string& name = chosen.checkpoint.name;
-  const formats::Driver& driver =
-      TargetDriver(target.format, std::string(chosen.driver->Name()));
-  const layouts::Topology& want = options.topology;
-  const bool fits =
-      &driver == chosen.driver && info.topology.tp == want.tp &&
-      info.topology.pp == want.pp && info.topology.vpp == want.vpp &&
-      info.topology.dp == want.dp &&
-      info.distributed_optimizer == options.distributed_optimizer &&
-      (!options.zero_stage || info.zero_stage == options.zero_stage);
-
-  fs::path load = save;
-  bool reshaped = false;
-  int64_t linked = 0, copied = 0;
-  if (!fits || !Tracked(driver, save, name)) {
-    fs::path out = output;
-    if (out.empty()) {
-      out = save / "ucp-resume" /
-            StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp",
-                   want.vpp, "-dp", want.dp,
-                   options.distributed_optimizer ? "-do" : "",
-                   options.zero_stage ? StrCat("-z", *options.zero_stage) : "",
-                   &driver != chosen.driver
-                       ? StrCat("-", std::string(driver.Name()))
-                       : "");
-      fs::create_directories(out.parent_path(), ec);
-    }
-    load = out;
-    reshaped = !fits;
-    bool reuse = fs::exists(out, ec);
-    if (reuse) {
-      // Made by an earlier run (or another rank): it must be whole and
-      // intact (against its ucp.manifest.json) before it is handed out.
-      try {
-        const std::unique_ptr<formats::Source> made = driver.Open(out, {});
-        made->Plan();
-        formats::CheckIntegrity(made->info().path, made->info().files);
-        if (made->info().iteration != info.iteration) {
-          throw FormatError("holds iteration ", made->info().iteration,
-                            ", not ", info.iteration);
-        }
-      } catch (Error& e) {
-        e.AddContext("load folder ", out.string());
-        if (!output.empty()) throw;  // -o: not ours to delete
-        std::fprintf(stderr, "ucp: note: remaking %s\n",
-                     OneLine(e.what()).c_str());
-        fs::remove_all(out, ec);
-        if (ec) {
-          throw IoError("cannot remove the damaged load folder ", out.string(),
-                        ": ", ec.message());
-        }
-        reuse = false;
-      }
-    }
-    if (!reuse) {
-      universal::StagedDirectory staged(out);
-      if (fits) {
-        // The right layout, not the tracked one: hard links and a tracker.
-        const LinkCounts n =
-            LinkTree(info.path, staged.path() / info.path.filename());
-        driver.WriteTracker(staged.path(), info);
-        linked = n.linked;
-        copied = n.copied;
-      } else {
-        std::unique_ptr<universal::UniversalInput> input =
-            universal::PlanInput(*plan, info.path, executor);
-        CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
-        driver.Write(*input, staged.path(), options, executor);
-        // What a later run checks before reusing the folder.
-        const std::unique_ptr<formats::Source> written =
-            driver.Open(staged.path(), {});
-        formats::WriteManifest(written->info().path, written->info().files);
-      }
-      staged.Commit();
-    }
-  }
-
-  const int64_t consumed = plan->root.consumed_samples;
-  json::Value skip_json;  // null when unknown
-  if (ignore_skip) {
-    skip_json = int64_t{0};
-  } else if (skip_steps >= 0) {
-    skip_json = skip_steps;
-  } else if (global_batch > 0 && consumed >= 0) {
-    skip_json = consumed / global_batch;
-  }
-  if (run.json) {
-    json::Value j;
-    j["ok"] = true;
-    j["load"] = load.string();
-    j["checkpoint"] = name;
-    j["iteration"] = info.iteration;
-    j["format"] = std::string(driver.Name());
-    j["reshaped"] = reshaped;
-    j["linked_files"] = linked;
-    j["copied_files"] = copied;
-    j["skipped"] = std::move(skipped);
-    j["consumed_samples"] = consumed;
-    if (global_batch > 0) j["global_batch_size"] = global_batch;
-    j["data_skip_steps"] = std::move(skip_json);
-    j["seconds"] = Since(start);
-    PrintJson(j);
-  } else {
-    std::printf("%s\n", load.string().c_str());
-    std::fprintf(stderr, "ucp: resume from %s (iteration %lld)%s%s\n",
-                 name.c_str(), static_cast<long long>(info.iteration),
-                 reshaped ? ", reshaped for " : ", as saved",
-                 reshaped ? target.Describe().c_str() : "");
-    if (linked + copied > 0) {
-      std::fprintf(stderr,
-                   "ucp: %s is not the tracked checkpoint: %lld files "
-                   "hard-linked%s into the load folder\n",
-                   name.c_str(), static_cast<long long>(linked),
-                   copied ? StrCat(" (", copied,
-                                   " copied: another filesystem)").c_str()
-                          : "");
-    }
-    if (!skip_json.is_null()) {
-      std::fprintf(stderr, "ucp: data_skip_steps %lld\n",
-                   static_cast<long long>(skip_json.AsInt()));
-    }
-  }
-  return 0;
-}
 
 }  // namespace ucp::cli

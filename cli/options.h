@@ -2,6 +2,8 @@
 // Shared command-line helpers. Boost.Program_options is used only in cli/.
 
 #include <boost/program_options.hpp>
+#include <chrono>
+#include <optional>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -14,6 +16,9 @@
 
 namespace ucp::json {
 class Value;
+}
+namespace ucp::atoms {
+struct RootInfo;
 }
 
 namespace ucp::cli {
@@ -60,6 +65,37 @@ struct SourceArgs {
   std::unique_ptr<formats::Source> Open(
       const std::filesystem::path& path) const;
 };
+
+/// The target layout options of reshape / convert / resume.
+struct TargetArgs {
+  std::string format;
+  int64_t tp = 1, pp = 1, vpp = 1, dp = 0;
+  int zero_stage = -1;
+  bool distributed_optimizer = false;
+  bool no_optimizer = false;
+  int64_t vocab_size = 0;
+  std::string tag;
+
+  /// `tag_option`: "tag" for reshape, "target-tag" for convert and resume
+  /// (where --tag selects the source's tag).
+  void Add(po::options_description& d, bool with_vocab, const char* tag_option);
+  /// Throws UsageError on sizes < 1.
+  formats::TargetOptions Options() const;
+  /// "tp 2, pp 2, vpp 1, dp 4, distributed optimizer".
+  std::string Describe() const;
+};
+
+/// {"tp", "pp", "vpp", "dp", "distributed_optimizer"[, "zero_stage"]}.
+json::Value TopologyJson(const layouts::Topology& t, bool distopt,
+                         std::optional<int> zero_stage);
+/// The driver a universal file was made from ("" if unknown).
+std::string NativeFormat(const atoms::RootInfo& root);
+/// `format`, else `native`: a writable driver. Throws UsageError naming the
+/// writable formats.
+const formats::Driver& TargetDriver(const std::string& format,
+                                    const std::string& native);
+/// Seconds since `t`.
+double Since(std::chrono::steady_clock::time_point t);
 
 /// A lower bound of the bytes a checkpoint written from `input` takes: every
 /// master weight and optimizer state (atoms other than training-dtype

@@ -376,6 +376,33 @@ def test_megatron_fault_matrix():
             shutil.rmtree(save)
 
 
+def test_universal_file_in_save_folder():
+    """A universal file in SAVE_DIR is a candidate like any checkpoint: newest
+    wins, its xxh3 checksums are its integrity check."""
+    import h5py
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        t = pathlib.Path(t)
+        save = ds_save(t, tags=(1,))
+        run("to-universal", DS, "-o", save / "model.ucp.h5", "-q")  # iteration 2
+        r = resume(save, "--dp", 3, "--zero-stage", 1)
+        assert (r["checkpoint"], r["iteration"], r["reshaped"]) == ("model.ucp.h5", 2, True), r
+        load = pathlib.Path(r["load"])
+        assert load.name == "model.ucp.h5-tp1-pp1-vpp1-dp3-z1", load
+        run("to-universal", load, "-o", t / "back.h5", "-q")
+        assert same_atoms(save / "model.ucp.h5", t / "back.h5") > 0
+        # A flipped byte inside a dataset: skipped, back to global_step1.
+        with h5py.File(save / "model.ucp.h5", "r") as f:
+            names = []
+            f["params"].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and o.size > 4 else None)
+            offset = f["params"][names[0]].id.get_offset()
+        data = bytearray((save / "model.ucp.h5").read_bytes())
+        data[offset + 3] ^= 0x40
+        (save / "model.ucp.h5").write_bytes(bytes(data))
+        r = resume(save, "--dp", 2, "--zero-stage", 2)
+        assert r["checkpoint"] == "global_step1", r
+        assert r["skipped"][0]["name"] == "model.ucp.h5" and "xxh3" in r["skipped"][0]["reason"], r
+
+
 def test_kill9_during_resume():
     """kill -9 at random moments of `ucp resume` (while it reshapes): a rerun
     succeeds, hands out a whole load folder, and no staging is left."""
