@@ -257,6 +257,13 @@ int RunResume(const std::vector<std::string>& args) {
       }
     }
   }
+  if (candidates.empty()) {
+    std::string kinds;
+    for (const formats::Driver* d : formats::Drivers())
+      if (d->CanRead()) kinds += StrCat(kinds.empty() ? "" : ", ", d->Name());
+    throw FormatError("no checkpoint in ", save.string(), " (looked for ",
+                      kinds, " checkpoints and universal files)");
+  }
   if (!chosen) {
     throw FormatError("no complete and intact checkpoint in ", save.string(),
                       " (", candidates.size(), " found, all skipped)");

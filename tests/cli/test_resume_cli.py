@@ -123,7 +123,7 @@ def test_fault_matrix():
     with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
         t = pathlib.Path(t)
         pristine = ds_save(t)
-        for case in range(60):
+        for case in range(150):
             save = t / f"case{case}"
             shutil.copytree(pristine, save)
             damaged = set()
@@ -340,7 +340,7 @@ def test_megatron_fault_matrix():
             shutil.copytree(src / f"iter_{tracked:07d}", pristine / n)
         (pristine / "latest_checkpointed_iteration.txt").write_text(str(tracked + 2))
         flags = ("--tp", 2, "--pp", 2, "--dp", 2, "--distributed-optimizer")
-        for case in range(40):
+        for case in range(100):
             save = t / f"case{case}"
             shutil.copytree(pristine, save)
             damaged, faults = set(), []
@@ -401,6 +401,31 @@ def test_universal_file_in_save_folder():
         r = resume(save, "--dp", 2, "--zero-stage", 2)
         assert r["checkpoint"] == "global_step1", r
         assert r["skipped"][0]["name"] == "model.ucp.h5" and "xxh3" in r["skipped"][0]["reason"], r
+
+
+def test_bad_input():
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        t = pathlib.Path(t)
+        (t / "empty").mkdir()
+        p = run("resume", t / "empty", "--dp", 1, expect=3)
+        assert "no checkpoint in" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        (t / "file").write_text("x")
+        p = run("resume", t / "file", "--dp", 1, expect=5)
+        assert "not a folder" in p.stderr, p.stderr
+        p = run("resume", t / "missing", "--dp", 1, expect=5)
+        assert "does not exist" in p.stderr, p.stderr
+        # A layout the model cannot take: one line, exit 4, nothing written.
+        save = t / "save"
+        shutil.copytree(MEGATRON / "tp2_pp2_vpp1_dp2_do", save)
+        before = sorted(str(q.relative_to(save)) for q in save.rglob("*"))
+        for flags in (("--tp", 3, "--dp", 1), ("--pp", 64, "--dp", 1)):
+            p = run("resume", save, *flags, "--distributed-optimizer", expect=4)
+            assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+            assert "layout error" in p.stderr, p.stderr
+            after = sorted(str(q.relative_to(save)) for q in save.rglob("*")
+                           if q.name != ".ucp-resume.lock")
+            assert [a for a in after if not a.startswith("ucp-resume")] == before, after
+            assert not any((save / "ucp-resume").glob("*")) if (save / "ucp-resume").exists() else True
 
 
 def test_kill9_during_resume():
