@@ -1,6 +1,7 @@
 #include "cli/options.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <iostream>
@@ -32,6 +33,10 @@ reshape::ExecutorOptions RunOptions::Executor() const {
   o.memory_budget = reshape::ParseByteSize(memory);
   if (o.memory_budget < (16u << 20)) {
     throw UsageError("--memory ", memory, " is too small (at least 16M)");
+  }
+  // For benchmarks: the executor's chunk size (default: from --memory).
+  if (const char* c = std::getenv("UCP_CHUNK_BYTES"); c != nullptr && *c) {
+    o.chunk_bytes = reshape::ParseByteSize(c);
   }
   return o;
 }

@@ -21,7 +21,10 @@ namespace ucp::reshape {
 namespace {
 
 constexpr uint64_t kMinChunk = 1ull << 20;
-constexpr uint64_t kMaxChunk = 256ull << 20;
+// Small chunks keep a chunk in the CPU caches between its read, its write
+// and its hash: with 256 MiB chunks every stage streamed through DRAM and
+// fresh buffer pages, 2-3x slower than 4 MiB ones (bench/README.md).
+constexpr uint64_t kMaxChunk = 4ull << 20;
 
 struct WorkerBuffers {
   AlignedBuffer chunk;

@@ -5,7 +5,8 @@
 // only the source bytes it needs (pread of contiguous runs, coalesced when
 // dense), converts dtypes, zero-fills what no op covers, and is handed to the
 // target's sink. Chunk size = memory_budget / (2 x threads), clamped to
-// [1 MiB, 256 MiB]; peak buffer memory is about 2 x threads x chunk size
+// [1 MiB, 4 MiB] (cache-sized: faster than larger chunks); peak buffer
+// memory is about 2 x threads x chunk size
 // (at most memory_budget unless the 1 MiB floor applies), independent of
 // checkpoint size.
 

@@ -24,7 +24,8 @@ uint32_t Crc32(std::span<const std::byte> data, uint32_t crc) noexcept {
   size_t n = data.size();
   if (n >= 256 && internal::HaveFastCrc32()) {
     const size_t folded = n & ~size_t{15};
-    crc = internal::Crc32Folded(crc, p, folded);
+    crc = internal::HaveWideCrc32() ? internal::Crc32Wide(crc, p, folded)
+                                    : internal::Crc32Folded(crc, p, folded);
     p += folded;
     n -= folded;
   }

@@ -17,6 +17,7 @@
 #include "engine/core/aligned_buffer.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/torchfile/crc32_fast.h"
 #include "tests/testutil/testutil.h"
 #include "tests/unit/engine/torchfile/torchfile_testutil.h"
 
@@ -67,6 +68,23 @@ TEST(Crc32Property, FoldedPathMatchesBitwiseDefinition) {
     auto span =
         std::as_bytes(std::span<const unsigned char>(buf.data() + off, len));
     ASSERT_EQ(Crc32(span, init), BitwiseCrc32(buf.data() + off, len, init))
+        << "offset " << off << " length " << len;
+  }
+}
+
+TEST(Crc32Property, WideAndFoldedPathsAgree) {
+  if (!internal::HaveWideCrc32()) GTEST_SKIP() << "no AVX-512 VPCLMULQDQ";
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> buf(1 << 20);
+  for (auto& c : buf) c = static_cast<unsigned char>(rng());
+  for (int iter = 0; iter < 300; ++iter) {
+    const size_t off = rng() % 64;
+    const size_t len = (256 + rng() % (buf.size() - 320)) & ~size_t{15};
+    const uint32_t init = static_cast<uint32_t>(rng());
+    ASSERT_EQ(internal::Crc32Wide(init, buf.data() + off, len),
+              internal::Crc32Folded(init, buf.data() + off, len))
         << "offset " << off << " length " << len;
   }
 }
