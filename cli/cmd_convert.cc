@@ -3,14 +3,14 @@
 // picked through the driver registry (engine/formats/driver.h); nothing here
 // names a framework.
 
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/command.h"
@@ -157,50 +157,50 @@ std::unique_ptr<formats::Source> SourceArgs::Open(const fs::path& path) const {
 
 void TargetArgs::Add(po::options_description& d, bool with_vocab,
                      const char* tag_option) {
-    d.add_options()("format", po::value<std::string>(&format),
-                    "target format (default: the source's)")(
-        "tp", po::value<int64_t>(&tp)->default_value(1),
-        "tensor-parallel size")("pp", po::value<int64_t>(&pp)->default_value(1),
-                                "pipeline-parallel size")(
-        "vpp", po::value<int64_t>(&vpp)->default_value(1),
-        "virtual pipeline chunks per pipeline rank (1: none)")(
-        "dp", po::value<int64_t>(&dp)->required(), "data-parallel size")(
-        "distributed-optimizer", po::bool_switch(&distributed_optimizer),
-        "Megatron: write distrib_optim.pt (--use-distributed-optimizer)")(
-        "zero-stage", po::value<int>(&zero_stage),
-        "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's)")(
-        tag_option, po::value<std::string>(&tag),
-        "DeepSpeed: the target tag (default: the source's, or "
-        "global_step<N>)")("no-optimizer", po::bool_switch(&no_optimizer),
-                           "model weights only (no optimizer state)");
-    if (with_vocab) {
-      d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
-                      "the tokenizer's true vocabulary size, when the "
-                      "universal file lacks it");
-    }
+  d.add_options()("format", po::value<std::string>(&format),
+                  "target format (default: the source's)")(
+      "tp", po::value<int64_t>(&tp)->default_value(1), "tensor-parallel size")(
+      "pp", po::value<int64_t>(&pp)->default_value(1),
+      "pipeline-parallel size")(
+      "vpp", po::value<int64_t>(&vpp)->default_value(1),
+      "virtual pipeline chunks per pipeline rank (1: none)")(
+      "dp", po::value<int64_t>(&dp)->required(), "data-parallel size")(
+      "distributed-optimizer", po::bool_switch(&distributed_optimizer),
+      "Megatron: write distrib_optim.pt (--use-distributed-optimizer)")(
+      "zero-stage", po::value<int>(&zero_stage),
+      "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's)")(
+      tag_option, po::value<std::string>(&tag),
+      "DeepSpeed: the target tag (default: the source's, or "
+      "global_step<N>)")("no-optimizer", po::bool_switch(&no_optimizer),
+                         "model weights only (no optimizer state)");
+  if (with_vocab) {
+    d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
+                    "the tokenizer's true vocabulary size, when the "
+                    "universal file lacks it");
+  }
 }
 
 formats::TargetOptions TargetArgs::Options() const {
-    if (tp < 1 || pp < 1 || vpp < 1 || dp < 1) {
-      throw UsageError("--tp, --pp, --vpp and --dp must be >= 1");
-    }
-    formats::TargetOptions o;
-    o.topology.tp = tp;
-    o.topology.pp = pp;
-    o.topology.vpp = vpp;
-    o.topology.dp = dp;
-    if (zero_stage >= 0) o.zero_stage = zero_stage;
-    o.distributed_optimizer = distributed_optimizer;
-    o.no_optimizer = no_optimizer;
-    o.tag = tag;
-    if (vocab_size > 0) o.true_vocab_size = vocab_size;
-    return o;
+  if (tp < 1 || pp < 1 || vpp < 1 || dp < 1) {
+    throw UsageError("--tp, --pp, --vpp and --dp must be >= 1");
+  }
+  formats::TargetOptions o;
+  o.topology.tp = tp;
+  o.topology.pp = pp;
+  o.topology.vpp = vpp;
+  o.topology.dp = dp;
+  if (zero_stage >= 0) o.zero_stage = zero_stage;
+  o.distributed_optimizer = distributed_optimizer;
+  o.no_optimizer = no_optimizer;
+  o.tag = tag;
+  if (vocab_size > 0) o.true_vocab_size = vocab_size;
+  return o;
 }
 
 std::string TargetArgs::Describe() const {
-    return StrCat("tp ", tp, ", pp ", pp, ", vpp ", vpp, ", dp ", dp,
-                  distributed_optimizer ? ", distributed optimizer" : "",
-                  zero_stage >= 0 ? StrCat(", zero stage ", zero_stage) : "");
+  return StrCat("tp ", tp, ", pp ", pp, ", vpp ", vpp, ", dp ", dp,
+                distributed_optimizer ? ", distributed optimizer" : "",
+                zero_stage >= 0 ? StrCat(", zero stage ", zero_stage) : "");
 }
 
 json::Value TopologyJson(const layouts::Topology& t, bool distopt,
@@ -442,6 +442,5 @@ int RunConvert(const std::vector<std::string>& args) {
                     std::move(extra));
   return 0;
 }
-
 
 }  // namespace ucp::cli

@@ -35,8 +35,10 @@ namespace fs = std::filesystem;
 
 constexpr const char* kResumeHelp =
     "usage: ucp resume SAVE_DIR --dp N [--tp N --pp N --vpp N]\n"
-    "                  [--distributed-optimizer | --zero-stage S] [--format F]\n"
-    "                  [--global-batch-size B] [--ignore-data-skip | --data-skip-steps N]\n"
+    "                  [--distributed-optimizer | --zero-stage S] [--format "
+    "F]\n"
+    "                  [--global-batch-size B] [--ignore-data-skip | "
+    "--data-skip-steps N]\n"
     "                  [-o OUT] [--json]\n"
     "\n"
     "A launcher pre-step for elastic training. Finds the newest checkpoint in\n"
@@ -44,7 +46,8 @@ constexpr const char* kResumeHelp =
     "universal file) that is complete and intact, and explains each newer one\n"
     "it skips. Checked: for a checkpoint folder every rank file present and\n"
     "parsing, every tensor covered, replicas identical, the CRC-32 of every\n"
-    "torch.save record, and sizes and xxh3 against its ucp.manifest.json if it\n"
+    "torch.save record, and sizes and xxh3 against its ucp.manifest.json if "
+    "it\n"
     "has one (ucp manifest); for a universal file the xxh3 of every dataset.\n"
     "\n"
     "If that checkpoint already has the requested layout and the tracker /\n"
@@ -62,7 +65,8 @@ constexpr const char* kResumeHelp =
     "\n"
     "examples:\n"
     "  ucp resume /ckpt/gpt --tp 2 --pp 2 --dp 4 --distributed-optimizer\n"
-    "  ucp resume /ckpt/ds --dp 3 --zero-stage 2 --global-batch-size 96 --json\n"
+    "  ucp resume /ckpt/ds --dp 3 --zero-stage 2 --global-batch-size 96 "
+    "--json\n"
     "\n"
     "options";
 
@@ -208,9 +212,9 @@ int RunResume(const std::vector<std::string>& args) {
                      "SAVE_DIR/ucp-resume/<name>-<layout>)")(
       "global-batch-size", po::value<int64_t>(&global_batch),
       "the new run's global batch size (for data_skip_steps)")(
-      "ignore-data-skip", po::bool_switch(&ignore_skip),
-      "data_skip_steps = 0")("data-skip-steps", po::value<int64_t>(&skip_steps),
-                             "data_skip_steps as given");
+      "ignore-data-skip", po::bool_switch(&ignore_skip), "data_skip_steps = 0")(
+      "data-skip-steps", po::value<int64_t>(&skip_steps),
+      "data_skip_steps as given");
   target.Add(desc, /*with_vocab=*/false, "target-tag");
   AddRunOptions(desc, run);
   po::variables_map vm;
@@ -219,7 +223,8 @@ int RunResume(const std::vector<std::string>& args) {
   if (vm.count("global-batch-size") && global_batch < 1)
     throw UsageError("--global-batch-size must be >= 1");
   if (ignore_skip && skip_steps >= 0)
-    throw UsageError("--ignore-data-skip and --data-skip-steps exclude each other");
+    throw UsageError(
+        "--ignore-data-skip and --data-skip-steps exclude each other");
   if (vm.count("data-skip-steps") && skip_steps < 0)
     throw UsageError("--data-skip-steps must be >= 0");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
@@ -287,9 +292,8 @@ int RunResume(const std::vector<std::string>& args) {
     fs::path out = output;
     if (out.empty()) {
       out = save / "ucp-resume" /
-            StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp",
-                   want.vpp, "-dp", want.dp,
-                   options.distributed_optimizer ? "-do" : "",
+            StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp", want.vpp,
+                   "-dp", want.dp, options.distributed_optimizer ? "-do" : "",
                    options.zero_stage ? StrCat("-z", *options.zero_stage) : "",
                    driver.Name() != chosen->native
                        ? StrCat("-", std::string(driver.Name()))
@@ -378,13 +382,13 @@ int RunResume(const std::vector<std::string>& args) {
                  reshaped ? ", reshaped for " : ", as saved",
                  reshaped ? target.Describe().c_str() : "");
     if (linked + copied > 0) {
-      std::fprintf(stderr,
-                   "ucp: %s is not the tracked checkpoint: %lld files "
-                   "hard-linked%s into the load folder\n",
-                   name.c_str(), static_cast<long long>(linked),
-                   copied ? StrCat(" (", copied,
-                                   " copied: another filesystem)").c_str()
-                          : "");
+      std::fprintf(
+          stderr,
+          "ucp: %s is not the tracked checkpoint: %lld files "
+          "hard-linked%s into the load folder\n",
+          name.c_str(), static_cast<long long>(linked),
+          copied ? StrCat(" (", copied, " copied: another filesystem)").c_str()
+                 : "");
     }
     if (!skip_json.is_null()) {
       std::fprintf(stderr, "ucp: data_skip_steps %lld\n",

@@ -127,9 +127,7 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
              " present"));
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params planned"));
-  report.Add(
-      "integrity",
-      formats::CheckIntegrity(c.path, c.files).Summary());
+  report.Add("integrity", formats::CheckIntegrity(c.path, c.files).Summary());
   universal::VerifySummary v = universal::VerifySource(plan, executor);
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));
@@ -201,7 +199,8 @@ constexpr const char* kManifestHelp =
     "file when it is not a zip). Run it right after a framework saved a\n"
     "checkpoint (a post-save hook); `ucp verify` and `ucp resume` then check\n"
     "the files against it, so a truncated, replaced or damaged file is found\n"
-    "even where no CRC-32 would catch it. The files must be complete and parse,\n"
+    "even where no CRC-32 would catch it. The files must be complete and "
+    "parse,\n"
     "and their CRC-32s must hold: a manifest never blesses damaged files.\n"
     "\n"
     "examples:\n"

@@ -1,19 +1,19 @@
 #include "cli/options.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
-#include <map>
+#include <cstdlib>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
 #include "engine/core/staging.h"
+#include "engine/json/json.h"
 #include "engine/torchfile/zip.h"
 #include "engine/universal/input.h"
-#include "engine/json/json.h"
 
 namespace ucp::cli {
 
@@ -137,16 +137,16 @@ json::Value ReportLeftovers(const std::filesystem::path& path) {
     std::string name = l.path.filename().string();
     const size_t marker = name.find(".ucp-", 1);
     const std::string output = name.substr(1, marker - 1);
-    std::fprintf(stderr,
-                 "ucp: note: %s: staging left by ucp process %lld (%s), %s; %s\n",
-                 OneLine(l.path.string()).c_str(),
-                 static_cast<long long>(l.pid),
-                 l.running ? "still running" : "no longer running",
-                 HumanBytes(static_cast<double>(l.bytes)).c_str(),
-                 l.running ? "it is in use"
-                           : StrCat("the next ucp run writing ", OneLine(output),
-                                    " here removes it (or delete it)")
-                                 .c_str());
+    std::fprintf(
+        stderr,
+        "ucp: note: %s: staging left by ucp process %lld (%s), %s; %s\n",
+        OneLine(l.path.string()).c_str(), static_cast<long long>(l.pid),
+        l.running ? "still running" : "no longer running",
+        HumanBytes(static_cast<double>(l.bytes)).c_str(),
+        l.running ? "it is in use"
+                  : StrCat("the next ucp run writing ", OneLine(output),
+                           " here removes it (or delete it)")
+                        .c_str());
     json::Value j;
     j["path"] = l.path.string();
     j["pid"] = l.pid;

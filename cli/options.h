@@ -3,10 +3,10 @@
 
 #include <boost/program_options.hpp>
 #include <chrono>
-#include <optional>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>

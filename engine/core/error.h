@@ -52,7 +52,15 @@ class Error : public std::runtime_error {
   virtual int ExitCode() const noexcept { return 1; }
 
  private:
-  void Rebuild() { full_ = context_ + message_; }
+  // A NUL byte (from a corrupt name in a file) would cut what() short, and
+  // with it the file name the context carries: it is spelled out.
+  void Rebuild() {
+    full_ = context_ + message_;
+    for (size_t at = full_.find('\0'); at != std::string::npos;
+         at = full_.find('\0', at + 4)) {
+      full_.replace(at, 1, "\\x00");
+    }
+  }
   std::string message_;
   std::string context_;
   std::string full_;

@@ -237,7 +237,8 @@ LinkCounts LinkTree(const std::filesystem::path& src,
   namespace fs = std::filesystem;
   LinkCounts counts;
   std::error_code ec;
-  if (fs::exists(dst, ec)) throw IoError("cannot create ", dst.string(), ": it exists");
+  if (fs::exists(dst, ec))
+    throw IoError("cannot create ", dst.string(), ": it exists");
   fs::create_directory(dst, ec);
   if (ec) {
     throw IoError("cannot create ", dst.string(), ": ", ec.message());

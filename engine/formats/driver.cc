@@ -70,8 +70,8 @@ std::vector<SavedCheckpoint> Driver::ListCheckpoints(
 
 void Driver::WriteTracker(const std::filesystem::path& dir,
                           const CheckpointInfo&) const {
-  throw UsageError("format '", Name(), "' keeps no tracker file (", dir.string(),
-                   ")");
+  throw UsageError("format '", Name(), "' keeps no tracker file (",
+                   dir.string(), ")");
 }
 
 std::unique_ptr<Source> Driver::Open(const std::filesystem::path& path,

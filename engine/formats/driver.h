@@ -108,9 +108,9 @@ struct TargetSummary {
 
 /// One checkpoint of a save folder (`ucp resume`).
 struct SavedCheckpoint {
-  std::string name;         // its folder: iter_0000100, global_step100
-  int64_t iteration = -1;   // from the name; -1 if it carries none
-  Selector selector;        // Open(save_dir, {.selector = selector}) reads it
+  std::string name;        // its folder: iter_0000100, global_step100
+  int64_t iteration = -1;  // from the name; -1 if it carries none
+  Selector selector;       // Open(save_dir, {.selector = selector}) reads it
 };
 
 class Driver {

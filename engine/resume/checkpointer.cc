@@ -1,6 +1,10 @@
 #include "engine/resume/checkpointer.h"
 
 #include <fcntl.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,13 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/nn/module.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/serialize.h>
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
@@ -61,8 +60,7 @@ struct ProcessGroup::Impl {
     } catch (const std::exception& e) {
       throw IoError("rank ", rank, " of ", size, ": ", what,
                     ": a rank died or did not arrive within ",
-                    timeout.count() / 1000.0, " s (",
-                    Brief(e), ")");
+                    timeout.count() / 1000.0, " s (", Brief(e), ")");
     }
   }
   void Broadcast(at::Tensor& t, std::string_view what) const {
@@ -143,16 +141,14 @@ ProcessGroup ProcessGroup::Connect(int rank, int world_size,
     const bool loopback =
         master_addr == "127.0.0.1" || master_addr == "localhost";
     options->devices.push_back(
-        loopback
-            ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-            : c10d::ProcessGroupGloo::createDefaultDevice());
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        impl->store, rank, world_size, options);
+        loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                 : c10d::ProcessGroupGloo::createDefaultDevice());
+    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, rank,
+                                                           world_size, options);
   } catch (const std::exception& e) {
     throw IoError("rank ", rank, " of ", world_size, ": rendezvous at ",
                   master_addr, ":", master_port, " failed within ",
-                  timeout.count() / 1000.0, " s (",
-                  Brief(e), ")");
+                  timeout.count() / 1000.0, " s (", Brief(e), ")");
   }
   return ProcessGroup(std::move(impl));
 }
@@ -181,7 +177,8 @@ ProcessGroup ProcessGroup::FromEnv(std::chrono::milliseconds timeout) {
                  EnvInt("MASTER_PORT", 29500), timeout);
 }
 
-// --- Checkpointer --------------------------------------------------------------
+// --- Checkpointer
+// --------------------------------------------------------------
 
 namespace {
 
@@ -213,11 +210,13 @@ std::optional<int64_t> ParseStepName(const std::string& name) {
 void SyncPath(const fs::path& p) {
   if (!DurableWrites()) return;
   const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError("cannot open ", p.string(), ": ", std::strerror(errno));
+  if (fd < 0)
+    throw IoError("cannot open ", p.string(), ": ", std::strerror(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) throw IoError("fsync failed on ", p.string(), ": ", std::strerror(err));
+  if (rc != 0)
+    throw IoError("fsync failed on ", p.string(), ": ", std::strerror(err));
 }
 
 // tmp name, write, fsync, rename.
@@ -286,8 +285,9 @@ Layout MakeLayout(const TrainingState& s) {
     for (const at::Tensor& t : group.params()) {
       auto it = by_impl.find(t.unsafeGetTensorImpl());
       if (it == by_impl.end()) {
-        throw UsageError("the optimizer holds a tensor that is not a "
-                         "parameter of the model");
+        throw UsageError(
+            "the optimizer holds a tensor that is not a "
+            "parameter of the model");
       }
       l.params[it->second].index = index++;
     }
@@ -437,7 +437,8 @@ Meta ReadMeta(const fs::path& dir, const Layout& layout) {
     m.world = static_cast<int>(d.at("world_size").toInt());
     m.numel = d.at("numel").toInt();
     const auto params = d.at("params").toList();
-    if (m.world < 1 || static_cast<size_t>(params.size()) != layout.params.size() ||
+    if (m.world < 1 ||
+        static_cast<size_t>(params.size()) != layout.params.size() ||
         m.numel != layout.numel) {
       throw FormatError("holds ", params.size(), " params of ", m.numel,
                         " elements; the model has ", layout.params.size(),
@@ -458,8 +459,7 @@ Meta ReadMeta(const fs::path& dir, const Layout& layout) {
     e.AddContext(path.string());
     throw;
   } catch (const std::exception& e) {
-    throw FormatError(path.string(), ": ",
-                      Brief(e));
+    throw FormatError(path.string(), ": ", Brief(e));
   }
   return m;
 }
@@ -468,7 +468,8 @@ Meta ReadMeta(const fs::path& dir, const Layout& layout) {
 void CheckShard(const fs::path& path) {
   const torchfile::TorchFile f = torchfile::TorchFile::Open(path);
   const torchfile::ZipReader* zip = f.zip();
-  if (zip == nullptr) throw FormatError(path.string(), ": not a zip torch.save file");
+  if (zip == nullptr)
+    throw FormatError(path.string(), ": not a zip torch.save file");
   for (const auto& e : zip->entries()) {
     if (!zip->CheckCrc(e)) {
       throw FormatError(path.string(), " > record ", e.name,
@@ -505,7 +506,8 @@ struct Checkpointer::Impl {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(o.dir, ec)) {
       if (!e.is_directory(ec)) continue;
-      if (auto s = ParseStepName(e.path().filename().string())) steps.push_back(*s);
+      if (auto s = ParseStepName(e.path().filename().string()))
+        steps.push_back(*s);
     }
     std::sort(steps.rbegin(), steps.rend());
     return steps;
@@ -518,7 +520,8 @@ struct Checkpointer::Impl {
       RemoveLeftovers();
       std::error_code ec;
       fs::create_directories(partial, ec);
-      if (ec) throw IoError("cannot create ", partial.string(), ": ", ec.message());
+      if (ec)
+        throw IoError("cannot create ", partial.string(), ": ", ec.message());
     }
     g().Barrier("save: start");
 
@@ -533,7 +536,8 @@ struct Checkpointer::Impl {
     for (const Param& p : layout.params) {
       const AdamState st = GetState(*s.optimizer, p.tensor);
       steps.push_back(st.step);
-      const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
+      const int64_t lo = std::max(b, p.offset),
+                    hi = std::min(e, p.offset + p.numel);
       if (lo >= hi) continue;
       auto piece = [&](const at::Tensor& flat, const at::Tensor& src) {
         at::Tensor v = flat.narrow(0, lo - b, hi - lo);
@@ -543,7 +547,8 @@ struct Checkpointer::Impl {
       model.insert(p.name, piece(w, p.tensor));
       if (st.step >= 0 && p.index >= 0) {
         c10::impl::GenericDict ps(c10::StringType::get(), c10::AnyType::get());
-        ps.insert("step", at::scalar_tensor(static_cast<double>(st.step), at::kFloat));
+        ps.insert("step",
+                  at::scalar_tensor(static_cast<double>(st.step), at::kFloat));
         ps.insert("exp_avg", piece(m1, st.exp_avg));
         ps.insert("exp_avg_sq", piece(m2, st.exp_avg_sq));
         state.insert(p.index, ps);
@@ -559,17 +564,22 @@ struct Checkpointer::Impl {
       int64_t index = 0;
       for (const auto& group : s.optimizer->param_groups()) {
         std::vector<int64_t> idx;
-        for (size_t i = 0; i < group.params().size(); ++i) idx.push_back(index++);
+        for (size_t i = 0; i < group.params().size(); ++i)
+          idx.push_back(index++);
         groups.push_back(GroupDict(group, idx));
       }
     }
-    c10::IValue extra = s.extra ? c10::IValue(*s.extra) : c10::IValue(
-        c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+    c10::IValue extra = s.extra
+                            ? c10::IValue(*s.extra)
+                            : c10::IValue(c10::impl::GenericDict(
+                                  c10::StringType::get(), c10::AnyType::get()));
 
-    c10::impl::GenericDict optimizer(c10::StringType::get(), c10::AnyType::get());
+    c10::impl::GenericDict optimizer(c10::StringType::get(),
+                                     c10::AnyType::get());
     optimizer.insert("state", state);
     optimizer.insert("param_groups", groups);
-    c10::impl::GenericDict shard_info(c10::StringType::get(), c10::IntType::get());
+    c10::impl::GenericDict shard_info(c10::StringType::get(),
+                                      c10::IntType::get());
     shard_info.insert("rank", rank());
     shard_info.insert("world_size", world());
     shard_info.insert("numel", layout.numel);
@@ -582,7 +592,8 @@ struct Checkpointer::Impl {
     shard.insert("scaler", ScalerDict(s.scaler));
     shard.insert("extra", extra);
     shard.insert("shard", shard_info);
-    WriteDurably(partial / ShardName(rank(), world()), torch::pickle_save(shard));
+    WriteDurably(partial / ShardName(rank(), world()),
+                 torch::pickle_save(shard));
     Phase("shard-written", step);
     g().Barrier("save: shards written");
 
@@ -612,7 +623,9 @@ struct Checkpointer::Impl {
       if (fs::exists(final_dir, ec)) {  // saved again after a resume
         const fs::path old = o.dir / ("." + StepName(step) + ".replaced");
         fs::rename(final_dir, old, ec);
-        if (ec) throw IoError("cannot move ", final_dir.string(), " aside: ", ec.message());
+        if (ec)
+          throw IoError("cannot move ", final_dir.string(),
+                        " aside: ", ec.message());
       }
       fs::rename(partial, final_dir, ec);
       if (ec) {
@@ -665,9 +678,10 @@ struct Checkpointer::Impl {
   // This rank's slice of one kind of flat data, read from the byte ranges
   // of the old shards that overlap it. `path` selects the pieces of that
   // kind in a shard's graph.
-  at::Tensor ReadSlice(const fs::path& dir, const Meta& m, int64_t b, int64_t e,
-                       const std::function<bool(const torchfile::TensorPath&)>& kind,
-                       uint64_t* bytes) const {
+  at::Tensor ReadSlice(
+      const fs::path& dir, const Meta& m, int64_t b, int64_t e,
+      const std::function<bool(const torchfile::TensorPath&)>& kind,
+      uint64_t* bytes) const {
     at::Tensor out = at::zeros({std::max<int64_t>(0, e - b)}, at::kFloat);
     for (int s = 0; s < m.world; ++s) {
       const auto [sb, se] = Slice(m.numel, s, m.world);
@@ -694,11 +708,11 @@ struct Checkpointer::Impl {
         throw FormatError(path.string(), ": no record for storage ", st.key);
       }
       const uint64_t n = static_cast<uint64_t>(hi - lo) * 4;
-      f.zip()->ReadRange(*entry, static_cast<uint64_t>(lo - sb) * 4,
-                         std::span<std::byte>(
-                             reinterpret_cast<std::byte*>(
-                                 out.data_ptr<float>() + (lo - b)),
-                             n));
+      f.zip()->ReadRange(
+          *entry, static_cast<uint64_t>(lo - sb) * 4,
+          std::span<std::byte>(
+              reinterpret_cast<std::byte*>(out.data_ptr<float>() + (lo - b)),
+              n));
       *bytes += n;
     }
     return out;
@@ -714,7 +728,8 @@ struct Checkpointer::Impl {
       const std::vector<int64_t> steps = ListSteps();
       const size_t n = std::min<size_t>(steps.size(), kMaxCandidates);
       list[0] = static_cast<int64_t>(n);
-      for (size_t i = 0; i < n; ++i) list[static_cast<int64_t>(i + 1)] = steps[i];
+      for (size_t i = 0; i < n; ++i)
+        list[static_cast<int64_t>(i + 1)] = steps[i];
     }
     g().Broadcast(list, "resume: list checkpoints");
     const int64_t count = list[0].item<int64_t>();
@@ -728,10 +743,9 @@ struct Checkpointer::Impl {
       const std::string why = Check(step, layout, &meta);
       at::Tensor ok = at::full({1}, why.empty() ? 1 : 0, at::kLong);
       if (world() > 1) {
-        g().store->set(
-            "ucp/resume/" + std::to_string(call) + "/" + std::to_string(step) +
-                "/" + std::to_string(rank()),
-            std::vector<uint8_t>(why.begin(), why.end()));
+        g().store->set("ucp/resume/" + std::to_string(call) + "/" +
+                           std::to_string(step) + "/" + std::to_string(rank()),
+                       std::vector<uint8_t>(why.begin(), why.end()));
       }
       g().AllReduce(ok, c10d::ReduceOp::MIN, "resume: agree on a checkpoint");
       if (ok.item<int64_t>() == 1) {
@@ -739,18 +753,23 @@ struct Checkpointer::Impl {
         report.step = step;
         break;
       }
-      std::string reason = why.empty() ? "" : "rank " + std::to_string(rank()) + ": " + why;
+      std::string reason =
+          why.empty() ? "" : "rank " + std::to_string(rank()) + ": " + why;
       for (int r = 0; r < world() && reason.empty(); ++r) {
-        const auto v = g().store->get("ucp/resume/" + std::to_string(call) + "/" +
-                                      std::to_string(step) + "/" + std::to_string(r));
-        if (!v.empty()) reason = "rank " + std::to_string(r) + ": " + std::string(v.begin(), v.end());
+        const auto v =
+            g().store->get("ucp/resume/" + std::to_string(call) + "/" +
+                           std::to_string(step) + "/" + std::to_string(r));
+        if (!v.empty())
+          reason = "rank " + std::to_string(r) + ": " +
+                   std::string(v.begin(), v.end());
       }
       report.skipped.push_back(StepName(step) + ": " + reason);
     }
     if (!found) {
       throw FormatError("no complete and intact checkpoint in ", o.dir.string(),
                         " (", count, " found; newest: ",
-                        report.skipped.empty() ? "" : report.skipped.front(), ")");
+                        report.skipped.empty() ? "" : report.skipped.front(),
+                        ")");
     }
 
     const fs::path dir = o.dir / StepName(report.step);
@@ -780,18 +799,23 @@ struct Checkpointer::Impl {
              std::find(param_names.begin(), param_names.end(),
                        std::get<std::string>(p[1])) != param_names.end();
     };
-    const at::Tensor weights = full(
-        ReadSlice(dir, meta, b, e, is_weight, &report.bytes_read), "resume: weights");
-    const at::Tensor m1 = full(
-        ReadSlice(dir, meta, b, e,
-                  [&](const torchfile::TensorPath& p) { return is(p, "optimizer", "exp_avg"); },
-                  &report.bytes_read),
-        "resume: exp_avg");
-    const at::Tensor m2 = full(
-        ReadSlice(dir, meta, b, e,
-                  [&](const torchfile::TensorPath& p) { return is(p, "optimizer", "exp_avg_sq"); },
-                  &report.bytes_read),
-        "resume: exp_avg_sq");
+    const at::Tensor weights =
+        full(ReadSlice(dir, meta, b, e, is_weight, &report.bytes_read),
+             "resume: weights");
+    const at::Tensor m1 = full(ReadSlice(
+                                   dir, meta, b, e,
+                                   [&](const torchfile::TensorPath& p) {
+                                     return is(p, "optimizer", "exp_avg");
+                                   },
+                                   &report.bytes_read),
+                               "resume: exp_avg");
+    const at::Tensor m2 = full(ReadSlice(
+                                   dir, meta, b, e,
+                                   [&](const torchfile::TensorPath& p) {
+                                     return is(p, "optimizer", "exp_avg_sq");
+                                   },
+                                   &report.bytes_read),
+                               "resume: exp_avg_sq");
 
     const auto d = meta.root.toGenericDict();
     const auto steps = d.at("steps").toIntVector();
@@ -881,8 +905,7 @@ std::optional<ResumeReport> Checkpointer::Resume(const TrainingState& state) {
     e.AddContext("resume from ", impl_->o.dir.string());
     throw;
   } catch (const std::exception& e) {
-    throw IoError("resume from ", impl_->o.dir.string(), ": ",
-                  Brief(e));
+    throw IoError("resume from ", impl_->o.dir.string(), ": ", Brief(e));
   }
 }
 

@@ -42,6 +42,9 @@
 // checkpoint is therefore either whole or invisible. Rank 0 then removes the
 // oldest complete checkpoints beyond keep_last.
 
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -51,9 +54,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <ATen/core/Dict.h>
-#include <ATen/core/ivalue.h>
 
 namespace torch::nn {
 class Module;

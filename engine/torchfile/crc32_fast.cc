@@ -45,8 +45,9 @@ __attribute__((target("pclmul,sse4.1"))) inline __m128i Load(
 }
 
 // The 16-byte folds of what is left, then 128 -> 32 bits (Barrett).
-__attribute__((target("pclmul,sse4.1"))) uint32_t Finish(
-    __m128i x1, const unsigned char* p, size_t len) noexcept {
+__attribute__((target("pclmul,sse4.1"))) uint32_t Finish(__m128i x1,
+                                                         const unsigned char* p,
+                                                         size_t len) noexcept {
   const __m128i k34 = _mm_set_epi64x(kR4, kR3);
   while (len >= 16) {
     x1 = _mm_xor_si128(Fold(x1, k34), Load(p));
@@ -108,10 +109,11 @@ __attribute__((target("pclmul,sse4.1"))) uint32_t Crc32Folded(
   return Finish(x1, p, len);
 }
 
-__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.1"))) uint32_t
-Crc32Wide(uint32_t crc, const unsigned char* p, size_t len) noexcept {
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.1"))) uint32_t Crc32Wide(
+    uint32_t crc, const unsigned char* p, size_t len) noexcept {
   // (set, not broadcast: GCC 12 warns inside the broadcast intrinsics.)
-  const __m512i k2048 = _mm512_set_epi64(kW2, kW1, kW2, kW1, kW2, kW1, kW2, kW1);
+  const __m512i k2048 =
+      _mm512_set_epi64(kW2, kW1, kW2, kW1, kW2, kW1, kW2, kW1);
   const __m512i k512 = _mm512_set_epi64(kR2, kR1, kR2, kR1, kR2, kR1, kR2, kR1);
   __m512i x0 = Load512(p), x1 = Load512(p + 64), x2 = Load512(p + 128),
           x3 = Load512(p + 192);

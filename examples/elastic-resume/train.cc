@@ -11,6 +11,7 @@
 // Rank 0 appends "step loss" lines to --log (the loss as a hex float).
 
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,8 +21,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-
-#include <torch/torch.h>
 
 #include "engine/core/error.h"
 #include "engine/resume/checkpointer.h"
@@ -33,21 +32,23 @@ constexpr int64_t kVocab = 48, kContext = 16, kDim = 32, kHeads = 2,
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl()
-      : ln1(register_module("ln1", torch::nn::LayerNorm(
-                                       torch::nn::LayerNormOptions({kDim})))),
+      : ln1(register_module(
+            "ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
         qkv(register_module("qkv", torch::nn::Linear(kDim, 3 * kDim))),
         proj(register_module("proj", torch::nn::Linear(kDim, kDim))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(
-                                       torch::nn::LayerNormOptions({kDim})))),
+        ln2(register_module(
+            "ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
         fc1(register_module("fc1", torch::nn::Linear(kDim, 4 * kDim))),
         fc2(register_module("fc2", torch::nn::Linear(4 * kDim, kDim))) {}
 
   torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
     const int64_t b = x.size(0), t = x.size(1), hd = kDim / kHeads;
-    auto q_k_v = qkv(ln1(x)).view({b, t, 3, kHeads, hd}).permute({2, 0, 3, 1, 4});
+    auto q_k_v =
+        qkv(ln1(x)).view({b, t, 3, kHeads, hd}).permute({2, 0, 3, 1, 4});
     auto att = torch::matmul(q_k_v[0], q_k_v[1].transpose(-2, -1)) /
                std::sqrt(static_cast<double>(hd));
-    att = att.masked_fill(mask.narrow(0, 0, t).narrow(1, 0, t), -1e9).softmax(-1);
+    att =
+        att.masked_fill(mask.narrow(0, 0, t).narrow(1, 0, t), -1e9).softmax(-1);
     auto y = torch::matmul(att, q_k_v[2]).transpose(1, 2).reshape({b, t, kDim});
     x = x + proj(y);
     return x + fc2(torch::gelu(fc1(ln2(x))));
@@ -64,16 +65,15 @@ struct GptImpl : torch::nn::Module {
   GptImpl()
       : tok(register_module("tok", torch::nn::Embedding(kVocab, kDim))),
         pos(register_module("pos", torch::nn::Embedding(kContext, kDim))),
-        ln(register_module("ln", torch::nn::LayerNorm(
-                                     torch::nn::LayerNormOptions({kDim})))),
+        ln(register_module(
+            "ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
         head(register_module("head", torch::nn::Linear(kDim, kVocab))) {
     for (int64_t i = 0; i < kLayers; ++i) {
       blocks.push_back(register_module("block" + std::to_string(i), Block()));
     }
     // A buffer: checkpointed beside the parameters.
     mask = register_buffer(
-        "causal_mask",
-        torch::ones({kContext, kContext}, torch::kBool).triu(1));
+        "causal_mask", torch::ones({kContext, kContext}, torch::kBool).triu(1));
   }
 
   torch::Tensor forward(const torch::Tensor& idx) {
@@ -102,7 +102,8 @@ torch::Tensor Batch(int64_t step, int64_t first, int64_t count) {
     h *= 0x9E3779B97F4A7C15ull;
     const int64_t start = static_cast<int64_t>(h % kVocab);
     const int64_t stride = 1 + static_cast<int64_t>((h >> 20) % 5);
-    for (int64_t j = 0; j <= kContext; ++j) a[i][j] = (start + stride * j) % kVocab;
+    for (int64_t j = 0; j <= kContext; ++j)
+      a[i][j] = (start + stride * j) % kVocab;
   }
   return out;
 }
@@ -123,16 +124,26 @@ Args ParseArgs(int argc, char** argv) {
       if (i + 1 >= argc) throw ucp::UsageError(k, " needs a value");
       return argv[++i];
     };
-    if (k == "--dir") a.dir = next();
-    else if (k == "--save-dir") a.save_dir = next();
-    else if (k == "--log") a.log = next();
-    else if (k == "--steps") a.steps = std::stoll(next());
-    else if (k == "--save-every") a.save_every = std::stoll(next());
-    else if (k == "--keep") a.keep = std::stoi(next());
-    else if (k == "--kill-in-save") a.kill_in_save = std::stoll(next());
-    else if (k == "--timeout-ms") a.timeout_ms = std::stoll(next());
-    else if (k == "--seed") a.seed = std::stoll(next());
-    else if (k == "--save-on-resume") a.save_on_resume = true;
+    if (k == "--dir")
+      a.dir = next();
+    else if (k == "--save-dir")
+      a.save_dir = next();
+    else if (k == "--log")
+      a.log = next();
+    else if (k == "--steps")
+      a.steps = std::stoll(next());
+    else if (k == "--save-every")
+      a.save_every = std::stoll(next());
+    else if (k == "--keep")
+      a.keep = std::stoi(next());
+    else if (k == "--kill-in-save")
+      a.kill_in_save = std::stoll(next());
+    else if (k == "--timeout-ms")
+      a.timeout_ms = std::stoll(next());
+    else if (k == "--seed")
+      a.seed = std::stoll(next());
+    else if (k == "--save-on-resume")
+      a.save_on_resume = true;
     else if (k == "--help" || k == "-h") {
       std::printf(
           "usage: elastic_train --dir CKPT [--steps N] [--save-every K] "
@@ -166,8 +177,8 @@ int Main(int argc, char** argv) {
                                torch::optim::AdamOptions(3e-3));
   ucp::resume::ScalerState scaler;
   c10::impl::GenericDict extra(c10::StringType::get(), c10::AnyType::get());
-  const ucp::resume::TrainingState state{model.ptr().get(), &optimizer,
-                                         &scaler, &extra};
+  const ucp::resume::TrainingState state{model.ptr().get(), &optimizer, &scaler,
+                                         &extra};
 
   ucp::resume::CheckpointerOptions copts;
   copts.dir = args.dir;
@@ -177,7 +188,8 @@ int Main(int argc, char** argv) {
   copts.on_phase = [&](std::string_view phase, int64_t step) {
     if (step == args.kill_in_save && phase == "shard-written" &&
         rank == world - 1) {
-      std::fprintf(stderr, "rank %d: SIGKILL in the middle of the save of step %lld\n",
+      std::fprintf(stderr,
+                   "rank %d: SIGKILL in the middle of the save of step %lld\n",
                    rank, static_cast<long long>(step));
       ::raise(SIGKILL);
     }
@@ -191,14 +203,14 @@ int Main(int argc, char** argv) {
       for (const std::string& s : r->skipped) {
         std::fprintf(stderr, "skipped %s\n", s.c_str());
       }
-      std::fprintf(stderr,
-                   "resumed from %s (step %lld, saved by %d ranks, now %d%s), "
-                   "read %llu bytes of tensor data on rank 0, tokens_seen %lld\n",
-                   r->checkpoint.string().c_str(), static_cast<long long>(step),
-                   r->saved_world_size, world,
-                   r->resharded ? ", resharded" : "",
-                   static_cast<unsigned long long>(r->bytes_read),
-                   static_cast<long long>(extra.at("tokens_seen").toInt()));
+      std::fprintf(
+          stderr,
+          "resumed from %s (step %lld, saved by %d ranks, now %d%s), "
+          "read %llu bytes of tensor data on rank 0, tokens_seen %lld\n",
+          r->checkpoint.string().c_str(), static_cast<long long>(step),
+          r->saved_world_size, world, r->resharded ? ", resharded" : "",
+          static_cast<unsigned long long>(r->bytes_read),
+          static_cast<long long>(extra.at("tokens_seen").toInt()));
     }
     if (args.save_on_resume) {
       ucp::resume::CheckpointerOptions o2 = copts;
@@ -236,8 +248,8 @@ int Main(int argc, char** argv) {
     torch::Tensor l = loss.detach().reshape({1}).clone();
     group.AllReduceMean(l, "loss");
     optimizer.step();
-    extra.insert_or_assign("tokens_seen",
-                           extra.at("tokens_seen").toInt() + kGlobalBatch * kContext);
+    extra.insert_or_assign("tokens_seen", extra.at("tokens_seen").toInt() +
+                                              kGlobalBatch * kContext);
     if (log != nullptr) {
       std::fprintf(log, "%lld %a\n", static_cast<long long>(step),
                    static_cast<double>(l.item<float>()));

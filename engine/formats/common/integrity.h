@@ -40,7 +40,8 @@ struct IntegrityReport {
   int64_t zips = 0;
   int64_t records = 0;
   bool manifest = false;  // checked against (or written to) ucp.manifest.json
-  /// "12 records of 4 torch.save files match their CRC-32 and ucp.manifest.json".
+  /// "12 records of 4 torch.save files match their CRC-32 and
+  /// ucp.manifest.json".
   std::string Summary() const;
 };
 

@@ -245,3 +245,15 @@ TEST(TestUtilTest, Sha256KnownVectors) {
 
 }  // namespace
 }  // namespace ucp
+
+namespace ucp {
+namespace {
+
+TEST(ErrorTest, NulBytesAreSpelledOutSoTheContextSurvives) {
+  FormatError e("key ", std::string("sin\0gle", 7), " is bad");
+  e.AddContext("rank file x.pt");
+  EXPECT_STREQ(e.what(), "rank file x.pt > key sin\\x00gle is bad");
+}
+
+}  // namespace
+}  // namespace ucp

@@ -1,14 +1,14 @@
 // LinkTree: a folder recreated with hard links, never copies.
 
+#include "engine/core/file.h"
+
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include <gtest/gtest.h>
-
 #include "engine/core/error.h"
-#include "engine/core/file.h"
 #include "tests/testutil/testutil.h"
 
 namespace ucp {
@@ -30,11 +30,11 @@ TEST(LinkTreeTest, LinksEveryRegularFileAndKeepsTheTree) {
   std::ofstream(src / "mp_rank_00" / "model_optim_rng.pt") << "bb";
   std::ofstream(src / "mp_rank_00" / "deeper" / "c") << "c";
   fs::create_directories(src / "empty");
-  const LinkCounts n = LinkTree(src, dir / "load" );
+  const LinkCounts n = LinkTree(src, dir / "load");
   EXPECT_EQ(n.linked, 3);
   EXPECT_EQ(n.copied, 0);
-  for (const char* f : {"a.pt", "mp_rank_00/model_optim_rng.pt",
-                        "mp_rank_00/deeper/c"}) {
+  for (const char* f :
+       {"a.pt", "mp_rank_00/model_optim_rng.pt", "mp_rank_00/deeper/c"}) {
     EXPECT_EQ(Inode(src / f), Inode(dir / "load" / f)) << f;
   }
   EXPECT_TRUE(fs::is_directory(dir / "load" / "empty"));
