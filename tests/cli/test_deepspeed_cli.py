@@ -319,8 +319,8 @@ def test_megatron_deepspeed_tp_pp():
     ZeRO 1 / 2, SwiGLU, vocabulary padding): to-universal merges every mp
     rank into the generator's full tensors (true vocabulary rows, padding rows
     kept beside), the same model read at tp 1/2/4 x pp 1/2 gives identical
-    atoms, export equals the fp32 masters, and writing DeepSpeed files for
-    such a model is refused clearly."""
+    atoms, export equals the fp32 masters, and writing pipeline layer files
+    is refused clearly."""
     gen = HERE.parent / "tools" / "make_megatron_deepspeed_ckpts.py"
     with Tmp() as t:
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen")], check=True,
@@ -369,10 +369,12 @@ def test_megatron_deepspeed_tp_pp():
             # Every name has its layout rule (ucp layout check).
             p = run("layout", "check", case)
             assert "27 entries, 0 problem(s)" in p.stdout, p.stdout[-500:]
-            # Writing DeepSpeed files for a TP/PP model: refused, nothing left.
-            check_failure(["reshape", h5, "-o", t / "o", "--dp", 2, "--format", "deepspeed"],
-                          "usage error", 2, ["Megatron-DeepSpeed", f"tp {tp}", "not supported"],
-                          t / "o")
+            # Writing pipeline layer files: refused, nothing left (TP
+            # without pipeline: test_megatron_deepspeed_tp_write).
+            if case.name.startswith("pipe"):
+                check_failure(["reshape", h5, "-o", t / "o", "--dp", 2, "--format", "deepspeed"],
+                              "usage error", 2, ["Megatron-DeepSpeed pipeline", "not supported"],
+                              t / "o")
             h5.unlink()
         # Without model parallelism no layout applies: one clear line.
         p = run("layout", "check", FIXTURES / "ds0145_z2_fp32_w2_mlp", expect=2)
@@ -407,6 +409,70 @@ def test_megatron_deepspeed_tp_pp():
         f.write_bytes(saved)
         run("to-universal", case, "-o", t / "ok.h5", "-q")
 
+
+
+def same_files(a, b, where):
+    """Every rank file of two tag folders: the same names, and torch.load
+    gives equal trees (tensors equal in dtype, shape and bits). The generator
+    writes frozen_param_* as None at ZeRO-2 where DeepSpeed writes an empty
+    OrderedDict: both mean "none"."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir()), (where, names, sorted(p.name for p in b.iterdir()))
+
+    def cmp(x, y, path):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), path
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), path
+        elif isinstance(x, dict) and isinstance(y, dict):
+            assert list(x) == list(y), (path, list(x), list(y))
+            for k in x:
+                cmp(x[k], y[k], f"{path}/{k}")
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            assert len(x) == len(y), path
+            for i, (u, v) in enumerate(zip(x, y)):
+                cmp(u, v, f"{path}[{i}]")
+        elif hasattr(x, "__dict__") and type(x).__name__ == type(y).__name__:
+            cmp(vars(x), vars(y), path)
+        elif path.rsplit("/", 1)[-1] in ("frozen_param_shapes", "frozen_param_fragments"):
+            assert not x and not y, path
+        else:
+            assert x == y, (path, x, y)
+    for n in names:
+        cmp(torch.load(a / n), torch.load(b / n), f"{where} {n}")
+
+
+def test_megatron_deepspeed_tp_write():
+    """Megatron-DeepSpeed GPTModel without pipeline (the generator's nopipe
+    cases: fp32 ZeRO-2 and bf16 SwiGLU ZeRO-1 at TP 2): written back at its
+    own layout, every rank file equals the generator's; through TP 1 (read
+    back with --layout) and from the universal file, the TP 2 files come back
+    equal; a TP size the heads do not divide and ZeRO-3 are refused."""
+    gen = HERE.parent / "tools" / "make_megatron_deepspeed_ckpts.py"
+    with Tmp() as t:
+        subprocess.run([sys.executable, str(gen), "--out", str(t / "gen"), "--only",
+                        "nopipe_z2_tp2_dp2", "nopipe_z1_tp2_dp3_swiglu"], check=True,
+                       capture_output=True)
+        for name, dp, stage in (("nopipe_z2_tp2_dp2", 2, 2), ("nopipe_z1_tp2_dp3_swiglu", 3, 1)):
+            src = t / "gen" / name
+            tag = src / "global_step3"
+            same = ["--tp", 2, "--dp", dp, "--zero-stage", stage]
+            run("convert", src, "-o", t / "same", *same, "-q")
+            same_files(tag, t / "same" / "global_step3", f"{name} same layout")
+            other_stage = 3 - stage
+            run("convert", src, "-o", t / "tp1", "--tp", 1, "--dp", 4, "--zero-stage", other_stage, "-q")
+            assert len(list((t / "tp1" / "global_step3").glob("mp_rank_*"))) == 1
+            run("convert", t / "tp1", "-o", t / "back", *same, "--layout", "megatron-gpt-legacy", "-q")
+            same_files(tag, t / "back" / "global_step3", f"{name} via tp 1")
+            run("to-universal", src, "-o", t / "u.h5", "-q")
+            run("reshape", t / "u.h5", "-o", t / "re", *same, "--format", "deepspeed", "-q")
+            same_files(tag, t / "re" / "global_step3", f"{name} via the universal file")
+            check_failure(["convert", src, "-o", t / "tp4", "--tp", 4, "--dp", 1, "--zero-stage", 1],
+                          "layout error", 4, ["tp 4 does not divide the query groups"], t / "tp4")
+            check_failure(["convert", src, "-o", t / "z3", "--tp", 2, "--dp", 1, "--zero-stage", 3],
+                          "usage error", 2, ["stage 1 or 2"], t / "z3")
+            for d in ("same", "tp1", "back", "re"):
+                shutil.rmtree(t / d)
+            (t / "u.h5").unlink()
 
 def check_truth(h5path, truth, where):
     with h5py.File(h5path, "r") as f:

@@ -258,7 +258,14 @@ universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> rank
   mpj["tp"] = tp;
   mpj["pp"] = m.pp;
   mpj["pipeline"] = m.pipeline;
-  if (m.layout != nullptr) mpj["layout"] = m.layout->name();
+  if (m.layout != nullptr) {
+    mpj["layout"] = m.layout->name();
+    // What a writer needs to place the params on another TP size.
+    mpj["layout_yaml"] = m.layout->yaml();
+  }
+  json::Value vars = json::Value::Object();
+  for (const auto& [k, v] : m.vars.values()) vars[k] = v;
+  mpj["variables"] = std::move(vars);
   if (auto v = m.vars.Find("vocab_size")) {
     mpj["vocab_size"] = *v;
     mpj["vocab_size_from"] = m.vocab_source;

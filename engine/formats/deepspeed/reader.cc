@@ -1174,7 +1174,10 @@ bool IsModelParallel(const Checkpoint& c) {
 
 universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const formats::SourceOptions& options) {
-  if (!IsModelParallel(checkpoint)) {
+  // A Megatron-DeepSpeed checkpoint at TP 1 without pipeline looks like a
+  // plain one; --layout reads it as model-parallel (names placed, padding
+  // rows apart) so that it can be written for another TP size.
+  if (!IsModelParallel(checkpoint) && options.layout.empty()) {
     FileCache cache;
     Planner planner(checkpoint, cache);
     return planner.Run();

@@ -67,8 +67,8 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
         if (d == nullptr) continue;
         formats::AppendEntry(
             a, st, k,
-            f.AddTensor(
-                WholeTensor(*d, p.shape, DType::kFloat32, where + " > " + k)));
+            f.AddTensor(LocalTensor(p, *d, k, DType::kFloat32,
+                                    where + " > " + k)));
       }
       if (!st->entries.empty()) state->entries.emplace_back(a.Int(id), st);
       ids.push_back(a.Int(id++));
@@ -192,8 +192,9 @@ void NativeWriter::WriteModelStates(
   const int64_t n = stage_ == 3 ? W_ : 1;
   for (int64_t r = 0; r < n; ++r) {
     const std::string name =
-        stage_ == 3 ? StrCat("zero_pp_rank_", r, "_mp_rank_00_model_states.pt")
-                    : std::string("mp_rank_00_model_states.pt");
+        stage_ == 3
+            ? StrCat("zero_pp_rank_", r, "_", MpRank(), "_model_states.pt")
+            : StrCat(MpRank(), "_model_states.pt");
     auto f = std::make_unique<FileBuild>(tag_dir_ / name);
     try {
       ModelStatesOptions o;
@@ -210,19 +211,20 @@ void NativeWriter::WriteModelStates(
 }
 
 formats::TargetSummary NativeWriter::Run() {
-  Prepare();
+  Prepare(/*tensor_parallel=*/true);
   std::error_code ec;
   fs::create_directories(tag_dir_, ec);
   if (ec)
     throw IoError("cannot create ", tag_dir_.string(), ": ", ec.message());
   formats::TargetSummary summary;
   std::vector<std::unique_ptr<FileBuild>> files;
+  for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
   WriteModelStates(files);
   if (wrapper_ != Wrapper::kTorch && !options_.no_optimizer) {
     for (int64_t r = 0; r < W_; ++r) {
       const std::string name =
           StrCat(lp_ == DType::kBFloat16 ? "bf16_" : "", "zero_pp_rank_", r,
-                 "_mp_rank_00_optim_states.pt");
+                 "_", MpRank(), "_optim_states.pt");
       auto f = std::make_unique<FileBuild>(tag_dir_ / name);
       try {
         f->Begin(OptimFile(*f, r));
@@ -240,6 +242,7 @@ formats::TargetSummary NativeWriter::Run() {
       }
     }
   }
+  }
   summary.bytes += RunAndCommit(input_, files, executor_,
                                 StrCat("writing rank files of ", tag_));
   summary.files += static_cast<int64_t>(files.size());
@@ -247,8 +250,12 @@ formats::TargetSummary NativeWriter::Run() {
   ++summary.files;
   summary.notes.assign(notes_.begin(), notes_.end());
   summary.resume_hint =
-      StrCat("DeepSpeed: engine.load_checkpoint(\"<output>\") with ", W_,
-             " ranks, zero_optimization.stage ", stage_,
+      StrCat("DeepSpeed: engine.load_checkpoint(\"<output>\") with ",
+             W_ * tp_, " ranks",
+             tp_ > 1 ? StrCat(" (tensor parallel ", tp_, ", data parallel ", W_,
+                              ")")
+                     : std::string(),
+             ", zero_optimization.stage ", stage_,
              lp_ == DType::kBFloat16 ? ", bf16 enabled" : "");
   summary.details["tag"] = tag_;
   summary.details["zero_stage"] = stage_;

@@ -1,6 +1,7 @@
 #include "engine/formats/deepspeed/writer_base.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -8,6 +9,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/reshape/target_plan.h"
+#include "layouts/placement.h"
 
 namespace ucp::deepspeed::internal {
 
@@ -49,13 +51,12 @@ void WriterBase::AppendOrReplace(pickle::Arena& a, Value* dict,
   formats::AppendEntry(a, dict, key, v);
 }
 
-void WriterBase::Prepare() {
+void WriterBase::Prepare(bool tensor_parallel) {
   const layouts::Topology& t = options_.topology;
-  if (t.tp != 1 || t.pp != 1 || t.vpp != 1) {
+  if (t.pp != 1 || t.vpp != 1) {
     throw UsageError(
-        "DeepSpeed targets with tp, pp or vpp > 1 "
-        "(Megatron-DeepSpeed) are not supported yet; pass "
-        "--tp 1 --pp 1");
+        "DeepSpeed targets with pp or vpp > 1 (Megatron-DeepSpeed pipeline "
+        "layer files) are not supported yet; pass --pp 1");
   }
   if (options_.distributed_optimizer) {
     throw UsageError(
@@ -63,24 +64,44 @@ void WriterBase::Prepare() {
         "targets take --zero-stage");
   }
   W_ = t.dp;
+  tp_ = t.tp;
   const atoms::RootInfo& root = input_.root();
   if (auto it = root.extra_strings.find(std::string(kMetaAttr));
       it != root.extra_strings.end())
     meta_ = formats::ParseJsonAttr(it->second, "deepspeed", input_.path());
-  if (const json::Value* mp = meta_.Find("model_parallel");
-      mp != nullptr && mp->is_object()) {
-    const json::Value* tp = mp->Find("tp");
-    const json::Value* pp = mp->Find("pp");
+  const json::Value* mp = meta_.Find("model_parallel");
+  if (mp != nullptr && !mp->is_object()) mp = nullptr;
+  if (mp != nullptr) {
     const json::Value* pipe = mp->Find("pipeline");
+    const json::Value* yaml = mp->Find("layout_yaml");
+    if (pipe != nullptr && pipe->is_bool() && pipe->AsBool()) {
+      throw UsageError(
+          input_.path().string(),
+          ": the source is a Megatron-DeepSpeed pipeline checkpoint (layer "
+          "files); writing those is not supported yet (`ucp export` writes "
+          "its consolidated weights)");
+    }
+    if (!tensor_parallel) {
+      throw UsageError(input_.path().string(),
+                       ": the source is a Megatron-DeepSpeed checkpoint with "
+                       "tensor parallelism; this format is written without "
+                       "it (use --format deepspeed)");
+    }
+    if (yaml == nullptr || !yaml->is_string()) {
+      throw UsageError(input_.path().string(),
+                       ": the universal content lacks the layout of its "
+                       "Megatron-DeepSpeed source (made by an older ucp: "
+                       "convert from the checkpoint again)");
+    }
+    layout_ = layouts::Layout::ParseStored(yaml->AsString(), input_.path());
+    if (const json::Value* v = mp->Find("variables"); v && v->is_object())
+      for (const auto& [k, x] : v->members())
+        if (x.is_int()) vars_.Set(k, x.AsInt());
+  } else if (tp_ != 1) {
     throw UsageError(
-        input_.path().string(), ": the source is a Megatron-DeepSpeed checkpoint (tp ",
-        tp != nullptr && tp->is_int() ? tp->AsInt() : 1, ", pp ",
-        pp != nullptr && pp->is_int() ? pp->AsInt() : 1,
-        pipe != nullptr && pipe->is_bool() && pipe->AsBool()
-            ? ", pipeline layer files"
-            : "",
-        "); writing DeepSpeed files for TP/PP models is not supported yet "
-        "(`ucp export` writes its consolidated weights)");
+        "--tp ", tp_,
+        ": a DeepSpeed target is tensor-parallel only for a Megatron-DeepSpeed "
+        "source (whose layout places the params); pass --tp 1");
   }
   const json::Value training =
       formats::ParseJsonAttr(root.training, "training", input_.path());
@@ -125,6 +146,11 @@ void WriterBase::Prepare() {
                      " training (FP16_Optimizer) is not supported yet; "
                      "pass --zero-stage 1, 2 or 3");
   }
+  if (layout_ && stage_ != 1 && stage_ != 2) {
+    throw UsageError("--zero-stage ", stage_,
+                     ": Megatron-DeepSpeed targets (without pipeline) are "
+                     "written for ZeRO stage 1 or 2");
+  }
   tag_ = options_.tag;
   if (tag_.empty()) tag_ = str(meta_, "tag");
   if (tag_.empty()) tag_ = StrCat("global_step", root.iteration);
@@ -156,8 +182,26 @@ void WriterBase::Prepare() {
       throw FormatError("universal input ", input_.path().string(), " > param ",
                         p.name, ": no master weights ('fp32' atom)");
     }
+    if (layout_) PlaceOnTp(p);
     index[p.name] = params_.size();
     params_.push_back(std::move(p));
+  }
+  if (layout_) {
+    // The model must fit the TP size (heads, groups, divisible dims) before
+    // any param is cut.
+    std::vector<layouts::ParamShape> shapes;
+    for (const TParam& p : params_)
+      if (p.rule != nullptr) shapes.push_back({p.name, p.full});
+    layouts::Topology topo;
+    topo.tp = tp_;
+    topo.dp = W_;
+    layouts::ValidateTopology(*layout_, shapes, vars_, topo);
+    for (TParam& p : params_) {
+      if (p.rule == nullptr) continue;
+      p.shape = layouts::ShardFor(*p.rule, p.full, tp_, 0, p.padded, p.pad_rows)
+                    .local_shape;
+      p.numel = NumElements(p.shape);
+    }
   }
   // Groups: the source's flat order when it was DeepSpeed, else canonical.
   int64_t ngroups = 0;
@@ -308,12 +352,7 @@ reshape::TargetTensor WriterBase::FlatTensor(const std::string& kind,
     if (atom == nullptr) continue;  // zeros (never stepped)
     reshape::Slot slot;
     slot.local_shape = p.shape;
-    reshape::SlotPiece piece;
-    piece.local = Box::Whole(p.shape);
-    piece.src = input_.Tensor(*atom);
-    piece.src.shape = p.shape;
-    piece.src_box = piece.local;
-    slot.pieces.push_back(std::move(piece));
+    slot.pieces = Pieces(p, *atom, kind);
     slot.begin = w.begin;
     slot.end = std::min(w.end, w.begin + (length - w.dst));
     slot.dst_offset = w.dst;
@@ -471,8 +510,8 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
         } else {
           DType dt;
           const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          node = f.AddTensor(
-              WholeTensor(atom, p.shape, dt, fw + " > module > " + k));
+          node = f.AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
+                                         fw + " > module > " + k));
         }
         nodes[k] = node;
         formats::AppendEntry(a, m, k, node);
@@ -530,7 +569,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
           const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
           formats::AppendEntry(
               a, v, p.name,
-              f.AddTensor(WholeTensor(atom, p.shape, dt,
+              f.AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
                                       fw + " > frozen > " + p.name)));
         }
       } else if (stage_ == 3) {
@@ -547,11 +586,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
           t.shape = {part};
           reshape::Slot slot;
           slot.local_shape = p.shape;
-          reshape::SlotPiece piece;
-          piece.local = Box::Whole(p.shape);
-          piece.src = input_.Tensor(atom);
-          piece.src_box = piece.local;
-          slot.pieces.push_back(std::move(piece));
+          slot.pieces = Pieces(p, atom, atom.state_kind);
           slot.begin = std::min(p.numel, o.rank * part);
           slot.end = std::min(p.numel, (o.rank + 1) * part);
           t.ops = reshape::PlanSlot(slot);
@@ -563,7 +598,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     } else if (key == "dp_world_size") {
       v = a.Int(W_);
     } else if (key == "mp_world_size") {
-      v = a.Int(1);
+      v = a.Int(tp_);
     } else if (key == "ds_config") {
       v = DsConfig(f);
     } else if (key == "ds_version") {
@@ -586,7 +621,125 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     }
     formats::AppendEntry(a, root, key, v);
   }
+  if (layout_) PatchTpArgs(a, root);
   return root;
+}
+
+void WriterBase::PlaceOnTp(TParam& p) {
+  p.full = p.shape;
+  try {
+    p.rule = &layout_->Match(p.name, vars_);
+    int64_t pad_rows = 0;
+    if (std::optional<int64_t> pd =
+            layouts::PaddedDimSize(*p.rule, vars_, tp_)) {
+      const size_t dim = static_cast<size_t>(p.rule->tp.dim);
+      p.padded = *pd;
+      const atoms::DatasetInfo* pad = input_.FindPadAtom(p.name, "fp32");
+      const std::optional<int64_t> rows = vars_.Find("vocab_size");
+      if (rows && *rows < p.full.at(dim) && pad == nullptr) {
+        p.stored_pad = p.full[dim] - *rows;  // rows kept as real rows
+        p.full[dim] = *rows;
+      }
+      if (p.padded < p.full[dim]) {
+        throw LayoutError("the padded vocabulary (", p.padded,
+                          " rows for tp ", tp_, ") is smaller than the stored ",
+                          p.full[dim], " rows");
+      }
+      pad_rows = p.stored_pad;
+      if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
+      padded_vocab_ = p.padded;
+    }
+    p.pad_rows = pad_rows;
+  } catch (Error& e) {
+    e.AddContext("param ", p.name);
+    throw;
+  }
+}
+
+std::vector<reshape::SlotPiece> WriterBase::Pieces(
+    const TParam& p, const atoms::DatasetInfo& atom,
+    const std::string& kind) const {
+  std::vector<reshape::SlotPiece> out;
+  if (p.rule == nullptr) {
+    reshape::SlotPiece piece;
+    piece.local = Box::Whole(p.shape);
+    piece.src = input_.Tensor(atom);
+    piece.src.shape = p.shape;  // flat universal-folder atoms view as the param
+    piece.src_box = piece.local;
+    out.push_back(std::move(piece));
+    return out;
+  }
+  const size_t dim = static_cast<size_t>(p.rule->tp.dim);
+  const atoms::DatasetInfo* pad = input_.FindPadAtom(p.name, kind);
+  if (pad == nullptr && kind == "param") pad = input_.FindPadAtom(p.name, "fp32");
+  const layouts::LocalShard shard =
+      layouts::ShardFor(*p.rule, p.full, tp_, tp_rank_, p.padded, p.pad_rows);
+  for (const layouts::Piece& piece : shard.pieces) {
+    reshape::SlotPiece sp;
+    sp.local = piece.local;
+    sp.src = input_.Tensor(atom);
+    sp.src_box = piece.global;
+    if (piece.region == layouts::Region::kPad) {
+      if (p.stored_pad > 0) {
+        sp.src_box.offset[dim] += p.full[dim];
+      } else if (pad != nullptr) {
+        sp.src = input_.Tensor(*pad);
+      } else {
+        continue;  // zeros
+      }
+    }
+    out.push_back(std::move(sp));
+  }
+  return out;
+}
+
+reshape::TargetTensor WriterBase::LocalTensor(const TParam& p,
+                                              const atoms::DatasetInfo& atom,
+                                              const std::string& kind,
+                                              DType dtype,
+                                              const std::string& name) const {
+  if (p.rule == nullptr) return WholeTensor(atom, p.shape, dtype, name);
+  reshape::TargetTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = p.shape;
+  reshape::Slot slot;
+  slot.local_shape = p.shape;
+  slot.pieces = Pieces(p, atom, kind);
+  t.ops = reshape::PlanSlot(slot);
+  return t;
+}
+
+std::string WriterBase::MpRank() const {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "mp_rank_%02lld",
+                static_cast<long long>(tp_rank_));
+  return buf;
+}
+
+// The saved Megatron args and universal_checkpoint_info say the target's TP
+// size and padded vocabulary (Megatron-DeepSpeed checks them on load, and
+// readers size the vocabulary from them).
+void WriterBase::PatchTpArgs(pickle::Arena& a, Value* root) const {
+  auto set = [&](Value* dict, const char* key, int64_t v) {
+    if (dict == nullptr || !dict->IsDictLike()) return;
+    for (auto& [k, old] : dict->entries) {
+      if (k != nullptr && k->kind == Kind::kStr && k->s == key) {
+        old = a.Int(v);
+        return;
+      }
+    }
+  };
+  Value* args = root->Get("args");
+  Value* ns = args != nullptr && args->kind == Kind::kObject ? args->state
+                                                             : nullptr;
+  set(ns, "tensor_model_parallel_size", tp_);
+  set(ns, "data_parallel_size", W_);
+  set(ns, "world_size", tp_ * W_);
+  if (padded_vocab_ > 0) set(ns, "padded_vocab_size", padded_vocab_);
+  if (padded_vocab_ > 0)
+    set(root->Get("universal_checkpoint_info"), "padded_vocab_size",
+        padded_vocab_);
 }
 
 }  // namespace ucp::deepspeed::internal

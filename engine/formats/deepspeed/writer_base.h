@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,18 +15,29 @@
 #include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/graph.h"
 #include "engine/json/json.h"
+#include "engine/reshape/target_plan.h"
+#include "layouts/layout.h"
+#include "layouts/variables.h"
 
 namespace ucp::deepspeed::internal {
 
 struct TParam {
   std::string name;
-  Shape shape;
-  int64_t numel = 0;
+  Shape shape;        // as every target rank holds it (its TP shard)
+  int64_t numel = 0;  // of `shape`
   DType dtype = DType::kFloat32;  // stored training dtype
   int64_t group = 0;
   bool frozen = false;
   bool buffer = false;
   std::vector<std::string> aliases;
+  // Tensor parallelism (Megatron-DeepSpeed targets): the placement rule,
+  // the stored (true) shape, the padded size of a vocabulary dim and the
+  // padding rows stored at the end of the main atom.
+  const layouts::Rule* rule = nullptr;
+  Shape full;
+  int64_t padded = 0;
+  int64_t stored_pad = 0;
+  int64_t pad_rows = 0;  // padding rows the universal content holds
 };
 
 class WriterBase {
@@ -42,9 +54,29 @@ class WriterBase {
 
  protected:
   /// Reads the universal content's params, groups, dtype, stage, tag.
-  /// Throws UsageError for tp/pp > 1 or a stage outside 0-3, FormatError for
-  /// missing master weights.
-  void Prepare();
+  /// With `tensor_parallel`, a Megatron-DeepSpeed source (without pipeline
+  /// layer files) may be written for any TP size (its layout places the
+  /// params). Throws UsageError for pp > 1, tp > 1 otherwise, or a stage
+  /// outside 0-3; LayoutError if the TP size does not fit the model;
+  /// FormatError for missing master weights.
+  void Prepare(bool tensor_parallel = false);
+
+  /// The pieces of param `p`'s local tensor on TP rank tp_rank_ (the whole
+  /// atom without TP), filled from `atom` of state `kind` and its padding
+  /// rows.
+  std::vector<reshape::SlotPiece> Pieces(const TParam& p,
+                                         const atoms::DatasetInfo& atom,
+                                         const std::string& kind) const;
+  /// The local tensor of `p` (Pieces) as a target tensor of `dtype`.
+  reshape::TargetTensor LocalTensor(const TParam& p,
+                                    const atoms::DatasetInfo& atom,
+                                    const std::string& kind, DType dtype,
+                                    const std::string& name) const;
+  /// "mp_rank_03" for tp_rank_ 3.
+  std::string MpRank() const;
+  /// Sets p's rule, stored shape and local (TP shard) shape.
+  void PlaceOnTp(TParam& p);
+  void PatchTpArgs(pickle::Arena& a, pickle::Value* root) const;
 
   /// The atom (converted to `dtype`) as a whole tensor of `shape`.
   reshape::TargetTensor WholeTensor(const atoms::DatasetInfo& atom,
@@ -98,6 +130,11 @@ class WriterBase {
   int stage_ = 0;
   Wrapper wrapper_ = Wrapper::kZero;
   int64_t W_ = 1;
+  int64_t tp_ = 1;       // target tensor-parallel size
+  int64_t tp_rank_ = 0;  // the TP rank whose files are being built
+  std::optional<layouts::Layout> layout_;
+  layouts::Variables vars_;
+  int64_t padded_vocab_ = 0;  // of the target TP size, 0 if no vocab rule
   std::string tag_;
   std::filesystem::path tag_dir_;
   std::vector<TParam> params_;               // canonical order
