@@ -319,8 +319,8 @@ def test_megatron_deepspeed_tp_pp():
     ZeRO 1 / 2, SwiGLU, vocabulary padding): to-universal merges every mp
     rank into the generator's full tensors (true vocabulary rows, padding rows
     kept beside), the same model read at tp 1/2/4 x pp 1/2 gives identical
-    atoms, export equals the fp32 masters, and writing pipeline layer files
-    is refused clearly."""
+    atoms, and export equals the fp32 masters (writing them:
+    test_megatron_deepspeed_write)."""
     gen = HERE.parent / "tools" / "make_megatron_deepspeed_ckpts.py"
     with Tmp() as t:
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen")], check=True,
@@ -369,12 +369,6 @@ def test_megatron_deepspeed_tp_pp():
             # Every name has its layout rule (ucp layout check).
             p = run("layout", "check", case)
             assert "27 entries, 0 problem(s)" in p.stdout, p.stdout[-500:]
-            # Writing pipeline layer files: refused, nothing left (TP
-            # without pipeline: test_megatron_deepspeed_tp_write).
-            if case.name.startswith("pipe"):
-                check_failure(["reshape", h5, "-o", t / "o", "--dp", 2, "--format", "deepspeed"],
-                              "usage error", 2, ["Megatron-DeepSpeed pipeline", "not supported"],
-                              t / "o")
             h5.unlink()
         # Without model parallelism no layout applies: one clear line.
         p = run("layout", "check", FIXTURES / "ds0145_z2_fp32_w2_mlp", expect=2)
@@ -441,38 +435,59 @@ def same_files(a, b, where):
         cmp(torch.load(a / n), torch.load(b / n), f"{where} {n}")
 
 
-def test_megatron_deepspeed_tp_write():
-    """Megatron-DeepSpeed GPTModel without pipeline (the generator's nopipe
-    cases: fp32 ZeRO-2 and bf16 SwiGLU ZeRO-1 at TP 2): written back at its
-    own layout, every rank file equals the generator's; through TP 1 (read
-    back with --layout) and from the universal file, the TP 2 files come back
-    equal; a TP size the heads do not divide and ZeRO-3 are refused."""
+def test_megatron_deepspeed_write():
+    """Megatron-DeepSpeed checkpoints written for another TP / PP / DP size
+    and ZeRO stage, against the independent generator's own files: GPTModel
+    without pipeline (fp32 ZeRO-2, bf16 SwiGLU ZeRO-1) and GPTModelPipe with
+    layer files (bf16 BF16_Optimizer TP2 PP2, fp32 ZeRO-1 PP2). Written back
+    at its own layout every rank file equals the generator's; through another
+    layout (TP 1, PP 1, another DP size and stage; read back with --layout
+    where TP 1 without pipeline looks plain) and from the universal file,
+    the original files come back equal. Layouts the model cannot take are
+    refused in one line with nothing written."""
     gen = HERE.parent / "tools" / "make_megatron_deepspeed_ckpts.py"
+    cases = [  # name, its (tp, pp, dp, stage), another layout, --layout to read that back
+        ("nopipe_z2_tp2_dp2", (2, 1, 2, 2), (1, 1, 4, 1), "megatron-gpt-legacy"),
+        ("nopipe_z1_tp2_dp3_swiglu", (2, 1, 3, 1), (1, 1, 2, 2), "megatron-gpt-legacy"),
+        ("pipe_bf16opt_tp2_pp2_dp2", (2, 2, 2, 0), (1, 1, 3, 1), None),
+        ("pipe_z1_tp1_pp2_dp2", (1, 2, 2, 1), (2, 1, 1, 2), None),
+    ]
     with Tmp() as t:
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen"), "--only",
-                        "nopipe_z2_tp2_dp2", "nopipe_z1_tp2_dp3_swiglu"], check=True,
-                       capture_output=True)
-        for name, dp, stage in (("nopipe_z2_tp2_dp2", 2, 2), ("nopipe_z1_tp2_dp3_swiglu", 3, 1)):
+                        *[c[0] for c in cases]], check=True, capture_output=True)
+        for name, own, other, layout in cases:
             src = t / "gen" / name
             tag = src / "global_step3"
-            same = ["--tp", 2, "--dp", dp, "--zero-stage", stage]
-            run("convert", src, "-o", t / "same", *same, "-q")
+
+            def flags(tp, pp, dp, stage):
+                return ["--tp", tp, "--pp", pp, "--dp", dp, "--zero-stage", stage]
+            run("convert", src, "-o", t / "same", *flags(*own), "-q")
             same_files(tag, t / "same" / "global_step3", f"{name} same layout")
-            other_stage = 3 - stage
-            run("convert", src, "-o", t / "tp1", "--tp", 1, "--dp", 4, "--zero-stage", other_stage, "-q")
-            assert len(list((t / "tp1" / "global_step3").glob("mp_rank_*"))) == 1
-            run("convert", t / "tp1", "-o", t / "back", *same, "--layout", "megatron-gpt-legacy", "-q")
-            same_files(tag, t / "back" / "global_step3", f"{name} via tp 1")
+            run("convert", src, "-o", t / "other", *flags(*other), "-q")
+            n_mp = other[0] * other[1]
+            assert len(list((t / "other" / "global_step3").glob("mp_rank_*"))) == n_mp, name
+            back = ["--layout", layout] if layout else []
+            run("convert", t / "other", "-o", t / "back", *flags(*own), *back, "-q")
+            same_files(tag, t / "back" / "global_step3", f"{name} via {other}")
             run("to-universal", src, "-o", t / "u.h5", "-q")
-            run("reshape", t / "u.h5", "-o", t / "re", *same, "--format", "deepspeed", "-q")
+            run("reshape", t / "u.h5", "-o", t / "re", *flags(*own), "--format", "deepspeed", "-q")
             same_files(tag, t / "re" / "global_step3", f"{name} via the universal file")
-            check_failure(["convert", src, "-o", t / "tp4", "--tp", 4, "--dp", 1, "--zero-stage", 1],
-                          "layout error", 4, ["tp 4 does not divide the query groups"], t / "tp4")
-            check_failure(["convert", src, "-o", t / "z3", "--tp", 2, "--dp", 1, "--zero-stage", 3],
-                          "usage error", 2, ["stage 1 or 2"], t / "z3")
-            for d in ("same", "tp1", "back", "re"):
+            for d in ("same", "other", "back", "re"):
                 shutil.rmtree(t / d)
             (t / "u.h5").unlink()
+        nopipe, pipe = t / "gen" / "nopipe_z2_tp2_dp2", t / "gen" / "pipe_z1_tp1_pp2_dp2"
+        for src, args, kind, code, needles in [
+                (nopipe, ["--tp", 4, "--dp", 1, "--zero-stage", 1], "layout error", 4,
+                 ["tp 4 does not divide the query groups"]),
+                (nopipe, ["--tp", 2, "--dp", 1, "--zero-stage", 3], "usage error", 2, ["stage 1 or 2"]),
+                (nopipe, ["--pp", 2, "--dp", 1, "--zero-stage", 1], "usage error", 2, ["no pipeline"]),
+                (pipe, ["--pp", 3, "--dp", 1, "--zero-stage", 1], "usage error", 2,
+                 ["2 transformer layers", "pp must divide"]),
+                (pipe, ["--pp", 2, "--vpp", 2, "--dp", 1, "--zero-stage", 1], "usage error", 2,
+                 ["no virtual pipeline"]),
+                (FIXTURES / "ds0145_z2_fp32_w2_mlp", ["--tp", 2, "--dp", 1], "usage error", 2,
+                 ["only for a Megatron-DeepSpeed source"])]:
+            check_failure(["convert", src, "-o", t / "bad", *args], kind, code, needles, t / "bad")
 
 def check_truth(h5path, truth, where):
     with h5py.File(h5path, "r") as f:

@@ -263,6 +263,11 @@ universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> rank
     // What a writer needs to place the params on another TP size.
     mpj["layout_yaml"] = m.layout->yaml();
   }
+  if (!m.tied_layers.empty()) {
+    json::Value tied = json::Value::Object();
+    for (const auto& [k, v] : m.tied_layers) tied[k] = v;
+    mpj["tied_layers"] = std::move(tied);
+  }
   json::Value vars = json::Value::Object();
   for (const auto& [k, v] : m.vars.values()) vars[k] = v;
   mpj["variables"] = std::move(vars);

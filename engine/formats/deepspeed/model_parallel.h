@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct ModelParallel {
   std::string vocab_source;
   /// The model-states file of each mp rank, for messages.
   std::vector<std::filesystem::path> model_files;
+  /// Pipeline: the layer index whose file holds each tied module
+  /// ("tied_modules.embed" -> 1), kept for writers.
+  std::map<std::string, int64_t> tied_layers;
 };
 
 /// `ranks[mp]` is the plan of mp rank mp. Throws FormatError naming the rank

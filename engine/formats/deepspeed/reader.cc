@@ -1123,6 +1123,25 @@ RankPlans PlanRanks(const Checkpoint& c, const formats::SourceOptions& options) 
   mp.tp = c.tp;
   mp.pp = c.pp;
   mp.pipeline = c.pipeline;
+  // The layer index of each tied module's file (what a writer names it).
+  for (const RankView& v : views) {
+    for (const LayerEntry& e : v.layer_entries) {
+      if (!e.name.starts_with("tied_modules.")) continue;
+      const size_t dot = e.name.find('.', 13);
+      const std::string stem = e.file.filename().string();  // layer_LL-...
+      int64_t idx = -1;
+      if (stem.rfind("layer_", 0) == 0) {
+        const size_t end = stem.find('-');
+        try {
+          idx = std::stoll(stem.substr(6, end - 6));
+        } catch (const std::exception&) {
+          idx = -1;
+        }
+      }
+      if (dot != std::string::npos && idx >= 0)
+        mp.tied_layers[e.name.substr(0, dot)] = idx;
+    }
+  }
   for (size_t k = 0; k < c.mp_ranks.size(); ++k) {
     Checkpoint one = c;
     one.model_files = c.mp_ranks[k].model_files;

@@ -3,6 +3,7 @@
 // flat layouts exactly as DeepSpeed's optimizers build them at that size).
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -218,30 +219,82 @@ formats::TargetSummary NativeWriter::Run() {
     throw IoError("cannot create ", tag_dir_.string(), ": ", ec.message());
   formats::TargetSummary summary;
   std::vector<std::unique_ptr<FileBuild>> files;
-  for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
-  WriteModelStates(files);
-  if (wrapper_ != Wrapper::kTorch && !options_.no_optimizer) {
-    for (int64_t r = 0; r < W_; ++r) {
-      const std::string name =
-          StrCat(lp_ == DType::kBFloat16 ? "bf16_" : "", "zero_pp_rank_", r,
-                 "_", MpRank(), "_optim_states.pt");
-      auto f = std::make_unique<FileBuild>(tag_dir_ / name);
-      try {
-        f->Begin(OptimFile(*f, r));
-      } catch (Error& e) {
-        e.AddContext("rank file ", f->path.string());
-        throw;
+  // Bounded open files and graphs: run in batches.
+  auto flush = [&](size_t limit) {
+    if (files.size() < limit) return;
+    summary.bytes += RunAndCommit(input_, files, executor_,
+                                  StrCat("writing rank files of ", tag_));
+    summary.files += static_cast<int64_t>(files.size());
+    files.clear();
+  };
+  const std::vector<std::vector<size_t>> all_groups = groups_;
+  for (pp_rank_ = 0; pp_rank_ < pp_; ++pp_rank_) {
+    if (pipeline_) {  // this stage's params, in the groups' order
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        groups_[g].clear();
+        for (size_t i : all_groups[g]) {
+          const std::vector<int64_t>& st = params_[i].stages;
+          if (std::find(st.begin(), st.end(), pp_rank_) != st.end())
+            groups_[g].push_back(i);
+        }
       }
-      files.push_back(std::move(f));
-      // Bounded open files and graphs: run in batches.
-      if (files.size() >= 32) {
-        summary.bytes += RunAndCommit(input_, files, executor_,
-                                      StrCat("writing rank files of ", tag_));
-        summary.files += static_cast<int64_t>(files.size());
-        files.clear();
+    }
+    for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
+      WriteModelStates(files);
+      if (wrapper_ == Wrapper::kTorch || options_.no_optimizer) continue;
+      for (int64_t r = 0; r < W_; ++r) {
+        const std::string name =
+            StrCat(lp_ == DType::kBFloat16 ? "bf16_" : "", "zero_pp_rank_", r,
+                   "_", MpRank(), "_optim_states.pt");
+        auto f = std::make_unique<FileBuild>(tag_dir_ / name);
+        try {
+          f->Begin(OptimFile(*f, r));
+        } catch (Error& e) {
+          e.AddContext("rank file ", f->path.string());
+          throw;
+        }
+        files.push_back(std::move(f));
+        flush(32);
       }
     }
   }
+  groups_ = all_groups;
+  pp_rank_ = 0;
+  if (pipeline_) {
+    // Layer files: one per layer index and TP rank, whatever the stages.
+    std::map<int64_t, std::vector<size_t>> by_layer;
+    for (size_t i = 0; i < params_.size(); ++i)
+      by_layer[LayerKey(params_[i]).first].push_back(i);
+    for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
+      for (const auto& [idx, members] : by_layer) {
+        char name[96];
+        std::snprintf(name, sizeof name, "layer_%02lld-model_%02lld-model_states.pt",
+                      static_cast<long long>(idx),
+                      static_cast<long long>(tp_rank_));
+        auto f = std::make_unique<FileBuild>(tag_dir_ / name);
+        try {
+          pickle::Arena& a = f->arena();
+          Value* sd = formats::NewOrderedDict(a);
+          for (size_t i : members) {
+            const TParam& p = params_[i];
+            DType dt;
+            const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+            const std::string key = LayerKey(p).second;
+            formats::AppendEntry(
+                a, sd, key,
+                f->AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
+                                         StrCat("rank file ", f->path.string(),
+                                                " > ", key))));
+          }
+          f->Begin(sd);
+        } catch (Error& e) {
+          e.AddContext("rank file ", f->path.string());
+          throw;
+        }
+        files.push_back(std::move(f));
+        flush(32);
+      }
+    }
   }
   summary.bytes += RunAndCommit(input_, files, executor_,
                                 StrCat("writing rank files of ", tag_));
@@ -251,10 +304,11 @@ formats::TargetSummary NativeWriter::Run() {
   summary.notes.assign(notes_.begin(), notes_.end());
   summary.resume_hint =
       StrCat("DeepSpeed: engine.load_checkpoint(\"<output>\") with ",
-             W_ * tp_, " ranks",
-             tp_ > 1 ? StrCat(" (tensor parallel ", tp_, ", data parallel ", W_,
-                              ")")
-                     : std::string(),
+             W_ * tp_ * pp_, " ranks",
+             tp_ * pp_ > 1
+                 ? StrCat(" (tensor parallel ", tp_, ", pipeline ", pp_,
+                          ", data parallel ", W_, ")")
+                 : std::string(),
              ", zero_optimization.stage ", stage_,
              lp_ == DType::kBFloat16 ? ", bf16 enabled" : "");
   summary.details["tag"] = tag_;

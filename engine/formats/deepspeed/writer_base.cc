@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
@@ -53,10 +54,8 @@ void WriterBase::AppendOrReplace(pickle::Arena& a, Value* dict,
 
 void WriterBase::Prepare(bool tensor_parallel) {
   const layouts::Topology& t = options_.topology;
-  if (t.pp != 1 || t.vpp != 1) {
-    throw UsageError(
-        "DeepSpeed targets with pp or vpp > 1 (Megatron-DeepSpeed pipeline "
-        "layer files) are not supported yet; pass --pp 1");
+  if (t.vpp != 1) {
+    throw UsageError("DeepSpeed targets have no virtual pipeline: pass --vpp 1");
   }
   if (options_.distributed_optimizer) {
     throw UsageError(
@@ -65,6 +64,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
   }
   W_ = t.dp;
   tp_ = t.tp;
+  pp_ = t.pp;
   const atoms::RootInfo& root = input_.root();
   if (auto it = root.extra_strings.find(std::string(kMetaAttr));
       it != root.extra_strings.end())
@@ -74,13 +74,10 @@ void WriterBase::Prepare(bool tensor_parallel) {
   if (mp != nullptr) {
     const json::Value* pipe = mp->Find("pipeline");
     const json::Value* yaml = mp->Find("layout_yaml");
-    if (pipe != nullptr && pipe->is_bool() && pipe->AsBool()) {
-      throw UsageError(
-          input_.path().string(),
-          ": the source is a Megatron-DeepSpeed pipeline checkpoint (layer "
-          "files); writing those is not supported yet (`ucp export` writes "
-          "its consolidated weights)");
-    }
+    pipeline_ = pipe != nullptr && pipe->is_bool() && pipe->AsBool();
+    if (const json::Value* tl = mp->Find("tied_layers"); tl && tl->is_object())
+      for (const auto& [k, x] : tl->members())
+        if (x.is_int()) tied_layers_[k] = x.AsInt();
     if (!tensor_parallel) {
       throw UsageError(input_.path().string(),
                        ": the source is a Megatron-DeepSpeed checkpoint with "
@@ -97,11 +94,11 @@ void WriterBase::Prepare(bool tensor_parallel) {
     if (const json::Value* v = mp->Find("variables"); v && v->is_object())
       for (const auto& [k, x] : v->members())
         if (x.is_int()) vars_.Set(k, x.AsInt());
-  } else if (tp_ != 1) {
+  } else if (tp_ != 1 || pp_ != 1) {
     throw UsageError(
-        "--tp ", tp_,
-        ": a DeepSpeed target is tensor-parallel only for a Megatron-DeepSpeed "
-        "source (whose layout places the params); pass --tp 1");
+        "--tp ", tp_, " --pp ", pp_,
+        ": a DeepSpeed target is model-parallel only for a Megatron-DeepSpeed "
+        "source (whose layout places the params); pass --tp 1 --pp 1");
   }
   const json::Value training =
       formats::ParseJsonAttr(root.training, "training", input_.path());
@@ -146,10 +143,17 @@ void WriterBase::Prepare(bool tensor_parallel) {
                      " training (FP16_Optimizer) is not supported yet; "
                      "pass --zero-stage 1, 2 or 3");
   }
-  if (layout_ && stage_ != 1 && stage_ != 2) {
+  if (!pipeline_ && pp_ != 1) {
+    throw UsageError("--pp ", pp_,
+                     ": the source has no pipeline (Megatron-DeepSpeed "
+                     "GPTModel): pass --pp 1");
+  }
+  const bool bf16_pipe = pipeline_ && stage_ == 0 && wrapper_ == Wrapper::kBf16;
+  if (layout_ && stage_ != 1 && stage_ != 2 && !bf16_pipe) {
     throw UsageError("--zero-stage ", stage_,
-                     ": Megatron-DeepSpeed targets (without pipeline) are "
-                     "written for ZeRO stage 1 or 2");
+                     ": Megatron-DeepSpeed targets are written for ZeRO "
+                     "stage 1 or 2 (or 0 with bf16 and a pipeline: "
+                     "BF16_Optimizer)");
   }
   tag_ = options_.tag;
   if (tag_.empty()) tag_ = str(meta_, "tag");
@@ -194,6 +198,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
       if (p.rule != nullptr) shapes.push_back({p.name, p.full});
     layouts::Topology topo;
     topo.tp = tp_;
+    topo.pp = pp_;
     topo.dp = W_;
     layouts::ValidateTopology(*layout_, shapes, vars_, topo);
     for (TParam& p : params_) {
@@ -202,6 +207,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
                     .local_shape;
       p.numel = NumElements(p.shape);
     }
+    if (pipeline_) PartitionStages();
   }
   // Groups: the source's flat order when it was DeepSpeed, else canonical.
   int64_t ngroups = 0;
@@ -494,7 +500,9 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
   Value* root = a.Dict();
   for (const std::string& key : keys) {
     Value* v = nullptr;
-    if (key == "module") {
+    if (key == "module" && pipeline_) {
+      v = a.None();  // PipelineEngine: the weights are in the layer files
+    } else if (key == "module") {
       Value* m = formats::NewOrderedDict(a);
       std::map<std::string, Value*> nodes;
       for (const std::string& k : module_keys_) {
@@ -598,7 +606,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     } else if (key == "dp_world_size") {
       v = a.Int(W_);
     } else if (key == "mp_world_size") {
-      v = a.Int(tp_);
+      v = a.Int(tp_ * pp_);
     } else if (key == "ds_config") {
       v = DsConfig(f);
     } else if (key == "ds_version") {
@@ -713,8 +721,80 @@ reshape::TargetTensor WriterBase::LocalTensor(const TParam& p,
 std::string WriterBase::MpRank() const {
   char buf[32];
   std::snprintf(buf, sizeof buf, "mp_rank_%02lld",
-                static_cast<long long>(tp_rank_));
+                static_cast<long long>(pp_rank_ * tp_ + tp_rank_));
   return buf;
+}
+
+namespace {
+
+// "12.self_attention.dense.weight" -> 12.
+std::optional<int64_t> LayerIndex(const std::string& name) {
+  const size_t dot = name.find('.');
+  if (dot == 0 || dot == std::string::npos) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 0; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 40))
+      return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+void WriterBase::PartitionStages() {
+  std::set<int64_t> layers;  // transformer layers: those with attention
+  for (const TParam& p : params_)
+    if (p.name.find(".self_attention.") != std::string::npos)
+      if (auto idx = LayerIndex(p.name)) layers.insert(*idx);
+  const std::vector<int64_t> order(layers.begin(), layers.end());
+  if (order.empty() || static_cast<int64_t>(order.size()) % pp_ != 0) {
+    throw UsageError("--pp ", pp_, ": the model has ", order.size(),
+                     " transformer layers; DeepSpeed spreads them evenly "
+                     "('type:transformer'), so pp must divide them");
+  }
+  const int64_t per = static_cast<int64_t>(order.size()) / pp_;
+  for (TParam& p : params_) {
+    p.stages.clear();
+    if (p.name.starts_with("tied_modules.")) {
+      p.stages.push_back(0);
+      if (pp_ > 1) p.stages.push_back(pp_ - 1);
+      continue;
+    }
+    const std::optional<int64_t> idx = LayerIndex(p.name);
+    if (!idx) {
+      throw FormatError("universal input ", input_.path().string(),
+                        " > param ", p.name,
+                        ": not a pipeline layer name (<index>.<name>)");
+    }
+    if (*idx < order.front()) {
+      p.stages.push_back(0);
+    } else if (*idx > order.back()) {
+      p.stages.push_back(pp_ - 1);
+    } else {
+      const int64_t k = std::lower_bound(order.begin(), order.end(), *idx) -
+                        order.begin();
+      p.stages.push_back(k / per);
+    }
+  }
+}
+
+std::pair<int64_t, std::string> WriterBase::LayerKey(const TParam& p) const {
+  if (p.name.starts_with("tied_modules.")) {
+    const size_t dot = p.name.find('.', 13);
+    const std::string module = p.name.substr(0, dot);
+    auto it = tied_layers_.find(module);
+    if (dot == std::string::npos || it == tied_layers_.end()) {
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        p.name,
+                        ": the layer file of this tied module is unknown "
+                        "(made by an older ucp: convert from the checkpoint "
+                        "again)");
+    }
+    return {it->second, p.name.substr(dot + 1)};
+  }
+  const size_t dot = p.name.find('.');
+  return {*LayerIndex(p.name), p.name.substr(dot + 1)};
 }
 
 // The saved Megatron args and universal_checkpoint_info say the target's TP
@@ -734,8 +814,9 @@ void WriterBase::PatchTpArgs(pickle::Arena& a, Value* root) const {
   Value* ns = args != nullptr && args->kind == Kind::kObject ? args->state
                                                              : nullptr;
   set(ns, "tensor_model_parallel_size", tp_);
+  set(ns, "pipeline_model_parallel_size", pp_);
   set(ns, "data_parallel_size", W_);
-  set(ns, "world_size", tp_ * W_);
+  set(ns, "world_size", tp_ * pp_ * W_);
   if (padded_vocab_ > 0) set(ns, "padded_vocab_size", padded_vocab_);
   if (padded_vocab_ > 0)
     set(root->Get("universal_checkpoint_info"), "padded_vocab_size",

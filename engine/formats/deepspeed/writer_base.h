@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -38,6 +39,7 @@ struct TParam {
   int64_t padded = 0;
   int64_t stored_pad = 0;
   int64_t pad_rows = 0;  // padding rows the universal content holds
+  std::vector<int64_t> stages;  // pipeline stages holding it (pipeline only)
 };
 
 class WriterBase {
@@ -72,8 +74,15 @@ class WriterBase {
                                     const atoms::DatasetInfo& atom,
                                     const std::string& kind, DType dtype,
                                     const std::string& name) const;
-  /// "mp_rank_03" for tp_rank_ 3.
+  /// "mp_rank_03" for mp rank pp_rank_ x tp_ + tp_rank_ = 3.
   std::string MpRank() const;
+  /// Pipeline: every param's stages (DeepSpeed's 'type:transformer'
+  /// partition: the transformer layers spread evenly, what precedes them on
+  /// the first stage, what follows on the last, tied modules on both).
+  /// Throws UsageError if pp does not divide the transformer layers.
+  void PartitionStages();
+  /// The layer file index and the key in it of a pipeline param.
+  std::pair<int64_t, std::string> LayerKey(const TParam& p) const;
   /// Sets p's rule, stored shape and local (TP shard) shape.
   void PlaceOnTp(TParam& p);
   void PatchTpArgs(pickle::Arena& a, pickle::Value* root) const;
@@ -135,6 +144,10 @@ class WriterBase {
   std::optional<layouts::Layout> layout_;
   layouts::Variables vars_;
   int64_t padded_vocab_ = 0;  // of the target TP size, 0 if no vocab rule
+  bool pipeline_ = false;     // Megatron-DeepSpeed PipelineModule (layer files)
+  int64_t pp_ = 1;
+  int64_t pp_rank_ = 0;  // the stage whose files are being built
+  std::map<std::string, int64_t> tied_layers_;  // "tied_modules.embed" -> 1
   std::string tag_;
   std::filesystem::path tag_dir_;
   std::vector<TParam> params_;               // canonical order
