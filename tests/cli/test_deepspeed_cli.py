@@ -7,6 +7,7 @@ optimizer groups, worlds 3 and 8). Oracles: tests/tools/check_deepspeed.py,
 written from the format spec, and DeepSpeed's own files.
 """
 import json
+from collections import OrderedDict
 import os
 import pathlib
 import shutil
@@ -433,6 +434,29 @@ def same_files(a, b, where):
             assert x == y, (path, x, y)
     for n in names:
         cmp(torch.load(a / n), torch.load(b / n), f"{where} {n}")
+
+
+def test_fp16_optimizer_is_refused():
+    """ZeRO stage 0 with fp16 saves DeepSpeed's FP16_Optimizer state (flat
+    fp32 groups that do not say which params they hold): refused in one line
+    naming the file, nothing written."""
+    with Tmp() as t:
+        tag = t / "ck" / "global_step1"
+        tag.mkdir(parents=True)
+        (t / "ck" / "latest").write_text("global_step1")
+        opt = {"dynamic_loss_scale": True, "cur_scale": 1024.0, "cur_iter": 1,
+               "optimizer_state_dict": {"state": {0: {"step": torch.tensor(1.0),
+                                                      "exp_avg": torch.zeros(8),
+                                                      "exp_avg_sq": torch.zeros(8)}},
+                                        "param_groups": [{"lr": 1e-3, "params": [0]}]},
+               "fp32_groups_flat": [torch.zeros(8)], "clip_grad": 1.0}
+        torch.save({"module": OrderedDict(w=torch.zeros(4, 2, dtype=torch.float16)),
+                    "buffer_names": [], "optimizer": opt, "param_shapes": None,
+                    "dp_world_size": 1, "mp_world_size": 1, "global_steps": 1,
+                    "ds_config": {"zero_optimization": {"stage": 0}, "fp16": {"enabled": True}},
+                    "ds_version": "0.14.5"}, tag / "mp_rank_00_model_states.pt")
+        check_failure(["to-universal", t / "ck", "-o", t / "x.h5"], "format error", 3,
+                      ["mp_rank_00_model_states.pt", "FP16_Optimizer"], t / "x.h5")
 
 
 def test_megatron_deepspeed_write():

@@ -448,6 +448,12 @@ void Planner::PlanTorchOptimizer() {
   const std::string where0 =
       StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
   try {
+    if (Get(opt, "fp32_groups_flat") != nullptr || Get(opt, "fp32_groups") != nullptr) {
+      throw FormatError(
+          "an FP16_Optimizer state (ZeRO stage 0 with fp16): its flat fp32 "
+          "groups do not record which params they hold, so it is not read; "
+          "save with ZeRO stage 1 or 2 (or bf16) to convert");
+    }
     const Value* state = RequireDict(opt, "state");
     const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
     // ids: torch numbers params over the groups in order; the module's
