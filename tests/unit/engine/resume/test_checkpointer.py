@@ -136,7 +136,9 @@ def test_kill9_in_saves():
                 p.communicate(timeout=60)
             where = f"seed {SEED} case {case} world {n}"
             visible = steps_in(d)
-            assert len(visible) <= 2, (where, visible)
+            # keep_last 2, plus one when the kill fell between a commit and
+            # its rotation (the next save rotates it away).
+            assert len(visible) <= 3, (where, visible)
             for s in visible:  # every visible checkpoint is whole
                 names, flat, meta = assemble(d / f"step_{s:09d}")
                 for f in (d / f"step_{s:09d}").iterdir():
@@ -147,6 +149,7 @@ def test_kill9_in_saves():
             if visible:
                 assert f"step {newest}," in err, (where, err)
             assert steps_in(d)[-1] == newest + 1, (where, steps_in(d))
+            assert len(steps_in(d)) == 2, (where, steps_in(d))
             target = newest + 1
 
 
