@@ -118,6 +118,8 @@ const std::string& ConvertHelp() {
       "examples:\n"
       "  ucp convert /ckpt/gpt -o /ckpt/gpt-tp1pp4 --tp 1 --pp 4 --dp 16\n"
       "  ucp convert /ckpt/ds -o /ckpt/ds-3ranks --dp 3 --zero-stage 1\n"
+      "  ucp convert /ckpt/mds -o /ckpt/mds-tp1pp4 --tp 1 --pp 4 --dp 2 "
+      "--zero-stage 1\n"
       "  ucp convert /ckpt/ds -o /ckpt/ds-uc --format deepspeed-universal "
       "--dp 1\n"
       "\n"
