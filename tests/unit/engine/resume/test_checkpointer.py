@@ -149,7 +149,7 @@ def test_kill9_in_saves():
             if visible:
                 assert f"step {newest}," in err, (where, err)
             assert steps_in(d)[-1] == newest + 1, (where, steps_in(d))
-            assert len(steps_in(d)) == 2, (where, steps_in(d))
+            assert len(steps_in(d)) == min(2, len(visible) + 1), (where, visible, steps_in(d))
             target = newest + 1
 
 
