@@ -363,6 +363,21 @@ int RunToUniversal(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+constexpr const char* kManifestOption =
+    "also write ucp.manifest.json (sizes and xxh3 of every record) into the "
+    "checkpoint folder, which ucp verify / resume then check";
+
+// --manifest: ucp.manifest.json for what was just written into `staged`.
+void WriteOutputManifest(const formats::Driver& driver,
+                         const fs::path& staged) {
+  const std::unique_ptr<formats::Source> written = driver.Open(staged, {});
+  formats::WriteManifest(written->info().path, written->info().files);
+}
+
+}  // namespace
+
 int RunReshape(const std::vector<std::string>& args) {
   po::options_description desc(ReshapeHelp());
   std::string output;
@@ -371,6 +386,8 @@ int RunReshape(const std::vector<std::string>& args) {
   desc.add_options()("output,o", po::value<std::string>(&output)->required(),
                      "the checkpoint folder to create");
   target.Add(desc, /*with_vocab=*/true, "tag");
+  bool manifest = false;
+  desc.add_options()("manifest", po::bool_switch(&manifest), kManifestOption);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"universal"}, vm)) return 0;
@@ -391,6 +408,7 @@ int RunReshape(const std::vector<std::string>& args) {
   CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
   formats::TargetSummary s =
       driver.Write(*input, out.path(), options, executor);
+  if (manifest) WriteOutputManifest(driver, out.path());
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
@@ -409,6 +427,8 @@ int RunConvert(const std::vector<std::string>& args) {
                      "the checkpoint folder to create");
   src.Add(desc);
   target.Add(desc, /*with_vocab=*/false, "target-tag");
+  bool manifest = false;
+  desc.add_options()("manifest", po::bool_switch(&manifest), kManifestOption);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
@@ -433,6 +453,7 @@ int RunConvert(const std::vector<std::string>& args) {
   CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
   formats::TargetSummary s =
       driver.Write(*input, out.path(), options, executor);
+  if (manifest) WriteOutputManifest(driver, out.path());
   out.Commit();
   json::Value extra;
   extra["source"] = c.path.string();

@@ -283,6 +283,15 @@ def test_manifest():
         p = run("verify", save / "global_step4", expect=3)
         assert "ucp.manifest.json" in p.stderr, p.stderr
         run("manifest", save / "nothing", expect=5)
+        # convert / reshape --manifest: the output carries one.
+        run("convert", DS, "-o", save / "conv", "--dp", 3, "--zero-stage", 1, "--manifest", "-q")
+        out = save / "conv" / "global_step2"
+        doc = json.loads((out / "ucp.manifest.json").read_text())
+        assert sorted(doc["files"]) == sorted(p.name for p in out.iterdir() if p.suffix == ".pt"), doc
+        assert "manifest" in run("verify", save / "conv").stdout
+        rewrite_record(sorted(out.glob("*optim_states.pt"))[0], random.Random(4))
+        p = run("verify", save / "conv", expect=3)
+        assert "ucp.manifest.json" in p.stderr, p.stderr
 
 
 def test_untracked_checkpoint_is_hard_linked():
