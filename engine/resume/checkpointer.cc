@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -675,45 +677,68 @@ struct Checkpointer::Impl {
     return "";
   }
 
-  // This rank's slice of one kind of flat data, read from the byte ranges
-  // of the old shards that overlap it. `path` selects the pieces of that
-  // kind in a shard's graph.
-  at::Tensor ReadSlice(
-      const fs::path& dir, const Meta& m, int64_t b, int64_t e,
-      const std::function<bool(const torchfile::TensorPath&)>& kind,
-      uint64_t* bytes) const {
-    at::Tensor out = at::zeros({std::max<int64_t>(0, e - b)}, at::kFloat);
+  // The flat data a shard holds: weights, exp_avg, exp_avg_sq.
+  static constexpr int kKinds = 3;
+
+  // Which of them the tensor at `p` in a shard's graph is a piece of
+  // (model/<param>, optimizer/state/<i>/exp_avg[_sq]); -1 for others.
+  static int PieceKind(const torchfile::TensorPath& p,
+                       const std::set<std::string>& params) {
+    auto str = [&](size_t i) -> const std::string* {
+      return i < p.size() ? std::get_if<std::string>(&p[i]) : nullptr;
+    };
+    const std::string* head = str(0);
+    if (head == nullptr) return -1;
+    if (*head == "model" && p.size() == 2 && str(1) && params.count(*str(1)))
+      return 0;
+    if (*head == "optimizer" && p.size() == 4 && str(3)) {
+      if (*str(3) == "exp_avg") return 1;
+      if (*str(3) == "exp_avg_sq") return 2;
+    }
+    return -1;
+  }
+
+  // This rank's slices [b, e) of the flat weights and Adam moments: every
+  // old shard that overlaps them is opened once and only the byte ranges of
+  // the slice are read (a kind a shard lacks stays zero).
+  std::array<at::Tensor, kKinds> ReadSlices(const fs::path& dir, const Meta& m,
+                                            int64_t b, int64_t e,
+                                            const std::set<std::string>& params,
+                                            uint64_t* bytes) const {
+    std::array<at::Tensor, kKinds> out;
+    for (at::Tensor& t : out)
+      t = at::zeros({std::max<int64_t>(0, e - b)}, at::kFloat);
     for (int s = 0; s < m.world; ++s) {
       const auto [sb, se] = Slice(m.numel, s, m.world);
       const int64_t lo = std::max(b, sb), hi = std::min(e, se);
       if (lo >= hi) continue;
       const fs::path path = dir / ShardName(s, m.world);
       const torchfile::TorchFile f = torchfile::TorchFile::Open(path);
-      const torchfile::TensorInfo* piece = nullptr;
+      std::array<const torchfile::StorageInfo*, kKinds> storage{};
       for (const auto& t : f.tensors()) {
-        if (t.path && kind(*t.path)) {
-          piece = &t;
-          break;
+        const int k = t.path ? PieceKind(*t.path, params) : -1;
+        if (k >= 0 && storage[static_cast<size_t>(k)] == nullptr)
+          storage[static_cast<size_t>(k)] = t.storage;
+      }
+      for (int k = 0; k < kKinds; ++k) {
+        const torchfile::StorageInfo* st = storage[static_cast<size_t>(k)];
+        if (st == nullptr) continue;
+        if (st->dtype != DType::kFloat32 || st->numel != se - sb) {
+          throw FormatError(path.string(), ": storage ", st->key, " holds ",
+                            st->numel, " elements, the slice is ", se - sb);
         }
+        const torchfile::ZipEntry* entry =
+            f.zip()->Find(f.archive_name() + "/data/" + st->key);
+        if (entry == nullptr) {
+          throw FormatError(path.string(), ": no record for storage ", st->key);
+        }
+        const uint64_t n = static_cast<uint64_t>(hi - lo) * 4;
+        float* to = out[static_cast<size_t>(k)].data_ptr<float>() + (lo - b);
+        f.zip()->ReadRange(
+            *entry, static_cast<uint64_t>(lo - sb) * 4,
+            std::span<std::byte>(reinterpret_cast<std::byte*>(to), n));
+        *bytes += n;
       }
-      if (piece == nullptr) continue;  // no state of that kind: zeros
-      const torchfile::StorageInfo& st = *piece->storage;
-      if (st.dtype != DType::kFloat32 || st.numel != se - sb) {
-        throw FormatError(path.string(), ": storage ", st.key, " holds ",
-                          st.numel, " elements, the slice is ", se - sb);
-      }
-      const torchfile::ZipEntry* entry =
-          f.zip()->Find(f.archive_name() + "/data/" + st.key);
-      if (entry == nullptr) {
-        throw FormatError(path.string(), ": no record for storage ", st.key);
-      }
-      const uint64_t n = static_cast<uint64_t>(hi - lo) * 4;
-      f.zip()->ReadRange(
-          *entry, static_cast<uint64_t>(lo - sb) * 4,
-          std::span<std::byte>(
-              reinterpret_cast<std::byte*>(out.data_ptr<float>() + (lo - b)),
-              n));
-      *bytes += n;
     }
     return out;
   }
@@ -783,39 +808,13 @@ struct Checkpointer::Impl {
       padded.narrow(0, 0, local.numel()).copy_(local);
       return g().AllGather(padded, what).narrow(0, 0, layout.numel);
     };
-    auto is = [](const torchfile::TensorPath& p, std::string_view a,
-                 std::string_view leaf) {
-      if (p.empty() || !std::holds_alternative<std::string>(p[0]) ||
-          std::get<std::string>(p[0]) != a)
-        return false;
-      if (leaf.empty()) return p.size() == 2;
-      return p.size() == 4 && std::holds_alternative<std::string>(p[3]) &&
-             std::get<std::string>(p[3]) == leaf;
-    };
-    std::vector<std::string> param_names;
-    for (const Param& p : layout.params) param_names.push_back(p.name);
-    auto is_weight = [&](const torchfile::TensorPath& p) {
-      return is(p, "model", "") && std::holds_alternative<std::string>(p[1]) &&
-             std::find(param_names.begin(), param_names.end(),
-                       std::get<std::string>(p[1])) != param_names.end();
-    };
-    const at::Tensor weights =
-        full(ReadSlice(dir, meta, b, e, is_weight, &report.bytes_read),
-             "resume: weights");
-    const at::Tensor m1 = full(ReadSlice(
-                                   dir, meta, b, e,
-                                   [&](const torchfile::TensorPath& p) {
-                                     return is(p, "optimizer", "exp_avg");
-                                   },
-                                   &report.bytes_read),
-                               "resume: exp_avg");
-    const at::Tensor m2 = full(ReadSlice(
-                                   dir, meta, b, e,
-                                   [&](const torchfile::TensorPath& p) {
-                                     return is(p, "optimizer", "exp_avg_sq");
-                                   },
-                                   &report.bytes_read),
-                               "resume: exp_avg_sq");
+    std::set<std::string> names;
+    for (const Param& p : layout.params) names.insert(p.name);
+    const std::array<at::Tensor, kKinds> local =
+        ReadSlices(dir, meta, b, e, names, &report.bytes_read);
+    const at::Tensor weights = full(local[0], "resume: weights");
+    const at::Tensor m1 = full(local[1], "resume: exp_avg");
+    const at::Tensor m2 = full(local[2], "resume: exp_avg_sq");
 
     const auto d = meta.root.toGenericDict();
     const auto steps = d.at("steps").toIntVector();

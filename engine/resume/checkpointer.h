@@ -42,9 +42,6 @@
 // checkpoint is therefore either whole or invisible. Rank 0 then removes the
 // oldest complete checkpoints beyond keep_last.
 
-#include <ATen/core/Dict.h>
-#include <ATen/core/ivalue.h>
-
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -55,6 +52,16 @@
 #include <string_view>
 #include <vector>
 
+// LibTorch types by forward declaration only: their definitions are
+// included by checkpointer.cc and by the trainer that calls this.
+namespace at {
+class Tensor;
+}
+namespace c10 {
+struct IValue;
+template <class Key, class Value>
+class Dict;
+}  // namespace c10
 namespace torch::nn {
 class Module;
 }
@@ -112,7 +119,7 @@ struct TrainingState {
   torch::optim::Optimizer* optimizer = nullptr;
   ScalerState* scaler = nullptr;
   /// str -> anything torch.save can hold (Python sees a dict).
-  c10::impl::GenericDict* extra = nullptr;
+  c10::Dict<c10::IValue, c10::IValue>* extra = nullptr;  // GenericDict
 };
 
 struct CheckpointerOptions {

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -124,6 +125,16 @@ Args ParseArgs(int argc, char** argv) {
       if (i + 1 >= argc) throw ucp::UsageError(k, " needs a value");
       return argv[++i];
     };
+    auto number = [&]() -> int64_t {
+      const std::string v = next();
+      int64_t out = 0;
+      const auto [end, ec] =
+          std::from_chars(v.data(), v.data() + v.size(), out);
+      if (ec != std::errc() || end != v.data() + v.size()) {
+        throw ucp::UsageError(k, " '", v, "' is not an integer");
+      }
+      return out;
+    };
     if (k == "--dir")
       a.dir = next();
     else if (k == "--save-dir")
@@ -131,17 +142,17 @@ Args ParseArgs(int argc, char** argv) {
     else if (k == "--log")
       a.log = next();
     else if (k == "--steps")
-      a.steps = std::stoll(next());
+      a.steps = number();
     else if (k == "--save-every")
-      a.save_every = std::stoll(next());
+      a.save_every = number();
     else if (k == "--keep")
-      a.keep = std::stoi(next());
+      a.keep = static_cast<int>(number());
     else if (k == "--kill-in-save")
-      a.kill_in_save = std::stoll(next());
+      a.kill_in_save = number();
     else if (k == "--timeout-ms")
-      a.timeout_ms = std::stoll(next());
+      a.timeout_ms = number();
     else if (k == "--seed")
-      a.seed = std::stoll(next());
+      a.seed = number();
     else if (k == "--save-on-resume")
       a.save_on_resume = true;
     else if (k == "--help" || k == "-h") {

@@ -1,8 +1,8 @@
 #pragma once
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.16 engine.save_checkpoint; see
 // ../shared/reference/deepspeed.md for the sources), as this driver reads and
-// writes them. Written: TP = PP = 1 (mp rank 00). Read: also
-// Megatron-DeepSpeed's model parallelism (below); MoE files are refused.
+// writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
+// files and FP16_Optimizer (ZeRO 0 + fp16) states are refused.
 //
 // Folders
 //   <save>/latest                 the tag, no newline (written last)
@@ -42,7 +42,7 @@
 //   ZeRO 3: per sub-group, per param p = ceil(n/W); rank r holds
 //     padded(param)[r*p, (r+1)*p), params back to back.
 //
-// Model parallelism (Megatron-DeepSpeed), read only:
+// Model parallelism (Megatron-DeepSpeed), read and written:
 //   mp rank = pp_rank * TP + tp_rank (PipelineModule) or tp_rank (GPTModel
 //   with --no-pipeline-parallel); mp_world_size = PP * TP; every file above
 //   exists per mp rank (mp_rank_XX, zero_pp_rank_{d}_mp_rank_XX, %02d) and
@@ -63,6 +63,14 @@
 //   vocabulary rows beyond the true size (--vocab-size, else
 //   universal_checkpoint_info.original_vocab_size, else none) go to the pad
 //   atom; a tied param of several stages is taken from the first.
+//   Write (any TP the heads and query groups allow, any PP dividing the
+//   transformer layers; ZeRO 1/2 or BF16_Optimizer): the stored layout cuts
+//   each param for its tp rank, the vocabulary re-padded for the target TP;
+//   stages by DeepSpeed's 'type:transformer' partition (the layers
+//   "<idx>.self_attention.*" spread evenly, what precedes them on the first
+//   stage, what follows on the last, tied modules on both); the saved args'
+//   tensor/pipeline_model_parallel_size, data_parallel_size, world_size and
+//   padded_vocab_size (also universal_checkpoint_info's) updated.
 //
 // What this driver keeps in the universal file:
 //   /params/<name>/fp32, exp_avg, exp_avg_sq (+ any other state kind),
@@ -75,13 +83,27 @@
 //   /opaque/optimizer/param_groups  the groups without 'params'
 //   root attr "deepspeed" (JSON): tag, stage, wrapper, groups (names per
 //     group), module_keys, model_keys, step_kind, lp_dtype; model_parallel
-//     {tp, pp, pipeline, layout, vocab_size, vocab_size_from} for
+//     {tp, pp, pipeline, layout, layout_yaml, variables, tied_layers
+//     {"tied_modules.<k>": layer index}, vocab_size, vocab_size_from} for
 //     Megatron-DeepSpeed sources (the other mp ranks' opaque entries sit
 //     under /opaque/mp_rank_XX/...).
 
+#include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace ucp::deepspeed {
+
+/// The layer index that starts a PipelineModule param name ("12.weight" ->
+/// 12), absent for other names.
+inline std::optional<int64_t> LayerIndex(std::string_view name) {
+  size_t n = 0;
+  int64_t v = 0;
+  while (n < name.size() && n < 9 && name[n] >= '0' && name[n] <= '9')
+    v = v * 10 + (name[n++] - '0');
+  if (n == 0 || n >= name.size() || name[n] != '.') return std::nullopt;
+  return v;
+}
 
 inline constexpr std::string_view kLatestFile = "latest";
 inline constexpr std::string_view kLatestUniversalFile = "latest_universal";

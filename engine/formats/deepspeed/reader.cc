@@ -72,6 +72,7 @@ struct LayerEntry {
   std::string name;
   fs::path file;
   std::string key;
+  int64_t layer = 0;  // the file's layer index
 };
 
 // One mp rank of a model-parallel checkpoint.
@@ -972,13 +973,6 @@ namespace {
 
 // "12.input_layernorm.weight" -> 12; absent for names not starting with a
 // decimal index and ".".
-std::optional<int64_t> LeadingIndex(std::string_view name) {
-  size_t n = 0;
-  while (n < name.size() && n < 9 && name[n] >= '0' && name[n] <= '9') ++n;
-  if (n == 0 || n >= name.size() || name[n] != '.') return std::nullopt;
-  return std::stoll(std::string(name.substr(0, n)));
-}
-
 // The trainable / frozen param names a model-states file lists.
 std::set<std::string> ListedParams(const TorchFile& f) {
   std::set<std::string> out;
@@ -1017,7 +1011,7 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
     }
     listed.push_back(ListedParams(*f));
     for (const std::string& n : listed.back()) {
-      if (auto idx = LeadingIndex(n)) {
+      if (auto idx = LayerIndex(n)) {
         auto [it, fresh] = owner.emplace(*idx, p);
         if (!fresh && it->second != p) {
           throw FormatError("rank file ", mf.string(), " > param ", n,
@@ -1057,7 +1051,7 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
           }
           if (tied.size() == 1) name = tied[0];
         }
-        v.layer_entries.push_back({name, file, k});
+        v.layer_entries.push_back({name, file, k, idx});
       }
     }
   }
@@ -1134,18 +1128,8 @@ RankPlans PlanRanks(const Checkpoint& c, const formats::SourceOptions& options) 
     for (const LayerEntry& e : v.layer_entries) {
       if (!e.name.starts_with("tied_modules.")) continue;
       const size_t dot = e.name.find('.', 13);
-      const std::string stem = e.file.filename().string();  // layer_LL-...
-      int64_t idx = -1;
-      if (stem.rfind("layer_", 0) == 0) {
-        const size_t end = stem.find('-');
-        try {
-          idx = std::stoll(stem.substr(6, end - 6));
-        } catch (const std::exception&) {
-          idx = -1;
-        }
-      }
-      if (dot != std::string::npos && idx >= 0)
-        mp.tied_layers[e.name.substr(0, dot)] = idx;
+      if (dot != std::string::npos)
+        mp.tied_layers[e.name.substr(0, dot)] = e.layer;
     }
   }
   for (size_t k = 0; k < c.mp_ranks.size(); ++k) {

@@ -725,23 +725,6 @@ std::string WriterBase::MpRank() const {
   return buf;
 }
 
-namespace {
-
-// "12.self_attention.dense.weight" -> 12.
-std::optional<int64_t> LayerIndex(const std::string& name) {
-  const size_t dot = name.find('.');
-  if (dot == 0 || dot == std::string::npos) return std::nullopt;
-  int64_t v = 0;
-  for (size_t i = 0; i < dot; ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 40))
-      return std::nullopt;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
-
-}  // namespace
-
 void WriterBase::PartitionStages() {
   std::set<int64_t> layers;  // transformer layers: those with attention
   for (const TParam& p : params_)
