@@ -363,18 +363,16 @@ int RunToUniversal(const std::vector<std::string>& args) {
   return 0;
 }
 
+void WriteManifestOf(const formats::Driver& driver, const fs::path& dir) {
+  const std::unique_ptr<formats::Source> written = driver.Open(dir, {});
+  formats::WriteManifest(written->info().path, written->info().files);
+}
+
 namespace {
 
 constexpr const char* kManifestOption =
     "also write ucp.manifest.json (sizes and xxh3 of every record) into the "
     "checkpoint folder, which ucp verify / resume then check";
-
-// --manifest: ucp.manifest.json for what was just written into `staged`.
-void WriteOutputManifest(const formats::Driver& driver,
-                         const fs::path& staged) {
-  const std::unique_ptr<formats::Source> written = driver.Open(staged, {});
-  formats::WriteManifest(written->info().path, written->info().files);
-}
 
 }  // namespace
 
@@ -408,7 +406,7 @@ int RunReshape(const std::vector<std::string>& args) {
   CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
   formats::TargetSummary s =
       driver.Write(*input, out.path(), options, executor);
-  if (manifest) WriteOutputManifest(driver, out.path());
+  if (manifest) WriteManifestOf(driver, out.path());
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
@@ -453,7 +451,7 @@ int RunConvert(const std::vector<std::string>& args) {
   CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
   formats::TargetSummary s =
       driver.Write(*input, out.path(), options, executor);
-  if (manifest) WriteOutputManifest(driver, out.path());
+  if (manifest) WriteManifestOf(driver, out.path());
   out.Commit();
   json::Value extra;
   extra["source"] = c.path.string();

@@ -341,10 +341,7 @@ int RunResume(const std::vector<std::string>& args) {
             chosen->Input(executor);
         CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
         driver.Write(*input, staged.path(), options, executor);
-        // What a later run checks before reusing the folder.
-        const std::unique_ptr<formats::Source> written =
-            driver.Open(staged.path(), {});
-        formats::WriteManifest(written->info().path, written->info().files);
+        WriteManifestOf(driver, staged.path());  // checked before a reuse
       }
       staged.Commit();
     }

@@ -94,6 +94,11 @@ std::string NativeFormat(const atoms::RootInfo& root);
 /// writable formats.
 const formats::Driver& TargetDriver(const std::string& format,
                                     const std::string& native);
+/// ucp.manifest.json (formats/common/integrity.h) for the checkpoint just
+/// written into `dir` in `driver`'s format. Throws what Driver::Open and
+/// formats::WriteManifest throw.
+void WriteManifestOf(const formats::Driver& driver,
+                     const std::filesystem::path& dir);
 /// Seconds since `t`.
 double Since(std::chrono::steady_clock::time_point t);
 

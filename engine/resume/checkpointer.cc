@@ -557,9 +557,12 @@ struct Checkpointer::Impl {
       }
     }
     c10::impl::GenericDict buffers(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& item : s.model->named_buffers(/*recurse=*/true)) {
-      buffers.insert(item.key(), item.value().detach().clone());
-      if (rank() == 0) model.insert(item.key(), item.value().detach().clone());
+    if (rank() == 0) {  // buffers: shard 0's model dict and meta.pt
+      for (const auto& item : s.model->named_buffers(/*recurse=*/true)) {
+        const at::Tensor copy = item.value().detach().clone();
+        buffers.insert(item.key(), copy);
+        model.insert(item.key(), copy);
+      }
     }
     c10::List<c10::IValue> groups(c10::AnyType::get());
     {

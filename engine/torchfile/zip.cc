@@ -489,30 +489,42 @@ void ZipReader::ReadRange(const ZipEntry& entry, uint64_t offset,
   std::memcpy(dst.data(), whole.data() + offset, dst.size());
 }
 
-bool ZipReader::CheckCrc(const ZipEntry& entry) const {
-  return Digest(entry).crc_ok;
-}
+namespace {
 
-ZipReader::RecordDigest ZipReader::Digest(const ZipEntry& entry) const {
+// One pass over the uncompressed content of `entry`: its CRC-32, and its
+// XXH3-64 into `hasher` when given.
+uint32_t ScanRecord(const ZipReader& zip, const ZipEntry& entry,
+                    Xxh3Hasher* hasher) {
   uint32_t crc = 0;
-  Xxh3Hasher hasher;
   if (entry.method == kZipStored) {
     std::vector<std::byte> buf(
         std::min<uint64_t>(entry.uncompressed_size, uint64_t{8} << 20));
     for (uint64_t done = 0; done < entry.uncompressed_size;) {
       const size_t n = static_cast<size_t>(
           std::min<uint64_t>(buf.size(), entry.uncompressed_size - done));
-      ReadRange(entry, done, std::span<std::byte>(buf.data(), n));
+      zip.ReadRange(entry, done, std::span<std::byte>(buf.data(), n));
       crc = Crc32(std::span<const std::byte>(buf.data(), n), crc);
-      hasher.Update(buf.data(), n);
+      if (hasher != nullptr) hasher->Update(buf.data(), n);
       done += n;
     }
   } else {
-    std::string all = ReadRecord(entry, entry.uncompressed_size);
+    std::string all = zip.ReadRecord(entry, entry.uncompressed_size);
     crc = Crc32(std::as_bytes(std::span<const char>(all.data(), all.size())));
-    hasher.Update(all.data(), all.size());
+    if (hasher != nullptr) hasher->Update(all.data(), all.size());
   }
-  return {crc == entry.crc32, hasher.Digest()};
+  return crc;
+}
+
+}  // namespace
+
+bool ZipReader::CheckCrc(const ZipEntry& entry) const {
+  return ScanRecord(*this, entry, nullptr) == entry.crc32;
+}
+
+ZipReader::RecordDigest ZipReader::Digest(const ZipEntry& entry) const {
+  Xxh3Hasher hasher;
+  const bool ok = ScanRecord(*this, entry, &hasher) == entry.crc32;
+  return {ok, hasher.Digest()};
 }
 
 // --- Layout ------------------------------------------------------------------
