@@ -287,7 +287,7 @@ def test_generated_cases():
                 ck.compare_tree(torch.load(t / "same" / tag / f.name), torch.load(f),
                                 f"{case.name}/{f.name}")
             shutil.rmtree(t / "same")
-            for stage in (1, 2, 3):
+            for stage in (0, 1, 2, 3):
                 for dp in (1, 5):
                     out = t / f"s{stage}dp{dp}"
                     run("convert", case, "-o", out, "--dp", dp, "--zero-stage", stage, "-q")
@@ -300,14 +300,37 @@ def test_generated_cases():
                     # Shared params load as the same tensor (torch.load).
                     files = sorted(out.rglob("*model_states.pt"))
                     m = torch.load(files[0])
-                    if "fp16" in case.name:  # the dynamic loss scaler survives
+                    if "fp16" in case.name and stage > 0:  # the dynamic loss scaler survives
                         o = torch.load(sorted(out.rglob("*optim_states.pt"))[0])
                         ls = o["optimizer_state_dict"]["loss_scaler"]
                         assert type(ls).__name__ == "DynamicLossScaler" and ls.cur_scale == 2.0**12
+                        assert ls.cur_iter == 5 and ls.scale_window == 1000, vars(ls)
                         assert o["optimizer_state_dict"]["dynamic_loss_scale"] is True
+                    elif "fp16" in case.name:  # FP16_Optimizer's own fields
+                        o = m["optimizer"]
+                        assert o["dynamic_loss_scale"] is True and o["cur_scale"] == 2.0**12, o
+                        assert o["cur_iter"] == 5 and o["scale_window"] == 1000, o
+                        # FP16_Optimizer: a flat master per group, the group's
+                        # params back to back; unfused: a master per param.
+                        unfused = "unfused" in case.name
+                        assert ("fp32_groups" in o) == unfused, sorted(o)
+                        for gi, g in enumerate(truth["groups"]):
+                            masters = [truth["atoms"][n]["fp32"] for n in g]
+                            if unfused:
+                                assert len(o["fp32_groups"][gi]) == len(g)
+                                for w, got in zip(masters, o["fp32_groups"][gi]):
+                                    ck.same(got, w, f"{case.name} fp32_groups")
+                            else:
+                                ck.same(o["fp32_groups_flat"][gi],
+                                        torch.cat([w.flatten() for w in masters]),
+                                        f"{case.name} fp32_groups_flat")
                     if stage < 3:
                         assert m["module"]["head.weight"].data_ptr() == m["module"]["embed.weight"].data_ptr()
-                    assert m["shared_params"] == {"head.weight": "embed.weight"}
+                    # ZeRO 0 without bf16 records no shared_params.
+                    if stage == 0 and "fp16" in case.name or "fp32" in case.name and stage == 0:
+                        assert m["shared_params"] is None, m["shared_params"]
+                    else:
+                        assert m["shared_params"] == {"head.weight": "embed.weight"}
                     (t / "b.h5").unlink()
                     shutil.rmtree(out)
             (t / "a.h5").unlink()
@@ -436,27 +459,41 @@ def same_files(a, b, where):
         cmp(torch.load(a / n), torch.load(b / n), f"{where} {n}")
 
 
-def test_fp16_optimizer_is_refused():
-    """ZeRO stage 0 with fp16 saves DeepSpeed's FP16_Optimizer state (flat
-    fp32 groups that do not say which params they hold): refused in one line
-    naming the file, nothing written."""
+def test_fp16_optimizer_masters_must_match_the_module():
+    """ZeRO stage 0 with fp16 saves FP16_Optimizer's flat fp32 masters, which
+    do not say which params they hold: ucp matches each slice to the module's
+    fp16 weights (the masters rounded). A module that does not fit its masters
+    is refused in one line naming the file and the group, nothing written."""
     with Tmp() as t:
         tag = t / "ck" / "global_step1"
         tag.mkdir(parents=True)
         (t / "ck" / "latest").write_text("global_step1")
-        opt = {"dynamic_loss_scale": True, "cur_scale": 1024.0, "cur_iter": 1,
-               "optimizer_state_dict": {"state": {0: {"step": torch.tensor(1.0),
-                                                      "exp_avg": torch.zeros(8),
-                                                      "exp_avg_sq": torch.zeros(8)}},
-                                        "param_groups": [{"lr": 1e-3, "params": [0]}]},
-               "fp32_groups_flat": [torch.zeros(8)], "clip_grad": 1.0}
-        torch.save({"module": OrderedDict(w=torch.zeros(4, 2, dtype=torch.float16)),
-                    "buffer_names": [], "optimizer": opt, "param_shapes": None,
-                    "dp_world_size": 1, "mp_world_size": 1, "global_steps": 1,
-                    "ds_config": {"zero_optimization": {"stage": 0}, "fp16": {"enabled": True}},
-                    "ds_version": "0.14.5"}, tag / "mp_rank_00_model_states.pt")
+        master = torch.arange(8, dtype=torch.float32) / 3
+
+        def save(weight):
+            opt = {"dynamic_loss_scale": True, "cur_scale": 1024.0, "cur_iter": 1,
+                   "last_overflow_iter": -1, "scale_factor": 2.0, "scale_window": 1000,
+                   "optimizer_state_dict": {"state": {0: {"step": torch.tensor(1.0),
+                                                          "exp_avg": torch.ones(8),
+                                                          "exp_avg_sq": torch.ones(8)}},
+                                            "param_groups": [{"lr": 1e-3, "params": [0]}]},
+                   "fp32_groups_flat": [master], "clip_grad": 1.0}
+            torch.save({"module": OrderedDict(w=weight), "buffer_names": [], "optimizer": opt,
+                        "param_shapes": None, "shared_params": None,
+                        "dp_world_size": 1, "mp_world_size": 1, "global_steps": 1,
+                        "ds_config": {"zero_optimization": {"stage": 0}, "fp16": {"enabled": True}},
+                        "ds_version": "0.14.5"}, tag / "mp_rank_00_model_states.pt")
+        # A module one step behind its masters: refused.
+        save((master + 1).view(4, 2).half())
         check_failure(["to-universal", t / "ck", "-o", t / "x.h5"], "format error", 3,
-                      ["mp_rank_00_model_states.pt", "FP16_Optimizer"], t / "x.h5")
+                      ["mp_rank_00_model_states.pt", "fp32_groups_flat[0]",
+                       "no trainable module param matches"], t / "x.h5")
+        # The module that fits: read, the master at the module's shape.
+        save(master.view(4, 2).half())
+        run("to-universal", t / "ck", "-o", t / "x.h5", "-q")
+        with h5py.File(t / "x.h5", "r") as f:
+            assert np.array_equal(f["params/w/fp32"][()], master.view(4, 2).numpy())
+            assert np.array_equal(f["params/w/exp_avg"][()], np.ones((4, 2), np.float32))
 
 
 def test_megatron_deepspeed_write():

@@ -2,8 +2,8 @@
 """Independent generator of DeepSpeed checkpoints, written from DeepSpeed's
 save code as ../shared/reference/deepspeed.md transcribes it (never from ucp),
 for the cases the real fixtures lack: a frozen param, a shared (tied) param,
-buffers (float and int), two optimizer groups, worlds 3 and 8, ZeRO 1/2/3 and
-BF16_Optimizer, fp32 and bf16. Each case folder holds `latest`, the tag folder
+buffers (float and int), two optimizer groups, worlds 3 and 8, ZeRO 1/2/3,
+BF16_Optimizer and FP16_Optimizer (fused and unfused), fp32, bf16 and fp16. Each case folder holds `latest`, the tag folder
 and truth.pt:
   atoms:   {name: {state kind: tensor}} what the universal file must hold
   export:  {name: fp32 tensor} what `ucp export` must write
@@ -79,9 +79,45 @@ def sub_groups(world, size):
     return out
 
 
-def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_step=None):
+def fp16_optimizer(st, step, unfused):
+    """ZeRO 0 with fp16: the model states' `optimizer`, FP16_Optimizer.state_dict()
+    (fused_optimizer.py: one flat fp32 master per param group, the params
+    flattened back to back with no padding, the inner FusedAdam over the flat
+    masters) or FP16_UnfusedOptimizer.state_dict() (unfused_optimizer.py:
+    fp32_groups, one fp32 master per param, torch Adam over them). The dynamic
+    loss scaler's fields are inlined."""
+    d = OrderedDict([("dynamic_loss_scale", True), ("cur_scale", 2.0**12), ("cur_iter", STEP),
+                     ("last_overflow_iter", -1), ("scale_factor", 2.0), ("scale_window", 1000)])
+    state, groups, masters, pid = {}, [], [], 0
+    for gi, g in enumerate(GROUPS):
+        if unfused:
+            ids = []
+            for n in g:
+                state[pid] = {"step": step.clone(), "exp_avg": st[n]["exp_avg"].clone(),
+                              "exp_avg_sq": st[n]["exp_avg_sq"].clone()}
+                ids.append(pid)
+                pid += 1
+            groups.append(dict(HYPER[gi], params=ids))
+            masters.append([st[n]["fp32"].clone().requires_grad_(True) for n in g])
+        else:
+            cat = {k: torch.cat([st[n][k].flatten() for n in g])
+                   for k in ("fp32", "exp_avg", "exp_avg_sq")}
+            state[gi] = {"step": STEP, "exp_avg": cat["exp_avg"], "exp_avg_sq": cat["exp_avg_sq"]}
+            groups.append(dict(HYPER[gi], step=STEP, params=[gi]))
+            masters.append(cat["fp32"].requires_grad_(True))
+    d["optimizer_state_dict"] = {"state": state, "param_groups": groups}
+    d["fp32_groups" if unfused else "fp32_groups_flat"] = masters
+    if not unfused:
+        d["clip_grad"] = 1.0
+    return d
+
+
+def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_step=None,
+               unfused=False):
     lp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     fp16 = dtype == "fp16"
+    # ZeRO 0 with fp16: no optimizer files, FP16_Optimizer in the model states.
+    fp16_opt = stage == 0 and fp16
 
     def scaler():
         # fp16 runs scale the loss dynamically; fp32 / bf16 keep a static 1.0.
@@ -133,10 +169,16 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_st
                 frags[n] = flat[rank * p:(rank + 1) * p].clone()
         else:
             frags = None
+        if fp16_opt:
+            shapes = None
+        optimizer = fp16_optimizer(st, torch.tensor(float(STEP)), unfused) if fp16_opt else None
         return OrderedDict([
-            ("module", module), ("buffer_names", list(BUFFERS)), ("optimizer", None),
+            ("module", module), ("buffer_names", list(BUFFERS)), ("optimizer", optimizer),
             ("param_shapes", shapes), ("frozen_param_shapes", frozen_shapes),
-            ("shared_params", {"head.weight": "embed.weight"} if rank == 0 else {}),
+            # ZeRO 0 without bf16 saves no shared_params (engine.py:
+            # zero_optimizer_state is False).
+            ("shared_params", None if fp16_opt else
+             {"head.weight": "embed.weight"} if rank == 0 else {}),
             ("frozen_param_fragments", frags), ("lr_scheduler", {"last_epoch": STEP}),
             ("data_sampler", None), ("random_ltd", None), ("sparse_tensor_module_names", set()),
             ("skipped_steps", 0), ("global_steps", STEP), ("global_samples", STEP * world),
@@ -157,7 +199,7 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_st
     if int_step is not None:
         for h in hyper:
             h["step"] = int_step
-    for r in range(world):
+    for r in range(0 if fp16_opt else world):
         if stage == 3:
             flats, state = [], {}
             for si, (gi, g) in enumerate(subs):
@@ -231,7 +273,7 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_st
             continue
         atoms[n] = {"fp32": st[n]["fp32"], "exp_avg": st[n]["exp_avg"],
                     "exp_avg_sq": st[n]["exp_avg_sq"]}
-        if int_step is None:
+        if int_step is None and not (fp16_opt and not unfused):
             atoms[n]["step"] = step.clone()
         if dtype != "fp32" and stage < 3:
             atoms[n]["param"] = st[n]["lp"]
@@ -241,7 +283,8 @@ def write_case(out, stage, world, dtype, truth=True, sub_group_size=None, int_st
         export[n] = t.float() if t.is_floating_point() else t
         stored[f"{n}/param"] = True
     flags = {n: int(n in FROZEN) for n in list(PARAMS) + list(BUFFERS)}
-    torch.save({"atoms": atoms, "export": export, "frozen_flags": flags, "param_is_stored": stored},
+    torch.save({"atoms": atoms, "export": export, "frozen_flags": flags, "param_is_stored": stored,
+                "groups": GROUPS},
                os.path.join(out, "truth.pt"))
 
 
@@ -281,6 +324,11 @@ def main():
     # ZeRO-3 with several sub-groups per param group (a small sub_group_size).
     write_case(os.path.join(a.out, "z3_fp32_w3_subgroups"), 3, 3, "fp32", sub_group_size=20)
     cases.append((3, 3, "fp32"))
+    # ZeRO 0 fp16: FP16_Optimizer (flat masters, FusedAdam's int step) and
+    # FP16_UnfusedOptimizer (a master per param, torch Adam).
+    write_case(os.path.join(a.out, "z0_fp16_w3"), 0, 3, "fp16")
+    write_case(os.path.join(a.out, "z0_fp16_w2_unfused"), 0, 2, "fp16", unfused=True)
+    cases += [(0, 3, "fp16"), (0, 2, "fp16")]
     # FusedAdam-style int step (7, while global_steps is 5).
     write_case(os.path.join(a.out, "z2_fp32_w3_intstep"), 2, 3, "fp32", int_step=7)
     cases.append((2, 3, "fp32"))

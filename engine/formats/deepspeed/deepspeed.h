@@ -63,7 +63,8 @@ bool HoldsModelStates(const std::filesystem::path& dir);
 /// The tag folders of save folder `dir`: every sub-folder holding a
 /// DeepSpeed rank file (complete or not); the iteration is the tag's
 /// trailing number (global_step120 -> 120), -1 without one. Never throws.
-std::vector<formats::SavedCheckpoint> ListTags(const std::filesystem::path& dir);
+std::vector<formats::SavedCheckpoint> ListTags(
+    const std::filesystem::path& dir);
 
 /// Finds the checkpoint: `dir/latest`'s tag (or `tag`), or `dir` itself if it
 /// is a tag folder. Checks that every rank file the checkpoint's own world

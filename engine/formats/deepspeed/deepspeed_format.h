@@ -2,7 +2,7 @@
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.16 engine.save_checkpoint; see
 // ../shared/reference/deepspeed.md for the sources), as this driver reads and
 // writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
-// files and FP16_Optimizer (ZeRO 0 + fp16) states are refused.
+// files are refused.
 //
 // Folders
 //   <save>/latest                 the tag, no newline (written last)
@@ -21,6 +21,18 @@
 //   lr_scheduler, data_sampler, random_ltd, sparse_tensor_module_names,
 //   skipped_steps, global_steps, global_samples, dp_world_size,
 //   mp_world_size, ds_config, ds_version, client state...}
+//   ZeRO 0 fp16: optimizer = FP16_Optimizer.state_dict() {dynamic_loss_scale,
+//   cur_scale, cur_iter, [last_overflow_iter, scale_factor, scale_window
+//   if dynamic], optimizer_state_dict (the inner optimizer over one flat
+//   fp32 master per group: state {g: {step, exp_avg, exp_avg_sq}}),
+//   fp32_groups_flat [per group: the params back to back, no padding],
+//   clip_grad}, or FP16_UnfusedOptimizer's (same scale keys,
+//   optimizer_state_dict over one fp32 master per param, fp32_groups
+//   [[per param]]); param_shapes and shared_params None: neither says which
+//   params a group holds. Read: each master slice belongs to the trainable
+//   module param whose fp16 weights are that slice rounded (first and last
+//   16 elements compared; module order preferred), params in no group are
+//   frozen; tied params are module entries sharing a storage view.
 // optim states: {optimizer_state_dict: {...}, ds_config, ds_version}
 //   ZeRO 1/2 (zero_stage 1|2): loss_scaler, dynamic_loss_scale, overflow,
 //     clip_grad, base_optimizer_state {state: {g: {step, exp_avg,
@@ -112,6 +124,7 @@ inline constexpr std::string_view kMetaAttr = "deepspeed";
 /// How the optimizer state is kept.
 enum class Wrapper {
   kTorch,  // ZeRO 0, fp32: the torch optimizer inside the model states
+  kFp16,   // ZeRO 0, fp16: FP16_Optimizer / FP16_UnfusedOptimizer, ditto
   kBf16,   // BF16_Optimizer: ZeRO 0 (or 1) with bf16
   kZero,   // DeepSpeedZeroOptimizer (stage 1/2) or stage 3
 };

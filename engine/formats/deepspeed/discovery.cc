@@ -208,7 +208,8 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
   }
   if (ec) throw IoError("cannot list ", c.tag_dir.string(), ": ", ec.message());
   c.bf16_prefix = prefix.value_or(false);
-  const std::string zprefix = c.bf16_prefix ? "bf16_zero_pp_rank_" : "zero_pp_rank_";
+  const std::string zprefix =
+      c.bf16_prefix ? "bf16_zero_pp_rank_" : "zero_pp_rank_";
   fs::path first_model;
   if (auto m = models.find(0); m != models.end()) {
     first_model = m->second;
@@ -264,16 +265,15 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
         (void)unused_path;
         if (!files.count(idx)) {
           throw FormatError(c.tag_dir.string(), ": missing layer_",
-                            idx < 10 ? "0" : "", idx, "-model_", t < 10 ? "0" : "",
-                            t, "-model_states.pt (tp rank ", t,
-                            " of layer ", idx, ")");
+                            idx < 10 ? "0" : "", idx, "-model_",
+                            t < 10 ? "0" : "", t, "-model_states.pt (tp rank ",
+                            t, " of layer ", idx, ")");
         }
       }
       if (files.size() != ref.size()) {
-        throw FormatError(files.rbegin()->second.string(),
-                          ": tp rank ", t, " has ", files.size(),
-                          " layer files but tp rank ", layers.begin()->first,
-                          " has ", ref.size());
+        throw FormatError(files.rbegin()->second.string(), ": tp rank ", t,
+                          " has ", files.size(), " layer files but tp rank ",
+                          layers.begin()->first, " has ", ref.size());
       }
     }
   }
@@ -350,10 +350,10 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
     } else if (models.count(mp)) {
       rank.model_files.push_back(models[mp]);
     } else {
-      throw FormatError(c.tag_dir.string(), ": missing mp", MpPart(mp).substr(3),
-                        "_model_states.pt (mp_world_size ", mp_world,
-                        c.pipeline ? StrCat(": pp ", c.pp, " x tp ", c.tp) : "",
-                        ")");
+      throw FormatError(
+          c.tag_dir.string(), ": missing mp", MpPart(mp).substr(3),
+          "_model_states.pt (mp_world_size ", mp_world,
+          c.pipeline ? StrCat(": pp ", c.pp, " x tp ", c.tp) : "", ")");
     }
     c.mp_ranks.push_back(std::move(rank));
   }

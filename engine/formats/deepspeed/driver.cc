@@ -58,7 +58,8 @@ class DeepSpeedDriver : public formats::Driver {
   std::string_view Summary() const override {
     return "DeepSpeed native checkpoints, ZeRO 0-3, fp32/bf16/fp16: latest, "
            "<tag>/mp_rank_XX_model_states.pt, "
-           "[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt; Megatron-DeepSpeed "
+           "[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt; "
+           "Megatron-DeepSpeed "
            "TP/PP (layer_LL-model_TT-model_states.pt) read and written";
   }
   formats::Confidence Probe(const fs::path& path) const override {

@@ -54,4 +54,16 @@ std::vector<Window> Zero3Windows(std::span<const int64_t> numels, int64_t world,
   return out;
 }
 
+std::vector<Window> ConcatWindows(std::span<const int64_t> numels,
+                                  int64_t* length) {
+  std::vector<Window> out;
+  int64_t at = 0;
+  for (size_t m = 0; m < numels.size(); ++m) {
+    if (numels[m] > 0) out.push_back({m, 0, numels[m], at});
+    at += numels[m];
+  }
+  *length = at;
+  return out;
+}
+
 }  // namespace ucp::deepspeed::internal

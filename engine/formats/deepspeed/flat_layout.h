@@ -7,6 +7,8 @@
 // ZeRO 3, per sub-group: each param of n elements is cut into W pieces of
 //   p = ceil(n/W) (padded at the end); rank r's flat group is the
 //   concatenation of every param's piece r.
+// FP16_Optimizer (ZeRO 0 with fp16), per param group: one flat fp32 master
+//   holding the params back to back, no padding.
 
 #include <cstdint>
 #include <span>
@@ -50,5 +52,10 @@ int64_t Zero3Piece(int64_t numel, int64_t world);
 /// `*length`, padding included).
 std::vector<Window> Zero3Windows(std::span<const int64_t> numels, int64_t world,
                                  int64_t rank, int64_t* length);
+
+/// FP16_Optimizer: the params' windows in a group's flat master (its length
+/// in `*length`).
+std::vector<Window> ConcatWindows(std::span<const int64_t> numels,
+                                  int64_t* length);
 
 }  // namespace ucp::deepspeed::internal

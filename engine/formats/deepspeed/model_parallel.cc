@@ -60,8 +60,8 @@ void UnionGroups(json::Value& into, const json::Value& from,
 
 }  // namespace
 
-universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> ranks,
-                                         const ModelParallel& m) {
+universal::SourcePlan MergeModelParallel(
+    std::vector<universal::SourcePlan> ranks, const ModelParallel& m) {
   const int64_t tp = m.tp;
   if (static_cast<int64_t>(ranks.size()) != tp * m.pp || ranks.empty())
     throw InternalError("MergeModelParallel: ", ranks.size(), " plans for tp ",
@@ -159,7 +159,7 @@ universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> rank
         throw InternalError("atom of unknown param ", a.param);
       }
       const Global& g = params[pit->second];
-      if (g.stage != p) continue;  // the first stage's copy is kept
+      if (g.stage != p) continue;             // the first stage's copy is kept
       const bool whole = a.shape != g.local;  // scalars (step)
       if (whole && t > 0) continue;
       for (universal::Fragment& f : a.fragments) f.src.source += offset[mp];
@@ -222,7 +222,8 @@ universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> rank
   // Opaque entries: mp rank 0's as they are, the others under mp_rank_XX/.
   for (size_t mp = 0; mp < ranks.size(); ++mp) {
     for (universal::OpaqueBlob& b : ranks[mp].opaque) {
-      if (mp > 0) b.key = StrCat("mp_rank_", Mp(static_cast<int64_t>(mp)), "/", b.key);
+      if (mp > 0)
+        b.key = StrCat("mp_rank_", Mp(static_cast<int64_t>(mp)), "/", b.key);
       out.opaque.push_back(std::move(b));
     }
   }

@@ -45,7 +45,7 @@ struct ModelParallel {
 /// `ranks[mp]` is the plan of mp rank mp. Throws FormatError naming the rank
 /// file and param when tp ranks disagree (names, shapes, dtypes), LayoutError
 /// (with the param) when no rule places a name or shapes do not divide.
-universal::SourcePlan MergeModelParallel(std::vector<universal::SourcePlan> ranks,
-                                         const ModelParallel& mp);
+universal::SourcePlan MergeModelParallel(
+    std::vector<universal::SourcePlan> ranks, const ModelParallel& mp);
 
 }  // namespace ucp::deepspeed::internal

@@ -5,7 +5,10 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
+#include <tuple>
 
+#include "engine/core/convert.h"
 #include "engine/core/error.h"
 #include "engine/formats/common/source_table.h"
 #include "engine/formats/common/torch_blob.h"
@@ -50,7 +53,8 @@ const std::set<std::string> kOptimRebuilt = {
     "base_optimizer_state", "single_partition_of_fp32_groups",
     "group_paddings",       "partition_count",
     "param_slice_mappings", "optimizer_state_dict",
-    "fp32_flat_groups"};
+    "fp32_flat_groups",     "fp32_groups_flat",
+    "fp32_groups"};
 
 struct Param {
   std::string name;
@@ -118,6 +122,14 @@ class Planner {
   void ReadModel();
   void PlanModule();
   void PlanTorchOptimizer();
+  void PlanFp16Optimizer();  // FP16_Optimizer / FP16_UnfusedOptimizer
+  // FP16_Optimizer: the first unassigned trainable param, from `hint` on in
+  // module order (wrapping around), whose shape fits (`numel` elements
+  // fit, or exactly `shape` when given) and whose stored lp weights equal
+  // the fp32 master elements `elem` of `master` rounded; -1 if none.
+  int64_t MatchMaster(const FilePtr& f, const TensorInfo& master, int64_t elem,
+                      int64_t room, const Shape* shape, size_t hint,
+                      const std::vector<bool>& taken);
   void PlanFlat();  // ZeRO 1/2, BF16_Optimizer
   void PlanStage3();
   void PlanZeroFolder();
@@ -158,6 +170,11 @@ class Planner {
   std::optional<double> step_value_;  // int / float steps
   std::vector<const Value*> group_dicts_;
   std::vector<int64_t> sub_to_group_;  // ZeRO-3: param group of each sub-group
+  // ZeRO 0 with fp16: FP16_Optimizer (flat fp32 groups) or
+  // FP16_UnfusedOptimizer (per-param fp32 groups) in the model states.
+  enum class Fp16 { kNone, kFlat, kUnfused } fp16_ = Fp16::kNone;
+  // Sampled lp weights of the trainable params (MatchMaster), by index.
+  std::map<size_t, std::vector<uint16_t>> lp_samples_;
   int64_t sub_groups_ = 0;
   fs::path scratch_ = fs::temp_directory_path();
 };
@@ -259,9 +276,9 @@ void Planner::ReadModel() {
     } else {
       for (const LayerEntry& le : view_.layer_entries) {
         const FilePtr f = Open(le.file);
-        entries_.push_back({le.name, f, Get(f->root(), le.key),
-                            StrCat("rank file ", le.file.string(), " > ",
-                                   le.key)});
+        entries_.push_back(
+            {le.name, f, Get(f->root(), le.key),
+             StrCat("rank file ", le.file.string(), " > ", le.key)});
       }
     }
     for (size_t i = 0; i < entries_.size(); ++i) {
@@ -277,6 +294,23 @@ void Planner::ReadModel() {
     if (const Value* sp = Get(model_, "shared_params"); !IsNone(sp)) {
       for (const std::string& k : Keys(sp, "shared_params"))
         shared_[k] = Str(Get(sp, k), "shared_params value");
+    } else if (!view_.pipeline) {
+      // ZeRO 0 without bf16 saves no shared_params: tied params are module
+      // entries viewing the same storage the same way (the first name is
+      // the param, as named_parameters() dedups).
+      std::map<std::tuple<const torchfile::StorageInfo*, int64_t, Shape,
+                          std::vector<int64_t>, DType>,
+               std::string>
+          seen;
+      for (const Entry& e : entries_) {
+        const TensorInfo* t = e.file->FindTensor(e.value);
+        if (t == nullptr || buffers.count(e.name) || t->numel == 0) continue;
+        auto [it, fresh] =
+            seen.emplace(std::make_tuple(t->storage, t->storage_offset,
+                                         t->shape, t->stride, t->dtype),
+                         e.name);
+        if (!fresh) shared_[e.name] = it->second;
+      }
     }
     // The lp dtype: of the first floating module tensor that is a param.
     for (const Entry& e : entries_) {
@@ -311,6 +345,13 @@ void Planner::ReadModel() {
         throw FormatError(
             "param_shapes is None but the checkpoint has "
             "optimizer files");
+      }
+      if (const Value* opt = Get(model_, "optimizer"); !IsNone(opt)) {
+        if (Get(opt, "fp32_groups_flat") != nullptr) {
+          fp16_ = Fp16::kFlat;
+        } else if (Get(opt, "fp32_groups") != nullptr) {
+          fp16_ = Fp16::kUnfused;
+        }
       }
       groups_.emplace_back();
       for (const Entry& e : entries_) {
@@ -408,7 +449,7 @@ void Planner::PlanModule() {
       if (p.buffer || (p.frozen && c_.stage < 2)) {
         Whole(Atom(p, "param", t.dtype, false), Tensor(e->file, t, where),
               where);
-      } else if (c_.wrapper == Wrapper::kTorch) {
+      } else if (c_.wrapper == Wrapper::kTorch && fp16_ == Fp16::kNone) {
         // No separate master: the module holds the fp32 weights.
         Whole(Atom(p, "fp32", t.dtype, false), Tensor(e->file, t, where),
               where);
@@ -449,32 +490,45 @@ void Planner::PlanTorchOptimizer() {
   const std::string where0 =
       StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
   try {
-    if (Get(opt, "fp32_groups_flat") != nullptr || Get(opt, "fp32_groups") != nullptr) {
-      throw FormatError(
-          "an FP16_Optimizer state (ZeRO stage 0 with fp16): its flat fp32 "
-          "groups do not record which params they hold, so it is not read; "
-          "save with ZeRO stage 1 or 2 (or bf16) to convert");
-    }
     const Value* state = RequireDict(opt, "state");
     const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
     // ids: torch numbers params over the groups in order; the module's
-    // trainable params are taken in order.
+    // params are taken in order, skipping those whose shape differs from
+    // the id's state (frozen params, which the optimizer does not hold).
     size_t next = 0;
+    std::vector<bool> taken(params_.size(), false);
     groups_.assign(groups.size(), {});
     for (size_t g = 0; g < groups.size(); ++g) {
       group_dicts_.push_back(groups[g]);
       for (const Value* id : Items(Require(groups[g], "params"), "params")) {
-        if (next >= params_.size() || params_[next].buffer ||
-            params_[next].frozen) {
-          throw FormatError(
-              "param_groups name more params than the module "
-              "has");
+        const int64_t key = Int(id, "param id");
+        const Value* st = GetIndex(state, key);
+        std::optional<Shape> shape;
+        if (st != nullptr) {
+          for (const std::string& k : Keys(st, "state")) {
+            const TensorInfo* t =
+                k == "step" ? nullptr : models_[0]->FindTensor(Get(st, k));
+            if (t != nullptr) {
+              shape = t->shape;
+              break;
+            }
+          }
         }
+        while (
+            next < params_.size() &&
+            (params_[next].buffer || (shape && params_[next].shape != *shape)))
+          ++next;
+        if (next >= params_.size()) {
+          throw FormatError(
+              "param_groups[", g, "] names param id ", key,
+              shape ? StrCat(" (state of shape ", ShapeString(*shape), ")")
+                    : std::string(),
+              " but no module param is left to match it");
+        }
+        taken[next] = true;
         Param& p = params_[next++];
         p.group = static_cast<int64_t>(g);
         groups_[g].push_back(p.name);
-        const int64_t key = Int(id, "param id");
-        const Value* st = GetIndex(state, key);
         if (st == nullptr) continue;  // never stepped
         const std::string where = StrCat(where0, " > state[", key, "]");
         for (const std::string& k : Keys(st, "state")) {
@@ -487,6 +541,193 @@ void Planner::PlanTorchOptimizer() {
         }
         PlanStep(p, models_[0], st, where);
       }
+    }
+    // Module params in no group were not given to the optimizer: frozen.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].buffer || taken[i]) continue;
+      params_[i].frozen = true;
+      params_[i].group = -1;
+    }
+  } catch (Error& e) {
+    AddContextOnce(e, where0);
+    throw;
+  }
+}
+
+int64_t Planner::MatchMaster(const FilePtr& f, const TensorInfo& master,
+                             int64_t elem, int64_t room, const Shape* shape,
+                             size_t hint, const std::vector<bool>& taken) {
+  // Sampled elements: the first and the last kSample of each param.
+  static constexpr int64_t kSample = 16;
+  auto positions = [](int64_t n) {
+    std::vector<int64_t> at;
+    for (int64_t k = 0; k < std::min(n, kSample); ++k) at.push_back(k);
+    for (int64_t k = std::max(kSample, n - kSample); k < n; ++k)
+      at.push_back(k);
+    return at;
+  };
+  auto read = [](const TorchFile& file, const TensorInfo& t, int64_t begin,
+                 int64_t count, void* dst) {
+    file.ReadTensorRange(t, begin, count,
+                         std::span<std::byte>(static_cast<std::byte*>(dst),
+                                              static_cast<size_t>(count) *
+                                                  ElementSize(t.dtype)));
+  };
+  const int64_t head = std::min(room, kSample);
+  std::vector<float> master_head(static_cast<size_t>(head));
+  if (head > 0) read(*f, master, elem, head, master_head.data());
+  const size_t n = params_.size();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (hint + k) % n;
+    const Param& p = params_[i];
+    if (p.buffer || taken[i]) continue;
+    const int64_t numel = NumElements(p.shape);
+    if (shape != nullptr ? p.shape != *shape : (numel == 0 || numel > room))
+      continue;
+    auto it = lp_samples_.find(i);
+    if (it == lp_samples_.end()) {
+      const Entry* e = FindEntry(p.name);
+      const TensorInfo* t =
+          e != nullptr ? e->file->FindTensor(e->value) : nullptr;
+      std::vector<uint16_t> bits;
+      if (t != nullptr && ElementSize(t->dtype) == 2 && t->contiguous &&
+          t->numel == numel) {
+        for (int64_t at : positions(numel)) {
+          uint16_t b = 0;
+          read(*e->file, *t, at, 1, &b);
+          bits.push_back(b);
+        }
+      }
+      it = lp_samples_.emplace(i, std::move(bits)).first;
+    }
+    const std::vector<int64_t> at = positions(numel);
+    if (it->second.size() != at.size()) continue;
+    const DType lp = p.dtype;
+    auto round = [lp](float x) {
+      return lp == DType::kBFloat16 ? Float32ToBFloat16(x)
+                                    : Float32ToFloat16(x);
+    };
+    bool same = true;
+    for (size_t s = 0; same && s < at.size(); ++s) {
+      float x = 0;
+      if (at[s] < head) {
+        x = master_head[static_cast<size_t>(at[s])];
+      } else {
+        read(*f, master, elem + at[s], 1, &x);
+      }
+      same = round(x) == it->second[s];
+    }
+    if (same) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+void Planner::PlanFp16Optimizer() {
+  const FilePtr& f = models_[0];
+  const Value* opt = Get(model_, "optimizer");
+  const bool flat = fp16_ == Fp16::kFlat;
+  const std::string where0 =
+      StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
+  try {
+    const Value* inner = Require(opt, "optimizer_state_dict");
+    const Value* state = RequireDict(inner, "state");
+    const auto& pgroups = Items(Require(inner, "param_groups"), "param_groups");
+    const char* key = flat ? "fp32_groups_flat" : "fp32_groups";
+    const auto& masters = Items(Require(opt, key), key);
+    if (masters.size() != pgroups.size()) {
+      throw FormatError(masters.size(), " groups in ", key, " but ",
+                        pgroups.size(), " param groups");
+    }
+    // Neither wrapper records which params a group holds: each master
+    // slice is matched to the trainable param whose stored fp16 weights are
+    // that slice rounded (DeepSpeed copies the masters into the fp16 params
+    // after every step), preferring module order.
+    std::vector<bool> taken(params_.size(), false);
+    groups_.assign(pgroups.size(), {});
+    size_t hint = 0;
+    for (size_t g = 0; g < pgroups.size(); ++g) {
+      group_dicts_.push_back(pgroups[g]);
+      const std::string gw = StrCat(where0, " > ", key, "[", g, "]");
+      const auto& ids = Items(Require(pgroups[g], "params"), "params");
+      std::vector<const Value*> tensors;
+      if (flat) {
+        tensors.push_back(masters[g]);
+      } else {
+        for (const Value* v : Items(masters[g], key)) tensors.push_back(v);
+      }
+      if (ids.size() != tensors.size()) {
+        throw FormatError("param_groups[", g, "] lists ", ids.size(),
+                          " params but ", key, "[", g, "] holds ",
+                          tensors.size(), " tensors");
+      }
+      for (size_t j = 0; j < tensors.size(); ++j) {
+        const std::string tw = flat ? gw : StrCat(gw, "[", j, "]");
+        const TensorInfo& mt = TensorAt(f, tensors[j], tw);
+        if (mt.dtype != DType::kFloat32 || !mt.contiguous) {
+          throw FormatError(tw, ": ", DTypeName(mt.dtype),
+                            ", expected contiguous float32 master weights");
+        }
+        reshape::SourceTensor msrc = Tensor(f, mt, tw);
+        msrc.shape = {mt.numel};
+        const int64_t id = Int(ids[j], "param id");
+        const Value* st = GetIndex(state, id);
+        const std::string sw =
+            StrCat(where0, " > optimizer_state_dict > state[", id, "]");
+        std::vector<std::pair<std::string, reshape::SourceTensor>> kinds;
+        if (st != nullptr) {
+          for (const std::string& k : Keys(st, "state")) {
+            if (k == "step") continue;
+            const TensorInfo& t = TensorAt(f, Get(st, k), sw + " > " + k);
+            if (t.numel != mt.numel || t.dtype != DType::kFloat32) {
+              throw FormatError(sw, " > ", k, ": ", t.numel, " ",
+                                DTypeName(t.dtype), " elements, expected ",
+                                mt.numel, " float32");
+            }
+            reshape::SourceTensor src = Tensor(f, t, sw + " > " + k);
+            src.shape = {t.numel};
+            kinds.emplace_back(k, src);
+            state_kinds_.insert(k);
+          }
+        }
+        int64_t o = 0;
+        do {
+          const int64_t i = MatchMaster(
+              f, mt, o, mt.numel - o, flat ? nullptr : &mt.shape, hint, taken);
+          if (i < 0) {
+            throw FormatError(
+                tw,
+                ": no trainable module param matches the fp32 master "
+                "weights at element ",
+                o, " of ", mt.numel,
+                " (an fp16 module weight is its master rounded; is the module "
+                "from another step?)");
+          }
+          Param& p = params_[static_cast<size_t>(i)];
+          taken[static_cast<size_t>(i)] = true;
+          hint = static_cast<size_t>(i) + 1;
+          p.group = static_cast<int64_t>(g);
+          groups_[g].push_back(p.name);
+          const int64_t n = NumElements(p.shape);
+          try {
+            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, msrc, o, 0, n,
+                    tw);
+            for (const auto& [k, src] : kinds)
+              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, o, 0, n,
+                      sw + " > " + k);
+            if (st != nullptr) PlanStep(p, f, st, sw);
+          } catch (Error& e2) {
+            e2.AddContext("param ", p.name);
+            throw;
+          }
+          o += n;
+        } while (o < mt.numel);
+      }
+    }
+    // Module params in no group were not given to the optimizer: frozen.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].buffer || taken[i]) continue;
+      params_[i].frozen = true;
+      params_[i].group = -1;
     }
   } catch (Error& e) {
     AddContextOnce(e, where0);
@@ -804,6 +1045,14 @@ void Planner::PlanOpaque() {
       add("optim/" + k->s, zero_state_.get(), v);
     }
   }
+  if (fp16_ != Fp16::kNone) {
+    // The loss scale and clip settings of FP16_Optimizer.
+    for (const auto& [k, v] : Get(model_, "optimizer")->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || kOptimRebuilt.count(k->s))
+        continue;
+      add("optim/" + k->s, models_[0].get(), v);
+    }
+  }
   if (!optims_.empty()) {
     const Value* root = optims_[0]->root();
     for (const auto& [k, v] : root->entries) {
@@ -909,9 +1158,11 @@ void Planner::PlanRoot() {
   json::Value meta = json::Value::Object();
   meta["tag"] = c_.tag;
   meta["stage"] = c_.stage;
-  meta["wrapper"] = c_.wrapper == Wrapper::kTorch  ? "torch"
-                    : c_.wrapper == Wrapper::kBf16 ? "bf16"
-                                                   : "zero";
+  meta["wrapper"] = fp16_ == Fp16::kFlat            ? "fp16"
+                    : fp16_ == Fp16::kUnfused       ? "fp16_unfused"
+                    : c_.wrapper == Wrapper::kTorch ? "torch"
+                    : c_.wrapper == Wrapper::kBf16  ? "bf16"
+                                                    : "zero";
   meta["bf16_prefix"] = c_.bf16_prefix;
   json::Value gj = json::Value::Array();
   for (const auto& g : groups_) {
@@ -935,11 +1186,19 @@ void Planner::PlanRoot() {
 
 universal::SourcePlan Planner::Run() {
   ReadModel();
+  // ZeRO 0 without bf16: the optimizer says which module params are
+  // trainable (the others are frozen) before the module is planned.
+  const bool torch = c_.zero_dir.empty() && c_.wrapper == Wrapper::kTorch;
+  if (torch && fp16_ != Fp16::kNone) {
+    PlanFp16Optimizer();
+  } else if (torch) {
+    PlanTorchOptimizer();
+  }
   PlanModule();
   if (!c_.zero_dir.empty()) {
     PlanZeroFolder();
-  } else if (c_.wrapper == Wrapper::kTorch) {
-    PlanTorchOptimizer();
+  } else if (torch) {
+    // planned above
   } else if (c_.stage == 3) {
     PlanStage3();
     RegroupSubGroups();
@@ -980,10 +1239,12 @@ std::set<std::string> ListedParams(const TorchFile& f) {
   try {
     if (const Value* shapes = Get(root, "param_shapes"); !IsNone(shapes)) {
       for (const Value* g : Items(shapes, "param_shapes"))
-        for (const std::string& n : Keys(g, "param_shapes group")) out.insert(n);
+        for (const std::string& n : Keys(g, "param_shapes group"))
+          out.insert(n);
     }
     if (const Value* fr = Get(root, "frozen_param_shapes"); !IsNone(fr)) {
-      for (const std::string& n : Keys(fr, "frozen_param_shapes")) out.insert(n);
+      for (const std::string& n : Keys(fr, "frozen_param_shapes"))
+        out.insert(n);
     }
   } catch (Error& e) {
     e.AddContext("rank file ", f.path().string());
@@ -1002,7 +1263,8 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
   std::vector<std::set<std::string>> listed;
   std::map<int64_t, int64_t> owner;  // layer index -> stage
   for (int64_t p = 0; p < c.pp; ++p) {
-    const fs::path& mf = c.mp_ranks[static_cast<size_t>(p * c.tp)].model_files[0];
+    const fs::path& mf =
+        c.mp_ranks[static_cast<size_t>(p * c.tp)].model_files[0];
     FilePtr& f = cache[mf];
     if (f == nullptr) {
       f = c.first_model != nullptr && c.first_model->path() == mf
@@ -1015,8 +1277,10 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
         auto [it, fresh] = owner.emplace(*idx, p);
         if (!fresh && it->second != p) {
           throw FormatError("rank file ", mf.string(), " > param ", n,
-                            ": layer ", *idx, " also belongs to pipeline "
-                            "stage ", it->second);
+                            ": layer ", *idx,
+                            " also belongs to pipeline "
+                            "stage ",
+                            it->second);
         }
       }
     }
@@ -1113,11 +1377,12 @@ struct RankPlans {
   std::vector<std::string> names;  // every rank's params, in rank order
 };
 
-RankPlans PlanRanks(const Checkpoint& c, const formats::SourceOptions& options) {
+RankPlans PlanRanks(const Checkpoint& c,
+                    const formats::SourceOptions& options) {
   FileCache cache;
-  std::vector<RankView> views =
-      c.pipeline ? PipelineViews(c, cache)
-                 : std::vector<RankView>(c.mp_ranks.size());
+  std::vector<RankView> views = c.pipeline
+                                    ? PipelineViews(c, cache)
+                                    : std::vector<RankView>(c.mp_ranks.size());
   RankPlans r;
   internal::ModelParallel& mp = r.mp;
   mp.tp = c.tp;
@@ -1142,8 +1407,8 @@ RankPlans PlanRanks(const Checkpoint& c, const formats::SourceOptions& options) 
   }
   // The layout: required to merge tp ranks; at tp 1 it only tells the
   // vocabulary padding, so a model no built-in layout knows is fine.
-  const FilePtr& f0 = cache.count(mp.model_files[0]) ? cache[mp.model_files[0]]
-                                                     : c.first_model;
+  const FilePtr& f0 =
+      cache.count(mp.model_files[0]) ? cache[mp.model_files[0]] : c.first_model;
   mp.vars = ModelVariables(*f0, options, mp.vocab_source);
   for (const universal::SourcePlan& p : r.plans)
     for (const atoms::ParamInfo& i : p.params) r.names.push_back(i.fqn);

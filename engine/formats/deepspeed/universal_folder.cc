@@ -76,8 +76,7 @@ formats::TargetSummary UniversalFolderWriter::Run() {
     };
     const bool bf16 = wrapper_ == Wrapper::kBf16;
     if (!bf16) {
-      formats::AppendEntry(a, root, "loss_scaler",
-                           blob_or("loss_scaler", DefaultLossScaler(a)));
+      formats::AppendEntry(a, root, "loss_scaler", LossScalerNode(*f));
       formats::AppendEntry(a, root, "dynamic_loss_scale",
                            blob_or("dynamic_loss_scale", a.Bool(false)));
       formats::AppendEntry(a, root, "overflow",

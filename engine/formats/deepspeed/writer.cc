@@ -34,6 +34,7 @@ class NativeWriter : public WriterBase {
   void WriteModelStates(std::vector<std::unique_ptr<FileBuild>>& files);
   Value* OptimFile(FileBuild& f, int64_t rank);
   Value* TorchOptimizer(FileBuild& f);
+  Value* Fp16Optimizer(FileBuild& f);
   Value* GroupDict(FileBuild& f, size_t g, Value* params);
 };
 
@@ -66,10 +67,9 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
       for (const std::string& k : state_kinds_) {
         const atoms::DatasetInfo* d = input_.FindAtom(p.name, k);
         if (d == nullptr) continue;
-        formats::AppendEntry(
-            a, st, k,
-            f.AddTensor(LocalTensor(p, *d, k, DType::kFloat32,
-                                    where + " > " + k)));
+        formats::AppendEntry(a, st, k,
+                             f.AddTensor(LocalTensor(p, *d, k, DType::kFloat32,
+                                                     where + " > " + k)));
       }
       if (!st->entries.empty()) state->entries.emplace_back(a.Int(id), st);
       ids.push_back(a.Int(id++));
@@ -80,6 +80,76 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
   formats::AppendEntry(a, opt, "state", state);
   formats::AppendEntry(a, opt, "param_groups", a.List(std::move(groups)));
   return opt;
+}
+
+// ZeRO 0 with fp16 (deepspeed_format.h): FP16_Optimizer.state_dict(), or
+// FP16_UnfusedOptimizer's when the source had one.
+Value* NativeWriter::Fp16Optimizer(FileBuild& f) {
+  pickle::Arena& a = f.arena();
+  const std::string fw = StrCat("rank file ", f.path.string(), " > optimizer");
+  Value* d = a.Dict();
+  auto put = [&](const std::string& key, Value* v) {
+    formats::AppendEntry(a, d, key, v);
+  };
+  Value* dynamic = LossScaleField(f, "dynamic_loss_scale");
+  put("dynamic_loss_scale", dynamic);
+  for (const char* k : {"cur_scale", "cur_iter"}) put(k, LossScaleField(f, k));
+  if (dynamic->kind == Kind::kBool && dynamic->b) {
+    for (const char* k : {"last_overflow_iter", "scale_factor", "scale_window"})
+      put(k, LossScaleField(f, k));
+  }
+  if (fp16_unfused_) {
+    // The inner torch optimizer over one fp32 master per param.
+    put("optimizer_state_dict", TorchOptimizer(f));
+    std::vector<Value*> groups;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<Value*> masters;
+      for (size_t i : groups_[g]) {
+        const TParam& p = params_[i];
+        const atoms::DatasetInfo* fp32 = input_.FindAtom(p.name, "fp32");
+        if (fp32 == nullptr) {
+          throw FormatError("universal input ", input_.path().string(),
+                            " > param ", p.name, ": no 'fp32' atom");
+        }
+        masters.push_back(
+            f.AddTensor(LocalTensor(p, *fp32, "fp32", DType::kFloat32,
+                                    StrCat(fw, " > fp32_groups > ", p.name))));
+      }
+      groups.push_back(a.List(std::move(masters)));
+    }
+    put("fp32_groups", a.List(std::move(groups)));
+    return d;
+  }
+  Value* state = a.Dict();
+  std::vector<Value*> groups, flats;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    int64_t length = 0;
+    const std::vector<Window> windows =
+        ConcatWindows(Numels(groups_[g]), &length);
+    const std::string gw = StrCat(fw, " > group ", g);
+    flats.push_back(f.AddTensor(
+        FlatTensor("fp32", groups_[g], windows, length, gw + " > fp32")));
+    Value* st = a.Dict();
+    if (!groups_[g].empty()) {
+      if (Value* step = StepNode(f, params_[groups_[g][0]], gw))
+        formats::AppendEntry(a, st, "step", step);
+    }
+    for (const std::string& k : state_kinds_)
+      formats::AppendEntry(a, st, k,
+                           f.AddTensor(FlatTensor(k, groups_[g], windows,
+                                                  length, gw + " > " + k)));
+    state->entries.emplace_back(a.Int(static_cast<int64_t>(g)), st);
+    groups.push_back(GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
+  }
+  Value* osd = a.Dict();
+  formats::AppendEntry(a, osd, "state", state);
+  formats::AppendEntry(a, osd, "param_groups", a.List(std::move(groups)));
+  put("optimizer_state_dict", osd);
+  put("fp32_groups_flat", a.List(std::move(flats)));
+  put("clip_grad", ImportBlob(f, "optim/clip_grad")
+                       ? ImportBlob(f, "optim/clip_grad")
+                       : a.Float(0.0));
+  return d;
 }
 
 Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
@@ -123,7 +193,7 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
     formats::AppendEntry(a, osd, "state", state);
     formats::AppendEntry(a, osd, "param_groups", a.List(std::move(groups)));
     put("zero_stage", ZeroStage(a, 3));
-    put("loss_scaler", blob_or("loss_scaler", DefaultLossScaler(a)));
+    put("loss_scaler", LossScalerNode(f));
     put("dynamic_loss_scale", blob_or("dynamic_loss_scale", a.Bool(false)));
     put("overflow", blob_or("overflow", a.Bool(false)));
     put("partition_count", a.Int(W_));
@@ -168,7 +238,7 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
     formats::AppendEntry(a, base, "state", state);
     formats::AppendEntry(a, base, "param_groups", a.List(std::move(groups)));
     if (!bf16) {
-      put("loss_scaler", blob_or("loss_scaler", DefaultLossScaler(a)));
+      put("loss_scaler", LossScalerNode(f));
       put("dynamic_loss_scale", blob_or("dynamic_loss_scale", a.Bool(false)));
       put("overflow", blob_or("overflow", a.Bool(false)));
     }
@@ -192,16 +262,17 @@ void NativeWriter::WriteModelStates(
     std::vector<std::unique_ptr<FileBuild>>& files) {
   const int64_t n = stage_ == 3 ? W_ : 1;
   for (int64_t r = 0; r < n; ++r) {
-    const std::string name =
-        stage_ == 3
-            ? StrCat("zero_pp_rank_", r, "_", MpRank(), "_model_states.pt")
-            : StrCat(MpRank(), "_model_states.pt");
+    const std::string name = stage_ == 3 ? StrCat("zero_pp_rank_", r, "_",
+                                                  MpRank(), "_model_states.pt")
+                                         : StrCat(MpRank(), "_model_states.pt");
     auto f = std::make_unique<FileBuild>(tag_dir_ / name);
     try {
       ModelStatesOptions o;
       o.rank = r;
       if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer)
         o.optimizer = TorchOptimizer(*f);
+      if (wrapper_ == Wrapper::kFp16 && !options_.no_optimizer)
+        o.optimizer = Fp16Optimizer(*f);
       f->Begin(ModelStates(*f, o));
     } catch (Error& e) {
       e.AddContext("rank file ", f->path.string());
@@ -241,7 +312,9 @@ formats::TargetSummary NativeWriter::Run() {
     }
     for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
       WriteModelStates(files);
-      if (wrapper_ == Wrapper::kTorch || options_.no_optimizer) continue;
+      if (wrapper_ == Wrapper::kTorch || wrapper_ == Wrapper::kFp16 ||
+          options_.no_optimizer)
+        continue;
       for (int64_t r = 0; r < W_; ++r) {
         const std::string name =
             StrCat(lp_ == DType::kBFloat16 ? "bf16_" : "", "zero_pp_rank_", r,
@@ -268,9 +341,9 @@ formats::TargetSummary NativeWriter::Run() {
     for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
       for (const auto& [idx, members] : by_layer) {
         char name[96];
-        std::snprintf(name, sizeof name, "layer_%02lld-model_%02lld-model_states.pt",
-                      static_cast<long long>(idx),
-                      static_cast<long long>(tp_rank_));
+        std::snprintf(
+            name, sizeof name, "layer_%02lld-model_%02lld-model_states.pt",
+            static_cast<long long>(idx), static_cast<long long>(tp_rank_));
         auto f = std::make_unique<FileBuild>(tag_dir_ / name);
         try {
           pickle::Arena& a = f->arena();
@@ -282,9 +355,9 @@ formats::TargetSummary NativeWriter::Run() {
             const std::string key = LayerKey(p).second;
             formats::AppendEntry(
                 a, sd, key,
-                f->AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
-                                         StrCat("rank file ", f->path.string(),
-                                                " > ", key))));
+                f->AddTensor(LocalTensor(
+                    p, atom, atom.state_kind, dt,
+                    StrCat("rank file ", f->path.string(), " > ", key))));
           }
           f->Begin(sd);
         } catch (Error& e) {
@@ -305,12 +378,13 @@ formats::TargetSummary NativeWriter::Run() {
   summary.resume_hint =
       StrCat("DeepSpeed: engine.load_checkpoint(\"<output>\") with ",
              W_ * tp_ * pp_, " ranks",
-             tp_ * pp_ > 1
-                 ? StrCat(" (tensor parallel ", tp_, ", pipeline ", pp_,
-                          ", data parallel ", W_, ")")
-                 : std::string(),
+             tp_ * pp_ > 1 ? StrCat(" (tensor parallel ", tp_, ", pipeline ",
+                                    pp_, ", data parallel ", W_, ")")
+                           : std::string(),
              ", zero_optimization.stage ", stage_,
-             lp_ == DType::kBFloat16 ? ", bf16 enabled" : "");
+             lp_ == DType::kBFloat16  ? ", bf16 enabled"
+             : lp_ == DType::kFloat16 ? ", fp16 enabled"
+                                      : "");
   summary.details["tag"] = tag_;
   summary.details["zero_stage"] = stage_;
   return summary;

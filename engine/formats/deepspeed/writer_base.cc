@@ -55,7 +55,8 @@ void WriterBase::AppendOrReplace(pickle::Arena& a, Value* dict,
 void WriterBase::Prepare(bool tensor_parallel) {
   const layouts::Topology& t = options_.topology;
   if (t.vpp != 1) {
-    throw UsageError("DeepSpeed targets have no virtual pipeline: pass --vpp 1");
+    throw UsageError(
+        "DeepSpeed targets have no virtual pipeline: pass --vpp 1");
   }
   if (options_.distributed_optimizer) {
     throw UsageError(
@@ -138,10 +139,12 @@ void WriterBase::Prepare(bool tensor_parallel) {
     wrapper_ = Wrapper::kBf16;
   } else if (lp_ == DType::kFloat32) {
     wrapper_ = Wrapper::kTorch;
+  } else if (lp_ == DType::kFloat16) {
+    wrapper_ = Wrapper::kFp16;
+    fp16_unfused_ = str(meta_, "wrapper") == "fp16_unfused";
   } else {
     throw UsageError("ZeRO stage 0 with ", DTypeName(lp_),
-                     " training (FP16_Optimizer) is not supported yet; "
-                     "pass --zero-stage 1, 2 or 3");
+                     " training: DeepSpeed trains in fp32, fp16 or bf16");
   }
   if (!pipeline_ && pp_ != 1) {
     throw UsageError("--pp ", pp_,
@@ -389,6 +392,52 @@ const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
                     p.name, ": no weights");
 }
 
+Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
+  pickle::Arena& a = f.arena();
+  if (Value* v = ImportBlob(f, "optim/" + name)) return v;
+  if (Value* ls = ImportBlob(f, "optim/loss_scaler");
+      ls != nullptr && ls->state != nullptr && ls->state->IsDictLike()) {
+    const std::string attr = name == "dynamic_loss_scale" ? "dynamic" : name;
+    if (Value* v = ls->state->Get(attr)) return v;
+  }
+  if (name == "dynamic_loss_scale") return a.Bool(true);
+  if (name == "cur_scale") return a.Float(65536.0);
+  if (name == "cur_iter") return a.Int(input_.root().iteration);
+  if (name == "last_overflow_iter") return a.Int(-1);
+  if (name == "scale_factor") return a.Float(2.0);
+  if (name == "scale_window") return a.Int(1000);
+  throw InternalError("no loss-scale field ", name);
+}
+
+Value* WriterBase::LossScalerNode(FileBuild& f) {
+  pickle::Arena& a = f.arena();
+  if (Value* v = ImportBlob(f, "optim/loss_scaler")) return v;
+  if (blobs_.Find("optim/cur_scale") == nullptr) return DefaultLossScaler(a);
+  // From FP16_Optimizer's fields (loss_scaler.py's attributes).
+  const Value* dyn = LossScaleField(f, "dynamic_loss_scale");
+  const bool dynamic = dyn->kind == Kind::kBool && dyn->b;
+  Value* o = a.Object(pickle::ObjectOp::kNewObj,
+                      a.Global("deepspeed.runtime.fp16.loss_scaler",
+                               dynamic ? "DynamicLossScaler" : "LossScaler"),
+                      a.Tuple({}));
+  std::vector<std::pair<Value*, Value*>> st;
+  st.emplace_back(a.Str("cur_scale"), LossScaleField(f, "cur_scale"));
+  st.emplace_back(a.Str("dynamic"), a.Bool(dynamic));
+  if (dynamic) {
+    for (const char* k :
+         {"cur_iter", "last_overflow_iter", "scale_factor", "scale_window"})
+      st.emplace_back(a.Str(k), LossScaleField(f, k));
+    st.emplace_back(a.Str("min_scale"), a.Int(1));
+    st.emplace_back(a.Str("delayed_shift"), a.Int(1));
+    st.emplace_back(a.Str("cur_hysteresis"), a.Int(1));
+    st.emplace_back(a.Str("consecutive_hysteresis"), a.Bool(false));
+    st.emplace_back(a.Str("raise_error_at_min_scale"), a.Bool(true));
+    st.emplace_back(a.Str("dtype"), a.Global("torch", "float16"));
+  }
+  o->state = a.Dict(std::move(st));
+  return o;
+}
+
 Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
                             const std::string& where) {
   pickle::Arena& a = f.arena();
@@ -496,7 +545,8 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     by_name[p.name] = &p;
     for (const std::string& al : p.aliases) alias_of[al] = p.name;
   }
-  const bool torch = wrapper_ == Wrapper::kTorch;
+  // ZeRO 0 without bf16 records neither param_shapes nor shared_params.
+  const bool torch = wrapper_ == Wrapper::kTorch || wrapper_ == Wrapper::kFp16;
   Value* root = a.Dict();
   for (const std::string& key : keys) {
     Value* v = nullptr;
@@ -649,9 +699,9 @@ void WriterBase::PlaceOnTp(TParam& p) {
         p.full[dim] = *rows;
       }
       if (p.padded < p.full[dim]) {
-        throw LayoutError("the padded vocabulary (", p.padded,
-                          " rows for tp ", tp_, ") is smaller than the stored ",
-                          p.full[dim], " rows");
+        throw LayoutError("the padded vocabulary (", p.padded, " rows for tp ",
+                          tp_, ") is smaller than the stored ", p.full[dim],
+                          " rows");
       }
       pad_rows = p.stored_pad;
       if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
@@ -679,7 +729,8 @@ std::vector<reshape::SlotPiece> WriterBase::Pieces(
   }
   const size_t dim = static_cast<size_t>(p.rule->tp.dim);
   const atoms::DatasetInfo* pad = input_.FindPadAtom(p.name, kind);
-  if (pad == nullptr && kind == "param") pad = input_.FindPadAtom(p.name, "fp32");
+  if (pad == nullptr && kind == "param")
+    pad = input_.FindPadAtom(p.name, "fp32");
   const layouts::LocalShard shard =
       layouts::ShardFor(*p.rule, p.full, tp_, tp_rank_, p.padded, p.pad_rows);
   for (const layouts::Piece& piece : shard.pieces) {
@@ -746,17 +797,16 @@ void WriterBase::PartitionStages() {
     }
     const std::optional<int64_t> idx = LayerIndex(p.name);
     if (!idx) {
-      throw FormatError("universal input ", input_.path().string(),
-                        " > param ", p.name,
-                        ": not a pipeline layer name (<index>.<name>)");
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        p.name, ": not a pipeline layer name (<index>.<name>)");
     }
     if (*idx < order.front()) {
       p.stages.push_back(0);
     } else if (*idx > order.back()) {
       p.stages.push_back(pp_ - 1);
     } else {
-      const int64_t k = std::lower_bound(order.begin(), order.end(), *idx) -
-                        order.begin();
+      const int64_t k =
+          std::lower_bound(order.begin(), order.end(), *idx) - order.begin();
       p.stages.push_back(k / per);
     }
   }
@@ -794,8 +844,8 @@ void WriterBase::PatchTpArgs(pickle::Arena& a, Value* root) const {
     }
   };
   Value* args = root->Get("args");
-  Value* ns = args != nullptr && args->kind == Kind::kObject ? args->state
-                                                             : nullptr;
+  Value* ns =
+      args != nullptr && args->kind == Kind::kObject ? args->state : nullptr;
   set(ns, "tensor_model_parallel_size", tp_);
   set(ns, "pipeline_model_parallel_size", pp_);
   set(ns, "data_parallel_size", W_);

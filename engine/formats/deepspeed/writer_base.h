@@ -38,7 +38,7 @@ struct TParam {
   Shape full;
   int64_t padded = 0;
   int64_t stored_pad = 0;
-  int64_t pad_rows = 0;  // padding rows the universal content holds
+  int64_t pad_rows = 0;         // padding rows the universal content holds
   std::vector<int64_t> stages;  // pipeline stages holding it (pipeline only)
 };
 
@@ -106,6 +106,14 @@ class WriterBase {
   /// tensor from its `step` atom, an int), nullptr if none.
   pickle::Value* StepNode(FileBuild& f, const TParam& p,
                           const std::string& where);
+  /// FP16_Optimizer's loss-scale entry `name` (dynamic_loss_scale,
+  /// cur_scale, cur_iter, last_overflow_iter, scale_factor, scale_window):
+  /// the source's own, else its loss_scaler's attribute, else DeepSpeed's
+  /// fp16 default (dynamic, 2^16, window 1000, factor 2).
+  pickle::Value* LossScaleField(FileBuild& f, const std::string& name);
+  /// ZeRO's loss_scaler object: the source's, else a (Dynamic)LossScaler
+  /// made of an FP16_Optimizer source's fields, else a static 1.0.
+  pickle::Value* LossScalerNode(FileBuild& f);
   /// A copy of blob `key` in f's graph; nullptr if the content has none.
   pickle::Value* ImportBlob(FileBuild& f, const std::string& key);
   pickle::Value* DsVersion(FileBuild& f);
@@ -138,6 +146,7 @@ class WriterBase {
   DType lp_ = DType::kFloat32;
   int stage_ = 0;
   Wrapper wrapper_ = Wrapper::kZero;
+  bool fp16_unfused_ = false;  // kFp16: FP16_UnfusedOptimizer
   int64_t W_ = 1;
   int64_t tp_ = 1;       // target tensor-parallel size
   int64_t tp_rank_ = 0;  // the TP rank whose files are being built

@@ -64,5 +64,19 @@ TEST(FlatLayoutTest, Zero3PiecesAsDeepSpeedSavedThem) {
   EXPECT_EQ(length, 1);
 }
 
+TEST(FlatLayoutTest, Fp16OptimizerGroupsAreBackToBack) {
+  // FP16_Optimizer's fp32_groups_flat[0] of the MLP: 91 + 13 + 65 + 5
+  // elements, no padding; an empty param takes no window.
+  int64_t length = 0;
+  EXPECT_EQ(
+      Flat(ConcatWindows(kMlp, &length)),
+      (std::vector<std::vector<int64_t>>{
+          {0, 0, 91, 0}, {1, 0, 13, 91}, {2, 0, 65, 104}, {3, 0, 5, 169}}));
+  EXPECT_EQ(length, 174);
+  EXPECT_EQ(Flat(ConcatWindows(std::vector<int64_t>{3, 0, 2}, &length)),
+            (std::vector<std::vector<int64_t>>{{0, 0, 3, 0}, {2, 0, 2, 3}}));
+  EXPECT_EQ(length, 5);
+}
+
 }  // namespace
 }  // namespace ucp::deepspeed::internal
