@@ -23,6 +23,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
 sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
 import check_deepspeed as ck  # noqa: E402
+import check_universal as cu  # noqa: E402
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 FIXTURES = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5"
@@ -57,16 +58,7 @@ def stage_world(fixture):
     return meta["zero_stage"], meta["world_size"], meta["dtype"]
 
 
-def atoms_of(h5path):
-    """Every dataset of /params as bytes, by path."""
-    out = {}
-    with h5py.File(h5path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                out[name] = (obj.attrs["dtype"], obj[()].tobytes())
-        f["params"].visititems(visit)
-        frozen = {k: int(g.attrs["frozen"]) for k, g in f["params"].items()}
-    return out, frozen
+atoms_of = cu.param_datasets
 
 
 def test_fixtures_to_universal_equal_deepspeeds_references():

@@ -114,6 +114,19 @@ def xxh3(data: bytes) -> int:
 # attribute helpers
 
 
+def param_datasets(path):
+    """Every dataset under /params of a universal file as (its dtype
+    attribute, its bytes) by path, and each param's frozen flag."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = (obj.attrs["dtype"], np.atleast_1d(obj[()]).tobytes())
+        f["params"].visititems(visit)
+        frozen = {k: int(g.attrs["frozen"]) for k, g in f["params"].items()}
+    return out, frozen
+
+
 def _str_attr(obj, name: str, where: str) -> str:
     if name not in obj.attrs:
         raise Bad(f"{where}: attribute {name!r} missing")
