@@ -10,9 +10,14 @@
 #     One GoogleTest binary; each of its test cases is its own ctest test
 #     (gtest_discover_tests at ctest time), so `ctest -j` spreads them.
 #
+#   ucp_add_sanitized_modules(<module> ...)
+#     One more static library per module, `ucp_san_<module>`, compiled with
+#     -fsanitize=address,undefined (once, in tests/: every sanitized test and
+#     fuzz replay links them).
+#
 #   ucp_add_sanitized_test(<name> SOURCES ... MODULES ... [LABELS ...])
-#     The same, but compiles the test and the sources of the listed modules
-#     once more with -fsanitize=address,undefined (used by tests/malformed).
+#     The same as ucp_add_test, compiled with the sanitizers and linked with
+#     the listed modules' sanitized libraries (used by tests/malformed).
 
 set_property(GLOBAL PROPERTY UCP_MODULES "")
 
@@ -37,6 +42,7 @@ function(ucp_add_module name)
   endforeach()
   set_property(GLOBAL PROPERTY UCP_MODULE_${name}_SOURCES "${abs_sources}")
   set_property(GLOBAL PROPERTY UCP_MODULE_${name}_PRIVATE_DEPS "${ARG_PRIVATE_DEPS}")
+  set_property(GLOBAL PROPERTY UCP_MODULE_${name}_DEPS "${ARG_DEPS}")
   set_property(GLOBAL APPEND PROPERTY UCP_MODULES ${name})
 endfunction()
 
@@ -65,15 +71,33 @@ function(ucp_module_sources modules out_sources out_deps)
   set(${out_deps} ${deps_all} PARENT_SCOPE)
 endfunction()
 
+set(UCP_SAN_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all
+    -fno-omit-frame-pointer)
+
+function(ucp_add_sanitized_modules)
+  foreach(module IN LISTS ARGN)
+    set(target ucp_san_${module})
+    get_property(srcs GLOBAL PROPERTY UCP_MODULE_${module}_SOURCES)
+    get_property(private_deps GLOBAL PROPERTY UCP_MODULE_${module}_PRIVATE_DEPS)
+    get_property(deps GLOBAL PROPERTY UCP_MODULE_${module}_DEPS)
+    add_library(${target} STATIC ${srcs})
+    target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_FLAGS} -O1 -g)
+    target_link_options(${target} INTERFACE ${UCP_SAN_FLAGS})
+    target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+    # ucp::<dep> -> its sanitized library (created earlier in ARGN).
+    list(TRANSFORM deps REPLACE "^ucp::" "ucp_san_")
+    target_link_libraries(${target} PUBLIC ${deps} ${private_deps})
+  endforeach()
+endfunction()
+
 function(ucp_add_sanitized_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;MODULES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
-  ucp_module_sources("${ARG_MODULES}" module_sources private_deps)
-  add_executable(${name} ${ARG_SOURCES} ${module_sources})
-  set(san -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
-  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${san} -O1 -g)
-  target_link_options(${name} PRIVATE ${san})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_FLAGS} -O1 -g)
+  target_link_options(${name} PRIVATE ${UCP_SAN_FLAGS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
-  target_link_libraries(${name} PRIVATE ${private_deps} ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  list(TRANSFORM ARG_MODULES PREPEND "ucp_san_")
+  target_link_libraries(${name} PRIVATE ${ARG_MODULES} ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   list(APPEND ARG_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1"
                       "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
   _ucp_discover(${name})
