@@ -73,6 +73,9 @@ endfunction()
 
 set(UCP_SAN_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all
     -fno-omit-frame-pointer)
+# -O0: sanitized code compiles 2.5x faster than at -O1, and the malformed
+# inputs are small (the libFuzzer builds keep -O1 for speed).
+set(UCP_SAN_COMPILE_FLAGS ${UCP_SAN_FLAGS} -O0 -g)
 
 function(ucp_add_sanitized_modules)
   foreach(module IN LISTS ARGN)
@@ -81,7 +84,7 @@ function(ucp_add_sanitized_modules)
     get_property(private_deps GLOBAL PROPERTY UCP_MODULE_${module}_PRIVATE_DEPS)
     get_property(deps GLOBAL PROPERTY UCP_MODULE_${module}_DEPS)
     add_library(${target} STATIC ${srcs})
-    target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_FLAGS} -O1 -g)
+    target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
     target_link_options(${target} INTERFACE ${UCP_SAN_FLAGS})
     target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
     # ucp::<dep> -> its sanitized library (created earlier in ARGN).
@@ -93,7 +96,7 @@ endfunction()
 function(ucp_add_sanitized_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;MODULES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_FLAGS} -O1 -g)
+  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
   target_link_options(${name} PRIVATE ${UCP_SAN_FLAGS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   list(TRANSFORM ARG_MODULES PREPEND "ucp_san_")
