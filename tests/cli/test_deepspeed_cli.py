@@ -10,6 +10,7 @@ import json
 from collections import OrderedDict
 import os
 import pathlib
+import random
 import shutil
 import subprocess
 import sys
@@ -486,6 +487,136 @@ def test_fp16_optimizer_masters_must_match_the_module():
         with h5py.File(t / "x.h5", "r") as f:
             assert np.array_equal(f["params/w/fp32"][()], master.view(4, 2).numpy())
             assert np.array_equal(f["params/w/exp_avg"][()], np.ones((4, 2), np.float32))
+
+
+def zero0_case(path, rng, kind):
+    """A ZeRO-0 checkpoint of a random model, as DeepSpeed's engine saves it
+    without bf16 (no param_shapes, no shared_params): `kind` fp16 =
+    FP16_Optimizer (a flat fp32 master per group, params back to back),
+    fp16_unfused = FP16_UnfusedOptimizer (a master per param), fp32 = the torch
+    optimizer itself (the module holds the fp32 weights). Groups are
+    Megatron's weight decay / no decay split of the module's order, in either
+    order; layer norms start at 1.0 and 0.0 and have drifted less than fp16
+    can show, so their fp16 weights are equal and only their order tells them
+    apart. Returns the truth: {name: {state kind: tensor}} and frozen names."""
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    H, F, V = rng.choice([4, 6, 8]), rng.choice([5, 8, 12]), rng.choice([7, 11])
+    shapes = OrderedDict([("embed.weight", (V, H))])
+    for i in range(rng.randint(1, 4)):
+        shapes.update([(f"layers.{i}.ln.weight", (H,)), (f"layers.{i}.ln.bias", (H,)),
+                       (f"layers.{i}.fc1.weight", (F, H)), (f"layers.{i}.fc1.bias", (F,)),
+                       (f"layers.{i}.fc2.weight", (H, F))])
+    shapes.update([("final_ln.weight", (H,)), ("final_ln.bias", (H,))])
+    # The fp32 torch optimizer keeps no weights to tell a frozen param from a
+    # trainable one of the same shape: frozen params only with fp16.
+    frozen = set() if kind == "fp32" else {
+        n for n in list(shapes)[1:] if rng.random() < 0.2}
+    lp = torch.float32 if kind == "fp32" else torch.float16
+    truth, module = {}, OrderedDict()
+    for n, shape in shapes.items():
+        if n.endswith("ln.weight"):
+            master = 1 + 1e-5 * torch.randn(shape, generator=g)
+        elif n.endswith("ln.bias"):
+            master = 1e-5 * torch.randn(shape, generator=g)
+        else:
+            master = torch.randn(shape, generator=g)
+        module[n] = master.to(lp)
+        if n in frozen:
+            truth[n] = {"param": module[n]}
+            continue
+        truth[n] = {"fp32": master, "exp_avg": torch.randn(shape, generator=g) * 1e-2,
+                    "exp_avg_sq": torch.rand(shape, generator=g) * 1e-4}
+        if lp != torch.float32:
+            truth[n]["param"] = module[n]
+    module["head.weight"] = module["embed.weight"]  # tied: the same tensor
+    module["running"] = torch.randn(3, generator=g)  # a buffer
+    truth["running"] = {"param": module["running"]}
+    trainable = [n for n in shapes if n not in frozen]
+    groups = [[n for n in trainable if len(shapes[n]) >= 2],
+              [n for n in trainable if len(shapes[n]) < 2]]
+    groups = [x for x in groups if x]
+    if rng.random() < 0.5:
+        groups.reverse()
+    hyper = [dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1 * (i == 0))
+             for i in range(len(groups))]
+    scale = OrderedDict([("dynamic_loss_scale", True), ("cur_scale", 1024.0), ("cur_iter", 3),
+                         ("last_overflow_iter", -1), ("scale_factor", 2.0),
+                         ("scale_window", 1000)])
+    step = torch.tensor(3.0)
+    if kind == "fp16":
+        opt = OrderedDict(scale)
+        opt["optimizer_state_dict"] = {
+            "state": {i: {"step": step.clone(),
+                          **{k: torch.cat([truth[n][k].flatten() for n in grp])
+                             for k in ("exp_avg", "exp_avg_sq")}}
+                      for i, grp in enumerate(groups)},
+            "param_groups": [dict(hyper[i], params=[i]) for i in range(len(groups))]}
+        opt["fp32_groups_flat"] = [torch.cat([truth[n]["fp32"].flatten() for n in grp])
+                                   for grp in groups]
+        opt["clip_grad"] = 1.0
+    else:
+        ids, state, pid = [], {}, 0
+        for grp in groups:
+            ids.append(list(range(pid, pid + len(grp))))
+            for n in grp:
+                state[pid] = {"step": step.clone(), "exp_avg": truth[n]["exp_avg"],
+                              "exp_avg_sq": truth[n]["exp_avg_sq"]}
+                pid += 1
+        inner = {"state": state,
+                 "param_groups": [dict(hyper[i], params=ids[i]) for i in range(len(groups))]}
+        if kind == "fp32":
+            opt = inner
+        else:
+            opt = OrderedDict(scale)
+            opt["optimizer_state_dict"] = inner
+            opt["fp32_groups"] = [[truth[n]["fp32"].clone() for n in grp] for grp in groups]
+    for n in trainable:
+        truth[n]["step"] = step
+    tag = path / "global_step3"
+    tag.mkdir(parents=True)
+    (path / "latest").write_text("global_step3")
+    torch.save(OrderedDict([
+        ("module", module), ("buffer_names", ["running"]), ("optimizer", opt),
+        ("param_shapes", None), ("frozen_param_shapes", None), ("shared_params", None),
+        ("frozen_param_fragments", None), ("lr_scheduler", None), ("global_steps", 3),
+        ("global_samples", 6), ("dp_world_size", 2), ("mp_world_size", 1),
+        ("ds_config", {"zero_optimization": {"stage": 0}, "fp16": {"enabled": kind != "fp32"}}),
+        ("ds_version", "0.14.5")]), tag / "mp_rank_00_model_states.pt")
+    return truth, frozen
+
+
+def test_zero0_membership_property():
+    """ZeRO stage 0 without bf16 records neither which params a group holds
+    nor which are frozen or tied (zero0_case): over seeded random models,
+    every atom ucp reads equals the truth, frozen flags and the tie included,
+    and a round trip through native ZeRO-0 files at another DP size is the
+    identity."""
+    seed = int(os.environ.get("UCP_SEED", random.randrange(1 << 30)))
+    print("test_zero0_membership_property seed", seed, flush=True)
+    rng = random.Random(seed)
+    with Tmp() as t:
+        for case in range(15):
+            kind = ("fp16", "fp16_unfused", "fp32")[case % 3]
+            src = t / f"c{case}"
+            truth, frozen = zero0_case(src, rng, kind)
+            where = f"seed {seed} case {case} ({kind})"
+            run("to-universal", src, "-o", t / "a.h5", "-q")
+            check_truth(t / "a.h5", {"atoms": truth}, where)
+            got, flags = atoms_of(t / "a.h5")
+            assert set(flags) == set(truth), (where, sorted(set(flags) ^ set(truth)))
+            assert {n for n, f in flags.items() if f} == frozen, (where, flags, frozen)
+            with h5py.File(t / "a.h5", "r") as f:
+                tied = json.loads(f["params/embed.weight"].attrs["tied_copies"])
+            assert tied == ["head.weight"], (where, tied)
+            run("convert", src, "-o", t / "n", "--dp", 3, "--zero-stage", 0, "-q")
+            m = torch.load(t / "n" / "global_step3" / "mp_rank_00_model_states.pt")
+            assert ("fp32_groups" in m["optimizer"]) == (kind == "fp16_unfused"), where
+            run("to-universal", t / "n", "-o", t / "b.h5", "-q")
+            assert atoms_of(t / "b.h5") == (got, flags), where
+            for x in ("a.h5", "b.h5"):
+                (t / x).unlink()
+            shutil.rmtree(t / "n")
+            shutil.rmtree(src)
 
 
 def test_megatron_deepspeed_write():

@@ -29,10 +29,12 @@
 //   clip_grad}, or FP16_UnfusedOptimizer's (same scale keys,
 //   optimizer_state_dict over one fp32 master per param, fp32_groups
 //   [[per param]]); param_shapes and shared_params None: neither says which
-//   params a group holds. Read: each master slice belongs to the trainable
-//   module param whose fp16 weights are that slice rounded (first and last
-//   16 elements compared; module order preferred), params in no group are
-//   frozen; tied params are module entries sharing a storage view.
+//   params a group holds. Read: a group is the module's params in order
+//   (filtered, as trainers build groups); each master slice belongs to the
+//   next module param whose fp16 weights are that slice rounded (first and
+//   last 16 elements compared), params in no group are frozen; tied params
+//   are module entries sharing a storage view. ZeRO 0 fp32: each torch
+//   optimizer id to the next module param of its state's shape.
 // optim states: {optimizer_state_dict: {...}, ds_config, ds_version}
 //   ZeRO 1/2 (zero_stage 1|2): loss_scaler, dynamic_loss_scale, overflow,
 //     clip_grad, base_optimizer_state {state: {g: {step, exp_avg,

@@ -492,13 +492,15 @@ void Planner::PlanTorchOptimizer() {
   try {
     const Value* state = RequireDict(opt, "state");
     const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
-    // ids: torch numbers params over the groups in order; the module's
-    // params are taken in order, skipping those whose shape differs from
-    // the id's state (frozen params, which the optimizer does not hold).
-    size_t next = 0;
+    // ids: torch numbers params over the groups in order. Groups are the
+    // module's params filtered (weight decay or not, ...): each group takes
+    // the module's params in order, skipping those taken by earlier groups
+    // and those whose shape differs from the id's state (frozen params,
+    // which the optimizer does not hold).
     std::vector<bool> taken(params_.size(), false);
     groups_.assign(groups.size(), {});
     for (size_t g = 0; g < groups.size(); ++g) {
+      size_t next = 0;
       group_dicts_.push_back(groups[g]);
       for (const Value* id : Items(Require(groups[g], "params"), "params")) {
         const int64_t key = Int(id, "param id");
@@ -514,9 +516,9 @@ void Planner::PlanTorchOptimizer() {
             }
           }
         }
-        while (
-            next < params_.size() &&
-            (params_[next].buffer || (shape && params_[next].shape != *shape)))
+        while (next < params_.size() &&
+               (params_[next].buffer || taken[next] ||
+                (shape && params_[next].shape != *shape)))
           ++next;
         if (next >= params_.size()) {
           throw FormatError(
@@ -644,8 +646,12 @@ void Planner::PlanFp16Optimizer() {
     // after every step), preferring module order.
     std::vector<bool> taken(params_.size(), false);
     groups_.assign(pgroups.size(), {});
-    size_t hint = 0;
     for (size_t g = 0; g < pgroups.size(); ++g) {
+      // Groups are the module's params filtered (weight decay or not, ...):
+      // the search starts at the module's first param and goes on after
+      // each match, so params whose fp16 weights are equal (layer norms
+      // early in training) are taken in module order.
+      size_t hint = 0;
       group_dicts_.push_back(pgroups[g]);
       const std::string gw = StrCat(where0, " > ", key, "[", g, "]");
       const auto& ids = Items(Require(pgroups[g], "params"), "params");
