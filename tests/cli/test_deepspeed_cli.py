@@ -343,7 +343,7 @@ def test_megatron_deepspeed_tp_pp():
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen")], check=True,
                        capture_output=True)
         cases = sorted(p for p in (t / "gen").iterdir() if p.is_dir())
-        assert len(cases) == 6, cases
+        assert len(cases) == 7, cases
         fp32_atoms = {}
         for case in cases:
             truth = torch.load(case / "truth.pt")
@@ -360,8 +360,9 @@ def test_megatron_deepspeed_tp_pp():
                     for k, ref in kinds.items():
                         ds = f["params"][n]["pad"][k]
                         raw = ds[()]
-                        got = (torch.from_numpy(raw.astype(np.int16)).view(torch.bfloat16)
-                               if ds.attrs["dtype"] == "bfloat16" else torch.from_numpy(raw))
+                        half = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+                        got = (torch.from_numpy(raw.astype(np.int16)).view(half[ds.attrs["dtype"]])
+                               if ds.attrs["dtype"] in half else torch.from_numpy(raw))
                         ck.same(got, ref, f"{case.name} {n}/pad/{k}")
                 meta = json.loads(f.attrs["deepspeed"])["model_parallel"]
                 assert (meta["tp"], meta["pp"], meta["vocab_size"]) == (tp, pp, 30), meta
@@ -409,6 +410,13 @@ def test_megatron_deepspeed_tp_pp():
             check_failure(["to-universal", case, "-o", t / "o.h5"], "format error", 3, needles,
                           t / "o.h5")
             (tag / victim).write_bytes(saved)
+        # A pipeline at ZeRO 0 with fp16 (FP16_Optimizer) records no
+        # param_shapes, so no stage says which layer files it holds: refused.
+        import make_megatron_deepspeed_ckpts as mds
+        mds.write_case(str(t / "pipe_fp16"), pipe=True, tp=2, pp=2, dp=2, layers=2,
+                       swiglu=False, dtype="fp16", stage=0)
+        check_failure(["to-universal", t / "pipe_fp16", "-o", t / "o.h5"], "format error", 3,
+                      ["mp_rank_00_model_states.pt", "without param_shapes"], t / "o.h5")
         # A tp rank whose local shape disagrees with tp rank 0.
         f = tag / "layer_02-model_01-model_states.pt"
         saved = f.read_bytes()
@@ -635,6 +643,7 @@ def test_megatron_deepspeed_write():
         ("nopipe_z1_tp2_dp3_swiglu", (2, 1, 3, 1), (1, 1, 2, 2), "megatron-gpt-legacy"),
         ("pipe_bf16opt_tp2_pp2_dp2", (2, 2, 2, 0), (1, 1, 3, 1), None),
         ("pipe_z1_tp1_pp2_dp2", (1, 2, 2, 1), (2, 1, 1, 2), None),
+        ("nopipe_fp16opt_tp2_dp2", (2, 1, 2, 0), (1, 1, 3, 1), "megatron-gpt-legacy"),
     ]
     with Tmp() as t:
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen"), "--only",

@@ -146,8 +146,10 @@ def flat_partitions(names, local, world, r, bf16_opt):
 
 
 def write_case(out, *, pipe, tp, pp, dp, layers, swiglu, dtype, stage):
-    """stage 0 = BF16_Optimizer (bf16 + pipeline), 1 or 2 = ZeRO."""
-    lp = torch.bfloat16 if dtype == "bf16" else torch.float32
+    """stage 0 = BF16_Optimizer (bf16 + pipeline) or FP16_Optimizer (fp16,
+    in the model states: flat fp32 masters per group, no param_shapes, no
+    shared_params, no optimizer files), 1 or 2 = ZeRO."""
+    lp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     full = make_full(layers, swiglu, tp)
     params = model_params(layers, swiglu)
     split = {p[0]: p[3] for p in params}
@@ -159,9 +161,11 @@ def write_case(out, *, pipe, tp, pp, dp, layers, swiglu, dtype, stage):
         f.write(tag)
     with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(STEP))
-    bf16_opt = stage == 0
+    bf16_opt = stage == 0 and dtype == "bf16"
+    fp16_opt = stage == 0 and dtype == "fp16"
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
-           "bf16": {"enabled": dtype == "bf16"}, "pipeline": {"activation_checkpoint_interval": 0}}
+           "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
+           "pipeline": {"activation_checkpoint_interval": 0}}
     args = Namespace(num_layers=layers, hidden_size=H, num_attention_heads=HEADS,
                      num_key_value_heads=HEADS, ffn_hidden_size=FFN, swiglu=swiglu,
                      make_vocab_size_divisible_by=DIV, padded_vocab_size=padded_vocab(tp),
@@ -186,10 +190,25 @@ def write_case(out, *, pipe, tp, pp, dp, layers, swiglu, dtype, stage):
             module = None
             if not pipe:
                 module = OrderedDict((key(n), local[n]["fp32"].to(lp)) for n in names)
+            optimizer = None
+            if fp16_opt:  # FP16_Optimizer.state_dict() (fused_optimizer.py)
+                cat = [{k: torch.cat([local[n][k].flatten() for n in g])
+                        for k in ("fp32", "exp_avg", "exp_avg_sq")} for g in groups]
+                optimizer = OrderedDict([
+                    ("dynamic_loss_scale", True), ("cur_scale", 4096.0), ("cur_iter", STEP),
+                    ("last_overflow_iter", -1), ("scale_factor", 2.0), ("scale_window", 1000),
+                    ("optimizer_state_dict", {
+                        "state": {gi: {"step": step.clone(), "exp_avg": c["exp_avg"],
+                                       "exp_avg_sq": c["exp_avg_sq"]}
+                                  for gi, c in enumerate(cat)},
+                        "param_groups": [dict(HYPER[gi], params=[gi])
+                                         for gi in range(len(groups))]}),
+                    ("fp32_groups_flat", [c["fp32"] for c in cat]), ("clip_grad", 1.0)])
+                shapes = None
             states = OrderedDict([
-                ("module", module), ("buffer_names", []), ("optimizer", None),
+                ("module", module), ("buffer_names", []), ("optimizer", optimizer),
                 ("param_shapes", shapes), ("frozen_param_shapes", None),
-                ("shared_params", {}), ("frozen_param_fragments", None),
+                ("shared_params", None if fp16_opt else {}), ("frozen_param_fragments", None),
                 ("lr_scheduler", {"num_steps": STEP}), ("data_sampler", None),
                 ("random_ltd", None), ("sparse_tensor_module_names", set()),
                 ("skipped_steps", 0), ("global_steps", STEP), ("global_samples", STEP * dp),
@@ -214,7 +233,7 @@ def write_case(out, *, pipe, tp, pp, dp, layers, swiglu, dtype, stage):
                 for idx, sd in by_idx.items():
                     torch.save(sd, os.path.join(tdir, f"layer_{idx:02d}-model_{t:02d}-model_states.pt"))
             prefix = "bf16_" if dtype == "bf16" else ""
-            for r in range(dp):
+            for r in range(0 if fp16_opt else dp):
                 fp32s, state, pads, maps = [], {}, [], []
                 for gi, g in enumerate(groups):
                     fp32, moments, pad, m = flat_partitions(g, local, dp, r, bf16_opt)
@@ -269,6 +288,9 @@ CASES = {
                               dtype="fp32", stage=2),
     "nopipe_z1_tp2_dp3_swiglu": dict(pipe=False, tp=2, pp=1, dp=3, layers=2, swiglu=True,
                                      dtype="bf16", stage=1),
+    # FP16_Optimizer (ZeRO 0 + fp16), the other usual run (without pipeline).
+    "nopipe_fp16opt_tp2_dp2": dict(pipe=False, tp=2, pp=1, dp=2, layers=2, swiglu=False,
+                                   dtype="fp16", stage=0),
 }
 
 

@@ -78,9 +78,11 @@
 //   universal_checkpoint_info.original_vocab_size, else none) go to the pad
 //   atom; a tied param of several stages is taken from the first.
 //   Write (any TP the heads and query groups allow, any PP dividing the
-//   transformer layers; ZeRO 1/2 or BF16_Optimizer): the stored layout cuts
-//   each param for its tp rank, the vocabulary re-padded for the target TP;
-//   stages by DeepSpeed's 'type:transformer' partition (the layers
+//   transformer layers; ZeRO 1/2, BF16_Optimizer with a pipeline,
+//   FP16_Optimizer without; a pipeline at ZeRO 0 without bf16 has no
+//   param_shapes to place its layer files and is refused): the stored layout
+//   cuts each param for its tp rank, the vocabulary re-padded for the target
+//   TP; stages by DeepSpeed's 'type:transformer' partition (the layers
 //   "<idx>.self_attention.*" spread evenly, what precedes them on the first
 //   stage, what follows on the last, tied modules on both); the saved args'
 //   tensor/pipeline_model_parallel_size, data_parallel_size, world_size and

@@ -1277,6 +1277,14 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
               ? c.first_model
               : std::make_shared<const TorchFile>(TorchFile::Open(mf));
     }
+    if (IsNone(Get(f->root(), "param_shapes"))) {
+      throw FormatError(
+          "rank file ", mf.string(),
+          ": a pipeline checkpoint (layer files) without param_shapes (ZeRO "
+          "stage 0 without bf16: FP16_Optimizer or the torch optimizer) does "
+          "not say which stage holds which layer; not supported (save with "
+          "ZeRO stage 1 or 2, or bf16)");
+    }
     listed.push_back(ListedParams(*f));
     for (const std::string& n : listed.back()) {
       if (auto idx = LayerIndex(n)) {
