@@ -2,6 +2,7 @@
 // formats and flat layouts: deepspeed_format.h).
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <set>
@@ -559,17 +560,18 @@ void Planner::PlanTorchOptimizer() {
 int64_t Planner::MatchMaster(const FilePtr& f, const TensorInfo& master,
                              int64_t elem, int64_t room, const Shape* shape,
                              size_t hint, const std::vector<bool>& taken) {
-  // Sampled elements: the first and the last kSample of each param.
+  // Compared: the first and the last kSample elements of each param (two
+  // ranges, one read each).
   static constexpr int64_t kSample = 16;
-  auto positions = [](int64_t n) {
-    std::vector<int64_t> at;
-    for (int64_t k = 0; k < std::min(n, kSample); ++k) at.push_back(k);
-    for (int64_t k = std::max(kSample, n - kSample); k < n; ++k)
-      at.push_back(k);
-    return at;
+  auto ranges = [](int64_t n) {
+    const int64_t head = std::min(n, kSample);
+    const int64_t tail_begin = std::max(head, n - kSample);
+    return std::array<std::pair<int64_t, int64_t>, 2>{
+        {{0, head}, {tail_begin, n - tail_begin}}};
   };
   auto read = [](const TorchFile& file, const TensorInfo& t, int64_t begin,
                  int64_t count, void* dst) {
+    if (count == 0) return;
     file.ReadTensorRange(t, begin, count,
                          std::span<std::byte>(static_cast<std::byte*>(dst),
                                               static_cast<size_t>(count) *
@@ -577,7 +579,7 @@ int64_t Planner::MatchMaster(const FilePtr& f, const TensorInfo& master,
   };
   const int64_t head = std::min(room, kSample);
   std::vector<float> master_head(static_cast<size_t>(head));
-  if (head > 0) read(*f, master, elem, head, master_head.data());
+  read(*f, master, elem, head, master_head.data());
   const size_t n = params_.size();
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (hint + k) % n;
@@ -586,6 +588,7 @@ int64_t Planner::MatchMaster(const FilePtr& f, const TensorInfo& master,
     const int64_t numel = NumElements(p.shape);
     if (shape != nullptr ? p.shape != *shape : (numel == 0 || numel > room))
       continue;
+    const auto [h, tail] = ranges(numel);
     auto it = lp_samples_.find(i);
     if (it == lp_samples_.end()) {
       const Entry* e = FindEntry(p.name);
@@ -594,32 +597,28 @@ int64_t Planner::MatchMaster(const FilePtr& f, const TensorInfo& master,
       std::vector<uint16_t> bits;
       if (t != nullptr && ElementSize(t->dtype) == 2 && t->contiguous &&
           t->numel == numel) {
-        for (int64_t at : positions(numel)) {
-          uint16_t b = 0;
-          read(*e->file, *t, at, 1, &b);
-          bits.push_back(b);
-        }
+        bits.resize(static_cast<size_t>(h.second + tail.second));
+        read(*e->file, *t, 0, h.second, bits.data());
+        read(*e->file, *t, tail.first, tail.second, bits.data() + h.second);
       }
       it = lp_samples_.emplace(i, std::move(bits)).first;
     }
-    const std::vector<int64_t> at = positions(numel);
-    if (it->second.size() != at.size()) continue;
-    const DType lp = p.dtype;
-    auto round = [lp](float x) {
-      return lp == DType::kBFloat16 ? Float32ToBFloat16(x)
-                                    : Float32ToFloat16(x);
-    };
-    bool same = true;
-    for (size_t s = 0; same && s < at.size(); ++s) {
-      float x = 0;
-      if (at[s] < head) {
-        x = master_head[static_cast<size_t>(at[s])];
-      } else {
-        read(*f, master, elem + at[s], 1, &x);
+    const std::vector<uint16_t>& lp_bits = it->second;
+    if (lp_bits.size() != static_cast<size_t>(h.second + tail.second)) continue;
+    const bool bf16 = p.dtype == DType::kBFloat16;
+    auto same = [&](const float* x, const uint16_t* bits, int64_t count) {
+      for (int64_t j = 0; j < count; ++j) {
+        if ((bf16 ? Float32ToBFloat16(x[j]) : Float32ToFloat16(x[j])) !=
+            bits[j])
+          return false;
       }
-      same = round(x) == it->second[s];
-    }
-    if (same) return static_cast<int64_t>(i);
+      return true;
+    };
+    if (!same(master_head.data(), lp_bits.data(), h.second)) continue;
+    std::vector<float> master_tail(static_cast<size_t>(tail.second));
+    read(*f, master, elem + tail.first, tail.second, master_tail.data());
+    if (same(master_tail.data(), lp_bits.data() + h.second, tail.second))
+      return static_cast<int64_t>(i);
   }
   return -1;
 }
