@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 
 #include "cli/command.h"
@@ -75,6 +76,9 @@ struct Candidate {
   const formats::Driver* driver = nullptr;  // nullptr: universal file
   formats::SavedCheckpoint checkpoint;      // name: folder or file name
   fs::path universal;
+  // The universal file, opened once to sort by iteration (nullptr if it
+  // does not open: Check says why).
+  std::shared_ptr<atoms::AtomStoreReader> store;
 };
 
 // A candidate that passed its checks.
@@ -111,8 +115,9 @@ std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
     c.universal = e.path();
     c.checkpoint.name = e.path().filename().string();
     try {
-      c.checkpoint.iteration =
-          atoms::AtomStoreReader::Open(e.path()).root().iteration;
+      c.store = std::make_shared<atoms::AtomStoreReader>(
+          atoms::AtomStoreReader::Open(e.path()));
+      c.checkpoint.iteration = c.store->root().iteration;
     } catch (const Error&) {
       c.checkpoint.iteration = -1;  // the check says what is wrong
     }
@@ -130,12 +135,16 @@ std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
 
 // Opens and checks `c` completely (see kResumeHelp). Throws what the
 // checks throw.
-Chosen Check(const Candidate& c, const fs::path& save,
+Chosen Check(Candidate& c, const fs::path& save,
              const reshape::ExecutorOptions& executor) {
   Chosen out;
   out.name = c.checkpoint.name;
   if (c.driver == nullptr) {
-    atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(c.universal);
+    // The store FindCheckpoints opened (checked once: taken from `c`).
+    atoms::AtomStoreReader store =
+        c.store != nullptr ? std::move(*c.store)
+                           : atoms::AtomStoreReader::Open(c.universal);
+    c.store.reset();
     const std::vector<atoms::HashMismatch> bad = store.Verify();
     if (!bad.empty()) {
       throw FormatError(c.universal.string(), ": ", bad.size(),
@@ -243,8 +252,8 @@ int RunResume(const std::vector<std::string>& args) {
   // The newest checkpoint that is whole and intact.
   json::Value skipped = json::Value::Array();
   std::optional<Chosen> chosen;
-  const std::vector<Candidate> candidates = FindCheckpoints(save);
-  for (const Candidate& c : candidates) {
+  std::vector<Candidate> candidates = FindCheckpoints(save);
+  for (Candidate& c : candidates) {
     try {
       chosen = Check(c, save, executor);
       break;
