@@ -146,9 +146,8 @@ Value* NativeWriter::Fp16Optimizer(FileBuild& f) {
   formats::AppendEntry(a, osd, "param_groups", a.List(std::move(groups)));
   put("optimizer_state_dict", osd);
   put("fp32_groups_flat", a.List(std::move(flats)));
-  put("clip_grad", ImportBlob(f, "optim/clip_grad")
-                       ? ImportBlob(f, "optim/clip_grad")
-                       : a.Float(0.0));
+  Value* clip = ImportBlob(f, "optim/clip_grad");
+  put("clip_grad", clip != nullptr ? clip : a.Float(0.0));
   return d;
 }
 
