@@ -91,6 +91,54 @@ def cases():
     yield z0, "model", "exp_avg of the wrong shape", setk(["optimizer", "state", 0, "exp_avg"], torch.zeros(3))
     yield bf, "optim1", "BF16 partition too short", setk([osd, "single_partition_of_fp32_groups"],
                                                          [torch.zeros(10)])
+    # ZeRO 0 with fp16: the fp32 fixture's model states turned into what
+    # FP16_Optimizer (fused) / FP16_UnfusedOptimizer save (fp16_states).
+    f16 = ("ds0145_z0_fp32_w2_mlp", 0, False, "fused")
+    unf = ("ds0145_z0_fp32_w2_mlp", 0, False, "unfused")
+    opt = ["optimizer", osd]
+    yield f16, "model", "flat master too short", setk(["optimizer", "fp32_groups_flat"],
+                                                      [torch.zeros(40)])
+    yield f16, "model", "flat master too long", setk(["optimizer", "fp32_groups_flat"],
+                                                     [torch.zeros(400)])
+    yield f16, "model", "flat master float16", setk(["optimizer", "fp32_groups_flat"],
+                                                    [torch.zeros(174, dtype=torch.float16)])
+    yield f16, "model", "flat masters a str", setk(["optimizer", "fp32_groups_flat"], "x")
+    yield f16, "model", "two ids for one flat group", setk(opt + ["param_groups", 0, "params"], [0, 1])
+    yield f16, "model", "exp_avg shorter than the master", setk(opt + ["state", 0, "exp_avg"],
+                                                                torch.zeros(7))
+    yield f16, "model", "module weight of another step", setk(["module", "fc2.weight"],
+                                                              torch.ones(5, 13, dtype=torch.float16))
+    yield f16, "model", "no optimizer_state_dict", delk(["optimizer", osd])
+    yield unf, "model", "unfused master of another shape", setk(["optimizer", "fp32_groups", 0, 1],
+                                                                torch.zeros(2, 2))
+    yield unf, "model", "unfused group a tensor", setk(["optimizer", "fp32_groups", 0],
+                                                       torch.zeros(3))
+    yield unf, "model", "unfused state of another length", setk(opt + ["state", 2, "exp_avg_sq"],
+                                                                torch.zeros(3))
+
+
+def fp16_states(obj, kind):
+    """ZeRO 0 fp32 model states -> ZeRO 0 fp16: the module in fp16 (the
+    masters rounded), the torch optimizer wrapped as FP16_Optimizer (one flat
+    fp32 master per group, the inner state flat too) or FP16_UnfusedOptimizer
+    (a master per param), no param_shapes, no shared_params."""
+    opt = obj["optimizer"]
+    names = list(obj["module"].keys())
+    masters = [obj["module"][n].clone() for n in names]
+    obj["module"] = type(obj["module"])((n, m.half()) for n, m in zip(names, masters))
+    out = {"dynamic_loss_scale": True, "cur_scale": 1024.0, "cur_iter": 2,
+           "last_overflow_iter": -1, "scale_factor": 2.0, "scale_window": 1000}
+    if kind == "fused":
+        state = opt["state"]
+        inner = {"state": {0: {"step": state[0]["step"],
+                               **{k: torch.cat([state[i][k].flatten() for i in range(len(names))])
+                                  for k in ("exp_avg", "exp_avg_sq")}}},
+                 "param_groups": [dict(opt["param_groups"][0], params=[0])]}
+        out.update(optimizer_state_dict=inner,
+                   fp32_groups_flat=[torch.cat([m.flatten() for m in masters])], clip_grad=1.0)
+    else:
+        out.update(optimizer_state_dict=opt, fp32_groups=[masters])
+    obj.update(optimizer=out, param_shapes=None, shared_params=None)
 
 
 def main():
@@ -101,7 +149,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     manifest = []
     for i, item in enumerate(cases()):
-        (base, stage, bf16), which, what, mutate = item
+        (base, stage, bf16, *fp16), which, what, mutate = item
         case = f"case{i:02d}"
         dst = os.path.join(a.out, case)
         shutil.rmtree(dst, ignore_errors=True)
@@ -109,6 +157,8 @@ def main():
         name = model_name(stage) if which == "model" else optim_name(bf16, int(which[-1]))
         path = os.path.join(dst, TAG, name)
         obj = torch.load(path)
+        if fp16:
+            fp16_states(obj, fp16[0])
         mutate(obj)
         torch.save(obj, path)
         manifest.append({"case": case, "what": f"{base}/{name}: {what}"})
