@@ -343,7 +343,7 @@ def test_megatron_deepspeed_tp_pp():
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen")], check=True,
                        capture_output=True)
         cases = sorted(p for p in (t / "gen").iterdir() if p.is_dir())
-        assert len(cases) == 7, cases
+        assert len(cases) == 8, cases
         fp32_atoms = {}
         for case in cases:
             truth = torch.load(case / "truth.pt")
@@ -411,12 +411,19 @@ def test_megatron_deepspeed_tp_pp():
                           t / "o.h5")
             (tag / victim).write_bytes(saved)
         # A pipeline at ZeRO 0 with fp16 (FP16_Optimizer) records no
-        # param_shapes, so no stage says which layer files it holds: refused.
-        import make_megatron_deepspeed_ckpts as mds
-        mds.write_case(str(t / "pipe_fp16"), pipe=True, tp=2, pp=2, dp=2, layers=2,
-                       swiglu=False, dtype="fp16", stage=0)
-        check_failure(["to-universal", t / "pipe_fp16", "-o", t / "o.h5"], "format error", 3,
-                      ["mp_rank_00_model_states.pt", "without param_shapes"], t / "o.h5")
+        # param_shapes: its stages are inferred and its masters must confirm
+        # them. Layer files of a stage that does not fit: refused.
+        fp16 = t / "gen" / "pipe_fp16opt_tp2_pp2_dp2"
+        ftag = fp16 / "global_step3"
+        a, b = ftag / "layer_03-model_00-model_states.pt", ftag / "layer_02-model_00-model_states.pt"
+        saved = a.read_bytes(), b.read_bytes()
+        a.write_bytes(saved[1])
+        b.write_bytes(saved[0])
+        check_failure(["to-universal", fp16, "-o", t / "o.h5"], "format error", 3,
+                      ["model_states.pt", "fp32_groups_flat", "no trainable module param matches"],
+                      t / "o.h5")
+        a.write_bytes(saved[0])
+        b.write_bytes(saved[1])
         # A tp rank whose local shape disagrees with tp rank 0.
         f = tag / "layer_02-model_01-model_states.pt"
         saved = f.read_bytes()
@@ -644,6 +651,7 @@ def test_megatron_deepspeed_write():
         ("pipe_bf16opt_tp2_pp2_dp2", (2, 2, 2, 0), (1, 1, 3, 1), None),
         ("pipe_z1_tp1_pp2_dp2", (1, 2, 2, 1), (2, 1, 1, 2), None),
         ("nopipe_fp16opt_tp2_dp2", (2, 1, 2, 0), (1, 1, 3, 1), "megatron-gpt-legacy"),
+        ("pipe_fp16opt_tp2_pp2_dp2", (2, 2, 2, 0), (1, 1, 3, 1), None),
     ]
     with Tmp() as t:
         subprocess.run([sys.executable, str(gen), "--out", str(t / "gen"), "--only",

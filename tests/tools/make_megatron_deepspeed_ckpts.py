@@ -288,9 +288,11 @@ CASES = {
                               dtype="fp32", stage=2),
     "nopipe_z1_tp2_dp3_swiglu": dict(pipe=False, tp=2, pp=1, dp=3, layers=2, swiglu=True,
                                      dtype="bf16", stage=1),
-    # FP16_Optimizer (ZeRO 0 + fp16), the other usual run (without pipeline).
+    # FP16_Optimizer (ZeRO 0 + fp16), the other usual run, with and without pipeline.
     "nopipe_fp16opt_tp2_dp2": dict(pipe=False, tp=2, pp=1, dp=2, layers=2, swiglu=False,
                                    dtype="fp16", stage=0),
+    "pipe_fp16opt_tp2_pp2_dp2": dict(pipe=True, tp=2, pp=2, dp=2, layers=2, swiglu=False,
+                                     dtype="fp16", stage=0),
 }
 
 

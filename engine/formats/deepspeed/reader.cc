@@ -1264,9 +1264,75 @@ std::set<std::string> ListedParams(const TorchFile& f) {
 // parameter-free layer) to the stage of the nearest lower index (stage 0 at
 // the start). Keys are named "<index>.<key>", or "tied_modules.<k>.<key>"
 // when the stage lists that tied param and not the former.
+// ZeRO 0 without bf16 saves no param_shapes: the stages are those of
+// Megatron-DeepSpeed's GPTModelPipe, DeepSpeed's 'type:transformer'
+// partition (the layers with "self_attention." keys spread evenly, what
+// precedes them on the first stage, what follows on the last), and the
+// embedding is the tied module "tied_modules.embed" of the first and the
+// last stage unless args.untie_embeddings_and_output_weights. The optimizer
+// then confirms it: every master must match a stage's fp16 weights.
+// Returns the params each stage lists, the layer index -> stage map and the
+// tied layer indices; throws FormatError if pp does not divide the layers.
+void InferStages(const Checkpoint& c, FileCache& cache, const TorchFile& first,
+                 std::vector<std::set<std::string>>& listed,
+                 std::map<int64_t, int64_t>& owner, std::set<int64_t>& tied) {
+  const Value* args = Get(first.root(), "args");
+  const Value* untie = args != nullptr
+                           ? args->Attr("untie_embeddings_and_output_weights")
+                           : nullptr;
+  const bool tie =
+      untie == nullptr || (untie->kind == Kind::kBool && !untie->b);
+  std::map<int64_t, std::vector<std::string>> keys;  // of tp rank 0's files
+  std::vector<int64_t> transformer;
+  for (const auto& [idx, file] : c.layer_files[0]) {
+    FilePtr& f = cache[file];
+    if (f == nullptr)
+      f = std::make_shared<const TorchFile>(TorchFile::Open(file));
+    keys[idx] = Keys(f->root(), "layer state dict");
+    for (const std::string& k : keys[idx]) {
+      if (k.starts_with("self_attention.")) {
+        transformer.push_back(idx);
+        break;
+      }
+      if (tie && k == "word_embeddings.weight") tied.insert(idx);
+    }
+  }
+  const auto L = static_cast<int64_t>(transformer.size());
+  if (L == 0 || L % c.pp != 0) {
+    throw FormatError(
+        first.path().string(),
+        ": no param_shapes (ZeRO stage 0 without "
+        "bf16), so the stages are taken as DeepSpeed's 'type:transformer' "
+        "partition, but pp ",
+        c.pp, " does not divide the ", L, " transformer layers");
+  }
+  const int64_t per = L / c.pp;
+  listed.assign(static_cast<size_t>(c.pp), {});
+  for (const auto& [idx, ks] : keys) {
+    int64_t stage = 0;
+    if (idx > transformer.back()) {
+      stage = c.pp - 1;
+    } else if (idx >= transformer.front()) {
+      stage = (std::lower_bound(transformer.begin(), transformer.end(), idx) -
+               transformer.begin()) /
+              per;
+    }
+    owner[idx] = stage;
+    for (const std::string& k : ks) {
+      if (tied.count(idx)) {
+        listed.front().insert("tied_modules.embed." + k);
+        listed.back().insert("tied_modules.embed." + k);
+      } else {
+        listed[static_cast<size_t>(stage)].insert(StrCat(idx, ".", k));
+      }
+    }
+  }
+}
+
 std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
   std::vector<std::set<std::string>> listed;
   std::map<int64_t, int64_t> owner;  // layer index -> stage
+  std::set<int64_t> tied_idx;        // inferred tied layers (no param_shapes)
   for (int64_t p = 0; p < c.pp; ++p) {
     const fs::path& mf =
         c.mp_ranks[static_cast<size_t>(p * c.tp)].model_files[0];
@@ -1277,12 +1343,8 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
               : std::make_shared<const TorchFile>(TorchFile::Open(mf));
     }
     if (IsNone(Get(f->root(), "param_shapes"))) {
-      throw FormatError(
-          "rank file ", mf.string(),
-          ": a pipeline checkpoint (layer files) without param_shapes (ZeRO "
-          "stage 0 without bf16: FP16_Optimizer or the torch optimizer) does "
-          "not say which stage holds which layer; not supported (save with "
-          "ZeRO stage 1 or 2, or bf16)");
+      InferStages(c, cache, *f, listed, owner, tied_idx);
+      break;
     }
     listed.push_back(ListedParams(*f));
     for (const std::string& n : listed.back()) {
@@ -1329,6 +1391,12 @@ std::vector<RankView> PipelineViews(const Checkpoint& c, FileCache& cache) {
           if (tied.size() == 1) name = tied[0];
         }
         v.layer_entries.push_back({name, file, k, idx});
+        // Inferred ties: the last stage's copy reads the same file (its
+        // masters are matched to those weights).
+        if (tied_idx.count(idx) && c.pp > 1) {
+          views[static_cast<size_t>((c.pp - 1) * c.tp + t)]
+              .layer_entries.push_back({name, file, k, idx});
+        }
       }
     }
   }

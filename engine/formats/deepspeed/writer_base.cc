@@ -152,14 +152,12 @@ void WriterBase::Prepare(bool tensor_parallel) {
                      "GPTModel): pass --pp 1");
   }
   const bool bf16_pipe = pipeline_ && stage_ == 0 && wrapper_ == Wrapper::kBf16;
-  const bool fp16_nopipe =
-      !pipeline_ && stage_ == 0 && wrapper_ == Wrapper::kFp16;
-  if (layout_ && stage_ != 1 && stage_ != 2 && !bf16_pipe && !fp16_nopipe) {
+  const bool fp16 = stage_ == 0 && wrapper_ == Wrapper::kFp16;
+  if (layout_ && stage_ != 1 && stage_ != 2 && !bf16_pipe && !fp16) {
     throw UsageError("--zero-stage ", stage_,
                      ": Megatron-DeepSpeed targets are written for ZeRO "
                      "stage 1 or 2 (or 0 with bf16 and a pipeline: "
-                     "BF16_Optimizer; or 0 with fp16 without pipeline: "
-                     "FP16_Optimizer)");
+                     "BF16_Optimizer; or 0 with fp16: FP16_Optimizer)");
   }
   tag_ = options_.tag;
   if (tag_.empty()) tag_ = str(meta_, "tag");
