@@ -67,6 +67,11 @@
 //     layer index and tp rank, independent of PP. Param names are the
 //     PipelineModule's: "<idx>.<key>", tied modules "tied_modules.<k>.<key>"
 //     (listed on every stage using them; the layer file exists once).
+//   Without param_shapes (ZeRO 0 fp16) the stages are GPTModelPipe's:
+//   'type:transformer' over the layer files with "self_attention." keys,
+//   the file with word_embeddings.weight the tied module "tied_modules.embed"
+//   of the first and last stage (unless args untie them); the FP16 masters
+//   must then match each stage's weights.
 //   TP = number of tp ranks in the layer file names (else mp_world_size);
 //   PP = mp_world_size / TP. A layer index belongs to the stage whose
 //   param_shapes carry it; a file without such params to the stage of the
@@ -79,10 +84,9 @@
 //   atom; a tied param of several stages is taken from the first.
 //   Write (any TP the heads and query groups allow, any PP dividing the
 //   transformer layers; ZeRO 1/2, BF16_Optimizer with a pipeline,
-//   FP16_Optimizer without; a pipeline at ZeRO 0 without bf16 has no
-//   param_shapes to place its layer files and is refused): the stored layout
-//   cuts each param for its tp rank, the vocabulary re-padded for the target
-//   TP; stages by DeepSpeed's 'type:transformer' partition (the layers
+//   FP16_Optimizer): the stored layout cuts each param for its tp rank, the
+//   vocabulary re-padded for the target TP; stages by DeepSpeed's
+//   'type:transformer' partition (the layers
 //   "<idx>.self_attention.*" spread evenly, what precedes them on the first
 //   stage, what follows on the last, tied modules on both); the saved args'
 //   tensor/pipeline_model_parallel_size, data_parallel_size, world_size and
