@@ -332,8 +332,8 @@ def test_generated_cases():
 def test_megatron_deepspeed_tp_pp():
     """Megatron-DeepSpeed checkpoints with TP and PP (the independent
     generator tests/tools/make_megatron_deepspeed_ckpts.py: GPTModelPipe layer
-    files with BF16_Optimizer / ZeRO-1, and GPTModel without pipeline at
-    ZeRO 1 / 2, SwiGLU, vocabulary padding): to-universal merges every mp
+    files with BF16_Optimizer / FP16_Optimizer / ZeRO-1, and GPTModel without
+    pipeline at ZeRO 1 / 2 / FP16_Optimizer, SwiGLU, vocabulary padding): to-universal merges every mp
     rank into the generator's full tensors (true vocabulary rows, padding rows
     kept beside), the same model read at tp 1/2/4 x pp 1/2 gives identical
     atoms, and export equals the fp32 masters (writing them:
@@ -637,8 +637,9 @@ def test_zero0_membership_property():
 def test_megatron_deepspeed_write():
     """Megatron-DeepSpeed checkpoints written for another TP / PP / DP size
     and ZeRO stage, against the independent generator's own files: GPTModel
-    without pipeline (fp32 ZeRO-2, bf16 SwiGLU ZeRO-1) and GPTModelPipe with
-    layer files (bf16 BF16_Optimizer TP2 PP2, fp32 ZeRO-1 PP2). Written back
+    without pipeline (fp32 ZeRO-2, bf16 SwiGLU ZeRO-1, fp16 FP16_Optimizer) and
+    GPTModelPipe with layer files (bf16 BF16_Optimizer TP2 PP2, fp32 ZeRO-1 PP2,
+    fp16 FP16_Optimizer TP2 PP2). Written back
     at its own layout every rank file equals the generator's; through another
     layout (TP 1, PP 1, another DP size and stage; read back with --layout
     where TP 1 without pipeline looks plain) and from the universal file,
