@@ -1288,7 +1288,12 @@ void InferStages(const Checkpoint& c, FileCache& cache, const TorchFile& first,
     FilePtr& f = cache[file];
     if (f == nullptr)
       f = std::make_shared<const TorchFile>(TorchFile::Open(file));
-    keys[idx] = Keys(f->root(), "layer state dict");
+    try {
+      keys[idx] = Keys(f->root(), "layer state dict");
+    } catch (Error& e) {
+      e.AddContext("rank file ", file.string());
+      throw;
+    }
     for (const std::string& k : keys[idx]) {
       if (k.starts_with("self_attention.")) {
         transformer.push_back(idx);
