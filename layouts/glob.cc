@@ -119,20 +119,28 @@ bool StarMatch(std::string_view pattern, std::string_view name) {
   return p == pattern.size();
 }
 
-size_t EditDistance(std::string_view a, std::string_view b) {
+size_t EditDistance(std::string_view a, std::string_view b, size_t limit) {
+  // The distance is at least the difference of the lengths, and never less
+  // than the smallest entry of a row.
+  const size_t gap =
+      a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+  if (gap >= limit) return limit;
   std::vector<size_t> row(b.size() + 1);
   std::iota(row.begin(), row.end(), size_t{0});
   for (size_t i = 1; i <= a.size(); ++i) {
     size_t diag = row[0];
     row[0] = i;
+    size_t least = row[0];
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t up = row[j];
       row[j] = std::min(
           {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      least = std::min(least, row[j]);
       diag = up;
     }
+    if (least >= limit) return limit;
   }
-  return row[b.size()];
+  return std::min(row[b.size()], limit);
 }
 
 }  // namespace ucp::layouts

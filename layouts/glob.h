@@ -2,12 +2,14 @@
 // Name patterns of layout descriptors.
 //
 //   *        any run of characters, dots included ("decoder.layers.*.weight")
-//   #        a decimal number: one or more digits ("#.weight" matches "9.weight"
+//   #        a decimal number: one or more digits ("#.weight" matches
+//   "9.weight"
 //            but not "9.input_layernorm.weight"; PipelineModule names)
 //   {a,b,c}  one of the comma-separated alternatives (no nesting; an
 //            alternative may be empty: "norm{,_1}")
 //   anything else matches itself.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,7 +36,10 @@ class Glob {
 /// Matches a brace-free pattern ('*' and '#') against a name.
 bool StarMatch(std::string_view pattern, std::string_view name);
 
-/// Levenshtein distance (for "closest pattern" hints).
-size_t EditDistance(std::string_view a, std::string_view b);
+/// Levenshtein distance (for "closest pattern" hints), or `limit` if it is
+/// at least `limit`: then the work stops early (O(|a| |b|) at most, O(1)
+/// when the lengths differ by `limit` or more).
+size_t EditDistance(std::string_view a, std::string_view b,
+                    size_t limit = SIZE_MAX);
 
 }  // namespace ucp::layouts

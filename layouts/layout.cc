@@ -373,7 +373,8 @@ std::string Layout::NoRuleMessage(std::string_view name,
   for (const Rule& rule : rules_) {
     for (const Glob& g : rule.match) {
       for (const std::string& alt : g.alternatives()) {
-        scored.emplace_back(EditDistance(probe, alt), alt, &rule);
+        // Patterns 64 edits away are no hint: cap the work there.
+        scored.emplace_back(EditDistance(probe, alt, 64), alt, &rule);
       }
     }
   }

@@ -1,10 +1,13 @@
 // Replays fuzz inputs without libFuzzer (the ctest smoke, built by any
 // compiler under ASan + UBSan): every file named on the command line, or
 // found under a named folder, is passed to LLVMFuzzerTestOneInput once.
-// Prints how many inputs ran; fails if none did.
+// Prints how many inputs ran; fails if none did, or if one took longer than
+// UCP_REPLAY_MAX_SECONDS (when set: regressions of inputs that were slow).
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,8 +23,19 @@ size_t RunFile(const std::filesystem::path& p) {
   std::string bytes((std::istreambuf_iterator<char>(in)),
                     std::istreambuf_iterator<char>());
   if (bytes.size() > (64u << 20)) return 0;  // seeds stay small
+  const auto start = std::chrono::steady_clock::now();
   LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()),
                          bytes.size());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (const char* max = std::getenv("UCP_REPLAY_MAX_SECONDS")) {
+    if (seconds > std::atof(max)) {
+      std::fprintf(stderr, "%s took %.2f s (UCP_REPLAY_MAX_SECONDS=%s)\n",
+                   p.c_str(), seconds, max);
+      std::exit(1);
+    }
+  }
   return 1;
 }
 

@@ -85,6 +85,13 @@ TEST(GlobTest, EditDistance) {
   EXPECT_EQ(EditDistance("abc", ""), 3u);
   EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);
   EXPECT_EQ(EditDistance("flaw", "lawn"), 2u);
+  // Capped: the distance, or the limit when it is that far or farther.
+  EXPECT_EQ(EditDistance("kitten", "sitting", 4), 3u);
+  EXPECT_EQ(EditDistance("kitten", "sitting", 3), 3u);
+  EXPECT_EQ(EditDistance("kitten", "sitting", 2), 2u);
+  EXPECT_EQ(EditDistance("abc", std::string(100000, 'x'), 64), 64u);
+  EXPECT_EQ(EditDistance(std::string(300, 'a'), std::string(300, 'b'), 10),
+            10u);
 }
 
 TEST(GlobTest, HashMatchesADecimalNumber) {
