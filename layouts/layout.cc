@@ -369,22 +369,32 @@ std::string Layout::NoRuleMessage(std::string_view name,
   std::string probe(name);
   if (auto split = SplitLayer(name))
     probe = split->prefix + "*" + split->suffix;
-  std::vector<std::tuple<size_t, std::string, const Rule*>> scored;
+  // The three closest (the first seen among equals); patterns 64 edits away
+  // are no hint, and a distance is only computed up to the third best's.
+  struct Scored {
+    size_t distance;
+    const std::string* alt;
+    const Rule* rule;
+  };
+  std::vector<Scored> best;
   for (const Rule& rule : rules_) {
     for (const Glob& g : rule.match) {
       for (const std::string& alt : g.alternatives()) {
-        // Patterns 64 edits away are no hint: cap the work there.
-        scored.emplace_back(EditDistance(probe, alt, 64), alt, &rule);
+        const size_t limit = best.size() == 3 ? best.back().distance : 64;
+        const size_t d = EditDistance(probe, alt, limit);
+        if (best.size() == 3 && d >= limit) continue;
+        auto at = std::upper_bound(
+            best.begin(), best.end(), d,
+            [](size_t x, const Scored& s) { return x < s.distance; });
+        best.insert(at, Scored{d, &alt, &rule});
+        if (best.size() > 3) best.pop_back();
       }
     }
   }
-  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
-    return std::get<0>(a) < std::get<0>(b);
-  });
   msg += "; closest patterns:";
-  for (size_t i = 0; i < scored.size() && i < 3; ++i) {
-    msg += StrCat(i ? "," : "", " '", std::get<1>(scored[i]), "' (",
-                  std::get<2>(scored[i])->Describe(), ")");
+  for (size_t i = 0; i < best.size(); ++i) {
+    msg += StrCat(i ? "," : "", " '", *best[i].alt, "' (",
+                  best[i].rule->Describe(), ")");
   }
   return msg;
 }
