@@ -108,8 +108,10 @@
 //     Megatron-DeepSpeed sources (the other mp ranks' opaque entries sit
 //     under /opaque/mp_rank_XX/...).
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 
 namespace ucp::deepspeed {
@@ -123,6 +125,21 @@ inline std::optional<int64_t> LayerIndex(std::string_view name) {
     v = v * 10 + (name[n++] - '0');
   if (n == 0 || n >= name.size() || name[n] != '.') return std::nullopt;
   return v;
+}
+
+/// DeepSpeed's 'type:transformer' pipeline partition, as Megatron-
+/// DeepSpeed's GPTModelPipe uses it: the stage of layer `idx` given the
+/// sorted indices of the transformer layers, whose count pp divides (they
+/// spread evenly; what precedes them goes to the first stage, what follows
+/// to the last, what lies between to the stage of the next one).
+inline int64_t TransformerStage(std::span<const int64_t> transformer,
+                                int64_t pp, int64_t idx) {
+  if (idx < transformer.front()) return 0;
+  if (idx > transformer.back()) return pp - 1;
+  const auto per = static_cast<int64_t>(transformer.size()) / pp;
+  return (std::lower_bound(transformer.begin(), transformer.end(), idx) -
+          transformer.begin()) /
+         per;
 }
 
 inline constexpr std::string_view kLatestFile = "latest";

@@ -124,6 +124,9 @@ class Planner {
   void PlanModule();
   void PlanTorchOptimizer();
   void PlanFp16Optimizer();  // FP16_Optimizer / FP16_UnfusedOptimizer
+  // ZeRO 0: module params the optimizer does not hold (not `taken`) were
+  // not given to it: frozen.
+  void MarkFrozen(const std::vector<bool>& taken);
   // FP16_Optimizer: the first unassigned trainable param, from `hint` on in
   // module order (wrapping around), whose shape fits (`numel` elements
   // fit, or exactly `shape` when given) and whose stored lp weights equal
@@ -545,15 +548,18 @@ void Planner::PlanTorchOptimizer() {
         PlanStep(p, models_[0], st, where);
       }
     }
-    // Module params in no group were not given to the optimizer: frozen.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].buffer || taken[i]) continue;
-      params_[i].frozen = true;
-      params_[i].group = -1;
-    }
+    MarkFrozen(taken);
   } catch (Error& e) {
     AddContextOnce(e, where0);
     throw;
+  }
+}
+
+void Planner::MarkFrozen(const std::vector<bool>& taken) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].buffer || taken[i]) continue;
+    params_[i].frozen = true;
+    params_[i].group = -1;
   }
 }
 
@@ -728,12 +734,7 @@ void Planner::PlanFp16Optimizer() {
         } while (o < mt.numel);
       }
     }
-    // Module params in no group were not given to the optimizer: frozen.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].buffer || taken[i]) continue;
-      params_[i].frozen = true;
-      params_[i].group = -1;
-    }
+    MarkFrozen(taken);
   } catch (Error& e) {
     AddContextOnce(e, where0);
     throw;
@@ -1191,24 +1192,26 @@ void Planner::PlanRoot() {
 
 universal::SourcePlan Planner::Run() {
   ReadModel();
-  // ZeRO 0 without bf16: the optimizer says which module params are
-  // trainable (the others are frozen) before the module is planned.
-  const bool torch = c_.zero_dir.empty() && c_.wrapper == Wrapper::kTorch;
-  if (torch && fp16_ != Fp16::kNone) {
-    PlanFp16Optimizer();
-  } else if (torch) {
-    PlanTorchOptimizer();
-  }
-  PlanModule();
   if (!c_.zero_dir.empty()) {
+    PlanModule();
     PlanZeroFolder();
-  } else if (torch) {
-    // planned above
-  } else if (c_.stage == 3) {
-    PlanStage3();
-    RegroupSubGroups();
+  } else if (c_.wrapper == Wrapper::kTorch) {
+    // ZeRO 0 without bf16: the optimizer says which module params are
+    // trainable (the others are frozen) before the module is planned.
+    if (fp16_ != Fp16::kNone) {
+      PlanFp16Optimizer();
+    } else {
+      PlanTorchOptimizer();
+    }
+    PlanModule();
   } else {
-    PlanFlat();
+    PlanModule();
+    if (c_.stage == 3) {
+      PlanStage3();
+      RegroupSubGroups();
+    } else {
+      PlanFlat();
+    }
   }
   PlanFrozen();
   for (const Param& p : params_) {
@@ -1235,8 +1238,6 @@ universal::SourcePlan Planner::Run() {
 
 namespace {
 
-// "12.input_layernorm.weight" -> 12; absent for names not starting with a
-// decimal index and ".".
 // The trainable / frozen param names a model-states file lists.
 std::set<std::string> ListedParams(const TorchFile& f) {
   std::set<std::string> out;
@@ -1311,17 +1312,9 @@ void InferStages(const Checkpoint& c, FileCache& cache, const TorchFile& first,
         "partition, but pp ",
         c.pp, " does not divide the ", L, " transformer layers");
   }
-  const int64_t per = L / c.pp;
   listed.assign(static_cast<size_t>(c.pp), {});
   for (const auto& [idx, ks] : keys) {
-    int64_t stage = 0;
-    if (idx > transformer.back()) {
-      stage = c.pp - 1;
-    } else if (idx >= transformer.front()) {
-      stage = (std::lower_bound(transformer.begin(), transformer.end(), idx) -
-               transformer.begin()) /
-              per;
-    }
+    const int64_t stage = TransformerStage(transformer, c.pp, idx);
     owner[idx] = stage;
     for (const std::string& k : ks) {
       if (tied.count(idx)) {

@@ -788,7 +788,6 @@ void WriterBase::PartitionStages() {
                      " transformer layers; DeepSpeed spreads them evenly "
                      "('type:transformer'), so pp must divide them");
   }
-  const int64_t per = static_cast<int64_t>(order.size()) / pp_;
   for (TParam& p : params_) {
     p.stages.clear();
     if (p.name.starts_with("tied_modules.")) {
@@ -801,15 +800,7 @@ void WriterBase::PartitionStages() {
       throw FormatError("universal input ", input_.path().string(), " > param ",
                         p.name, ": not a pipeline layer name (<index>.<name>)");
     }
-    if (*idx < order.front()) {
-      p.stages.push_back(0);
-    } else if (*idx > order.back()) {
-      p.stages.push_back(pp_ - 1);
-    } else {
-      const int64_t k =
-          std::lower_bound(order.begin(), order.end(), *idx) - order.begin();
-      p.stages.push_back(k / per);
-    }
+    p.stages.push_back(TransformerStage(order, pp_, *idx));
   }
 }
 
