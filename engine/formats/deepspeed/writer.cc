@@ -36,7 +36,28 @@ class NativeWriter : public WriterBase {
   Value* TorchOptimizer(FileBuild& f);
   Value* Fp16Optimizer(FileBuild& f);
   Value* GroupDict(FileBuild& f, size_t g, Value* params);
+  /// The inner optimizer's state of one flat group: the step and each
+  /// state kind over `windows` of `length` elements.
+  Value* FlatState(FileBuild& f, const std::vector<size_t>& members,
+                   const std::vector<Window>& windows, int64_t length,
+                   const std::string& where);
 };
+
+Value* NativeWriter::FlatState(FileBuild& f, const std::vector<size_t>& members,
+                               const std::vector<Window>& windows,
+                               int64_t length, const std::string& where) {
+  pickle::Arena& a = f.arena();
+  Value* st = a.Dict();
+  if (!members.empty()) {
+    if (Value* step = StepNode(f, params_[members[0]], where))
+      formats::AppendEntry(a, st, "step", step);
+  }
+  for (const std::string& k : state_kinds_)
+    formats::AppendEntry(a, st, k,
+                         f.AddTensor(FlatTensor(k, members, windows, length,
+                                                where + " > " + k)));
+  return st;
+}
 
 Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   pickle::Arena& a = f.arena();
@@ -129,16 +150,8 @@ Value* NativeWriter::Fp16Optimizer(FileBuild& f) {
     const std::string gw = StrCat(fw, " > group ", g);
     flats.push_back(f.AddTensor(
         FlatTensor("fp32", groups_[g], windows, length, gw + " > fp32")));
-    Value* st = a.Dict();
-    if (!groups_[g].empty()) {
-      if (Value* step = StepNode(f, params_[groups_[g][0]], gw))
-        formats::AppendEntry(a, st, "step", step);
-    }
-    for (const std::string& k : state_kinds_)
-      formats::AppendEntry(a, st, k,
-                           f.AddTensor(FlatTensor(k, groups_[g], windows,
-                                                  length, gw + " > " + k)));
-    state->entries.emplace_back(a.Int(static_cast<int64_t>(g)), st);
+    state->entries.emplace_back(a.Int(static_cast<int64_t>(g)),
+                                FlatState(f, groups_[g], windows, length, gw));
     groups.push_back(GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
   }
   Value* osd = a.Dict();
@@ -174,14 +187,8 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
       const std::string sw = StrCat(fw, " > sub-group ", s);
       flats.push_back(f.AddTensor(
           FlatTensor("fp32", subs[s], windows, total, sw + " > fp32")));
-      Value* st = a.Dict();
-      if (Value* step = StepNode(f, params_[subs[s][0]], sw))
-        formats::AppendEntry(a, st, "step", step);
-      for (const std::string& k : state_kinds_)
-        formats::AppendEntry(a, st, k,
-                             f.AddTensor(FlatTensor(k, subs[s], windows, total,
-                                                    sw + " > " + k)));
-      state->entries.emplace_back(a.Int(static_cast<int64_t>(s)), st);
+      state->entries.emplace_back(a.Int(static_cast<int64_t>(s)),
+                                  FlatState(f, subs[s], windows, total, sw));
       group_members[static_cast<size_t>(params_[subs[s][0]].group)].push_back(
           a.Int(static_cast<int64_t>(s)));
     }
@@ -213,16 +220,8 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
       const int64_t lean = bf16 ? ps : layout.Real(r);
       fp32s.push_back(f.AddTensor(
           FlatTensor("fp32", groups_[g], windows, lean, gw + " > fp32")));
-      Value* st = a.Dict();
-      if (!groups_[g].empty()) {
-        if (Value* step = StepNode(f, params_[groups_[g][0]], gw))
-          formats::AppendEntry(a, st, "step", step);
-      }
-      for (const std::string& k : state_kinds_)
-        formats::AppendEntry(a, st, k,
-                             f.AddTensor(FlatTensor(k, groups_[g], windows, ps,
-                                                    gw + " > " + k)));
-      state->entries.emplace_back(a.Int(static_cast<int64_t>(g)), st);
+      state->entries.emplace_back(a.Int(static_cast<int64_t>(g)),
+                                  FlatState(f, groups_[g], windows, ps, gw));
       groups.push_back(
           GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
       paddings.push_back(a.Int(padding));

@@ -396,10 +396,15 @@ const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
 Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
   pickle::Arena& a = f.arena();
   if (Value* v = ImportBlob(f, "optim/" + name)) return v;
-  if (Value* ls = ImportBlob(f, "optim/loss_scaler");
-      ls != nullptr && ls->state != nullptr && ls->state->IsDictLike()) {
-    const std::string attr = name == "dynamic_loss_scale" ? "dynamic" : name;
-    if (Value* v = ls->state->Get(attr)) return v;
+  // The attribute alone, not a copy of the whole scaler per field.
+  if (std::shared_ptr<const torchfile::TorchFile> b =
+          blobs_.Find("optim/loss_scaler")) {
+    const Value* ls = b->root();
+    if (ls != nullptr && ls->state != nullptr && ls->state->IsDictLike()) {
+      const std::string attr = name == "dynamic_loss_scale" ? "dynamic" : name;
+      if (const Value* v = ls->state->Get(attr))
+        return f.importer->Import(b, v);
+    }
   }
   if (name == "dynamic_loss_scale") return a.Bool(true);
   if (name == "cur_scale") return a.Float(65536.0);
