@@ -93,14 +93,20 @@ function(ucp_add_sanitized_modules)
   endforeach()
 endfunction()
 
+# An executable of `sources` compiled with the sanitizers and linked with the
+# sanitized libraries of `modules` (which bring the include path and the
+# sanitizer link flags).
+function(ucp_add_sanitized_executable name sources modules)
+  add_executable(${name} ${sources})
+  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
+  list(TRANSFORM modules PREPEND "ucp_san_")
+  target_link_libraries(${name} PRIVATE ${modules})
+endfunction()
+
 function(ucp_add_sanitized_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;MODULES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
-  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
-  target_link_options(${name} PRIVATE ${UCP_SAN_FLAGS})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
-  list(TRANSFORM ARG_MODULES PREPEND "ucp_san_")
-  target_link_libraries(${name} PRIVATE ${ARG_MODULES} ${ARG_DEPS} GTest::gmock GTest::gtest_main)
+  ucp_add_sanitized_executable(${name} "${ARG_SOURCES}" "${ARG_MODULES}")
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   list(APPEND ARG_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1"
                       "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
   _ucp_discover(${name})

@@ -3,8 +3,8 @@
 //
 //   *        any run of characters, dots included ("decoder.layers.*.weight")
 //   #        a decimal number: one or more digits ("#.weight" matches
-//   "9.weight"
-//            but not "9.input_layernorm.weight"; PipelineModule names)
+//            "9.weight" but not "9.input_layernorm.weight"; PipelineModule
+//            names)
 //   {a,b,c}  one of the comma-separated alternatives (no nesting; an
 //            alternative may be empty: "norm{,_1}")
 //   anything else matches itself.
