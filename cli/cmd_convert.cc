@@ -170,11 +170,14 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
       "distributed-optimizer", po::bool_switch(&distributed_optimizer),
       "Megatron: write distrib_optim.pt (--use-distributed-optimizer)")(
       "zero-stage", po::value<int>(&zero_stage),
-      "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's)")(
-      tag_option, po::value<std::string>(&tag),
-      "DeepSpeed: the target tag (default: the source's, or "
-      "global_step<N>)")("no-optimizer", po::bool_switch(&no_optimizer),
-                         "model weights only (no optimizer state)");
+      "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's); "
+      "at stage 0 the training dtype picks the optimizer: the torch optimizer "
+      "(fp32) or FP16_Optimizer (fp16) in the model states, BF16_Optimizer "
+      "files (bf16)")(tag_option, po::value<std::string>(&tag),
+                      "DeepSpeed: the target tag (default: the source's, or "
+                      "global_step<N>)")(
+      "no-optimizer", po::bool_switch(&no_optimizer),
+      "model weights only (no optimizer state)");
   if (with_vocab) {
     d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
                     "the tokenizer's true vocabulary size, when the "

@@ -320,7 +320,7 @@ def test_generated_cases():
                     if stage < 3:
                         assert m["module"]["head.weight"].data_ptr() == m["module"]["embed.weight"].data_ptr()
                     # ZeRO 0 without bf16 records no shared_params.
-                    if stage == 0 and "fp16" in case.name or "fp32" in case.name and stage == 0:
+                    if stage == 0 and "bf16" not in case.name:
                         assert m["shared_params"] is None, m["shared_params"]
                     else:
                         assert m["shared_params"] == {"head.weight": "embed.weight"}
@@ -523,9 +523,12 @@ def zero0_case(path, rng, kind):
                        (f"layers.{i}.fc2.weight", (H, F))])
     shapes.update([("final_ln.weight", (H,)), ("final_ln.bias", (H,))])
     # The fp32 torch optimizer keeps no weights to tell a frozen param from a
-    # trainable one of the same shape: frozen params only with fp16.
+    # trainable one of the same shape: frozen params only with fp16. Nor can
+    # fp16 weights tell a frozen layer norm from a trainable one while both
+    # round to the same values (README, Known limits): frozen params are
+    # drawn among the others.
     frozen = set() if kind == "fp32" else {
-        n for n in list(shapes)[1:] if rng.random() < 0.2}
+        n for n in list(shapes)[1:] if "ln." not in n and rng.random() < 0.2}
     lp = torch.float32 if kind == "fp32" else torch.float16
     truth, module = {}, OrderedDict()
     for n, shape in shapes.items():

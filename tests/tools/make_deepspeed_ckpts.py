@@ -3,8 +3,8 @@
 save code as ../shared/reference/deepspeed.md transcribes it (never from ucp),
 for the cases the real fixtures lack: a frozen param, a shared (tied) param,
 buffers (float and int), two optimizer groups, worlds 3 and 8, ZeRO 1/2/3,
-BF16_Optimizer and FP16_Optimizer (fused and unfused), fp32, bf16 and fp16. Each case folder holds `latest`, the tag folder
-and truth.pt:
+BF16_Optimizer and FP16_Optimizer (fused and unfused), fp32, bf16 and fp16.
+Each case folder holds `latest`, the tag folder and truth.pt:
   atoms:   {name: {state kind: tensor}} what the universal file must hold
   export:  {name: fp32 tensor} what `ucp export` must write
   frozen_flags: {name: 0|1}; param_is_stored: {"name/param": bool}

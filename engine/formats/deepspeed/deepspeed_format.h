@@ -32,7 +32,9 @@
 //   params a group holds. Read: a group is the module's params in order
 //   (filtered, as trainers build groups); each master slice belongs to the
 //   next module param whose fp16 weights are that slice rounded (first and
-//   last 16 elements compared), params in no group are frozen; tied params
+//   last 16 elements compared; a frozen param with the same fp16 values as a
+//   later trainable one is taken for it), params in no group are frozen; tied
+//   params
 //   are module entries sharing a storage view. ZeRO 0 fp32: each torch
 //   optimizer id to the next module param of its state's shape.
 // optim states: {optimizer_state_dict: {...}, ds_config, ds_version}
