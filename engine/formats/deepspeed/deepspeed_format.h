@@ -33,10 +33,9 @@
 //   (filtered, as trainers build groups); each master slice belongs to the
 //   next module param whose fp16 weights are that slice rounded (first and
 //   last 16 elements compared; a frozen param with the same fp16 values as a
-//   later trainable one is taken for it), params in no group are frozen; tied
-//   params
-//   are module entries sharing a storage view. ZeRO 0 fp32: each torch
-//   optimizer id to the next module param of its state's shape.
+//   later trainable one is taken for it), params in no group are frozen;
+//   tied params are module entries sharing a storage view. ZeRO 0 fp32:
+//   each torch optimizer id to the next module param of its state's shape.
 // optim states: {optimizer_state_dict: {...}, ds_config, ds_version}
 //   ZeRO 1/2 (zero_stage 1|2): loss_scaler, dynamic_loss_scale, overflow,
 //     clip_grad, base_optimizer_state {state: {g: {step, exp_avg,
