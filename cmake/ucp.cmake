@@ -107,8 +107,9 @@ function(ucp_add_sanitized_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;MODULES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
   ucp_add_sanitized_executable(${name} "${ARG_SOURCES}" "${ARG_MODULES}")
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
-  list(APPEND ARG_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1"
-                      "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+  # The defaults first: a test's own ENV entries override them.
+  list(PREPEND ARG_ENV "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1"
+                       "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
   _ucp_discover(${name})
 endfunction()
 
