@@ -521,6 +521,40 @@ bool ZipReader::CheckCrc(const ZipEntry& entry) const {
   return ScanRecord(*this, entry, nullptr) == entry.crc32;
 }
 
+bool ZipReader::CheckCrc(const ZipEntry& entry,
+                         std::span<const CrcPiece> known) const {
+  if (entry.method != kZipStored || known.empty()) return CheckCrc(entry);
+  std::vector<CrcPiece> pieces(known.begin(), known.end());
+  std::sort(
+      pieces.begin(), pieces.end(), [](const CrcPiece& a, const CrcPiece& b) {
+        return a.offset != b.offset ? a.offset < b.offset : a.size > b.size;
+      });
+  const uint64_t size = entry.uncompressed_size;
+  std::vector<std::byte> buf;
+  uint32_t crc = 0;
+  uint64_t at = 0;
+  auto read_to = [&](uint64_t end) {
+    while (at < end) {
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(end - at, uint64_t{8} << 20));
+      buf.resize(std::max(buf.size(), n));
+      const std::span<std::byte> chunk(buf.data(), n);
+      ReadRange(entry, at, chunk);
+      crc = Crc32(chunk, crc);
+      at += n;
+    }
+  };
+  for (const CrcPiece& p : pieces) {
+    if (p.size == 0 || p.offset < at || !FitsWithin(p.offset, p.size, size))
+      continue;
+    read_to(p.offset);
+    crc = Crc32Combine(crc, p.crc, p.size);
+    at = p.offset + p.size;
+  }
+  read_to(size);
+  return crc == entry.crc32;
+}
+
 ZipReader::RecordDigest ZipReader::Digest(const ZipEntry& entry) const {
   Xxh3Hasher hasher;
   const bool ok = ScanRecord(*this, entry, &hasher) == entry.crc32;

@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -63,6 +64,18 @@ namespace ucp::torchfile {
 uint32_t Crc32(std::span<const std::byte> data, uint32_t crc = 0) noexcept;
 /// CRC-32 of A followed by B, from crc(A), crc(B) and the length of B.
 uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) noexcept;
+
+/// The CRC-32 of bytes [offset, offset + size) of a record's uncompressed
+/// content, computed by whoever read them (see ZipReader::CheckCrc).
+struct CrcPiece {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint32_t crc = 0;
+};
+/// CrcPieces by file path (lexically normal, archive at offset 0) and record
+/// name.
+using RecordCrcs =
+    std::map<std::string, std::map<std::string, std::vector<CrcPiece>>>;
 
 inline constexpr uint16_t kZipStored = 0;
 inline constexpr uint16_t kZipDeflated = 8;
@@ -130,6 +143,11 @@ class ZipReader {
   /// Recomputes the CRC-32 of the uncompressed content and compares it with
   /// the directory's. Throws like ReadRange.
   bool CheckCrc(const ZipEntry& entry) const;
+  /// The same, reading only the bytes `known` does not cover: the CRC-32 of
+  /// each piece (any order; one overlapping an earlier piece, or leaving
+  /// the record, is not used) is combined with those of the bytes between
+  /// them. Deflated entries are read whole. Throws like ReadRange.
+  bool CheckCrc(const ZipEntry& entry, std::span<const CrcPiece> known) const;
 
   /// One pass over the uncompressed content: whether its CRC-32 matches the
   /// directory's, and its XXH3-64 (ucp.manifest.json). Throws like ReadRange.

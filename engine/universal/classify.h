@@ -2,6 +2,7 @@
 // Internal to engine/universal: splitting an atom's fragments into the
 // primaries that cover it once and the replicas to verify.
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -27,8 +28,9 @@ std::vector<Classified> ClassifyAll(const SourcePlan& plan);
 
 /// VerifySource on an already classified plan (`classified` from
 /// ClassifyAll(plan)).
-VerifySummary VerifyClassified(const SourcePlan& plan,
-                               const std::vector<Classified>& classified,
-                               const reshape::ExecutorOptions& options);
+VerifySummary VerifyClassified(
+    const SourcePlan& plan, const std::vector<Classified>& classified,
+    const reshape::ExecutorOptions& options,
+    const std::function<void(const torchfile::RecordCrcs&)>& integrity = {});
 
 }  // namespace ucp::universal::internal

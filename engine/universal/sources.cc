@@ -1,12 +1,22 @@
 #include "engine/universal/sources.h"
 
 #include "engine/core/error.h"
+#include "engine/torchfile/zip.h"
 
 namespace ucp::universal {
 
 std::string TorchStorageSource::Describe() const {
   return StrCat("rank file ", file_->path().string(), " > storage ",
                 storage_->key);
+}
+
+std::optional<std::pair<std::string, std::string>>
+TorchStorageSource::ZipRecord() const {
+  const torchfile::ZipReader* zip = file_->zip();
+  if (zip == nullptr || zip->archive_offset() != 0) return std::nullopt;
+  std::string name = file_->archive_name() + "/data/" + storage_->key;
+  if (zip->Find(name) == nullptr) return std::nullopt;
+  return std::pair(file_->path().lexically_normal().string(), std::move(name));
 }
 
 class StoreSources::DatasetSource : public reshape::ByteSource {

@@ -3,7 +3,9 @@
 // datasets of a universal file.
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/atoms/atom_store.h"
@@ -23,6 +25,9 @@ class TorchStorageSource : public reshape::ByteSource {
     file_->ReadStorage(*storage_, offset, dst);
   }
   std::string Describe() const override;
+  /// The file (lexically normal) and zip record holding the storage, when it
+  /// is a record of a zip archive starting the file; nullopt otherwise.
+  std::optional<std::pair<std::string, std::string>> ZipRecord() const;
 
  private:
   std::shared_ptr<const torchfile::TorchFile> file_;

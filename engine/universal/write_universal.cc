@@ -2,11 +2,16 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
 
 #include "engine/core/error.h"
 #include "engine/core/hash.h"
 #include "engine/core/progress.h"
 #include "engine/universal/classify.h"
+#include "engine/universal/sources.h"
 
 namespace ucp::universal {
 
@@ -145,6 +150,32 @@ void CompareReplicas(const std::vector<Check>& checks,
   }
 }
 
+// A zip record's source that notes the CRC-32 of every range read from it.
+class CrcNotingSource : public reshape::ByteSource {
+ public:
+  CrcNotingSource(const reshape::ByteSource& inner,
+                  std::pair<std::string, std::string> record)
+      : inner_(inner), record_(std::move(record)) {}
+  void Read(uint64_t offset, std::span<std::byte> dst) const override {
+    inner_.Read(offset, dst);
+    const uint32_t crc = torchfile::Crc32(dst);
+    const std::lock_guard<std::mutex> lock(mu_);
+    pieces_.push_back({offset, dst.size(), crc});
+  }
+  std::string Describe() const override { return inner_.Describe(); }
+  void MoveInto(torchfile::RecordCrcs& crcs) {
+    auto& list = crcs[record_.first][record_.second];
+    list.insert(list.end(), pieces_.begin(), pieces_.end());
+    pieces_.clear();
+  }
+
+ private:
+  const reshape::ByteSource& inner_;
+  std::pair<std::string, std::string> record_;
+  mutable std::mutex mu_;
+  mutable std::vector<torchfile::CrcPiece> pieces_;
+};
+
 std::vector<const reshape::ByteSource*> SourceList(const SourcePlan& plan) {
   std::vector<const reshape::ByteSource*> sources;
   for (const auto& s : plan.sources) sources.push_back(s.get());
@@ -159,14 +190,17 @@ uint64_t TotalBytes(const std::vector<reshape::Job>& jobs) {
 
 }  // namespace
 
-VerifySummary VerifySource(const SourcePlan& plan,
-                           const reshape::ExecutorOptions& options) {
-  return internal::VerifyClassified(plan, ClassifyAll(plan), options);
+VerifySummary VerifySource(
+    const SourcePlan& plan, const reshape::ExecutorOptions& options,
+    const std::function<void(const torchfile::RecordCrcs&)>& integrity) {
+  return internal::VerifyClassified(plan, ClassifyAll(plan), options,
+                                    integrity);
 }
 
 VerifySummary internal::VerifyClassified(
     const SourcePlan& plan, const std::vector<Classified>& classified,
-    const reshape::ExecutorOptions& options) {
+    const reshape::ExecutorOptions& options,
+    const std::function<void(const torchfile::RecordCrcs&)>& integrity) {
   VerifySummary s;
   for (const AtomPlan& a : plan.atoms) {
     s.atoms += 1;
@@ -180,8 +214,30 @@ VerifySummary internal::VerifyClassified(
   Progress progress("verify", TotalBytes(jobs));
   reshape::ExecutorOptions opts = options;
   opts.progress = &progress;
-  reshape::Execute(jobs, SourceList(plan), opts);
-  progress.Finish();
+  if (integrity) {
+    // The sources of zip records note the CRC-32 of what they read.
+    std::vector<std::unique_ptr<CrcNotingSource>> noting;
+    std::vector<const reshape::ByteSource*> sources;
+    for (const auto& src : plan.sources) {
+      const auto* storage = dynamic_cast<const TorchStorageSource*>(src.get());
+      auto record = storage != nullptr ? storage->ZipRecord() : std::nullopt;
+      if (record) {
+        noting.push_back(
+            std::make_unique<CrcNotingSource>(*src, std::move(*record)));
+        sources.push_back(noting.back().get());
+      } else {
+        sources.push_back(src.get());
+      }
+    }
+    reshape::Execute(jobs, sources, opts);
+    progress.Finish();
+    torchfile::RecordCrcs crcs;
+    for (auto& n : noting) n->MoveInto(crcs);
+    integrity(crcs);
+  } else {
+    reshape::Execute(jobs, SourceList(plan), opts);
+    progress.Finish();
+  }
   CompareReplicas(checks, jobs);
   s.replicas_verified = static_cast<int64_t>(checks.size());
   return s;

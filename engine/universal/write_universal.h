@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "engine/reshape/executor.h"
+#include "engine/torchfile/zip.h"
 #include "engine/universal/source_plan.h"
 
 namespace ucp::universal {
@@ -29,13 +31,20 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
 /// Checks a source without writing anything: every atom covered exactly by
 /// its fragments and every replica bit-identical to its primary (reads only
 /// the replicated regions). Throws like WriteUniversal.
+///
+/// `integrity` (optional) runs after those regions were read and before the
+/// replicas are compared (damage a record's CRC-32 pins down is reported as
+/// such first), with the CRC-32 of every range read from a torch.save zip
+/// record: a whole-file check need not read them again. What it throws
+/// passes through.
 struct VerifySummary {
   int64_t atoms = 0;
   uint64_t atom_bytes = 0;
   int64_t replicas_verified = 0;
 };
-VerifySummary VerifySource(const SourcePlan& plan,
-                           const reshape::ExecutorOptions& options);
+VerifySummary VerifySource(
+    const SourcePlan& plan, const reshape::ExecutorOptions& options,
+    const std::function<void(const torchfile::RecordCrcs&)>& integrity = {});
 
 /// A ByteSink into one dataset of a store being written.
 class StoreSink : public reshape::ByteSink {

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <optional>
+#include <span>
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
@@ -45,28 +46,52 @@ std::string WholeFileHash(const fs::path& f, Progress& progress) {
   return HashHex(hasher.Digest());
 }
 
-// Reads `f` once: CRC-32 of every zip record (throws on a mismatch) and the
-// hashes the manifest keeps.
-FileDigest Digest(const fs::path& f, Progress& progress) {
+// Reads `f` once: CRC-32 of every zip record (throws on a mismatch) and,
+// with `hashes`, the hashes the manifest keeps. Without them, a file that
+// is not a zip is not read, nor are the record ranges `known` covers.
+FileDigest Digest(const fs::path& f, Progress& progress, bool hashes,
+                  const torchfile::RecordCrcs* known = nullptr) {
   FileDigest d;
   std::error_code ec;
   d.size = fs::file_size(f, ec);
   if (ec) throw IoError("cannot stat ", f.string(), ": ", ec.message());
   if (!IsZip(f)) {
-    d.whole = WholeFileHash(f, progress);
+    if (hashes) {
+      d.whole = WholeFileHash(f, progress);
+    } else {
+      progress.Add(d.size);
+    }
     return d;
   }
   d.zip = true;
   const torchfile::ZipReader zip = torchfile::ZipReader::Open(f);
+  const std::map<std::string, std::vector<torchfile::CrcPiece>>* pieces =
+      nullptr;
+  if (known != nullptr && !hashes) {
+    auto it = known->find(f.lexically_normal().string());
+    if (it != known->end()) pieces = &it->second;
+  }
   for (const torchfile::ZipEntry& e : zip.entries()) {
     try {
-      const torchfile::ZipReader::RecordDigest r = zip.Digest(e);
-      if (!r.crc_ok) {
+      bool crc_ok = false;
+      if (hashes) {
+        const torchfile::ZipReader::RecordDigest r = zip.Digest(e);
+        crc_ok = r.crc_ok;
+        d.records[e.name] = HashHex(r.xxh3);
+      } else {
+        std::span<const torchfile::CrcPiece> read;
+        if (pieces != nullptr) {
+          auto it = pieces->find(e.name);
+          if (it != pieces->end()) read = it->second;
+        }
+        crc_ok = zip.CheckCrc(e, read);
+        d.records.emplace(e.name, std::string());  // counted, not hashed
+      }
+      if (!crc_ok) {
         throw FormatError(
             "CRC-32 mismatch: the record's bytes changed after the file was "
             "written (a damaged copy or disk)");
       }
-      d.records[e.name] = HashHex(r.xxh3);
     } catch (Error& err) {
       err.AddContext("rank file ", f.string(), " > record ", e.name);
       throw;
@@ -178,7 +203,8 @@ std::string IntegrityReport::Summary() const {
 }
 
 IntegrityReport CheckIntegrity(const fs::path& dir,
-                               const std::vector<fs::path>& files) {
+                               const std::vector<fs::path>& files,
+                               const torchfile::RecordCrcs* known) {
   IntegrityReport report;
   std::optional<std::map<std::string, FileDigest>> manifest;
   std::error_code ec;
@@ -194,7 +220,7 @@ IntegrityReport CheckIntegrity(const fs::path& dir,
   }
   Progress progress(manifest ? "crc-32+xxh3" : "crc-32", TotalBytes(files));
   for (const fs::path& f : files) {
-    const FileDigest got = Digest(f, progress);
+    const FileDigest got = Digest(f, progress, manifest.has_value(), known);
     ++report.files;
     if (got.zip) {
       ++report.zips;
@@ -225,7 +251,7 @@ IntegrityReport WriteManifest(const fs::path& dir,
       throw UsageError("rank file ", f.string(), " lies outside ",
                        dir.string());
     }
-    const FileDigest d = Digest(f, progress);
+    const FileDigest d = Digest(f, progress, /*hashes=*/true);
     json::Value v;
     v["size"] = d.size;
     if (d.zip) {

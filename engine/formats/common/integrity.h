@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/torchfile/zip.h"
+
 namespace ucp::formats {
 
 inline constexpr const char* kManifestName = "ucp.manifest.json";
@@ -47,12 +49,16 @@ struct IntegrityReport {
 
 /// Reads each of `files` once and checks it as described above. `dir` is the
 /// checkpoint folder that may hold ucp.manifest.json (the files' paths are
-/// taken relative to it). Progress is reported on stderr.
+/// taken relative to it). Without a manifest, the ranges of records `known`
+/// gives the CRC-32 of (read by universal::VerifySource) are not read again,
+/// and files that are not zip archives are not read at all (they carry no
+/// checksum). Progress is reported on stderr.
 /// Throws FormatError naming the file and record on a CRC or manifest
 /// mismatch, a malformed manifest, or a listed file that is missing; IoError
 /// if a file cannot be read.
 IntegrityReport CheckIntegrity(const std::filesystem::path& dir,
-                               const std::vector<std::filesystem::path>& files);
+                               const std::vector<std::filesystem::path>& files,
+                               const torchfile::RecordCrcs* known = nullptr);
 
 /// Writes `dir/ucp.manifest.json` (atomically) for `files`, all of which lie
 /// under `dir`, after checking their CRC-32s (a manifest of damaged files

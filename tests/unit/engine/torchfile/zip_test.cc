@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -465,6 +466,94 @@ TEST(ZipReaderTest, ReadsWhatPythonZipfileWrites) {
     }
     EXPECT_EQ(reader.Find("no/such/entry"), nullptr);
   }
+}
+
+// Bytes this process has read through read(2) / pread(2) so far.
+uint64_t ReadChars() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+// CheckCrc with the CRC-32s of ranges already read: random pieces (some
+// overlapping, empty or outside the record) give the record's CRC while only
+// the bytes between the usable ones are read; a piece whose CRC is wrong (the
+// reader saw damaged bytes) or damage between the pieces fails the check.
+TEST(ZipReaderProperty, CheckCrcCombinesKnownPiecesAndReadsOnlyTheGaps) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  testutil::TempDir dir;
+  const std::filesystem::path path = dir / "a.pt";
+  const std::string data = RandomBytes(rng, 300000 + rng() % 100000);
+  {
+    const std::vector<ZipRecordSpec> specs = {{"a/data/0", data.size()}};
+    ZipWriter writer(path, specs);
+    writer.Write(0, 0, Bytes(data));
+    writer.Commit();
+  }
+  for (int round = 0; round < 50; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    std::vector<CrcPiece> pieces;
+    const int n = static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i) {
+      CrcPiece p;
+      p.offset = rng() % (data.size() + 100);
+      p.size = rng() % 4 == 0 ? 0 : 1 + rng() % 80000;
+      if (p.offset + p.size <= data.size()) {
+        p.crc = Crc32(Bytes(std::string_view(data).substr(p.offset, p.size)));
+      }
+      pieces.push_back(p);
+    }
+    // What the reader should read: the record minus the pieces it can use
+    // (sorted by offset, longest first; each must start after the last).
+    std::vector<CrcPiece> usable = pieces;
+    std::sort(usable.begin(), usable.end(), [](auto& a, auto& b) {
+      return a.offset != b.offset ? a.offset < b.offset : a.size > b.size;
+    });
+    uint64_t at = 0, skipped = 0;
+    for (const CrcPiece& p : usable) {
+      if (p.size == 0 || p.offset < at || p.offset + p.size > data.size())
+        continue;
+      skipped += p.size;
+      at = p.offset + p.size;
+    }
+    const ZipReader reader = ZipReader::Open(path);
+    const ZipEntry& e = reader.entries()[0];
+    reader.DataOffset(e);  // the local header, read once
+    const uint64_t before = ReadChars();
+    EXPECT_TRUE(reader.CheckCrc(e, pieces));
+    // (reading /proc/self/io itself counts some 100 bytes)
+    EXPECT_NEAR(static_cast<double>(ReadChars() - before),
+                static_cast<double>(data.size() - skipped), 256);
+    // A usable piece with a wrong CRC.
+    for (CrcPiece& p : pieces) {
+      if (p.size == 0 || p.offset + p.size > data.size()) continue;
+      std::vector<CrcPiece> bad = {p};
+      bad[0].crc ^= 1u << (rng() % 32);
+      EXPECT_FALSE(reader.CheckCrc(e, bad));
+      break;
+    }
+  }
+  // Damage between the pieces is read and caught.
+  {
+    const ZipReader reader = ZipReader::Open(path);
+    const uint64_t at = reader.DataOffset(reader.entries()[0]) + 150000;
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(data[150000] ^ 0x10));
+  }
+  const ZipReader reader = ZipReader::Open(path);
+  const std::vector<CrcPiece> around = {
+      {0, 100000, Crc32(Bytes(std::string_view(data).substr(0, 100000)))},
+      {200000, 1000,
+       Crc32(Bytes(std::string_view(data).substr(200000, 1000)))}};
+  EXPECT_FALSE(reader.CheckCrc(reader.entries()[0], around));
+  EXPECT_FALSE(reader.CheckCrc(reader.entries()[0]));
 }
 
 TEST(ZipReaderTest, RejectsNonZipAndSlicesOutsideTheFile) {
