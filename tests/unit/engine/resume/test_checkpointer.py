@@ -179,6 +179,27 @@ def test_fallback_and_errors():
         assert len(err.strip().splitlines()) == 1, err
 
 
+def test_damaged_meta_is_skipped():
+    with tempfile.TemporaryDirectory(prefix="ucp-ckpt-") as t:
+        d = pathlib.Path(t) / "ckpt"
+        launch(1, "--dir", d, "--steps", 4, "--save-every", 2, "--keep", 3)
+        assert steps_in(d) == [2, 4]
+        # A flipped byte inside a record of the newest meta.pt: its CRC-32
+        # fails (checked over the bytes read to parse it).
+        victim = d / "step_000000004" / "meta.pt"
+        with zipfile.ZipFile(victim) as z:
+            info = max(z.infolist(), key=lambda i: i.file_size)
+        data = bytearray(victim.read_bytes())
+        head = info.header_offset
+        start = head + 30 + int.from_bytes(data[head + 26:head + 28], "little") + \
+            int.from_bytes(data[head + 28:head + 30], "little")
+        data[start + info.file_size // 2] ^= 0x20
+        victim.write_bytes(bytes(data))
+        err = launch(1, "--dir", d, "--steps", 5)
+        assert "skipped step_000000004: " in err and "meta.pt" in err, err
+        assert "CRC-32" in err and "resumed from" in err and "step 2," in err, err
+
+
 if __name__ == "__main__":
     only = sys.argv[1:]
     for name, fn in sorted(globals().items()):
