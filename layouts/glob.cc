@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <vector>
 
 #include "engine/core/error.h"
 
@@ -73,28 +74,43 @@ namespace {
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
-// Backtracking matcher for patterns with '#' (one or more decimal digits)
-// as well as '*'. Patterns hold a handful of wildcards, names are short.
+// Matcher for patterns with '#' (one or more decimal digits) as well as
+// '*': dynamic programming over (pattern position, name position), from the
+// ends, one row of the name at a time. O(|pattern| |name|) time (a run of
+// '*' counts once), O(|name|) memory: no backtracking (found by fuzzing:
+// "*#*...*" patterns took exponential time).
 bool WildMatch(std::string_view pattern, std::string_view name) {
-  if (pattern.empty()) return name.empty();
-  const char c = pattern[0];
-  if (c == '*') {
-    for (size_t k = 0; k <= name.size(); ++k)
-      if (WildMatch(pattern.substr(1), name.substr(k))) return true;
-    return false;
+  const size_t n = name.size();
+  // next[j]: pattern[i + 1 ..] matches name[j ..]; cur[j]: pattern[i ..].
+  std::vector<char> next(n + 1, 0), cur(n + 1, 0);
+  next[n] = 1;
+  for (size_t i = pattern.size(); i-- > 0;) {
+    const char c = pattern[i];
+    if (c == '*') {
+      if (i + 1 < pattern.size() && pattern[i + 1] == '*') continue;
+      cur[n] = next[n];
+      for (size_t j = n; j-- > 0;) cur[j] = next[j] || cur[j + 1];
+    } else if (c == '#') {  // one digit, then the end or more digits
+      cur[n] = 0;
+      for (size_t j = n; j-- > 0;)
+        cur[j] = IsDigit(name[j]) && (next[j + 1] || cur[j + 1]);
+    } else {
+      cur[n] = 0;
+      for (size_t j = n; j-- > 0;) cur[j] = name[j] == c && next[j + 1];
+    }
+    std::swap(cur, next);
   }
-  if (c == '#') {
-    for (size_t k = 0; k < name.size() && IsDigit(name[k]); ++k)
-      if (WildMatch(pattern.substr(1), name.substr(k + 1))) return true;
-    return false;
-  }
-  return !name.empty() && name[0] == c &&
-         WildMatch(pattern.substr(1), name.substr(1));
+  return next[0] != 0;
 }
 
 }  // namespace
 
 bool StarMatch(std::string_view pattern, std::string_view name) {
+  // Every character but '*' takes at least one of the name's.
+  const size_t stars =
+      static_cast<size_t>(std::count(pattern.begin(), pattern.end(), '*'));
+  const size_t needed = pattern.size() - stars;
+  if (needed > name.size()) return false;
   if (pattern.find('#') != std::string_view::npos)
     return WildMatch(pattern, name);
   // Greedy matching with one backtrack point (the last '*'): linear-ish and
