@@ -421,18 +421,17 @@ struct Meta {
 Meta ReadMeta(const fs::path& dir, const Layout& layout) {
   const fs::path path = dir / "meta.pt";
   const std::string bytes = ReadSmallFile(path, size_t{1} << 30);
-  // The CRC-32s over the bytes just read (the file is read once).
+  // The records' CRC-32s over the bytes just read (the file is read once).
   const torchfile::ZipReader zip = torchfile::ZipReader::Open(path);
   for (const auto& e : zip.entries()) {
     const uint64_t at = zip.DataOffset(e);
-    const bool ok =
-        e.method == torchfile::kZipStored && at <= bytes.size() &&
-                e.uncompressed_size <= bytes.size() - at
-            ? torchfile::Crc32(std::as_bytes(std::span<const char>(
-                  bytes.data() + at,
-                  static_cast<size_t>(e.uncompressed_size)))) == e.crc32
-            : zip.CheckCrc(e);
-    if (!ok) {
+    std::vector<torchfile::CrcPiece> read;
+    if (at <= bytes.size() && e.compressed_size <= bytes.size() - at) {
+      read.push_back({0, e.compressed_size,
+                      torchfile::Crc32(std::as_bytes(std::span<const char>(
+                          bytes.data() + at, e.compressed_size)))});
+    }
+    if (!zip.CheckCrc(e, read)) {
       throw FormatError(path.string(), " > record ", e.name,
                         ": CRC-32 mismatch (damaged after it was written)");
     }

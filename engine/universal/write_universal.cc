@@ -214,29 +214,24 @@ VerifySummary internal::VerifyClassified(
   Progress progress("verify", TotalBytes(jobs));
   reshape::ExecutorOptions opts = options;
   opts.progress = &progress;
+  // With `integrity`, the sources of zip records note the CRC-32 of what
+  // they read.
+  std::vector<const reshape::ByteSource*> sources = SourceList(plan);
+  std::vector<std::unique_ptr<CrcNotingSource>> noting;
+  for (const reshape::ByteSource*& src : sources) {
+    const auto* storage = dynamic_cast<const TorchStorageSource*>(src);
+    auto record = integrity && storage ? storage->ZipRecord() : std::nullopt;
+    if (!record) continue;
+    noting.push_back(
+        std::make_unique<CrcNotingSource>(*src, *std::move(record)));
+    src = noting.back().get();
+  }
+  reshape::Execute(jobs, sources, opts);
+  progress.Finish();
   if (integrity) {
-    // The sources of zip records note the CRC-32 of what they read.
-    std::vector<std::unique_ptr<CrcNotingSource>> noting;
-    std::vector<const reshape::ByteSource*> sources;
-    for (const auto& src : plan.sources) {
-      const auto* storage = dynamic_cast<const TorchStorageSource*>(src.get());
-      auto record = storage != nullptr ? storage->ZipRecord() : std::nullopt;
-      if (record) {
-        noting.push_back(
-            std::make_unique<CrcNotingSource>(*src, std::move(*record)));
-        sources.push_back(noting.back().get());
-      } else {
-        sources.push_back(src.get());
-      }
-    }
-    reshape::Execute(jobs, sources, opts);
-    progress.Finish();
     torchfile::RecordCrcs crcs;
     for (auto& n : noting) n->MoveInto(crcs);
     integrity(crcs);
-  } else {
-    reshape::Execute(jobs, SourceList(plan), opts);
-    progress.Finish();
   }
   CompareReplicas(checks, jobs);
   s.replicas_verified = static_cast<int64_t>(checks.size());
