@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,10 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 
@@ -381,7 +384,9 @@ class Scanner {
 // it found back through a pipe; a child killed by HDF5 becomes a FormatError
 // instead of taking ucp down. The parent only initialises the library.
 // Cost: a few milliseconds per Open (more in a process with a large resident
-// set, whose page tables fork copies).
+// set, whose page tables fork copies). With UCP_H5_SCAN_REUSE=N one child
+// serves up to N files (fuzzing: a fresh child for each input costs more
+// than the scan).
 
 struct ScanResult {
   RootInfo root;
@@ -543,13 +548,43 @@ ScanResult Decode(Decoder& d) {
 // Error classes a child reports (its first byte after the tag).
 enum class ErrorClass : uint64_t { kFormat, kIo, kInternal, kOutOfMemory };
 
-void WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the parent reports the short message
-    data.remove_prefix(static_cast<size_t>(n));
+// Frames on the socket between parent and child: an 8-byte length, then
+// that many bytes. Both return false if the other side is gone (no SIGPIPE:
+// MSG_NOSIGNAL).
+bool SendFrame(int fd, std::string_view payload) {
+  const uint64_t n = payload.size();
+  std::string frame(reinterpret_cast<const char*>(&n), 8);
+  frame.append(payload);
+  std::string_view rest = frame;
+  while (!rest.empty()) {
+    const ssize_t k = ::send(fd, rest.data(), rest.size(), MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    rest.remove_prefix(static_cast<size_t>(k));
   }
+  return true;
+}
+
+bool ReadExactly(int fd, char* out, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::read(fd, out, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    out += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// Frames are at most this long (a reply of 1 GiB of metadata is not ours).
+constexpr uint64_t kMaxFrame = uint64_t{1} << 30;
+
+bool ReceiveFrame(int fd, std::string& payload) {
+  uint64_t n = 0;
+  if (!ReadExactly(fd, reinterpret_cast<char*>(&n), 8) || n > kMaxFrame)
+    return false;
+  payload.resize(n);
+  return ReadExactly(fd, payload.data(), n);
 }
 
 // CPU time the metadata scan may take: corrupt metadata can send HDF5 into
@@ -572,65 +607,85 @@ CpuLimit ScanCpuLimit() {
   return limit;
 }
 
+// How many scans one child serves before it exits: 1 (a fresh child for
+// each file) unless UCP_H5_SCAN_REUSE says more. Reuse is for fuzzing, where
+// forking costs most of an input's time; a file HDF5 crashes on still ends
+// its child, and the next scan starts a new one.
+int ScanReuse() {
+  if (const char* v = std::getenv("UCP_H5_SCAN_REUSE"); v && *v) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && n >= 1 && n <= 1000000000)
+      return static_cast<int>(n);
+  }
+  return 1;
+}
+
 // Set by sanitizer runtimes (tests, fuzzing builds); absent otherwise.
 extern "C" void __sanitizer_set_death_callback(void (*callback)())
     __attribute__((weak));
 
-// Runs `scan` in a child process and returns its result, rethrowing the
-// ucp::Error it threw. Throws FormatError if the child dies (HDF5 crashed on
-// the file) or runs out of its CPU time (ScanCpuLimit: HDF5 looping on
-// the file), IoError if no child can be started.
-ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
-  const CpuLimit cpu_limit = ScanCpuLimit();
-  // Initialised here, the library is inherited ready to use instead of
-  // being set up again by every child (most of the cost of the fork).
-  h5::Check(H5open(), "initialise the HDF5 library");
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    throw IoError("cannot create a pipe: ", std::strerror(errno));
+using ScanFn = ScanResult (*)(const std::filesystem::path& path,
+                              uint64_t file_size);
+
+// Runs the child's side: prepares the process once, then scans what each
+// request names until the parent closes the socket or `reuse` scans are
+// done. Never returns.
+[[noreturn]] void ServeScans(int fd, ScanFn scan, const CpuLimit& cpu_limit,
+                             int reuse) {
+  // Only the socket stays open: a child living across many scans must not
+  // keep the parent's files, pipes or locks open behind its back.
+  if (fd != 3) {
+    ::dup2(fd, 3);
+    fd = 3;
   }
-  std::fflush(nullptr);  // nothing buffered is written twice
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    throw IoError("cannot start a process to read HDF5 metadata: ",
-                  std::strerror(err));
-  }
-  if (pid == 0) {  // the child: scan, send, _exit (no atexit, no destructors)
-    ::close(fds[0]);
+  ::close_range(4, ~0U, 0);
+  // A crash in HDF5 ends the child by its signal (the parent reports it):
+  // no core file, and no inherited crash handler (a sanitizer's, a
+  // fuzzer's) that would report it as the parent's own.
+  const struct rlimit no_core = {0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL, SIGPROF, SIGXCPU})
+    std::signal(sig, SIG_DFL);
+  // Under a sanitizer, HDF5's stray copies are caught before they fault
+  // and the child exits with an error status; a death callback inherited
+  // from a fuzzer would save the input as its own crash.
+  if (__sanitizer_set_death_callback != nullptr)
+    __sanitizer_set_death_callback(nullptr);
+  // What a crashing HDF5 or allocator prints is not ours to show: the
+  // parent reports the failure in one line.
+  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0)
+    ::dup2(null, STDERR_FILENO);
+  // HDF5 keeps freed blocks of up to 16 MiB per kind for the next file
+  // (64 KiB by default): the metadata cache of each open file is larger
+  // than that, and allocating it afresh cost a fifth of a scan.
+  H5set_free_list_limits(64 << 20, 16 << 20, 64 << 20, 16 << 20, 64 << 20,
+                         16 << 20);
+  const auto usec = static_cast<long long>(cpu_limit.seconds * 1e6);
+  std::string request;
+  for (int served = 0; served < reuse && ReceiveFrame(fd, request); ++served) {
     // SIGPROF (default action: end the process) after the limit of CPU
-    // time, to the millisecond; RLIMIT_CPU (whole seconds: SIGXCPU, then
-    // SIGKILL) in case the timer's signal is blocked.
-    std::signal(SIGPROF, SIG_DFL);
-    const auto usec = static_cast<long long>(cpu_limit.seconds * 1e6);
+    // time of this scan, to the millisecond; RLIMIT_CPU (whole seconds:
+    // SIGXCPU) in case the timer's signal is blocked.
+    struct rusage used = {};
+    ::getrusage(RUSAGE_SELF, &used);
+    const auto cpu_seconds =
+        static_cast<rlim_t>(used.ru_utime.tv_sec + used.ru_stime.tv_sec + 2 +
+                            static_cast<long long>(cpu_limit.seconds));
+    struct rlimit cpu = {};
+    ::getrlimit(RLIMIT_CPU, &cpu);
+    cpu.rlim_cur = std::min(cpu_seconds, cpu.rlim_max);
+    ::setrlimit(RLIMIT_CPU, &cpu);
     struct itimerval timer = {};
     timer.it_value.tv_sec = static_cast<time_t>(usec / 1000000);
     timer.it_value.tv_usec = static_cast<suseconds_t>(usec % 1000000);
     ::setitimer(ITIMER_PROF, &timer, nullptr);
-    const auto cpu_seconds = static_cast<rlim_t>(cpu_limit.seconds) + 1;
-    const struct rlimit cpu = {cpu_seconds, cpu_seconds + 1};
-    ::setrlimit(RLIMIT_CPU, &cpu);
-    // A crash in HDF5 ends the child by its signal (the parent reports it):
-    // no core file, and no inherited crash handler (a sanitizer's, a
-    // fuzzer's) that would report it as the parent's own.
-    const struct rlimit no_core = {0, 0};
-    ::setrlimit(RLIMIT_CORE, &no_core);
-    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL})
-      std::signal(sig, SIG_DFL);
-    // Under a sanitizer, HDF5's stray copies are caught before they fault
-    // and the child exits with an error status; a death callback inherited
-    // from a fuzzer would save the input as its own crash.
-    if (__sanitizer_set_death_callback != nullptr)
-      __sanitizer_set_death_callback(nullptr);
-    // What a crashing HDF5 or allocator prints is not ours to show: the
-    // parent reports the failure in one line.
-    if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0)
-      ::dup2(null, STDERR_FILENO);
     Encoder e;
     try {
-      ScanResult r = scan();
+      Decoder d(request);
+      const std::filesystem::path path = d.Str();
+      const uint64_t file_size = d.U64();
+      ScanResult r = scan(path, file_size);
       e.U64(0);
       Encode(r, e);
     } catch (const std::exception& ex) {
@@ -645,55 +700,146 @@ ScanResult ScanInChild(const std::function<ScanResult()>& scan) {
       e.U64(static_cast<uint64_t>(cls));
       e.Str(ex.what());
     }
-    WriteAll(fds[1], e.out());
-    ::_exit(0);
+    const struct itimerval off = {};
+    ::setitimer(ITIMER_PROF, &off, nullptr);
+    if (!SendFrame(fd, e.out())) break;
   }
-  ::close(fds[1]);
-  std::string data;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    data.append(buf, static_cast<size_t>(n));
+  ::_exit(0);  // no atexit handlers, no destructors of the parent's objects
+}
+
+// A child process that reads HDF5 metadata for this one (see above). It is
+// forked on the first scan and serves up to ScanReuse() scans; one killed by
+// HDF5, or past its CPU limit, is reaped and the next scan forks another.
+// Not thread-safe (one scan at a time).
+class ScanChild {
+ public:
+  ScanChild(ScanFn scan, int reuse)
+      : scan_(scan), reuse_(reuse), cpu_limit_(ScanCpuLimit()) {}
+  ~ScanChild() { Stop(); }
+  ScanChild(const ScanChild&) = delete;
+  ScanChild& operator=(const ScanChild&) = delete;
+
+  // Returns what the child found in the file, rethrowing the ucp::Error it
+  // threw. Throws FormatError if the child dies (HDF5 crashed on the file)
+  // or runs out of its CPU time (HDF5 looping on the file), IoError if no
+  // child can be started.
+  ScanResult Scan(const std::filesystem::path& path, uint64_t file_size) {
+    Encoder request;
+    request.Str(path.native());
+    request.U64(file_size);
+    if (fd_ < 0 || !SendFrame(fd_, request.out())) {
+      Stop();  // a child that went away between scans
+      Start();
+      if (!SendFrame(fd_, request.out())) {
+        Stop();
+        throw IoError("cannot send a request to the HDF5 metadata reader");
+      }
+    }
+    std::string reply;
+    if (!ReceiveFrame(fd_, reply)) {
+      const int status = Stop();
+      ThrowDeath(status);
+    }
+    if (++served_ == reuse_) Stop();
+    return DecodeReply(reply);
   }
-  ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+
+ private:
+  void Start() {
+    // Initialised here, the library is inherited ready to use instead of
+    // being set up again by every child (most of the cost of the fork).
+    h5::Check(H5open(), "initialise the HDF5 library");
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      throw IoError("cannot create a socket pair: ", std::strerror(errno));
+    }
+    std::fflush(nullptr);  // nothing buffered is written twice
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int err = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw IoError("cannot start a process to read HDF5 metadata: ",
+                    std::strerror(err));
+    }
+    if (pid == 0) {
+      ::close(fds[0]);
+      ServeScans(fds[1], scan_, cpu_limit_, reuse_);
+    }
+    ::close(fds[1]);
+    pid_ = pid;
+    fd_ = fds[0];
+    served_ = 0;
   }
-  if (WIFSIGNALED(status) &&
-      (WTERMSIG(status) == SIGPROF || WTERMSIG(status) == SIGXCPU ||
-       WTERMSIG(status) == SIGKILL)) {
-    throw FormatError("reading the HDF5 metadata took more than ",
-                      cpu_limit.text,
-                      " s of CPU (HDF5 looping on corrupt metadata?); the "
-                      "file is corrupt");
+
+  // Closes the socket (a live child then exits) and reaps the child;
+  // returns its wait status (0 if there was none).
+  int Stop() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    int status = 0;
+    if (pid_ > 0) {
+      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    pid_ = -1;
+    return status;
   }
-  if (WIFSIGNALED(status)) {
-    throw FormatError("HDF5 crashed reading the metadata (signal ",
-                      WTERMSIG(status), ": ", strsignal(WTERMSIG(status)),
-                      "); the file is corrupt");
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+
+  [[noreturn]] void ThrowDeath(int status) const {
+    if (WIFSIGNALED(status) &&
+        (WTERMSIG(status) == SIGPROF || WTERMSIG(status) == SIGXCPU ||
+         WTERMSIG(status) == SIGKILL)) {
+      throw FormatError("reading the HDF5 metadata took more than ",
+                        cpu_limit_.text,
+                        " s of CPU (HDF5 looping on corrupt metadata?); the "
+                        "file is corrupt");
+    }
+    if (WIFSIGNALED(status)) {
+      throw FormatError("HDF5 crashed reading the metadata (signal ",
+                        WTERMSIG(status), ": ", strsignal(WTERMSIG(status)),
+                        "); the file is corrupt");
+    }
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : status;
     throw FormatError("HDF5 failed reading the metadata (exit status ", code,
                       "); the file is corrupt");
   }
-  Decoder d(data);
-  if (d.U64() == 0) return Decode(d);
-  const auto cls = d.Small<ErrorClass>(4);
-  const std::string message = d.Str();
-  switch (cls) {
-    case ErrorClass::kFormat:
-      throw FormatError(message);
-    case ErrorClass::kIo:
-      throw IoError(message);
-    case ErrorClass::kOutOfMemory:
-      throw std::bad_alloc();
-    case ErrorClass::kInternal:
-      break;
+
+  static ScanResult DecodeReply(const std::string& reply) {
+    Decoder d(reply);
+    if (d.U64() == 0) return Decode(d);
+    const auto cls = d.Small<ErrorClass>(4);
+    const std::string message = d.Str();
+    switch (cls) {
+      case ErrorClass::kFormat:
+        throw FormatError(message);
+      case ErrorClass::kIo:
+        throw IoError(message);
+      case ErrorClass::kOutOfMemory:
+        throw std::bad_alloc();
+      case ErrorClass::kInternal:
+        break;
+    }
+    throw InternalError(message);
   }
-  throw InternalError(message);
+
+  ScanFn scan_;
+  int reuse_;
+  CpuLimit cpu_limit_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int served_ = 0;
+};
+
+// Scans `path` in a child process (see ScanChild::Scan for what it throws).
+ScanResult ScanInChild(ScanFn scan, const std::filesystem::path& path,
+                       uint64_t file_size) {
+  const int reuse = ScanReuse();
+  if (reuse == 1) return ScanChild(scan, 1).Scan(path, file_size);
+  static std::mutex mu;
+  static ScanChild shared(scan, reuse);
+  const std::lock_guard<std::mutex> lock(mu);
+  return shared.Scan(path, file_size);
 }
 
 }  // namespace
@@ -777,7 +923,7 @@ AtomStoreReader AtomStoreReader::Open(const std::filesystem::path& path) {
     impl->file = File::OpenRead(path);
     impl->file_size = impl->file.Size();
     const uint64_t size = impl->file_size;
-    ScanResult r = ScanInChild([&] { return Impl::Scan(path, size); });
+    ScanResult r = ScanInChild(&Impl::Scan, path, size);
     impl->root = std::move(r.root);
     impl->params = std::move(r.params);
     impl->datasets = std::move(r.datasets);
