@@ -654,8 +654,10 @@ using ScanFn = ScanResult (*)(const std::filesystem::path& path,
     __sanitizer_set_death_callback(nullptr);
   // What a crashing HDF5 or allocator prints is not ours to show: the
   // parent reports the failure in one line.
-  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0)
+  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) {
     ::dup2(null, STDERR_FILENO);
+    ::close(null);
+  }
   // HDF5 keeps freed blocks of up to 16 MiB per kind for the next file
   // (64 KiB by default): the metadata cache of each open file is larger
   // than that, and allocating it afresh cost a fifth of a scan.
@@ -710,7 +712,8 @@ using ScanFn = ScanResult (*)(const std::filesystem::path& path,
 // A child process that reads HDF5 metadata for this one (see above). It is
 // forked on the first scan and serves up to ScanReuse() scans; one killed by
 // HDF5, or past its CPU limit, is reaped and the next scan forks another.
-// Not thread-safe (one scan at a time).
+// The CPU limit is read from the environment when the object is made. Not
+// thread-safe (one scan at a time).
 class ScanChild {
  public:
   ScanChild(ScanFn scan, int reuse)
@@ -801,6 +804,11 @@ class ScanChild {
                         "); the file is corrupt");
     }
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : status;
+    if (code == 0) {  // it ended well but its answer did not arrive whole
+      throw FormatError("the HDF5 metadata is over ", kMaxFrame >> 30,
+                        " GiB or its reading stopped short; the file is "
+                        "corrupt");
+    }
     throw FormatError("HDF5 failed reading the metadata (exit status ", code,
                       "); the file is corrupt");
   }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -112,11 +113,19 @@ TEST(AtomsMalformedTest,
   EXPECT_EQ(AtomStoreReader::Open(good).params().size(), 1u);
   const std::vector<std::string> first = Children();
   ASSERT_EQ(first.size(), 1u) << "the child lives on after its scan";
-  // The child was forked while the pipe was open: only the socket stays.
+  // The child was forked while the pipe was open: only the socket stays,
+  // beside stdin, stdout and stderr (/dev/null).
   ::close(fds[1]);
   char c;
   EXPECT_EQ(::read(fds[0], &c, 1), 0) << "the child holds the pipe open";
   ::close(fds[0]);
+  std::vector<std::string> open_fds;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + first[0] + "/fd")) {
+    open_fds.push_back(e.path().filename().string());
+  }
+  std::sort(open_fds.begin(), open_fds.end());
+  EXPECT_EQ(open_fds, (std::vector<std::string>{"0", "1", "2", "3"}));
 
   EXPECT_THAT([&] { AtomStoreReader::Open(not_hdf5); },
               ThrowsMessage<FormatError>(HasSubstr("not a readable HDF5")));
