@@ -162,12 +162,10 @@ Chosen Check(Candidate& c, const fs::path& save,
   out.source = c.driver->Open(save, so);
   out.plan = out.source->Plan();
   // One read of every byte: the CRC-32 pass skips what the replica check
-  // read.
-  universal::VerifySource(
-      *out.plan, executor, [&](const torchfile::RecordCrcs& crcs) {
-        formats::CheckIntegrity(out.source->info().path,
-                                out.source->info().files, &crcs);
-      });
+  // read, or, with a manifest, hashes the replicas as it reads every record.
+  universal::VerifySource(*out.plan, executor,
+                          formats::IntegrityPassFor(out.source->info().path,
+                                                    out.source->info().files));
   out.info = out.source->info();
   out.iteration = out.info.iteration;
   out.consumed_samples = out.plan->root.consumed_samples;

@@ -37,8 +37,9 @@ constexpr const char* kHelp =
     "  torch.save record (a byte flipped inside a tensor is caught), and,\n"
     "  when the checkpoint folder holds ucp.manifest.json (ucp manifest),\n"
     "  each file's size and each record's xxh3 against it. Each byte is\n"
-    "  read once (with a manifest, replicated regions twice: xxh3 of whole\n"
-    "  records cannot be pieced together like CRC-32s).\n"
+    "  read once: without a manifest the CRC-32 pass skips the replicated\n"
+    "  regions the replica check read; with one, the replicas are hashed as\n"
+    "  the records are read whole for their xxh3.\n"
     "Exit code 0 if everything holds, 3 (format), 4 (layout) or 5 (i/o)\n"
     "otherwise, with the first problem on stderr.\n"
     "\n"
@@ -130,12 +131,11 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params planned"));
   // One read of every byte: the CRC-32 pass skips what the replica check
-  // read (and runs before the replicas are compared).
+  // read, or, with a manifest, hashes the replicas as it reads each record
+  // whole (and runs before the replicas are compared).
   formats::IntegrityReport integrity;
   universal::VerifySummary v = universal::VerifySource(
-      plan, executor, [&](const torchfile::RecordCrcs& crcs) {
-        integrity = formats::CheckIntegrity(c.path, c.files, &crcs);
-      });
+      plan, executor, formats::IntegrityPassFor(c.path, c.files, &integrity));
   report.Add("integrity", integrity.Summary());
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));

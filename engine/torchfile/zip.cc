@@ -491,10 +491,11 @@ void ZipReader::ReadRange(const ZipEntry& entry, uint64_t offset,
 
 namespace {
 
-// One pass over the uncompressed content of `entry`: its CRC-32, and its
-// XXH3-64 into `hasher` when given.
+// One pass over the uncompressed content of `entry`: its CRC-32, its
+// XXH3-64 into `hasher` and every chunk to `observe` when given.
 uint32_t ScanRecord(const ZipReader& zip, const ZipEntry& entry,
-                    Xxh3Hasher* hasher) {
+                    Xxh3Hasher* hasher,
+                    const RecordChunkObserver& observe = {}) {
   uint32_t crc = 0;
   if (entry.method == kZipStored) {
     std::vector<std::byte> buf(
@@ -502,15 +503,20 @@ uint32_t ScanRecord(const ZipReader& zip, const ZipEntry& entry,
     for (uint64_t done = 0; done < entry.uncompressed_size;) {
       const size_t n = static_cast<size_t>(
           std::min<uint64_t>(buf.size(), entry.uncompressed_size - done));
-      zip.ReadRange(entry, done, std::span<std::byte>(buf.data(), n));
-      crc = Crc32(std::span<const std::byte>(buf.data(), n), crc);
+      const std::span<std::byte> chunk(buf.data(), n);
+      zip.ReadRange(entry, done, chunk);
+      crc = Crc32(chunk, crc);
       if (hasher != nullptr) hasher->Update(buf.data(), n);
+      if (observe) observe(done, chunk);
       done += n;
     }
   } else {
     std::string all = zip.ReadRecord(entry, entry.uncompressed_size);
-    crc = Crc32(std::as_bytes(std::span<const char>(all.data(), all.size())));
+    const auto bytes =
+        std::as_bytes(std::span<const char>(all.data(), all.size()));
+    crc = Crc32(bytes);
     if (hasher != nullptr) hasher->Update(all.data(), all.size());
+    if (observe) observe(0, bytes);
   }
   return crc;
 }
@@ -555,10 +561,13 @@ bool ZipReader::CheckCrc(const ZipEntry& entry,
   return crc == entry.crc32;
 }
 
-ZipReader::RecordDigest ZipReader::Digest(const ZipEntry& entry) const {
+ZipReader::RecordDigest ZipReader::Digest(
+    const ZipEntry& entry, bool xxh3,
+    const RecordChunkObserver& observe) const {
   Xxh3Hasher hasher;
-  const bool ok = ScanRecord(*this, entry, &hasher) == entry.crc32;
-  return {ok, hasher.Digest()};
+  const bool ok = ScanRecord(*this, entry, xxh3 ? &hasher : nullptr, observe) ==
+                  entry.crc32;
+  return {ok, xxh3 ? hasher.Digest() : 0};
 }
 
 // --- Layout ------------------------------------------------------------------

@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +77,16 @@ struct CrcPiece {
 /// name.
 using RecordCrcs =
     std::map<std::string, std::map<std::string, std::vector<CrcPiece>>>;
+
+/// Sees a record's uncompressed bytes as a pass over it reads them: `bytes`
+/// start at byte `offset` of the record; the chunks of one record arrive in
+/// increasing order, cover it whole, and are only valid during the call.
+using RecordChunkObserver =
+    std::function<void(uint64_t offset, std::span<const std::byte> bytes)>;
+/// The observer of record `record` of file `file` (lexically normal, as in
+/// RecordCrcs), or an empty one for a record nobody watches.
+using RecordObservers = std::function<RecordChunkObserver(
+    const std::string& file, const std::string& record)>;
 
 inline constexpr uint16_t kZipStored = 0;
 inline constexpr uint16_t kZipDeflated = 8;
@@ -150,12 +161,15 @@ class ZipReader {
   bool CheckCrc(const ZipEntry& entry, std::span<const CrcPiece> known) const;
 
   /// One pass over the uncompressed content: whether its CRC-32 matches the
-  /// directory's, and its XXH3-64 (ucp.manifest.json). Throws like ReadRange.
+  /// directory's, and (with `xxh3`) its XXH3-64 (ucp.manifest.json); every
+  /// chunk read is shown to `observe` when given. Throws like ReadRange, and
+  /// what `observe` throws.
   struct RecordDigest {
     bool crc_ok = false;
     uint64_t xxh3 = 0;
   };
-  RecordDigest Digest(const ZipEntry& entry) const;
+  RecordDigest Digest(const ZipEntry& entry, bool xxh3 = true,
+                      const RecordChunkObserver& observe = {}) const;
 
  private:
   struct Impl;

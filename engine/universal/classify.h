@@ -28,9 +28,9 @@ std::vector<Classified> ClassifyAll(const SourcePlan& plan);
 
 /// VerifySource on an already classified plan (`classified` from
 /// ClassifyAll(plan)).
-VerifySummary VerifyClassified(
-    const SourcePlan& plan, const std::vector<Classified>& classified,
-    const reshape::ExecutorOptions& options,
-    const std::function<void(const torchfile::RecordCrcs&)>& integrity = {});
+VerifySummary VerifyClassified(const SourcePlan& plan,
+                               const std::vector<Classified>& classified,
+                               const reshape::ExecutorOptions& options,
+                               const IntegrityPass& integrity = {});
 
 }  // namespace ucp::universal::internal

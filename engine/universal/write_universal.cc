@@ -1,10 +1,12 @@
 #include "engine/universal/write_universal.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "engine/core/error.h"
@@ -103,11 +105,13 @@ struct Check {
 };
 
 // Appends jobs hashing each replica's region and its primary's (once per
-// primary); returns the pairs to compare once the jobs ran.
-std::vector<Check> AddReplicaChecks(const SourcePlan& plan,
-                                    const std::vector<Classified>& classified,
-                                    reshape::ByteSink* null_sink,
-                                    std::vector<reshape::Job>& jobs) {
+// primary), for the pairs `which` takes (all without it); returns the pairs
+// to compare once the jobs ran.
+using Replica = std::pair<const Fragment*, const Fragment*>;  // copy, primary
+std::vector<Check> AddReplicaChecks(
+    const SourcePlan& plan, const std::vector<Classified>& classified,
+    reshape::ByteSink* null_sink, std::vector<reshape::Job>& jobs,
+    const std::function<bool(const Replica&)>& which = {}) {
   std::vector<Check> checks;
   std::map<const Fragment*, size_t> primary_job;
   auto region_job = [&](const Fragment* f, const AtomPlan& a) {
@@ -126,6 +130,7 @@ std::vector<Check> AddReplicaChecks(const SourcePlan& plan,
   };
   for (size_t i = 0; i < plan.atoms.size(); ++i) {
     for (const auto& [copy, primary] : classified[i].replicas) {
+      if (which && !which({copy, primary})) continue;
       auto it = primary_job.find(primary);
       const size_t pj =
           it != primary_job.end()
@@ -138,14 +143,18 @@ std::vector<Check> AddReplicaChecks(const SourcePlan& plan,
   return checks;
 }
 
+void ThrowReplicasDiffer(const AtomPlan& atom, const Fragment& copy,
+                         const Fragment& primary) {
+  throw FormatError(AtomName(atom), ": replicas differ: ", primary.where,
+                    " and ", copy.where, " hold different values for ",
+                    primary.atom_box.ToString());
+}
+
 void CompareReplicas(const std::vector<Check>& checks,
                      const std::vector<reshape::Job>& jobs) {
   for (const Check& c : checks) {
     if (jobs[c.copy_job].xxh3 != jobs[c.primary_job].xxh3) {
-      throw FormatError(AtomName(*c.atom),
-                        ": replicas differ: ", c.primary->where, " and ",
-                        c.copy->where, " hold different values for ",
-                        c.primary->atom_box.ToString());
+      ThrowReplicasDiffer(*c.atom, *c.copy, *c.primary);
     }
   }
 }
@@ -176,6 +185,146 @@ class CrcNotingSource : public reshape::ByteSource {
   mutable std::vector<torchfile::CrcPiece> pieces_;
 };
 
+// The XXH3-64 of a fragment's raw source bytes, fed by a pass that reads its
+// zip record whole in increasing order (the region's bytes, in row-major
+// order of its box, lie at increasing offsets of the record).
+class RegionStream {
+ public:
+  // Nothing when the fragment does not lie in a zip record.
+  static std::optional<RegionStream> Of(const SourcePlan& plan,
+                                        const AtomPlan& atom,
+                                        const Fragment& f) {
+    const auto* storage = dynamic_cast<const TorchStorageSource*>(
+        plan.sources[f.src.source].get());
+    std::optional<std::pair<std::string, std::string>> record =
+        storage != nullptr ? storage->ZipRecord() : std::nullopt;
+    if (!record) return std::nullopt;
+    RegionStream r;
+    r.record_ = *std::move(record);
+    reshape::TargetTensor t{"", atom.dtype, f.atom_box.size, {}};
+    t.ops.push_back(
+        reshape::CopyOp{f.src, f.src_box, Box::Whole(f.atom_box.size), 0, {}});
+    const uint64_t size = ElementSize(f.src.dtype);
+    for (const reshape::Run& run : reshape::OpRuns(t, t.ops[0])) {
+      const uint64_t begin =
+          f.src.byte_offset + static_cast<uint64_t>(run.src) * size;
+      const uint64_t end = begin + static_cast<uint64_t>(run.n) * size;
+      if (!r.runs_.empty() && begin < r.runs_.back().second) {
+        return std::nullopt;  // not in increasing order: read it instead
+      }
+      if (!r.runs_.empty() && begin == r.runs_.back().second) {
+        r.runs_.back().second = end;
+      } else {
+        r.runs_.emplace_back(begin, end);
+      }
+      r.total_ += end - begin;
+    }
+    return r;
+  }
+
+  const std::pair<std::string, std::string>& record() const { return record_; }
+
+  // Takes the part of the region in `bytes` (at `offset` of the record); a
+  // chunk that skips bytes of the region leaves it incomplete.
+  void Feed(uint64_t offset, std::span<const std::byte> bytes) {
+    const uint64_t end = offset + bytes.size();
+    while (next_ < runs_.size()) {
+      const auto [run_begin, run_end] = runs_[next_];
+      const uint64_t from = std::max(run_begin, at_);
+      if (from >= end || from < offset) return;
+      const uint64_t to = std::min(run_end, end);
+      hasher_.Update(bytes.data() + (from - offset), to - from);
+      fed_ += to - from;
+      at_ = to;
+      if (to < run_end) return;
+      ++next_;
+    }
+  }
+
+  // The digest, or nothing if the pass did not show every byte.
+  std::optional<uint64_t> Digest() const {
+    return fed_ == total_ ? std::optional(hasher_.Digest()) : std::nullopt;
+  }
+
+ private:
+  std::pair<std::string, std::string> record_;       // file, record
+  std::vector<std::pair<uint64_t, uint64_t>> runs_;  // [begin, end) in order
+  size_t next_ = 0;                                  // first run not wholly fed
+  uint64_t at_ = 0;                                  // record offset fed up to
+  uint64_t fed_ = 0, total_ = 0;
+  Xxh3Hasher hasher_;
+};
+
+// The replica pairs whose regions are hashed from the integrity pass's
+// whole-record reads, and the observers feeding them.
+class StreamedReplicas {
+ public:
+  StreamedReplicas(const SourcePlan& plan,
+                   const std::vector<Classified>& classified) {
+    for (size_t i = 0; i < plan.atoms.size(); ++i) {
+      const AtomPlan& a = plan.atoms[i];
+      for (const Replica& r : classified[i].replicas) {
+        if (r.first->src.dtype != r.second->src.dtype) continue;
+        RegionStream* copy = Add(plan, a, *r.first);
+        RegionStream* primary = copy ? Add(plan, a, *r.second) : nullptr;
+        if (primary != nullptr) {
+          pairs_.push_back({r, &a});
+          covered_.insert(r);
+        }
+      }
+    }
+    for (auto& [fragment, stream] : streams_) {
+      if (stream) by_record_[stream->record()].push_back(&*stream);
+    }
+  }
+
+  bool Covers(const Replica& r) const { return covered_.count(r) != 0; }
+
+  torchfile::RecordObservers Observers() {
+    return [this](const std::string& file,
+                  const std::string& record) -> torchfile::RecordChunkObserver {
+      auto it = by_record_.find({file, record});
+      if (it == by_record_.end()) return {};
+      return [streams = &it->second](uint64_t offset,
+                                     std::span<const std::byte> bytes) {
+        for (RegionStream* s : *streams) s->Feed(offset, bytes);
+      };
+    };
+  }
+
+  // Compares the pairs the pass showed whole (throws if they differ);
+  // returns those it did not, to be read.
+  std::vector<Replica> Compare() const {
+    std::vector<Replica> unseen;
+    for (const auto& [r, atom] : pairs_) {
+      const std::optional<uint64_t> copy = streams_.at(r.first)->Digest();
+      const std::optional<uint64_t> primary = streams_.at(r.second)->Digest();
+      if (!copy || !primary) {
+        unseen.push_back(r);
+      } else if (*copy != *primary) {
+        ThrowReplicasDiffer(*atom, *r.first, *r.second);
+      }
+    }
+    return unseen;
+  }
+
+ private:
+  RegionStream* Add(const SourcePlan& plan, const AtomPlan& a,
+                    const Fragment& f) {
+    auto it = streams_.find(&f);
+    if (it == streams_.end()) {
+      it = streams_.emplace(&f, RegionStream::Of(plan, a, f)).first;
+    }
+    return it->second ? &*it->second : nullptr;
+  }
+
+  std::map<const Fragment*, std::optional<RegionStream>> streams_;
+  std::map<std::pair<std::string, std::string>, std::vector<RegionStream*>>
+      by_record_;
+  std::vector<std::pair<Replica, const AtomPlan*>> pairs_;
+  std::set<Replica> covered_;
+};
+
 std::vector<const reshape::ByteSource*> SourceList(const SourcePlan& plan) {
   std::vector<const reshape::ByteSource*> sources;
   for (const auto& s : plan.sources) sources.push_back(s.get());
@@ -190,51 +339,76 @@ uint64_t TotalBytes(const std::vector<reshape::Job>& jobs) {
 
 }  // namespace
 
-VerifySummary VerifySource(
-    const SourcePlan& plan, const reshape::ExecutorOptions& options,
-    const std::function<void(const torchfile::RecordCrcs&)>& integrity) {
+VerifySummary VerifySource(const SourcePlan& plan,
+                           const reshape::ExecutorOptions& options,
+                           const IntegrityPass& integrity) {
   return internal::VerifyClassified(plan, ClassifyAll(plan), options,
                                     integrity);
 }
 
 VerifySummary internal::VerifyClassified(
     const SourcePlan& plan, const std::vector<Classified>& classified,
-    const reshape::ExecutorOptions& options,
-    const std::function<void(const torchfile::RecordCrcs&)>& integrity) {
+    const reshape::ExecutorOptions& options, const IntegrityPass& integrity) {
   VerifySummary s;
   for (const AtomPlan& a : plan.atoms) {
     s.atoms += 1;
     s.atom_bytes +=
         static_cast<uint64_t>(NumElements(a.shape)) * ElementSize(a.dtype);
+    s.replicas_verified += static_cast<int64_t>(
+        classified[&a - plan.atoms.data()].replicas.size());
   }
+  // Reads the regions of the replicas `which` takes (and, when the integrity
+  // pass reads only what was not read, notes their CRC-32s), then compares.
   NullSink null_sink;
-  std::vector<reshape::Job> jobs;
-  std::vector<Check> checks =
-      AddReplicaChecks(plan, classified, &null_sink, jobs);
-  Progress progress("verify", TotalBytes(jobs));
-  reshape::ExecutorOptions opts = options;
-  opts.progress = &progress;
-  // With `integrity`, the sources of zip records note the CRC-32 of what
-  // they read.
-  std::vector<const reshape::ByteSource*> sources = SourceList(plan);
-  std::vector<std::unique_ptr<CrcNotingSource>> noting;
-  for (const reshape::ByteSource*& src : sources) {
-    const auto* storage = dynamic_cast<const TorchStorageSource*>(src);
-    auto record = integrity && storage ? storage->ZipRecord() : std::nullopt;
-    if (!record) continue;
-    noting.push_back(
-        std::make_unique<CrcNotingSource>(*src, *std::move(record)));
-    src = noting.back().get();
-  }
-  reshape::Execute(jobs, sources, opts);
-  progress.Finish();
-  if (integrity) {
+  auto read_and_compare = [&](const std::function<bool(const Replica&)>& which,
+                              torchfile::RecordCrcs* crcs,
+                              const std::function<void()>& before_compare) {
+    std::vector<reshape::Job> jobs;
+    std::vector<Check> checks =
+        AddReplicaChecks(plan, classified, &null_sink, jobs, which);
+    std::vector<const reshape::ByteSource*> sources = SourceList(plan);
+    std::vector<std::unique_ptr<CrcNotingSource>> noting;
+    for (const reshape::ByteSource*& src : sources) {
+      const auto* storage = dynamic_cast<const TorchStorageSource*>(src);
+      auto record =
+          crcs != nullptr && storage ? storage->ZipRecord() : std::nullopt;
+      if (!record) continue;
+      noting.push_back(
+          std::make_unique<CrcNotingSource>(*src, *std::move(record)));
+      src = noting.back().get();
+    }
+    if (!jobs.empty()) {
+      Progress progress("verify", TotalBytes(jobs));
+      reshape::ExecutorOptions opts = options;
+      opts.progress = &progress;
+      reshape::Execute(jobs, sources, opts);
+      progress.Finish();
+    }
+    if (crcs != nullptr) {
+      for (auto& n : noting) n->MoveInto(*crcs);
+    }
+    if (before_compare) before_compare();
+    CompareReplicas(checks, jobs);
+  };
+
+  if (!integrity.whole_records || !integrity.run) {
     torchfile::RecordCrcs crcs;
-    for (auto& n : noting) n->MoveInto(crcs);
-    integrity(crcs);
+    read_and_compare({}, integrity.run ? &crcs : nullptr, [&] {
+      if (integrity.run) integrity.run(crcs, {});
+    });
+    return s;
   }
-  CompareReplicas(checks, jobs);
-  s.replicas_verified = static_cast<int64_t>(checks.size());
+  // The integrity pass reads every record whole: the replicas it can show
+  // are hashed from its reads; the others are read first, as above.
+  StreamedReplicas streamed(plan, classified);
+  read_and_compare([&](const Replica& r) { return !streamed.Covers(r); },
+                   nullptr, [&] { integrity.run({}, streamed.Observers()); });
+  const std::vector<Replica> unseen = streamed.Compare();
+  if (!unseen.empty()) {
+    read_and_compare([unseen = std::set<Replica>(unseen.begin(), unseen.end())](
+                         const Replica& r) { return unseen.count(r) != 0; },
+                     nullptr, {});
+  }
   return s;
 }
 

@@ -28,23 +28,40 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
                             const std::filesystem::path& path,
                             const reshape::ExecutorOptions& options);
 
+/// The check of a checkpoint's files against their own checksums that
+/// VerifySource runs (formats::IntegrityPassFor makes it).
+struct IntegrityPass {
+  /// Whether `run` reads every zip record whole (it checks a
+  /// ucp.manifest.json): the replicated regions lying in zip records are
+  /// then hashed from its reads instead of being read beforehand.
+  bool whole_records = false;
+  /// Called with the CRC-32 of every zip-record range read so far (a
+  /// partial pass need not read them again) and, when whole_records is set,
+  /// the observers of the records to show every chunk it reads.
+  std::function<void(const torchfile::RecordCrcs& known,
+                     const torchfile::RecordObservers& observers)>
+      run;
+};
+
 /// Checks a source without writing anything: every atom covered exactly by
-/// its fragments and every replica bit-identical to its primary (reads only
-/// the replicated regions). Throws like WriteUniversal.
+/// its fragments and every replica bit-identical to its primary, reading
+/// only the replicated regions, once.
 ///
 /// `integrity` (optional) runs after those regions were read and before the
 /// replicas are compared (damage a record's CRC-32 pins down is reported as
-/// such first), with the CRC-32 of every range read from a torch.save zip
-/// record: a whole-file check need not read them again. What it throws
-/// passes through.
+/// such first). With `whole_records` it reads them itself: replicas in zip
+/// records are then compared by the XXH3-64 of their raw bytes taken from its
+/// reads (a replica whose dtype differs from its primary's, or lying outside
+/// a zip record, is still read beforehand and compared after conversion).
+/// Throws like WriteUniversal; what `integrity` throws passes through.
 struct VerifySummary {
   int64_t atoms = 0;
   uint64_t atom_bytes = 0;
   int64_t replicas_verified = 0;
 };
-VerifySummary VerifySource(
-    const SourcePlan& plan, const reshape::ExecutorOptions& options,
-    const std::function<void(const torchfile::RecordCrcs&)>& integrity = {});
+VerifySummary VerifySource(const SourcePlan& plan,
+                           const reshape::ExecutorOptions& options,
+                           const IntegrityPass& integrity = {});
 
 /// A ByteSink into one dataset of a store being written.
 class StoreSink : public reshape::ByteSink {

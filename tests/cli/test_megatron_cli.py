@@ -190,6 +190,11 @@ def test_replicas_that_disagree():
                       ["replicas differ", name, "mp_rank_01_000"], t / "u.h5", src)
         p = run("verify", src, expect=3)
         one_error_line(p, "format error", "replicas differ", name)
+        # With a manifest (the replicas are hashed as the records are read
+        # whole) the same.
+        run("manifest", src, "-q")
+        p = run("verify", src, expect=3)
+        one_error_line(p, "format error", "replicas differ", name, "mp_rank_01_000")
 
 
 def run_counting_reads(*args, expect=0):
@@ -229,7 +234,8 @@ def test_verify_reads_every_byte_once():
     # that both copies (bf16 weights, fp32 masters and moments) are most of
     # the checkpoint's 69 MB (the replica check reads them). The CRC-32 pass
     # must not read them again: at most 1.05x the checkpoint in all (it was
-    # 1.86x).
+    # 1.86x). With a ucp.manifest.json every record is read whole for its
+    # XXH3-64, and the replicas must be hashed from that read (it was 1.86x).
     import megatron_spec  # noqa: F401  (stub classes for torch.load)
     with Tmp() as t:
         subprocess.run([PY, str(TOOLS / "make_megatron_ckpts.py"), "--out", str(t / "gen"),
@@ -245,6 +251,19 @@ def test_verify_reads_every_byte_once():
         replicas = next(c for c in doc["checks"] if c["check"] == "replicas")
         assert int(replicas["detail"].split()[0]) > 0, doc
         assert read <= 1.05 * size, (read, size, read / size)
+        run("manifest", src, "-q")
+        size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+        p, read = run_counting_reads("verify", src, "--json", "-q")
+        doc = json.loads(p.stdout)
+        assert doc["ok"], doc
+        checks = {c["check"]: c["detail"] for c in doc["checks"]}
+        assert "match ucp.manifest.json" in checks["integrity"], doc
+        assert int(checks["replicas"].split()[0]) > 0, doc
+        assert read <= 1.05 * size, ("verify with a manifest", read, size, read / size)
+        p, read = run_counting_reads("resume", src, "--tp", 2, "--pp", 2, "--dp", 2,
+                                     "--distributed-optimizer", "--json", "-q")
+        assert json.loads(p.stdout)["reshaped"] is False, p.stdout
+        assert read <= 1.05 * size, ("resume with a manifest", read, size, read / size)
         # A flipped byte inside a replicated region is still the record's
         # CRC-32 mismatch (reported before the replicas are compared).
         victim = src / "iter_0000100" / "mp_rank_00_001" / "model_optim_rng.pt"

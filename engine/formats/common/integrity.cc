@@ -48,9 +48,11 @@ std::string WholeFileHash(const fs::path& f, Progress& progress) {
 
 // Reads `f` once: CRC-32 of every zip record (throws on a mismatch) and,
 // with `hashes`, the hashes the manifest keeps. Without them, a file that
-// is not a zip is not read, nor are the record ranges `known` covers.
+// is not a zip is not read, nor are the record ranges `known` covers, unless
+// `observers` asks to see every record whole.
 FileDigest Digest(const fs::path& f, Progress& progress, bool hashes,
-                  const torchfile::RecordCrcs* known = nullptr) {
+                  const torchfile::RecordCrcs* known = nullptr,
+                  const torchfile::RecordObservers& observers = {}) {
   FileDigest d;
   std::error_code ec;
   d.size = fs::file_size(f, ec);
@@ -67,17 +69,19 @@ FileDigest Digest(const fs::path& f, Progress& progress, bool hashes,
   const torchfile::ZipReader zip = torchfile::ZipReader::Open(f);
   const std::map<std::string, std::vector<torchfile::CrcPiece>>* pieces =
       nullptr;
+  const std::string key = f.lexically_normal().string();
   if (known != nullptr && !hashes) {
-    auto it = known->find(f.lexically_normal().string());
+    auto it = known->find(key);
     if (it != known->end()) pieces = &it->second;
   }
   for (const torchfile::ZipEntry& e : zip.entries()) {
     try {
       bool crc_ok = false;
-      if (hashes) {
-        const torchfile::ZipReader::RecordDigest r = zip.Digest(e);
+      if (hashes || observers) {
+        const torchfile::ZipReader::RecordDigest r =
+            zip.Digest(e, hashes, observers ? observers(key, e.name) : nullptr);
         crc_ok = r.crc_ok;
-        d.records[e.name] = HashHex(r.xxh3);
+        d.records[e.name] = hashes ? HashHex(r.xxh3) : std::string();
       } else {
         std::span<const torchfile::CrcPiece> read;
         if (pieces != nullptr) {
@@ -204,7 +208,8 @@ std::string IntegrityReport::Summary() const {
 
 IntegrityReport CheckIntegrity(const fs::path& dir,
                                const std::vector<fs::path>& files,
-                               const torchfile::RecordCrcs* known) {
+                               const torchfile::RecordCrcs* known,
+                               const torchfile::RecordObservers& observers) {
   IntegrityReport report;
   std::optional<std::map<std::string, FileDigest>> manifest;
   std::error_code ec;
@@ -220,7 +225,8 @@ IntegrityReport CheckIntegrity(const fs::path& dir,
   }
   Progress progress(manifest ? "crc-32+xxh3" : "crc-32", TotalBytes(files));
   for (const fs::path& f : files) {
-    const FileDigest got = Digest(f, progress, manifest.has_value(), known);
+    const FileDigest got =
+        Digest(f, progress, manifest.has_value(), known, observers);
     ++report.files;
     if (got.zip) {
       ++report.zips;
@@ -237,6 +243,20 @@ IntegrityReport CheckIntegrity(const fs::path& dir,
   }
   progress.Finish();
   return report;
+}
+
+universal::IntegrityPass IntegrityPassFor(const fs::path& dir,
+                                          const std::vector<fs::path>& files,
+                                          IntegrityReport* report) {
+  universal::IntegrityPass pass;
+  std::error_code ec;
+  pass.whole_records = fs::exists(dir / kManifestName, ec);
+  pass.run = [dir, files, report](const torchfile::RecordCrcs& known,
+                                  const torchfile::RecordObservers& observers) {
+    IntegrityReport r = CheckIntegrity(dir, files, &known, observers);
+    if (report != nullptr) *report = r;
+  };
+  return pass;
 }
 
 IntegrityReport WriteManifest(const fs::path& dir,

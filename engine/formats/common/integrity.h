@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "engine/torchfile/zip.h"
+#include "engine/universal/write_universal.h"
 
 namespace ucp::formats {
 
@@ -52,13 +53,27 @@ struct IntegrityReport {
 /// taken relative to it). Without a manifest, the ranges of records `known`
 /// gives the CRC-32 of (read by universal::VerifySource) are not read again,
 /// and files that are not zip archives are not read at all (they carry no
-/// checksum). Progress is reported on stderr.
+/// checksum). With a manifest, or with `observers`, every zip record is read
+/// whole, and each chunk read is shown to the record's observer. Progress is
+/// reported on stderr.
 /// Throws FormatError naming the file and record on a CRC or manifest
 /// mismatch, a malformed manifest, or a listed file that is missing; IoError
-/// if a file cannot be read.
-IntegrityReport CheckIntegrity(const std::filesystem::path& dir,
-                               const std::vector<std::filesystem::path>& files,
-                               const torchfile::RecordCrcs* known = nullptr);
+/// if a file cannot be read; what an observer throws passes through.
+IntegrityReport CheckIntegrity(
+    const std::filesystem::path& dir,
+    const std::vector<std::filesystem::path>& files,
+    const torchfile::RecordCrcs* known = nullptr,
+    const torchfile::RecordObservers& observers = {});
+
+/// The integrity pass universal::VerifySource runs on a checkpoint:
+/// CheckIntegrity(dir, files), its report stored in `*report` (when given),
+/// reading every record whole if `dir` holds ucp.manifest.json (the
+/// replicated regions are then hashed from those reads, so that each byte is
+/// read once) and otherwise only what the replica check did not read.
+universal::IntegrityPass IntegrityPassFor(
+    const std::filesystem::path& dir,
+    const std::vector<std::filesystem::path>& files,
+    IntegrityReport* report = nullptr);
 
 /// Writes `dir/ucp.manifest.json` (atomically) for `files`, all of which lie
 /// under `dir`, after checking their CRC-32s (a manifest of damaged files

@@ -18,6 +18,7 @@
 #include "engine/core/aligned_buffer.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/hash.h"
 #include "engine/torchfile/crc32_fast.h"
 #include "tests/testutil/testutil.h"
 #include "tests/unit/engine/torchfile/torchfile_testutil.h"
@@ -450,6 +451,17 @@ TEST(ZipReaderTest, ReadsWhatPythonZipfileWrites) {
       const std::string all = reader.ReadRecord(e);
       EXPECT_EQ(testutil::Sha256Hex(all), want["sha256"]);
       EXPECT_TRUE(reader.CheckCrc(e));
+      // Digest shows every chunk it reads, in order, covering the record.
+      std::string seen;
+      const ZipReader::RecordDigest d = reader.Digest(
+          e, /*xxh3=*/true, [&](uint64_t offset, std::span<const std::byte> b) {
+            EXPECT_EQ(offset, seen.size());
+            seen.append(reinterpret_cast<const char*>(b.data()), b.size());
+          });
+      EXPECT_TRUE(d.crc_ok);
+      EXPECT_EQ(d.xxh3, Xxh3(all.data(), all.size()));
+      EXPECT_EQ(seen, all);
+      EXPECT_TRUE(reader.Digest(e, /*xxh3=*/false).crc_ok);
       if (!all.empty()) {
         const uint64_t off = rng() % all.size();
         const uint64_t len = rng() % (all.size() - off + 1);

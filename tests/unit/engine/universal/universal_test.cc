@@ -3,13 +3,18 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <set>
 
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
 #include "engine/core/hash.h"
+#include "engine/torchfile/torch_file.h"
+#include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
+#include "engine/universal/sources.h"
 #include "engine/universal/write_universal.h"
 #include "tests/testutil/testutil.h"
 
@@ -254,6 +259,147 @@ TEST(StagedDirectoryTest, FreshStagingNameAndTrailingSlash) {
     s.Commit();
   }
   EXPECT_EQ(testutil::ReadFile(dir / "new" / "f"), "z");
+}
+
+// Two torch.save files, each a [64,96] fp32 tensor "t": rank 0 holds the
+// primaries, rank 1 replicas of two atoms, "a" (rows 0-31, one contiguous
+// run) and "b" (dim-1 elements 1-2 of every row: 64 runs).
+constexpr int64_t kRows = 64, kCols = 96;
+struct ZipFixture {
+  testutil::TempDir dir;
+  std::vector<std::shared_ptr<const torchfile::TorchFile>> files;
+  SourcePlan plan;
+
+  explicit ZipFixture(int changed_element = -1) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float> v;
+      for (int64_t i = 0; i < kRows * kCols; ++i) {
+        v.push_back(static_cast<float>(i) * 0.25f);
+      }
+      if (r == 1 && changed_element >= 0) v[changed_element] += 1;
+      const std::filesystem::path path =
+          dir / ("rank" + std::to_string(r) + ".pt");
+      torchfile::TorchWriter w(path);
+      pickle::Value* t = w.NewTensor({DType::kFloat32, {kRows, kCols}});
+      w.Begin(w.arena().Dict({{w.arena().Str("t"), t}}));
+      w.WriteTensorData(t, 0, std::as_bytes(std::span<const float>(v)));
+      w.Commit();
+      files.push_back(std::make_shared<const torchfile::TorchFile>(
+          torchfile::TorchFile::Open(path)));
+      plan.sources.push_back(std::make_unique<TorchStorageSource>(
+          files.back(), &files.back()->storages().at(0)));
+    }
+    plan.root.source = "{\"framework\": \"test\"}";
+    AtomPlan a{"a", "fp32", DType::kFloat32, {kRows / 2, kCols}, {}, {}};
+    AtomPlan b{"b", "fp32", DType::kFloat32, {kRows, 2}, {}, {}};
+    for (uint32_t r = 0; r < 2; ++r) {
+      const reshape::SourceTensor t{r, 0, DType::kFloat32, {kRows, kCols}};
+      const std::string where = "rank " + std::to_string(r);
+      a.fragments.push_back({t, Box{{0, 0}, {kRows / 2, kCols}},
+                             Box{{0, 0}, {kRows / 2, kCols}}, false, where});
+      b.fragments.push_back(
+          {t, Box{{0, 1}, {kRows, 2}}, Box{{0, 0}, {kRows, 2}}, false, where});
+    }
+    plan.atoms.push_back(std::move(a));
+    plan.atoms.push_back(std::move(b));
+  }
+
+  // An integrity pass that reads every record whole in `chunk`-byte pieces
+  // and shows them (when `show`); notes the bytes this process had read
+  // when it started and the records it was given an observer for.
+  IntegrityPass Pass(size_t chunk, bool show = true) {
+    IntegrityPass pass;
+    pass.whole_records = true;
+    pass.run = [this, chunk, show](const torchfile::RecordCrcs&,
+                                   const torchfile::RecordObservers& observe) {
+      read_before_pass = ReadBytes() - read_at_start;
+      if (!observe) return;  // a partial pass: nothing to show
+      for (const auto& f : files) {
+        for (const torchfile::ZipEntry& e : f->zip()->entries()) {
+          torchfile::RecordChunkObserver o =
+              observe(f->path().lexically_normal().string(), e.name);
+          if (!o) continue;
+          watched.insert(e.name);
+          std::string all = f->zip()->ReadRecord(e);
+          for (size_t at = 0; show && at < all.size(); at += chunk) {
+            const size_t n = std::min(chunk, all.size() - at);
+            o(at, std::as_bytes(std::span<const char>(all.data() + at, n)));
+          }
+        }
+      }
+    };
+    return pass;
+  }
+
+  VerifySummary Verify(const IntegrityPass& pass) {
+    read_at_start = ReadBytes();
+    return VerifySource(plan, {}, pass);
+  }
+
+  // rchar of /proc/self/io: bytes this process read (this reading of
+  // /proc/self/io included, about 100 bytes).
+  static uint64_t ReadBytes() {
+    std::ifstream io("/proc/self/io");
+    std::string key;
+    uint64_t value = 0;
+    while (io >> key >> value) {
+      if (key == "rchar:") return value;
+    }
+    return 0;
+  }
+
+  uint64_t read_at_start = 0;
+  uint64_t read_before_pass = 0;
+  std::set<std::string> watched;
+};
+
+TEST(VerifySourceTest, WholeRecordPassHashesTheReplicasInsteadOfReadingThem) {
+  for (size_t chunk : {size_t{1}, size_t{7}, size_t{64}, size_t{1} << 20}) {
+    SCOPED_TRACE(chunk);
+    ZipFixture fx;
+    const VerifySummary v = fx.Verify(fx.Pass(chunk));
+    EXPECT_EQ(v.replicas_verified, 2);
+    // Nothing was read before the pass (but /proc/self/io): the replicas
+    // came from its reads.
+    EXPECT_LT(fx.read_before_pass, 1024u);
+    EXPECT_EQ(fx.watched,
+              (std::set<std::string>{"rank0/data/0", "rank1/data/0"}));
+  }
+  // Without whole records the replicated regions are read first.
+  ZipFixture fx;
+  IntegrityPass partial = fx.Pass(7);
+  partial.whole_records = false;
+  fx.Verify(partial);
+  EXPECT_GE(fx.read_before_pass, 2u * (kRows / 2 * kCols + kRows * 2) * 4);
+  EXPECT_TRUE(fx.watched.empty());
+}
+
+TEST(VerifySourceTest, WholeRecordPassFindsReplicasThatDiffer) {
+  // Element 1 lies in both atoms' regions, 0 only in a's, the last row's
+  // dim-1 element 2 only in b's.
+  const int last_b = static_cast<int>((kRows - 1) * kCols + 2);
+  const std::vector<std::pair<int, std::string>> cases = {
+      {0, "param a > fp32"}, {1, "param a > fp32"}, {last_b, "param b > fp32"}};
+  for (const auto& [element, atom] : cases) {
+    SCOPED_TRACE(element);
+    for (size_t chunk : {size_t{1}, size_t{13}, size_t{4096}}) {
+      ZipFixture fx(element);
+      EXPECT_THAT([&] { fx.Verify(fx.Pass(chunk)); },
+                  ThrowsMessage<FormatError>(
+                      AllOf(HasSubstr(atom + ": replicas differ"),
+                            HasSubstr("rank 0"), HasSubstr("rank 1"))));
+    }
+  }
+}
+
+TEST(VerifySourceTest, ReplicasThePassDidNotShowAreReadAfterIt) {
+  ZipFixture good;
+  EXPECT_EQ(good.Verify(good.Pass(7, /*show=*/false)).replicas_verified, 2);
+  ZipFixture bad(static_cast<int>((kRows - 1) * kCols + 2));
+  EXPECT_THAT([&] { bad.Verify(bad.Pass(7, /*show=*/false)); },
+              ThrowsMessage<FormatError>(HasSubstr("param b > fp32: replicas "
+                                                   "differ")));
+  EXPECT_LT(bad.read_before_pass, 1024u);
 }
 
 }  // namespace
