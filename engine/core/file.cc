@@ -1,6 +1,7 @@
 #include "engine/core/file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,6 +69,15 @@ File File::OpenRead(const std::filesystem::path& path) {
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   return File(fd, path);
+}
+
+File File::Anonymous(std::string_view name) {
+  const std::string n(name);
+  int fd = ::memfd_create(n.c_str(), MFD_CLOEXEC);
+  if (fd < 0) {
+    throw IoError("cannot create the memory file ", n, ": ", Errno());
+  }
+  return File(fd, StrCat("memory:", n));
 }
 
 File File::Create(const std::filesystem::path& path) {
@@ -177,6 +187,13 @@ OutputFile::OutputFile(std::filesystem::path final_path)
   file_ = File::Create(temp_);
 }
 
+OutputFile OutputFile::InMemory(std::filesystem::path name) {
+  OutputFile out;
+  out.file_ = File::Anonymous(name.filename().string());
+  out.final_ = std::move(name);
+  return out;  // temp_ empty: nothing to sync, rename or remove
+}
+
 OutputFile::~OutputFile() {
   if (!committed_ && !temp_.empty() && file_.is_open()) {
     file_.Close();
@@ -193,6 +210,10 @@ void SetDurableWrites(bool durable) noexcept { g_durable = durable; }
 bool DurableWrites() noexcept { return g_durable; }
 
 void OutputFile::Commit() {
+  if (temp_.empty()) {  // in memory
+    committed_ = true;
+    return;
+  }
   if (g_durable) file_.Sync();
   file_.Close();
   std::error_code ec;

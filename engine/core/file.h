@@ -25,6 +25,10 @@ class File {
   static File OpenRead(const std::filesystem::path& path);
   /// Creates (or truncates) a file for writing. Throws IoError.
   static File Create(const std::filesystem::path& path);
+  /// A new empty read-write file in memory (memfd) that no folder names:
+  /// nothing is left on disk however the process ends. path() is
+  /// "memory:<name>" (for messages). Throws IoError.
+  static File Anonymous(std::string_view name);
 
   bool is_open() const noexcept { return fd_ >= 0; }
   int fd() const noexcept { return fd_; }
@@ -70,19 +74,25 @@ class OutputFile {
   /// (staging.h). Throws IoError naming `final_path` if its folder does not
   /// exist, or if the temporary file cannot be created.
   explicit OutputFile(std::filesystem::path final_path);
+  /// An output written to an anonymous memory file (File::Anonymous) instead
+  /// of the disk: Commit() only marks it done; nothing is ever created under
+  /// `name`.
+  static OutputFile InMemory(std::filesystem::path name);
   OutputFile(OutputFile&&) noexcept = default;
   OutputFile& operator=(OutputFile&&) noexcept = default;
   ~OutputFile();
 
   File& file() noexcept { return file_; }
+  const File& file() const noexcept { return file_; }
   const std::filesystem::path& final_path() const noexcept { return final_; }
   const std::filesystem::path& temp_path() const noexcept { return temp_; }
 
-  /// fsync (unless SetDurableWrites(false)) + rename onto the final name.
-  /// Throws IoError.
+  /// fsync (unless SetDurableWrites(false)) + rename onto the final name
+  /// (nothing for an output in memory). Throws IoError.
   void Commit();
 
  private:
+  OutputFile() = default;
   std::filesystem::path final_;
   std::filesystem::path temp_;
   File file_;

@@ -414,6 +414,11 @@ TorchFile TorchFile::Open(const std::filesystem::path& path) {
   return OpenFile(std::move(file), 0, size);
 }
 
+TorchFile TorchFile::Open(std::shared_ptr<const File> file) {
+  const uint64_t size = file->Size();
+  return OpenFile(std::move(file), 0, size);
+}
+
 TorchFile TorchFile::Open(const std::filesystem::path& path, uint64_t offset,
                           uint64_t length) {
   return OpenFile(std::make_shared<File>(File::OpenRead(path)), offset, length);

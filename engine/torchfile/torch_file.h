@@ -142,6 +142,9 @@ class TorchFile {
   /// `path` (e.g. a slice of a DCP .distcp file).
   static TorchFile Open(const std::filesystem::path& path, uint64_t offset,
                         uint64_t length);
+  /// The same for a whole file already open (e.g. File::Anonymous), shared
+  /// with the caller; its path() names it in messages.
+  static TorchFile Open(std::shared_ptr<const File> file);
 
   TorchFile(TorchFile&&) noexcept;
   TorchFile& operator=(TorchFile&&) noexcept;

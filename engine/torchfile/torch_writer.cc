@@ -249,7 +249,7 @@ void TorchWriter::Begin(const Value* root) {
         {prefix + "/data/" + std::to_string(k), im.records[order[k]].nbytes});
   }
   specs.push_back({prefix + "/version", 2});
-  im.zip.emplace(im.path, specs, im.options.zip);
+  im.zip.emplace(im.path, specs, im.options.zip, im.options.in_memory);
   auto bytes = [](std::string_view s) {
     return std::as_bytes(std::span<const char>(s.data(), s.size()));
   };
@@ -312,6 +312,11 @@ void TorchWriter::Commit() {
   Impl& im = *impl_;
   if (!im.zip) throw UsageError("TorchWriter::Begin was not called");
   im.zip->Commit();
+}
+
+std::string TorchWriter::Contents() const {
+  if (!impl_->zip) throw UsageError("TorchWriter::Begin was not called");
+  return impl_->zip->Contents();
 }
 
 namespace {

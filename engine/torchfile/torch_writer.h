@@ -68,6 +68,9 @@ struct TorchWriterOptions {
   /// Archive folder; empty: the file stem ("archive" if that is empty).
   std::string archive_name;
   ZipLayoutOptions zip;
+  /// Build the file in memory (TorchWriter::Contents()) and write nothing to
+  /// the path, which only names it (its stem is the default archive name).
+  bool in_memory = false;
 };
 
 class TorchWriter {
@@ -132,6 +135,11 @@ class TorchWriter {
   /// UsageError (naming the incomplete tensor) if data is missing or Begin()
   /// was not called, IoError; the temporary file is then removed.
   void Commit();
+
+  /// The committed file's bytes when written in memory
+  /// (TorchWriterOptions::in_memory). Throws UsageError otherwise or before
+  /// Commit(), IoError.
+  std::string Contents() const;
 
  private:
   struct Impl;

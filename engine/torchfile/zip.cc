@@ -739,6 +739,7 @@ struct RecordState {
 struct ZipWriter::Impl {
   std::filesystem::path path;
   ZipLayoutOptions options;
+  bool in_memory = false;
   ZipLayout layout;
   std::optional<OutputFile> out;
   std::unique_ptr<RecordState[]> states;
@@ -753,13 +754,18 @@ struct ZipWriter::Impl {
 
 ZipWriter::ZipWriter(const std::filesystem::path& path,
                      std::span<const ZipRecordSpec> records,
-                     const ZipLayoutOptions& options)
+                     const ZipLayoutOptions& options, bool in_memory)
     : impl_(std::make_unique<Impl>()) {
   impl_->path = path;
   impl_->options = options;
+  impl_->in_memory = in_memory;
   impl_->layout = PlanZipLayout(records, options);
   impl_->states = std::make_unique<RecordState[]>(records.size());
-  impl_->out.emplace(path);
+  if (in_memory) {
+    impl_->out.emplace(OutputFile::InMemory(path));
+  } else {
+    impl_->out.emplace(path);
+  }
   impl_->out->file().Allocate(impl_->layout.total_size);
 }
 
@@ -871,6 +877,18 @@ void ZipWriter::Commit() {
     im.Abandon();
     throw;
   }
+}
+
+std::string ZipWriter::Contents() const {
+  const Impl& im = *impl_;
+  if (!im.in_memory || !im.committed) {
+    throw UsageError("zip writer for ", im.path.string(),
+                     im.in_memory ? " is not committed" : " is not in memory");
+  }
+  const File& f = im.out->file();
+  std::string bytes(static_cast<size_t>(f.Size()), '\0');
+  f.ReadExact(bytes.data(), bytes.size(), 0);
+  return bytes;
 }
 
 }  // namespace ucp::torchfile

@@ -225,10 +225,12 @@ ZipLayout PlanZipLayout(std::span<const ZipRecordSpec> records,
 class ZipWriter {
  public:
   /// Throws UsageError as PlanZipLayout, IoError if the file cannot be
-  /// created or its space reserved.
+  /// created or its space reserved. `in_memory`: the archive is built in an
+  /// anonymous memory file (Contents()) and nothing is written to `path`,
+  /// which only names it.
   ZipWriter(const std::filesystem::path& path,
             std::span<const ZipRecordSpec> records,
-            const ZipLayoutOptions& options = {});
+            const ZipLayoutOptions& options = {}, bool in_memory = false);
   ZipWriter(ZipWriter&&) noexcept;
   ZipWriter& operator=(ZipWriter&&) noexcept;
   ~ZipWriter();
@@ -248,6 +250,10 @@ class ZipWriter {
   /// Throws UsageError naming the first incomplete record (the temporary file
   /// is removed), IoError on write/rename failure.
   void Commit();
+
+  /// The committed archive's bytes, for an in-memory writer. Throws
+  /// UsageError for another writer or before Commit(), IoError.
+  std::string Contents() const;
 
  private:
   struct Impl;

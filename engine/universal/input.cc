@@ -1,7 +1,5 @@
 #include "engine/universal/input.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <map>
 
@@ -147,27 +145,15 @@ class PlanInputImpl : public UniversalInput {
   std::shared_ptr<const torchfile::TorchFile> OpenBlob(
       const atoms::DatasetInfo& blob) const override {
     // torch files are read through a file descriptor: park the bytes in an
-    // unlinked temporary file (it lives as long as the TorchFile).
+    // anonymous memory file (it lives as long as the TorchFile, and no crash
+    // can leave it on disk).
     const std::string& bytes = plan_.opaque.at(blob_of_.at(blob.id)).bytes;
-    const char* tmp = std::getenv("TMPDIR");
-    fs::path dir =
-        tmp != nullptr && *tmp != '\0' ? fs::path(tmp) : fs::path("/tmp");
-    std::string templ = (dir / "ucp-blob-XXXXXX").string();
-    const int fd = ::mkstemp(templ.data());
-    if (fd < 0)
-      throw IoError("cannot create a temporary file in ", dir.string());
-    ::close(fd);
     try {
-      {
-        File f = File::Create(templ);
-        f.WriteExact(bytes.data(), bytes.size(), 0);
-      }
-      auto file = std::make_shared<const torchfile::TorchFile>(
-          torchfile::TorchFile::Open(templ));
-      ::unlink(templ.c_str());
-      return file;
+      auto f = std::make_shared<File>(File::Anonymous("ucp-blob " + blob.fqn));
+      f->WriteExact(bytes.data(), bytes.size(), 0);
+      return std::make_shared<const torchfile::TorchFile>(
+          torchfile::TorchFile::Open(std::move(f)));
     } catch (Error& e) {
-      ::unlink(templ.c_str());
       e.AddContext(path_.string(), " > opaque ", blob.fqn);
       throw;
     }

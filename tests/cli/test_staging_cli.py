@@ -9,6 +9,9 @@
   hidden staging only; a rerun into the same name removes it and succeeds.
 - Too little free space (UCP_TESTING_FREE_BYTES stands in for statvfs) fails
   before anything is written, naming both numbers.
+- Nothing is written outside the output: no scratch files in $TMPDIR (a
+  crash could leave them there), so every command works with TMPDIR naming a
+  file.
 Sources: the real DeepSpeed fixtures and tests/tools/make_deepspeed_ckpts.py
 (a larger checkpoint, so that there is time to kill the run).
 """
@@ -25,6 +28,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 FIX = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5" / "ds0145_z2_fp32_w2_mlp"
+MEGATRON = pathlib.Path(os.environ["UCP_FIXTURES"]) / "megatron-23.06" / "synth_tp2"
 
 
 def run(*args, expect=0, env=None):
@@ -155,6 +159,29 @@ def test_not_enough_free_space():
             assert not (t / out).exists() and staging(t, out) == [], (cmd, list(t.iterdir()))
         # Enough space: fine.
         run("convert", FIX, "--dp", 1, "-o", t / "o", "-q", env={"UCP_TESTING_FREE_BYTES": str(1 << 40)})
+
+
+def test_no_scratch_files_in_tmpdir():
+    """Torch blobs (args, RNG and optimizer state) are built and read in
+    memory: with TMPDIR naming a file, where nothing can be created, every
+    command still works (it failed when they went through $TMPDIR, where a
+    kill -9 left them for good)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-staging-") as t:
+        t = pathlib.Path(t)
+        (t / "not-a-folder").write_bytes(b"")
+        env = {"TMPDIR": str(t / "not-a-folder")}
+        for name, src, layout in [("ds", FIX, ["--dp", 1]), ("mg", MEGATRON, ["--tp", 1, "--dp", 1])]:
+            run("to-universal", src, "-o", t / f"{name}.h5", "-q", env=env)
+            run("reshape", t / f"{name}.h5", "-o", t / f"{name}-r", *layout, "-q", env=env)
+            run("convert", src, "-o", t / f"{name}-c", *layout, "-q", env=env)
+            run("export", src, "-o", t / f"{name}-e", "-q", env=env)
+            run("verify", src, "-q", env=env)
+            run("verify", t / f"{name}-c", "-q", env=env)
+            save = t / f"{name}-save"
+            shutil.copytree(src, save)
+            run("resume", save, *layout, "-o", t / f"{name}-load", "-q", env=env)
+            assert (t / f"{name}-load").is_dir(), name
+            run("verify", t / f"{name}-load", "-q", env=env)
 
 
 def fsyncs(args, t):

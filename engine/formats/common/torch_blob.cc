@@ -1,17 +1,10 @@
 #include "engine/formats/common/torch_blob.h"
 
-#include <unistd.h>
-
-#include <atomic>
-
 #include "engine/core/aligned_buffer.h"
 #include "engine/core/error.h"
-#include "engine/core/file.h"
 
 namespace ucp::formats {
 namespace {
-
-std::atomic<uint64_t> g_blob_counter{0};
 
 // Copies `value` into the writer's arena, replacing tensors of `file` with
 // new compact tensor nodes; returns the copy and records (tensor, node).
@@ -51,35 +44,18 @@ void WriteCopies(torchfile::TorchWriter& writer,
 }  // namespace
 
 std::string SaveBlob(const torchfile::TorchFile* file,
-                     const pickle::Value* object,
-                     const std::filesystem::path& scratch_dir) {
-  const std::filesystem::path path =
-      scratch_dir /
-      StrCat("ucp-blob-", ::getpid(), "-", g_blob_counter.fetch_add(1), ".pt");
-  std::string bytes;
-  {
-    torchfile::TorchWriterOptions options;
-    options.archive_name = "archive";
-    torchfile::TorchWriter writer(path, options);
-    std::vector<std::pair<const torchfile::TensorInfo*, const pickle::Value*>>
-        copies;
-    pickle::Value* root = CopyWithTensors(writer, file, object, copies);
-    writer.Begin(root);
-    if (file != nullptr) WriteCopies(writer, *file, copies);
-    writer.Commit();
-  }
-  try {
-    File f = File::OpenRead(path);
-    bytes.resize(static_cast<size_t>(f.Size()));
-    f.ReadExact(bytes.data(), bytes.size(), 0);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(path, ec);
-    throw;
-  }
-  std::error_code ec;
-  std::filesystem::remove(path, ec);
-  return bytes;
+                     const pickle::Value* object) {
+  torchfile::TorchWriterOptions options;
+  options.archive_name = "archive";
+  options.in_memory = true;
+  torchfile::TorchWriter writer("ucp-blob.pt", options);
+  std::vector<std::pair<const torchfile::TensorInfo*, const pickle::Value*>>
+      copies;
+  pickle::Value* root = CopyWithTensors(writer, file, object, copies);
+  writer.Begin(root);
+  if (file != nullptr) WriteCopies(writer, *file, copies);
+  writer.Commit();
+  return writer.Contents();
 }
 
 pickle::Value* GraphImporter::Import(

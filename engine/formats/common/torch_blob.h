@@ -25,12 +25,11 @@
 namespace ucp::formats {
 
 /// torch.save bytes of `object`, a node of `file`'s graph (or of any arena
-/// when `file` is null and the object holds no tensors). Uses a temporary
-/// file in `scratch_dir`. Throws IoError, FormatError when reading tensor
-/// bytes fails, InternalError if a tensor has no source.
+/// when `file` is null and the object holds no tensors), built in memory
+/// (nothing is written to disk). Throws IoError, FormatError when reading
+/// tensor bytes fails, InternalError if a tensor has no source.
 std::string SaveBlob(const torchfile::TorchFile* file,
-                     const pickle::Value* object,
-                     const std::filesystem::path& scratch_dir);
+                     const pickle::Value* object);
 
 /// Copies objects into a TorchWriter's graph: from blobs of a universal file
 /// or from other torch files; tensors become compact tensor nodes of the

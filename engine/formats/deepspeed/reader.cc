@@ -180,7 +180,6 @@ class Planner {
   // Sampled lp weights of the trainable params (MatchMaster), by index.
   std::map<size_t, std::vector<uint16_t>> lp_samples_;
   int64_t sub_groups_ = 0;
-  fs::path scratch_ = fs::temp_directory_path();
 };
 
 const TensorInfo& Planner::TensorAt(const FilePtr& f, const Value* v,
@@ -1036,7 +1035,7 @@ void Planner::PlanFrozen() {
 
 void Planner::PlanOpaque() {
   auto add = [&](std::string key, const TorchFile* f, const Value* v) {
-    plan_.opaque.push_back({std::move(key), formats::SaveBlob(f, v, scratch_)});
+    plan_.opaque.push_back({std::move(key), formats::SaveBlob(f, v)});
   };
   for (const auto& [k, v] : model_->entries) {
     if (k == nullptr || k->kind != Kind::kStr || kModelRebuilt.count(k->s))

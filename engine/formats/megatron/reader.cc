@@ -342,7 +342,6 @@ class Planner {
   std::vector<GroupKey> group_keys_;
   std::vector<const Value*> group_dicts_;
   std::string grad_dtype_;
-  fs::path scratch_ = fs::temp_directory_path();
 };
 
 reshape::SourceTensor Planner::Tensor(
@@ -1050,7 +1049,7 @@ void Planner::PlanDistributed(SourceRank& sr,
 }
 
 std::string Planner::Blob(const TorchFile* file, const Value* v) {
-  return SaveBlob(file, v, scratch_);
+  return SaveBlob(file, v);
 }
 
 void Planner::PlanOpaque() {

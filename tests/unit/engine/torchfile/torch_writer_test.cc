@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/pickle/pickle.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/zip.h"
@@ -276,6 +277,49 @@ TEST(TorchWriterTest, ArchiveNameAndZip64Options) {
         << out;
     EXPECT_EQ(test::CheckTorchFiles("zipcheck " + Q(ours), &out), 0) << out;
   }
+}
+
+// In memory: the same bytes as on disk, nothing created under the path (a
+// crash could not leave anything behind), and the bytes open as a TorchFile
+// from an anonymous memory file.
+TEST(TorchWriterTest, InMemoryFileEqualsTheOneOnDiskAndTouchesNoDisk) {
+  testutil::TempDir dir;
+  std::string bytes[2];
+  for (bool in_memory : {false, true}) {
+    TorchWriterOptions options;
+    options.in_memory = in_memory;
+    options.archive_name = "archive";
+    const std::filesystem::path path = dir / (in_memory ? "mem.pt" : "disk.pt");
+    TorchWriter w(path, options);
+    Value* t = w.NewTensor({DType::kFloat32, {3}});
+    w.Begin(w.arena().Dict({{w.arena().Str("t"), t}}));
+    EXPECT_THROW(w.Contents(), UsageError);  // not committed yet
+    w.WriteTensorData(t, 0, Bytes(Raw(std::vector<float>{1.5f, -2, 0})));
+    w.Commit();
+    if (in_memory) {
+      bytes[1] = w.Contents();
+    } else {
+      EXPECT_THROW(w.Contents(), UsageError);  // on disk
+      File f = File::OpenRead(path);
+      bytes[0].resize(static_cast<size_t>(f.Size()));
+      f.ReadExact(bytes[0].data(), bytes[0].size(), 0);
+    }
+  }
+  EXPECT_EQ(bytes[0], bytes[1]);
+  EXPECT_EQ(std::filesystem::directory_iterator(dir.path())->path().filename(),
+            "disk.pt");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1);
+  auto mem = std::make_shared<File>(File::Anonymous("blob"));
+  mem->WriteExact(bytes[1].data(), bytes[1].size(), 0);
+  TorchFile f = TorchFile::Open(std::move(mem));
+  EXPECT_EQ(f.archive_name(), "archive");
+  EXPECT_EQ(f.path().string(), "memory:blob");
+  ASSERT_EQ(f.tensors().size(), 1u);
+  std::vector<float> back(3);
+  f.ReadTensor(f.tensors()[0], std::as_writable_bytes(std::span<float>(back)));
+  EXPECT_EQ(back, (std::vector<float>{1.5f, -2, 0}));
 }
 
 TEST(TorchWriterTest, StreamedAndParallelWritesReadBack) {
