@@ -396,6 +396,10 @@ TEST(TorchFileTest, CorruptLegacyPickleDoesNotReadTheWholeFile) {
         } catch (...) {
           code = 2;
         }
+        // The "threadsafe" child re-ran this test from its start, with a
+        // temporary folder of its own that _Exit would leave behind.
+        std::error_code ec;
+        std::filesystem::remove_all(dir.path(), ec);
         std::_Exit(code);
       },
       testing::ExitedWithCode(0), "");
