@@ -97,6 +97,26 @@ reshape::CopyOp OpOf(const Fragment& f) {
   return reshape::CopyOp{f.src, f.src_box, f.atom_box, 0, {}};
 }
 
+// A fragment's region alone, as a tensor of its own (row-major in the box),
+// for the replica checks.
+reshape::TargetTensor RegionTensor(const AtomPlan& a, const Fragment& f) {
+  reshape::TargetTensor t{AtomName(a) + " (replica check of " + f.where + ")",
+                          a.dtype,
+                          f.atom_box.size,
+                          {}};
+  t.ops.push_back(
+      reshape::CopyOp{f.src, f.src_box, Box::Whole(f.atom_box.size), 0, {}});
+  return t;
+}
+
+// The file and zip record a source reads, when it is a torch.save storage
+// in a zip archive.
+std::optional<std::pair<std::string, std::string>> ZipRecordOf(
+    const reshape::ByteSource* source) {
+  const auto* storage = dynamic_cast<const TorchStorageSource*>(source);
+  return storage != nullptr ? storage->ZipRecord() : std::nullopt;
+}
+
 struct Check {
   size_t copy_job, primary_job;
   const Fragment* copy;
@@ -116,13 +136,7 @@ std::vector<Check> AddReplicaChecks(
   std::map<const Fragment*, size_t> primary_job;
   auto region_job = [&](const Fragment* f, const AtomPlan& a) {
     reshape::Job job;
-    job.tensor = reshape::TargetTensor{
-        AtomName(a) + " (replica check of " + f->where + ")",
-        a.dtype,
-        f->atom_box.size,
-        {}};
-    job.tensor.ops.push_back(reshape::CopyOp{
-        f->src, f->src_box, Box::Whole(f->atom_box.size), 0, {}});
+    job.tensor = RegionTensor(a, *f);
     job.sink = null_sink;
     job.hash = true;
     jobs.push_back(std::move(job));
@@ -194,16 +208,12 @@ class RegionStream {
   static std::optional<RegionStream> Of(const SourcePlan& plan,
                                         const AtomPlan& atom,
                                         const Fragment& f) {
-    const auto* storage = dynamic_cast<const TorchStorageSource*>(
-        plan.sources[f.src.source].get());
     std::optional<std::pair<std::string, std::string>> record =
-        storage != nullptr ? storage->ZipRecord() : std::nullopt;
+        ZipRecordOf(plan.sources[f.src.source].get());
     if (!record) return std::nullopt;
     RegionStream r;
     r.record_ = *std::move(record);
-    reshape::TargetTensor t{"", atom.dtype, f.atom_box.size, {}};
-    t.ops.push_back(
-        reshape::CopyOp{f.src, f.src_box, Box::Whole(f.atom_box.size), 0, {}});
+    const reshape::TargetTensor t = RegionTensor(atom, f);
     const uint64_t size = ElementSize(f.src.dtype);
     for (const reshape::Run& run : reshape::OpRuns(t, t.ops[0])) {
       const uint64_t begin =
@@ -267,10 +277,7 @@ class StreamedReplicas {
         if (r.first->src.dtype != r.second->src.dtype) continue;
         RegionStream* copy = Add(plan, a, *r.first);
         RegionStream* primary = copy ? Add(plan, a, *r.second) : nullptr;
-        if (primary != nullptr) {
-          pairs_.push_back({r, &a});
-          covered_.insert(r);
-        }
+        if (primary != nullptr) pairs_.push_back({r, &a});
       }
     }
     for (auto& [fragment, stream] : streams_) {
@@ -278,7 +285,12 @@ class StreamedReplicas {
     }
   }
 
-  bool Covers(const Replica& r) const { return covered_.count(r) != 0; }
+  // Whether the pair's regions are hashed from the pass (both lie in zip
+  // records, raw bytes of one dtype).
+  bool Covers(const Replica& r) const {
+    return r.first->src.dtype == r.second->src.dtype && Hashed(r.first) &&
+           Hashed(r.second);
+  }
 
   torchfile::RecordObservers Observers() {
     return [this](const std::string& file,
@@ -321,8 +333,12 @@ class StreamedReplicas {
   std::map<const Fragment*, std::optional<RegionStream>> streams_;
   std::map<std::pair<std::string, std::string>, std::vector<RegionStream*>>
       by_record_;
+  bool Hashed(const Fragment* f) const {
+    auto it = streams_.find(f);
+    return it != streams_.end() && it->second.has_value();
+  }
+
   std::vector<std::pair<Replica, const AtomPlan*>> pairs_;
-  std::set<Replica> covered_;
 };
 
 std::vector<const reshape::ByteSource*> SourceList(const SourcePlan& plan) {
@@ -350,12 +366,12 @@ VerifySummary internal::VerifyClassified(
     const SourcePlan& plan, const std::vector<Classified>& classified,
     const reshape::ExecutorOptions& options, const IntegrityPass& integrity) {
   VerifySummary s;
-  for (const AtomPlan& a : plan.atoms) {
+  for (size_t i = 0; i < plan.atoms.size(); ++i) {
+    const AtomPlan& a = plan.atoms[i];
     s.atoms += 1;
     s.atom_bytes +=
         static_cast<uint64_t>(NumElements(a.shape)) * ElementSize(a.dtype);
-    s.replicas_verified += static_cast<int64_t>(
-        classified[&a - plan.atoms.data()].replicas.size());
+    s.replicas_verified += static_cast<int64_t>(classified[i].replicas.size());
   }
   // Reads the regions of the replicas `which` takes (and, when the integrity
   // pass reads only what was not read, notes their CRC-32s), then compares.
@@ -369,9 +385,7 @@ VerifySummary internal::VerifyClassified(
     std::vector<const reshape::ByteSource*> sources = SourceList(plan);
     std::vector<std::unique_ptr<CrcNotingSource>> noting;
     for (const reshape::ByteSource*& src : sources) {
-      const auto* storage = dynamic_cast<const TorchStorageSource*>(src);
-      auto record =
-          crcs != nullptr && storage ? storage->ZipRecord() : std::nullopt;
+      auto record = crcs != nullptr ? ZipRecordOf(src) : std::nullopt;
       if (!record) continue;
       noting.push_back(
           std::make_unique<CrcNotingSource>(*src, *std::move(record)));

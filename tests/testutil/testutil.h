@@ -53,6 +53,10 @@ std::string ShellQuote(std::string_view s);
 std::string ReadFile(const std::filesystem::path& path);
 void WriteFile(const std::filesystem::path& path, std::string_view data);
 
+/// Bytes this process has read through read(2) / pread(2) so far (rchar of
+/// /proc/self/io; this reading of the file itself adds about 100).
+uint64_t BytesRead();
+
 /// Lower-case hex SHA-256 (FIPS 180-4) of `data`.
 std::string Sha256Hex(std::string_view data);
 

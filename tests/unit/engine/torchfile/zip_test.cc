@@ -480,17 +480,6 @@ TEST(ZipReaderTest, ReadsWhatPythonZipfileWrites) {
   }
 }
 
-// Bytes this process has read through read(2) / pread(2) so far.
-uint64_t ReadChars() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  uint64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "rchar:") return value;
-  }
-  return 0;
-}
-
 // CheckCrc with the CRC-32s of ranges already read: random pieces (some
 // overlapping, empty or outside the record) give the record's CRC while only
 // the bytes between the usable ones are read; a piece whose CRC is wrong (the
@@ -537,10 +526,10 @@ TEST(ZipReaderProperty, CheckCrcCombinesKnownPiecesAndReadsOnlyTheGaps) {
     const ZipReader reader = ZipReader::Open(path);
     const ZipEntry& e = reader.entries()[0];
     reader.DataOffset(e);  // the local header, read once
-    const uint64_t before = ReadChars();
+    const uint64_t before = testutil::BytesRead();
     EXPECT_TRUE(reader.CheckCrc(e, pieces));
     // (reading /proc/self/io itself counts some 100 bytes)
-    EXPECT_NEAR(static_cast<double>(ReadChars() - before),
+    EXPECT_NEAR(static_cast<double>(testutil::BytesRead() - before),
                 static_cast<double>(data.size() - skipped), 256);
     // A usable piece with a wrong CRC.
     for (CrcPiece& p : pieces) {

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <set>
 
@@ -312,7 +311,7 @@ struct ZipFixture {
     pass.whole_records = true;
     pass.run = [this, chunk, show](const torchfile::RecordCrcs&,
                                    const torchfile::RecordObservers& observe) {
-      read_before_pass = ReadBytes() - read_at_start;
+      read_before_pass = testutil::BytesRead() - read_at_start;
       if (!observe) return;  // a partial pass: nothing to show
       for (const auto& f : files) {
         for (const torchfile::ZipEntry& e : f->zip()->entries()) {
@@ -332,20 +331,8 @@ struct ZipFixture {
   }
 
   VerifySummary Verify(const IntegrityPass& pass) {
-    read_at_start = ReadBytes();
+    read_at_start = testutil::BytesRead();
     return VerifySource(plan, {}, pass);
-  }
-
-  // rchar of /proc/self/io: bytes this process read (this reading of
-  // /proc/self/io included, about 100 bytes).
-  static uint64_t ReadBytes() {
-    std::ifstream io("/proc/self/io");
-    std::string key;
-    uint64_t value = 0;
-    while (io >> key >> value) {
-      if (key == "rchar:") return value;
-    }
-    return 0;
   }
 
   uint64_t read_at_start = 0;
