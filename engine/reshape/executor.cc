@@ -26,6 +26,22 @@ constexpr uint64_t kMinChunk = 1ull << 20;
 // fresh buffer pages, 2-3x slower than 4 MiB ones (bench/README.md).
 constexpr uint64_t kMaxChunk = 4ull << 20;
 
+// Whether the runs of one op in a chunk are read with one pread of the range
+// covering them (then gathered) rather than one pread each. One read is
+// taken when it costs at most 1/16 more bytes than the runs (read
+// amplification stays <= 1.0625: the TP reshapes that split dim 1 read half
+// rows, whose gaps are as large as the runs), or when the runs are so short
+// (under kShortRun bytes on average) that a system call each would cost more
+// than reading the gaps, as long as the gaps are at most the runs' size.
+// bench/README.md ("Reading half rows") has the measurements.
+constexpr uint64_t kShortRun = 512;
+
+bool ReadCovering(uint64_t needed_bytes, uint64_t span_bytes, size_t runs) {
+  const uint64_t gaps = span_bytes - needed_bytes;
+  if (gaps * 16 <= needed_bytes) return true;
+  return needed_bytes < kShortRun * runs && gaps <= needed_bytes;
+}
+
 struct WorkerBuffers {
   AlignedBuffer chunk;
   AlignedBuffer staging;
@@ -132,8 +148,9 @@ class Runner {
     const int64_t span_elems =
         runs.back().src + runs.back().n - runs.front().src;
     const uint64_t span_bytes = static_cast<uint64_t>(span_elems) * src_es;
-    if (runs.size() > 1 && span_elems <= 2 * needed &&
-        span_bytes <= chunk_bytes_) {
+    if (runs.size() > 1 && span_bytes <= chunk_bytes_ &&
+        ReadCovering(static_cast<uint64_t>(needed) * src_es, span_bytes,
+                     runs.size())) {
       // Dense: one read of the covering range, then gather.
       buf.staging.Reserve(span_bytes);
       source->Read(

@@ -2,8 +2,9 @@
 // The parallel executor: runs plans (plan.h) with oneTBB under a memory
 // budget. Each target tensor is produced in chunks of consecutive elements
 // (flat, row-major; a chunk may start and end inside a row); each chunk reads
-// only the source bytes it needs (pread of contiguous runs, coalesced when
-// dense), converts dtypes, zero-fills what no op covers, and is handed to the
+// only the source bytes it needs (a pread per contiguous run; runs are read
+// with one pread of their covering range only when that reads at most 1/16
+// more, or when they are too short for a read each), converts dtypes, zero-fills what no op covers, and is handed to the
 // target's sink. Chunk size = memory_budget / (2 x threads), clamped to
 // [1 MiB, 4 MiB] (cache-sized: faster than larger chunks); peak buffer
 // memory is about 2 x threads x chunk size

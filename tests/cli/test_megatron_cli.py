@@ -411,6 +411,25 @@ def test_json_output_is_json_even_on_failure():
         assert doc["name"] == "mcore-gpt" and "rules:" in doc["yaml"], doc
 
 
+def test_tp_reshape_splitting_dim_1_reads_what_the_target_needs():
+    """TP2 -> TP4 takes half of each source row of the tensors split on dim 1
+    (attention projection, fc2): ucp reads those runs, not the whole rows
+    (1.15x the checkpoint was read before), and the result equals the
+    generator's own TP4 checkpoint."""
+    scale = "hidden=1024,ffn=1024,layers=2,vocab=512,heads=8,groups=4"
+    with Tmp() as t:
+        subprocess.run([PY, str(TOOLS / "make_megatron_ckpts.py"), "--out", str(t / "gen"),
+                        "--variant", VARIANT, "--topologies",
+                        "tp2_pp2_vpp1_dp2_do,tp4_pp1_vpp1_dp1_do", "--scale", scale,
+                        "--no-truth"], check=True, capture_output=True)
+        src = t / "gen" / VARIANT / "tp2_pp2_vpp1_dp2_do"
+        size = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+        _, read = run_counting_reads("convert", src, "-o", t / "o", "--tp", 4, "--pp", 1,
+                                     "--dp", 1, "--distributed-optimizer", "--no-sync", "-q")
+        assert read <= 1.05 * size, (read, size, read / size)
+        compare(t / "gen" / VARIANT / "tp4_pp1_vpp1_dp1_do", t / "o", "--ignore-rng")
+
+
 def test_many_rank_files_under_a_low_open_file_limit():
     """A reshape keeps every source rank file open: ucp raises its soft
     RLIMIT_NOFILE to the hard limit, so TP4 PP4 DP4 with the distributed
