@@ -58,8 +58,12 @@ constexpr const char* kResumeHelp =
     "naming it when only the tracker was wrong, else the checkpoint reshaped\n"
     "for the new layout, with a ucp.manifest.json. A load folder already\n"
     "there is verified against its manifest and reused. The source is never\n"
-    "modified. Ranks that run it at once take turns (a lock in SAVE_DIR) and\n"
-    "print the same answer.\n"
+    "modified, and nothing is written into SAVE_DIR but that load folder\n"
+    "(under SAVE_DIR/ucp-resume/): a read-only save folder works with -o.\n"
+    "Ranks that run it at once take turns (an advisory flock on SAVE_DIR\n"
+    "itself) and print the same answer; on a filesystem without flock (some\n"
+    "NFS or FUSE mounts) they run at once, and the first load folder written\n"
+    "is the one all of them verify and print.\n"
     "\n"
     "data_skip_steps = consumed samples / --global-batch-size (floor), 0 with\n"
     "--ignore-data-skip, or --data-skip-steps.\n"
@@ -184,20 +188,63 @@ bool Tracked(const formats::Driver& d, const fs::path& save,
   }
 }
 
-// Holds an exclusive flock on SAVE_DIR/.ucp-resume.lock while alive.
+// Removes an empty folder when it goes out of scope, unless kept.
+class RemoveIfEmpty {
+ public:
+  explicit RemoveIfEmpty(fs::path dir) : dir_(std::move(dir)) {}
+  ~RemoveIfEmpty() {
+    if (!dir_.empty()) ::rmdir(dir_.c_str());  // fails if not empty: kept
+  }
+  RemoveIfEmpty(const RemoveIfEmpty&) = delete;
+  RemoveIfEmpty& operator=(const RemoveIfEmpty&) = delete;
+  void Keep() { dir_.clear(); }
+
+ private:
+  fs::path dir_;
+};
+
+// Checks that the load folder `out` (made by an earlier run or another
+// rank) holds iteration `iteration`, whole and intact against its
+// ucp.manifest.json. Throws what the checks throw.
+void CheckLoadFolder(const formats::Driver& driver, const fs::path& out,
+                     int64_t iteration) {
+  const std::unique_ptr<formats::Source> made = driver.Open(out, {});
+  made->Plan();
+  formats::CheckIntegrity(made->info().path, made->info().files);
+  if (made->info().iteration != iteration) {
+    throw FormatError("holds iteration ", made->info().iteration, ", not ",
+                      iteration);
+  }
+}
+
+// Serialises the `ucp resume` runs of one save folder: an exclusive flock on
+// the folder itself, opened read-only, so that nothing is created in it and
+// a read-only folder (a snapshot, another user's checkpoints) can be locked
+// too. Where the filesystem offers no flock (some NFS and FUSE mounts) the
+// runs are not serialised: each may write the same load folder, the first
+// rename wins and the others verify and take it (ProvideLoadFolder).
 class ResumeLock {
  public:
   explicit ResumeLock(const fs::path& dir) {
-    const fs::path p = dir / ".ucp-resume.lock";
-    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd_ < 0) {
-      throw IoError("cannot create the lock ", p.string(), ": ",
+      throw IoError("cannot open the save folder ", dir.string(), ": ",
                     std::strerror(errno));
     }
     while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        throw IoError("cannot lock ", p.string(), ": ", std::strerror(errno));
+      if (errno == EINTR) continue;
+      if (errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL ||
+          errno == EBADF) {
+        std::fprintf(stderr,
+                     "ucp: note: %s: the filesystem offers no flock (%s): "
+                     "ranks running ucp resume at once are not serialised; "
+                     "the first load folder written is the one every rank "
+                     "takes\n",
+                     OneLine(dir.string()).c_str(), std::strerror(errno));
+        break;
       }
+      throw IoError("cannot lock the save folder ", dir.string(), ": ",
+                    std::strerror(errno));
     }
   }
   ~ResumeLock() {
@@ -301,61 +348,80 @@ int RunResume(const std::vector<std::string>& args) {
   bool reshaped = false;
   int64_t linked = 0, copied = 0;
   if (!fits || !Tracked(driver, save, name)) {
-    fs::path out = output;
-    if (out.empty()) {
-      out = save / "ucp-resume" /
-            StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp", want.vpp,
-                   "-dp", want.dp, options.distributed_optimizer ? "-do" : "",
-                   options.zero_stage ? StrCat("-z", *options.zero_stage) : "",
-                   driver.Name() != chosen->native
-                       ? StrCat("-", std::string(driver.Name()))
-                       : "");
-      fs::create_directories(out.parent_path(), ec);
-    }
+    // Inside the save folder only under ucp-resume/ (ucp's own), else -o.
+    const bool inside = output.empty();
+    const fs::path out =
+        inside
+            ? save / "ucp-resume" /
+                  StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp", want.vpp,
+                         "-dp", want.dp,
+                         options.distributed_optimizer ? "-do" : "",
+                         options.zero_stage ? StrCat("-z", *options.zero_stage)
+                                            : "",
+                         driver.Name() != chosen->native
+                             ? StrCat("-", std::string(driver.Name()))
+                             : "")
+            : fs::path(output);
     load = out;
     reshaped = !fits;
-    bool reuse = fs::exists(out, ec);
-    if (reuse) {
-      // Made by an earlier run (or another rank): it must be whole and
-      // intact (against its ucp.manifest.json) before it is handed out.
-      try {
-        const std::unique_ptr<formats::Source> made = driver.Open(out, {});
-        made->Plan();
-        formats::CheckIntegrity(made->info().path, made->info().files);
-        if (made->info().iteration != chosen->iteration) {
-          throw FormatError("holds iteration ", made->info().iteration,
-                            ", not ", chosen->iteration);
+    // SAVE_DIR/ucp-resume made by this run goes again if the run fails.
+    std::optional<RemoveIfEmpty> made_parent;
+    for (int attempt = 0;; ++attempt) {
+      if (fs::exists(out, ec)) {
+        // Made by an earlier run (or another rank): it must be whole and
+        // intact (against its ucp.manifest.json) before it is handed out.
+        try {
+          CheckLoadFolder(driver, out, chosen->iteration);
+          break;
+        } catch (Error& e) {
+          e.AddContext("load folder ", out.string());
+          if (!inside) throw;  // -o: not ours to delete
+          std::fprintf(stderr, "ucp: note: remaking %s\n",
+                       OneLine(e.what()).c_str());
+          fs::remove_all(out, ec);
+          if (ec) {
+            throw IoError("cannot remove the damaged load folder ",
+                          out.string(), ": ", ec.message());
+          }
         }
-      } catch (Error& e) {
-        e.AddContext("load folder ", out.string());
-        if (!output.empty()) throw;  // -o: not ours to delete
-        std::fprintf(stderr, "ucp: note: remaking %s\n",
-                     OneLine(e.what()).c_str());
-        fs::remove_all(out, ec);
+      }
+      if (inside && !fs::is_directory(out.parent_path(), ec)) {
+        fs::create_directory(out.parent_path(), ec);
+        if (!ec) made_parent.emplace(out.parent_path());
         if (ec) {
-          throw IoError("cannot remove the damaged load folder ", out.string(),
-                        ": ", ec.message());
+          throw IoError("cannot make the load folder ", out.string(),
+                        " inside the save folder (", ec.message(),
+                        "): pass -o DIR to write it elsewhere (the save "
+                        "folder is only read)");
         }
-        reuse = false;
       }
-    }
-    if (!reuse) {
-      universal::StagedDirectory staged(out);
-      if (fits) {
-        // The right layout, not the tracked one: hard links and a tracker.
-        const LinkCounts n =
-            LinkTree(info.path, staged.path() / info.path.filename());
-        driver.WriteTracker(staged.path(), info);
-        linked = n.linked;
-        copied = n.copied;
-      } else {
-        std::unique_ptr<universal::UniversalInput> input =
-            chosen->Input(executor);
-        CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
-        driver.Write(*input, staged.path(), options, executor);
-        WriteManifestOf(driver, staged.path());  // checked before a reuse
+      try {
+        universal::StagedDirectory staged(out);
+        if (fits) {
+          // The right layout, not the tracked one: hard links and a tracker.
+          const LinkCounts n =
+              LinkTree(info.path, staged.path() / info.path.filename());
+          driver.WriteTracker(staged.path(), info);
+          linked = n.linked;
+          copied = n.copied;
+        } else {
+          std::unique_ptr<universal::UniversalInput> input =
+              chosen->Input(executor);
+          CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
+          driver.Write(*input, staged.path(), options, executor);
+          WriteManifestOf(driver, staged.path());  // checked before a reuse
+        }
+        staged.Commit();
+        if (made_parent) made_parent->Keep();
+        break;
+      } catch (const Error&) {
+        // Without flock another run may have committed it first: take it.
+        if (attempt == 0 && fs::exists(out, ec) && !fs::is_empty(out, ec)) {
+          linked = copied = 0;
+          continue;
+        }
+        throw;
       }
-      staged.Commit();
     }
   }
 

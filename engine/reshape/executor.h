@@ -4,11 +4,11 @@
 // (flat, row-major; a chunk may start and end inside a row); each chunk reads
 // only the source bytes it needs (a pread per contiguous run; runs are read
 // with one pread of their covering range only when that reads at most 1/16
-// more, or when they are too short for a read each), converts dtypes, zero-fills what no op covers, and is handed to the
-// target's sink. Chunk size = memory_budget / (2 x threads), clamped to
-// [1 MiB, 4 MiB] (cache-sized: faster than larger chunks); peak buffer
-// memory is about 2 x threads x chunk size
-// (at most memory_budget unless the 1 MiB floor applies), independent of
+// more, or when they are too short for a read each), converts dtypes,
+// zero-fills what no op covers, and is handed to the target's sink. Chunk size
+// = memory_budget / (2 x threads), clamped to [1 MiB, 4 MiB] (cache-sized:
+// faster than larger chunks); peak buffer memory is about 2 x threads x chunk
+// size (at most memory_budget unless the 1 MiB floor applies), independent of
 // checkpoint size.
 
 #include <cstdint>

@@ -90,9 +90,9 @@ def test_picks_newest_and_reshapes():
         run("to-universal", load, "-o", t / "b.h5", "-q")
         assert same_atoms(t / "a.h5", t / "b.h5") > 0
         assert resume(save, "--dp", 3, "--zero-stage", 1)["load"] == str(load)
-        # The source is never modified (only the lock and ucp-resume/ appear).
+        # The source is never modified (only ucp-resume/ appears).
         after = {p: p.read_bytes() for p in save.rglob("*") if p.is_file()
-                 and p.relative_to(save).parts[0] != "ucp-resume" and p.name != ".ucp-resume.lock"}
+                 and p.relative_to(save).parts[0] != "ucp-resume"}
         assert after == before, (set(after) ^ set(before), [p for p in after if after[p] != before.get(p)])
         # Plain output: the folder on stdout, the explanation on stderr.
         p = run("resume", save, "--dp", 2, "--zero-stage", 2)
@@ -427,10 +427,122 @@ def test_bad_input():
             p = run("resume", save, *flags, "--distributed-optimizer", expect=4)
             assert len(p.stderr.strip().splitlines()) == 1, p.stderr
             assert "layout error" in p.stderr, p.stderr
-            after = sorted(str(q.relative_to(save)) for q in save.rglob("*")
-                           if q.name != ".ucp-resume.lock")
-            assert [a for a in after if not a.startswith("ucp-resume")] == before, after
-            assert not any((save / "ucp-resume").glob("*")) if (save / "ucp-resume").exists() else True
+            after = sorted(str(q.relative_to(save)) for q in save.rglob("*"))
+            assert after == before, sorted(set(after) ^ set(before))
+
+
+def snapshot(root):
+    """Every entry under root (hidden ones too): type, size and sha256 of
+    files, link targets, and each folder's mtime (an entry created and
+    removed again changes it)."""
+    import hashlib
+    root = pathlib.Path(root)
+    out = {".": ("dir", root.stat().st_mtime_ns)}
+    for q in sorted(root.rglob("*")):
+        rel = str(q.relative_to(root))
+        if q.is_symlink():
+            out[rel] = ("link", os.readlink(q))
+        elif q.is_dir():
+            out[rel] = ("dir", q.stat().st_mtime_ns)
+        else:
+            out[rel] = ("file", q.stat().st_size, hashlib.sha256(q.read_bytes()).hexdigest())
+    return out
+
+
+def assert_same(before, after):
+    assert after == before, sorted(k for k in set(before) | set(after)
+                                   if before.get(k) != after.get(k))
+
+
+def test_save_folder_is_left_as_it_was():
+    """Nothing is written into SAVE_DIR (no lock file, no folder) by a run
+    whose checkpoint fits, by a run that fails, or by one writing its load
+    folder elsewhere (-o); a run whose load folder goes inside adds
+    ucp-resume/ and nothing else."""
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        t = pathlib.Path(t)
+        save = ds_save(t)
+        before = snapshot(save)
+        assert resume(save, "--dp", 2, "--zero-stage", 2)["load"] == str(save)
+        assert_same(before, snapshot(save))
+        p = run("resume", save, "--dp", 2, "--zero-stage", 2)
+        assert p.stdout.strip() == str(save)
+        assert_same(before, snapshot(save))
+        r = resume(save, "--dp", 3, "--zero-stage", 1, "-o", t / "load")
+        assert r["reshaped"] and r["load"] == str(t / "load"), r
+        assert_same(before, snapshot(save))
+        # Failures: a layout DeepSpeed cannot write, an empty folder, a save
+        # folder whose every checkpoint is broken.
+        run("resume", save, "--dp", 3, "--tp", 2, "--zero-stage", 1, expect=2)
+        # (ucp-resume/ was made and removed again: the folder's mtime moved.)
+        assert_same({k: v for k, v in before.items() if k != "."},
+                    {k: v for k, v in snapshot(save).items() if k != "."})
+        (t / "empty").mkdir()
+        empty = snapshot(t / "empty")
+        run("resume", t / "empty", "--dp", 1, expect=3)
+        assert_same(empty, snapshot(t / "empty"))
+        broken = ds_save(t / "empty", tags=(5,))
+        (broken / "global_step5" / "mp_rank_00_model_states.pt").unlink()
+        snap = snapshot(broken)
+        run("resume", broken, "--dp", 3, "--zero-stage", 1, expect=3)
+        assert_same(snap, snapshot(broken))
+        # Inside: only ucp-resume/ is added.
+        r = resume(save, "--dp", 3, "--zero-stage", 1)
+        after = snapshot(save)
+        added = {k for k in after if k not in before}
+        assert added and all(k.split("/")[0] == "ucp-resume" for k in added), added
+        assert {k: v for k, v in after.items() if k != "." and k not in added} == \
+            {k: v for k, v in before.items() if k != "."}
+
+
+def test_read_only_save_folder():
+    """A save folder the caller cannot write (another user's, a snapshot):
+    ucp resume reads it, writes the load folder where -o says, and without
+    -o explains in one line why it cannot. Run as an unprivileged user
+    (nobody, through setpriv, when the tests run as root)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-resume-") as t:
+        t = pathlib.Path(t)
+        os.chmod(t, 0o755)
+        save = ds_save(t)
+        # The binary where the unprivileged user can run it.
+        ucp = t / "bin" / "ucp"
+        ucp.parent.mkdir()
+        shutil.copy2(UCP, ucp)
+        prefix = []
+        if os.geteuid() == 0:
+            prefix = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]
+        for q in [save, *save.rglob("*")]:
+            os.chmod(q, 0o555 if q.is_dir() else 0o444)
+        out = t / "mine"
+        out.mkdir()
+        os.chmod(out, 0o777)
+        before = snapshot(save)
+
+        def as_user(*args, expect=0):
+            p = subprocess.run([*prefix, str(ucp), "resume", *map(str, args)],
+                               capture_output=True, text=True)
+            assert p.returncode == expect, (args, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+            return p
+
+        # The user really cannot write there.
+        p = subprocess.run([*prefix, "touch", str(save / "x")], capture_output=True)
+        assert p.returncode != 0, "the save folder is writable: the test proves nothing"
+        p = as_user(save, "--dp", 2, "--zero-stage", 2)
+        assert p.stdout.strip() == str(save), p.stdout
+        r = json.loads(as_user(save, "--dp", 3, "--zero-stage", 1, "-o", out / "load",
+                               "--json").stdout)
+        assert r["ok"] and r["reshaped"] and r["load"] == str(out / "load"), r
+        assert len(list((out / "load" / "global_step3").glob("zero_pp_rank_*_optim_states.pt"))) == 3
+        # A second run verifies and reuses it.
+        r = json.loads(as_user(save, "--dp", 3, "--zero-stage", 1, "-o", out / "load",
+                               "--json").stdout)
+        assert r["load"] == str(out / "load"), r
+        p = as_user(save, "--dp", 3, "--zero-stage", 1, expect=5)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "-o" in lines[0] and "inside the save folder" in lines[0], p.stderr
+        assert_same(before, snapshot(save))
+        for q in [save, *save.rglob("*")]:
+            os.chmod(q, 0o755 if q.is_dir() else 0o644)
 
 
 def test_kill9_during_resume():

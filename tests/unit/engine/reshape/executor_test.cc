@@ -306,10 +306,12 @@ TEST(ExecutorTest, HalfRowsReadOnlyTheirBytes) {
       MemSink sink(static_cast<size_t>(rows * cols * 4));
       std::vector<Job> jobs(1);
       SourceTensor s{0, 0, DType::kFloat32, {rows, 2 * cols}};
-      jobs[0].tensor = TargetTensor{
-          "w", DType::kFloat32, {rows, cols},
-          {CopyOp{s, Box{{0, half * cols}, {rows, cols}},
-                  Box{{0, 0}, {rows, cols}}}}};
+      jobs[0].tensor =
+          TargetTensor{"w",
+                       DType::kFloat32,
+                       {rows, cols},
+                       {CopyOp{s, Box{{0, half * cols}, {rows, cols}},
+                               Box{{0, 0}, {rows, cols}}}}};
       jobs[0].sink = &sink;
       std::vector<const ByteSource*> srcs = {&src};
       const ExecutorStats st = Execute(jobs, srcs, {.threads = 1});
