@@ -31,6 +31,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// One line per readable / writable format; for targets, also the topology
+// sizes and the options each takes.
 std::string FormatList(bool writable) {
   std::string s;
   for (const formats::Driver* d : formats::Drivers()) {
@@ -38,6 +40,25 @@ std::string FormatList(bool writable) {
     s += StrCat("  ", d->Name(),
                 std::string(22 - std::min<size_t>(20, d->Name().size()), ' '),
                 d->Summary(), "\n");
+    std::string takes;
+    if (writable) {
+      const formats::TopologyAxes a = d->TargetAxes();
+      for (const auto& [on, flag] :
+           {std::pair{a.tp, "--tp"}, std::pair{a.pp, "--pp"},
+            std::pair{a.vpp, "--vpp"}, std::pair{a.dp, "--dp"}}) {
+        if (on) takes += StrCat(takes.empty() ? "" : " ", flag);
+      }
+      if (!a.any()) takes = "no topology (any world size)";
+    }
+    for (const formats::OptionSpec& o :
+         writable ? d->TargetOptionSpecs() : d->SourceOptionSpecs()) {
+      takes += StrCat(takes.empty() ? "" : " ", "--", o.name,
+                      o.type == formats::OptionSpec::Type::kFlag  ? ""
+                      : o.type == formats::OptionSpec::Type::kInt ? " N"
+                                                                  : " TEXT");
+    }
+    if (!takes.empty())
+      s += StrCat(std::string(24, ' '), "takes ", takes, "\n");
   }
   return s;
 }
@@ -71,10 +92,8 @@ const std::string& ToUniversalHelp() {
 
 const std::string& ReshapeHelp() {
   static const std::string h =
-      "usage: ucp reshape FILE -o DIR --dp N [--tp N] [--pp N] [--vpp N]\n"
-      "                   [--format NAME] [--distributed-optimizer | "
-      "--zero-stage S]\n"
-      "                   [options]\n"
+      "usage: ucp reshape FILE -o DIR [--format NAME] [--dp N --tp N --pp N\n"
+      "                   --vpp N] [format options] [options]\n"
       "\n"
       "Writes, from a universal file, the checkpoint for a new tensor / "
       "pipeline /\n"
@@ -82,7 +101,8 @@ const std::string& ReshapeHelp() {
       "would save\n"
       "it for that configuration, optimizer state included. --format picks "
       "the\n"
-      "target (default: the format the universal file was made from):\n" +
+      "target (default: the format the universal file was made from), and\n"
+      "each format takes the topology sizes and options listed with it:\n" +
       FormatList(true) +
       "DIR must not exist (or be empty); nothing appears under DIR on "
       "failure.\n"
@@ -100,10 +120,8 @@ const std::string& ReshapeHelp() {
 
 const std::string& ConvertHelp() {
   static const std::string h =
-      "usage: ucp convert SRC -o DIR --dp N [--tp N] [--pp N] [--vpp N]\n"
-      "                   [--format NAME] [--distributed-optimizer | "
-      "--zero-stage S]\n"
-      "                   [options]\n"
+      "usage: ucp convert SRC -o DIR [--format NAME] [--dp N --tp N --pp N\n"
+      "                   --vpp N] [format options] [options]\n"
       "\n"
       "to-universal and reshape in one step, streaming: reads the checkpoint "
       "SRC\n"
@@ -112,7 +130,10 @@ const std::string& ConvertHelp() {
       "source\n"
       "rank files (same checks as to-universal: coverage, replicas), no "
       "universal\n"
-      "file is written. Target formats (--format, default: the source's):\n" +
+      "file is written. Target formats (--format, default: the source's), "
+      "with\n"
+      "the topology sizes and options each takes (a target option that a\n"
+      "source option shares the name of is --target-<name>):\n" +
       FormatList(true) +
       "\n"
       "examples:\n"
@@ -120,8 +141,7 @@ const std::string& ConvertHelp() {
       "  ucp convert /ckpt/ds -o /ckpt/ds-3ranks --dp 3 --zero-stage 1\n"
       "  ucp convert /ckpt/mds -o /ckpt/mds-tp1pp4 --tp 1 --pp 4 --dp 2 "
       "--zero-stage 1\n"
-      "  ucp convert /ckpt/ds -o /ckpt/ds-uc --format deepspeed-universal "
-      "--dp 1\n"
+      "  ucp convert /ckpt/ds -o /ckpt/ds-uc --format deepspeed-universal\n"
       "\n"
       "options";
   return h;
@@ -129,26 +149,97 @@ const std::string& ConvertHelp() {
 
 }  // namespace
 
+void DriverOptionArgs::Add(po::options_description& desc, bool target,
+                           const std::vector<std::string>& rename,
+                           const std::string& prefix) {
+  // Each option once, with the help of every driver that declares it.
+  struct Merged {
+    formats::OptionSpec spec;
+    std::vector<std::string> helps;
+  };
+  std::vector<Merged> merged;
+  for (const formats::Driver* d : formats::Drivers()) {
+    if (target ? !d->CanWrite() : !d->CanRead()) continue;
+    for (const formats::OptionSpec& o :
+         target ? d->TargetOptionSpecs() : d->SourceOptionSpecs()) {
+      auto it =
+          std::find_if(merged.begin(), merged.end(),
+                       [&](const Merged& m) { return m.spec.name == o.name; });
+      if (it == merged.end()) {
+        merged.push_back({o, {}});
+        it = std::prev(merged.end());
+      }
+      UCP_CHECK(it->spec.type == o.type, "drivers declare option --", o.name,
+                " with different types");
+      std::string help = o.help;
+      if (!o.default_text.empty()) help += " (default: " + o.default_text + ")";
+      if (std::find(it->helps.begin(), it->helps.end(), help) ==
+          it->helps.end())
+        it->helps.push_back(help);
+    }
+  }
+  for (Merged& m : merged) {
+    Entry e;
+    e.name = m.spec.name;
+    e.type = m.spec.type;
+    e.flag = std::find(rename.begin(), rename.end(), e.name) != rename.end()
+                 ? prefix + e.name
+                 : e.name;
+    std::string help;
+    for (const std::string& h : m.helps) help += (help.empty() ? "" : "; ") + h;
+    if (e.type == formats::OptionSpec::Type::kFlag) {
+      desc.add_options()(e.flag.c_str(), po::bool_switch(), help.c_str());
+    } else {
+      desc.add_options()(
+          e.flag.c_str(),
+          po::value<std::string>()->value_name(
+              e.type == formats::OptionSpec::Type::kInt ? "N" : "TEXT"),
+          help.c_str());
+    }
+    entries_.push_back(std::move(e));
+  }
+}
+
+formats::OptionValues DriverOptionArgs::Values(
+    const po::variables_map& vm) const {
+  formats::OptionValues v;
+  for (const Entry& e : entries_) {
+    if (!vm.count(e.flag)) continue;
+    if (e.type == formats::OptionSpec::Type::kFlag) {
+      if (vm[e.flag].as<bool>()) v.Set(e.name, "true");
+    } else {
+      v.Set(e.name, vm[e.flag].as<std::string>());
+    }
+  }
+  return v;
+}
+
+std::vector<std::string> DriverOptionArgs::Names() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(e.name);
+  return out;
+}
+
 void SourceArgs::Add(po::options_description& d) {
   d.add_options()("from", po::value<std::string>(&from),
                   "source format (default: detected)")(
       "layout", po::value<std::string>(&layout),
       "layout descriptor: a builtin name (ucp layout list) or a YAML file; "
-      "default: detected")("iteration", po::value<int64_t>(&iteration),
-                           "Megatron: iteration to read (default: the "
-                           "tracker file's)")(
-      "tag", po::value<std::string>(&tag),
-      "DeepSpeed: tag to read (default: the one `latest` names)")(
+      "default: detected")(
       "vocab-size", po::value<int64_t>(&vocab_size),
       "the tokenizer's true vocabulary size, when the args lack it");
+  driver_options.Add(d, /*target=*/false);
+}
+
+void SourceArgs::Read(const po::variables_map& vm) {
+  values = driver_options.Values(vm);
 }
 
 formats::SourceOptions SourceArgs::Options() const {
   formats::SourceOptions o;
   o.layout = layout;
   if (vocab_size > 0) o.true_vocab_size = vocab_size;
-  if (iteration >= 0) o.selector.iteration = iteration;
-  o.selector.tag = tag;
+  o.values = values;
   return o;
 }
 
@@ -158,24 +249,19 @@ std::unique_ptr<formats::Source> SourceArgs::Open(const fs::path& path) const {
 }
 
 void TargetArgs::Add(po::options_description& d, bool with_vocab,
-                     const char* tag_option) {
+                     const std::vector<std::string>& rename,
+                     const std::string& prefix) {
   d.add_options()("format", po::value<std::string>(&format),
                   "target format (default: the source's)")(
-      "tp", po::value<int64_t>(&tp)->default_value(1), "tensor-parallel size")(
-      "pp", po::value<int64_t>(&pp)->default_value(1),
-      "pipeline-parallel size")(
-      "vpp", po::value<int64_t>(&vpp)->default_value(1),
-      "virtual pipeline chunks per pipeline rank (1: none)")(
-      "dp", po::value<int64_t>(&dp)->required(), "data-parallel size")(
-      "distributed-optimizer", po::bool_switch(&distributed_optimizer),
-      "Megatron: write distrib_optim.pt (--use-distributed-optimizer)")(
-      "zero-stage", po::value<int>(&zero_stage),
-      "DeepSpeed: ZeRO stage 0-3 of the target (default: the source's); "
-      "at stage 0 the training dtype picks the optimizer: the torch optimizer "
-      "(fp32) or FP16_Optimizer (fp16) in the model states, BF16_Optimizer "
-      "files (bf16)")(tag_option, po::value<std::string>(&tag),
-                      "DeepSpeed: the target tag (default: the source's, or "
-                      "global_step<N>)")(
+      "tp", po::value<int64_t>(&tp)->value_name("N"),
+      "tensor-parallel size (default 1; formats with a topology)")(
+      "pp", po::value<int64_t>(&pp)->value_name("N"),
+      "pipeline-parallel size (default 1)")(
+      "vpp", po::value<int64_t>(&vpp)->value_name("N"),
+      "virtual pipeline chunks per pipeline rank (default 1: none)")(
+      "dp", po::value<int64_t>(&dp)->value_name("N"),
+      "data-parallel size (required by formats with a topology; formats "
+      "without one, such as deepspeed-universal, take none)")(
       "no-optimizer", po::bool_switch(&no_optimizer),
       "model weights only (no optimizer state)");
   if (with_vocab) {
@@ -183,40 +269,84 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
                     "the tokenizer's true vocabulary size, when the "
                     "universal file lacks it");
   }
+  driver_options.Add(d, /*target=*/true, rename, prefix);
 }
 
-formats::TargetOptions TargetArgs::Options() const {
-  if (tp < 1 || pp < 1 || vpp < 1 || dp < 1) {
-    throw UsageError("--tp, --pp, --vpp and --dp must be >= 1");
-  }
+void TargetArgs::Read(const po::variables_map& vm) {
+  values = driver_options.Values(vm);
+}
+
+formats::TargetOptions TargetArgs::Options(
+    const formats::Driver& driver) const {
+  const formats::TopologyAxes axes = driver.TargetAxes();
+  struct Axis {
+    const char* name;
+    const char* what;
+    int64_t value;
+    bool taken;
+    int64_t* out;
+  };
   formats::TargetOptions o;
-  o.topology.tp = tp;
-  o.topology.pp = pp;
-  o.topology.vpp = vpp;
-  o.topology.dp = dp;
-  if (zero_stage >= 0) o.zero_stage = zero_stage;
-  o.distributed_optimizer = distributed_optimizer;
+  const Axis list[] = {
+      {"tp", "tensor parallelism", tp, axes.tp, &o.topology.tp},
+      {"pp", "pipeline parallelism", pp, axes.pp, &o.topology.pp},
+      {"vpp", "virtual pipeline", vpp, axes.vpp, &o.topology.vpp},
+      {"dp", "data-parallel size", dp, axes.dp, &o.topology.dp}};
+  std::string taken;
+  for (const Axis& a : list)
+    if (a.taken) taken += StrCat(taken.empty() ? "" : ", ", "--", a.name);
+  for (const Axis& a : list) {
+    if (a.value == 0) continue;
+    if (!axes.any()) {
+      throw UsageError("--", a.name, ": format '", driver.Name(),
+                       "' is written without a topology (it loads at any "
+                       "world size): give no --tp, --pp, --vpp or --dp");
+    }
+    if (!a.taken) {
+      throw UsageError("--", a.name, ": format '", driver.Name(), "' has no ",
+                       a.what, " (its topology options: ", taken, ")");
+    }
+    if (a.value < 1) throw UsageError("--", a.name, " must be >= 1");
+    *a.out = a.value;
+  }
+  if (axes.dp && dp == 0) {
+    throw UsageError("format '", driver.Name(),
+                     "' needs the data-parallel size: pass --dp N");
+  }
+  formats::CheckOptions(driver.TargetOptionSpecs(), values, driver.Name(),
+                        "targets");
+  o.values = values;
   o.no_optimizer = no_optimizer;
-  o.tag = tag;
   if (vocab_size > 0) o.true_vocab_size = vocab_size;
   return o;
 }
 
-std::string TargetArgs::Describe() const {
-  return StrCat("tp ", tp, ", pp ", pp, ", vpp ", vpp, ", dp ", dp,
-                distributed_optimizer ? ", distributed optimizer" : "",
-                zero_stage >= 0 ? StrCat(", zero stage ", zero_stage) : "");
+std::string TargetArgs::Describe(const formats::Driver& driver) const {
+  const formats::TopologyAxes axes = driver.TargetAxes();
+  const formats::TargetOptions o = Options(driver);
+  std::string s;
+  if (!axes.any()) {
+    s = "any topology";
+  } else {
+    s = StrCat("tp ", o.topology.tp, ", pp ", o.topology.pp);
+    if (axes.vpp) s += StrCat(", vpp ", o.topology.vpp);
+    s += StrCat(", dp ", o.topology.dp);
+  }
+  const std::string extra =
+      formats::DescribeLayoutOptions(driver.TargetOptionSpecs(), values);
+  return extra.empty() ? s : s + ", " + extra;
 }
 
-json::Value TopologyJson(const layouts::Topology& t, bool distopt,
-                         std::optional<int> zero_stage) {
-  json::Value j;
-  j["tp"] = t.tp;
-  j["pp"] = t.pp;
-  j["vpp"] = t.vpp;
-  j["dp"] = t.dp;
-  j["distributed_optimizer"] = distopt;
-  if (zero_stage) j["zero_stage"] = *zero_stage;
+json::Value TargetArgs::TopologyJson(const formats::Driver& driver) const {
+  const formats::TargetOptions o = Options(driver);
+  json::Value j = json::Value::Object();
+  if (driver.TargetAxes().any()) {
+    j["tp"] = o.topology.tp;
+    j["pp"] = o.topology.pp;
+    j["vpp"] = o.topology.vpp;
+    j["dp"] = o.topology.dp;
+  }
+  formats::LayoutOptionsJson(driver.TargetOptionSpecs(), values, j);
   return j;
 }
 
@@ -278,14 +408,12 @@ void PrintTargetResult(const char* command, const fs::path& out,
                        const formats::Driver& driver, const TargetArgs& target,
                        const formats::TargetSummary& s, double seconds,
                        const RunOptions& run, json::Value extra) {
-  const formats::TargetOptions o = target.Options();
   if (run.json) {
     json::Value j = std::move(extra);
     j["command"] = command;
     j["output"] = out.string();
     j["format"] = std::string(driver.Name());
-    j["target_topology"] =
-        TopologyJson(o.topology, o.distributed_optimizer, o.zero_stage);
+    j["target_topology"] = target.TopologyJson(driver);
     j["files"] = s.files;
     j["bytes"] = s.bytes;
     j["seconds"] = seconds;
@@ -301,7 +429,7 @@ void PrintTargetResult(const char* command, const fs::path& out,
   std::printf("wrote %s: %s checkpoint, %lld files, %s for %s in %.1f s\n",
               out.string().c_str(), std::string(driver.Name()).c_str(),
               static_cast<long long>(s.files), HumanBytes(s.bytes).c_str(),
-              target.Describe().c_str(), seconds);
+              target.Describe(driver).c_str(), seconds);
   for (const auto& n : s.notes) std::printf("note: %s\n", n.c_str());
   if (!s.resume_hint.empty()) {
     std::string hint = s.resume_hint;
@@ -311,6 +439,10 @@ void PrintTargetResult(const char* command, const fs::path& out,
     std::printf("resume with %s\n", hint.c_str());
   }
 }
+
+constexpr const char* kManifestOption =
+    "also write ucp.manifest.json (sizes and xxh3 of every record) into the "
+    "checkpoint folder, which ucp verify / resume then check";
 
 }  // namespace
 
@@ -327,6 +459,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
+  src.Read(vm);
   if (!vm.count("source"))
     throw UsageError("to-universal needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
@@ -344,9 +477,8 @@ int RunToUniversal(const std::vector<std::string>& args) {
     j["source"] = c.path.string();
     j["format"] = c.format;
     j["iteration"] = c.iteration;
-    if (!c.tag.empty()) j["tag"] = c.tag;
-    j["source_topology"] =
-        TopologyJson(c.topology, c.distributed_optimizer, c.zero_stage);
+    if (!c.name.empty()) j["tag"] = c.name;
+    j["source_topology"] = c.TopologyJson();
     j["output"] = output;
     j["params"] = s.params;
     j["atoms"] = s.atoms;
@@ -366,19 +498,6 @@ int RunToUniversal(const std::vector<std::string>& args) {
   return 0;
 }
 
-void WriteManifestOf(const formats::Driver& driver, const fs::path& dir) {
-  const std::unique_ptr<formats::Source> written = driver.Open(dir, {});
-  formats::WriteManifest(written->info().path, written->info().files);
-}
-
-namespace {
-
-constexpr const char* kManifestOption =
-    "also write ucp.manifest.json (sizes and xxh3 of every record) into the "
-    "checkpoint folder, which ucp verify / resume then check";
-
-}  // namespace
-
 int RunReshape(const std::vector<std::string>& args) {
   po::options_description desc(ReshapeHelp());
   std::string output;
@@ -386,30 +505,30 @@ int RunReshape(const std::vector<std::string>& args) {
   RunOptions run;
   desc.add_options()("output,o", po::value<std::string>(&output)->required(),
                      "the checkpoint folder to create");
-  target.Add(desc, /*with_vocab=*/true, "tag");
+  target.Add(desc, /*with_vocab=*/true);
   bool manifest = false;
   desc.add_options()("manifest", po::bool_switch(&manifest), kManifestOption);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"universal"}, vm)) return 0;
+  target.Read(vm);
   if (!vm.count("universal"))
     throw UsageError("reshape needs a universal file");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
-  formats::TargetOptions options = target.Options();
-  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
+  if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   universal::StagedDirectory out(output);
   atoms::AtomStoreReader store =
       atoms::AtomStoreReader::Open(vm["universal"].as<std::string>());
   const formats::Driver& driver =
       TargetDriver(target.format, NativeFormat(store.root()));
+  const formats::TargetOptions options = target.Options(driver);
   std::unique_ptr<universal::UniversalInput> input =
       universal::StoreInput(store);
   CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
-  formats::TargetSummary s =
-      driver.Write(*input, out.path(), options, executor);
-  if (manifest) WriteManifestOf(driver, out.path());
+  formats::TargetSummary s = formats::WriteTarget(driver, *input, out.path(),
+                                                  options, executor, manifest);
   out.Commit();
   json::Value extra;
   extra["universal"] = vm["universal"].as<std::string>();
@@ -427,24 +546,26 @@ int RunConvert(const std::vector<std::string>& args) {
   desc.add_options()("output,o", po::value<std::string>(&output)->required(),
                      "the checkpoint folder to create");
   src.Add(desc);
-  target.Add(desc, /*with_vocab=*/false, "target-tag");
+  target.Add(desc, /*with_vocab=*/false, src.driver_options.Names(), "target-");
   bool manifest = false;
   desc.add_options()("manifest", po::bool_switch(&manifest), kManifestOption);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
+  src.Read(vm);
+  target.Read(vm);
   if (!vm.count("source"))
     throw UsageError("convert needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
-  formats::TargetOptions options = target.Options();
-  if (src.vocab_size > 0) options.true_vocab_size = src.vocab_size;
-  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
+  if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   std::unique_ptr<formats::Source> source =
       src.Open(vm["source"].as<std::string>());
   const formats::CheckpointInfo& c = source->info();
   const formats::Driver& driver = TargetDriver(target.format, c.format);
+  formats::TargetOptions options = target.Options(driver);
+  if (src.vocab_size > 0) options.true_vocab_size = src.vocab_size;
   universal::StagedDirectory out(output);
   // Streaming: every target tensor is composed from boxes of the source rank
   // files; no universal file is written.
@@ -452,15 +573,13 @@ int RunConvert(const std::vector<std::string>& args) {
   std::unique_ptr<universal::UniversalInput> input =
       universal::PlanInput(plan, c.path, executor);
   CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
-  formats::TargetSummary s =
-      driver.Write(*input, out.path(), options, executor);
-  if (manifest) WriteManifestOf(driver, out.path());
+  formats::TargetSummary s = formats::WriteTarget(driver, *input, out.path(),
+                                                  options, executor, manifest);
   out.Commit();
   json::Value extra;
   extra["source"] = c.path.string();
   extra["source_format"] = c.format;
-  extra["source_topology"] =
-      TopologyJson(c.topology, c.distributed_optimizer, c.zero_stage);
+  extra["source_topology"] = c.TopologyJson();
   if (!run.json) std::printf("read %s\n", c.Describe().c_str());
   PrintTargetResult("convert", output, driver, target, s, Since(start), run,
                     std::move(extra));

@@ -93,6 +93,7 @@ int RunExport(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
+  src.Read(vm);
   if (!vm.count("source")) throw UsageError("export needs a source");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   exporting::ExportOptions o;
@@ -181,6 +182,30 @@ int RunFormats(const std::vector<std::string>& args) {
       e["read"] = d->CanRead();
       e["write"] = d->CanWrite();
       e["summary"] = std::string(d->Summary());
+      auto specs = [](const std::vector<formats::OptionSpec>& v) {
+        json::Value a = json::Value::Array();
+        for (const formats::OptionSpec& o : v) {
+          json::Value x;
+          x["name"] = o.name;
+          x["type"] = o.type == formats::OptionSpec::Type::kFlag  ? "flag"
+                      : o.type == formats::OptionSpec::Type::kInt ? "int"
+                                                                  : "string";
+          x["help"] = o.help;
+          a.Append(std::move(x));
+        }
+        return a;
+      };
+      e["source_options"] = specs(d->SourceOptionSpecs());
+      if (d->CanWrite()) {
+        const formats::TopologyAxes ax = d->TargetAxes();
+        json::Value t = json::Value::Array();
+        if (ax.tp) t.Append("tp");
+        if (ax.pp) t.Append("pp");
+        if (ax.vpp) t.Append("vpp");
+        if (ax.dp) t.Append("dp");
+        e["target_topology"] = std::move(t);
+        e["target_options"] = specs(d->TargetOptionSpecs());
+      }
       list.Append(std::move(e));
     } else {
       std::printf("%-22s %-11s %s\n", std::string(d->Name()).c_str(),

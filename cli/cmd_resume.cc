@@ -23,6 +23,7 @@
 #include "engine/core/progress.h"
 #include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
+#include "engine/formats/emit.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -162,7 +163,7 @@ Chosen Check(Candidate& c, const fs::path& save,
     return out;
   }
   formats::SourceOptions so;
-  so.selector = c.checkpoint.selector;
+  so.values = c.checkpoint.selector;
   out.source = c.driver->Open(save, so);
   out.plan = out.source->Plan();
   // One read of every byte: the CRC-32 pass skips what the replica check
@@ -274,10 +275,12 @@ int RunResume(const std::vector<std::string>& args) {
       "ignore-data-skip", po::bool_switch(&ignore_skip), "data_skip_steps = 0")(
       "data-skip-steps", po::value<int64_t>(&skip_steps),
       "data_skip_steps as given");
-  target.Add(desc, /*with_vocab=*/false, "target-tag");
+  // Source options select checkpoints here: every target option is its own.
+  target.Add(desc, /*with_vocab=*/false);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"save_dir"}, vm)) return 0;
+  target.Read(vm);
   if (!vm.count("save_dir")) throw UsageError("resume needs a SAVE_DIR");
   if (vm.count("global-batch-size") && global_batch < 1)
     throw UsageError("--global-batch-size must be >= 1");
@@ -288,8 +291,7 @@ int RunResume(const std::vector<std::string>& args) {
     throw UsageError("--data-skip-steps must be >= 0");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
-  const formats::TargetOptions options = target.Options();
-  if (!target.format.empty()) TargetDriver(target.format, "");  // checks
+  if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   const fs::path save = vm["save_dir"].as<std::string>();
   std::error_code ec;
   if (!fs::is_directory(save, ec)) {
@@ -334,15 +336,13 @@ int RunResume(const std::vector<std::string>& args) {
   }
   const std::string& name = chosen->name;
   const formats::Driver& driver = TargetDriver(target.format, chosen->native);
+  const formats::TargetOptions options = target.Options(driver);
   const formats::CheckpointInfo& info = chosen->info;
   const layouts::Topology& want = options.topology;
   // A universal file never fits: the framework cannot load it.
-  const bool fits =
-      chosen->source != nullptr && driver.Name() == chosen->native &&
-      info.topology.tp == want.tp && info.topology.pp == want.pp &&
-      info.topology.vpp == want.vpp && info.topology.dp == want.dp &&
-      info.distributed_optimizer == options.distributed_optimizer &&
-      (!options.zero_stage || info.zero_stage == options.zero_stage);
+  const bool fits = chosen->source != nullptr &&
+                    driver.Name() == chosen->native &&
+                    chosen->source->Fits(options);
 
   fs::path load = save;
   bool reshaped = false;
@@ -350,20 +350,29 @@ int RunResume(const std::vector<std::string>& args) {
   if (!fits || !Tracked(driver, save, name)) {
     // Inside the save folder only under ucp-resume/ (ucp's own), else -o.
     const bool inside = output.empty();
+    const std::string layout = driver.TargetAxes().any()
+                                   ? StrCat("-tp", want.tp, "-pp", want.pp,
+                                            "-vpp", want.vpp, "-dp", want.dp)
+                                   : std::string();
     const fs::path out =
-        inside
-            ? save / "ucp-resume" /
-                  StrCat(name, "-tp", want.tp, "-pp", want.pp, "-vpp", want.vpp,
-                         "-dp", want.dp,
-                         options.distributed_optimizer ? "-do" : "",
-                         options.zero_stage ? StrCat("-z", *options.zero_stage)
-                                            : "",
-                         driver.Name() != chosen->native
-                             ? StrCat("-", std::string(driver.Name()))
-                             : "")
-            : fs::path(output);
+        inside ? save / "ucp-resume" /
+                     StrCat(name, layout,
+                            formats::LayoutOptionsSuffix(
+                                driver.TargetOptionSpecs(), options.values),
+                            driver.Name() != chosen->native
+                                ? StrCat("-", std::string(driver.Name()))
+                                : "")
+               : fs::path(output);
     load = out;
     reshaped = !fits;
+    // Planned before anything is made, so that a target the model cannot
+    // take fails without a trace.
+    std::unique_ptr<universal::UniversalInput> input;
+    std::unique_ptr<formats::TargetPlan> plan;
+    if (!fits) {
+      input = chosen->Input(executor);
+      plan = driver.PlanTarget(*input, options);
+    }
     // SAVE_DIR/ucp-resume made by this run goes again if the run fails.
     std::optional<RemoveIfEmpty> made_parent;
     for (int attempt = 0;; ++attempt) {
@@ -405,11 +414,11 @@ int RunResume(const std::vector<std::string>& args) {
           linked = n.linked;
           copied = n.copied;
         } else {
-          std::unique_ptr<universal::UniversalInput> input =
-              chosen->Input(executor);
           CheckFreeSpace(out, MinimumTargetBytes(*input, options.no_optimizer));
-          driver.Write(*input, staged.path(), options, executor);
-          WriteManifestOf(driver, staged.path());  // checked before a reuse
+          formats::EmitOptions emit;
+          emit.executor = executor;
+          emit.manifest = true;  // checked before a reuse
+          formats::Emit(*plan, *input, staged.path(), emit);
         }
         staged.Commit();
         if (made_parent) made_parent->Keep();
@@ -455,7 +464,7 @@ int RunResume(const std::vector<std::string>& args) {
     std::fprintf(stderr, "ucp: resume from %s (iteration %lld)%s%s\n",
                  name.c_str(), static_cast<long long>(chosen->iteration),
                  reshaped ? ", reshaped for " : ", as saved",
-                 reshaped ? target.Describe().c_str() : "");
+                 reshaped ? target.Describe(driver).c_str() : "");
     if (linked + copied > 0) {
       std::fprintf(
           stderr,

@@ -121,13 +121,11 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
   std::unique_ptr<formats::Source> source = src.Open(path);
   const formats::CheckpointInfo& c = source->info();
   universal::SourcePlan plan = source->Plan();  // (also fills c.iteration)
-  report.Add(
-      "completeness",
-      StrCat(c.format, " ", c.tag.empty() ? "" : c.tag + ", ", "iteration ",
-             c.iteration, ": all ", c.files.size(), " rank files of tp ",
-             c.topology.tp, " x pp ", c.topology.pp, " x dp ", c.topology.dp,
-             c.distributed_optimizer ? " (+ distrib_optim.pt)" : "",
-             " present"));
+  report.Add("completeness",
+             StrCat(c.format, " ", c.name.empty() ? "" : c.name + ", ",
+                    "iteration ", c.iteration, ": all ", c.files.size(),
+                    " rank files of tp ", c.topology.tp, " x pp ",
+                    c.topology.pp, " x dp ", c.topology.dp, " present"));
   report.Add("parse", StrCat("every rank file parses; ", plan.params.size(),
                              " params planned"));
   // One read of every byte: the CRC-32 pass skips what the replica check
@@ -154,6 +152,7 @@ int RunVerify(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"path"}, vm)) return 0;
+  src.Read(vm);
   if (!vm.count("path")) throw UsageError("verify needs a PATH");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
@@ -228,6 +227,7 @@ int RunManifest(const std::vector<std::string>& args) {
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"path"}, vm)) return 0;
+  src.Read(vm);
   if (!vm.count("path")) throw UsageError("manifest needs a CHECKPOINT folder");
   SetProgressMode(run.quiet, run.progress);
   const fs::path path = vm["path"].as<std::string>();

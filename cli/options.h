@@ -50,15 +50,42 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
            const std::vector<std::string>& positional, po::variables_map& vm,
            bool last_repeats = false);
 
+/// The options the registered drivers declare (formats/options.h), added to
+/// a command's options and read back generically. An option several drivers
+/// declare appears once, with each driver's help.
+class DriverOptionArgs {
+ public:
+  /// Adds every readable (`target` false) or writable driver's options.
+  /// Names in `rename` are added as "<prefix><name>" (convert's source and
+  /// target both take a --tag: the target's is --target-tag).
+  void Add(po::options_description& desc, bool target,
+           const std::vector<std::string>& rename = {},
+           const std::string& prefix = "");
+  /// The values given on the command line, by option name.
+  formats::OptionValues Values(const po::variables_map& vm) const;
+  /// The option names added (before renaming).
+  std::vector<std::string> Names() const;
+
+ private:
+  struct Entry {
+    std::string name;  // the driver's
+    std::string flag;  // on the command line
+    formats::OptionSpec::Type type;
+  };
+  std::vector<Entry> entries_;
+};
+
 /// Options that choose and read a source checkpoint (any format).
 struct SourceArgs {
   std::string from;
   std::string layout;
-  int64_t iteration = -1;
-  std::string tag;
   int64_t vocab_size = 0;
+  DriverOptionArgs driver_options;
+  formats::OptionValues values;  // set by Read
 
   void Add(po::options_description& desc);
+  /// Takes the driver options' values from `vm` (after parsing).
+  void Read(const po::variables_map& vm);
   formats::SourceOptions Options() const;
   /// Detects the format (or takes --from) and opens the checkpoint. Throws
   /// what formats::DetectDriver and Driver::Open throw.
@@ -66,39 +93,39 @@ struct SourceArgs {
       const std::filesystem::path& path) const;
 };
 
-/// The target layout options of reshape / convert / resume.
+/// The target options of reshape / convert / resume: the format, the
+/// topology sizes it takes, and its driver's own options.
 struct TargetArgs {
   std::string format;
-  int64_t tp = 1, pp = 1, vpp = 1, dp = 0;
-  int zero_stage = -1;
-  bool distributed_optimizer = false;
+  int64_t tp = 0, pp = 0, vpp = 0, dp = 0;  // 0: not given
   bool no_optimizer = false;
   int64_t vocab_size = 0;
-  std::string tag;
+  DriverOptionArgs driver_options;
+  formats::OptionValues values;  // set by Read
 
-  /// `tag_option`: "tag" for reshape, "target-tag" for convert and resume
-  /// (where --tag selects the source's tag).
-  void Add(po::options_description& d, bool with_vocab, const char* tag_option);
-  /// Throws UsageError on sizes < 1.
-  formats::TargetOptions Options() const;
-  /// "tp 2, pp 2, vpp 1, dp 4, distributed optimizer".
-  std::string Describe() const;
+  /// `rename`/`prefix`: as DriverOptionArgs::Add (convert and resume name
+  /// the target's options that clash with a source option target-<name>).
+  void Add(po::options_description& d, bool with_vocab,
+           const std::vector<std::string>& rename = {},
+           const std::string& prefix = "");
+  void Read(const po::variables_map& vm);
+  /// The options for `driver`: the topology sizes it takes (--dp required
+  /// when it takes one; none given when it takes none) and its own options.
+  /// Throws UsageError naming the option and what the format takes.
+  formats::TargetOptions Options(const formats::Driver& driver) const;
+  /// "tp 2, pp 2, vpp 1, dp 4, distributed optimizer" for `driver`; "any
+  /// topology" for a format without one.
+  std::string Describe(const formats::Driver& driver) const;
+  /// {"tp", "pp", "vpp", "dp", <layout options>} for `driver`.
+  json::Value TopologyJson(const formats::Driver& driver) const;
 };
 
-/// {"tp", "pp", "vpp", "dp", "distributed_optimizer"[, "zero_stage"]}.
-json::Value TopologyJson(const layouts::Topology& t, bool distopt,
-                         std::optional<int> zero_stage);
 /// The driver a universal file was made from ("" if unknown).
 std::string NativeFormat(const atoms::RootInfo& root);
 /// `format`, else `native`: a writable driver. Throws UsageError naming the
 /// writable formats.
 const formats::Driver& TargetDriver(const std::string& format,
                                     const std::string& native);
-/// ucp.manifest.json (formats/common/integrity.h) for the checkpoint just
-/// written into `dir` in `driver`'s format. Throws what Driver::Open and
-/// formats::WriteManifest throw.
-void WriteManifestOf(const formats::Driver& driver,
-                     const std::filesystem::path& dir);
 /// Seconds since `t`.
 double Since(std::chrono::steady_clock::time_point t);
 

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "engine/core/error.h"
+#include "engine/formats/emit.h"
 
 namespace ucp::formats {
 namespace {
@@ -28,31 +29,58 @@ std::string KnownNames() {
 
 }  // namespace
 
+namespace {
+
+// "zero stage 2", "distributed optimizer" from the settings.
+std::string DescribeSettings(const json::Value& settings) {
+  std::string s;
+  if (!settings.is_object()) return s;
+  for (const auto& [k, v] : settings.members()) {
+    std::string name = k;
+    for (char& c : name)
+      if (c == '_') c = ' ';
+    if (v.is_bool()) {
+      if (v.AsBool()) s += ", " + name;
+    } else if (v.is_string()) {
+      s += StrCat(", ", name, " ", v.AsString());
+    } else {
+      s += StrCat(", ", name, " ", v.Dump());
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string CheckpointInfo::Describe() const {
   std::string s = StrCat(format, " checkpoint ", path.string(), " (");
-  s += tag.empty() ? StrCat("iteration ", iteration)
-                   : StrCat(tag, ", step ", iteration);
+  s += name.empty() ? StrCat("iteration ", iteration)
+                    : StrCat(name, ", step ", iteration);
   s += StrCat(", tp ", topology.tp, ", pp ", topology.pp);
   if (topology.vpp > 1) s += StrCat(", vpp ", topology.vpp);
   s += StrCat(", dp ", topology.dp);
-  if (zero_stage) s += StrCat(", zero stage ", *zero_stage);
-  if (distributed_optimizer) s += ", distributed optimizer";
+  s += DescribeSettings(settings);
   if (!dtype.empty()) s += ", " + dtype;
   return s + ")";
 }
 
-json::Value CheckpointInfo::ToJson() const {
+json::Value CheckpointInfo::TopologyJson() const {
   json::Value j = json::Value::Object();
-  j["format"] = format;
-  j["path"] = path.string();
-  if (!tag.empty()) j["tag"] = tag;
-  j["iteration"] = iteration;
   j["tp"] = topology.tp;
   j["pp"] = topology.pp;
   j["vpp"] = topology.vpp;
   j["dp"] = topology.dp;
-  if (zero_stage) j["zero_stage"] = *zero_stage;
-  j["distributed_optimizer"] = distributed_optimizer;
+  if (settings.is_object())
+    for (const auto& [k, v] : settings.members()) j[k] = v;
+  return j;
+}
+
+json::Value CheckpointInfo::ToJson() const {
+  json::Value j = TopologyJson();
+  j["format"] = format;
+  j["path"] = path.string();
+  if (!name.empty()) j["tag"] = name;
+  j["iteration"] = iteration;
   if (!dtype.empty()) j["dtype"] = dtype;
   j["rank_files"] = static_cast<int64_t>(files.size());
   return j;
@@ -61,6 +89,12 @@ json::Value CheckpointInfo::ToJson() const {
 Source::NameListing Source::ListNames() const {
   throw UsageError(info().format,
                    " checkpoints have no layout descriptors to check");
+}
+
+bool Source::Fits(const TargetOptions&) const { return false; }
+
+std::vector<ArchiveSpan> Source::Archives(const std::filesystem::path&) const {
+  return {};
 }
 
 std::vector<SavedCheckpoint> Driver::ListCheckpoints(
@@ -80,10 +114,24 @@ std::unique_ptr<Source> Driver::Open(const std::filesystem::path& path,
                    ")");
 }
 
-TargetSummary Driver::Write(const universal::UniversalInput&,
-                            const std::filesystem::path&, const TargetOptions&,
-                            const reshape::ExecutorOptions&) const {
+std::unique_ptr<TargetPlan> Driver::PlanTarget(const universal::UniversalInput&,
+                                               const TargetOptions&) const {
   throw UsageError("format '", Name(), "' cannot be written");
+}
+
+TargetSummary WriteTarget(const Driver& driver,
+                          const universal::UniversalInput& input,
+                          const std::filesystem::path& out_dir,
+                          const TargetOptions& options,
+                          const reshape::ExecutorOptions& executor,
+                          bool manifest) {
+  CheckOptions(driver.TargetOptionSpecs(), options.values, driver.Name(),
+               "targets");
+  const std::unique_ptr<TargetPlan> plan = driver.PlanTarget(input, options);
+  EmitOptions o;
+  o.executor = executor;
+  o.manifest = manifest;
+  return Emit(*plan, input, out_dir, o);
 }
 
 void RegisterDriver(std::unique_ptr<Driver> driver) {

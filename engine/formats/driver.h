@@ -7,8 +7,11 @@
 //   - opens (discovers) a checkpoint: tag / iteration, topology, rank files,
 //   - plans the checkpoint's fragments (universal::SourcePlan) for
 //     to-universal, convert and export,
-//   - writes a target checkpoint for a topology from universal content (a
-//     universal file or a source plan; universal::UniversalInput).
+//   - plans a target checkpoint for a topology from universal content (a
+//     universal file or a source plan; universal::UniversalInput) as a
+//     TargetPlan that one engine stage writes (emit.h);
+//   - declares the options it takes, for reading and for writing
+//     (options.h), and which topology sizes a target takes.
 // Drivers register themselves (UCP_REGISTER_DRIVER in their .cc); the CLI and
 // engine/universal pick them by name and never name a framework. A binary
 // that wants every driver links the target ucp::all_formats.
@@ -21,6 +24,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/formats/options.h"
+#include "engine/formats/target_plan.h"
 #include "engine/json/json.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
@@ -32,18 +37,14 @@ namespace ucp::formats {
 /// How sure a driver is that a path is one of its checkpoints.
 enum class Confidence : uint8_t { kNo = 0, kMaybe = 1, kYes = 2 };
 
-/// Which checkpoint of a save folder to read.
-struct Selector {
-  std::string tag;                   // DeepSpeed tag; empty: `latest`
-  std::optional<int64_t> iteration;  // Megatron iteration; absent: tracker
-};
-
 struct SourceOptions {
   /// A builtin layout name or a YAML file; empty: detected from the names.
   std::string layout;
   /// The tokenizer's true vocabulary size, when the checkpoint lacks it.
   std::optional<int64_t> true_vocab_size;
-  Selector selector;
+  /// The driver's own options (Driver::SourceOptionSpecs), e.g. which
+  /// checkpoint of a save folder to read.
+  OptionValues values;
 };
 
 /// What was found on disk, framework-neutral (for messages and --json).
@@ -51,18 +52,39 @@ struct CheckpointInfo {
   std::string format;          // driver name
   std::filesystem::path dir;   // the save folder
   std::filesystem::path path;  // the checkpoint folder read
-  std::string tag;             // tag or iteration folder name
+  /// The name the format gives the checkpoint when it is not its iteration
+  /// (a DeepSpeed tag); "" otherwise.
+  std::string name;
   int64_t iteration = 0;
-  layouts::Topology topology;     // tp, pp, vpp, dp
-  std::optional<int> zero_stage;  // DeepSpeed
-  bool distributed_optimizer = false;
+  layouts::Topology topology;  // tp, pp, vpp, dp as saved
+  /// The format's own facts about the saved layout, shown in Describe() and
+  /// --json: {"zero_stage": 2}, {"distributed_optimizer": true}.
+  json::Value settings = json::Value::Object();
   std::string dtype;                         // training dtype, "" if unknown
   std::vector<std::filesystem::path> files;  // every rank file read
 
-  /// "DeepSpeed checkpoint DIR/global_step2 (step 2, zero stage 2, bf16,
-  /// dp 2)".
+  /// "deepspeed checkpoint DIR/global_step2 (global_step2, step 2, tp 1,
+  /// pp 1, dp 2, zero stage 2, bf16)".
   std::string Describe() const;
   json::Value ToJson() const;
+  /// {"tp", "pp", "vpp", "dp", <settings>}.
+  json::Value TopologyJson() const;
+};
+
+struct TargetOptions {
+  layouts::Topology topology;  // the axes the driver takes; others 1
+  bool no_optimizer = false;   // model weights only
+  std::optional<int64_t> true_vocab_size;
+  /// The driver's own options (Driver::TargetOptionSpecs).
+  OptionValues values;
+};
+
+/// Which topology sizes a target format takes (--tp, --pp, --vpp, --dp).
+/// A format without any (a universal folder, a consolidated model) takes
+/// none of them.
+struct TopologyAxes {
+  bool tp = false, pp = false, vpp = false, dp = false;
+  bool any() const { return tp || pp || vpp || dp; }
 };
 
 /// An opened (discovered) checkpoint.
@@ -85,32 +107,24 @@ class Source {
     std::string layout_yaml;
   };
   virtual NameListing ListNames() const;
-};
 
-struct TargetOptions {
-  layouts::Topology topology;          // tp, pp, vpp, dp
-  std::optional<int> zero_stage;       // DeepSpeed (default: the source's)
-  bool distributed_optimizer = false;  // Megatron
-  bool no_optimizer = false;           // model weights only
-  std::optional<int64_t> true_vocab_size;
-  std::string tag;  // DeepSpeed tag (default: the source's)
-};
+  /// Whether the checkpoint, as saved, loads in its framework with target
+  /// `options` of its own format (`ucp resume` then hands it out unchanged).
+  /// False by default.
+  virtual bool Fits(const TargetOptions& options) const;
 
-struct TargetSummary {
-  int64_t files = 0;  // written (rank files, trackers)
-  uint64_t bytes = 0;
-  std::vector<std::string> notes;
-  /// How to resume from the output with the framework, one line
-  /// ("--load DIR --tensor-model-parallel-size 2 ...").
-  std::string resume_hint;
-  json::Value details = json::Value::Object();  // driver-specific, for --json
+  /// The torch.save archives file `file` (one of info().files) holds, for
+  /// integrity checks and manifests; empty: the file itself is one archive
+  /// (if it is a zip) or none.
+  virtual std::vector<ArchiveSpan> Archives(
+      const std::filesystem::path& file) const;
 };
 
 /// One checkpoint of a save folder (`ucp resume`).
 struct SavedCheckpoint {
   std::string name;        // its folder: iter_0000100, global_step100
   int64_t iteration = -1;  // from the name; -1 if it carries none
-  Selector selector;       // Open(save_dir, {.selector = selector}) reads it
+  OptionValues selector;   // Open(save_dir, {.values = selector}) reads it
 };
 
 class Driver {
@@ -124,6 +138,8 @@ class Driver {
   /// Cheap; never throws (unreadable or foreign input is kNo).
   virtual Confidence Probe(const std::filesystem::path& path) const = 0;
   virtual bool CanRead() const { return true; }
+  /// The options Open takes (SourceOptions::values).
+  virtual std::vector<OptionSpec> SourceOptionSpecs() const { return {}; }
   /// Discovers the checkpoint at `path`. Throws FormatError naming the
   /// missing or malformed file, IoError if unreadable, UsageError for a
   /// selector that names nothing; UsageError if !CanRead().
@@ -144,16 +160,30 @@ class Driver {
                             const CheckpointInfo& checkpoint) const;
 
   virtual bool CanWrite() const { return false; }
-  /// Writes the target checkpoint into `out_dir` (an existing empty folder;
-  /// wrap it in a universal::StagedDirectory). Throws LayoutError if the
-  /// topology cannot hold the model, FormatError if the universal content
-  /// lacks what the format needs, UsageError for options it does not take
-  /// (or if !CanWrite()), IoError on write failures.
-  virtual TargetSummary Write(const universal::UniversalInput& input,
-                              const std::filesystem::path& out_dir,
-                              const TargetOptions& options,
-                              const reshape::ExecutorOptions& executor) const;
+  /// The topology sizes a target takes; none by default.
+  virtual TopologyAxes TargetAxes() const { return {}; }
+  /// The options a target takes (TargetOptions::values).
+  virtual std::vector<OptionSpec> TargetOptionSpecs() const { return {}; }
+  /// Plans the target checkpoint for `options` from universal content (a
+  /// universal file or a source plan; universal::UniversalInput) without
+  /// writing anything; emit.h writes it. Throws LayoutError if the topology
+  /// cannot hold the model, FormatError if the universal content lacks what
+  /// the format needs, UsageError for options it cannot honour (or if
+  /// !CanWrite()).
+  virtual std::unique_ptr<TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const TargetOptions& options) const;
 };
+
+/// Plans and writes a target checkpoint of `driver` into `out_dir` (an
+/// existing empty folder; wrap it in a universal::StagedDirectory), with
+/// ucp.manifest.json when `manifest`. Throws what PlanTarget and Emit throw.
+TargetSummary WriteTarget(const Driver& driver,
+                          const universal::UniversalInput& input,
+                          const std::filesystem::path& out_dir,
+                          const TargetOptions& options,
+                          const reshape::ExecutorOptions& executor,
+                          bool manifest = false);
 
 /// Adds a driver to the registry. Throws InternalError on a duplicate name.
 void RegisterDriver(std::unique_ptr<Driver> driver);

@@ -39,8 +39,13 @@ struct TorchWriter::Impl {
   std::unordered_map<const Value*, size_t> by_node;
   std::vector<const Value*> planned;
   std::string pickle;
+  std::vector<ZipRecordSpec> specs;
   std::optional<ZipWriter> zip;
+  bool prepared = false;
   bool begun = false;
+
+  // data.pkl, byteorder and version, once the zip writer exists.
+  void WriteSmallRecords();
 
   // Nodes shared between tensors the way torch.save's pickler shares them.
   Value* storage_str = nullptr;
@@ -100,7 +105,9 @@ struct TorchWriter::Impl {
   }
 
   void CheckSpec(const TensorSpec& spec) const {
-    if (begun) throw UsageError("NewTensor after Begin on ", path.string());
+    if (begun || prepared) {
+      throw UsageError("NewTensor after Begin on ", path.string());
+    }
     std::optional<int64_t> numel = CheckedNumElements(spec.shape);
     uint64_t nbytes = 0;
     if (!numel ||
@@ -209,9 +216,19 @@ const TensorSpec* TorchWriter::FindSpec(const Value* tensor) const noexcept {
                                     : &impl_->records[it->second].spec;
 }
 
-void TorchWriter::Begin(const Value* root) {
+void TorchWriter::SetPath(std::filesystem::path path) {
+  if (impl_->begun || impl_->prepared) {
+    throw UsageError("TorchWriter::SetPath after Begin on ",
+                     impl_->path.string());
+  }
+  impl_->path = std::move(path);
+}
+
+uint64_t TorchWriter::Prepare(const Value* root) {
   Impl& im = *impl_;
-  if (im.begun) throw UsageError("TorchWriter::Begin called twice");
+  if (im.begun || im.prepared) {
+    throw UsageError("TorchWriter::Begin called twice");
+  }
   UCP_CHECK(root != nullptr);
   std::vector<size_t> order;
   internal::ForEachInPickleOrder(root, [&](const Value* v,
@@ -240,23 +257,52 @@ void TorchWriter::Begin(const Value* root) {
   std::string prefix = im.options.archive_name;
   if (prefix.empty()) prefix = im.path.stem().string();
   if (prefix.empty()) prefix = "archive";
-  std::vector<ZipRecordSpec> specs;
-  specs.reserve(order.size() + 3);
-  specs.push_back({prefix + "/data.pkl", im.pickle.size()});
-  specs.push_back({prefix + "/byteorder", 6});
+  im.specs.clear();
+  im.specs.reserve(order.size() + 3);
+  im.specs.push_back({prefix + "/data.pkl", im.pickle.size()});
+  im.specs.push_back({prefix + "/byteorder", 6});
   for (size_t k = 0; k < order.size(); ++k) {
-    specs.push_back(
+    im.specs.push_back(
         {prefix + "/data/" + std::to_string(k), im.records[order[k]].nbytes});
   }
-  specs.push_back({prefix + "/version", 2});
-  im.zip.emplace(im.path, specs, im.options.zip, im.options.in_memory);
+  im.specs.push_back({prefix + "/version", 2});
+  im.prepared = true;
+  return PlanZipLayout(im.specs, im.options.zip).total_size;
+}
+
+void TorchWriter::Impl::WriteSmallRecords() {
   auto bytes = [](std::string_view s) {
     return std::as_bytes(std::span<const char>(s.data(), s.size()));
   };
-  im.zip->Write(0, 0, bytes(im.pickle));
-  im.zip->Write(1, 0, bytes("little"));
-  im.zip->Write(specs.size() - 1, 0, bytes("3\n"));
-  im.begun = true;
+  zip->Write(0, 0, bytes(pickle));
+  zip->Write(1, 0, bytes("little"));
+  zip->Write(specs.size() - 1, 0, bytes("3\n"));
+  begun = true;
+}
+
+void TorchWriter::Begin(const Value* root) {
+  Prepare(root);
+  Open();
+}
+
+void TorchWriter::Open() {
+  Impl& im = *impl_;
+  if (!im.prepared || im.begun) {
+    throw UsageError("TorchWriter::Open needs Prepare first, once (",
+                     im.path.string(), ")");
+  }
+  im.zip.emplace(im.path, im.specs, im.options.zip, im.options.in_memory);
+  im.WriteSmallRecords();
+}
+
+void TorchWriter::OpenIn(std::shared_ptr<OutputFile> file, uint64_t offset) {
+  Impl& im = *impl_;
+  if (!im.prepared || im.begun) {
+    throw UsageError("TorchWriter::OpenIn needs Prepare first, once (",
+                     im.path.string(), ")");
+  }
+  im.zip.emplace(std::move(file), offset, im.path, im.specs, im.options.zip);
+  im.WriteSmallRecords();
 }
 
 const std::vector<const Value*>& TorchWriter::planned_tensors() const noexcept {

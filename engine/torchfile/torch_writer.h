@@ -95,12 +95,28 @@ class TorchWriter {
   /// The spec of a node made by NewTensor*, nullptr for other nodes.
   const TensorSpec* FindSpec(const pickle::Value* tensor) const noexcept;
 
+  /// Names the file (before Begin): a graph may be built before its folder
+  /// is known. Throws UsageError after Begin or Prepare.
+  void SetPath(std::filesystem::path path);
+
   /// Pickles the graph at `root`, assigns storage keys, plans the archive and
   /// creates the temporary file with its full size reserved. Tensor nodes not
   /// reachable from `root` get no storage. Throws UsageError if called twice
   /// or if the graph holds a persistent id (storage) not made by this writer;
   /// InternalError for a malformed graph; IoError.
   void Begin(const pickle::Value* root);
+
+  /// Begin in two steps. Prepare pickles and plans the archive and returns
+  /// its size (throws like Begin, but no IoError); Open then creates the file
+  /// as Begin does, or OpenIn places the archive in bytes [offset, offset +
+  /// size) of `file`, reserved by its owner (a run of torch.save archives in
+  /// one file, as PyTorch DCP writes), who commits `file` after this
+  /// writer's Commit() (which then writes the headers there, without sync or
+  /// rename). Open / OpenIn throw UsageError without Prepare or when called
+  /// twice, IoError.
+  uint64_t Prepare(const pickle::Value* root);
+  void Open();
+  void OpenIn(std::shared_ptr<OutputFile> file, uint64_t offset);
 
   /// After Begin(): the tensors that got a storage, in storage key order.
   const std::vector<const pickle::Value*>& planned_tensors() const noexcept;

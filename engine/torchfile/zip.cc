@@ -742,13 +742,19 @@ struct ZipWriter::Impl {
   bool in_memory = false;
   ZipLayout layout;
   std::optional<OutputFile> out;
+  // An embedded archive: the shared file and where the archive starts.
+  std::shared_ptr<OutputFile> shared;
+  uint64_t base = 0;
   std::unique_ptr<RecordState[]> states;
   std::atomic<bool> failed{false};
   bool committed = false;
 
+  bool open() const noexcept { return out.has_value() || shared != nullptr; }
+  File& file() noexcept { return shared ? shared->file() : out->file(); }
   void Abandon() noexcept {
     failed.store(true);
-    out.reset();  // removes the temporary file
+    out.reset();  // removes the temporary file (a shared one: its owner)
+    shared.reset();
   }
 };
 
@@ -769,6 +775,20 @@ ZipWriter::ZipWriter(const std::filesystem::path& path,
   impl_->out->file().Allocate(impl_->layout.total_size);
 }
 
+ZipWriter::ZipWriter(std::shared_ptr<OutputFile> file, uint64_t base,
+                     const std::filesystem::path& name,
+                     std::span<const ZipRecordSpec> records,
+                     const ZipLayoutOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  UCP_CHECK(file != nullptr, "embedded archive without a file");
+  impl_->path = name;
+  impl_->options = options;
+  impl_->layout = PlanZipLayout(records, options);
+  impl_->states = std::make_unique<RecordState[]>(records.size());
+  impl_->shared = std::move(file);
+  impl_->base = base;
+}
+
 ZipWriter::ZipWriter(ZipWriter&&) noexcept = default;
 ZipWriter& ZipWriter::operator=(ZipWriter&&) noexcept = default;
 ZipWriter::~ZipWriter() = default;
@@ -781,7 +801,7 @@ const std::filesystem::path& ZipWriter::path() const noexcept {
 void ZipWriter::Write(size_t index, uint64_t offset,
                       std::span<const std::byte> data) {
   Impl& im = *impl_;
-  if (im.committed || im.failed.load() || !im.out) {
+  if (im.committed || im.failed.load() || !im.open()) {
     throw UsageError("zip writer for ", im.path.string(),
                      im.committed ? " is already committed" : " has failed");
   }
@@ -796,7 +816,8 @@ void ZipWriter::Write(size_t index, uint64_t offset,
     }
     if (data.empty()) return;
     const uint32_t crc = Crc32(data);
-    im.out->file().WriteExact(data.data(), data.size(), r.data_offset + offset);
+    im.file().WriteExact(data.data(), data.size(),
+                         im.base + r.data_offset + offset);
     RecordState& st = im.states[index];
     std::lock_guard<std::mutex> lock(st.mu);
     auto next = st.chunks.upper_bound(offset);
@@ -838,7 +859,7 @@ void ZipWriter::Commit() {
     throw UsageError("zip writer for ", im.path.string(),
                      " is already committed");
   }
-  if (im.failed.load() || !im.out) {
+  if (im.failed.load() || !im.open()) {
     im.Abandon();
     throw UsageError("zip writer for ", im.path.string(),
                      " failed earlier; nothing was written");
@@ -861,17 +882,18 @@ void ZipWriter::Commit() {
       }
       crcs[i] = st.chunks.begin()->second.crc;
     }
-    File& f = im.out->file();
+    File& f = im.file();
     for (size_t i = 0; i < im.layout.records.size(); ++i) {
       const ZipPlannedRecord& r = im.layout.records[i];
       std::string h = EncodeLocalHeader(r, crcs[i], im.options.alignment);
-      f.WriteExact(h.data(), h.size(), r.header_offset);
+      f.WriteExact(h.data(), h.size(), im.base + r.header_offset);
     }
     std::string d = EncodeDirectory(im.layout, crcs);
     UCP_CHECK(im.layout.central_directory_offset + d.size() ==
               im.layout.total_size);
-    f.WriteExact(d.data(), d.size(), im.layout.central_directory_offset);
-    im.out->Commit();
+    f.WriteExact(d.data(), d.size(),
+                 im.base + im.layout.central_directory_offset);
+    if (im.out) im.out->Commit();
     im.committed = true;
   } catch (...) {
     im.Abandon();

@@ -57,7 +57,8 @@
 
 namespace ucp {
 class File;
-}
+class OutputFile;
+}  // namespace ucp
 
 namespace ucp::torchfile {
 
@@ -231,6 +232,16 @@ class ZipWriter {
   ZipWriter(const std::filesystem::path& path,
             std::span<const ZipRecordSpec> records,
             const ZipLayoutOptions& options = {}, bool in_memory = false);
+  /// An archive embedded in a file that holds several (a run of torch.save
+  /// archives, as PyTorch DCP writes): bytes [base, base + layout size) of
+  /// `file`, whose owner reserved them and commits the file after every
+  /// archive in it is committed. `name` names the archive in messages.
+  /// Commit() writes the headers there and neither syncs nor renames.
+  /// Throws UsageError as PlanZipLayout.
+  ZipWriter(std::shared_ptr<OutputFile> file, uint64_t base,
+            const std::filesystem::path& name,
+            std::span<const ZipRecordSpec> records,
+            const ZipLayoutOptions& options = {});
   ZipWriter(ZipWriter&&) noexcept;
   ZipWriter& operator=(ZipWriter&&) noexcept;
   ~ZipWriter();

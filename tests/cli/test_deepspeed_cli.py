@@ -130,9 +130,15 @@ def test_native_every_stage_and_world_size_round_trips():
 def test_deepspeed_universal_folders_both_ways():
     with Tmp() as t:
         for fx in ALL:
+            # No --dp: a universal folder has no world size (ds_to_universal
+            # takes none), and giving one is an error that says so.
+            p = run("convert", fx, "-o", t / "u", "--format", "deepspeed-universal",
+                    "--dp", 1, expect=2)
+            assert "written without a topology" in p.stderr and not (t / "u").exists(), p.stderr
             doc = json.loads(run("convert", fx, "-o", t / "u", "--format", "deepspeed-universal",
-                                 "--dp", 1, "--json", "-q").stdout)
+                                 "--json", "-q").stdout)
             assert doc["format"] == "deepspeed-universal"
+            assert "dp" not in doc["target_topology"], doc
             assert (t / "u" / "latest_universal").read_text() == "global_step2_universal"
             ck.cmd_dsuniversal(str(t / "u"), str(fx))
             # Readable as a source: the same atoms as the fixture.

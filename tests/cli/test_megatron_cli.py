@@ -332,7 +332,7 @@ def test_refuses_to_overwrite():
         one_error_line(p, "usage error", "already exists")
         assert (t / "out" / "keep.txt").read_text() == "mine"
         p = run("reshape", t / "u.h5", "-o", t / "x", "--tp", 1, expect=2)
-        one_error_line(p, "usage error", "is required")
+        one_error_line(p, "usage error", "needs the data-parallel size", "--dp")
 
 
 def test_output_folder_missing_and_options_checked_first():

@@ -369,8 +369,12 @@ def _load(path: str, **kwargs: Any) -> Any:
         raise Mismatch(f"{path}: torch.load{mode} failed: {type(e).__name__}: {first_line}")
 
 
-def zipcheck(path: str) -> bool:
-    """Raises Mismatch on the first problem; returns whether a weights_only load was checked too."""
+def zipcheck(path: str, like: Optional[str] = None) -> bool:
+    """Raises Mismatch on the first problem; returns whether a weights_only load was checked too.
+
+    With ``like`` (the torch-written file ours copies), the weights_only load is checked only when
+    torch's own file loads with weights_only in this torch (torch 1.13's weights-only unpickler
+    lacks opcodes such as BINFLOAT that CPython's pickler writes for floats)."""
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
@@ -408,6 +412,11 @@ def zipcheck(path: str) -> bool:
     loaded = _load(path)
     from torch._weights_only_unpickler import _get_allowed_globals
     allowed = _get_allowed_globals()
+    if like is not None and all(g in allowed for g in globals_):
+        try:
+            _load(like, weights_only=True)
+        except Exception:  # noqa: BLE001  (torch cannot: nothing to compare with)
+            return False
     if all(g in allowed for g in globals_):
         safe = _load(path, weights_only=True)
         try:
@@ -601,6 +610,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("file")
     z = sub.add_parser("zipcheck", help="FILE.pt is a well-formed aligned torch zip")
     z.add_argument("file")
+    z.add_argument("--like", help="the torch-written file FILE copies (see zipcheck)")
     args = parser.parse_args(argv)
     if args.self_test:
         self_test()
@@ -612,7 +622,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             compare_files(args.orig, args.ours)
         elif args.command == "expect":
             expect_file(args.spec, args.file)
-        elif zipcheck(args.file):
+        elif zipcheck(args.file, args.like):
             print("zipcheck: OK (torch.load and torch.load(weights_only=True))")
             return 0
     except Mismatch as e:

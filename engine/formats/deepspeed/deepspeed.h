@@ -17,6 +17,10 @@
 
 namespace ucp::deepspeed {
 
+/// The options the drivers declare (driver.cc).
+inline constexpr const char* kTagOption = "tag";
+inline constexpr const char* kZeroStageOption = "zero-stage";
+
 struct Checkpoint {
   std::filesystem::path dir;      // the save folder (holds `latest`)
   std::filesystem::path tag_dir;  // dir / tag
@@ -93,24 +97,22 @@ universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
 formats::Source::NameListing ListNames(const Checkpoint& checkpoint,
                                        const formats::SourceOptions& options);
 
-/// Writes native DeepSpeed rank files for options.topology.dp ranks and
-/// ZeRO stage options.zero_stage (default: the source's) into out_dir:
-/// out_dir/<tag>/... and out_dir/latest (last). Throws UsageError for
-/// tp/pp > 1 or an unknown stage, FormatError if the universal content lacks
-/// master weights, IoError on write failures.
-formats::TargetSummary WriteNative(const universal::UniversalInput& input,
-                                   const std::filesystem::path& out_dir,
-                                   const formats::TargetOptions& options,
-                                   const reshape::ExecutorOptions& executor);
-
-/// Writes a DeepSpeed universal checkpoint folder (what ds_to_universal
-/// writes and `load_universal` reads): out_dir/<tag>_universal/zero/<param>/
-/// {fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt, the model
-/// states file(s), and out_dir/latest_universal (last).
-formats::TargetSummary WriteUniversalFolder(
+/// Plans native DeepSpeed rank files for options.topology.dp ranks and ZeRO
+/// stage --zero-stage (default: the source's): <tag>/... and `latest`
+/// (last). Throws UsageError for tp/pp the source cannot take or an unknown
+/// stage, FormatError if the universal content lacks master weights.
+std::unique_ptr<formats::TargetPlan> PlanNative(
     const universal::UniversalInput& input,
-    const std::filesystem::path& out_dir, const formats::TargetOptions& options,
-    const reshape::ExecutorOptions& executor);
+    const formats::TargetOptions& options);
+
+/// Plans a DeepSpeed universal checkpoint folder (what ds_to_universal
+/// writes and `load_universal` reads): <tag>_universal/zero/<param>/
+/// {fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt, the model
+/// states file(s) (one per data-parallel rank of the source at ZeRO 3, as
+/// ds_to_universal copies them), and latest_universal (last).
+std::unique_ptr<formats::TargetPlan> PlanUniversalFolder(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options);
 
 /// A DeepSpeed universal folder as a source: `path` is a save folder with
 /// latest_universal (or `tag`, the universal folder's name), or the

@@ -124,7 +124,7 @@ std::vector<formats::SavedCheckpoint> ListTags(const fs::path& dir) {
     if (!it->is_directory(ec) || !HoldsRankFiles(it->path())) continue;
     formats::SavedCheckpoint c;
     c.name = it->path().filename().string();
-    c.selector.tag = c.name;
+    c.selector.Set(kTagOption, c.name);
     size_t i = c.name.size();
     while (i > 0 && c.name[i - 1] >= '0' && c.name[i - 1] <= '9') --i;
     std::string_view digits = std::string_view(c.name).substr(i);

@@ -13,6 +13,26 @@ namespace {
 
 namespace fs = std::filesystem;
 
+formats::OptionSpec TagSpec(std::string help) {
+  formats::OptionSpec o;
+  o.name = kTagOption;
+  o.type = formats::OptionSpec::Type::kString;
+  o.help = StrCat("DeepSpeed: ", help);
+  return o;
+}
+
+formats::OptionSpec ZeroStageSpec(std::string help) {
+  formats::OptionSpec o;
+  o.name = kZeroStageOption;
+  o.type = formats::OptionSpec::Type::kInt;
+  o.help = StrCat("DeepSpeed: ", help);
+  o.layout = true;
+  o.abbrev.push_back('z');  // (GCC 12 -Wrestrict false positive on = "z")
+  o.min = 0;
+  o.max = 3;
+  return o;
+}
+
 class NativeSource : public formats::Source {
  public:
   NativeSource(Checkpoint c, formats::SourceOptions options)
@@ -20,11 +40,11 @@ class NativeSource : public formats::Source {
     info_.format = "deepspeed";
     info_.dir = c_.dir;
     info_.path = c_.tag_dir;
-    info_.tag = c_.tag;
+    info_.name = c_.tag;
     info_.topology.tp = c_.tp;
     info_.topology.pp = c_.pp;
     info_.topology.dp = c_.dp;
-    info_.zero_stage = c_.stage;
+    info_.settings["zero_stage"] = c_.stage;
     for (const Checkpoint::MpRank& r : c_.mp_ranks) {
       info_.files.insert(info_.files.end(), r.model_files.begin(),
                          r.model_files.end());
@@ -44,6 +64,13 @@ class NativeSource : public formats::Source {
   }
   NameListing ListNames() const override {
     return deepspeed::ListNames(c_, options_);
+  }
+  // DeepSpeed loads native files only at the world size, model parallelism
+  // and ZeRO stage they were saved for.
+  bool Fits(const formats::TargetOptions& o) const override {
+    const std::optional<int64_t> stage = o.values.Int(kZeroStageOption);
+    return c_.tp == o.topology.tp && c_.pp == o.topology.pp &&
+           c_.dp == o.topology.dp && (!stage || *stage == c_.stage);
   }
 
  private:
@@ -79,6 +106,9 @@ class DeepSpeedDriver : public formats::Driver {
     }
     return formats::Confidence::kNo;
   }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    return {TagSpec("the tag to read (default: the one `latest` names)")};
+  }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
     return ListTags(dir);
@@ -86,24 +116,33 @@ class DeepSpeedDriver : public formats::Driver {
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
       const formats::SourceOptions& options) const override {
-    if (options.selector.iteration) {
-      throw UsageError(
-          "DeepSpeed checkpoints are chosen with --tag, not "
-          "--iteration");
-    }
-    return std::make_unique<NativeSource>(Discover(path, options.selector.tag),
-                                          options);
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    return std::make_unique<NativeSource>(
+        Discover(path, options.values.String(kTagOption).value_or("")),
+        options);
   }
   void WriteTracker(const fs::path& dir,
                     const formats::CheckpointInfo& c) const override {
-    WriteFileAtomically(dir / kLatestFile, c.tag);
+    WriteFileAtomically(dir / kLatestFile, c.name);
   }
   bool CanWrite() const override { return true; }
-  formats::TargetSummary Write(
-      const universal::UniversalInput& input, const fs::path& out_dir,
-      const formats::TargetOptions& options,
-      const reshape::ExecutorOptions& executor) const override {
-    return WriteNative(input, out_dir, options, executor);
+  formats::TopologyAxes TargetAxes() const override {
+    return {.tp = true, .pp = true, .vpp = false, .dp = true};
+  }
+  std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
+    return {ZeroStageSpec(
+                "the ZeRO stage 0-3 of the target (default: the source's); "
+                "at stage 0 the training dtype picks the optimizer: the "
+                "torch optimizer (fp32) or FP16_Optimizer (fp16) in the "
+                "model states, BF16_Optimizer files (bf16)"),
+            TagSpec("the target's tag (default: the source's, or "
+                    "global_step<N>)")};
+  }
+  std::unique_ptr<formats::TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const formats::TargetOptions& options) const override {
+    return PlanNative(input, options);
   }
 };
 
@@ -113,9 +152,9 @@ class UniversalSource : public formats::Source {
     info_.format = "deepspeed-universal";
     info_.dir = f_.dir;
     info_.path = f_.tag_dir;
-    info_.tag = f_.tag;
+    info_.name = f_.tag;
     info_.topology.dp = f_.dp;
-    info_.zero_stage = f_.stage;
+    info_.settings["zero_stage"] = f_.stage;
     info_.files = f_.model_files;
   }
   const formats::CheckpointInfo& info() const noexcept override {
@@ -125,6 +164,11 @@ class UniversalSource : public formats::Source {
     universal::SourcePlan plan = PlanSource(f_);
     info_.iteration = plan.root.iteration;
     return plan;
+  }
+  // load_universal reads a universal folder at any world size.
+  bool Fits(const formats::TargetOptions& o) const override {
+    const std::optional<int64_t> stage = o.values.Int(kZeroStageOption);
+    return !stage || *stage == f_.stage;
   }
 
  private:
@@ -152,23 +196,35 @@ class DeepSpeedUniversalDriver : public formats::Driver {
     }
     return formats::Confidence::kNo;
   }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    return {TagSpec(
+        "the universal folder to read (default: the one `latest_universal` "
+        "names)")};
+  }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
       const formats::SourceOptions& options) const override {
-    if (options.selector.iteration) {
-      throw UsageError(
-          "DeepSpeed checkpoints are chosen with --tag, not "
-          "--iteration");
-    }
-    return std::make_unique<UniversalSource>(
-        DiscoverUniversal(path, options.selector.tag));
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    return std::make_unique<UniversalSource>(DiscoverUniversal(
+        path, options.values.String(kTagOption).value_or("")));
+  }
+  void WriteTracker(const fs::path& dir,
+                    const formats::CheckpointInfo& c) const override {
+    WriteFileAtomically(dir / kLatestUniversalFile, c.path.filename().string());
   }
   bool CanWrite() const override { return true; }
-  formats::TargetSummary Write(
-      const universal::UniversalInput& input, const fs::path& out_dir,
-      const formats::TargetOptions& options,
-      const reshape::ExecutorOptions& executor) const override {
-    return WriteUniversalFolder(input, out_dir, options, executor);
+  // No topology: load_universal reads the folder at any world size.
+  std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
+    return {ZeroStageSpec("the ZeRO stage the folder records (default: the "
+                          "source's)"),
+            TagSpec("the folder is named <tag>_universal (default: the "
+                    "source's tag, or global_step<N>)")};
+  }
+  std::unique_ptr<formats::TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const formats::TargetOptions& options) const override {
+    return PlanUniversalFolder(input, options);
   }
 };
 

@@ -12,6 +12,7 @@
 #include "engine/core/strided.h"
 #include "engine/formats/common/sinks.h"
 #include "engine/formats/common/torch_blob.h"
+#include "engine/formats/target_plan.h"
 #include "engine/pickle/value.h"
 #include "engine/reshape/executor.h"
 #include "engine/torchfile/torch_writer.h"
@@ -29,33 +30,7 @@ pickle::Value* ZeroStage(pickle::Arena& a, int stage);
 /// A static LossScaler(cur_scale=1.0): what fp32 / bf16 runs save.
 pickle::Value* DefaultLossScaler(pickle::Arena& a);
 
-/// One torch.save file being built: its writer, the objects imported from
-/// universal blobs, and the executor jobs that fill its tensors.
-struct FileBuild {
-  explicit FileBuild(std::filesystem::path p);
-  std::filesystem::path path;
-  std::unique_ptr<torchfile::TorchWriter> writer;
-  std::unique_ptr<formats::GraphImporter> importer;
-  std::vector<reshape::Job> jobs;
-  std::deque<formats::WriterSink> sinks;
-  std::vector<std::pair<const pickle::Value*, std::vector<std::byte>>>
-      constants;
-
-  pickle::Arena& arena() { return writer->arena(); }
-  /// A new tensor node filled by `tensor`'s ops (name, dtype, shape set).
-  pickle::Value* AddTensor(reshape::TargetTensor tensor);
-  /// A new tensor node with known bytes.
-  pickle::Value* AddConstant(DType dtype, const Shape& shape,
-                             std::vector<std::byte> bytes);
-  /// Begin(root), imported tensors and constants written.
-  void Begin(const pickle::Value* root);
-};
-
-/// Runs every job of `files` (after Begin), then commits each file.
-/// Returns the bytes written. Throws what the executor and writers throw.
-uint64_t RunAndCommit(const universal::UniversalInput& input,
-                      std::vector<std::unique_ptr<FileBuild>>& files,
-                      const reshape::ExecutorOptions& executor,
-                      const std::string& label);
+/// A torch.save file of the target, planned (formats/target_plan.h).
+using FileBuild = formats::TorchSaveFile;
 
 }  // namespace ucp::deepspeed::internal

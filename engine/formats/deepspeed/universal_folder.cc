@@ -15,6 +15,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/pickled.h"
@@ -29,128 +30,188 @@ using namespace internal;
 using pickle::Kind;
 using pickle::Value;
 
+// The data-parallel size of the model states files a universal folder
+// holds: the source's (ds_to_universal copies its model states files), 1
+// when the universal content was not made from a data-parallel checkpoint.
+formats::TargetOptions FolderOptions(const universal::UniversalInput& input,
+                                     formats::TargetOptions options) {
+  options.topology = layouts::Topology{};
+  const json::Value source =
+      formats::ParseJsonAttr(input.root().source, "source", input.path());
+  const json::Value* dp = source.is_object() ? source.Find("dp") : nullptr;
+  options.topology.dp =
+      dp != nullptr && dp->is_int() && dp->AsInt() > 0 ? dp->AsInt() : 1;
+  return options;
+}
+
+// The folder as a plan: one unit per file (the model states, the optimizer
+// state, each param's state files), latest_universal last.
 class UniversalFolderWriter : public WriterBase {
  public:
-  using WriterBase::WriterBase;
-  formats::TargetSummary Run();
+  UniversalFolderWriter(const universal::UniversalInput& input,
+                        const formats::TargetOptions& options)
+      : WriterBase(input, FolderOptions(input, options)) {
+    Prepare();
+    name_ = tag_ + "_universal";
+    const int64_t n = stage_ == 3 ? W_ : 1;
+    for (int64_t r = 0; r < n; ++r)
+      files_.push_back({FileKind::kModelStates, r});
+    files_.push_back({FileKind::kOptimizerState});
+    for (const auto& group : groups_) {
+      for (size_t i : group) {
+        std::vector<std::string> kinds = {"fp32"};
+        kinds.insert(kinds.end(), state_kinds_.begin(), state_kinds_.end());
+        for (const std::string& kind : kinds)
+          files_.push_back({FileKind::kState, 0, i, kind});
+        files_.push_back({FileKind::kStep, 0, i});
+      }
+    }
+    files_.push_back({FileKind::kLatest});
+  }
+  size_t size() const { return files_.size(); }
+  const std::string& name() const { return name_; }
+  std::unique_ptr<formats::PlannedFile> PlanFile(size_t i);
+  formats::TargetSummary Summary() const;
+
+ private:
+  enum class FileKind { kModelStates, kOptimizerState, kState, kStep, kLatest };
+  struct FileSpec {
+    FileKind kind;
+    int64_t rank = 0;
+    size_t param = 0;
+    std::string state;
+  };
+  std::unique_ptr<FileBuild> OptimizerState(const fs::path& zero);
+
+  std::string name_;
+  std::vector<FileSpec> files_;
 };
 
-formats::TargetSummary UniversalFolderWriter::Run() {
-  Prepare();
-  const std::string name = tag_ + "_universal";
-  const fs::path folder = out_ / name;
-  const fs::path zero = folder / "zero";
-  std::error_code ec;
-  fs::create_directories(zero, ec);
-  if (ec) throw IoError("cannot create ", zero.string(), ": ", ec.message());
-  formats::TargetSummary summary;
-  std::vector<std::unique_ptr<FileBuild>> files;
-  auto flush = [&](bool force) {
-    if (files.empty() || (!force && files.size() < 256)) return;
-    summary.bytes +=
-        RunAndCommit(input_, files, executor_, StrCat("writing ", name));
-    summary.files += static_cast<int64_t>(files.size());
-    files.clear();
+std::unique_ptr<FileBuild> UniversalFolderWriter::OptimizerState(
+    const fs::path& zero) {
+  auto f = std::make_unique<FileBuild>(zero / "optimizer_state.pt");
+  pickle::Arena& a = f->arena();
+  Value* root = a.Dict();
+  auto blob_or = [&](const std::string& key, Value* fallback) -> Value* {
+    if (Value* v = ImportBlob(*f, "optim/" + key)) return v;
+    return fallback;
   };
-  // Model states (read by load_universal for the client / engine state).
-  const int64_t n = stage_ == 3 ? W_ : 1;
-  for (int64_t r = 0; r < n; ++r) {
-    const std::string file =
-        stage_ == 3 ? StrCat("zero_pp_rank_", r, "_mp_rank_00_model_states.pt")
-                    : std::string("mp_rank_00_model_states.pt");
-    auto f = std::make_unique<FileBuild>(folder / file);
-    ModelStatesOptions o;
-    o.rank = r;
-    o.universal_folder = true;
-    f->Begin(ModelStates(*f, o));
-    files.push_back(std::move(f));
+  const bool bf16 = wrapper_ == Wrapper::kBf16;
+  if (!bf16) {
+    formats::AppendEntry(a, root, "loss_scaler", LossScalerNode(*f));
+    formats::AppendEntry(a, root, "dynamic_loss_scale",
+                         blob_or("dynamic_loss_scale", a.Bool(false)));
+    formats::AppendEntry(a, root, "overflow",
+                         blob_or("overflow", a.Bool(false)));
   }
-  // zero/optimizer_state.pt
-  {
-    auto f = std::make_unique<FileBuild>(zero / "optimizer_state.pt");
-    pickle::Arena& a = f->arena();
-    Value* root = a.Dict();
-    auto blob_or = [&](const std::string& key, Value* fallback) -> Value* {
-      if (Value* v = ImportBlob(*f, "optim/" + key)) return v;
-      return fallback;
-    };
-    const bool bf16 = wrapper_ == Wrapper::kBf16;
-    if (!bf16) {
-      formats::AppendEntry(a, root, "loss_scaler", LossScalerNode(*f));
-      formats::AppendEntry(a, root, "dynamic_loss_scale",
-                           blob_or("dynamic_loss_scale", a.Bool(false)));
-      formats::AppendEntry(a, root, "overflow",
-                           blob_or("overflow", a.Bool(false)));
-    }
-    formats::AppendEntry(a, root, "clip_grad",
-                         blob_or("clip_grad", a.Float(0.0)));
-    if (!bf16)
-      formats::AppendEntry(a, root, "zero_stage",
-                           ZeroStage(a, std::max(stage_, 1)));
-    std::vector<Value*> pads, counts, groups;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      pads.push_back(a.Int(0));
-      counts.push_back(a.Int(W_));
-      Value* d =
-          group_templates_ != nullptr && g < group_templates_->items.size()
-              ? f->importer->Import(group_file_, group_templates_->items[g])
-              : a.Dict();
-      AppendOrReplace(a, d, "params", a.List({a.Int(static_cast<int64_t>(g))}));
-      groups.push_back(d);
-    }
-    formats::AppendEntry(a, root, "group_paddings", a.List(std::move(pads)));
-    formats::AppendEntry(a, root, "partition_count", a.List(std::move(counts)));
-    formats::AppendEntry(a, root, "ds_version", DsVersion(*f));
-    formats::AppendEntry(a, root, "param_groups", a.List(std::move(groups)));
-    f->Begin(root);
-    files.push_back(std::move(f));
+  formats::AppendEntry(a, root, "clip_grad",
+                       blob_or("clip_grad", a.Float(0.0)));
+  if (!bf16)
+    formats::AppendEntry(a, root, "zero_stage",
+                         ZeroStage(a, std::max(stage_, 1)));
+  std::vector<Value*> pads, counts, groups;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    pads.push_back(a.Int(0));
+    counts.push_back(a.Int(W_));
+    Value* d = group_templates_ != nullptr && g < group_templates_->items.size()
+                   ? f->Import(group_file_, group_templates_->items[g])
+                   : a.Dict();
+    AppendOrReplace(a, d, "params", a.List({a.Int(static_cast<int64_t>(g))}));
+    groups.push_back(d);
   }
-  // One folder per trainable param.
-  for (const auto& group : groups_) {
-    for (size_t i : group) {
-      const TParam& p = params_[i];
-      const fs::path dir = zero / p.name;
-      fs::create_directories(dir, ec);
-      if (ec) throw IoError("cannot create ", dir.string(), ": ", ec.message());
-      std::vector<std::string> kinds = {"fp32"};
-      kinds.insert(kinds.end(), state_kinds_.begin(), state_kinds_.end());
-      for (const std::string& kind : kinds) {
-        const atoms::DatasetInfo* atom = input_.FindAtom(p.name, kind);
-        if (atom == nullptr && kind == "fp32")
-          atom = input_.FindAtom(p.name, "param");
-        if (atom == nullptr) continue;
-        auto f = std::make_unique<FileBuild>(dir / (kind + ".pt"));
-        pickle::Arena& a = f->arena();
-        Value* d = a.Dict();
-        formats::AppendEntry(
-            a, d, "param",
-            f->AddTensor(WholeTensor(*atom, p.shape, DType::kFloat32,
-                                     StrCat("zero/", p.name, "/", kind))));
-        formats::AppendEntry(a, d, "cat_dim", a.Int(0));
-        f->Begin(d);
-        files.push_back(std::move(f));
-      }
-      auto f = std::make_unique<FileBuild>(dir / "step.pt");
-      if (Value* step = StepNode(*f, p, StrCat("zero/", p.name, "/step"))) {
-        f->Begin(step);
-        files.push_back(std::move(f));
-      }
-      flush(false);
+  formats::AppendEntry(a, root, "group_paddings", a.List(std::move(pads)));
+  formats::AppendEntry(a, root, "partition_count", a.List(std::move(counts)));
+  formats::AppendEntry(a, root, "ds_version", DsVersion(*f));
+  formats::AppendEntry(a, root, "param_groups", a.List(std::move(groups)));
+  f->SetRoot(root);
+  return f;
+}
+
+std::unique_ptr<formats::PlannedFile> UniversalFolderWriter::PlanFile(
+    size_t i) {
+  const FileSpec& spec = files_.at(i);
+  const fs::path folder = name_;
+  const fs::path zero = folder / "zero";
+  switch (spec.kind) {
+    case FileKind::kModelStates: {
+      // Model states (read by load_universal for the client / engine state).
+      const std::string file = stage_ == 3
+                                   ? StrCat("zero_pp_rank_", spec.rank,
+                                            "_mp_rank_00_model_states.pt")
+                                   : std::string("mp_rank_00_model_states.pt");
+      auto f = std::make_unique<FileBuild>(folder / file);
+      ModelStatesOptions o;
+      o.rank = spec.rank;
+      o.universal_folder = true;
+      f->SetRoot(ModelStates(*f, o));
+      return f;
     }
+    case FileKind::kOptimizerState:
+      return OptimizerState(zero);
+    case FileKind::kState: {
+      const TParam& p = params_[spec.param];
+      const atoms::DatasetInfo* atom = input_.FindAtom(p.name, spec.state);
+      if (atom == nullptr && spec.state == "fp32")
+        atom = input_.FindAtom(p.name, "param");
+      if (atom == nullptr) return nullptr;
+      auto f =
+          std::make_unique<FileBuild>(zero / p.name / (spec.state + ".pt"));
+      pickle::Arena& a = f->arena();
+      Value* d = a.Dict();
+      formats::AppendEntry(
+          a, d, "param",
+          f->AddTensor(WholeTensor(*atom, p.shape, DType::kFloat32,
+                                   StrCat("zero/", p.name, "/", spec.state))));
+      formats::AppendEntry(a, d, "cat_dim", a.Int(0));
+      f->SetRoot(d);
+      return f;
+    }
+    case FileKind::kStep: {
+      const TParam& p = params_[spec.param];
+      auto f = std::make_unique<FileBuild>(zero / p.name / "step.pt");
+      Value* step = StepNode(*f, p, StrCat("zero/", p.name, "/step"));
+      if (step == nullptr) return nullptr;
+      f->SetRoot(step);
+      return f;
+    }
+    case FileKind::kLatest:
+      return formats::TextFile(kLatestUniversalFile, name_);
   }
-  flush(true);
-  WriteFileAtomically(out_ / kLatestUniversalFile, name);
-  ++summary.files;
+  return nullptr;
+}
+
+formats::TargetSummary UniversalFolderWriter::Summary() const {
+  formats::TargetSummary summary;
   summary.notes.assign(notes_.begin(), notes_.end());
   summary.resume_hint = StrCat(
       "DeepSpeed: checkpoint {\"load_universal\": true} in the config, then "
       "engine.load_checkpoint(\"<output>\") at any world size, "
       "zero_optimization.stage ",
       stage_);
-  summary.details["tag"] = name;
+  summary.details["tag"] = name_;
   summary.details["zero_stage"] = stage_;
   return summary;
 }
+
+class UniversalFolderPlan : public formats::TargetPlan {
+ public:
+  UniversalFolderPlan(const universal::UniversalInput& input,
+                      const formats::TargetOptions& options)
+      : w_(input, options) {}
+  size_t units() const override { return w_.size(); }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t i) const override {
+    std::vector<std::unique_ptr<formats::PlannedFile>> out;
+    if (auto f = w_.PlanFile(i)) out.push_back(std::move(f));
+    return out;
+  }
+  fs::path checkpoint_dir() const override { return w_.name(); }
+  formats::TargetSummary Summary() const override { return w_.Summary(); }
+  std::string label() const override { return StrCat("writing ", w_.name()); }
+
+ private:
+  mutable UniversalFolderWriter w_;  // its blob cache fills as it plans
+};
 
 }  // namespace
 
@@ -238,12 +299,10 @@ Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
   return c;
 }
 
-formats::TargetSummary WriteUniversalFolder(
-    const universal::UniversalInput& input, const fs::path& out_dir,
-    const formats::TargetOptions& options,
-    const reshape::ExecutorOptions& executor) {
-  UniversalFolderWriter w(input, out_dir, options, executor);
-  return w.Run();
+std::unique_ptr<formats::TargetPlan> PlanUniversalFolder(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options) {
+  return std::make_unique<UniversalFolderPlan>(input, options);
 }
 
 }  // namespace ucp::deepspeed

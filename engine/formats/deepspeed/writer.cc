@@ -25,13 +25,36 @@ using namespace internal;
 using pickle::Kind;
 using pickle::Value;
 
+// The native files as a plan: one unit per file, in the order they are
+// committed (per stage and TP rank the model states then the optimizer
+// files; the pipeline's layer files; `latest` last).
 class NativeWriter : public WriterBase {
  public:
-  using WriterBase::WriterBase;
-  formats::TargetSummary Run();
+  NativeWriter(const universal::UniversalInput& input,
+               const formats::TargetOptions& options);
+  size_t size() const { return files_.size(); }
+  std::unique_ptr<formats::PlannedFile> PlanFile(size_t i);
+  formats::TargetSummary Summary() const;
+  const std::string& tag() const { return tag_; }
 
  private:
-  void WriteModelStates(std::vector<std::unique_ptr<FileBuild>>& files);
+  enum class FileKind { kModelStates, kOptim, kLayer, kLatest };
+  struct FileSpec {
+    FileKind kind;
+    int64_t pp = 0, tp = 0;
+    int64_t rank = 0;   // dp rank (ZeRO-3 model states, optimizer files)
+    int64_t layer = 0;  // layer file index
+  };
+  // The files of stage pp_rank_ and TP rank tp_rank_ (groups_ narrowed to
+  // the stage's params for a pipeline).
+  void Select(int64_t pp, int64_t tp);
+  std::unique_ptr<FileBuild> ModelStatesFile(int64_t r);
+  std::unique_ptr<FileBuild> LayerFile(int64_t idx);
+
+  std::vector<FileSpec> files_;
+  std::vector<std::vector<size_t>> all_groups_;
+  std::map<int64_t, std::vector<size_t>> by_layer_;
+
   Value* OptimFile(FileBuild& f, int64_t rank);
   Value* TorchOptimizer(FileBuild& f);
   Value* Fp16Optimizer(FileBuild& f);
@@ -63,7 +86,7 @@ Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   pickle::Arena& a = f.arena();
   Value* d = nullptr;
   if (group_templates_ != nullptr && g < group_templates_->items.size()) {
-    d = f.importer->Import(group_file_, group_templates_->items[g]);
+    d = f.Import(group_file_, group_templates_->items[g]);
   } else {
     d = a.Dict();
   }
@@ -81,7 +104,7 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
     for (size_t i : groups_[g]) {
       const TParam& p = params_[i];
       Value* st = a.Dict();
-      const std::string where = StrCat("rank file ", f.path.string(),
+      const std::string where = StrCat("rank file ", f.path().string(),
                                        " > optimizer > state[", id, "]");
       if (Value* step = StepNode(f, p, where))
         formats::AppendEntry(a, st, "step", step);
@@ -107,7 +130,8 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
 // FP16_UnfusedOptimizer's when the source had one.
 Value* NativeWriter::Fp16Optimizer(FileBuild& f) {
   pickle::Arena& a = f.arena();
-  const std::string fw = StrCat("rank file ", f.path.string(), " > optimizer");
+  const std::string fw =
+      StrCat("rank file ", f.path().string(), " > optimizer");
   Value* d = a.Dict();
   auto put = [&](const std::string& key, Value* v) {
     formats::AppendEntry(a, d, key, v);
@@ -166,7 +190,7 @@ Value* NativeWriter::Fp16Optimizer(FileBuild& f) {
 
 Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
   pickle::Arena& a = f.arena();
-  const std::string fw = StrCat("rank file ", f.path.string());
+  const std::string fw = StrCat("rank file ", f.path().string());
   Value* inner = a.Dict();
   auto put = [&](const std::string& key, Value* v) {
     formats::AppendEntry(a, inner, key, v);
@@ -256,122 +280,122 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
   return root;
 }
 
-void NativeWriter::WriteModelStates(
-    std::vector<std::unique_ptr<FileBuild>>& files) {
-  const int64_t n = stage_ == 3 ? W_ : 1;
-  for (int64_t r = 0; r < n; ++r) {
-    const std::string name = stage_ == 3 ? StrCat("zero_pp_rank_", r, "_",
-                                                  MpRank(), "_model_states.pt")
-                                         : StrCat(MpRank(), "_model_states.pt");
-    auto f = std::make_unique<FileBuild>(tag_dir_ / name);
-    try {
-      ModelStatesOptions o;
-      o.rank = r;
-      if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer)
-        o.optimizer = TorchOptimizer(*f);
-      if (wrapper_ == Wrapper::kFp16 && !options_.no_optimizer)
-        o.optimizer = Fp16Optimizer(*f);
-      f->Begin(ModelStates(*f, o));
-    } catch (Error& e) {
-      e.AddContext("rank file ", f->path.string());
-      throw;
+NativeWriter::NativeWriter(const universal::UniversalInput& input,
+                           const formats::TargetOptions& options)
+    : WriterBase(input, options) {
+  Prepare(/*tensor_parallel=*/true);
+  all_groups_ = groups_;
+  const bool optim_files = wrapper_ != Wrapper::kTorch &&
+                           wrapper_ != Wrapper::kFp16 && !options_.no_optimizer;
+  for (int64_t pp = 0; pp < pp_; ++pp) {
+    for (int64_t tp = 0; tp < tp_; ++tp) {
+      for (int64_t r = 0; r < (stage_ == 3 ? W_ : 1); ++r)
+        files_.push_back({FileKind::kModelStates, pp, tp, r, 0});
+      if (!optim_files) continue;
+      for (int64_t r = 0; r < W_; ++r)
+        files_.push_back({FileKind::kOptim, pp, tp, r, 0});
     }
-    files.push_back(std::move(f));
+  }
+  if (pipeline_) {
+    // Layer files: one per layer index and TP rank, whatever the stages.
+    for (size_t i = 0; i < params_.size(); ++i)
+      by_layer_[LayerKey(params_[i]).first].push_back(i);
+    for (int64_t tp = 0; tp < tp_; ++tp)
+      for (const auto& [idx, members] : by_layer_)
+        files_.push_back({FileKind::kLayer, 0, tp, 0, idx});
+  }
+  files_.push_back({FileKind::kLatest});
+}
+
+void NativeWriter::Select(int64_t pp, int64_t tp) {
+  pp_rank_ = pp;
+  tp_rank_ = tp;
+  if (!pipeline_) return;
+  // This stage's params, in the groups' order.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].clear();
+    for (size_t i : all_groups_[g]) {
+      const std::vector<int64_t>& st = params_[i].stages;
+      if (std::find(st.begin(), st.end(), pp_rank_) != st.end())
+        groups_[g].push_back(i);
+    }
   }
 }
 
-formats::TargetSummary NativeWriter::Run() {
-  Prepare(/*tensor_parallel=*/true);
-  std::error_code ec;
-  fs::create_directories(tag_dir_, ec);
-  if (ec)
-    throw IoError("cannot create ", tag_dir_.string(), ": ", ec.message());
+std::unique_ptr<FileBuild> NativeWriter::ModelStatesFile(int64_t r) {
+  const std::string name = stage_ == 3 ? StrCat("zero_pp_rank_", r, "_",
+                                                MpRank(), "_model_states.pt")
+                                       : StrCat(MpRank(), "_model_states.pt");
+  auto f = std::make_unique<FileBuild>(tag_dir_ / name);
+  ModelStatesOptions o;
+  o.rank = r;
+  if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer)
+    o.optimizer = TorchOptimizer(*f);
+  if (wrapper_ == Wrapper::kFp16 && !options_.no_optimizer)
+    o.optimizer = Fp16Optimizer(*f);
+  f->SetRoot(ModelStates(*f, o));
+  return f;
+}
+
+std::unique_ptr<FileBuild> NativeWriter::LayerFile(int64_t idx) {
+  char name[96];
+  std::snprintf(name, sizeof name, "layer_%02lld-model_%02lld-model_states.pt",
+                static_cast<long long>(idx), static_cast<long long>(tp_rank_));
+  auto f = std::make_unique<FileBuild>(tag_dir_ / name);
+  pickle::Arena& a = f->arena();
+  Value* sd = formats::NewOrderedDict(a);
+  for (size_t i : by_layer_.at(idx)) {
+    const TParam& p = params_[i];
+    DType dt;
+    const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+    const std::string key = LayerKey(p).second;
+    formats::AppendEntry(
+        a, sd, key,
+        f->AddTensor(
+            LocalTensor(p, atom, atom.state_kind, dt,
+                        StrCat("rank file ", f->path().string(), " > ", key))));
+  }
+  f->SetRoot(sd);
+  return f;
+}
+
+std::unique_ptr<formats::PlannedFile> NativeWriter::PlanFile(size_t i) {
+  const FileSpec& spec = files_.at(i);
+  if (spec.kind == FileKind::kLatest)
+    return formats::TextFile(kLatestFile, tag_);
+  Select(spec.pp, spec.tp);
+  std::unique_ptr<FileBuild> f;
+  const fs::path name =
+      spec.kind == FileKind::kOptim
+          ? tag_dir_ / StrCat(lp_ == DType::kBFloat16 ? "bf16_" : "",
+                              "zero_pp_rank_", spec.rank, "_", MpRank(),
+                              "_optim_states.pt")
+          : fs::path();
+  try {
+    switch (spec.kind) {
+      case FileKind::kModelStates:
+        f = ModelStatesFile(spec.rank);
+        break;
+      case FileKind::kOptim:
+        f = std::make_unique<FileBuild>(name);
+        f->SetRoot(OptimFile(*f, spec.rank));
+        break;
+      case FileKind::kLayer:
+        f = LayerFile(spec.layer);
+        break;
+      case FileKind::kLatest:
+        break;
+    }
+  } catch (Error& e) {
+    if (f != nullptr || !name.empty())
+      e.AddContext("rank file ", (f ? f->path() : name).string());
+    throw;
+  }
+  return f;
+}
+
+formats::TargetSummary NativeWriter::Summary() const {
   formats::TargetSummary summary;
-  std::vector<std::unique_ptr<FileBuild>> files;
-  // Bounded open files and graphs: run in batches.
-  auto flush = [&](size_t limit) {
-    if (files.size() < limit) return;
-    summary.bytes += RunAndCommit(input_, files, executor_,
-                                  StrCat("writing rank files of ", tag_));
-    summary.files += static_cast<int64_t>(files.size());
-    files.clear();
-  };
-  const std::vector<std::vector<size_t>> all_groups = groups_;
-  for (pp_rank_ = 0; pp_rank_ < pp_; ++pp_rank_) {
-    if (pipeline_) {  // this stage's params, in the groups' order
-      for (size_t g = 0; g < groups_.size(); ++g) {
-        groups_[g].clear();
-        for (size_t i : all_groups[g]) {
-          const std::vector<int64_t>& st = params_[i].stages;
-          if (std::find(st.begin(), st.end(), pp_rank_) != st.end())
-            groups_[g].push_back(i);
-        }
-      }
-    }
-    for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
-      WriteModelStates(files);
-      if (wrapper_ == Wrapper::kTorch || wrapper_ == Wrapper::kFp16 ||
-          options_.no_optimizer)
-        continue;
-      for (int64_t r = 0; r < W_; ++r) {
-        const std::string name =
-            StrCat(lp_ == DType::kBFloat16 ? "bf16_" : "", "zero_pp_rank_", r,
-                   "_", MpRank(), "_optim_states.pt");
-        auto f = std::make_unique<FileBuild>(tag_dir_ / name);
-        try {
-          f->Begin(OptimFile(*f, r));
-        } catch (Error& e) {
-          e.AddContext("rank file ", f->path.string());
-          throw;
-        }
-        files.push_back(std::move(f));
-        flush(32);
-      }
-    }
-  }
-  groups_ = all_groups;
-  pp_rank_ = 0;
-  if (pipeline_) {
-    // Layer files: one per layer index and TP rank, whatever the stages.
-    std::map<int64_t, std::vector<size_t>> by_layer;
-    for (size_t i = 0; i < params_.size(); ++i)
-      by_layer[LayerKey(params_[i]).first].push_back(i);
-    for (tp_rank_ = 0; tp_rank_ < tp_; ++tp_rank_) {
-      for (const auto& [idx, members] : by_layer) {
-        char name[96];
-        std::snprintf(
-            name, sizeof name, "layer_%02lld-model_%02lld-model_states.pt",
-            static_cast<long long>(idx), static_cast<long long>(tp_rank_));
-        auto f = std::make_unique<FileBuild>(tag_dir_ / name);
-        try {
-          pickle::Arena& a = f->arena();
-          Value* sd = formats::NewOrderedDict(a);
-          for (size_t i : members) {
-            const TParam& p = params_[i];
-            DType dt;
-            const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-            const std::string key = LayerKey(p).second;
-            formats::AppendEntry(
-                a, sd, key,
-                f->AddTensor(LocalTensor(
-                    p, atom, atom.state_kind, dt,
-                    StrCat("rank file ", f->path.string(), " > ", key))));
-          }
-          f->Begin(sd);
-        } catch (Error& e) {
-          e.AddContext("rank file ", f->path.string());
-          throw;
-        }
-        files.push_back(std::move(f));
-        flush(32);
-      }
-    }
-  }
-  summary.bytes += RunAndCommit(input_, files, executor_,
-                                StrCat("writing rank files of ", tag_));
-  summary.files += static_cast<int64_t>(files.size());
-  WriteFileAtomically(out_ / kLatestFile, tag_);
-  ++summary.files;
   summary.notes.assign(notes_.begin(), notes_.end());
   summary.resume_hint =
       StrCat("DeepSpeed: engine.load_checkpoint(\"<output>\") with ",
@@ -388,14 +412,35 @@ formats::TargetSummary NativeWriter::Run() {
   return summary;
 }
 
+class NativePlan : public formats::TargetPlan {
+ public:
+  NativePlan(const universal::UniversalInput& input,
+             const formats::TargetOptions& options)
+      : w_(input, options) {}
+  size_t units() const override { return w_.size(); }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t i) const override {
+    std::vector<std::unique_ptr<formats::PlannedFile>> out;
+    out.push_back(w_.PlanFile(i));
+    return out;
+  }
+  fs::path checkpoint_dir() const override { return w_.tag(); }
+  formats::TargetSummary Summary() const override { return w_.Summary(); }
+  std::string label() const override {
+    return StrCat("writing rank files of ", w_.tag());
+  }
+
+ private:
+  // Planning a file narrows the writer to its stage and TP rank.
+  mutable NativeWriter w_;
+};
+
 }  // namespace
 
-formats::TargetSummary WriteNative(const universal::UniversalInput& input,
-                                   const fs::path& out_dir,
-                                   const formats::TargetOptions& options,
-                                   const reshape::ExecutorOptions& executor) {
-  NativeWriter w(input, out_dir, options, executor);
-  return w.Run();
+std::unique_ptr<formats::TargetPlan> PlanNative(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options) {
+  return std::make_unique<NativePlan>(input, options);
 }
 
 }  // namespace ucp::deepspeed

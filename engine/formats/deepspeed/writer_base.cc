@@ -58,11 +58,6 @@ void WriterBase::Prepare(bool tensor_parallel) {
     throw UsageError(
         "DeepSpeed targets have no virtual pipeline: pass --vpp 1");
   }
-  if (options_.distributed_optimizer) {
-    throw UsageError(
-        "--distributed-optimizer is a Megatron option; DeepSpeed "
-        "targets take --zero-stage");
-  }
   W_ = t.dp;
   tp_ = t.tp;
   pp_ = t.pp;
@@ -121,8 +116,8 @@ void WriterBase::Prepare(bool tensor_parallel) {
     }
   }
   // Stage and optimizer wrapper.
-  if (options_.zero_stage) {
-    stage_ = *options_.zero_stage;
+  if (const std::optional<int64_t> z = options_.values.Int(kZeroStageOption)) {
+    stage_ = static_cast<int>(*z);
   } else if (const json::Value* s = meta_.Find("stage"); s && s->is_int()) {
     stage_ = static_cast<int>(s->AsInt());
   } else {
@@ -159,12 +154,12 @@ void WriterBase::Prepare(bool tensor_parallel) {
                      "stage 1 or 2 (or 0 with bf16 and a pipeline: "
                      "BF16_Optimizer; or 0 with fp16: FP16_Optimizer)");
   }
-  tag_ = options_.tag;
+  tag_ = options_.values.String(kTagOption).value_or("");
   if (tag_.empty()) tag_ = str(meta_, "tag");
   if (tag_.empty()) tag_ = StrCat("global_step", root.iteration);
   if (tag_.find('/') != std::string::npos || tag_ == "." || tag_ == "..")
     throw UsageError("--tag ", tag_, ": not a folder name");
-  tag_dir_ = out_ / tag_;
+  tag_dir_ = tag_;
   const bool from_deepspeed = meta_.is_object() && meta_.Find("stage");
 
   // Params in canonical order.
@@ -402,8 +397,7 @@ Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
     const Value* ls = b->root();
     if (ls != nullptr && ls->state != nullptr && ls->state->IsDictLike()) {
       const std::string attr = name == "dynamic_loss_scale" ? "dynamic" : name;
-      if (const Value* v = ls->state->Get(attr))
-        return f.importer->Import(b, v);
+      if (const Value* v = ls->state->Get(attr)) return f.Import(b, v);
     }
   }
   if (name == "dynamic_loss_scale") return a.Bool(true);
@@ -500,7 +494,7 @@ std::vector<std::vector<size_t>> WriterBase::SubGroups() const {
 Value* WriterBase::ImportBlob(FileBuild& f, const std::string& key) {
   std::shared_ptr<const torchfile::TorchFile> b = blobs_.Find(key);
   if (b == nullptr) return nullptr;
-  return f.importer->Import(b, b->root());
+  return f.Import(b, b->root());
 }
 
 Value* WriterBase::DsVersion(FileBuild& f) {
@@ -528,7 +522,7 @@ Value* WriterBase::DsConfig(FileBuild& f) {
 
 Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
   pickle::Arena& a = f.arena();
-  const std::string fw = StrCat("rank file ", f.path.string());
+  const std::string fw = StrCat("rank file ", f.path().string());
   std::vector<std::string> keys;
   if (const json::Value* mk = meta_.Find("model_keys"); mk && mk->is_array()) {
     for (const json::Value& k : mk->items())

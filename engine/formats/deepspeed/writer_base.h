@@ -45,14 +45,8 @@ struct TParam {
 class WriterBase {
  public:
   WriterBase(const universal::UniversalInput& input,
-             const std::filesystem::path& out_dir,
-             const formats::TargetOptions& options,
-             const reshape::ExecutorOptions& executor)
-      : input_(input),
-        out_(out_dir),
-        options_(options),
-        executor_(executor),
-        blobs_(input) {}
+             const formats::TargetOptions& options)
+      : input_(input), options_(options), blobs_(input) {}
 
  protected:
   /// Reads the universal content's params, groups, dtype, stage, tag.
@@ -137,9 +131,7 @@ class WriterBase {
   pickle::Value* ModelStates(FileBuild& f, const ModelStatesOptions& o);
 
   const universal::UniversalInput& input_;
-  std::filesystem::path out_;
-  const formats::TargetOptions& options_;
-  reshape::ExecutorOptions executor_;
+  formats::TargetOptions options_;
   formats::BlobCache blobs_;
 
   json::Value meta_ = json::Value::Object();  // source's "deepspeed" attr
@@ -158,7 +150,7 @@ class WriterBase {
   int64_t pp_rank_ = 0;  // the stage whose files are being built
   std::map<std::string, int64_t> tied_layers_;  // "tied_modules.embed" -> 1
   std::string tag_;
-  std::filesystem::path tag_dir_;
+  std::filesystem::path tag_dir_;            // relative to the output folder
   std::vector<TParam> params_;               // canonical order
   std::vector<std::vector<size_t>> groups_;  // trainable, per group
   std::vector<std::string> state_kinds_;     // besides fp32 and step

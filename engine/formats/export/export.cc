@@ -12,9 +12,9 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
-#include "engine/formats/common/sinks.h"
+#include "engine/formats/emit.h"
+#include "engine/formats/target_plan.h"
 #include "engine/json/json.h"
-#include "engine/torchfile/torch_writer.h"
 
 namespace ucp::exporting {
 namespace {
@@ -121,36 +121,10 @@ reshape::TargetTensor TensorOf(const universal::UniversalInput& input,
   return t;
 }
 
-class FileSink : public reshape::ByteSink {
- public:
-  FileSink(File& file, uint64_t base) : file_(file), base_(base) {}
-  void Write(uint64_t offset, std::span<const std::byte> data) override {
-    file_.WriteExact(data.data(), data.size(), base_ + offset);
-  }
-
- private:
-  File& file_;
-  uint64_t base_;
-};
-
-void RunJobs(const universal::UniversalInput& input,
-             std::vector<reshape::Job>& jobs,
-             const reshape::ExecutorOptions& executor,
-             const std::string& label) {
-  uint64_t total = 0;
-  for (const reshape::Job& j : jobs) total += reshape::NumBytes(j.tensor);
-  Progress progress(label, total);
-  reshape::ExecutorOptions o = executor;
-  o.progress = &progress;
-  input.Run(jobs, o);
-  progress.Finish();
-}
-
-void WriteSafetensors(const universal::UniversalInput& input,
-                      const std::vector<Item>& items,
-                      const std::vector<size_t>& shard, const fs::path& path,
-                      const reshape::ExecutorOptions& executor,
-                      const std::string& label) {
+// The safetensors header (export.h): 8 bytes of length, then the JSON padded
+// with spaces to a multiple of 8.
+std::string SafetensorsHeader(const std::vector<Item>& items,
+                              const std::vector<size_t>& shard) {
   std::vector<std::pair<std::string, json::Value>> members;
   json::Value meta = json::Value::Object();
   meta["format"] = "pt";
@@ -172,58 +146,85 @@ void WriteSafetensors(const universal::UniversalInput& input,
   }
   std::string text = json::Value::FromMembers(std::move(members)).Dump();
   while (text.size() % 8 != 0) text += ' ';
-  const uint64_t base = 8 + text.size();
-  OutputFile out(path);
-  File& f = out.file();
-  f.Allocate(base + offset);
-  unsigned char len[8];
+  std::string out(8, '\0');
   for (int i = 0; i < 8; ++i)
-    len[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
-  f.WriteExact(len, 8, 0);
-  f.WriteExact(text.data(), text.size(), 8);
-  std::vector<reshape::Job> jobs;
-  std::deque<FileSink> sinks;
-  uint64_t at = base;
-  for (size_t i : shard) {
-    reshape::Job job;
-    job.tensor = TensorOf(input, items[i]);
-    sinks.emplace_back(f, at);
-    job.sink = &sinks.back();
-    at += items[i].bytes;
-    jobs.push_back(std::move(job));
-  }
-  RunJobs(input, jobs, executor, label);
-  out.Commit();
+    out[static_cast<size_t>(i)] =
+        static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  return out + text;
 }
 
-void WriteTorch(const universal::UniversalInput& input,
-                const std::vector<Item>& items,
-                const std::vector<size_t>& shard, const fs::path& path,
-                const reshape::ExecutorOptions& executor,
-                const std::string& label) {
-  torchfile::TorchWriter w(path);
-  pickle::Arena& a = w.arena();
-  pickle::Value* root =
-      a.Object(pickle::ObjectOp::kReduce,
-               a.Global("collections", "OrderedDict"), a.Tuple({}));
-  std::vector<reshape::Job> jobs;
-  std::deque<formats::WriterSink> sinks;
-  for (size_t i : shard) {
-    torchfile::TensorSpec spec;
-    spec.dtype = items[i].dtype;
-    spec.shape = items[i].shape;
-    pickle::Value* node = w.NewTensor(spec);
-    root->entries.emplace_back(a.Str(items[i].name), node);
-    reshape::Job job;
-    job.tensor = TensorOf(input, items[i]);
-    sinks.emplace_back(w, node);
-    job.sink = &sinks.back();
-    jobs.push_back(std::move(job));
+// The export as a plan: one unit per shard, the index last.
+class ExportPlan : public formats::TargetPlan {
+ public:
+  ExportPlan(const universal::UniversalInput& input, const ExportOptions& o,
+             ExportSummary& summary)
+      : input_(input), options_(o), summary_(summary) {
+    items_ = Collect(input, o, summary);
+    summary.tensors = static_cast<int64_t>(items_.size());
+    const bool st = o.format == ExportFormat::kSafetensors;
+    stem_ = st ? "model" : "pytorch_model";
+    ext_ = st ? ".safetensors" : ".bin";
+    shards_ = Shards(items_, o.max_shard_bytes);
+    for (size_t s = 0; s < shards_.size(); ++s)
+      names_.push_back(ShardName(stem_, ext_, s, shards_.size()));
   }
-  w.Begin(root);
-  RunJobs(input, jobs, executor, label);
-  w.Commit();
-}
+  size_t units() const override {
+    return shards_.size() + (shards_.size() > 1 ? 1 : 0);
+  }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t s) const override {
+    std::vector<std::unique_ptr<formats::PlannedFile>> out;
+    if (s == shards_.size()) {
+      out.push_back(formats::TextFile(stem_ + ext_ + ".index.json", Index()));
+      summary_.files.push_back(stem_ + ext_ + ".index.json");
+      return out;
+    }
+    if (options_.format == ExportFormat::kSafetensors) {
+      auto f = std::make_unique<formats::RawFile>(names_[s]);
+      f->AddBytes(SafetensorsHeader(items_, shards_[s]));
+      for (size_t i : shards_[s]) f->AddTensor(TensorOf(input_, items_[i]));
+      out.push_back(std::move(f));
+    } else {
+      auto f = std::make_unique<formats::TorchSaveFile>(names_[s]);
+      pickle::Arena& a = f->arena();
+      pickle::Value* root =
+          a.Object(pickle::ObjectOp::kReduce,
+                   a.Global("collections", "OrderedDict"), a.Tuple({}));
+      for (size_t i : shards_[s]) {
+        root->entries.emplace_back(a.Str(items_[i].name),
+                                   f->AddTensor(TensorOf(input_, items_[i])));
+      }
+      f->SetRoot(root);
+      out.push_back(std::move(f));
+    }
+    summary_.files.push_back(names_[s]);
+    return out;
+  }
+  formats::TargetSummary Summary() const override { return {}; }
+  std::string label() const override { return "exporting"; }
+
+ private:
+  // {"metadata": {"total_size"}, "weight_map": {name: file}}, keys sorted.
+  std::string Index() const {
+    std::map<std::string, std::string> weight_map;
+    for (size_t s = 0; s < shards_.size(); ++s)
+      for (size_t i : shards_[s]) weight_map[items_[i].name] = names_[s];
+    json::Value index = json::Value::Object();
+    index["metadata"]["total_size"] = summary_.total_size;
+    std::vector<std::pair<std::string, json::Value>> map;
+    for (const auto& [k, v] : weight_map) map.emplace_back(k, v);  // sorted
+    index["weight_map"] = json::Value::FromMembers(std::move(map));
+    return index.Dump(2) + "\n";
+  }
+
+  const universal::UniversalInput& input_;
+  ExportOptions options_;
+  ExportSummary& summary_;
+  std::vector<Item> items_;
+  std::string stem_, ext_;
+  std::vector<std::vector<size_t>> shards_;
+  std::vector<std::string> names_;
+};
 
 }  // namespace
 
@@ -307,42 +308,10 @@ ExportSummary Export(const universal::UniversalInput& input,
                      ": use fp32, bf16 or fp16");
   }
   ExportSummary summary;
-  std::vector<Item> items = Collect(input, options, summary);
-  summary.tensors = static_cast<int64_t>(items.size());
-  const bool st = options.format == ExportFormat::kSafetensors;
-  const std::string stem = st ? "model" : "pytorch_model";
-  const std::string ext = st ? ".safetensors" : ".bin";
-  std::vector<std::vector<size_t>> shards =
-      Shards(items, options.max_shard_bytes);
-  std::map<std::string, std::string> weight_map;
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string name = ShardName(stem, ext, s, shards.size());
-    const std::string label =
-        StrCat("exporting ", name, " (", s + 1, " of ", shards.size(), ")");
-    try {
-      if (st) {
-        WriteSafetensors(input, items, shards[s], out_dir / name, executor,
-                         label);
-      } else {
-        WriteTorch(input, items, shards[s], out_dir / name, executor, label);
-      }
-    } catch (Error& e) {
-      e.AddContext("export file ", (out_dir / name).string());
-      throw;
-    }
-    for (size_t i : shards[s]) weight_map[items[i].name] = name;
-    summary.files.push_back(name);
-  }
-  if (shards.size() > 1) {
-    json::Value index = json::Value::Object();
-    index["metadata"]["total_size"] = summary.total_size;
-    std::vector<std::pair<std::string, json::Value>> map;
-    for (const auto& [k, v] : weight_map) map.emplace_back(k, v);  // sorted
-    index["weight_map"] = json::Value::FromMembers(std::move(map));
-    const std::string name = stem + ext + ".index.json";
-    WriteFileAtomically(out_dir / name, index.Dump(2) + "\n");
-    summary.files.push_back(name);
-  }
+  const ExportPlan plan(input, options, summary);
+  formats::EmitOptions o;
+  o.executor = executor;
+  formats::Emit(plan, input, out_dir, o);
   return summary;
 }
 

@@ -72,13 +72,12 @@ std::vector<formats::SavedCheckpoint> ListIterations(
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name == kReleaseDir || !IsIterDirName(name) ||
-        !it->is_directory(ec))
+    if (name == kReleaseDir || !IsIterDirName(name) || !it->is_directory(ec))
       continue;
     formats::SavedCheckpoint c;
     c.name = name;
     c.iteration = *ParseNumber(std::string_view(name).substr(5));
-    c.selector.iteration = c.iteration;
+    c.selector.Set(kIterationOption, std::to_string(c.iteration));
     out.push_back(std::move(c));
   }
   return out;

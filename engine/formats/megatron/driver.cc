@@ -27,7 +27,7 @@ class MegatronSource : public formats::Source {
     // Megatron names checkpoints by iteration (CheckpointInfo::Describe).
     info_.iteration = checkpoint_.iteration;
     info_.topology = checkpoint_.topology;
-    info_.distributed_optimizer = checkpoint_.distributed_optimizer;
+    info_.settings["distributed_optimizer"] = checkpoint_.distributed_optimizer;
     for (const auto& row : checkpoint_.rank_files)
       for (const fs::path& p : row) info_.files.push_back(p);
     for (const auto& row : checkpoint_.distrib_optim_files)
@@ -44,6 +44,14 @@ class MegatronSource : public formats::Source {
     megatron::NameListing n = megatron::ListNames(checkpoint_, options_);
     return {std::move(n.names), std::move(n.variables),
             std::move(n.layout_name), std::move(n.layout_yaml)};
+  }
+  // Megatron loads a legacy checkpoint only at the layout it was saved for.
+  bool Fits(const formats::TargetOptions& o) const override {
+    const layouts::Topology& t = checkpoint_.topology;
+    return t.tp == o.topology.tp && t.pp == o.topology.pp &&
+           t.vpp == o.topology.vpp && t.dp == o.topology.dp &&
+           checkpoint_.distributed_optimizer ==
+               o.values.Flag(kDistributedOptimizerOption);
   }
 
  private:
@@ -83,6 +91,14 @@ class MegatronDriver : public formats::Driver {
     }
     return tracker ? formats::Confidence::kMaybe : formats::Confidence::kNo;
   }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    formats::OptionSpec it;
+    it.name = kIterationOption;
+    it.type = formats::OptionSpec::Type::kInt;
+    it.help = "Megatron: the iteration to read (default: the tracker's)";
+    it.min = 0;
+    return {it};
+  }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
     return ListIterations(dir);
@@ -90,13 +106,10 @@ class MegatronDriver : public formats::Driver {
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
       const formats::SourceOptions& options) const override {
-    if (!options.selector.tag.empty()) {
-      throw UsageError(
-          "Megatron checkpoints are chosen with --iteration, "
-          "not --tag");
-    }
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
     return std::make_unique<MegatronSource>(
-        Discover(path, options.selector.iteration), options);
+        Discover(path, options.values.Int(kIterationOption)), options);
   }
   void WriteTracker(const fs::path& dir,
                     const formats::CheckpointInfo& c) const override {
@@ -106,40 +119,27 @@ class MegatronDriver : public formats::Driver {
                                                 : std::to_string(c.iteration));
   }
   bool CanWrite() const override { return true; }
-  formats::TargetSummary Write(
-      const universal::UniversalInput& input, const fs::path& out_dir,
-      const formats::TargetOptions& options,
-      const reshape::ExecutorOptions& executor) const override {
-    if (options.zero_stage) {
-      throw UsageError(
-          "--zero-stage is a DeepSpeed option; Megatron targets "
-          "take --distributed-optimizer");
-    }
-    if (!options.tag.empty()) {
-      throw UsageError(
-          "--tag is a DeepSpeed option (Megatron folders are "
-          "named by iteration)");
-    }
+  formats::TopologyAxes TargetAxes() const override {
+    return {.tp = true, .pp = true, .vpp = true, .dp = true};
+  }
+  std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
+    formats::OptionSpec d;
+    d.name = kDistributedOptimizerOption;
+    d.type = formats::OptionSpec::Type::kFlag;
+    d.help = "Megatron: write distrib_optim.pt (--use-distributed-optimizer)";
+    d.layout = true;
+    d.abbrev = "do";
+    return {d};
+  }
+  std::unique_ptr<formats::TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const formats::TargetOptions& options) const override {
     TargetOptions o;
     o.topology = options.topology;
-    o.distributed_optimizer = options.distributed_optimizer;
+    o.distributed_optimizer = options.values.Flag(kDistributedOptimizerOption);
     o.true_vocab_size = options.true_vocab_size;
     o.no_optimizer = options.no_optimizer;
-    TargetSummary s = WriteTarget(input, out_dir, o, executor);
-    formats::TargetSummary out;
-    out.files = s.files;
-    out.bytes = s.bytes;
-    out.notes = std::move(s.notes);
-    const layouts::Topology& t = options.topology;
-    std::string flags = StrCat("--tensor-model-parallel-size ", t.tp,
-                               " --pipeline-model-parallel-size ", t.pp);
-    if (t.vpp > 1)
-      flags += StrCat(" --num-virtual-stages-per-pipeline-rank ", t.vpp);
-    if (options.distributed_optimizer) flags += " --use-distributed-optimizer";
-    if (options.no_optimizer) flags += " --no-load-optim";
-    out.details["megatron_flags"] = flags;
-    out.resume_hint = "Megatron-LM: --load <output> " + flags;
-    return out;
+    return megatron::PlanTarget(input, o, {});
   }
 };
 

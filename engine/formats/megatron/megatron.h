@@ -23,6 +23,11 @@
 
 namespace ucp::megatron {
 
+/// The options the driver declares (driver.cc).
+inline constexpr const char* kIterationOption = "iteration";
+inline constexpr const char* kDistributedOptimizerOption =
+    "distributed-optimizer";
+
 /// A checkpoint found on disk.
 struct Checkpoint {
   std::filesystem::path dir;       // the --save folder (holds the tracker)
@@ -130,6 +135,11 @@ TargetSummary WriteTarget(const universal::UniversalInput& input,
                           const std::filesystem::path& out_dir,
                           const TargetOptions& options,
                           const reshape::ExecutorOptions& executor);
+/// The plan WriteTarget executes (the files as data; formats/target_plan.h).
+/// Throws what WriteTarget throws before writing.
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input, const TargetOptions& options,
+    const reshape::ExecutorOptions& executor);
 /// The same from a universal file.
 TargetSummary WriteTarget(const atoms::AtomStoreReader& store,
                           const std::filesystem::path& out_dir,

@@ -14,9 +14,9 @@
 //   optimizer  groups recomputed for the rank (param_groups.h), group dicts
 //              from /opaque/optimizer/param_groups; distrib_optim.pt world
 //              tensors laid out by buffer_layout.h for the target DP.
-// Files are written by TorchWriter (temporary name, renamed on Commit), in
-// batches of rank files; distrib_optim.pt before model_optim_rng.pt, the
-// tracker last.
+// The plan (formats::TargetPlan) has one unit per rank, planned on demand:
+// distrib_optim.pt before model_optim_rng.pt; the tracker is the last unit.
+// The emit stage (formats/emit.h) writes it.
 
 #include <algorithm>
 #include <cstring>
@@ -33,6 +33,7 @@
 #include "engine/formats/common/sinks.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/torch_blob.h"
+#include "engine/formats/emit.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/buffer_layout.h"
 #include "engine/formats/megatron/megatron.h"
@@ -54,15 +55,10 @@ using layouts::Rule;
 using pickle::Kind;
 using pickle::Value;
 
-// Rank files written per executor run (bounds open files and graphs).
-constexpr size_t kBatchFiles = 32;
-
 using formats::AppendEntry;
 using formats::BlobCache;
 using formats::BuildChunk;
-using formats::GraphImporter;
 using formats::MemorySink;
-using formats::WriterSink;
 
 // How the target keeps its optimizer state (megatron_format.h).
 enum class OptimizerFormat { kFp32, kFloat16, kDistributed };
@@ -82,50 +78,55 @@ struct Entry {
   const atoms::StoredParam* param = nullptr;  // original for params/copies
 };
 
-class TargetWriter {
+// The target checkpoint as a plan: one unit per target rank (pp, tp) with
+// its distrib_optim.pt (distributed optimizer) and model_optim_rng.pt, then
+// the tracker.
+class MegatronPlan : public formats::TargetPlan {
  public:
-  TargetWriter(const universal::UniversalInput& input, const fs::path& out_dir,
+  MegatronPlan(const universal::UniversalInput& input,
                const TargetOptions& options,
                const reshape::ExecutorOptions& executor)
-      : store_(input), out_(out_dir), options_(options), executor_(executor) {}
+      : store_(input), options_(options), executor_(executor) {
+    Prepare();
+  }
 
-  TargetSummary Run();
+  size_t units() const override {
+    return static_cast<size_t>(topo_.pp * topo_.tp) + 1;
+  }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t i) const override;
+  fs::path checkpoint_dir() const override { return IterDir(); }
+  formats::TargetSummary Summary() const override;
+  std::string label() const override { return "writing rank files"; }
 
  private:
+  using File = formats::TorchSaveFile;
+  void Prepare();
   void ReadMetadata();
   void BuildEntries();
   void ReadTorchStep();
   void NoteUnknownVocab();
-  void WriteBatch(const std::vector<std::pair<int64_t, int64_t>>& ranks,
-                  const std::string& label);
+  fs::path IterDir() const {
+    return IterDirName(store_.root().iteration, release_);
+  }
 
-  // Per target file.
-  struct FileJobs {
-    std::unique_ptr<torchfile::TorchWriter> writer;
-    std::unique_ptr<GraphImporter> importer;
-    std::vector<reshape::Job> jobs;
-    // Tensors of known bytes (written after Begin).
-    std::vector<std::pair<const Value*, std::vector<std::byte>>> constants;
-    fs::path path;
-  };
-  const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, FileJobs& model,
-                         FileJobs* distrib, BlobCache& blobs);
-  Value* TensorFor(FileJobs& f, const Entry& e, const std::string& kind,
-                   DType dtype, int64_t tp_rank, const std::string& name);
+  const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, File& model,
+                         File* distrib, BlobCache& blobs) const;
+  Value* TensorFor(File& f, const Entry& e, const std::string& kind,
+                   DType dtype, int64_t tp_rank, const std::string& name) const;
   std::vector<reshape::CopyOp> OpsFor(const Entry& e, const std::string& kind,
-                                      int64_t tp_rank, Shape* local_shape);
+                                      int64_t tp_rank,
+                                      Shape* local_shape) const;
   const atoms::DatasetInfo& AtomOf(const atoms::StoredParam& p,
                                    const std::string& kind) const;
-  Value* Import(FileJobs& f, BlobCache& blobs, const std::string& key);
-  std::string Where(const FileJobs& f) const {
-    return StrCat("rank file ", f.path.string());
+  Value* Import(File& f, BlobCache& blobs, const std::string& key) const;
+  std::string Where(const File& f) const {
+    return StrCat("rank file ", f.path().string());
   }
 
   const universal::UniversalInput& store_;  // a universal file or a plan
-  fs::path out_;
-  const TargetOptions& options_;
+  TargetOptions options_;
   reshape::ExecutorOptions executor_;
-  TargetSummary summary_;
 
   std::optional<Layout> layout_;
   layouts::Variables vars_;
@@ -162,11 +163,10 @@ class TargetWriter {
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1;
   int64_t gpus_per_node_ = 8;
   bool release_ = false;
-  std::set<std::string> notes_;
-  std::deque<WriterSink> sinks_;
+  mutable std::set<std::string> notes_;
 };
 
-const atoms::DatasetInfo& TargetWriter::AtomOf(const atoms::StoredParam& p,
+const atoms::DatasetInfo& MegatronPlan::AtomOf(const atoms::StoredParam& p,
                                                const std::string& kind) const {
   const atoms::DatasetInfo* d = store_.FindAtom(p.info.fqn, kind);
   if (d == nullptr) {
@@ -176,7 +176,7 @@ const atoms::DatasetInfo& TargetWriter::AtomOf(const atoms::StoredParam& p,
   return *d;
 }
 
-void TargetWriter::ReadMetadata() {
+void MegatronPlan::ReadMetadata() {
   const atoms::RootInfo& root = store_.root();
   if (root.layout.empty()) {
     throw FormatError("universal file ", store_.path().string(),
@@ -325,7 +325,7 @@ void TargetWriter::ReadMetadata() {
 // size P for tp T) count as real; the target's padding is computed from P.
 // That is what Megatron computes for every true size in (P - div*T, P] when
 // the target tp is a multiple of T, but not for every other tp: say so.
-void TargetWriter::NoteUnknownVocab() {
+void MegatronPlan::NoteUnknownVocab() {
   const json::Value* known = meta_.Find("vocab_size_known");
   if (options_.true_vocab_size || known == nullptr || !known->is_bool() ||
       known->AsBool())
@@ -351,7 +351,7 @@ void TargetWriter::NoteUnknownVocab() {
   }
 }
 
-void TargetWriter::ReadTorchStep() {
+void MegatronPlan::ReadTorchStep() {
   if (!write_optimizer_) return;
   const atoms::DatasetInfo* d = nullptr;
   if (std::find(state_keys_.begin(), state_keys_.end(), "step") !=
@@ -409,7 +409,7 @@ void TargetWriter::ReadTorchStep() {
   }
 }
 
-void TargetWriter::BuildEntries() {
+void MegatronPlan::BuildEntries() {
   const Layout& layout = *layout_;
   std::vector<std::pair<std::string, std::string>> list = meta_entries_;
   if (list.empty()) {
@@ -480,10 +480,10 @@ void TargetWriter::BuildEntries() {
   }
 }
 
-std::vector<reshape::CopyOp> TargetWriter::OpsFor(const Entry& e,
+std::vector<reshape::CopyOp> MegatronPlan::OpsFor(const Entry& e,
                                                   const std::string& kind,
                                                   int64_t tp_rank,
-                                                  Shape* local_shape) {
+                                                  Shape* local_shape) const {
   const atoms::StoredParam& p = *e.param;
   const atoms::DatasetInfo& atom = AtomOf(p, kind);
   const atoms::DatasetInfo* pad = store_.FindPadAtom(p.info.fqn, kind);
@@ -538,36 +538,26 @@ std::vector<reshape::CopyOp> TargetWriter::OpsFor(const Entry& e,
   return ops;
 }
 
-Value* TargetWriter::TensorFor(FileJobs& f, const Entry& e,
-                               const std::string& kind, DType dtype,
-                               int64_t tp_rank, const std::string& name) {
-  Shape local;
-  std::vector<reshape::CopyOp> ops = OpsFor(e, kind, tp_rank, &local);
-  torchfile::TensorSpec spec;
-  spec.dtype = dtype;
-  spec.shape = local;
-  Value* node = f.writer->NewTensor(spec);
-  reshape::Job job;
-  job.tensor.name = name;
-  job.tensor.dtype = dtype;
-  job.tensor.shape = local;
-  job.tensor.ops = std::move(ops);
-  sinks_.emplace_back(*f.writer, node);
-  job.sink = &sinks_.back();
-  f.jobs.push_back(std::move(job));
-  return node;
+Value* MegatronPlan::TensorFor(File& f, const Entry& e, const std::string& kind,
+                               DType dtype, int64_t tp_rank,
+                               const std::string& name) const {
+  reshape::TargetTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.ops = OpsFor(e, kind, tp_rank, &t.shape);
+  return f.AddTensor(std::move(t));
 }
 
-Value* TargetWriter::Import(FileJobs& f, BlobCache& blobs,
-                            const std::string& key) {
+Value* MegatronPlan::Import(File& f, BlobCache& blobs,
+                            const std::string& key) const {
   std::shared_ptr<const torchfile::TorchFile> file = blobs.Get(key);
-  return f.importer->Import(file, file->root());
+  return f.Import(file, file->root());
 }
 
-const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
-                                     FileJobs& model, FileJobs* distrib,
-                                     BlobCache& blobs) {
-  pickle::Arena& arena = model.writer->arena();
+const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
+                                     File& model, File* distrib,
+                                     BlobCache& blobs) const {
+  pickle::Arena& arena = model.arena();
   const Layout& layout = *layout_;
   // The rank's params in named_parameters() order (chunk 0 first).
   struct RankParam {
@@ -600,7 +590,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
           RankParam rp;
           rp.entry = i;
           rp.chunk = v;
-          rp.local_shape = model.writer->FindSpec(value)->shape;
+          rp.local_shape = model.archive().SpecOf(value)->shape;
           rp.local_name = local;
           params.push_back(std::move(rp));
         }
@@ -675,7 +665,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
         throw FormatError("optimizer group ", g.keys[gi].ToString(),
                           " of this rank is not in the universal file");
       }
-      Value* d = model.importer->Import(gfile, templates->items[ci]);
+      Value* d = model.Import(gfile, templates->items[ci]);
       auto& entries = d->entries;
       auto step_it = std::find_if(entries.begin(), entries.end(), [](auto& kv) {
         return kv.first && kv.first->kind == Kind::kStr &&
@@ -711,8 +701,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
           }
         }
         if (known != nullptr) {
-          entries.emplace_back(arena.Str("step"),
-                               model.importer->Import(gfile, known));
+          entries.emplace_back(arena.Str("step"), model.Import(gfile, known));
         } else {
           entries.emplace_back(arena.Str("step"),
                                arena.Int(store_.root().iteration));
@@ -741,7 +730,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
         AppendEntry(arena, optimizer, "grad_scaler",
                     Import(model, blobs, "grad_scaler"));
       // distrib_optim.pt
-      pickle::Arena& da = distrib->writer->arena();
+      pickle::Arena& da = distrib->arena();
       Value* droot = da.Dict();
       AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
       for (int64_t v = 0; v < topo_.vpp; ++v) {
@@ -765,15 +754,10 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
                   entries_[params[members[0]].entry].param->info.fqn, kind) ==
                   nullptr)
             continue;
-          torchfile::TensorSpec spec;
-          spec.dtype = DType::kFloat32;
-          spec.shape = {n};
-          Value* node = distrib->writer->NewTensor(spec);
-          reshape::Job job;
-          job.tensor.name =
-              StrCat(Where(*distrib), " > buffer ", v, " > ", wkey);
-          job.tensor.dtype = DType::kFloat32;
-          job.tensor.shape = {n};
+          reshape::TargetTensor t;
+          t.name = StrCat(Where(*distrib), " > buffer ", v, " > ", wkey);
+          t.dtype = DType::kFloat32;
+          t.shape = {n};
           for (size_t j = 0; j < members.size(); ++j) {
             const RankParam& rp = params[members[j]];
             Shape local;
@@ -781,13 +765,10 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
                  OpsFor(entries_[rp.entry], kind, tp_rank, &local)) {
               op.dst_offset = lay.WorldOffset(j);
               op.dst_shape = local;
-              job.tensor.ops.push_back(std::move(op));
+              t.ops.push_back(std::move(op));
             }
           }
-          sinks_.emplace_back(*distrib->writer, node);
-          job.sink = &sinks_.back();
-          distrib->jobs.push_back(std::move(job));
-          AppendEntry(da, world, wkey, node);
+          AppendEntry(da, world, wkey, distrib->AddTensor(std::move(t)));
         }
         AppendEntry(da, world, "numel_unpadded", da.Int(n));
         Value* key =
@@ -797,7 +778,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
         per_dtype->entries.emplace_back(key, world);
         droot->entries.emplace_back(da.Int(v), per_dtype);
       }
-      distrib->writer->Begin(droot);
+      distrib->SetRoot(droot);
     } else {
       Value* state = arena.Dict();
       std::vector<Value*> fp32_groups;
@@ -811,14 +792,12 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
           if (torch_step_ && !step_atoms_) {
             // torch Adam's per-param step, first in its state (Adam's
             // _init_group), from a distributed source's group step.
-            torchfile::TensorSpec spec;
-            spec.dtype = DType::kFloat32;
-            Value* node = model.writer->NewTensor(spec);
             const float value = static_cast<float>(*torch_step_);
             std::vector<std::byte> bytes(sizeof value);
             std::memcpy(bytes.data(), &value, sizeof value);
-            model.constants.emplace_back(node, std::move(bytes));
-            AppendEntry(arena, st, "step", node);
+            AppendEntry(
+                arena, st, "step",
+                model.AddConstant(DType::kFloat32, {}, std::move(bytes)));
           }
           for (const std::string& k : state_keys_) {
             const atoms::DatasetInfo* d = store_.FindAtom(e.param->info.fqn, k);
@@ -827,20 +806,15 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
                 StrCat(Where(model), " > optimizer > state[", id, "][", k, "]");
             Value* node;
             if (d->shape.empty()) {  // per-param scalar (torch Adam's step)
-              torchfile::TensorSpec spec;
-              spec.dtype = d->dtype;
-              node = model.writer->NewTensor(spec);
-              reshape::Job job;
-              job.tensor.name = name;
-              job.tensor.dtype = d->dtype;
-              job.tensor.ops.push_back({store_.Tensor(*d),
-                                        Box::Whole(Shape{}),
-                                        Box::Whole(Shape{}),
-                                        0,
-                                        {}});
-              sinks_.emplace_back(*model.writer, node);
-              job.sink = &sinks_.back();
-              model.jobs.push_back(std::move(job));
+              reshape::TargetTensor t;
+              t.name = name;
+              t.dtype = d->dtype;
+              t.ops.push_back({store_.Tensor(*d),
+                               Box::Whole(Shape{}),
+                               Box::Whole(Shape{}),
+                               0,
+                               {}});
+              node = model.AddTensor(std::move(t));
             } else {
               node = TensorFor(model, e, k, d->dtype, tp_rank, name);
             }
@@ -937,71 +911,7 @@ const Value* TargetWriter::BuildRank(int64_t tp_rank, int64_t pp_rank,
   return root;
 }
 
-void TargetWriter::WriteBatch(
-    const std::vector<std::pair<int64_t, int64_t>>& ranks,
-    const std::string& label) {
-  std::vector<FileJobs> files;
-  files.reserve(ranks.size() * 2);
-  const bool distributed =
-      target_format_ == OptimizerFormat::kDistributed && write_optimizer_;
-  const fs::path iter_dir =
-      out_ / IterDirName(store_.root().iteration, release_);
-  for (const auto& [pp, tp] : ranks) {
-    const fs::path dir = iter_dir / RankDirName(tp, pp, topo_.pp);
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) throw IoError("cannot create ", dir.string(), ": ", ec.message());
-    FileJobs* distrib = nullptr;
-    if (distributed) {
-      FileJobs& d = files.emplace_back();
-      d.path = dir / kDistribOptimFile;
-      torchfile::TorchWriterOptions o;
-      d.writer = std::make_unique<torchfile::TorchWriter>(d.path, o);
-      d.importer = std::make_unique<GraphImporter>(*d.writer);
-      distrib = &d;
-    }
-    FileJobs& m = files.emplace_back();
-    m.path = dir / kModelFile;
-    m.writer = std::make_unique<torchfile::TorchWriter>(m.path);
-    m.importer = std::make_unique<GraphImporter>(*m.writer);
-    try {
-      // Blobs stay open only while this rank file is built.
-      BlobCache blobs(store_);
-      const Value* root = BuildRank(tp, pp, m, distrib, blobs);
-      m.writer->Begin(root);
-      m.importer->WriteTensors();
-      for (const auto& [node, bytes] : m.constants)
-        m.writer->WriteTensorData(node, 0, bytes);
-    } catch (Error& e) {
-      e.AddContext(Where(m));
-      throw;
-    }
-  }
-  std::vector<reshape::Job> jobs;
-  for (FileJobs& f : files)
-    for (reshape::Job& j : f.jobs) jobs.push_back(std::move(j));
-  uint64_t bytes = 0;
-  for (const reshape::Job& j : jobs) bytes += reshape::NumBytes(j.tensor);
-  Progress progress(label, bytes);
-  reshape::ExecutorOptions executor = executor_;
-  executor.progress = &progress;
-  store_.Run(jobs, executor);
-  progress.Finish();
-  for (FileJobs& f : files) {
-    try {
-      f.writer->Commit();
-    } catch (Error& e) {
-      e.AddContext(Where(f));
-      throw;
-    }
-    std::error_code ec;
-    summary_.bytes += fs::file_size(f.path, ec);
-    ++summary_.files;
-  }
-  sinks_.clear();
-}
-
-TargetSummary TargetWriter::Run() {
+void MegatronPlan::Prepare() {
   ReadMetadata();
   // Settings from the stored args (bucket sizes, grad dtype); defaults for
   // a partial Namespace.
@@ -1018,38 +928,71 @@ TargetSummary TargetWriter::Run() {
   }
   BuildEntries();
   ReadTorchStep();
-  std::vector<std::pair<int64_t, int64_t>> all;
-  for (int64_t p = 0; p < topo_.pp; ++p)
-    for (int64_t t = 0; t < topo_.tp; ++t) all.emplace_back(p, t);
-  for (size_t i = 0; i < all.size(); i += kBatchFiles) {
-    std::vector<std::pair<int64_t, int64_t>> batch(
-        all.begin() + static_cast<std::ptrdiff_t>(i),
-        all.begin() +
-            static_cast<std::ptrdiff_t>(std::min(all.size(), i + kBatchFiles)));
-    WriteBatch(batch, StrCat("writing rank files ", i + 1, "-",
-                             i + batch.size(), " of ", all.size()));
+}
+
+std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
+    size_t i) const {
+  std::vector<std::unique_ptr<formats::PlannedFile>> files;
+  if (i + 1 == units()) {  // the tracker, last
+    files.push_back(formats::TextFile(
+        kTrackerFile, release_ ? std::string(kReleaseDir)
+                               : std::to_string(store_.root().iteration)));
+    return files;
   }
-  const std::string tracker = release_
-                                  ? std::string(kReleaseDir)
-                                  : std::to_string(store_.root().iteration);
-  WriteFileAtomically(out_ / kTrackerFile, tracker);
-  ++summary_.files;
-  summary_.bytes += tracker.size();
-  summary_.notes.assign(notes_.begin(), notes_.end());
-  return summary_;
+  const int64_t pp = static_cast<int64_t>(i) / topo_.tp;
+  const int64_t tp = static_cast<int64_t>(i) % topo_.tp;
+  const fs::path dir = IterDir() / RankDirName(tp, pp, topo_.pp);
+  File* distrib = nullptr;
+  if (target_format_ == OptimizerFormat::kDistributed && write_optimizer_) {
+    auto d = std::make_unique<File>(dir / kDistribOptimFile);
+    distrib = d.get();
+    files.push_back(std::move(d));
+  }
+  auto model = std::make_unique<File>(dir / kModelFile);
+  try {
+    // Blobs stay open only while this rank file is planned (their imported
+    // tensors keep the ones they need).
+    BlobCache blobs(store_);
+    model->SetRoot(BuildRank(tp, pp, *model, distrib, blobs));
+  } catch (Error& e) {
+    e.AddContext(Where(*model));
+    throw;
+  }
+  files.push_back(std::move(model));
+  return files;
+}
+
+formats::TargetSummary MegatronPlan::Summary() const {
+  formats::TargetSummary out;
+  out.notes.assign(notes_.begin(), notes_.end());
+  const layouts::Topology& t = topo_;
+  std::string flags = StrCat("--tensor-model-parallel-size ", t.tp,
+                             " --pipeline-model-parallel-size ", t.pp);
+  if (t.vpp > 1)
+    flags += StrCat(" --num-virtual-stages-per-pipeline-rank ", t.vpp);
+  if (options_.distributed_optimizer) flags += " --use-distributed-optimizer";
+  if (options_.no_optimizer) flags += " --no-load-optim";
+  out.details["megatron_flags"] = flags;
+  out.resume_hint = "Megatron-LM: --load <output> " + flags;
+  return out;
 }
 
 }  // namespace
 
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input, const TargetOptions& options,
+    const reshape::ExecutorOptions& executor) {
+  return std::make_unique<MegatronPlan>(input, options, executor);
+}
+
 TargetSummary WriteTarget(const universal::UniversalInput& input,
                           const fs::path& out_dir, const TargetOptions& options,
                           const reshape::ExecutorOptions& executor) {
-  std::error_code ec;
-  if (!fs::is_directory(out_dir, ec)) {
-    throw IoError("output folder ", out_dir.string(), " does not exist");
-  }
-  TargetWriter w(input, out_dir, options, executor);
-  return w.Run();
+  formats::EmitOptions o;
+  o.executor = executor;
+  const formats::TargetSummary s =
+      formats::Emit(MegatronPlan(input, options, executor), input, out_dir, o);
+  return TargetSummary{s.files, s.bytes, s.notes};
 }
 
 TargetSummary WriteTarget(const atoms::AtomStoreReader& store,

@@ -681,7 +681,8 @@ TEST(TorchWriterTest, EveryFixtureSurvivesACompactRoundTrip) {
       }
       if (!NeedsTorch2(src)) {
         jobs.push_back({"compare", files[i].string(), ours.string()});
-        jobs.push_back({"zipcheck", ours.string()});
+        jobs.push_back(
+            {"zipcheck", ours.string(), "--like", files[i].string()});
       }
     } catch (const std::exception& e) {
       ADD_FAILURE() << e.what();
