@@ -57,8 +57,9 @@ struct CheckpointInfo {
   std::string name;
   int64_t iteration = 0;
   layouts::Topology topology;  // tp, pp, vpp, dp as saved
-  /// The format's own facts about the saved layout, shown in Describe() and
-  /// --json: {"zero_stage": 2}, {"distributed_optimizer": true}.
+  /// The format's own facts about the saved layout (a ZeRO stage, whether a
+  /// distributed optimizer sharded the state), shown in Describe() and
+  /// --json, keys with '_' for spaces.
   json::Value settings = json::Value::Object();
   std::string dtype;                         // training dtype, "" if unknown
   std::vector<std::filesystem::path> files;  // every rank file read
