@@ -105,7 +105,7 @@ struct Chosen {
 };
 
 // Every checkpoint any format lists in `dir` and every universal file in
-// it, newest first (at one iteration, checkpoint folders first).
+// it, newest first.
 std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
   std::vector<Candidate> out;
   for (const formats::Driver* d : formats::Drivers()) {
@@ -128,13 +128,20 @@ std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
     }
     out.push_back(std::move(c));
   }
-  std::sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.checkpoint.iteration != b.checkpoint.iteration)
-      return a.checkpoint.iteration > b.checkpoint.iteration;
-    if ((a.driver == nullptr) != (b.driver == nullptr))
-      return a.driver != nullptr;
-    return a.checkpoint.name > b.checkpoint.name;
-  });
+  // At one iteration: checkpoints of a format with a topology (the rank
+  // files training wrote) before those of a format without one (a universal
+  // folder made from them), before universal files.
+  auto rank = [](const Candidate& c) {
+    if (c.driver == nullptr) return 2;
+    return c.driver->CanWrite() && !c.driver->TargetAxes().any() ? 1 : 0;
+  };
+  std::sort(out.begin(), out.end(),
+            [&](const Candidate& a, const Candidate& b) {
+              if (a.checkpoint.iteration != b.checkpoint.iteration)
+                return a.checkpoint.iteration > b.checkpoint.iteration;
+              if (rank(a) != rank(b)) return rank(a) < rank(b);
+              return a.checkpoint.name > b.checkpoint.name;
+            });
   return out;
 }
 

@@ -114,6 +114,12 @@ std::unique_ptr<formats::TargetPlan> PlanUniversalFolder(
     const universal::UniversalInput& input,
     const formats::TargetOptions& options);
 
+/// The universal folders (<tag>_universal with zero/) of save folder `dir`,
+/// complete or not; the iteration is the tag's trailing number, -1 without
+/// one. Never throws.
+std::vector<formats::SavedCheckpoint> ListUniversalFolders(
+    const std::filesystem::path& dir);
+
 /// A DeepSpeed universal folder as a source: `path` is a save folder with
 /// latest_universal (or `tag`, the universal folder's name), or the
 /// universal folder itself. The Checkpoint has zero_dir set; PlanSource

@@ -201,6 +201,10 @@ class DeepSpeedUniversalDriver : public formats::Driver {
         "the universal folder to read (default: the one `latest_universal` "
         "names)")};
   }
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    return ListUniversalFolders(dir);
+  }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
       const formats::SourceOptions& options) const override {

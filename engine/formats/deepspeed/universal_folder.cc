@@ -215,6 +215,29 @@ class UniversalFolderPlan : public formats::TargetPlan {
 
 }  // namespace
 
+std::vector<formats::SavedCheckpoint> ListUniversalFolders(
+    const fs::path& dir) {
+  std::vector<formats::SavedCheckpoint> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (!it->is_directory(ec) || !fs::is_directory(it->path() / "zero", ec) ||
+        !HoldsModelStates(it->path()))
+      continue;
+    formats::SavedCheckpoint c;
+    c.name = it->path().filename().string();
+    c.selector.Set(kTagOption, c.name);
+    std::string_view tag = c.name;
+    if (tag.ends_with("_universal")) tag.remove_suffix(10);
+    size_t i = tag.size();
+    while (i > 0 && tag[i - 1] >= '0' && tag[i - 1] <= '9') --i;
+    if (i < tag.size() && tag.size() - i < 18)
+      c.iteration = std::stoll(std::string(tag.substr(i)));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 Checkpoint DiscoverUniversal(const fs::path& path, const std::string& tag) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
