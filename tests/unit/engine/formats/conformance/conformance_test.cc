@@ -59,19 +59,19 @@ void Walk(const torchfile::TorchFile& f, const pickle::Value* v,
           int depth = 0) {
   if (v == nullptr || depth > 64) return;
   if (const torchfile::TensorInfo* t = f.FindTensor(v)) {
-    out[path] = StrCat("tensor ", DTypeName(t->dtype), " ",
-                       ShapeString(t->shape), " ",
-                       testutil::Sha256Hex(Bytes(f, *t)));
+    out[path] =
+        StrCat("tensor ", DTypeName(t->dtype), " ", ShapeString(t->shape), " ",
+               testutil::Sha256Hex(Bytes(f, *t)));
     return;
   }
   if (v->IsDictLike()) {
     std::string keys;
     for (const auto& [k, x] : v->entries) {
-      const std::string key =
-          k == nullptr                        ? "?"
-          : k->kind == pickle::Kind::kStr     ? k->s
-          : k->kind == pickle::Kind::kInt     ? std::to_string(k->i)
-                                              : std::string("<key>");
+      const std::string key = k == nullptr                    ? "?"
+                              : k->kind == pickle::Kind::kStr ? k->s
+                              : k->kind == pickle::Kind::kInt
+                                  ? std::to_string(k->i)
+                                  : std::string("<key>");
       keys += key + ",";
       Walk(f, x, path + "/" + key, out, depth + 1);
     }
@@ -292,14 +292,15 @@ std::vector<std::string> DriverNames() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Drivers, ConformanceTest, ::testing::ValuesIn(DriverNames()),
-    [](const ::testing::TestParamInfo<std::string>& i) {
-      std::string n = i.param;
-      for (char& c : n)
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Drivers, ConformanceTest,
+                         ::testing::ValuesIn(DriverNames()),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c)))
+                               c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace ucp::formats::conformance
