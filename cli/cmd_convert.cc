@@ -498,6 +498,32 @@ int RunToUniversal(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// The second half of reshape and convert: the target checkpoint of `input`
+// (universal content made from a format named `native`) written into
+// `output` and reported.
+void WriteAndReport(const char* command,
+                    const universal::UniversalInput& input,
+                    const std::string& native, const std::string& output,
+                    const TargetArgs& target, bool manifest,
+                    const RunOptions& run,
+                    const reshape::ExecutorOptions& executor,
+                    std::chrono::steady_clock::time_point start,
+                    json::Value extra) {
+  const formats::Driver& driver = TargetDriver(target.format, native);
+  const formats::TargetOptions options = target.Options(driver);
+  universal::StagedDirectory out(output);
+  CheckFreeSpace(output, MinimumTargetBytes(input, options.no_optimizer));
+  formats::TargetSummary s = formats::WriteTarget(driver, input, out.path(),
+                                                  options, executor, manifest);
+  out.Commit();
+  PrintTargetResult(command, output, driver, target, s, Since(start), run,
+                    std::move(extra));
+}
+
+}  // namespace
+
 int RunReshape(const std::vector<std::string>& args) {
   po::options_description desc(ReshapeHelp());
   std::string output;
@@ -518,22 +544,13 @@ int RunReshape(const std::vector<std::string>& args) {
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
-  universal::StagedDirectory out(output);
-  atoms::AtomStoreReader store =
-      atoms::AtomStoreReader::Open(vm["universal"].as<std::string>());
-  const formats::Driver& driver =
-      TargetDriver(target.format, NativeFormat(store.root()));
-  const formats::TargetOptions options = target.Options(driver);
-  std::unique_ptr<universal::UniversalInput> input =
-      universal::StoreInput(store);
-  CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
-  formats::TargetSummary s = formats::WriteTarget(driver, *input, out.path(),
-                                                  options, executor, manifest);
-  out.Commit();
+  const std::string file = vm["universal"].as<std::string>();
+  const atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(file);
   json::Value extra;
-  extra["universal"] = vm["universal"].as<std::string>();
-  PrintTargetResult("reshape", output, driver, target, s, Since(start), run,
-                    std::move(extra));
+  extra["universal"] = file;
+  WriteAndReport("reshape", *universal::StoreInput(store),
+                 NativeFormat(store.root()), output, target, manifest, run,
+                 executor, start, std::move(extra));
   return 0;
 }
 
@@ -560,29 +577,21 @@ int RunConvert(const std::vector<std::string>& args) {
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
+  target.vocab_size = src.vocab_size;
   std::unique_ptr<formats::Source> source =
       src.Open(vm["source"].as<std::string>());
   const formats::CheckpointInfo& c = source->info();
-  const formats::Driver& driver = TargetDriver(target.format, c.format);
-  formats::TargetOptions options = target.Options(driver);
-  if (src.vocab_size > 0) options.true_vocab_size = src.vocab_size;
-  universal::StagedDirectory out(output);
   // Streaming: every target tensor is composed from boxes of the source rank
   // files; no universal file is written.
-  universal::SourcePlan plan = source->Plan();
-  std::unique_ptr<universal::UniversalInput> input =
-      universal::PlanInput(plan, c.path, executor);
-  CheckFreeSpace(output, MinimumTargetBytes(*input, options.no_optimizer));
-  formats::TargetSummary s = formats::WriteTarget(driver, *input, out.path(),
-                                                  options, executor, manifest);
-  out.Commit();
+  const universal::SourcePlan plan = source->Plan();
   json::Value extra;
   extra["source"] = c.path.string();
   extra["source_format"] = c.format;
   extra["source_topology"] = c.TopologyJson();
   if (!run.json) std::printf("read %s\n", c.Describe().c_str());
-  PrintTargetResult("convert", output, driver, target, s, Since(start), run,
-                    std::move(extra));
+  WriteAndReport("convert", *universal::PlanInput(plan, c.path, executor),
+                 c.format, output, target, manifest, run, executor, start,
+                 std::move(extra));
   return 0;
 }
 

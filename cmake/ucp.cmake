@@ -136,18 +136,25 @@ include([==[${PROJECT_SOURCE_DIR}/cmake/ucp_gtest_cases.cmake]==])
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_include}")
 endmacro()
 
-# Registers a Python test run with Debian's system interpreter (which has torch).
-#   ucp_add_python_test(<name> SCRIPT file ARGS ... [LABELS ...] [ENV ...] [FIXTURES_...])
+# Registers a Python test run with Debian's system interpreter (which has
+# torch 1.13), or with VENV the tests' PyPI environment (UCP_VENV_PYTHON).
+#   ucp_add_python_test(<name> SCRIPT file [VENV] ARGS ... [LABELS ...] [ENV ...] [FIXTURES_...])
 function(ucp_add_python_test name)
-  cmake_parse_arguments(ARG "" "SCRIPT" "ARGS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP;FIXTURES_CLEANUP" ${ARGN})
-  add_test(NAME ${name} COMMAND ${UCP_PYTHON} ${ARG_SCRIPT} ${ARG_ARGS})
+  cmake_parse_arguments(ARG "VENV" "SCRIPT" "ARGS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP;FIXTURES_CLEANUP" ${ARGN})
+  if(ARG_VENV)
+    set(_py ${UCP_VENV_PYTHON})
+  else()
+    set(_py ${UCP_PYTHON})
+  endif()
+  add_test(NAME ${name} COMMAND ${_py} ${ARG_SCRIPT} ${ARG_ARGS})
   _ucp_test_properties(${name})
 endfunction()
 
 macro(_ucp_env_list out)
   set(${out} "UCP_TESTDATA=${UCP_TESTDATA_DIR}" "UCP_FIXTURES=${UCP_FIXTURES_DIR}"
              "UCP_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "UCP_BINARY_DIR=${PROJECT_BINARY_DIR}"
-             "UCP_PYTHON=${UCP_PYTHON}" ${ARG_ENV})
+             "UCP_PYTHON=${UCP_PYTHON}" "UCP_VENV_PYTHON=${UCP_VENV_PYTHON}"
+             ${ARG_ENV})
 endmacro()
 
 macro(_ucp_test_properties name)

@@ -15,4 +15,20 @@ json::Value ParseJsonAttr(const std::string& text, const char* what,
   }
 }
 
+atoms::ParamInfo ParamRow(const ParamRowSpec& spec) {
+  atoms::ParamInfo info;
+  info.fqn = spec.fqn;
+  info.shape = spec.shape;
+  info.dtype = spec.dtype;
+  info.rule = spec.rule;
+  info.kind = spec.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
+  info.group = spec.group;
+  info.order = spec.order;
+  info.frozen = spec.frozen;
+  json::Value tc = json::Value::Array();
+  for (const std::string& c : spec.tied_copies) tc.Append(c);
+  info.tied_copies = tc.Dump();
+  return info;
+}
+
 }  // namespace ucp::formats

@@ -1,10 +1,13 @@
 #pragma once
-// Reading the JSON attributes of universal content (atom_store.h RootInfo,
-// ParamInfo::tied_copies) in a format driver's writer.
+// The JSON attributes of universal content (atom_store.h RootInfo,
+// ParamInfo::tied_copies): read in a driver's writer, written in its reader.
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "engine/atoms/atom_store.h"
 #include "engine/json/json.h"
 
 namespace ucp::formats {
@@ -13,5 +16,20 @@ namespace ucp::formats {
 /// "universal file <path> > attribute <what> > ..." if it does not parse.
 json::Value ParseJsonAttr(const std::string& text, const char* what,
                           const std::filesystem::path& path);
+
+/// A param's row of a universal::SourcePlan, its tied copies as the JSON
+/// list the schema keeps.
+struct ParamRowSpec {
+  std::string fqn;
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  std::string rule;
+  bool buffer = false;
+  int64_t group = -1;
+  int64_t order = 0;
+  bool frozen = false;
+  std::vector<std::string> tied_copies;
+};
+atoms::ParamInfo ParamRow(const ParamRowSpec& spec);
 
 }  // namespace ucp::formats

@@ -1,5 +1,11 @@
 // Reading DeepSpeed rank files into a universal SourcePlan (deepspeed.h;
-// formats and flat layouts: deepspeed_format.h).
+// formats and flat layouts: deepspeed_format.h): what every optimizer
+// wrapping shares (the module, steps, frozen params, opaque entries, the
+// root), the order of the steps (Planner::Run), and model-parallel
+// checkpoints. Each wrapping's optimizer state is read in its own file:
+// reader_torch.cc (ZeRO 0, torch optimizer), reader_fp16.cc (ZeRO 0,
+// FP16_Optimizer), reader_zero.cc (ZeRO 1-3, BF16_Optimizer),
+// universal_folder.cc (universal folders).
 
 #include <algorithm>
 #include <array>
@@ -11,34 +17,27 @@
 
 #include "engine/core/convert.h"
 #include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/source_table.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/model_parallel.h"
 #include "engine/formats/deepspeed/pickled.h"
+#include "engine/formats/deepspeed/reader.h"
 #include "engine/json/json.h"
 #include "engine/reshape/target_plan.h"
 #include "engine/universal/sources.h"
 
 namespace ucp::deepspeed {
+namespace internal {
 namespace {
 
 namespace fs = std::filesystem;
-using namespace internal;
 using pickle::Kind;
 using pickle::Value;
 using torchfile::TensorInfo;
 using torchfile::TorchFile;
-
-// Adds context unless the message already names it (inner messages carry
-// their rank file).
-template <typename... Args>
-void AddContextOnce(Error& e, Args&&... args) {
-  const std::string c = StrCat(std::forward<Args>(args)...);
-  if (std::string_view(e.what()).find(c) == std::string_view::npos)
-    e.AddContext(c);
-}
 
 // Keys of the model-states dict that the driver rebuilds; the others are
 // kept verbatim (/opaque/top_level/<key>).
@@ -57,130 +56,7 @@ const std::set<std::string> kOptimRebuilt = {
     "fp32_flat_groups",     "fp32_groups_flat",
     "fp32_groups"};
 
-struct Param {
-  std::string name;
-  Shape shape;
-  DType dtype = DType::kFloat32;  // training (lp) dtype
-  int64_t group = -1;             // optimizer group (ZeRO-3: sub-group's)
-  int64_t order = 0;
-  bool frozen = false;
-  bool buffer = false;
-  std::vector<std::string> aliases;  // shared params pointing here
-};
-
-using FilePtr = std::shared_ptr<const TorchFile>;
-using FileCache = std::map<fs::path, FilePtr>;
-
-// A module entry of a layer file (PipelineModule): its param name, file and
-// key there.
-struct LayerEntry {
-  std::string name;
-  fs::path file;
-  std::string key;
-  int64_t layer = 0;  // the file's layer index
-};
-
-// One mp rank of a model-parallel checkpoint.
-struct RankView {
-  bool pipeline = false;
-  std::vector<LayerEntry> layer_entries;  // pipeline: this stage's, tp rank's
-};
-
-class Planner {
- public:
-  Planner(const Checkpoint& c, FileCache& cache, RankView view = {})
-      : c_(c), cache_(cache), view_(std::move(view)) {}
-  universal::SourcePlan Run();
-
- private:
-  // A module state-dict entry: from the model states' `module`, or from a
-  // pipeline layer file.
-  struct Entry {
-    std::string name;
-    FilePtr file;
-    const Value* value = nullptr;
-    std::string where;
-  };
-  FilePtr Open(const fs::path& p);
-  const Entry* FindEntry(const std::string& name) const {
-    auto it = entry_index_.find(name);
-    return it == entry_index_.end() ? nullptr : &entries_[it->second];
-  }
-  reshape::SourceTensor Tensor(const FilePtr& f, const TensorInfo& t,
-                               const std::string& what);
-  const TensorInfo& TensorAt(const FilePtr& f, const Value* v,
-                             const std::string& what);
-  universal::AtomPlan& Atom(const Param& p, const std::string& kind,
-                            DType dtype, bool scalar);
-  // Adds fragments mapping elements [begin, end) of the param's flattening
-  // to `src` elements starting at `src_elem`.
-  void AddFlat(universal::AtomPlan& atom, const Param& p,
-               const reshape::SourceTensor& flat, int64_t src_elem,
-               int64_t begin, int64_t end, const std::string& where);
-  void Whole(universal::AtomPlan& atom, const reshape::SourceTensor& src,
-             const std::string& where);
-
-  void ReadModel();
-  void PlanModule();
-  void PlanTorchOptimizer();
-  void PlanFp16Optimizer();  // FP16_Optimizer / FP16_UnfusedOptimizer
-  // ZeRO 0: module params the optimizer does not hold (not `taken`) were
-  // not given to it: frozen.
-  void MarkFrozen(const std::vector<bool>& taken);
-  // FP16_Optimizer: the first unassigned trainable param, from `hint` on in
-  // module order (wrapping around), whose shape fits (`numel` elements
-  // fit, or exactly `shape` when given) and whose stored lp weights equal
-  // the fp32 master elements `elem` of `master` rounded; -1 if none.
-  int64_t MatchMaster(const FilePtr& f, const TensorInfo& master, int64_t elem,
-                      int64_t room, const Shape* shape, size_t hint,
-                      const std::vector<bool>& taken);
-  void PlanFlat();  // ZeRO 1/2, BF16_Optimizer
-  void PlanStage3();
-  void PlanZeroFolder();
-  void RegroupSubGroups();
-  std::vector<int64_t> Numels(const std::vector<std::string>& names) {
-    std::vector<int64_t> out;
-    for (const std::string& n : names)
-      out.push_back(NumElements(params_[index_[n]].shape));
-    return out;
-  }
-  void PlanStep(const Param& p, const FilePtr& f, const Value* state,
-                const std::string& where);
-  void PlanFrozen();
-  void PlanOpaque();
-  void PlanRoot();
-
-  const Checkpoint& c_;
-  FileCache& cache_;
-  RankView view_;
-  std::vector<Entry> entries_;
-  std::map<std::string, size_t> entry_index_;
-  universal::SourcePlan plan_;
-  formats::SourceTable sources_{plan_};
-  std::map<std::pair<std::string, std::string>, size_t> atoms_;
-  std::vector<FilePtr> models_;  // per model file
-  std::vector<FilePtr> optims_;  // per dp rank
-  FilePtr zero_state_;           // universal folder: zero/optimizer_state.pt
-  std::vector<FilePtr> zero_files_;  // universal folder: per-param files
-  const Value* model_ = nullptr;     // model states of rank 0
-  std::vector<Param> params_;        // in module order, then frozen / buffers
-  std::map<std::string, size_t> index_;
-  std::vector<std::vector<std::string>> groups_;  // names per group
-  std::vector<std::string> module_keys_;
-  std::map<std::string, std::string> shared_;  // alias -> source
-  DType lp_ = DType::kFloat32;
-  std::set<std::string> state_kinds_;
-  std::string step_kind_ = "none";    // tensor | int | float | none
-  std::optional<double> step_value_;  // int / float steps
-  std::vector<const Value*> group_dicts_;
-  std::vector<int64_t> sub_to_group_;  // ZeRO-3: param group of each sub-group
-  // ZeRO 0 with fp16: FP16_Optimizer (flat fp32 groups) or
-  // FP16_UnfusedOptimizer (per-param fp32 groups) in the model states.
-  enum class Fp16 { kNone, kFlat, kUnfused } fp16_ = Fp16::kNone;
-  // Sampled lp weights of the trainable params (MatchMaster), by index.
-  std::map<size_t, std::vector<uint16_t>> lp_samples_;
-  int64_t sub_groups_ = 0;
-};
+}  // namespace
 
 const TensorInfo& Planner::TensorAt(const FilePtr& f, const Value* v,
                                     const std::string& what) {
@@ -488,517 +364,6 @@ void Planner::PlanStep(const Param& p, const FilePtr& f, const Value* state,
   }
 }
 
-void Planner::PlanTorchOptimizer() {
-  const Value* opt = Get(model_, "optimizer");
-  const std::string where0 =
-      StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
-  try {
-    const Value* state = RequireDict(opt, "state");
-    const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
-    // ids: torch numbers params over the groups in order. Groups are the
-    // module's params filtered (weight decay or not, ...): each group takes
-    // the module's params in order, skipping those taken by earlier groups
-    // and those whose shape differs from the id's state (frozen params,
-    // which the optimizer does not hold).
-    std::vector<bool> taken(params_.size(), false);
-    groups_.assign(groups.size(), {});
-    for (size_t g = 0; g < groups.size(); ++g) {
-      size_t next = 0;
-      group_dicts_.push_back(groups[g]);
-      for (const Value* id : Items(Require(groups[g], "params"), "params")) {
-        const int64_t key = Int(id, "param id");
-        const Value* st = GetIndex(state, key);
-        std::optional<Shape> shape;
-        if (st != nullptr) {
-          for (const std::string& k : Keys(st, "state")) {
-            const TensorInfo* t =
-                k == "step" ? nullptr : models_[0]->FindTensor(Get(st, k));
-            if (t != nullptr) {
-              shape = t->shape;
-              break;
-            }
-          }
-        }
-        while (next < params_.size() &&
-               (params_[next].buffer || taken[next] ||
-                (shape && params_[next].shape != *shape)))
-          ++next;
-        if (next >= params_.size()) {
-          throw FormatError(
-              "param_groups[", g, "] names param id ", key,
-              shape ? StrCat(" (state of shape ", ShapeString(*shape), ")")
-                    : std::string(),
-              " but no module param is left to match it");
-        }
-        taken[next] = true;
-        Param& p = params_[next++];
-        p.group = static_cast<int64_t>(g);
-        groups_[g].push_back(p.name);
-        if (st == nullptr) continue;  // never stepped
-        const std::string where = StrCat(where0, " > state[", key, "]");
-        for (const std::string& k : Keys(st, "state")) {
-          if (k == "step") continue;
-          const TensorInfo& t =
-              TensorAt(models_[0], Get(st, k), where + " > " + k);
-          state_kinds_.insert(k);
-          Whole(Atom(p, k, t.dtype, false), Tensor(models_[0], t, where),
-                where + " > " + k);
-        }
-        PlanStep(p, models_[0], st, where);
-      }
-    }
-    MarkFrozen(taken);
-  } catch (Error& e) {
-    AddContextOnce(e, where0);
-    throw;
-  }
-}
-
-void Planner::MarkFrozen(const std::vector<bool>& taken) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].buffer || taken[i]) continue;
-    params_[i].frozen = true;
-    params_[i].group = -1;
-  }
-}
-
-int64_t Planner::MatchMaster(const FilePtr& f, const TensorInfo& master,
-                             int64_t elem, int64_t room, const Shape* shape,
-                             size_t hint, const std::vector<bool>& taken) {
-  // Compared: the first and the last kSample elements of each param (two
-  // ranges, one read each).
-  static constexpr int64_t kSample = 16;
-  auto ranges = [](int64_t n) {
-    const int64_t head = std::min(n, kSample);
-    const int64_t tail_begin = std::max(head, n - kSample);
-    return std::array<std::pair<int64_t, int64_t>, 2>{
-        {{0, head}, {tail_begin, n - tail_begin}}};
-  };
-  auto read = [](const TorchFile& file, const TensorInfo& t, int64_t begin,
-                 int64_t count, void* dst) {
-    if (count == 0) return;
-    file.ReadTensorRange(t, begin, count,
-                         std::span<std::byte>(static_cast<std::byte*>(dst),
-                                              static_cast<size_t>(count) *
-                                                  ElementSize(t.dtype)));
-  };
-  const int64_t head = std::min(room, kSample);
-  std::vector<float> master_head(static_cast<size_t>(head));
-  read(*f, master, elem, head, master_head.data());
-  const size_t n = params_.size();
-  for (size_t k = 0; k < n; ++k) {
-    const size_t i = (hint + k) % n;
-    const Param& p = params_[i];
-    if (p.buffer || taken[i]) continue;
-    const int64_t numel = NumElements(p.shape);
-    if (shape != nullptr ? p.shape != *shape : (numel == 0 || numel > room))
-      continue;
-    const auto [h, tail] = ranges(numel);
-    auto it = lp_samples_.find(i);
-    if (it == lp_samples_.end()) {
-      const Entry* e = FindEntry(p.name);
-      const TensorInfo* t =
-          e != nullptr ? e->file->FindTensor(e->value) : nullptr;
-      std::vector<uint16_t> bits;
-      if (t != nullptr && ElementSize(t->dtype) == 2 && t->contiguous &&
-          t->numel == numel) {
-        bits.resize(static_cast<size_t>(h.second + tail.second));
-        read(*e->file, *t, 0, h.second, bits.data());
-        read(*e->file, *t, tail.first, tail.second, bits.data() + h.second);
-      }
-      it = lp_samples_.emplace(i, std::move(bits)).first;
-    }
-    const std::vector<uint16_t>& lp_bits = it->second;
-    if (lp_bits.size() != static_cast<size_t>(h.second + tail.second)) continue;
-    const bool bf16 = p.dtype == DType::kBFloat16;
-    auto same = [&](const float* x, const uint16_t* bits, int64_t count) {
-      for (int64_t j = 0; j < count; ++j) {
-        if ((bf16 ? Float32ToBFloat16(x[j]) : Float32ToFloat16(x[j])) !=
-            bits[j])
-          return false;
-      }
-      return true;
-    };
-    if (!same(master_head.data(), lp_bits.data(), h.second)) continue;
-    std::vector<float> master_tail(static_cast<size_t>(tail.second));
-    read(*f, master, elem + tail.first, tail.second, master_tail.data());
-    if (same(master_tail.data(), lp_bits.data() + h.second, tail.second))
-      return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-void Planner::PlanFp16Optimizer() {
-  const FilePtr& f = models_[0];
-  const Value* opt = Get(model_, "optimizer");
-  const bool flat = fp16_ == Fp16::kFlat;
-  const std::string where0 =
-      StrCat("rank file ", c_.model_files[0].string(), " > optimizer");
-  try {
-    const Value* inner = Require(opt, "optimizer_state_dict");
-    const Value* state = RequireDict(inner, "state");
-    const auto& pgroups = Items(Require(inner, "param_groups"), "param_groups");
-    const char* key = flat ? "fp32_groups_flat" : "fp32_groups";
-    const auto& masters = Items(Require(opt, key), key);
-    if (masters.size() != pgroups.size()) {
-      throw FormatError(masters.size(), " groups in ", key, " but ",
-                        pgroups.size(), " param groups");
-    }
-    // Neither wrapper records which params a group holds: each master
-    // slice is matched to the trainable param whose stored fp16 weights are
-    // that slice rounded (DeepSpeed copies the masters into the fp16 params
-    // after every step), preferring module order.
-    std::vector<bool> taken(params_.size(), false);
-    groups_.assign(pgroups.size(), {});
-    for (size_t g = 0; g < pgroups.size(); ++g) {
-      // Groups are the module's params filtered (weight decay or not, ...):
-      // the search starts at the module's first param and goes on after
-      // each match, so params whose fp16 weights are equal (layer norms
-      // early in training) are taken in module order.
-      size_t hint = 0;
-      group_dicts_.push_back(pgroups[g]);
-      const std::string gw = StrCat(where0, " > ", key, "[", g, "]");
-      const auto& ids = Items(Require(pgroups[g], "params"), "params");
-      std::vector<const Value*> tensors;
-      if (flat) {
-        tensors.push_back(masters[g]);
-      } else {
-        for (const Value* v : Items(masters[g], key)) tensors.push_back(v);
-      }
-      if (ids.size() != tensors.size()) {
-        throw FormatError("param_groups[", g, "] lists ", ids.size(),
-                          " params but ", key, "[", g, "] holds ",
-                          tensors.size(), " tensors");
-      }
-      for (size_t j = 0; j < tensors.size(); ++j) {
-        const std::string tw = flat ? gw : StrCat(gw, "[", j, "]");
-        const TensorInfo& mt = TensorAt(f, tensors[j], tw);
-        if (mt.dtype != DType::kFloat32 || !mt.contiguous) {
-          throw FormatError(tw, ": ", DTypeName(mt.dtype),
-                            ", expected contiguous float32 master weights");
-        }
-        reshape::SourceTensor msrc = Tensor(f, mt, tw);
-        msrc.shape = {mt.numel};
-        const int64_t id = Int(ids[j], "param id");
-        const Value* st = GetIndex(state, id);
-        const std::string sw =
-            StrCat(where0, " > optimizer_state_dict > state[", id, "]");
-        std::vector<std::pair<std::string, reshape::SourceTensor>> kinds;
-        if (st != nullptr) {
-          for (const std::string& k : Keys(st, "state")) {
-            if (k == "step") continue;
-            const TensorInfo& t = TensorAt(f, Get(st, k), sw + " > " + k);
-            if (t.numel != mt.numel || t.dtype != DType::kFloat32) {
-              throw FormatError(sw, " > ", k, ": ", t.numel, " ",
-                                DTypeName(t.dtype), " elements, expected ",
-                                mt.numel, " float32");
-            }
-            reshape::SourceTensor src = Tensor(f, t, sw + " > " + k);
-            src.shape = {t.numel};
-            kinds.emplace_back(k, src);
-            state_kinds_.insert(k);
-          }
-        }
-        int64_t o = 0;
-        do {
-          const int64_t i = MatchMaster(
-              f, mt, o, mt.numel - o, flat ? nullptr : &mt.shape, hint, taken);
-          if (i < 0) {
-            throw FormatError(
-                tw,
-                ": no trainable module param matches the fp32 master "
-                "weights at element ",
-                o, " of ", mt.numel,
-                " (an fp16 module weight is its master rounded; is the module "
-                "from another step?)");
-          }
-          Param& p = params_[static_cast<size_t>(i)];
-          taken[static_cast<size_t>(i)] = true;
-          hint = static_cast<size_t>(i) + 1;
-          p.group = static_cast<int64_t>(g);
-          groups_[g].push_back(p.name);
-          const int64_t n = NumElements(p.shape);
-          try {
-            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, msrc, o, 0, n,
-                    tw);
-            for (const auto& [k, src] : kinds)
-              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, o, 0, n,
-                      sw + " > " + k);
-            if (st != nullptr) PlanStep(p, f, st, sw);
-          } catch (Error& e2) {
-            e2.AddContext("param ", p.name);
-            throw;
-          }
-          o += n;
-        } while (o < mt.numel);
-      }
-    }
-    MarkFrozen(taken);
-  } catch (Error& e) {
-    AddContextOnce(e, where0);
-    throw;
-  }
-}
-
-void Planner::PlanFlat() {
-  const int64_t W = c_.dp;
-  for (int64_t r = 0; r < W; ++r) {
-    const FilePtr& f = optims_[static_cast<size_t>(r)];
-    const std::string where0 = StrCat("rank file ", c_.optim_files[r].string());
-    try {
-      const Value* osd = Require(f->root(), "optimizer_state_dict");
-      const Value* base = Require(osd, "base_optimizer_state");
-      const Value* state = RequireDict(base, "state");
-      const auto& pgroups =
-          Items(Require(base, "param_groups"), "param_groups");
-      const auto& fp32 = Items(Require(osd, "single_partition_of_fp32_groups"),
-                               "single_partition_of_fp32_groups");
-      const auto& counts =
-          Items(Require(osd, "partition_count"), "partition_count");
-      if (fp32.size() != groups_.size() || pgroups.size() != groups_.size()) {
-        throw FormatError(fp32.size(), " fp32 partitions and ", pgroups.size(),
-                          " param groups, but param_shapes has ",
-                          groups_.size(), " groups");
-      }
-      for (size_t g = 0; g < groups_.size(); ++g) {
-        if (r == 0) group_dicts_.push_back(pgroups[g]);
-        if (Int(counts.at(g), "partition_count") != W) {
-          throw FormatError("partition_count[", g, "] is ",
-                            Int(counts.at(g), "partition_count"),
-                            " but dp_world_size is ", W,
-                            " (files from mixed world sizes?)");
-        }
-        const std::vector<int64_t> numels = Numels(groups_[g]);
-        const ZeroGroup layout = ZeroLayout(numels, W);
-        const int64_t ps = layout.partition;
-        const std::string gw = StrCat(where0, " > group ", g);
-        // fp32 partition: ZeRO strips the padding, BF16_Optimizer keeps it.
-        const TensorInfo& ft = TensorAt(f, fp32[g], gw + " > fp32 partition");
-        const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : layout.Real(r);
-        if (ft.numel != want || ft.dtype != DType::kFloat32 ||
-            ft.shape.size() != 1) {
-          throw FormatError("group ", g, ": fp32 partition of ", ft.numel, " ",
-                            DTypeName(ft.dtype), " elements, expected ", want,
-                            " float32 (", layout.numel, " elements over ", W,
-                            " ranks, partition ", ps, ")");
-        }
-        const reshape::SourceTensor fsrc = Tensor(f, ft, gw);
-        const Value* st = GetIndex(state, static_cast<int64_t>(g));
-        std::vector<std::pair<std::string, reshape::SourceTensor>> kinds;
-        if (st != nullptr) {
-          for (const std::string& k : Keys(st, "state")) {
-            if (k == "step") continue;
-            const TensorInfo& t = TensorAt(f, Get(st, k), gw + " > " + k);
-            if (t.numel != ps || t.dtype != DType::kFloat32) {
-              throw FormatError("group ", g, " > ", k, ": ", t.numel, " ",
-                                DTypeName(t.dtype), " elements, expected ", ps,
-                                " float32");
-            }
-            kinds.emplace_back(k, Tensor(f, t, gw + " > " + k));
-            state_kinds_.insert(k);
-          }
-        }
-        for (const Window& w : ZeroWindows(numels, layout, r)) {
-          const std::string& n = groups_[g][w.member];
-          const Param& p = params_[index_[n]];
-          try {
-            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, w.dst,
-                    w.begin, w.end, gw + " > fp32 partition");
-            for (const auto& [k, src] : kinds)
-              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, w.dst,
-                      w.begin, w.end, gw + " > " + k);
-            if (st != nullptr)
-              PlanStep(p, f, st, StrCat(gw, " > state[", g, "]"));
-          } catch (Error& e2) {
-            e2.AddContext("param ", n);
-            throw;
-          }
-        }
-      }
-    } catch (Error& e) {
-      AddContextOnce(e, where0);
-      throw;
-    }
-  }
-}
-
-void Planner::PlanStage3() {
-  const int64_t W = c_.dp;
-  for (int64_t r = 0; r < W; ++r) {
-    const FilePtr& f = optims_[static_cast<size_t>(r)];
-    const std::string where0 = StrCat("rank file ", c_.optim_files[r].string());
-    try {
-      const Value* osd = Require(f->root(), "optimizer_state_dict");
-      if (Int(Require(osd, "partition_count"), "partition_count") != W) {
-        throw FormatError("partition_count is ",
-                          Int(Get(osd, "partition_count"), "partition_count"),
-                          " but dp_world_size is ", W,
-                          " (files from mixed world sizes?)");
-      }
-      const Value* inner = Require(osd, "optimizer_state_dict");
-      const Value* state = RequireDict(inner, "state");
-      const auto& pgroups =
-          Items(Require(inner, "param_groups"), "param_groups");
-      const auto& flats =
-          Items(Require(osd, "fp32_flat_groups"), "fp32_flat_groups");
-      if (flats.size() != groups_.size()) {
-        throw FormatError(flats.size(),
-                          " fp32 flat groups, but param_shapes "
-                          "has ",
-                          groups_.size(), " sub-groups");
-      }
-      if (r == 0) {
-        // Sub-groups are enumerated param group by param group; each
-        // group's 'params' lists its sub-groups.
-        sub_to_group_.assign(groups_.size(), -1);
-        for (size_t k = 0; k < pgroups.size(); ++k) {
-          group_dicts_.push_back(pgroups[k]);
-          for (const Value* id :
-               Items(Require(pgroups[k], "params"), "params")) {
-            const int64_t sg = Int(id, "sub-group id");
-            if (sg < 0 || sg >= static_cast<int64_t>(groups_.size()) ||
-                sub_to_group_[static_cast<size_t>(sg)] >= 0) {
-              throw FormatError("param_groups[", k, "] names sub-group ", sg,
-                                " (", groups_.size(), " in param_shapes)");
-            }
-            sub_to_group_[static_cast<size_t>(sg)] = static_cast<int64_t>(k);
-          }
-        }
-        for (size_t sg = 0; sg < sub_to_group_.size(); ++sg) {
-          if (sub_to_group_[sg] < 0)
-            throw FormatError("sub-group ", sg, " is in no param group");
-        }
-      }
-      for (size_t s = 0; s < groups_.size(); ++s) {
-        const std::string gw = StrCat(where0, " > sub-group ", s);
-        const TensorInfo& ft = TensorAt(f, flats[s], gw + " > fp32");
-        int64_t total = 0;
-        const std::vector<Window> windows =
-            Zero3Windows(Numels(groups_[s]), W, r, &total);
-        if (ft.numel != total || ft.dtype != DType::kFloat32) {
-          throw FormatError("sub-group ", s, ": fp32 flat group of ", ft.numel,
-                            " elements, expected ", total, " (", W, " ranks)");
-        }
-        const reshape::SourceTensor fsrc = Tensor(f, ft, gw);
-        const Value* st = GetIndex(state, static_cast<int64_t>(s));
-        std::vector<std::pair<std::string, reshape::SourceTensor>> kinds;
-        if (st != nullptr) {
-          for (const std::string& k : Keys(st, "state")) {
-            if (k == "step") continue;
-            const TensorInfo& t = TensorAt(f, Get(st, k), gw + " > " + k);
-            if (t.numel != total || t.dtype != DType::kFloat32) {
-              throw FormatError("sub-group ", s, " > ", k, ": ", t.numel,
-                                " elements, expected ", total);
-            }
-            kinds.emplace_back(k, Tensor(f, t, gw + " > " + k));
-            state_kinds_.insert(k);
-          }
-        }
-        for (const Window& w : windows) {
-          const std::string& n = groups_[s][w.member];
-          const Param& p = params_[index_[n]];
-          try {
-            AddFlat(Atom(p, "fp32", DType::kFloat32, false), p, fsrc, w.dst,
-                    w.begin, w.end, gw + " > fp32");
-            for (const auto& [k, src] : kinds)
-              AddFlat(Atom(p, k, DType::kFloat32, false), p, src, w.dst,
-                      w.begin, w.end, gw + " > " + k);
-            if (st != nullptr)
-              PlanStep(p, f, st, StrCat(gw, " > state[", s, "]"));
-          } catch (Error& e2) {
-            e2.AddContext("param ", n);
-            throw;
-          }
-        }
-      }
-    } catch (Error& e) {
-      AddContextOnce(e, where0);
-      throw;
-    }
-  }
-}
-
-// ZeRO-3: from sub-groups to the optimizer's param groups.
-void Planner::RegroupSubGroups() {
-  std::vector<std::vector<std::string>> groups(group_dicts_.size());
-  for (size_t sg = 0; sg < groups_.size(); ++sg) {
-    const auto k = static_cast<size_t>(sub_to_group_[sg]);
-    for (const std::string& n : groups_[sg]) {
-      params_[index_[n]].group = static_cast<int64_t>(k);
-      groups[k].push_back(n);
-    }
-  }
-  sub_groups_ = static_cast<int64_t>(groups_.size());
-  groups_ = std::move(groups);
-}
-
-void Planner::PlanZeroFolder() {
-  const fs::path state_path = c_.zero_dir / "optimizer_state.pt";
-  zero_state_ = std::make_shared<const TorchFile>(TorchFile::Open(state_path));
-  try {
-    const Value* groups = Get(zero_state_->root(), "param_groups");
-    if (groups != nullptr)
-      for (const Value* g : Items(groups, "param_groups"))
-        group_dicts_.push_back(g);
-  } catch (Error& e) {
-    e.AddContext("rank file ", state_path.string());
-    throw;
-  }
-  for (const auto& names : groups_) {
-    for (const std::string& n : names) {
-      const Param& p = params_[index_[n]];
-      const fs::path dir = c_.zero_dir / n;
-      std::error_code ec;
-      if (!fs::is_directory(dir, ec)) {
-        throw FormatError(c_.zero_dir.string(), ": no folder for param ", n);
-      }
-      std::vector<fs::path> files;
-      for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-           it.increment(ec))
-        if (it->path().extension() == ".pt") files.push_back(it->path());
-      std::sort(files.begin(), files.end());
-      for (const fs::path& file : files) {
-        const std::string kind = file.stem().string();
-        const std::string where = StrCat("rank file ", file.string());
-        auto f = std::make_shared<const TorchFile>(TorchFile::Open(file));
-        zero_files_.push_back(f);
-        try {
-          const Value* root = f->root();
-          if (kind == "step") {
-            if (const TensorInfo* t = f->FindTensor(root)) {
-              step_kind_ = "tensor";
-              Whole(Atom(p, "step", t->dtype, true), Tensor(f, *t, where),
-                    where);
-            } else if (root != nullptr && root->kind == Kind::kInt &&
-                       root->big.empty()) {
-              step_kind_ = "int";
-              step_value_ = static_cast<double>(root->i);
-            } else if (root != nullptr && root->kind == Kind::kFloat) {
-              step_kind_ = "float";
-              step_value_ = root->f;
-            }
-            continue;
-          }
-          const Value* tv = f->FindTensor(root) ? root : Get(root, "param");
-          const TensorInfo& t = TensorAt(f, tv, where + " > param");
-          if (t.numel != NumElements(p.shape) || t.dtype != DType::kFloat32) {
-            throw FormatError(
-                "param ", n, ": ", t.numel, " ", DTypeName(t.dtype),
-                " elements, expected float32 ", ShapeString(p.shape));
-          }
-          reshape::SourceTensor src = Tensor(f, t, where);
-          src.shape = p.shape;
-          if (kind != "fp32") state_kinds_.insert(kind);
-          Whole(Atom(p, kind, DType::kFloat32, false), src, where + " > param");
-        } catch (Error& e) {
-          e.AddContext(where);
-          throw;
-        }
-      }
-    }
-  }
-}
-
 void Planner::PlanFrozen() {
   if (c_.stage < 2) return;
   const int64_t W = c_.stage == 3 ? c_.dp : 1;
@@ -1214,28 +579,32 @@ universal::SourcePlan Planner::Run() {
   }
   PlanFrozen();
   for (const Param& p : params_) {
-    atoms::ParamInfo info;
-    info.fqn = p.name;
-    info.shape = p.shape;
-    info.dtype = p.dtype;
-    info.rule = p.buffer ? "buffer" : (p.frozen ? "frozen" : "dp");
-    info.kind = p.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
-    info.group = p.group;
-    info.order = p.order;
-    info.frozen = p.frozen;
-    json::Value tc = json::Value::Array();
-    for (const std::string& a : p.aliases) tc.Append(a);
-    info.tied_copies = tc.Dump();
-    plan_.params.push_back(std::move(info));
+    plan_.params.push_back(formats::ParamRow(
+        {.fqn = p.name,
+         .shape = p.shape,
+         .dtype = p.dtype,
+         .rule = p.buffer ? "buffer" : (p.frozen ? "frozen" : "dp"),
+         .buffer = p.buffer,
+         .group = p.group,
+         .order = p.order,
+         .frozen = p.frozen,
+         .tied_copies = p.aliases}));
   }
   PlanOpaque();
   PlanRoot();
   return std::move(plan_);
 }
 
-}  // namespace
+}  // namespace internal
 
 namespace {
+
+namespace fs = std::filesystem;
+using namespace internal;
+using pickle::Kind;
+using pickle::Value;
+using torchfile::TensorInfo;
+using torchfile::TorchFile;
 
 // The trainable / frozen param names a model-states file lists.
 std::set<std::string> ListedParams(const TorchFile& f) {

@@ -19,6 +19,7 @@
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/pickled.h"
+#include "engine/formats/deepspeed/reader.h"
 #include "engine/formats/deepspeed/writer_base.h"
 #include "engine/torchfile/torch_file.h"
 
@@ -328,4 +329,79 @@ std::unique_ptr<formats::TargetPlan> PlanUniversalFolder(
   return std::make_unique<UniversalFolderPlan>(input, options);
 }
 
+namespace internal {
+
+using torchfile::TensorInfo;
+using torchfile::TorchFile;
+
+// The universal folder as a source: each param's zero/<param>/<kind>.pt
+// files whole, the param groups from zero/optimizer_state.pt.
+void Planner::PlanZeroFolder() {
+  const fs::path state_path = c_.zero_dir / "optimizer_state.pt";
+  zero_state_ = std::make_shared<const TorchFile>(TorchFile::Open(state_path));
+  try {
+    const Value* groups = Get(zero_state_->root(), "param_groups");
+    if (groups != nullptr)
+      for (const Value* g : Items(groups, "param_groups"))
+        group_dicts_.push_back(g);
+  } catch (Error& e) {
+    e.AddContext("rank file ", state_path.string());
+    throw;
+  }
+  for (const auto& names : groups_) {
+    for (const std::string& n : names) {
+      const Param& p = params_[index_[n]];
+      const fs::path dir = c_.zero_dir / n;
+      std::error_code ec;
+      if (!fs::is_directory(dir, ec)) {
+        throw FormatError(c_.zero_dir.string(), ": no folder for param ", n);
+      }
+      std::vector<fs::path> files;
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+           it.increment(ec))
+        if (it->path().extension() == ".pt") files.push_back(it->path());
+      std::sort(files.begin(), files.end());
+      for (const fs::path& file : files) {
+        const std::string kind = file.stem().string();
+        const std::string where = StrCat("rank file ", file.string());
+        auto f = std::make_shared<const TorchFile>(TorchFile::Open(file));
+        zero_files_.push_back(f);
+        try {
+          const Value* root = f->root();
+          if (kind == "step") {
+            if (const TensorInfo* t = f->FindTensor(root)) {
+              step_kind_ = "tensor";
+              Whole(Atom(p, "step", t->dtype, true), Tensor(f, *t, where),
+                    where);
+            } else if (root != nullptr && root->kind == Kind::kInt &&
+                       root->big.empty()) {
+              step_kind_ = "int";
+              step_value_ = static_cast<double>(root->i);
+            } else if (root != nullptr && root->kind == Kind::kFloat) {
+              step_kind_ = "float";
+              step_value_ = root->f;
+            }
+            continue;
+          }
+          const Value* tv = f->FindTensor(root) ? root : Get(root, "param");
+          const TensorInfo& t = TensorAt(f, tv, where + " > param");
+          if (t.numel != NumElements(p.shape) || t.dtype != DType::kFloat32) {
+            throw FormatError(
+                "param ", n, ": ", t.numel, " ", DTypeName(t.dtype),
+                " elements, expected float32 ", ShapeString(p.shape));
+          }
+          reshape::SourceTensor src = Tensor(f, t, where);
+          src.shape = p.shape;
+          if (kind != "fp32") state_kinds_.insert(kind);
+          Whole(Atom(p, kind, DType::kFloat32, false), src, where + " > param");
+        } catch (Error& e) {
+          e.AddContext(where);
+          throw;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace internal
 }  // namespace ucp::deepspeed

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/source_table.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/torch_blob.h"
@@ -1251,19 +1252,15 @@ universal::SourcePlan Planner::Run() {
   PlanOptimizer();
   for (const std::string& n : param_order_) {
     const ParamState& ps = params_.at(n);
-    atoms::ParamInfo info;
-    info.fqn = n;
-    info.shape = ps.full_shape;
-    info.dtype = ps.dtype;
-    info.rule = ps.rule->name;
-    info.kind =
-        ps.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
-    info.group = ps.group;
-    info.order = ps.order;
-    json::Value tc = json::Value::Array();
-    for (const std::string& c : ps.tied_copies) tc.Append(c);
-    info.tied_copies = tc.Dump();
-    plan_.params.push_back(std::move(info));
+    plan_.params.push_back(formats::ParamRow({.fqn = n,
+                                              .shape = ps.full_shape,
+                                              .dtype = ps.dtype,
+                                              .rule = ps.rule->name,
+                                              .buffer = ps.buffer,
+                                              .group = ps.group,
+                                              .order = ps.order,
+                                              .frozen = false,
+                                              .tied_copies = ps.tied_copies}));
   }
   PlanOpaque();
   PlanRoot();
