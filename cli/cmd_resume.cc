@@ -175,9 +175,12 @@ Chosen Check(Candidate& c, const fs::path& save,
   out.plan = out.source->Plan();
   // One read of every byte: the CRC-32 pass skips what the replica check
   // read, or, with a manifest, hashes the replicas as it reads every record.
-  universal::VerifySource(*out.plan, executor,
-                          formats::IntegrityPassFor(out.source->info().path,
-                                                    out.source->info().files));
+  const formats::Source* source = out.source.get();
+  universal::VerifySource(
+      *out.plan, executor,
+      formats::IntegrityPassFor(
+          source->info().path, source->info().files, nullptr,
+          [source](const fs::path& f) { return source->Archives(f); }));
   out.info = out.source->info();
   out.iteration = out.info.iteration;
   out.consumed_samples = out.plan->root.consumed_samples;
@@ -218,7 +221,9 @@ void CheckLoadFolder(const formats::Driver& driver, const fs::path& out,
                      int64_t iteration) {
   const std::unique_ptr<formats::Source> made = driver.Open(out, {});
   made->Plan();
-  formats::CheckIntegrity(made->info().path, made->info().files);
+  formats::CheckIntegrity(
+      made->info().path, made->info().files, nullptr, {},
+      [&made](const fs::path& f) { return made->Archives(f); });
   if (made->info().iteration != iteration) {
     throw FormatError("holds iteration ", made->info().iteration, ", not ",
                       iteration);

@@ -132,8 +132,12 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
   // read, or, with a manifest, hashes the replicas as it reads each record
   // whole (and runs before the replicas are compared).
   formats::IntegrityReport integrity;
+  const formats::Source* src_ptr = source.get();
   universal::VerifySummary v = universal::VerifySource(
-      plan, executor, formats::IntegrityPassFor(c.path, c.files, &integrity));
+      plan, executor,
+      formats::IntegrityPassFor(
+          c.path, c.files, &integrity,
+          [src_ptr](const fs::path& f) { return src_ptr->Archives(f); }));
   report.Add("integrity", integrity.Summary());
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));
@@ -239,7 +243,9 @@ int RunManifest(const std::vector<std::string>& args) {
   std::unique_ptr<formats::Source> source = src.Open(path);
   const formats::CheckpointInfo& c = source->info();
   source->Plan();  // every rank file parses
-  const formats::IntegrityReport r = formats::WriteManifest(c.path, c.files);
+  const formats::IntegrityReport r = formats::WriteManifest(
+      c.path, c.files,
+      [&source](const fs::path& f) { return source->Archives(f); });
   const fs::path written = c.path / formats::kManifestName;
   if (run.json) {
     json::Value j;

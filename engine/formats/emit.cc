@@ -1,5 +1,6 @@
 #include "engine/formats/emit.h"
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,7 @@ TargetSummary Emit(const TargetPlan& plan,
   const fs::path checkpoint =
       (out_dir / plan.checkpoint_dir()).lexically_normal();
   std::vector<fs::path> manifest_files;
+  std::map<fs::path, std::vector<ArchiveSpan>> manifest_archives;
   int64_t files = 0;
   uint64_t bytes = 0;
   int64_t first = 1;
@@ -61,8 +63,10 @@ TargetSummary Emit(const TargetPlan& plan,
       bytes += fs::file_size(full, ec);
       if (options.manifest) {
         const fs::path rel = full.lexically_relative(checkpoint);
-        if (!rel.empty() && *rel.begin() != "..")
+        if (!rel.empty() && *rel.begin() != "..") {
           manifest_files.push_back(full);
+          manifest_archives[full] = f->archives();
+        }
       }
     }
     first = last + 1;
@@ -76,7 +80,15 @@ TargetSummary Emit(const TargetPlan& plan,
     }
   }
   flush();
-  if (options.manifest) WriteManifest(checkpoint, manifest_files);
+  if (options.manifest) {
+    // A torch.save file is one archive at 0: listed only for a run of them.
+    WriteManifest(checkpoint, manifest_files, [&](const fs::path& p) {
+      auto it = manifest_archives.find(p.lexically_normal());
+      return it != manifest_archives.end() && it->second.size() > 1
+                 ? it->second
+                 : std::vector<ArchiveSpan>();
+    });
+  }
   TargetSummary summary = plan.Summary();
   summary.files = files;
   summary.bytes = bytes;

@@ -52,21 +52,26 @@ std::string WholeFileHash(const fs::path& f, Progress& progress) {
 // `observers` asks to see every record whole.
 FileDigest Digest(const fs::path& f, Progress& progress, bool hashes,
                   const torchfile::RecordCrcs* known = nullptr,
-                  const torchfile::RecordObservers& observers = {}) {
+                  const torchfile::RecordObservers& observers = {},
+                  const ArchivesOf& archives_of = {}) {
   FileDigest d;
   std::error_code ec;
   d.size = fs::file_size(f, ec);
   if (ec) throw IoError("cannot stat ", f.string(), ": ", ec.message());
-  if (!IsZip(f)) {
-    if (hashes) {
-      d.whole = WholeFileHash(f, progress);
-    } else {
-      progress.Add(d.size);
+  std::vector<ArchiveSpan> spans;
+  if (archives_of) spans = archives_of(f);
+  if (spans.empty()) {
+    if (!IsZip(f)) {
+      if (hashes) {
+        d.whole = WholeFileHash(f, progress);
+      } else {
+        progress.Add(d.size);
+      }
+      return d;
     }
-    return d;
+    spans.push_back({0, d.size});
   }
   d.zip = true;
-  const torchfile::ZipReader zip = torchfile::ZipReader::Open(f);
   const std::map<std::string, std::vector<torchfile::CrcPiece>>* pieces =
       nullptr;
   const std::string key = f.lexically_normal().string();
@@ -74,33 +79,42 @@ FileDigest Digest(const fs::path& f, Progress& progress, bool hashes,
     auto it = known->find(key);
     if (it != known->end()) pieces = &it->second;
   }
-  for (const torchfile::ZipEntry& e : zip.entries()) {
-    try {
-      bool crc_ok = false;
-      if (hashes || observers) {
-        const torchfile::ZipReader::RecordDigest r =
-            zip.Digest(e, hashes, observers ? observers(key, e.name) : nullptr);
-        crc_ok = r.crc_ok;
-        d.records[e.name] = hashes ? HashHex(r.xxh3) : std::string();
-      } else {
-        std::span<const torchfile::CrcPiece> read;
-        if (pieces != nullptr) {
-          auto it = pieces->find(e.name);
-          if (it != pieces->end()) read = it->second;
+  for (const ArchiveSpan& span : spans) {
+    const torchfile::ZipReader zip =
+        span.offset == 0 && span.length == d.size
+            ? torchfile::ZipReader::Open(f)
+            : torchfile::ZipReader::Open(f, span.offset, span.length);
+    const std::string prefix =
+        span.offset == 0 ? std::string() : StrCat("@", span.offset, "/");
+    for (const torchfile::ZipEntry& e : zip.entries()) {
+      const std::string name = prefix + e.name;
+      try {
+        bool crc_ok = false;
+        if (hashes || observers) {
+          const torchfile::ZipReader::RecordDigest r =
+              zip.Digest(e, hashes, observers ? observers(key, name) : nullptr);
+          crc_ok = r.crc_ok;
+          d.records[name] = hashes ? HashHex(r.xxh3) : std::string();
+        } else {
+          std::span<const torchfile::CrcPiece> read;
+          if (pieces != nullptr) {
+            auto it = pieces->find(name);
+            if (it != pieces->end()) read = it->second;
+          }
+          crc_ok = zip.CheckCrc(e, read);
+          d.records.emplace(name, std::string());  // counted, not hashed
         }
-        crc_ok = zip.CheckCrc(e, read);
-        d.records.emplace(e.name, std::string());  // counted, not hashed
+        if (!crc_ok) {
+          throw FormatError(
+              "CRC-32 mismatch: the record's bytes changed after the file "
+              "was written (a damaged copy or disk)");
+        }
+      } catch (Error& err) {
+        err.AddContext("rank file ", f.string(), " > record ", name);
+        throw;
       }
-      if (!crc_ok) {
-        throw FormatError(
-            "CRC-32 mismatch: the record's bytes changed after the file was "
-            "written (a damaged copy or disk)");
-      }
-    } catch (Error& err) {
-      err.AddContext("rank file ", f.string(), " > record ", e.name);
-      throw;
+      progress.Add(e.compressed_size);
     }
-    progress.Add(e.compressed_size);
   }
   return d;
 }
@@ -209,7 +223,8 @@ std::string IntegrityReport::Summary() const {
 IntegrityReport CheckIntegrity(const fs::path& dir,
                                const std::vector<fs::path>& files,
                                const torchfile::RecordCrcs* known,
-                               const torchfile::RecordObservers& observers) {
+                               const torchfile::RecordObservers& observers,
+                               const ArchivesOf& archives) {
   IntegrityReport report;
   std::optional<std::map<std::string, FileDigest>> manifest;
   std::error_code ec;
@@ -226,7 +241,7 @@ IntegrityReport CheckIntegrity(const fs::path& dir,
   Progress progress(manifest ? "crc-32+xxh3" : "crc-32", TotalBytes(files));
   for (const fs::path& f : files) {
     const FileDigest got =
-        Digest(f, progress, manifest.has_value(), known, observers);
+        Digest(f, progress, manifest.has_value(), known, observers, archives);
     ++report.files;
     if (got.zip) {
       ++report.zips;
@@ -247,20 +262,23 @@ IntegrityReport CheckIntegrity(const fs::path& dir,
 
 universal::IntegrityPass IntegrityPassFor(const fs::path& dir,
                                           const std::vector<fs::path>& files,
-                                          IntegrityReport* report) {
+                                          IntegrityReport* report,
+                                          ArchivesOf archives) {
   universal::IntegrityPass pass;
   std::error_code ec;
   pass.whole_records = fs::exists(dir / kManifestName, ec);
-  pass.run = [dir, files, report](const torchfile::RecordCrcs& known,
-                                  const torchfile::RecordObservers& observers) {
-    IntegrityReport r = CheckIntegrity(dir, files, &known, observers);
+  pass.run = [dir, files, report, archives = std::move(archives)](
+                 const torchfile::RecordCrcs& known,
+                 const torchfile::RecordObservers& observers) {
+    IntegrityReport r = CheckIntegrity(dir, files, &known, observers, archives);
     if (report != nullptr) *report = r;
   };
   return pass;
 }
 
 IntegrityReport WriteManifest(const fs::path& dir,
-                              const std::vector<fs::path>& files) {
+                              const std::vector<fs::path>& files,
+                              const ArchivesOf& archives) {
   IntegrityReport report;
   report.manifest = true;
   json::Value list = json::Value::Object();
@@ -271,7 +289,8 @@ IntegrityReport WriteManifest(const fs::path& dir,
       throw UsageError("rank file ", f.string(), " lies outside ",
                        dir.string());
     }
-    const FileDigest d = Digest(f, progress, /*hashes=*/true);
+    const FileDigest d =
+        Digest(f, progress, /*hashes=*/true, nullptr, {}, archives);
     json::Value v;
     v["size"] = d.size;
     if (d.zip) {

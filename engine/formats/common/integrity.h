@@ -20,6 +20,11 @@
 //       "<a file that is not a zip (legacy torch.save, marker)>": {
 //         "size": <bytes>, "xxh3": "<16 hex digits of the whole file>"
 //       }
+//       "<a file holding several torch.save archives (a DCP .distcp)>": {
+//         "size": <bytes>,
+//         "records": {"<record of the archive at 0>": "...",
+//                     "@<offset>/<record of the archive at offset>": "..."}
+//       }
 //     }
 //   }
 //
@@ -28,15 +33,23 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "engine/formats/target_plan.h"
 #include "engine/torchfile/zip.h"
 #include "engine/universal/write_universal.h"
 
 namespace ucp::formats {
 
 inline constexpr const char* kManifestName = "ucp.manifest.json";
+
+/// The torch.save archives a file holds (Source::Archives); empty: the file
+/// is one archive if it is a zip. Records of an archive at offset k > 0 are
+/// named "@k/<record>" in manifests, observers and `known` CRCs.
+using ArchivesOf =
+    std::function<std::vector<ArchiveSpan>(const std::filesystem::path&)>;
 
 struct IntegrityReport {
   int64_t files = 0;
@@ -59,11 +72,11 @@ struct IntegrityReport {
 /// Throws FormatError naming the file and record on a CRC or manifest
 /// mismatch, a malformed manifest, or a listed file that is missing; IoError
 /// if a file cannot be read; what an observer throws passes through.
-IntegrityReport CheckIntegrity(
-    const std::filesystem::path& dir,
-    const std::vector<std::filesystem::path>& files,
-    const torchfile::RecordCrcs* known = nullptr,
-    const torchfile::RecordObservers& observers = {});
+IntegrityReport CheckIntegrity(const std::filesystem::path& dir,
+                               const std::vector<std::filesystem::path>& files,
+                               const torchfile::RecordCrcs* known = nullptr,
+                               const torchfile::RecordObservers& observers = {},
+                               const ArchivesOf& archives = {});
 
 /// The integrity pass universal::VerifySource runs on a checkpoint:
 /// CheckIntegrity(dir, files), its report stored in `*report` (when given),
@@ -73,13 +86,14 @@ IntegrityReport CheckIntegrity(
 universal::IntegrityPass IntegrityPassFor(
     const std::filesystem::path& dir,
     const std::vector<std::filesystem::path>& files,
-    IntegrityReport* report = nullptr);
+    IntegrityReport* report = nullptr, ArchivesOf archives = {});
 
 /// Writes `dir/ucp.manifest.json` (atomically) for `files`, all of which lie
 /// under `dir`, after checking their CRC-32s (a manifest of damaged files
 /// would bless them). Throws like CheckIntegrity (a manifest already there is
 /// not consulted), UsageError if a file lies outside `dir`.
 IntegrityReport WriteManifest(const std::filesystem::path& dir,
-                              const std::vector<std::filesystem::path>& files);
+                              const std::vector<std::filesystem::path>& files,
+                              const ArchivesOf& archives = {});
 
 }  // namespace ucp::formats

@@ -17,6 +17,7 @@
 #include "engine/formats/driver.h"
 #include "engine/formats/emit.h"
 #include "engine/torchfile/torch_file.h"
+#include "engine/torchfile/zip.h"
 #include "engine/universal/input.h"
 #include "tests/testutil/testutil.h"
 
@@ -119,6 +120,37 @@ TEST(TargetPlanTest, ARunOfArchivesIsTorchSaveFilesBackToBack) {
                      "assert int(o['c']) == ", a + 1, "\n");
   }
   EXPECT_EQ(at, size);
+  // Integrity sees each archive: a manifest names the records of archive k
+  // at offset o > 0 "@o/<record>", and a flipped byte in one is caught.
+  const ArchivesOf archives_of = [&](const fs::path&) { return spans; };
+  const IntegrityReport m = WriteManifest(dir / "sub", {path}, archives_of);
+  EXPECT_EQ(m.zips, 1);
+  EXPECT_EQ(m.records, 3 * 5);  // data.pkl, byteorder, 2 tensors, version
+  EXPECT_THAT(testutil::ReadFile(dir / "sub" / kManifestName),
+              HasSubstr(StrCat("\"@", spans[2].offset, "/archive/data.pkl")));
+  EXPECT_EQ(
+      CheckIntegrity(dir / "sub", {path}, nullptr, {}, archives_of).records,
+      15);
+  // A byte inside archive 1's first tensor record.
+  const uint64_t victim = [&] {
+    const torchfile::ZipReader z =
+        torchfile::ZipReader::Open(path, spans[1].offset, spans[1].length);
+    return z.DataOffset(*z.Find("archive/data/0")) + 5;
+  }();
+  auto flip = [&] {
+    std::string bytes = testutil::ReadFile(path);
+    bytes[victim] ^= 0x10;
+    testutil::WriteFile(path, bytes);
+  };
+  flip();
+  EXPECT_THAT(
+      [&] { CheckIntegrity(dir / "sub", {path}, nullptr, {}, archives_of); },
+      ThrowsMessage<FormatError>(HasSubstr(StrCat("@", spans[1].offset, "/"))));
+  fs::remove(dir / "sub" / kManifestName);
+  EXPECT_THAT(
+      [&] { CheckIntegrity(dir / "sub", {path}, nullptr, {}, archives_of); },
+      ThrowsMessage<FormatError>(HasSubstr("CRC-32 mismatch")));
+  flip();
   testutil::WriteFile(dir / "check.py", script + "print('ok')\n");
   std::string out;
   EXPECT_EQ(testutil::RunCommand(
