@@ -18,6 +18,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "engine/pickle/value.h"
 #include "engine/torchfile/torch_file.h"
@@ -51,6 +52,9 @@ constexpr const char* kHelp =
     "legacy format, recognised by content). A universal file (HDF5) is shown "
     "as\n"
     "its parameters with shape, training dtype, layout rule and state kinds.\n"
+    "A checkpoint folder of a format that keeps an index of its own is shown\n"
+    "by it first (keys, global shapes, chunks and files), and a file holding\n"
+    "several torch.save archives is shown archive by archive (PATH@offset).\n"
     "\n"
     "examples:\n"
     "  ucp inspect iter_0000100/mp_rank_00/model_optim_rng.pt\n"
@@ -144,6 +148,49 @@ bool LooksLikeTorchFile(const fs::path& path) {
     return false;
   }
 }
+
+// The checkpoints of known formats under one PATH argument (found through
+// the driver registry, opened once per folder): their inventories, and the
+// torch.save archives each of their files holds.
+class Checkpoints {
+ public:
+  /// The inventory of the checkpoint at `path` (null if none).
+  json::Value Inventory(const fs::path& path) {
+    const formats::Source* s = SourceOf(path);
+    return s != nullptr ? s->Inventory() : json::Value();
+  }
+  /// The archives of `file` according to the checkpoint of its folder.
+  std::vector<formats::ArchiveSpan> Archives(const fs::path& file) {
+    const formats::Source* s = SourceOf(file.parent_path());
+    return s != nullptr ? s->Archives(file)
+                        : std::vector<formats::ArchiveSpan>();
+  }
+
+ private:
+  // The checkpoint a driver is sure `dir` holds, opened (nullptr if none, or
+  // if it does not open: the files are then inspected on their own).
+  const formats::Source* SourceOf(const fs::path& dir) {
+    auto it = open_.find(dir);
+    if (it != open_.end()) return it->second.get();
+    std::unique_ptr<formats::Source> s;
+    std::error_code ec;
+    if (fs::is_directory(dir, ec)) {
+      for (const formats::Driver* d : formats::Drivers()) {
+        if (!d->CanRead() || d->Probe(dir) != formats::Confidence::kYes)
+          continue;
+        try {
+          s = d->Open(dir, {});
+        } catch (const Error&) {
+          s.reset();
+        }
+        break;
+      }
+    }
+    return open_.emplace(dir, std::move(s)).first->second.get();
+  }
+
+  std::map<fs::path, std::unique_ptr<formats::Source>> open_;
+};
 
 // The files one PATH argument names: itself, or the torch.save files found
 // under a folder. Throws IoError / UsageError if there are none.
@@ -604,6 +651,7 @@ int RunInspect(const std::vector<std::string>& args) {
     throw UsageError("inspect needs a PATH (see: ucp inspect --help)");
 
   json::Value all_docs = json::Value::Array();
+  json::Value inventories = json::Value::Array();
   json::Value errors = json::Value::Array();
   int exit_code = 0;
   // A PATH or file that fails is reported (stderr, and "errors" with --json)
@@ -628,6 +676,20 @@ int RunInspect(const std::vector<std::string>& args) {
       report(arg, e);
       continue;
     }
+    // A checkpoint folder of a known format: its own index first, and the
+    // archives each of its files holds.
+    Checkpoints checkpoints;
+    try {
+      if (const json::Value inv = checkpoints.Inventory(arg); !inv.is_null()) {
+        if (json_out) {
+          inventories.Append(inv);
+        } else if (const json::Value* t = inv.Find("text")) {
+          std::printf("%s\n", t->AsString().c_str());
+        }
+      }
+    } catch (const Error& e) {
+      report(arg, e);
+    }
     for (const fs::path& path : files) {
       try {
         if (IsHdf5File(path)) {
@@ -635,22 +697,38 @@ int RunInspect(const std::vector<std::string>& args) {
           if (json_out) all_docs.Append(std::move(doc));
           continue;
         }
-        TorchFile file = TorchFile::Open(path);
-        std::error_code ec;
-        uint64_t bytes = fs::file_size(path, ec);
-        Summary s = Summarise(file, bytes, json_out);
-        if (json_out) {
-          all_docs.Append(std::move(s.doc));
-        } else {
-          std::string head = StrCat(
-              OneLine(path.string()), "  (",
-              file.format() == TorchFile::Format::kZip
-                  ? StrCat("zip, archive '", OneLine(file.archive_name()), "'")
-                  : std::string("legacy format"),
-              ", ", HumanBytes(bytes), ")");
-          std::printf("%s\n", head.c_str());
-          TreePrinter(file, max_items).Print(file.root(), "", 1);
-          std::printf("%s\n\n", s.text.c_str());
+        std::vector<formats::ArchiveSpan> spans = checkpoints.Archives(path);
+        if (spans.empty()) spans.push_back({0, 0});
+        for (const formats::ArchiveSpan& span : spans) {
+          const bool whole = span.length == 0;
+          const std::string name =
+              whole ? path.string()
+                    : StrCat(path.string(), "@", span.offset, "+", span.length);
+          TorchFile file =
+              whole ? TorchFile::Open(path)
+                    : TorchFile::Open(path, span.offset, span.length);
+          std::error_code ec;
+          const uint64_t bytes = whole ? fs::file_size(path, ec) : span.length;
+          Summary s = Summarise(file, bytes, json_out);
+          if (json_out) {
+            if (!whole) {
+              s.doc["path"] = name;
+              s.doc["archive_offset"] = span.offset;
+              s.doc["archive_length"] = span.length;
+            }
+            all_docs.Append(std::move(s.doc));
+          } else {
+            std::string head =
+                StrCat(OneLine(name), "  (",
+                       file.format() == TorchFile::Format::kZip
+                           ? StrCat("zip, archive '",
+                                    OneLine(file.archive_name()), "'")
+                           : std::string("legacy format"),
+                       ", ", HumanBytes(bytes), ")");
+            std::printf("%s\n", head.c_str());
+            TreePrinter(file, max_items).Print(file.root(), "", 1);
+            std::printf("%s\n\n", s.text.c_str());
+          }
         }
       } catch (const Error& e) {
         report(path.string(), e);
@@ -660,6 +738,8 @@ int RunInspect(const std::vector<std::string>& args) {
   if (json_out) {
     json::Value doc;
     doc["files"] = std::move(all_docs);
+    if (!inventories.items().empty())
+      doc["checkpoints"] = std::move(inventories);
     doc["errors"] = std::move(errors);
     doc["leftovers"] = std::move(leftovers);
     PrintJson(doc);

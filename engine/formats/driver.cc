@@ -97,6 +97,8 @@ std::vector<ArchiveSpan> Source::Archives(const std::filesystem::path&) const {
   return {};
 }
 
+json::Value Source::Inventory() const { return json::Value(); }
+
 std::vector<SavedCheckpoint> Driver::ListCheckpoints(
     const std::filesystem::path&) const {
   return {};

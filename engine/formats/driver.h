@@ -115,10 +115,15 @@ class Source {
   virtual bool Fits(const TargetOptions& options) const;
 
   /// The torch.save archives file `file` (one of info().files) holds, for
-  /// integrity checks and manifests; empty: the file itself is one archive
-  /// (if it is a zip) or none.
+  /// integrity checks, manifests and `ucp inspect`; empty: the file itself
+  /// is one archive (if it is a zip) or none.
   virtual std::vector<ArchiveSpan> Archives(
       const std::filesystem::path& file) const;
+
+  /// What `ucp inspect` shows of the checkpoint beyond its files' trees (a
+  /// checkpoint-level index: keys, global shapes, chunks, files), as
+  /// {"text": "...", ...JSON}; null by default. Throws like Plan.
+  virtual json::Value Inventory() const;
 };
 
 /// One checkpoint of a save folder (`ucp resume`).
