@@ -53,7 +53,9 @@ constexpr const char* kResumeHelp =
     "has one (ucp manifest); for a universal file the xxh3 of every dataset.\n"
     "\n"
     "If that checkpoint already has the requested layout and the tracker /\n"
-    "latest names it, prints SAVE_DIR and changes nothing. Otherwise it makes\n"
+    "latest names it, prints SAVE_DIR and changes nothing (for a format that\n"
+    "loads at any layout and keeps no tracker, such as PyTorch DCP, it prints\n"
+    "the checkpoint folder itself). Otherwise it makes\n"
     "a load folder (default SAVE_DIR/ucp-resume/<name>-tpT-ppP-vppV-dpD...)\n"
     "and prints it: hard links to the checkpoint's files beside a tracker\n"
     "naming it when only the tracker was wrong, else the checkpoint reshaped\n"
@@ -359,7 +361,10 @@ int RunResume(const std::vector<std::string>& args) {
   fs::path load = save;
   bool reshaped = false;
   int64_t linked = 0, copied = 0;
-  if (!fits || !Tracked(driver, save, name)) {
+  if (fits && !driver.HasTracker()) {
+    // The framework loads the checkpoint folder itself: nothing to write.
+    load = info.path;
+  } else if (!fits || !Tracked(driver, save, name)) {
     // Inside the save folder only under ucp-resume/ (ucp's own), else -o.
     const bool inside = output.empty();
     const std::string layout = driver.TargetAxes().any()

@@ -157,6 +157,12 @@ class Driver {
   virtual std::vector<SavedCheckpoint> ListCheckpoints(
       const std::filesystem::path& dir) const;
 
+  /// Whether a save folder of this format names its current checkpoint in a
+  /// tracker file (Megatron's latest_checkpointed_iteration.txt, DeepSpeed's
+  /// `latest`), so that a framework loads the save folder; without one (a
+  /// PyTorch DCP checkpoint) it loads a checkpoint folder itself, which is
+  /// what `ucp resume` prints. False by default.
+  virtual bool HasTracker() const { return false; }
   /// Writes the save folder `dir`'s tracker (Megatron's
   /// latest_checkpointed_iteration.txt, DeepSpeed's `latest`) naming
   /// `checkpoint`, atomically: what `ucp resume` adds beside the hard links

@@ -175,20 +175,35 @@ TorchArchive& TorchSaveRunFile::AddArchive(
     torchfile::TorchWriterOptions options) {
   if (options.archive_name.empty()) options.archive_name = "archive";
   UCP_CHECK(!laid_out_, path_.string(), ": archive added after the layout");
-  archives_.push_back(Entry{TorchArchive(path_, std::move(options)), {}});
-  return archives_.back().archive;
+  archives_.push_back(
+      Entry{TorchArchive(path_, std::move(options)), std::string(), {}});
+  return *archives_.back().archive;
+}
+
+size_t TorchSaveRunFile::AddRawArchive(std::string bytes) {
+  UCP_CHECK(!laid_out_, path_.string(), ": archive added after the layout");
+  archives_.push_back(Entry{std::nullopt, std::move(bytes), {}});
+  return archives_.size() - 1;
+}
+
+TorchArchive& TorchSaveRunFile::archive(size_t i) {
+  Entry& e = archives_.at(i);
+  if (!e.archive) {
+    throw UsageError(path_.string(), ": archive ", i, " is raw bytes");
+  }
+  return *e.archive;
 }
 
 pickle::Value* TorchSaveRunFile::AddTensor(size_t i,
                                            reshape::TargetTensor tensor) {
-  return archives_.at(i).archive.AddTensor(std::move(tensor), jobs_);
+  return archive(i).AddTensor(std::move(tensor), jobs_);
 }
 
 uint64_t TorchSaveRunFile::Layout() {
   if (!laid_out_) {
     uint64_t at = 0;
     for (Entry& e : archives_) {
-      const uint64_t n = e.archive.Prepare(path_);
+      const uint64_t n = e.archive ? e.archive->Prepare(path_) : e.raw.size();
       e.span = {at, n};
       at += n;
     }
@@ -203,12 +218,20 @@ void TorchSaveRunFile::Open(const fs::path& out_dir) {
   Layout();
   out_ = std::make_shared<OutputFile>(full);
   if (size_ > 0) out_->file().Allocate(size_);
-  for (Entry& e : archives_) e.archive.OpenIn(out_, e.span.offset, jobs_);
+  for (Entry& e : archives_) {
+    if (e.archive) {
+      e.archive->OpenIn(out_, e.span.offset, jobs_);
+    } else {
+      out_->file().WriteExact(e.raw.data(), e.raw.size(), e.span.offset);
+      std::string().swap(e.raw);  // written: no longer kept
+    }
+  }
 }
 
 void TorchSaveRunFile::Commit() {
   UCP_CHECK(out_ != nullptr, path_.string(), ": Commit before Open");
-  for (Entry& e : archives_) e.archive.Commit();
+  for (Entry& e : archives_)
+    if (e.archive) e.archive->Commit();
   out_->Commit();
   out_.reset();
 }

@@ -21,6 +21,7 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -189,9 +190,13 @@ class TorchSaveRunFile : public PlannedFile {
   /// archive folder ("archive" if empty, as torch.save to a buffer writes).
   TorchArchive& AddArchive(torchfile::TorchWriterOptions options = {});
   size_t size() const noexcept { return archives_.size(); }
-  TorchArchive& archive(size_t i) { return archives_.at(i).archive; }
+  /// Archive i's graph (UsageError for a raw archive).
+  TorchArchive& archive(size_t i);
   /// A slot of archive i (its job is appended to jobs()).
   pickle::Value* AddTensor(size_t i, reshape::TargetTensor tensor);
+  /// A new archive at the end of the file whose bytes are known (a torch.save
+  /// archive kept verbatim, such as a DCP BYTE_IO item); returns its index.
+  size_t AddRawArchive(std::string bytes);
   /// Plans every archive (their graphs are final then: no tensor or archive
   /// can be added) and their offsets; returns the file size. Open does it
   /// if the planner did not (a planner that records where each archive lies,
@@ -206,7 +211,8 @@ class TorchSaveRunFile : public PlannedFile {
 
  private:
   struct Entry {
-    TorchArchive archive;
+    std::optional<TorchArchive> archive;  // absent: raw
+    std::string raw;
     ArchiveSpan span;
   };
   std::deque<Entry> archives_;

@@ -122,6 +122,7 @@ class DeepSpeedDriver : public formats::Driver {
         Discover(path, options.values.String(kTagOption).value_or("")),
         options);
   }
+  bool HasTracker() const override { return true; }
   void WriteTracker(const fs::path& dir,
                     const formats::CheckpointInfo& c) const override {
     WriteFileAtomically(dir / kLatestFile, c.name);
@@ -213,6 +214,7 @@ class DeepSpeedUniversalDriver : public formats::Driver {
     return std::make_unique<UniversalSource>(DiscoverUniversal(
         path, options.values.String(kTagOption).value_or("")));
   }
+  bool HasTracker() const override { return true; }
   void WriteTracker(const fs::path& dir,
                     const formats::CheckpointInfo& c) const override {
     WriteFileAtomically(dir / kLatestUniversalFile, c.path.filename().string());

@@ -111,6 +111,7 @@ class MegatronDriver : public formats::Driver {
     return std::make_unique<MegatronSource>(
         Discover(path, options.values.Int(kIterationOption)), options);
   }
+  bool HasTracker() const override { return true; }
   void WriteTracker(const fs::path& dir,
                     const formats::CheckpointInfo& c) const override {
     const std::string name = c.path.filename().string();

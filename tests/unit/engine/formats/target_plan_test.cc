@@ -14,6 +14,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/common/integrity.h"
+#include "engine/formats/common/torch_blob.h"
 #include "engine/formats/driver.h"
 #include "engine/formats/emit.h"
 #include "engine/torchfile/torch_file.h"
@@ -90,6 +91,12 @@ TEST(TargetPlanTest, ARunOfArchivesIsTorchSaveFilesBackToBack) {
                                ar.AddConstant(DType::kInt64, {}, bytes));
     ar.SetRoot(root);
   }
+  // A torch.save archive kept verbatim (a DCP BYTE_IO item).
+  pickle::Arena blob_arena;
+  const std::string blob = SaveBlob(
+      nullptr, blob_arena.Dict({{blob_arena.Str("lr"), blob_arena.Int(42)}}));
+  EXPECT_EQ(f.AddRawArchive(blob), 3u);
+  EXPECT_THROW(f.archive(3), UsageError);
   const uint64_t size = f.Layout();
   f.Open(dir.path());
   Fill(f, src);
@@ -97,11 +104,13 @@ TEST(TargetPlanTest, ARunOfArchivesIsTorchSaveFilesBackToBack) {
   const fs::path path = dir / "sub/__0_0.distcp";
   ASSERT_EQ(fs::file_size(path), size);
   const std::vector<ArchiveSpan> spans = f.archives();
-  ASSERT_EQ(spans.size(), 3u);
+  ASSERT_EQ(spans.size(), 4u);
+  EXPECT_EQ(spans[3].length, blob.size());
+  EXPECT_EQ(testutil::ReadFile(path).substr(spans[3].offset), blob);
   uint64_t at = 0;
   std::string script =
       "import io, sys, torch\nd = open(sys.argv[1], 'rb').read()\n";
-  for (size_t a = 0; a < spans.size(); ++a) {
+  for (size_t a = 0; a < 3; ++a) {
     EXPECT_EQ(spans[a].offset, at);
     at += spans[a].length;
     const torchfile::TorchFile t =
@@ -119,18 +128,20 @@ TEST(TargetPlanTest, ARunOfArchivesIsTorchSaveFilesBackToBack) {
                      " + i for i in range(", 7 + a, ")], o\n",
                      "assert int(o['c']) == ", a + 1, "\n");
   }
-  EXPECT_EQ(at, size);
+  EXPECT_EQ(at + spans[3].length, size);
+  script += StrCat("assert torch.load(io.BytesIO(d[", spans[3].offset,
+                   ":]))['lr'] == 42\n");
   // Integrity sees each archive: a manifest names the records of archive k
   // at offset o > 0 "@o/<record>", and a flipped byte in one is caught.
   const ArchivesOf archives_of = [&](const fs::path&) { return spans; };
   const IntegrityReport m = WriteManifest(dir / "sub", {path}, archives_of);
   EXPECT_EQ(m.zips, 1);
-  EXPECT_EQ(m.records, 3 * 5);  // data.pkl, byteorder, 2 tensors, version
+  EXPECT_EQ(m.records, 3 * 5 + 3);  // data.pkl, byteorder, tensors, version
   EXPECT_THAT(testutil::ReadFile(dir / "sub" / kManifestName),
               HasSubstr(StrCat("\"@", spans[2].offset, "/archive/data.pkl")));
   EXPECT_EQ(
       CheckIntegrity(dir / "sub", {path}, nullptr, {}, archives_of).records,
-      15);
+      18);
   // A byte inside archive 1's first tensor record.
   const uint64_t victim = [&] {
     const torchfile::ZipReader z =
