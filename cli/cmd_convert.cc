@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <tuple>
 
 #include "cli/command.h"
 #include "cli/options.h"
@@ -328,9 +329,13 @@ std::string TargetArgs::Describe(const formats::Driver& driver) const {
   if (!axes.any()) {
     s = "any topology";
   } else {
-    s = StrCat("tp ", o.topology.tp, ", pp ", o.topology.pp);
-    if (axes.vpp) s += StrCat(", vpp ", o.topology.vpp);
-    s += StrCat(", dp ", o.topology.dp);
+    for (const auto& [taken, name, value] :
+         {std::tuple{axes.tp, "tp", o.topology.tp},
+          std::tuple{axes.pp, "pp", o.topology.pp},
+          std::tuple{axes.vpp, "vpp", o.topology.vpp},
+          std::tuple{axes.dp, "dp", o.topology.dp}}) {
+      if (taken) s += StrCat(s.empty() ? "" : ", ", name, " ", value);
+    }
   }
   const std::string extra =
       formats::DescribeLayoutOptions(driver.TargetOptionSpecs(), values);
@@ -503,8 +508,7 @@ namespace {
 // The second half of reshape and convert: the target checkpoint of `input`
 // (universal content made from a format named `native`) written into
 // `output` and reported.
-void WriteAndReport(const char* command,
-                    const universal::UniversalInput& input,
+void WriteAndReport(const char* command, const universal::UniversalInput& input,
                     const std::string& native, const std::string& output,
                     const TargetArgs& target, bool manifest,
                     const RunOptions& run,

@@ -1,6 +1,7 @@
 #include "engine/universal/output_dir.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -42,6 +43,11 @@ StagedDirectory::StagedDirectory(fs::path final_dir)
                   ": ", std::strerror(errno));
   }
   staging_ = name;
+  // mkdtemp makes it 0700; the output gets the permissions any new folder
+  // gets (0777 less the umask), so that the job's other users can read it.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::chmod(staging_.c_str(), 0777 & ~mask);
 }
 
 StagedDirectory::~StagedDirectory() {

@@ -193,6 +193,25 @@ def fsyncs(args, t):
     return sum(1 for line in log.read_text().splitlines() if "sync(" in line)
 
 
+def test_output_folders_get_the_umask_permissions():
+    """An output folder is made under a temporary name (mkdtemp: 0700) and
+    renamed into place: it must end with the permissions any new folder gets
+    (0777 less the umask), or the job's other users cannot read it."""
+    with tempfile.TemporaryDirectory(prefix="ucp-staging-") as t:
+        t = pathlib.Path(t)
+        for mask in (0o022, 0o027):
+            old = os.umask(mask)
+            try:
+                out = t / f"out{mask:o}"
+                run("convert", FIX, "-o", out, "--dp", 1, "--zero-stage", 1, "-q")
+                run("export", FIX, "-o", t / f"hf{mask:o}", "-q")
+            finally:
+                os.umask(old)
+            for folder in (out, t / f"hf{mask:o}"):
+                mode = folder.stat().st_mode & 0o777
+                assert mode == 0o777 & ~mask, (folder, oct(mode), oct(mask))
+
+
 def test_no_sync_skips_fsync():
     """Outputs are fsynced before they are renamed into place; --no-sync (like
     cp) skips that, and writes the same bytes."""
