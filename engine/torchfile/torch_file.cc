@@ -419,6 +419,11 @@ TorchFile TorchFile::Open(std::shared_ptr<const File> file) {
   return OpenFile(std::move(file), 0, size);
 }
 
+TorchFile TorchFile::Open(std::shared_ptr<const File> file, uint64_t offset,
+                          uint64_t length) {
+  return OpenFile(std::move(file), offset, length);
+}
+
 TorchFile TorchFile::Open(const std::filesystem::path& path, uint64_t offset,
                           uint64_t length) {
   return OpenFile(std::make_shared<File>(File::OpenRead(path)), offset, length);

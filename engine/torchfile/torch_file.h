@@ -145,6 +145,10 @@ class TorchFile {
   /// The same for a whole file already open (e.g. File::Anonymous), shared
   /// with the caller; its path() names it in messages.
   static TorchFile Open(std::shared_ptr<const File> file);
+  /// The same for bytes [offset, offset + length) of a file already open
+  /// (the many archives of one DCP .distcp file share one descriptor).
+  static TorchFile Open(std::shared_ptr<const File> file, uint64_t offset,
+                        uint64_t length);
 
   TorchFile(TorchFile&&) noexcept;
   TorchFile& operator=(TorchFile&&) noexcept;
