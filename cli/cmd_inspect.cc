@@ -167,23 +167,36 @@ class Checkpoints {
   }
 
  private:
-  // The checkpoint a driver is sure `dir` holds, opened (nullptr if none, or
-  // if it does not open: the files are then inspected on their own).
+  // The checkpoint the most confident driver finds in `dir`, opened (nullptr
+  // if none, if two are as confident, or if it does not open: the files are
+  // then inspected on their own).
   const formats::Source* SourceOf(const fs::path& dir) {
     auto it = open_.find(dir);
     if (it != open_.end()) return it->second.get();
     std::unique_ptr<formats::Source> s;
     std::error_code ec;
     if (fs::is_directory(dir, ec)) {
+      // The most confident driver, if it alone is that confident.
+      const formats::Driver* best = nullptr;
+      formats::Confidence best_c = formats::Confidence::kNo;
+      bool tie = false;
       for (const formats::Driver* d : formats::Drivers()) {
-        if (!d->CanRead() || d->Probe(dir) != formats::Confidence::kYes)
-          continue;
+        if (!d->CanRead()) continue;
+        const formats::Confidence c = d->Probe(dir);
+        if (c > best_c) {
+          best = d;
+          best_c = c;
+          tie = false;
+        } else if (c == best_c && c != formats::Confidence::kNo) {
+          tie = true;
+        }
+      }
+      if (best != nullptr && !tie) {
         try {
-          s = d->Open(dir, {});
+          s = best->Open(dir, {});
         } catch (const Error&) {
           s.reset();
         }
-        break;
       }
     }
     return open_.emplace(dir, std::move(s)).first->second.get();
