@@ -154,11 +154,12 @@ bool LooksLikeTorchFile(const fs::path& path) {
 // torch.save archives each of their files holds.
 class Checkpoints {
  public:
-  /// The inventory of the checkpoint at `path` (null if none).
-  json::Value Inventory(const fs::path& path) {
-    const formats::Source* s = SourceOf(path);
-    return s != nullptr ? s->Inventory() : json::Value();
-  }
+  /// `on_inventory` receives the inventory of each checkpoint opened that
+  /// has one, once.
+  explicit Checkpoints(std::function<void(const json::Value&)> on_inventory)
+      : on_inventory_(std::move(on_inventory)) {}
+  /// Opens the checkpoint at `path` if there is one (its inventory shown).
+  void Visit(const fs::path& path) { SourceOf(path); }
   /// The archives of `file` according to the checkpoint of its folder.
   std::vector<formats::ArchiveSpan> Archives(const fs::path& file) {
     const formats::Source* s = SourceOf(file.parent_path());
@@ -194,6 +195,8 @@ class Checkpoints {
       if (best != nullptr && !tie) {
         try {
           s = best->Open(dir, {});
+          const json::Value inv = s->Inventory();
+          if (!inv.is_null()) on_inventory_(inv);
         } catch (const Error&) {
           s.reset();
         }
@@ -202,6 +205,7 @@ class Checkpoints {
     return open_.emplace(dir, std::move(s)).first->second.get();
   }
 
+  std::function<void(const json::Value&)> on_inventory_;
   std::map<fs::path, std::unique_ptr<formats::Source>> open_;
 };
 
@@ -691,18 +695,14 @@ int RunInspect(const std::vector<std::string>& args) {
     }
     // A checkpoint folder of a known format: its own index first, and the
     // archives each of its files holds.
-    Checkpoints checkpoints;
-    try {
-      if (const json::Value inv = checkpoints.Inventory(arg); !inv.is_null()) {
-        if (json_out) {
-          inventories.Append(inv);
-        } else if (const json::Value* t = inv.Find("text")) {
-          std::printf("%s\n", t->AsString().c_str());
-        }
+    Checkpoints checkpoints([&](const json::Value& inv) {
+      if (json_out) {
+        inventories.Append(inv);
+      } else if (const json::Value* t = inv.Find("text")) {
+        std::printf("%s\n", t->AsString().c_str());
       }
-    } catch (const Error& e) {
-      report(arg, e);
-    }
+    });
+    checkpoints.Visit(arg);
     for (const fs::path& path : files) {
       try {
         if (IsHdf5File(path)) {
