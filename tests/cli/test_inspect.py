@@ -87,8 +87,15 @@ def test_shared_fixtures_folder():
         assert desc_path.exists(), desc_path
         check_against(json.loads(desc_path.read_text()), f, str(rel))
         seen += 1
-    want = len(list((TESTDATA / "shared").rglob("*.pt.expected.json")))
+    want = len(list((TESTDATA / "shared").rglob("*.pt.expected.json"))) + \
+        len(list((TESTDATA / "shared").rglob("*.distcp@*.expected.json")))
     assert seen == want, (seen, want)
+    # A checkpoint folder of a format with an index of its own (DCP) is shown
+    # by it too: every key with its global shape and chunks.
+    cks = {c["path"]: c for c in report["checkpoints"]}
+    dcp = cks[str((FIXTURES / "dcp-torch-2.6" / "dtensor_shard0_w2" / "ckpt").resolve())]
+    wte = next(k for k in dcp["keys"] if k["key"] == "model.wte.weight")
+    assert wte["shape"] == [50, 24] and len(wte["chunks"]) == 2, wte
 
 
 def test_totals_and_tree():

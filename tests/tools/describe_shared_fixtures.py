@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import struct
 import sys
-from typing import Any, Dict, List, Optional
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,6 +127,32 @@ def describe_fixture(path: str, rel: str) -> Dict[str, Any]:
     return desc
 
 
+def archives_back_to_back(data: bytes) -> List[Tuple[int, int]]:
+    """(offset, length) of the zip archives a file holds back to back (a DCP .distcp file), found
+    without ucp: each archive ends with an end-of-central-directory record (22 bytes, no comment)
+    whose central directory -- checked to lie just before it, behind a zip64 end record and
+    locator, and to start at the offset the record gives relative to the archive -- ends the
+    archive; the next archive starts right after."""
+    out, start = [], 0
+    while start < len(data):
+        pos = data.find(b"PK\x05\x06", start)
+        while pos >= 0:
+            if pos + 22 <= len(data) and data[pos + 20:pos + 22] == b"\x00\x00":
+                loc = pos - 20
+                if loc >= start and data[loc:loc + 4] == b"PK\x06\x07":
+                    z64 = struct.unpack("<Q", data[loc + 8:loc + 16])[0] + start
+                    if data[z64:z64 + 4] == b"PK\x06\x06":
+                        cd_size, cd_off = struct.unpack("<QQ", data[z64 + 40:z64 + 56])
+                        if start + cd_off + cd_size == z64:
+                            break
+            pos = data.find(b"PK\x05\x06", pos + 1)
+        if pos < 0:
+            raise ValueError(f"no archive end after offset {start}")
+        out.append((start, pos + 22 - start))
+        start = pos + 22
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,6 +172,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         desc = describe_fixture(os.path.join(fixtures, rel), rel)
         torchdesc.write_json(desc, os.path.join(out, rel + ".expected.json"))
         index.append({"file": rel, "expected": rel + ".expected.json", "oracle": desc["oracle"]})
+    # Files of several archives (DCP .distcp): each archive described on its own, named
+    # "<file>@<offset>+<length>" as `ucp inspect` names it.
+    distcp = sorted(os.path.relpath(os.path.join(root, name), fixtures).replace(os.sep, "/")
+                    for root, _, names in os.walk(fixtures) for name in names
+                    if name.endswith(".distcp"))
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel in distcp:
+            data = open(os.path.join(fixtures, rel), "rb").read()
+            for offset, length in archives_back_to_back(data):
+                name = f"{rel}@{offset}+{length}"
+                piece = os.path.join(tmp, "archive.pt")
+                with open(piece, "wb") as f:
+                    f.write(data[offset:offset + length])
+                desc = describe_fixture(piece, name)
+                torchdesc.write_json(desc, os.path.join(out, name + ".expected.json"))
+                index.append({"file": name, "expected": name + ".expected.json",
+                              "oracle": desc["oracle"]})
     torchdesc.write_json(index, os.path.join(out, "index.json"))
     counts = {o: sum(1 for e in index if e["oracle"] == o) for o in sorted({e["oracle"] for e in index})}
     print(f"described {len(index)} files into {out}: {counts}")

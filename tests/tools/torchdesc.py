@@ -448,12 +448,15 @@ def sha256_hex(data: bytes) -> str:
 
 
 def top_type_name(root: Any) -> str:
-    """Returns "dict", "OrderedDict" or the class name of the loaded root object."""
+    """Returns "dict", "OrderedDict" or the class name of the loaded root object ("torch.Tensor"
+    for a tensor, however it was rebuilt)."""
     kind = type(root)
     if kind is dict:
         return "dict"
     if kind is collections.OrderedDict:
         return "OrderedDict"
+    if isinstance(root, RawTensor):
+        return "torch.Tensor"
     return class_name(root)
 
 

@@ -24,8 +24,11 @@ struct Sample {
   TargetOptions other;
   /// Files under the checkpoint folder the same-layout rewrite does not
   /// reproduce as they are (names relative to the checkpoint folder, e.g.
-  /// a script copied there); compared nowhere.
+  /// a script copied there, or an index naming the save); compared nowhere.
   std::vector<std::string> not_reproduced;
+  /// The framework loads the format at any layout (Source::Fits is always
+  /// true).
+  bool loads_at_any_layout = false;
 };
 
 /// Registers a sample (at static initialisation).

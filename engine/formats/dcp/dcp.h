@@ -1,0 +1,140 @@
+#pragma once
+// PyTorch Distributed Checkpoint (DCP) checkpoints: discovery, reading into a
+// universal SourcePlan, and planning the files of a target (the "dcp"
+// driver; also the container of Megatron-core's torch_dist format).
+//
+// A checkpoint folder (torch/distributed/checkpoint/filesystem.py):
+//   .metadata            pickled Metadata (metadata.h), written last: a
+//                        folder without it is an incomplete checkpoint
+//   __R_I.distcp         items of rank R (bucket I), back to back: each a
+//                        whole torch.save archive (a tensor chunk: the
+//                        chunk's tensor; BYTE_IO: any object) at the
+//                        offset and length .metadata records, the
+//                        archive possibly zstd-compressed whole
+//                        ("stream.zstd/1")
+//   __R.metadata         instead of .metadata for rank-local saves
+//                        (save(..., use_collectives=False)): each rank's own
+//                        items; merged, replicas checked to be identical
+// A save folder holds checkpoint folders (torchtitan's step-N/); the newest
+// complete one is read unless --checkpoint names one.
+//
+// Keys, in the layout of torch.distributed.checkpoint.state_dict's
+// get_state_dict (planner_data tells the nesting):
+//   model.<fqn>                       a param's weights (fp32 atom when
+//                                     float32, else its training-dtype
+//                                     `param` atom); integer tensors are
+//                                     buffers
+//   optimizer.state.<fqn>.<kind>      optimizer state (exp_avg, exp_avg_sq,
+//                                     step, ...) of param <fqn>
+//   optimizer.param_groups.<i>.<key>  BYTE_IO: group i's hyper-parameters,
+//                                     `params` the fqns it optimizes
+//   any other tensor                  a param named by its key
+//   any other BYTE_IO item            kept verbatim
+// In the universal file: atoms as above, every BYTE_IO item verbatim under
+// /opaque/dcp/bytes/<key>, the param groups also as optimizer/param_groups
+// (for other formats), the key order, kinds and planner_data in the root
+// attribute "dcp".
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/formats/dcp/metadata.h"
+#include "engine/formats/driver.h"
+#include "engine/torchfile/torch_file.h"
+#include "engine/universal/source_plan.h"
+
+namespace ucp {
+class File;
+}
+
+namespace ucp::dcp {
+
+inline constexpr const char* kMetadataFile = ".metadata";
+inline constexpr const char* kCheckpointOption = "checkpoint";
+inline constexpr const char* kMetaAttr = "dcp";
+
+/// One item of a checkpoint: where it lies.
+struct Item {
+  std::filesystem::path file;  // absolute
+  StorageInfo info;
+  int64_t rank = 0;  // the metadata file that lists it (rank-local saves)
+};
+
+struct Checkpoint {
+  std::filesystem::path dir;   // the save folder (parent)
+  std::filesystem::path path;  // the checkpoint folder
+  std::string name;            // its folder name
+  int64_t iteration = 0;       // the name's trailing number, else 0
+  bool rank_local = false;
+  std::vector<std::filesystem::path> metadata_files;
+  /// Merged metadata: every chunk once (the first rank's), every key.
+  Metadata metadata;
+  /// Every item of every chunk / bytes key, replicas of rank-local saves
+  /// included (in rank order).
+  std::map<ItemKey, std::vector<Item>> items;
+  /// Every file: the metadata files, then the .distcp files items name.
+  std::vector<std::filesystem::path> files;
+  int64_t world = 1;  // writing ranks (the __R_ prefixes)
+};
+
+/// True if `dir` holds a .metadata or __R.metadata.
+bool IsCheckpointFolder(const std::filesystem::path& dir);
+
+/// The checkpoint folders of save folder `dir` (complete or not: every
+/// sub-folder with a .distcp or metadata file); the iteration is the name's
+/// trailing number, -1 without one. Never throws.
+std::vector<formats::SavedCheckpoint> ListCheckpoints(
+    const std::filesystem::path& dir);
+
+/// Finds and reads the checkpoint at `path` (a checkpoint folder, or a save
+/// folder: sub-folder `name`, else the newest complete one), merging
+/// rank-local metadata. Throws IoError if `path` is not a readable folder,
+/// FormatError naming the file for a missing / malformed metadata file, an
+/// item naming a missing file, chunks that do not tile their tensor (a hole
+/// or an overlap, naming the key and box), UsageError if `name` is not a
+/// checkpoint of the save folder.
+Checkpoint Discover(const std::filesystem::path& path, const std::string& name);
+
+/// The files of a checkpoint, each opened once and shared by its items.
+class FileCache {
+ public:
+  /// Throws IoError.
+  std::shared_ptr<const File> Get(const std::filesystem::path& path);
+
+ private:
+  std::map<std::filesystem::path, std::shared_ptr<const File>> open_;
+};
+
+/// The archive of an item, opened (decompressed in memory first when the
+/// item is zstd-compressed). Throws FormatError naming the file and key.
+std::shared_ptr<const torchfile::TorchFile> OpenItem(const Item& item,
+                                                     const ItemKey& key,
+                                                     FileCache& files);
+
+/// The verbatim bytes of a BYTE_IO item (decompressed). Throws like OpenItem.
+std::string ItemBytes(const Item& item, const ItemKey& key, FileCache& files);
+
+/// Reads every item's archive index and pickle and plans the universal
+/// content (see above). Throws FormatError naming the file, key and problem.
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint);
+
+/// Keys, global shapes and dtypes, chunks and where each lies, for `ucp
+/// inspect`.
+json::Value Inventory(const Checkpoint& checkpoint);
+
+/// The target: N files __R_0.distcp, every tensor chunked along dim 0 over
+/// N ranks as FSDP2 / DTensor Shard(0) chunks it (torch.chunk sizes; 0-d
+/// tensors whole, on the rank torch's save-plan dedup gives them), BYTE_IO
+/// items for the rest, and .metadata last. From DCP content the source's
+/// keys, BYTE_IO items and planner_data come back; from other formats
+/// model.<param>, optimizer.state.<param>.<kind> and the param groups.
+/// Throws FormatError if the universal content lacks a param's weights.
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options);
+
+}  // namespace ucp::dcp

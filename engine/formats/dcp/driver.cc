@@ -1,0 +1,120 @@
+// The "dcp" format driver: PyTorch Distributed Checkpoint folders, read and
+// written (dcp.h).
+
+#include "engine/formats/driver.h"
+
+#include "engine/core/error.h"
+#include "engine/formats/dcp/dcp.h"
+
+namespace ucp::dcp {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DcpSource : public formats::Source {
+ public:
+  explicit DcpSource(Checkpoint c) : c_(std::move(c)) {
+    info_.format = "dcp";
+    info_.dir = c_.dir;
+    info_.path = c_.path;
+    info_.iteration = c_.iteration;
+    info_.topology.dp = c_.world;
+    if (c_.rank_local) info_.settings["rank_local_metadata"] = true;
+    info_.files = c_.files;
+    for (const Entry& e : c_.metadata.entries) {
+      if (e.tensor && e.fqn.starts_with("model.")) {
+        info_.dtype = std::string(DTypeName(e.dtype));
+        break;
+      }
+    }
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override { return PlanSource(c_); }
+  // dcp.load reads a checkpoint at any world size.
+  bool Fits(const formats::TargetOptions&) const override { return true; }
+  std::vector<formats::ArchiveSpan> Archives(
+      const fs::path& file) const override {
+    std::vector<formats::ArchiveSpan> out;
+    const fs::path f = fs::absolute(file).lexically_normal();
+    for (const auto& [key, items] : c_.items) {
+      for (const Item& it : items) {
+        // Compressed items are no archives until decompressed.
+        if (it.file == f && it.info.transforms.empty())
+          out.push_back({it.info.offset, it.info.length});
+      }
+    }
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    // A metadata file (not a zip) has none: the default says so.
+    if (out.empty() && file.extension() == ".distcp") out.push_back({0, 0});
+    return out.size() == 1 && out[0].length == 0
+               ? std::vector<formats::ArchiveSpan>()
+               : out;
+  }
+  json::Value Inventory() const override { return dcp::Inventory(c_); }
+
+ private:
+  Checkpoint c_;
+  formats::CheckpointInfo info_;
+};
+
+class DcpDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "dcp"; }
+  std::string_view Summary() const override {
+    return "PyTorch Distributed Checkpoint (torch.distributed.checkpoint: "
+           "FSDP2, DTensor, torchtitan): .metadata + __R_I.distcp, any "
+           "layout; written chunked over --dp ranks, loads at any world size";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
+    // Megatron-core's torch_dist and Megatron's tracker: theirs.
+    if (fs::exists(path / "latest_checkpointed_iteration.txt", ec))
+      return formats::Confidence::kNo;
+    const bool own = fs::exists(path / "metadata.json", ec);
+    if (IsCheckpointFolder(path))
+      return own ? formats::Confidence::kMaybe : formats::Confidence::kYes;
+    for (const formats::SavedCheckpoint& c : dcp::ListCheckpoints(path)) {
+      if (fs::exists(path / c.name / "metadata.json", ec))
+        return formats::Confidence::kMaybe;
+      return formats::Confidence::kYes;
+    }
+    return formats::Confidence::kNo;
+  }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    formats::OptionSpec o;
+    o.name = kCheckpointOption;
+    o.type = formats::OptionSpec::Type::kString;
+    o.help =
+        "DCP: the checkpoint folder of a save folder to read (default: the "
+        "newest complete one)";
+    return {o};
+  }
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    return dcp::ListCheckpoints(dir);
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    return std::make_unique<DcpSource>(
+        Discover(path, options.values.String(kCheckpointOption).value_or("")));
+  }
+  bool CanWrite() const override { return true; }
+  formats::TopologyAxes TargetAxes() const override { return {.dp = true}; }
+  std::unique_ptr<formats::TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const formats::TargetOptions& options) const override {
+    return dcp::PlanTarget(input, options);
+  }
+};
+
+UCP_REGISTER_DRIVER(DcpDriver);
+
+}  // namespace
+}  // namespace ucp::dcp

@@ -1,0 +1,429 @@
+// Reading a DCP checkpoint into a universal SourcePlan (dcp.h).
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/formats/common/source_table.h"
+#include "engine/formats/common/torch_blob.h"
+#include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/keys.h"
+#include "engine/json/json.h"
+
+namespace ucp::dcp {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+class Reader {
+ public:
+  explicit Reader(const Checkpoint& c) : c_(c) {}
+  universal::SourcePlan Run();
+
+ private:
+  struct Param {
+    std::string name;
+    Shape shape;
+    DType dtype = DType::kFloat32;
+    bool buffer = false;
+    bool frozen = false;
+    int64_t group = 0;
+  };
+  void Classify();
+  void ReadParamGroups();
+  Param& ParamOf(const std::string& name, const Entry& e);
+  void PlanTensor(const Entry& e, const KeyClass& k);
+  const Value* ItemValue(const ItemKey& key, const std::string& where);
+
+  const Checkpoint& c_;
+  universal::SourcePlan plan_;
+  formats::SourceTable sources_{plan_};
+  FileCache files_;
+  std::vector<std::shared_ptr<const torchfile::TorchFile>> open_;
+  std::vector<KeyClass> classes_;  // per entry
+  std::vector<Param> params_;
+  std::map<std::string, size_t> index_;
+  // Param groups: the dict entries (key, value) of each, and their params.
+  std::vector<std::vector<std::pair<std::string, const Value*>>> groups_;
+  std::vector<std::vector<std::string>> group_params_;
+  std::set<std::string> state_kinds_;
+  bool has_optimizer_ = false;
+  DType model_dtype_ = DType::kFloat32;
+  bool model_dtype_known_ = false;
+};
+
+void Reader::Classify() {
+  const KeyNames names = KeyNames::From(c_.metadata);
+  for (const Entry& e : c_.metadata.entries)
+    classes_.push_back(names.Classify(e.fqn, e.tensor));
+}
+
+const Value* Reader::ItemValue(const ItemKey& key, const std::string& where) {
+  const auto it = c_.items.find(key);
+  UCP_CHECK(it != c_.items.end() && !it->second.empty(), where, ": no item");
+  open_.push_back(OpenItem(it->second.front(), key, files_));
+  const Value* v = open_.back()->root();
+  if (v == nullptr) throw FormatError(where, ": an empty item");
+  return v;
+}
+
+void Reader::ReadParamGroups() {
+  for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
+    const Entry& e = c_.metadata.entries[i];
+    const KeyClass& k = classes_[i];
+    if (e.tensor) continue;
+    const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
+    if (k.kind == KeyClass::kParamGroup) {
+      if (k.group < 0 || k.group > 100000)
+        throw FormatError(where, ": param group index ", k.group);
+      if (groups_.size() <= static_cast<size_t>(k.group)) {
+        groups_.resize(static_cast<size_t>(k.group) + 1);
+        group_params_.resize(groups_.size());
+      }
+      const Value* v = ItemValue({e.fqn, std::nullopt}, where);
+      if (k.group_key == "params") {
+        if (v->kind != Kind::kList && v->kind != Kind::kTuple)
+          throw FormatError(where, ": 'params' is not a list");
+        for (const Value* p : v->items) {
+          if (p->kind == Kind::kStr)
+            group_params_[static_cast<size_t>(k.group)].push_back(p->s);
+        }
+      } else {
+        groups_[static_cast<size_t>(k.group)].emplace_back(k.group_key, v);
+      }
+      has_optimizer_ = true;
+    } else if (k.kind == KeyClass::kParamGroups) {
+      // Older traversals: the whole list as one item.
+      const Value* v = ItemValue({e.fqn, std::nullopt}, where);
+      if (v->kind != Kind::kList) continue;
+      for (const Value* g : v->items) {
+        if (g == nullptr || !g->IsDictLike()) continue;
+        groups_.emplace_back();
+        group_params_.emplace_back();
+        for (const auto& [gk, gv] : g->entries) {
+          if (gk == nullptr || gk->kind != Kind::kStr) continue;
+          if (gk->s == "params") {
+            if (gv != nullptr && gv->kind == Kind::kList)
+              for (const Value* p : gv->items)
+                if (p->kind == Kind::kStr) group_params_.back().push_back(p->s);
+          } else {
+            groups_.back().emplace_back(gk->s, gv);
+          }
+        }
+      }
+      has_optimizer_ = true;
+    }
+  }
+}
+
+Reader::Param& Reader::ParamOf(const std::string& name, const Entry& e) {
+  auto it = index_.find(name);
+  if (it != index_.end()) return params_[it->second];
+  Param p;
+  p.name = name;
+  p.shape = e.size;
+  p.dtype = e.dtype;
+  p.buffer = !IsFloatingPoint(e.dtype);
+  index_.emplace(name, params_.size());
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
+  const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
+  std::string kind;
+  Param* p;
+  if (k.kind == KeyClass::kState) {
+    p = &ParamOf(k.param, e);
+    kind = k.state;
+    if (kind == "fp32" || kind == "param") {
+      throw FormatError(where, ": optimizer state named '", kind,
+                        "' (reserved by the universal file)");
+    }
+    state_kinds_.insert(kind);
+    has_optimizer_ = true;
+    if (kind != "step" && e.size != p->shape) {
+      throw FormatError(where, ": shape ", ShapeString(e.size), " but the ",
+                        "param's is ", ShapeString(p->shape));
+    }
+  } else {
+    p = &ParamOf(k.param, e);
+    if (e.size != p->shape) {
+      throw FormatError(where, ": shape ", ShapeString(e.size),
+                        " but its optimizer state's is ",
+                        ShapeString(p->shape));
+    }
+    p->dtype = e.dtype;
+    p->buffer = !IsFloatingPoint(e.dtype);
+    kind = e.dtype == DType::kFloat32 ? "fp32" : "param";
+    if (k.kind == KeyClass::kModel && !p->buffer && !model_dtype_known_) {
+      model_dtype_ = e.dtype;
+      model_dtype_known_ = true;
+    }
+  }
+  universal::AtomPlan atom;
+  atom.param = p->name;
+  atom.state_kind = kind;
+  atom.dtype = e.dtype;
+  atom.shape = e.size;
+  for (const Chunk& chunk : e.chunks) {
+    int64_t volume = 1;
+    for (int64_t d : chunk.sizes) volume *= d;
+    if (volume == 0 && !e.size.empty()) continue;
+    const ItemKey key{e.fqn, chunk.offsets};
+    for (const Item& item : c_.items.at(key)) {
+      const std::string iw = StrCat("rank file ", item.file.string(), " > ",
+                                    e.fqn, " > chunk ", BoxString(chunk));
+      try {
+        open_.push_back(OpenItem(item, key, files_));
+        const torchfile::TorchFile& f = *open_.back();
+        const torchfile::TensorInfo* t = f.FindTensor(f.root());
+        if (t == nullptr) throw FormatError("the item is not a tensor");
+        if (t->dtype != e.dtype || t->shape != chunk.sizes) {
+          throw FormatError("the item holds a ", DTypeName(t->dtype), " ",
+                            ShapeString(t->shape),
+                            " tensor, the metadata says ", DTypeName(e.dtype),
+                            " ", ShapeString(chunk.sizes));
+        }
+        universal::Fragment fr;
+        fr.src = sources_.Tensor(open_.back(), *t, iw);
+        fr.src_box = Box::Whole(chunk.sizes);
+        fr.atom_box = Box{chunk.offsets, chunk.sizes};
+        fr.where = iw;
+        atom.fragments.push_back(std::move(fr));
+      } catch (Error& err) {
+        if (std::string_view(err.what()).find(item.file.string()) ==
+            std::string_view::npos)
+          err.AddContext(iw);
+        throw;
+      }
+    }
+  }
+  plan_.atoms.push_back(std::move(atom));
+}
+
+universal::SourcePlan Reader::Run() {
+  Classify();
+  ReadParamGroups();
+  // Model weights first (their shapes are the params'), then the rest.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
+      const Entry& e = c_.metadata.entries[i];
+      const KeyClass& k = classes_[i];
+      if (!e.tensor) continue;
+      const bool weights =
+          k.kind == KeyClass::kModel || k.kind == KeyClass::kTensor;
+      if (weights != (pass == 0)) continue;
+      PlanTensor(e, k);
+    }
+  }
+  // Groups and frozen params (listed in no group of an optimizer).
+  std::map<std::string, int64_t> group_of;
+  for (size_t g = 0; g < group_params_.size(); ++g)
+    for (const std::string& n : group_params_[g])
+      group_of.emplace(n, static_cast<int64_t>(g));
+  int64_t order = 0;
+  json::Value frozen = json::Value::Array();
+  json::Value param_order = json::Value::Array();
+  for (Param& p : params_) {
+    if (auto it = group_of.find(p.name); it != group_of.end()) {
+      p.group = it->second;
+    } else if (!group_of.empty() && !p.buffer) {
+      p.frozen = true;
+      frozen.Append(p.name);
+    }
+    param_order.Append(p.name);
+    plan_.params.push_back(formats::ParamRow({.fqn = p.name,
+                                              .shape = p.shape,
+                                              .dtype = p.dtype,
+                                              .rule = "dcp",
+                                              .buffer = p.buffer,
+                                              .group = p.buffer ? -1 : p.group,
+                                              .order = order++,
+                                              .frozen = p.frozen,
+                                              .tied_copies = {}}));
+  }
+  // BYTE_IO items verbatim; the param groups for other formats.
+  json::Value keys = json::Value::Array();
+  for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
+    const Entry& e = c_.metadata.entries[i];
+    const KeyClass& k = classes_[i];
+    json::Value j;
+    j["key"] = e.fqn;
+    j["class"] = std::string(KeyClassName(k.kind));
+    if (!k.param.empty()) j["param"] = k.param;
+    if (!k.state.empty()) j["state"] = k.state;
+    keys.Append(std::move(j));
+    if (e.tensor) continue;
+    const ItemKey key{e.fqn, std::nullopt};
+    plan_.opaque.push_back({StrCat("dcp/bytes/", e.fqn),
+                            ItemBytes(c_.items.at(key).front(), key, files_)});
+  }
+  if (!groups_.empty()) {
+    pickle::Arena arena;
+    std::vector<Value*> list;
+    for (const auto& g : groups_) {
+      Value* d = arena.Dict();
+      for (const auto& [k, v] : g)
+        d->entries.emplace_back(arena.Str(k), arena.Copy(v));
+      list.push_back(d);
+    }
+    plan_.opaque.push_back(
+        {"optimizer/param_groups",
+         formats::SaveBlob(nullptr, arena.List(std::move(list)))});
+  }
+  if (!c_.metadata.extra.empty()) {
+    pickle::Arena arena;
+    Value* d = arena.Dict();
+    for (const auto& [name, v] : c_.metadata.extra)
+      d->entries.emplace_back(arena.Str(name), arena.Copy(v));
+    plan_.opaque.push_back(
+        {"dcp/metadata_extra", formats::SaveBlob(nullptr, d)});
+  }
+  // The root.
+  atoms::RootInfo& root = plan_.root;
+  root.iteration = c_.iteration;
+  root.consumed_samples = -1;
+  json::Value src = json::Value::Object();
+  src["framework"] = "pytorch-dcp";
+  src["driver"] = "dcp";
+  src["framework_version"] = c_.metadata.version;
+  src["tp"] = 1;
+  src["pp"] = 1;
+  src["vpp"] = 1;
+  src["dp"] = c_.world;
+  src["dtype"] = std::string(DTypeName(model_dtype_));
+  src["checkpoint"] = c_.name;
+  root.source = src.Dump();
+  root.model = "{}";
+  root.layout = "";
+  root.args = "{}";
+  json::Value opt = json::Value::Object();
+  opt["type"] = "torch.optim";
+  json::Value groups = json::Value::Array();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    json::Value j = json::Value::Object();
+    json::Value names = json::Value::Array();
+    for (const std::string& n : group_params_[g]) names.Append(n);
+    j["params"] = std::move(names);
+    for (const auto& [k, v] : groups_[g]) {
+      if (std::optional<double> x = v->AsFloat()) j[k] = *x;
+      if (v->kind == Kind::kBool) j[k] = v->b;
+    }
+    groups.Append(std::move(j));
+  }
+  opt["groups"] = std::move(groups);
+  json::Value kinds = json::Value::Array();
+  for (const std::string& k : state_kinds_) kinds.Append(k);
+  opt["state_kinds"] = std::move(kinds);
+  opt["step"] = root.iteration;
+  root.optimizer = has_optimizer_ ? opt.Dump() : std::string("{}");
+  root.scheduler = "{}";
+  json::Value training = json::Value::Object();
+  training["dtype"] = std::string(DTypeName(model_dtype_));
+  training["step"] = root.iteration;
+  training["frozen"] = std::move(frozen);
+  training["shared"] = json::Value::Object();
+  training["param_order"] = std::move(param_order);
+  root.training = training.Dump();
+  json::Value meta = json::Value::Object();
+  meta["keys"] = std::move(keys);
+  std::vector<std::pair<std::string, json::Value>> pd;
+  for (const auto& [fqn, path] : c_.metadata.planner_data) {
+    json::Value a = json::Value::Array();
+    for (const PathComponent& x : path) {
+      if (std::holds_alternative<std::string>(x)) {
+        a.Append(std::get<std::string>(x));
+      } else {
+        a.Append(std::get<int64_t>(x));
+      }
+    }
+    pd.emplace_back(fqn, std::move(a));
+  }
+  meta["planner_data"] = json::Value::FromMembers(std::move(pd));
+  meta["version"] = c_.metadata.version;
+  meta["world"] = c_.world;
+  root.extra_strings[kMetaAttr] = meta.Dump();
+  return std::move(plan_);
+}
+
+}  // namespace
+
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint) {
+  Reader r(checkpoint);
+  return r.Run();
+}
+
+json::Value Inventory(const Checkpoint& c) {
+  json::Value j;
+  j["format"] = "dcp";
+  j["path"] = c.path.string();
+  j["version"] = c.metadata.version;
+  j["rank_local"] = c.rank_local;
+  j["world"] = c.world;
+  std::string text =
+      StrCat(c.path.string(), "  (PyTorch DCP, ", c.metadata.entries.size(),
+             " keys, ", c.files.size(), " files",
+             c.rank_local ? ", rank-local metadata" : "", ")\n");
+  json::Value keys = json::Value::Array();
+  for (const Entry& e : c.metadata.entries) {
+    json::Value k;
+    k["key"] = e.fqn;
+    k["tensor"] = e.tensor;
+    if (e.tensor) {
+      k["dtype"] = std::string(DTypeName(e.dtype));
+      json::Value shape = json::Value::Array();
+      for (int64_t d : e.size) shape.Append(d);
+      k["shape"] = std::move(shape);
+      text += StrCat("  ", e.fqn, "  ", DTypeName(e.dtype), " ",
+                     ShapeString(e.size), "  ", e.chunks.size(), " chunk",
+                     e.chunks.size() == 1 ? "" : "s", "\n");
+    } else {
+      text += StrCat("  ", e.fqn, "  (bytes)\n");
+    }
+    json::Value chunks = json::Value::Array();
+    auto add = [&](const ItemKey& key, const Chunk* chunk) {
+      auto it = c.items.find(key);
+      if (it == c.items.end()) return;
+      for (const Item& item : it->second) {
+        json::Value x;
+        if (chunk != nullptr) {
+          json::Value o = json::Value::Array(), s = json::Value::Array();
+          for (int64_t d : chunk->offsets) o.Append(d);
+          for (int64_t d : chunk->sizes) s.Append(d);
+          x["offsets"] = std::move(o);
+          x["sizes"] = std::move(s);
+        }
+        x["file"] = item.info.relative_path;
+        x["offset"] = item.info.offset;
+        x["length"] = item.info.length;
+        if (!item.info.transforms.empty())
+          x["transforms"] = item.info.transforms.front();
+        text +=
+            StrCat("      ", chunk != nullptr ? BoxString(*chunk) + "  " : "",
+                   item.info.relative_path, " @", item.info.offset, "+",
+                   item.info.length, "\n");
+        chunks.Append(std::move(x));
+      }
+    };
+    if (e.tensor) {
+      for (const Chunk& ch : e.chunks) add({e.fqn, ch.offsets}, &ch);
+    } else {
+      add({e.fqn, std::nullopt}, nullptr);
+    }
+    k["chunks"] = std::move(chunks);
+    keys.Append(std::move(k));
+  }
+  j["keys"] = std::move(keys);
+  json::Value files = json::Value::Array();
+  for (const fs::path& f : c.files) files.Append(f.string());
+  j["files"] = std::move(files);
+  j["text"] = text;
+  return j;
+}
+
+}  // namespace ucp::dcp

@@ -1,0 +1,537 @@
+// Planning a DCP checkpoint from universal content (dcp.h): one unit per
+// rank file __R_0.distcp, .metadata last.
+//
+// Items are placed as torch's save path places them: every tensor of one or
+// more dims is chunked along dim 0 over the N ranks with torch.chunk's sizes
+// (ceil(d0 / N) rows, the last ranks short or empty, an empty chunk at
+// offset d0); each rank lists its chunk of every tensor, every 0-d tensor
+// (replicated) and, on rank 0, every object, in the state dict's order;
+// torch's save-plan dedup (_dedup_save_plans.py) then gives each item listed
+// by several ranks to the one with the fewest bytes so far, walking rank 0's
+// list, then rank 1's, ...; a file holds its objects first, then its
+// tensors, back to back (filesystem.py).
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/formats/common/sinks.h"
+#include "engine/formats/common/torch_blob.h"
+#include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/keys.h"
+#include "engine/json/json.h"
+#include "engine/torchfile/torch_file.h"
+#include "engine/torchfile/zip.h"
+
+namespace ucp::dcp {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+// One key of the target's state dict.
+struct Key {
+  std::string fqn;
+  KeyClass cls;
+  bool tensor = false;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  const atoms::DatasetInfo* atom = nullptr;  // tensor from an atom
+  std::vector<std::byte> constant;           // else a known 0-d tensor
+  std::string bytes;                         // object: torch.save bytes
+  std::vector<PathComponent> path;
+};
+
+// An item of the target: a chunk of a tensor key, or an object.
+struct ItemRef {
+  size_t key = 0;
+  Chunk chunk;
+  uint64_t bytes = 0;  // for the dedup's sizes
+};
+
+std::string FileName(int64_t rank) { return StrCat("__", rank, "_0.distcp"); }
+
+class DcpPlan : public formats::TargetPlan {
+ public:
+  DcpPlan(const universal::UniversalInput& input,
+          const formats::TargetOptions& options)
+      : input_(input), world_(std::max<int64_t>(1, options.topology.dp)) {
+    BuildKeys(options);
+    PlaceItems();
+    spans_.resize(static_cast<size_t>(world_));
+  }
+  size_t units() const override { return static_cast<size_t>(world_) + 1; }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t i) const override;
+  formats::TargetSummary Summary() const override;
+  std::string label() const override { return "writing DCP files"; }
+
+ private:
+  void BuildKeys(const formats::TargetOptions& options);
+  void KeysFromDcp(const json::Value& meta);
+  void KeysFromOtherFormats(const formats::TargetOptions& options);
+  void PlaceItems();
+  std::string OpaqueBytes(const atoms::DatasetInfo& d) const;
+  const atoms::DatasetInfo& AtomOf(const std::string& param,
+                                   const std::string& kind) const;
+  std::unique_ptr<formats::TorchSaveRunFile> RankFile(int64_t r) const;
+
+  const universal::UniversalInput& input_;
+  int64_t world_;
+  std::vector<Key> keys_;
+  // items_[r]: rank r's items in file order (objects first).
+  std::vector<std::vector<ItemRef>> items_;
+  // Every key's chunks in the metadata's order: (rank, position in items_).
+  std::vector<std::vector<std::pair<int64_t, size_t>>> chunks_of_;
+  std::vector<size_t> entry_order_;  // keys in the metadata's order
+  mutable std::vector<std::vector<formats::ArchiveSpan>> spans_;
+  mutable std::set<std::string> notes_;
+};
+
+const atoms::DatasetInfo& DcpPlan::AtomOf(const std::string& param,
+                                          const std::string& kind) const {
+  const atoms::DatasetInfo* d = input_.FindAtom(param, kind);
+  if (d == nullptr) {
+    throw FormatError("universal input ", input_.path().string(), " > param ",
+                      param, ": no '", kind, "' atom");
+  }
+  return *d;
+}
+
+std::string DcpPlan::OpaqueBytes(const atoms::DatasetInfo& d) const {
+  // The blob is the item's torch.save archive, whole.
+  const std::shared_ptr<const torchfile::TorchFile> f = input_.OpenBlob(d);
+  const torchfile::ZipReader* z = f->zip();
+  if (z == nullptr) {
+    throw FormatError("universal input ", input_.path().string(), " > ", d.path,
+                      ": not a torch.save archive");
+  }
+  std::string b(z->archive_size(), '\0');
+  z->file()->ReadExact(b.data(), b.size(), z->archive_offset());
+  return b;
+}
+
+// The source was DCP: its keys in its order, its objects verbatim, its
+// planner_data.
+void DcpPlan::KeysFromDcp(const json::Value& meta) {
+  std::map<std::string, std::vector<PathComponent>> paths;
+  if (const json::Value* pd = meta.Find("planner_data");
+      pd != nullptr && pd->is_object()) {
+    for (const auto& [fqn, p] : pd->members()) {
+      std::vector<PathComponent> path;
+      for (const json::Value& x : p.items()) {
+        if (x.is_string()) {
+          path.emplace_back(x.AsString());
+        } else {
+          path.emplace_back(x.AsInt());
+        }
+      }
+      paths[fqn] = std::move(path);
+    }
+  }
+  for (const json::Value& j : meta.At("keys").items()) {
+    Key k;
+    k.fqn = j.At("key").AsString();
+    const std::string cls = j.At("class").AsString();
+    for (KeyClass::Kind kind :
+         {KeyClass::kModel, KeyClass::kState, KeyClass::kParamGroup,
+          KeyClass::kParamGroups, KeyClass::kTensor, KeyClass::kBytes}) {
+      if (KeyClassName(kind) == cls) k.cls.kind = kind;
+    }
+    if (const json::Value* p = j.Find("param")) k.cls.param = p->AsString();
+    if (const json::Value* s = j.Find("state")) k.cls.state = s->AsString();
+    k.tensor = k.cls.kind == KeyClass::kModel ||
+               k.cls.kind == KeyClass::kState ||
+               k.cls.kind == KeyClass::kTensor;
+    auto pit = paths.find(k.fqn);
+    k.path = pit != paths.end() ? pit->second : PathOf(k.cls, k.fqn);
+    if (k.tensor) {
+      const std::string kind =
+          k.cls.kind == KeyClass::kState
+              ? k.cls.state
+              : (input_.FindAtom(k.cls.param, "fp32") != nullptr ? "fp32"
+                                                                 : "param");
+      k.atom = &AtomOf(k.cls.param, kind);
+      k.dtype = k.atom->dtype;
+      k.shape = k.atom->shape;
+    } else {
+      const atoms::DatasetInfo* d = input_.FindOpaque("dcp/bytes/" + k.fqn);
+      if (d == nullptr) {
+        throw FormatError("universal input ", input_.path().string(),
+                          " lacks /opaque/dcp/bytes/", k.fqn);
+      }
+      k.bytes = OpaqueBytes(*d);
+    }
+    keys_.push_back(std::move(k));
+  }
+  // The state dict's order (planner_data keeps it; the metadata lists keys
+  // as the save's plans met them), which torch's dedup walks.
+  if (const json::Value* pd = meta.Find("planner_data");
+      pd != nullptr && pd->is_object()) {
+    std::map<std::string, size_t> rank_of;
+    for (const auto& [fqn, p] : pd->members())
+      rank_of.emplace(fqn, rank_of.size());
+    std::stable_sort(
+        keys_.begin(), keys_.end(), [&](const Key& a, const Key& b) {
+          auto x = rank_of.find(a.fqn), y = rank_of.find(b.fqn);
+          const size_t ra = x == rank_of.end() ? SIZE_MAX : x->second;
+          const size_t rb = y == rank_of.end() ? SIZE_MAX : y->second;
+          return ra < rb;
+        });
+  }
+}
+
+// Another format's content: get_state_dict's layout.
+void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
+  auto add_tensor = [&](KeyClass cls, const atoms::DatasetInfo& atom) {
+    Key k;
+    k.cls = std::move(cls);
+    k.fqn = k.cls.kind == KeyClass::kModel
+                ? StrCat("model.", k.cls.param)
+                : StrCat("optimizer.state.", k.cls.param, ".", k.cls.state);
+    k.tensor = true;
+    k.atom = &atom;
+    k.dtype = atom.dtype;
+    k.shape = atom.shape;
+    k.path = PathOf(k.cls, k.fqn);
+    keys_.push_back(std::move(k));
+  };
+  for (const atoms::StoredParam& p : input_.params()) {
+    const atoms::DatasetInfo* w = input_.FindAtom(p.info.fqn, "fp32");
+    if (w == nullptr) w = input_.FindAtom(p.info.fqn, "param");
+    if (w == nullptr) {
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        p.info.fqn, ": neither a 'fp32' nor a 'param' atom");
+    }
+    KeyClass c;
+    c.kind = KeyClass::kModel;
+    c.param = p.info.fqn;
+    add_tensor(std::move(c), *w);
+  }
+  if (options.no_optimizer) return;
+  // State kinds: step, then Adam's moments, then any other, as torch's Adam
+  // keeps them.
+  std::set<std::string> other;
+  bool any_state = false, step_atoms = false;
+  for (const atoms::DatasetInfo& d : input_.datasets()) {
+    if (d.kind != atoms::DatasetKind::kAtom || d.state_kind == "fp32" ||
+        d.state_kind == "param")
+      continue;
+    any_state = any_state || d.state_kind != "step";
+    step_atoms = step_atoms || d.state_kind == "step";
+    if (d.state_kind != "step" && d.state_kind != "exp_avg" &&
+        d.state_kind != "exp_avg_sq")
+      other.insert(d.state_kind);
+  }
+  if (!any_state) return;
+  std::vector<std::string> kinds = {"exp_avg", "exp_avg_sq"};
+  kinds.insert(kinds.end(), other.begin(), other.end());
+  double step = static_cast<double>(input_.root().iteration);
+  if (!step_atoms) {
+    notes_.insert(
+        StrCat("the source kept no per-param optimizer step: wrote step ",
+               input_.root().iteration, " (its iteration) for every param"));
+  }
+  for (const atoms::StoredParam& p : input_.params()) {
+    if (p.info.kind == atoms::ParamKind::kBuffer || p.info.frozen) continue;
+    if (input_.FindAtom(p.info.fqn, "exp_avg") == nullptr &&
+        input_.FindAtom(p.info.fqn, "exp_avg_sq") == nullptr &&
+        std::none_of(other.begin(), other.end(), [&](const std::string& k) {
+          return input_.FindAtom(p.info.fqn, k) != nullptr;
+        }))
+      continue;
+    KeyClass c;
+    c.kind = KeyClass::kState;
+    c.param = p.info.fqn;
+    c.state = "step";
+    if (const atoms::DatasetInfo* s = input_.FindAtom(p.info.fqn, "step")) {
+      add_tensor(c, *s);
+    } else {
+      Key k;
+      k.cls = c;
+      k.fqn = StrCat("optimizer.state.", c.param, ".step");
+      k.tensor = true;
+      k.dtype = DType::kFloat32;
+      const float v = static_cast<float>(step);
+      k.constant.resize(4);
+      std::memcpy(k.constant.data(), &v, 4);
+      k.path = PathOf(k.cls, k.fqn);
+      keys_.push_back(std::move(k));
+    }
+    for (const std::string& kind : kinds) {
+      if (const atoms::DatasetInfo* a = input_.FindAtom(p.info.fqn, kind)) {
+        c.state = kind;
+        add_tensor(c, *a);
+      }
+    }
+  }
+  // Param groups: the source's hyper-parameters, then the params by name.
+  std::vector<std::vector<std::string>> members;
+  for (const atoms::StoredParam& p : input_.params()) {
+    if (p.info.kind == atoms::ParamKind::kBuffer || p.info.frozen) continue;
+    const size_t g = static_cast<size_t>(std::max<int64_t>(0, p.info.group));
+    if (members.size() <= g) members.resize(g + 1);
+    members[g].push_back(p.info.fqn);
+  }
+  std::shared_ptr<const torchfile::TorchFile> templates;
+  if (const atoms::DatasetInfo* d = input_.FindOpaque("optimizer/param_groups"))
+    templates = input_.OpenBlob(*d);
+  const Value* list = templates != nullptr ? templates->root() : nullptr;
+  if (list == nullptr || list->kind != Kind::kList) {
+    list = nullptr;
+    notes_.insert(
+        "no optimizer param groups in the universal content: wrote groups "
+        "of params without hyper-parameters");
+  }
+  for (size_t g = 0; g < members.size(); ++g) {
+    auto add_bytes = [&](const std::string& name, std::string bytes) {
+      Key k;
+      k.cls.kind = KeyClass::kParamGroup;
+      k.cls.group = static_cast<int64_t>(g);
+      k.cls.group_key = name;
+      k.fqn = StrCat("optimizer.param_groups.", g, ".", name);
+      k.bytes = std::move(bytes);
+      k.path = PathOf(k.cls, k.fqn);
+      keys_.push_back(std::move(k));
+    };
+    const Value* d =
+        list != nullptr && g < list->items.size() ? list->items[g] : nullptr;
+    if (d != nullptr && d->IsDictLike()) {
+      for (const auto& [k, v] : d->entries) {
+        if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
+        add_bytes(k->s, formats::SaveBlob(templates.get(), v));
+      }
+    }
+    pickle::Arena a;
+    std::vector<Value*> names;
+    for (const std::string& n : members[g]) names.push_back(a.Str(n));
+    add_bytes("params", formats::SaveBlob(nullptr, a.List(std::move(names))));
+  }
+}
+
+void DcpPlan::BuildKeys(const formats::TargetOptions& options) {
+  const auto it = input_.root().extra_strings.find(kMetaAttr);
+  if (it != input_.root().extra_strings.end()) {
+    try {
+      const json::Value meta =
+          formats::ParseJsonAttr(it->second, kMetaAttr, input_.path());
+      KeysFromDcp(meta);
+    } catch (Error& e) {
+      e.AddContext("universal input ", input_.path().string(), " > attribute ",
+                   kMetaAttr);
+      throw;
+    }
+    if (options.no_optimizer) {
+      std::erase_if(keys_, [](const Key& k) {
+        return k.cls.kind == KeyClass::kState ||
+               k.cls.kind == KeyClass::kParamGroup ||
+               k.cls.kind == KeyClass::kParamGroups;
+      });
+    }
+    return;
+  }
+  KeysFromOtherFormats(options);
+}
+
+void DcpPlan::PlaceItems() {
+  // Every rank's list in the state dict's order.
+  std::vector<std::vector<ItemRef>> lists(static_cast<size_t>(world_));
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    const Key& k = keys_[i];
+    if (!k.tensor) {  // every rank plans the objects; one writes each
+      for (auto& l : lists) l.push_back({i, {}, 1});
+      continue;
+    }
+    const uint64_t es = ElementSize(k.dtype);
+    if (k.shape.empty()) {
+      for (auto& l : lists) l.push_back({i, {}, es});
+      continue;
+    }
+    const int64_t d0 = k.shape[0];
+    const int64_t cs = (d0 + world_ - 1) / world_;
+    int64_t rest = 1;
+    for (size_t d = 1; d < k.shape.size(); ++d) rest *= k.shape[d];
+    for (int64_t r = 0; r < world_; ++r) {
+      const int64_t begin = std::min(r * cs, d0);
+      const int64_t size =
+          std::max<int64_t>(0, std::min((r + 1) * cs, d0) - begin);
+      Chunk c;
+      c.offsets.assign(k.shape.size(), 0);
+      c.offsets[0] = begin;
+      c.sizes = k.shape;
+      c.sizes[0] = size;
+      lists[static_cast<size_t>(r)].push_back(
+          {i, std::move(c), static_cast<uint64_t>(size * rest) * es});
+    }
+  }
+  // torch's dedup: each item once, on the rank of its list with the fewest
+  // bytes so far, walking the lists in rank order.
+  using Index = std::pair<size_t, Shape>;  // key, chunk offsets
+  std::map<Index, std::vector<int64_t>> holders;
+  std::vector<Index> order;
+  for (int64_t r = 0; r < world_; ++r) {
+    for (const ItemRef& it : lists[static_cast<size_t>(r)]) {
+      Index idx{it.key, it.chunk.offsets};
+      auto [pos, fresh] = holders.try_emplace(idx);
+      if (fresh) order.push_back(idx);
+      pos->second.push_back(r);
+    }
+  }
+  std::vector<uint64_t> size(static_cast<size_t>(world_), 0);
+  std::map<Index, int64_t> owner;
+  for (const Index& idx : order) {
+    const std::vector<int64_t>& h = holders[idx];
+    int64_t best = h.front();
+    for (int64_t r : h)
+      if (size[static_cast<size_t>(r)] < size[static_cast<size_t>(best)])
+        best = r;
+    owner[idx] = best;
+    const auto& l = lists[static_cast<size_t>(best)];
+    const auto it = std::find_if(l.begin(), l.end(), [&](const ItemRef& x) {
+      return x.key == idx.first && x.chunk.offsets == idx.second;
+    });
+    size[static_cast<size_t>(best)] += std::max<uint64_t>(it->bytes, 1);
+  }
+  // Each file: its objects, then its tensors, in its list's order.
+  items_.resize(static_cast<size_t>(world_));
+  for (int64_t r = 0; r < world_; ++r) {
+    std::vector<ItemRef> objects, tensors;
+    for (ItemRef& it : lists[static_cast<size_t>(r)]) {
+      if (owner[{it.key, it.chunk.offsets}] != r) continue;
+      (keys_[it.key].tensor ? tensors : objects).push_back(std::move(it));
+    }
+    auto& out = items_[static_cast<size_t>(r)];
+    out = std::move(objects);
+    out.insert(out.end(), std::make_move_iterator(tensors.begin()),
+               std::make_move_iterator(tensors.end()));
+  }
+  // The metadata lists each key's chunks in rank order, and the keys as
+  // torch's global plan meets them: rank by rank, in each rank's plan.
+  chunks_of_.resize(keys_.size());
+  std::vector<bool> listed(keys_.size(), false);
+  for (int64_t r = 0; r < world_; ++r) {
+    const auto& l = items_[static_cast<size_t>(r)];
+    for (size_t j = 0; j < l.size(); ++j)
+      chunks_of_[l[j].key].emplace_back(r, j);
+    for (const ItemRef& it : lists[static_cast<size_t>(r)]) {
+      if (owner[{it.key, it.chunk.offsets}] != r || listed[it.key]) continue;
+      listed[it.key] = true;
+      entry_order_.push_back(it.key);
+    }
+  }
+  for (size_t i = 0; i < keys_.size(); ++i)
+    if (!listed[i]) entry_order_.push_back(i);
+}
+
+std::unique_ptr<formats::TorchSaveRunFile> DcpPlan::RankFile(int64_t r) const {
+  auto f = std::make_unique<formats::TorchSaveRunFile>(FileName(r));
+  for (const ItemRef& it : items_[static_cast<size_t>(r)]) {
+    const Key& k = keys_[it.key];
+    if (!k.tensor) {
+      f->AddRawArchive(k.bytes);
+      continue;
+    }
+    formats::TorchArchive& a = f->AddArchive();
+    const size_t index = f->size() - 1;
+    if (!k.constant.empty()) {
+      a.SetRoot(a.AddConstant(k.dtype, {}, k.constant));
+      continue;
+    }
+    reshape::TargetTensor t;
+    t.name = StrCat("rank file ", FileName(r), " > ", k.fqn, " > chunk ",
+                    BoxString(it.chunk));
+    t.dtype = k.dtype;
+    t.shape = it.chunk.sizes;
+    if (NumElements(t.shape) > 0 || t.shape.empty()) {
+      reshape::CopyOp op;
+      op.src = input_.Tensor(*k.atom);
+      op.src_box = Box{it.chunk.offsets, it.chunk.sizes};
+      op.dst_box = Box::Whole(it.chunk.sizes);
+      t.ops.push_back(std::move(op));
+    }
+    a.SetRoot(f->AddTensor(index, std::move(t)));
+  }
+  f->Layout();
+  spans_[static_cast<size_t>(r)] = f->archives();
+  return f;
+}
+
+std::vector<std::unique_ptr<formats::PlannedFile>> DcpPlan::Plan(
+    size_t u) const {
+  std::vector<std::unique_ptr<formats::PlannedFile>> out;
+  if (u < static_cast<size_t>(world_)) {
+    out.push_back(RankFile(static_cast<int64_t>(u)));
+    return out;
+  }
+  // .metadata, last: every file's layout is known by now (planned again if
+  // this unit is asked for first).
+  for (int64_t r = 0; r < world_; ++r)
+    if (spans_[static_cast<size_t>(r)].size() !=
+        items_[static_cast<size_t>(r)].size())
+      RankFile(r);
+  Metadata m;
+  for (const size_t i : entry_order_) {
+    const Key& k = keys_[i];
+    Entry e;
+    e.fqn = k.fqn;
+    e.tensor = k.tensor;
+    e.dtype = k.dtype;
+    e.size = k.shape;
+    for (const auto& [r, j] : chunks_of_[i]) {
+      const ItemRef& it = items_[static_cast<size_t>(r)][j];
+      const formats::ArchiveSpan& span = spans_[static_cast<size_t>(r)][j];
+      if (k.tensor) e.chunks.push_back(it.chunk);
+      ItemKey key{k.fqn, k.tensor ? std::optional<Shape>(it.chunk.offsets)
+                                  : std::nullopt};
+      m.storage[key] = StorageInfo{FileName(r), span.offset, span.length, {}};
+    }
+    m.entries.push_back(std::move(e));
+  }
+  for (const Key& k : keys_) m.planner_data.emplace_back(k.fqn, k.path);
+  // Attributes the source kept beside its metadata (Megatron's mcore_data).
+  if (const atoms::DatasetInfo* d = input_.FindOpaque("dcp/metadata_extra")) {
+    std::shared_ptr<const torchfile::TorchFile> f = input_.OpenBlob(*d);
+    if (f->root() != nullptr && f->root()->IsDictLike()) {
+      m.arena = std::make_shared<pickle::Arena>();
+      for (const auto& [name, v] : f->root()->entries) {
+        if (name != nullptr && name->kind == Kind::kStr)
+          m.extra.emplace_back(name->s, m.arena->Copy(v));
+      }
+    }
+  }
+  std::random_device rd;
+  char uuid[40];
+  std::snprintf(uuid, sizeof uuid, "%08x-%04x-4%03x-a%03x-%08x%04x", rd(),
+                rd() & 0xffff, rd() & 0xfff, rd() & 0xfff, rd(), rd() & 0xffff);
+  auto f = std::make_unique<formats::RawFile>(kMetadataFile);
+  f->AddBytes(PickleMetadata(m, uuid));
+  out.push_back(std::move(f));
+  return out;
+}
+
+formats::TargetSummary DcpPlan::Summary() const {
+  formats::TargetSummary s;
+  s.notes.assign(notes_.begin(), notes_.end());
+  s.resume_hint = StrCat(
+      "PyTorch: dcp.load(state_dict, checkpoint_id=\"<output>\") at any "
+      "world size (written for ",
+      world_, " ranks)");
+  s.details["world_size"] = world_;
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options) {
+  return std::make_unique<DcpPlan>(input, options);
+}
+
+}  // namespace ucp::dcp
