@@ -1,0 +1,346 @@
+"""PyTorch DCP in and out, against the real torch (the tests' PyPI environment, run with its
+python): checkpoints torch saved (tests/tools/make_dcp_ckpts.py: FSDP2, DTensor 1-D and 2-D,
+ShardedTensor, no process group, rank-local, zstd) are read by ucp, resharded for other world
+sizes, and loaded back by torch itself -- dcp.load into plain tensors, dcp_to_torch_save, FSDP2
+models in several processes, a one-rank group -- which must give the saved state bit for bit;
+DeepSpeed's real files go to DCP and torch loads DeepSpeed's masters and moments; malformed
+checkpoints fail in one line naming the key; `ucp resume` walks a folder of DCP checkpoints.
+"""
+import io
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+import make_dcp_ckpts as gen  # noqa: E402
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "dcp"
+DS = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5"
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+class Tmp:
+    def __enter__(self):
+        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-dcp-"))
+        return self.path
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path)
+
+
+def truth(case):
+    return torch.load(DATA / case / "truth.pt", weights_only=False)
+
+
+def same(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, (where, a.dtype, b.dtype, a.shape, b.shape)
+        # bit for bit (NaNs included): compared as bytes
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), where
+    else:
+        assert a == b, (where, a, b)
+
+
+def torch_view(ckpt):
+    """What torch itself makes of a checkpoint: dcp_to_torch_save's state, flattened."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory() as t:
+        dcp_to_torch_save(str(ckpt), os.path.join(t, "sd.pt"))
+        return gen.flatten(torch.load(os.path.join(t, "sd.pt"), weights_only=False))
+
+
+def plain_load(ckpt, want):
+    """dcp.load without a process group into tensors shaped as `want`'s."""
+    sd = {}
+    for path, v in want.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        d = sd
+        for k in path[:-1]:
+            d = d.setdefault(k, {})
+        d[path[-1]] = torch.empty_like(v)
+    dcp.load(sd, checkpoint_id=str(ckpt), no_dist=True)
+    return gen.flatten(sd)
+
+
+def test_reads_what_torch_saved():
+    """Every case: verified, and exported (every model tensor, as float32) equal to what the
+    ranks held."""
+    for case in gen.CASES:
+        ckpt = DATA / case / "ckpt"
+        run("verify", ckpt, "-q")
+        with Tmp() as t:
+            run("export", ckpt, "-o", t / "hf", "--format", "torch", "-q")
+            got = torch.load(t / "hf" / "pytorch_model.bin", weights_only=True)
+            want = {p[1]: v for p, v in truth(case).items()
+                    if p[0] == "model" and isinstance(v, torch.Tensor)}
+            assert set(got) == set(want), (case, set(got) ^ set(want))
+            for k, v in want.items():
+                same(got[k], v.float() if v.dtype.is_floating_point else v, f"{case} {k}")
+
+
+def test_resharded_torch_loads_the_same_state():
+    """N -> M for M in {1, N + 1}: torch's dcp_to_torch_save and dcp.load give every tensor and
+    object of the saved state bit for bit."""
+    for case in gen.CASES:
+        want = truth(case)
+        for m in (1, gen.WORLD[case] + 1):
+            with Tmp() as t:
+                run("convert", DATA / case / "ckpt", "-o", t / "o", "--dp", m, "-q")
+                assert len(list((t / "o").glob("__*_0.distcp"))) == m
+                view = torch_view(t / "o")
+                assert set(view) == set(want), (case, m, set(view) ^ set(want))
+                for k, v in want.items():
+                    same(view[k], v, f"{case} -> {m} {k} (dcp_to_torch_save)")
+                loaded = plain_load(t / "o", want)
+                for k, v in loaded.items():
+                    same(v, want[k], f"{case} -> {m} {k} (dcp.load)")
+
+
+def fsdp2_load_rank(rank, world, port, ckpt, truth_path, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(123)  # other values than the saved ones
+    model = gen.Gpt()
+    for b in model.blocks:
+        fully_shard(b)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.zeros(1, 1, dtype=torch.long)).sum().backward()
+    opt.step()  # the optimizer state exists before loading, as when resuming
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optimizer": osd}
+    dcp.load(sd, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+    msd, osd = get_state_dict(model, opt)
+    want = torch.load(truth_path, weights_only=False)
+    bad = []
+    for k, v in gen.flatten({"model": msd, "optimizer": osd}).items():
+        w = want.get(k)
+        got = gen.full(v)
+        if isinstance(got, torch.Tensor) and not (w is not None and w.dtype == got.dtype and
+                                                   torch.equal(w, got)):
+            bad.append(str(k))
+    results.put((rank, bad))
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp2_resumes_at_another_world_size():
+    """FSDP2's 3-rank save, resharded by ucp for 2 ranks, loaded by an FSDP2 model and Adam in 2
+    processes (get_state_dict / dcp.load / set_state_dict): every param and optimizer state equal
+    to the saved one."""
+    with Tmp() as t:
+        run("convert", DATA / "fsdp2_w3" / "ckpt", "-o", t / "o", "--dp", 2, "-q")
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        port = free_port()
+        procs = [ctx.Process(target=fsdp2_load_rank,
+                             args=(r, 2, port, str(t / "o"), str(DATA / "fsdp2_w3" / "truth.pt"), q))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        results = [q.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0, p.exitcode
+        for rank, bad in results:
+            assert not bad, (rank, bad[:5])
+
+
+def one_rank_group_load(ckpt, truth_path, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    want = torch.load(truth_path, weights_only=False)
+    sd = {}
+    for path, v in want.items():
+        if isinstance(v, torch.Tensor):
+            d = sd
+            for k in path[:-1]:
+                d = d.setdefault(k, {})
+            d[path[-1]] = torch.zeros_like(v)
+    dcp.load(sd, checkpoint_id=ckpt)
+    results.put([str(k) for k, v in gen.flatten(sd).items() if not torch.equal(v, want[k])])
+    dist.destroy_process_group()
+
+
+def test_one_rank_group_loads_it():
+    with Tmp() as t:
+        run("convert", DATA / "dtensor2d_w4" / "ckpt", "-o", t / "o", "--dp", 3, "-q")
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=one_rank_group_load,
+                        args=(str(t / "o"), str(DATA / "dtensor2d_w4" / "truth.pt"), q))
+        p.start()
+        bad = q.get(timeout=300)
+        p.join(60)
+        assert p.exitcode == 0 and not bad, (p.exitcode, bad)
+
+
+def test_deepspeed_to_dcp():
+    """DeepSpeed's own ZeRO files (0.14.5: ZeRO 1-3, fp32 / bf16, worlds 1 and 2) to DCP: torch
+    loads DeepSpeed's fp32 master weights and Adam moments (the references DeepSpeed took in the
+    training process) under model.<name> and optimizer.state.<name>.*."""
+    n = 0
+    for fx in sorted(DS.glob("ds0145_z[123]_*")):
+        masters = torch.load(fx / "reference_fp32_master.pt", weights_only=True)
+        moments = torch.load(fx / "reference_optim_state.pt", weights_only=True)
+        with Tmp() as t:
+            run("convert", fx, "-o", t / "o", "--format", "dcp", "--dp", 2, "-q")
+            sd = {"model": {k: torch.zeros_like(v) for k, v in masters.items()},
+                  "optimizer": {"state": {k: {"exp_avg": torch.zeros_like(v),
+                                              "exp_avg_sq": torch.zeros_like(v)}
+                                          for k, v in masters.items()}}}
+            dcp.load(sd, checkpoint_id=str(t / "o"), no_dist=True)
+            for k, v in masters.items():
+                same(sd["model"][k], v, f"{fx.name} {k}")
+                for kind in ("exp_avg", "exp_avg_sq"):
+                    same(sd["optimizer"]["state"][k][kind], moments[f"{k}::{kind}"],
+                         f"{fx.name} {k} {kind}")
+            view = torch_view(t / "o")
+            groups = [v for k, v in view.items() if k[:2] == ("optimizer", "param_groups")]
+            assert groups, view.keys()
+        n += 1
+    assert n >= 8, n
+
+
+def test_export_streams_what_dcp_to_torch_save_holds():
+    from safetensors.torch import load_file
+    for case in ("fsdp2_w3", "fsdp2_bf16_w2"):
+        with Tmp() as t:
+            run("export", DATA / case / "ckpt", "-o", t / "hf", "--dtype", "bf16", "-q")
+            got = load_file(str(t / "hf" / "model.safetensors"))
+            view = torch_view(DATA / case / "ckpt")
+            want = {k[1]: v for k, v in view.items() if k[0] == "model"}
+            assert set(got) == set(want)
+            for k, v in want.items():
+                same(got[k], v.to(torch.bfloat16), f"{case} {k}")
+
+
+def edit_metadata(ckpt, fn):
+    from torch.distributed.checkpoint import FileSystemReader
+    m = FileSystemReader(str(ckpt)).read_metadata()
+    fn(m)
+    import pickle
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(m, f)
+
+
+def test_malformed_checkpoints_are_one_clear_error():
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    with Tmp() as t:
+        def fresh(case="fsdp2_w3"):
+            c = t / "c"
+            if c.exists():
+                shutil.rmtree(c)
+            shutil.copytree(DATA / case / "ckpt", c)
+            return c
+
+        # A hole: a chunk and its item dropped.
+        c = fresh()
+        edit_metadata(c, lambda m: m.state_dict_metadata["model.wte.weight"].chunks.pop())
+        one_error_line(run("verify", c, expect=3), "model.wte.weight", "cover")
+        # An overlap: a chunk moved onto its neighbour.
+        c = fresh()
+
+        def overlap(m):
+            ch = m.state_dict_metadata["model.wte.weight"].chunks
+            ch[1] = ChunkStorageMetadata(offsets=torch.Size([ch[1].offsets[0] - 1, 0]), sizes=ch[1].sizes)
+        edit_metadata(c, overlap)
+        one_error_line(run("verify", c, expect=3), "model.wte.weight", "overlap")
+        # A global that would run code in Python: refused by name, nothing executed.
+        c = fresh()
+        edit_metadata(c, lambda m: setattr(m, "evil", os.system))
+        one_error_line(run("to-universal", c, "-o", t / "u.h5", expect=3), "unknown global",
+                       "system")
+        assert not (t / "u.h5").exists()
+        # A truncated and a missing rank file.
+        c = fresh()
+        f = c / "__1_0.distcp"
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        one_error_line(run("verify", c, expect=3), "__1_0.distcp", "truncated")
+        c = fresh()
+        (c / "__2_0.distcp").unlink()
+        one_error_line(run("convert", c, "-o", t / "o", "--dp", 2, expect=3), "__2_0.distcp",
+                       "missing")
+        assert not (t / "o").exists()
+        # Rank-local saves whose replicas differ: both files named.
+        c = fresh("ranklocal_w2")
+        from torch.distributed.checkpoint import FileSystemReader
+        import pickle
+        md = pickle.load(open(c / "__1.metadata", "rb"))
+        info = next(v for k, v in md.storage_data.items() if k.fqn == "model.s")
+        data = bytearray((c / info.relative_path).read_bytes())
+        item = bytes(data[info.offset:info.offset + info.length])
+        z = __import__("zipfile").ZipFile(io.BytesIO(item))
+        rec = next(i for i in z.infolist() if i.filename.endswith("data/0"))
+        start = info.offset + rec.header_offset + 30 + len(rec.filename.encode()) + \
+            int.from_bytes(item[rec.header_offset + 28:rec.header_offset + 30], "little")
+        data[start] ^= 0x40
+        (c / info.relative_path).write_bytes(bytes(data))
+        p = run("to-universal", c, "-o", t / "u.h5", expect=3)
+        assert "__0_0.distcp" in p.stderr and "__1_0.distcp" in p.stderr, p.stderr
+
+
+def test_resume_takes_the_newest_intact_step():
+    """A folder of DCP checkpoints (torchtitan's step-N/): the newest complete and intact one is
+    printed as it is (DCP loads at any world size; nothing written), an unfinished one (no
+    .metadata) and a damaged one are skipped with a reason."""
+    with Tmp() as t:
+        save = t / "save"
+        save.mkdir()
+        for step in (10, 20, 30):
+            shutil.copytree(DATA / "fsdp2_w3" / "ckpt", save / f"step-{step}")
+        (save / "step-30" / ".metadata").unlink()
+        before = sorted(str(p) for p in save.rglob("*"))
+        r = json.loads(run("resume", save, "--dp", 5, "--json").stdout)
+        assert r["load"] == str(save / "step-20") and not r["reshaped"], r
+        assert [s["name"] for s in r["skipped"]] == ["step-30"], r
+        # A byte flipped inside a tensor of step-20: its CRC-32 fails.
+        f = save / "step-20" / "__0_0.distcp"
+        data = bytearray(f.read_bytes())
+        data[len(data) - 200] ^= 0x01
+        f.write_bytes(bytes(data))
+        r = json.loads(run("resume", save, "--dp", 2, "--json").stdout)
+        assert r["load"] == str(save / "step-10"), r
+        assert sorted(str(p) for p in save.rglob("*")) == before
+
+
+if __name__ == "__main__":
+    only = sys.argv[1:]
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and (not only or name in only):
+            fn()
+            print("ok", name, flush=True)
