@@ -314,6 +314,87 @@ def test_malformed_checkpoints_are_one_clear_error():
         assert "__0_0.distcp" in p.stderr and "__1_0.distcp" in p.stderr, p.stderr
 
 
+def test_metadata_of_other_torch_versions_and_frameworks():
+    """The same checkpoint's .metadata written as other writers write it -- torch 2.0-2.2's
+    classes (TensorProperties from torch.distributed._shard, no storage_meta, no version), pickle
+    protocols 2 and 5, Megatron-core's MCoreMetadata subclass with mcore_data and saved plans
+    (all_local_plans of SavePlan / WriteItem) -- reads to the same state, and the attributes a
+    framework added come back when ucp writes it again."""
+    import pickle
+    import types
+    from torch.distributed.checkpoint import FileSystemReader
+    import torch.distributed.checkpoint.metadata as md
+    import torch.distributed.checkpoint.planner as planner
+    src = DATA / "fsdp2_w3" / "ckpt"
+    real = FileSystemReader(str(src)).read_metadata()
+    want = torch_view(src)
+
+    # torch 2.0-2.2: TensorProperties and its enum lived in torch.distributed._shard.
+    old = types.ModuleType("torch.distributed._shard.sharded_tensor.metadata")
+
+    class MEM_FORMAT_ENCODING(__import__("enum").Enum):
+        TORCH_CONTIGUOUS_FORMAT = 0
+    MEM_FORMAT_ENCODING.__module__ = old.__name__
+    MEM_FORMAT_ENCODING.__qualname__ = "MEM_FORMAT_ENCODING"
+
+    class TensorProperties:
+        def __reduce_ex__(self, proto):
+            return (object.__new__, (TensorProperties,), self.state)
+    TensorProperties.__module__ = old.__name__
+    TensorProperties.__qualname__ = "TensorProperties"
+    old.TensorProperties, old.MEM_FORMAT_ENCODING = TensorProperties, MEM_FORMAT_ENCODING
+    sys.modules[old.__name__] = old
+
+    def variant(name, m, protocol):
+        with Tmp() as t:
+            c = t / "c"
+            shutil.copytree(src, c)
+            with open(c / ".metadata", "wb") as f:
+                pickle.dump(m, f, protocol=protocol)
+            view_dir = t / "o"
+            run("convert", c, "-o", view_dir, "--dp", 2, "-q")
+            got = torch_view(view_dir)
+            assert set(got) == set(want), (name, set(got) ^ set(want))
+            for k, v in want.items():
+                same(got[k], v, f"{name} {k}")
+            return FileSystemReader(str(view_dir)).read_metadata()
+
+    m20 = md.Metadata(state_dict_metadata={}, planner_data=real.planner_data,
+                      storage_data=real.storage_data)
+    del m20.storage_meta
+    for k, v in real.state_dict_metadata.items():
+        if isinstance(v, md.TensorStorageMetadata):
+            p = TensorProperties()
+            p.state = (v.properties.dtype, v.properties.layout, False,
+                       MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT, False)
+            v = md.TensorStorageMetadata(properties=p, size=v.size, chunks=v.chunks)
+        m20.state_dict_metadata[k] = v
+    for protocol in (2, 5):
+        variant(f"torch 2.0 style, protocol {protocol}", m20, protocol)
+
+    # Megatron-core: MCoreMetadata with mcore_data, and the saved plans.
+    mc = types.ModuleType("megatron.core.dist_checkpointing.strategies.torch")
+
+    class MCoreMetadata(md.Metadata):
+        pass
+
+    class MCoreSavePlan(planner.SavePlan):
+        pass
+    for cls in (MCoreMetadata, MCoreSavePlan):
+        cls.__module__ = mc.__name__
+        cls.__qualname__ = cls.__name__
+        setattr(mc, cls.__name__, cls)
+    sys.modules[mc.__name__] = mc
+    m = MCoreMetadata(state_dict_metadata=real.state_dict_metadata,
+                      planner_data=real.planner_data, storage_data=real.storage_data)
+    m.mcore_data = {"model.wte.weight": {"nd_reformulated_orig_global_shape": (37, 12)}}
+    m.all_local_plans = [MCoreSavePlan(items=[planner.WriteItem(
+        index=md.MetadataIndex("model.wte.weight", torch.Size([0, 0])),
+        type=planner.WriteItemType.SHARD)])]
+    back = variant("MCoreMetadata", m, 4)
+    assert back.mcore_data == m.mcore_data, getattr(back, "mcore_data", None)
+
+
 def test_resume_takes_the_newest_intact_step():
     """A folder of DCP checkpoints (torchtitan's step-N/): the newest complete and intact one is
     printed as it is (DCP loads at any world size; nothing written), an unfinished one (no
