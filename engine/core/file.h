@@ -10,6 +10,14 @@
 
 namespace ucp {
 
+class File;
+
+/// Bytes of a file at an offset: where a source's bytes lie verbatim.
+struct FileLocation {
+  const File* file = nullptr;
+  uint64_t offset = 0;
+};
+
 class File {
  public:
   File() noexcept = default;
@@ -41,8 +49,25 @@ class File {
   void ReadExact(void* dst, size_t n, uint64_t offset) const;
   /// Reads up to `n` bytes; returns fewer only at end of file. Throws IoError.
   size_t ReadSome(void* dst, size_t n, uint64_t offset) const;
-  /// Writes exactly `n` bytes at `offset`. Throws IoError (e.g. disk full).
+  /// Writes exactly `n` bytes at `offset` (in pieces of at most 256 KiB:
+  /// file.cc says why). Throws IoError (e.g. disk full).
+  /// With streaming writeback on, starts writing the bytes to disk (without
+  /// waiting) once they are in the page cache.
   void WriteExact(const void* src, size_t n, uint64_t offset);
+  /// Streaming writeback: each write of at least 64 KiB starts the disk
+  /// write of its range at once (sync_file_range SYNC_FILE_RANGE_WRITE), so
+  /// a file that will be fsynced reaches the disk while the rest is being
+  /// produced, and Sync() has little left to wait for. Off by default.
+  void SetStreamingWriteback(bool on) noexcept { writeback_ = on; }
+  /// Writes the `n` bytes at `src_offset` of `src` at `offset` by an
+  /// in-kernel copy (copy_file_range: no trip through user memory; a shared
+  /// extent on filesystems that reflink). Returns false, having written
+  /// nothing, when the kernel cannot copy between these files (another
+  /// filesystem, no support): write the bytes instead. Throws FormatError
+  /// if `src` ends first, IoError on failure. Streaming writeback as
+  /// WriteExact.
+  bool CopyFrom(const File& src, uint64_t src_offset, uint64_t n,
+                uint64_t offset);
   /// Reserves disk blocks for [0, size) (posix_fallocate, else ftruncate).
   void Allocate(uint64_t size);
   /// Sets the file size. Throws IoError.
@@ -56,6 +81,7 @@ class File {
   File(int fd, std::filesystem::path path) noexcept
       : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
+  bool writeback_ = false;
   std::filesystem::path path_;
 };
 

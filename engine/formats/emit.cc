@@ -40,7 +40,10 @@ TargetSummary Emit(const TargetPlan& plan,
         e.AddContext("file ", (out_dir / f->path()).string());
         throw;
       }
-      for (reshape::Job& j : f->jobs()) jobs.push_back(std::move(j));
+      for (reshape::Job& j : f->jobs()) {
+        j.stream = f.get();
+        jobs.push_back(std::move(j));
+      }
     }
     uint64_t total = 0;
     for (const reshape::Job& j : jobs) total += reshape::NumBytes(j.tensor);

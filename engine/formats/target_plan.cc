@@ -20,6 +20,9 @@ class FileSink : public reshape::ByteSink {
   void Write(uint64_t offset, std::span<const std::byte> data) override {
     file_.WriteExact(data.data(), data.size(), base_ + offset);
   }
+  bool Copy(uint64_t offset, uint64_t n, const FileLocation& from) override {
+    return file_.CopyFrom(*from.file, from.offset, n, base_ + offset);
+  }
 
  private:
   File& file_;

@@ -2,13 +2,16 @@
 
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/global_control.h>
-#include <tbb/parallel_for_each.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "engine/core/aligned_buffer.h"
@@ -124,14 +127,35 @@ class Runner {
       }
       if (!clipped.empty()) parts.emplace_back(i, std::move(clipped));
     }
+    const uint64_t at = static_cast<uint64_t>(e0) * esize;
+    const std::span<std::byte> chunk(out, bytes);
+    if (hasher == nullptr && parts.size() == 1 && covered == e1 - e0 &&
+        parts[0].second.size() == 1 &&
+        t.ops[parts[0].first].src.dtype == t.dtype) {
+      // One run of the target's dtype: a sink that stores bytes as they are
+      // may copy them from the source's file in the kernel.
+      const CopyOp& op = t.ops[parts[0].first];
+      const uint64_t from_offset =
+          op.src.byte_offset +
+          static_cast<uint64_t>(parts[0].second[0].src) * esize;
+      const ByteSource* source = sources_[op.src.source];
+      const std::optional<FileLocation> from = source->Locate(from_offset);
+      if (from && p.job->sink->Copy(at, bytes, *from)) {
+        bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
+        Finish(bytes, nullptr, nullptr);
+        return;
+      }
+    }
     if (covered != e1 - e0) std::memset(out, 0, bytes);
     for (const auto& [i, runs] : parts) {
       CopyRuns(t.ops[i], runs, t.dtype, out, buf);
     }
+    p.job->sink->Write(at, chunk);
+    Finish(bytes, out, hasher);
+  }
 
-    p.job->sink->Write(static_cast<uint64_t>(e0) * esize,
-                       std::span<const std::byte>(out, bytes));
-    if (hasher != nullptr) hasher->Update(out, bytes);
+  void Finish(uint64_t bytes, const std::byte* data, Xxh3Hasher* hasher) {
+    if (hasher != nullptr) hasher->Update(data, bytes);
     bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
     if (progress_ != nullptr) progress_->Add(bytes);
   }
@@ -198,6 +222,80 @@ class Runner {
   std::atomic<uint64_t> bytes_written_{0};
 };
 
+// Hands out units to the workers. Units of one stream (a file) are taken in
+// order; a worker takes from the stream with the most bytes left among those
+// no worker is writing, or, when every stream with work left is being
+// written, from the one with the fewest writers. The first failure stops
+// handing out work.
+class Scheduler {
+ public:
+  explicit Scheduler(std::vector<Unit> units) : units_(std::move(units)) {
+    std::map<const void*, size_t> index;
+    for (size_t i = 0; i < units_.size(); ++i) {
+      const Job& job = *units_[i].prepared->job;
+      const void* key = job.stream != nullptr ? job.stream : job.sink;
+      auto [it, added] = index.emplace(key, streams_.size());
+      if (added) streams_.emplace_back();
+      Stream& s = streams_[it->second];
+      s.units.push_back(i);
+      s.bytes_left += Bytes(units_[i]);
+      stream_of_.push_back(it->second);
+    }
+  }
+
+  // The next unit to run, or null when there is none (or after a failure).
+  const Unit* Take() {
+    std::lock_guard lock(mu_);
+    if (failure_) return nullptr;
+    Stream* best = nullptr;
+    for (Stream& s : streams_) {
+      if (s.next == s.units.size()) continue;
+      if (best == nullptr || s.writers < best->writers ||
+          (s.writers == best->writers && s.bytes_left > best->bytes_left)) {
+        best = &s;
+      }
+    }
+    if (best == nullptr) return nullptr;
+    const Unit& u = units_[best->units[best->next++]];
+    best->bytes_left -= Bytes(u);
+    ++best->writers;
+    return &u;
+  }
+
+  void Done(const Unit& u) {
+    std::lock_guard lock(mu_);
+    --streams_[stream_of_[static_cast<size_t>(&u - units_.data())]].writers;
+  }
+
+  void Fail(std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    if (!failure_) failure_ = std::move(e);
+  }
+
+  void Rethrow() {
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  struct Stream {
+    std::vector<size_t> units;
+    size_t next = 0;
+    uint64_t bytes_left = 0;
+    int writers = 0;
+  };
+
+  static uint64_t Bytes(const Unit& u) {
+    return static_cast<uint64_t>(u.end - u.begin) *
+           ElementSize(u.prepared->job->tensor.dtype);
+  }
+
+  std::vector<Unit> units_;
+  std::vector<Stream> streams_;
+  std::vector<size_t> stream_of_;
+  std::mutex mu_;
+  std::exception_ptr failure_;
+};
+
 }  // namespace
 
 ExecutorStats Execute(std::span<Job> jobs,
@@ -240,21 +338,21 @@ ExecutorStats Execute(std::span<Job> jobs,
       units.push_back({&p, e, std::min(p.numel, e + per), false});
     }
   }
-  // Largest first for better balance.
-  std::stable_sort(units.begin(), units.end(),
-                   [](const Unit& a, const Unit& b) {
-                     auto size = [](const Unit& u) {
-                       return static_cast<uint64_t>(u.end - u.begin) *
-                              ElementSize(u.prepared->job->tensor.dtype);
-                     };
-                     return size(a) > size(b);
-                   });
-
+  Scheduler scheduler(std::move(units));
   tbb::task_arena arena(threads);
   arena.execute([&] {
-    tbb::parallel_for_each(units.begin(), units.end(),
-                           [&](const Unit& u) { runner.RunUnit(u); });
+    tbb::parallel_for(0, threads, [&](int) {
+      while (const Unit* u = scheduler.Take()) {
+        try {
+          runner.RunUnit(*u);
+        } catch (...) {
+          scheduler.Fail(std::current_exception());
+        }
+        scheduler.Done(*u);
+      }
+    });
   });
+  scheduler.Rethrow();
   ExecutorStats stats;
   stats.bytes_read = runner.bytes_read();
   stats.bytes_written = runner.bytes_written();

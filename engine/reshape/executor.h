@@ -5,7 +5,10 @@
 // only the source bytes it needs (a pread per contiguous run; runs are read
 // with one pread of their covering range only when that reads at most 1/16
 // more, or when they are too short for a read each), converts dtypes,
-// zero-fills what no op covers, and is handed to the target's sink. Chunk size
+// zero-fills what no op covers, and is handed to the target's sink (a chunk
+// that is one run of a file-backed source in the target's dtype is offered
+// to the sink as an in-kernel copy first: ByteSink::Copy). Threads take
+// chunks of different files (Job::stream) while there are enough. Chunk size
 // = memory_budget / (2 x threads), clamped to [1 MiB, 4 MiB] (cache-sized:
 // faster than larger chunks); peak buffer memory is about 2 x threads x chunk
 // size (at most memory_budget unless the 1 MiB floor applies), independent of
@@ -14,10 +17,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "engine/core/file.h"
 #include "engine/reshape/plan.h"
 
 namespace ucp {
@@ -34,6 +39,13 @@ class ByteSource {
   virtual void Read(uint64_t offset, std::span<std::byte> dst) const = 0;
   /// For messages: "rank file .../mp_rank_01/model_optim_rng.pt".
   virtual std::string Describe() const = 0;
+  /// Where byte `offset` lies in a file, when the source's bytes from there
+  /// on are that file's, verbatim (the executor then lets sinks copy them in
+  /// the kernel). Default: nullopt. Throws ucp::Error.
+  virtual std::optional<FileLocation> Locate(uint64_t offset) const {
+    (void)offset;
+    return std::nullopt;
+  }
 };
 
 /// Where target bytes go. Write must be thread-safe; byte ranges of one
@@ -43,11 +55,26 @@ class ByteSink {
  public:
   virtual ~ByteSink() = default;
   virtual void Write(uint64_t offset, std::span<const std::byte> data) = 0;
+  /// Writes bytes [offset, offset + n) equal to the n bytes at `from` by an
+  /// in-kernel copy (File::CopyFrom), for sinks that store bytes as they
+  /// are (no checksum to compute); returns false, having written nothing,
+  /// when it cannot, and the executor then reads the bytes and calls Write.
+  /// Default: false.
+  virtual bool Copy(uint64_t offset, uint64_t n, const FileLocation& from) {
+    (void)offset, (void)n, (void)from;
+    return false;
+  }
 };
 
 struct Job {
   TargetTensor tensor;
   ByteSink* sink = nullptr;
+  /// The file the sink writes (any pointer naming it; null: the sink). The
+  /// executor keeps threads on different streams while it can: buffered
+  /// writes to one file serialize on its inode lock, so two threads writing
+  /// one file take turns while other files wait. Within a stream, chunks
+  /// are written in job order, front to back.
+  const void* stream = nullptr;
   /// Compute the XXH3-64 of the tensor's bytes (chunks then run in order).
   bool hash = false;
   uint64_t xxh3 = 0;  // result when hash is set

@@ -543,6 +543,23 @@ void TorchFile::ReadStorage(const StorageInfo& storage, uint64_t byte_offset,
   }
 }
 
+std::optional<FileLocation> TorchFile::StorageLocation(
+    const StorageInfo& storage, uint64_t byte_offset) const {
+  const size_t index = impl_->StorageIndex(storage);
+  if (byte_offset > storage.nbytes) {
+    throw UsageError("offset ", byte_offset, " is outside storage ",
+                     storage.key, " of ", storage.nbytes, " bytes");
+  }
+  const StorageLoc& loc = impl_->locs[index];
+  if (loc.entry != nullptr) {
+    if (loc.entry->method != kZipStored) return std::nullopt;
+    return FileLocation{impl_->zip->file().get(),
+                        impl_->zip->DataOffset(*loc.entry) + byte_offset};
+  }
+  return FileLocation{impl_->file.get(),
+                      impl_->offset + loc.legacy_offset + byte_offset};
+}
+
 void TorchFile::ReadTensor(const TensorInfo& t,
                            std::span<std::byte> dst) const {
   if (dst.size() != t.nbytes) {

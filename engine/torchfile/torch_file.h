@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
+#include "engine/core/file.h"
 #include "engine/core/strided.h"
 #include "engine/pickle/value.h"
 
@@ -202,6 +203,14 @@ class TorchFile {
   /// FormatError / IoError on read failures.
   void ReadStorage(const StorageInfo& storage, uint64_t byte_offset,
                    std::span<std::byte> dst) const;
+
+  /// Where byte `byte_offset` of a storage lies in the file, when the
+  /// storage's bytes are stored there verbatim (an uncompressed zip record
+  /// or a legacy file); nullopt for compressed records. Throws UsageError
+  /// if the offset is outside the storage, FormatError for a corrupt local
+  /// header.
+  std::optional<FileLocation> StorageLocation(const StorageInfo& storage,
+                                              uint64_t byte_offset) const;
 
  private:
   struct Impl;

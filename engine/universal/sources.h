@@ -25,6 +25,9 @@ class TorchStorageSource : public reshape::ByteSource {
     file_->ReadStorage(*storage_, offset, dst);
   }
   std::string Describe() const override;
+  std::optional<FileLocation> Locate(uint64_t offset) const override {
+    return file_->StorageLocation(*storage_, offset);
+  }
   /// The file (lexically normal) and zip record holding the storage, when it
   /// is a record of a zip archive starting the file; nullopt otherwise.
   std::optional<std::pair<std::string, std::string>> ZipRecord() const;

@@ -1,4 +1,5 @@
-// LinkTree: a folder recreated with hard links, never copies.
+// LinkTree: a folder recreated with hard links, never copies. File::CopyFrom:
+// in-kernel copies between files.
 
 #include "engine/core/file.h"
 
@@ -48,6 +49,59 @@ TEST(LinkTreeTest, RefusesAnExistingTarget) {
   fs::create_directories(dir / "dst");
   std::ofstream(dir / "dst" / "x") << "other";
   EXPECT_THROW(LinkTree(dir / "src", dir / "dst"), IoError);
+}
+
+std::string Contents(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(FileCopyTest, CopiesTheRangeToTheOffset) {
+  testutil::TempDir dir;
+  std::string bytes;
+  for (int i = 0; i < 300000; ++i) bytes.push_back(static_cast<char>(i * 7));
+  std::ofstream(dir / "src", std::ios::binary) << bytes;
+  File src = File::OpenRead(dir / "src");
+  File dst = File::Create(dir / "dst");
+  dst.Truncate(200000);
+  dst.SetStreamingWriteback(true);  // ranges >= 64 KiB start their writeback
+  ASSERT_TRUE(dst.CopyFrom(src, 12345, 150000, 40000));
+  dst.Sync();
+  const std::string got = Contents(dir / "dst");
+  ASSERT_EQ(got.size(), 200000u);
+  EXPECT_EQ(got.substr(40000, 150000), bytes.substr(12345, 150000));
+  EXPECT_EQ(got.substr(0, 40000), std::string(40000, '\0'));
+}
+
+TEST(FileCopyTest, ASourceEndingFirstIsAFormatError) {
+  testutil::TempDir dir;
+  std::ofstream(dir / "src", std::ios::binary) << std::string(100, 'x');
+  File src = File::OpenRead(dir / "src");
+  File dst = File::Create(dir / "dst");
+  try {
+    dst.CopyFrom(src, 50, 100, 0);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("unexpected end of file"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("src"), std::string::npos);
+  }
+}
+
+TEST(FileCopyTest, AMemoryFileIsNotCopiedInto) {
+  // copy_file_range between a disk file and a memfd: the kernel refuses (or
+  // copies); CopyFrom says which, and never leaves a partial result.
+  testutil::TempDir dir;
+  std::ofstream(dir / "src", std::ios::binary) << std::string(4096, 'y');
+  File src = File::OpenRead(dir / "src");
+  File mem = File::Anonymous("x");
+  mem.Truncate(4096);
+  if (mem.CopyFrom(src, 0, 4096, 0)) {
+    std::string back(4096, '\0');
+    mem.ReadExact(back.data(), back.size(), 0);
+    EXPECT_EQ(back, std::string(4096, 'y'));
+  }
 }
 
 }  // namespace

@@ -3,10 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "engine/core/convert.h"
 #include "engine/core/error.h"
@@ -331,6 +333,151 @@ TEST(ExecutorTest, HalfRowsReadOnlyTheirBytes) {
       src.reads_ = 0;
     }
   }
+}
+
+// A source whose bytes are a file's (Locate), and a sink that takes copies
+// from files: chunks that are one run of the target's dtype travel by Copy
+// and are never read into memory; a refused copy falls back to a read and
+// Write; hashed jobs and converted chunks are read and written.
+class FileBackedSource : public MemSource {
+ public:
+  FileBackedSource(std::string bytes, const File& file, uint64_t base)
+      : MemSource(std::move(bytes)), file_(file), base_(base) {}
+  std::optional<FileLocation> Locate(uint64_t offset) const override {
+    return FileLocation{&file_, base_ + offset};
+  }
+
+ private:
+  const File& file_;
+  uint64_t base_;
+};
+
+class CopyingSink : public MemSink {
+ public:
+  CopyingSink(size_t size, bool accept) : MemSink(size), accept_(accept) {}
+  bool Copy(uint64_t offset, uint64_t n, const FileLocation& from) override {
+    ++copies_;
+    if (!accept_) return false;
+    std::string got(n, '\0');
+    from.file->ReadExact(got.data(), n, from.offset);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::memcpy(bytes_.data() + offset, got.data(), n);
+    return true;
+  }
+  std::atomic<int> copies_{0};
+
+ private:
+  bool accept_;
+};
+
+TEST(ExecutorTest, OneRunChunksAreCopiedFileToFile) {
+  testutil::TempDir dir;
+  std::string bytes(3 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<char>(i * 13 + (i >> 9));
+  testutil::WriteFile(dir / "src.bin", std::string(100, 'H') + bytes);
+  const File file = File::OpenRead(dir / "src.bin");
+  const int64_t n = static_cast<int64_t>(bytes.size() / 4);
+  struct Case {
+    bool accept, hash;
+    DType dtype;
+  };
+  for (const Case c :
+       {Case{true, false, DType::kFloat32}, Case{false, false, DType::kFloat32},
+        Case{true, true, DType::kFloat32},
+        Case{true, false, DType::kBFloat16}}) {
+    SCOPED_TRACE(testing::Message()
+                 << c.accept << c.hash << DTypeName(c.dtype));
+    FileBackedSource src(bytes, file, 100);
+    const size_t out_size = static_cast<size_t>(n / 2) * ElementSize(c.dtype);
+    CopyingSink sink(out_size, c.accept);
+    std::vector<Job> jobs(1);
+    // The second half of the source, in 256 KiB chunks.
+    jobs[0].tensor =
+        TargetTensor{"w",
+                     c.dtype,
+                     {n / 2},
+                     {CopyOp{SourceTensor{0, 0, DType::kFloat32, {n}},
+                             Box{{n / 2}, {n / 2}}, Box{{0}, {n / 2}}}}};
+    jobs[0].sink = &sink;
+    jobs[0].hash = c.hash;
+    std::vector<const ByteSource*> srcs = {&src};
+    const ExecutorStats st =
+        Execute(jobs, srcs, {.threads = 2, .chunk_bytes = 256 << 10});
+    std::string want(out_size, '\0');
+    ConvertElements(DType::kFloat32, bytes.data() + bytes.size() / 2, c.dtype,
+                    want.data(), static_cast<size_t>(n / 2));
+    ASSERT_EQ(sink.bytes_, want);
+    EXPECT_EQ(st.bytes_read, bytes.size() / 2);
+    const bool copied = c.accept && !c.hash && c.dtype == DType::kFloat32;
+    const size_t chunks = out_size / (256 << 10);
+    EXPECT_EQ(src.reads_ == 0, copied);
+    EXPECT_EQ(sink.offsets_.size(), copied ? 0u : chunks);  // Write calls
+    EXPECT_EQ(sink.copies_ > 0, !c.hash && c.dtype == DType::kFloat32);
+    if (c.hash) {
+      EXPECT_EQ(jobs[0].xxh3, Xxh3(want.data(), want.size()));
+    }
+  }
+}
+
+// Buffered writes to one file take turns on its inode lock: while another
+// file has work, no two threads write the same one, and each file is written
+// front to back.
+TEST(ExecutorTest, ThreadsWriteDifferentFilesWhileTheyCan) {
+  struct Tracked : public ByteSink {
+    Tracked(std::atomic<int>& other_left, std::atomic<int>& violations)
+        : other_left_(other_left), violations_(violations) {}
+    void Write(uint64_t offset, std::span<const std::byte> data) override {
+      if (++writers_ > 1 && other_left_ > 0) ++violations_;
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        offsets_.push_back(offset);
+      }
+      --writers_;
+      ++done_;
+      (void)data;
+    }
+    std::atomic<int>& other_left_;
+    std::atomic<int>& violations_;
+    std::atomic<int> writers_{0};
+    std::atomic<int> done_{0};
+    std::mutex mu_;
+    std::vector<uint64_t> offsets_;
+  };
+  MemSource src(std::string(1 << 20, '\x11'));
+  std::atomic<int> big_left{0}, small_left{40}, violations{0};
+  // "big" (two jobs, 120 chunks) and "small" (one job, 40 chunks): the
+  // largest-first split of the old scheduler put both threads on "big".
+  Tracked big(small_left, violations), small(big_left, violations);
+  struct Counted : public ByteSink {
+    Counted(Tracked& t, std::atomic<int>& left) : t_(t), left_(left) {}
+    void Write(uint64_t offset, std::span<const std::byte> data) override {
+      t_.Write(offset, data);
+      --left_;
+    }
+    Tracked& t_;
+    std::atomic<int>& left_;
+  };
+  Counted small_sink(small, small_left);
+  std::vector<Job> jobs(3);
+  const SourceTensor s{0, 0, DType::kFloat32, {1 << 18}};
+  for (int j = 0; j < 3; ++j) {
+    const int64_t n = j < 2 ? 60 * 1024 : 40 * 1024;  // 4 KiB chunks
+    jobs[j].tensor = TargetTensor{"t" + std::to_string(j),
+                                  DType::kFloat32,
+                                  {n},
+                                  {CopyOp{s, Box{{0}, {n}}, Box{{0}, {n}}}}};
+    jobs[j].sink = j < 2 ? static_cast<ByteSink*>(&big) : &small_sink;
+    jobs[j].stream = j < 2 ? static_cast<const void*>(&big) : &small;
+  }
+  std::vector<const ByteSource*> srcs = {&src};
+  Execute(jobs, srcs, {.threads = 2, .chunk_bytes = 4096});
+  EXPECT_EQ(big.done_ + small.done_, 160);
+  EXPECT_EQ(violations, 0);
+  // "small" is written by one thread at a time (big never runs out first):
+  // front to back.
+  EXPECT_TRUE(std::is_sorted(small.offsets_.begin(), small.offsets_.end()));
 }
 
 TEST(ExecutorTest, ParseByteSize) {

@@ -225,6 +225,43 @@ TEST(TorchFileTest, ReadsAFileEmbeddedInALargerOne) {
   }
 }
 
+// StorageLocation names where a storage's bytes lie verbatim: in a stored
+// zip record, a legacy file, or such a file embedded in a larger one; never
+// in a deflated record.
+TEST(TorchFileTest, StorageLocationHoldsTheStorageBytes) {
+  testutil::TempDir dir;
+  for (const std::filesystem::path& src :
+       {TorchData() / "views.pt", TorchData() / "rezip_deflated.pt",
+        TorchData() / "legacy_views.pt"}) {
+    SCOPED_TRACE(src.string());
+    const std::string bytes = testutil::ReadFile(src);
+    const std::filesystem::path big = dir / "slice.bin";
+    testutil::WriteFile(big, std::string(777, 'P') + bytes);
+    for (bool embedded : {false, true}) {
+      TorchFile f = embedded ? TorchFile::Open(big, 777, bytes.size())
+                             : TorchFile::Open(src);
+      ASSERT_FALSE(f.storages().empty());
+      for (const StorageInfo& st : f.storages()) {
+        if (st.nbytes < 2) continue;
+        const std::optional<FileLocation> at = f.StorageLocation(st, 1);
+        if (src.filename() == "rezip_deflated.pt") {
+          EXPECT_FALSE(at.has_value()) << st.key;
+          continue;
+        }
+        ASSERT_TRUE(at.has_value()) << st.key;
+        std::string want(st.nbytes - 1, '\0');
+        f.ReadStorage(st, 1, std::as_writable_bytes(std::span(want)));
+        std::string got(want.size(), '\0');
+        at->file->ReadExact(got.data(), got.size(), at->offset);
+        EXPECT_EQ(got, want) << st.key;
+      }
+      EXPECT_THROW(
+          f.StorageLocation(f.storages()[0], f.storages()[0].nbytes + 1),
+          UsageError);
+    }
+  }
+}
+
 TEST(TorchFileTest, ConcurrentReadsAgreeWithSequentialOnes) {
   TorchFile f = TorchFile::Open(TorchData() / "many_tensors.pt");
   ASSERT_GE(f.tensors().size(), 300u);
