@@ -23,6 +23,7 @@
 #include "engine/formats/common/sinks.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/items.h"
 #include "engine/formats/dcp/keys.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_file.h"
@@ -55,8 +56,6 @@ struct ItemRef {
   uint64_t bytes = 0;  // for the dedup's sizes
 };
 
-std::string FileName(int64_t rank) { return StrCat("__", rank, "_0.distcp"); }
-
 class DcpPlan : public formats::TargetPlan {
  public:
   DcpPlan(const universal::UniversalInput& input,
@@ -64,7 +63,6 @@ class DcpPlan : public formats::TargetPlan {
       : input_(input), world_(std::max<int64_t>(1, options.topology.dp)) {
     BuildKeys(options);
     PlaceItems();
-    spans_.resize(static_cast<size_t>(world_));
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
@@ -80,17 +78,11 @@ class DcpPlan : public formats::TargetPlan {
   std::string OpaqueBytes(const atoms::DatasetInfo& d) const;
   const atoms::DatasetInfo& AtomOf(const std::string& param,
                                    const std::string& kind) const;
-  std::unique_ptr<formats::TorchSaveRunFile> RankFile(int64_t r) const;
 
   const universal::UniversalInput& input_;
   int64_t world_;
   std::vector<Key> keys_;
-  // items_[r]: rank r's items in file order (objects first).
-  std::vector<std::vector<ItemRef>> items_;
-  // Every key's chunks in the metadata's order: (rank, position in items_).
-  std::vector<std::vector<std::pair<int64_t, size_t>>> chunks_of_;
-  std::vector<size_t> entry_order_;  // keys in the metadata's order
-  mutable std::vector<std::vector<formats::ArchiveSpan>> spans_;
+  std::optional<ItemFiles> files_;
   mutable std::set<std::string> notes_;
 };
 
@@ -398,120 +390,84 @@ void DcpPlan::PlaceItems() {
     });
     size[static_cast<size_t>(best)] += std::max<uint64_t>(it->bytes, 1);
   }
+  // The metadata lists the keys as torch's global plan meets them: rank by
+  // rank, in each rank's plan.
+  std::vector<size_t> entry_order;
+  std::vector<bool> listed(keys_.size(), false);
+  for (int64_t r = 0; r < world_; ++r) {
+    for (const ItemRef& it : lists[static_cast<size_t>(r)]) {
+      if (owner[{it.key, it.chunk.offsets}] != r || listed[it.key]) continue;
+      listed[it.key] = true;
+      entry_order.push_back(it.key);
+    }
+  }
   // Each file: its objects, then its tensors, in its list's order.
-  items_.resize(static_cast<size_t>(world_));
+  std::vector<std::vector<ItemRef>> items(static_cast<size_t>(world_));
   for (int64_t r = 0; r < world_; ++r) {
     std::vector<ItemRef> objects, tensors;
     for (ItemRef& it : lists[static_cast<size_t>(r)]) {
       if (owner[{it.key, it.chunk.offsets}] != r) continue;
       (keys_[it.key].tensor ? tensors : objects).push_back(std::move(it));
     }
-    auto& out = items_[static_cast<size_t>(r)];
+    auto& out = items[static_cast<size_t>(r)];
     out = std::move(objects);
     out.insert(out.end(), std::make_move_iterator(tensors.begin()),
                std::make_move_iterator(tensors.end()));
   }
-  // The metadata lists each key's chunks in rank order, and the keys as
-  // torch's global plan meets them: rank by rank, in each rank's plan.
-  chunks_of_.resize(keys_.size());
-  std::vector<bool> listed(keys_.size(), false);
-  for (int64_t r = 0; r < world_; ++r) {
-    const auto& l = items_[static_cast<size_t>(r)];
-    for (size_t j = 0; j < l.size(); ++j)
-      chunks_of_[l[j].key].emplace_back(r, j);
-    for (const ItemRef& it : lists[static_cast<size_t>(r)]) {
-      if (owner[{it.key, it.chunk.offsets}] != r || listed[it.key]) continue;
-      listed[it.key] = true;
-      entry_order_.push_back(it.key);
+  std::vector<PlannedKey> keys;
+  for (const Key& k : keys_) {
+    keys.push_back({.fqn = k.fqn,
+                    .tensor = k.tensor,
+                    .dtype = k.dtype,
+                    .shape = k.shape,
+                    .bytes = k.bytes,
+                    .path = k.path});
+  }
+  std::vector<std::vector<PlannedItem>> planned(items.size());
+  for (size_t r = 0; r < items.size(); ++r) {
+    for (ItemRef& it : items[r]) {
+      const Key& k = keys_[it.key];
+      PlannedItem p;
+      p.key = it.key;
+      p.chunk = std::move(it.chunk);
+      if (!k.constant.empty()) {
+        p.constant = k.constant;
+      } else if (k.tensor &&
+                 (NumElements(p.chunk.sizes) > 0 || p.chunk.sizes.empty())) {
+        reshape::CopyOp op;
+        op.src = input_.Tensor(*k.atom);
+        op.src_box = Box{p.chunk.offsets, p.chunk.sizes};
+        op.dst_box = Box::Whole(p.chunk.sizes);
+        p.ops.push_back(std::move(op));
+      }
+      planned[r].push_back(std::move(p));
     }
   }
-  for (size_t i = 0; i < keys_.size(); ++i)
-    if (!listed[i]) entry_order_.push_back(i);
-}
-
-std::unique_ptr<formats::TorchSaveRunFile> DcpPlan::RankFile(int64_t r) const {
-  auto f = std::make_unique<formats::TorchSaveRunFile>(FileName(r));
-  for (const ItemRef& it : items_[static_cast<size_t>(r)]) {
-    const Key& k = keys_[it.key];
-    if (!k.tensor) {
-      f->AddRawArchive(k.bytes);
-      continue;
-    }
-    formats::TorchArchive& a = f->AddArchive();
-    const size_t index = f->size() - 1;
-    if (!k.constant.empty()) {
-      a.SetRoot(a.AddConstant(k.dtype, {}, k.constant));
-      continue;
-    }
-    reshape::TargetTensor t;
-    t.name = StrCat("rank file ", FileName(r), " > ", k.fqn, " > chunk ",
-                    BoxString(it.chunk));
-    t.dtype = k.dtype;
-    t.shape = it.chunk.sizes;
-    if (NumElements(t.shape) > 0 || t.shape.empty()) {
-      reshape::CopyOp op;
-      op.src = input_.Tensor(*k.atom);
-      op.src_box = Box{it.chunk.offsets, it.chunk.sizes};
-      op.dst_box = Box::Whole(it.chunk.sizes);
-      t.ops.push_back(std::move(op));
-    }
-    a.SetRoot(f->AddTensor(index, std::move(t)));
-  }
-  f->Layout();
-  spans_[static_cast<size_t>(r)] = f->archives();
-  return f;
+  files_.emplace(std::move(keys), std::move(planned), std::move(entry_order));
 }
 
 std::vector<std::unique_ptr<formats::PlannedFile>> DcpPlan::Plan(
     size_t u) const {
   std::vector<std::unique_ptr<formats::PlannedFile>> out;
   if (u < static_cast<size_t>(world_)) {
-    out.push_back(RankFile(static_cast<int64_t>(u)));
+    out.push_back(files_->RankFile(static_cast<int64_t>(u)));
     return out;
   }
-  // .metadata, last: every file's layout is known by now (planned again if
-  // this unit is asked for first).
-  for (int64_t r = 0; r < world_; ++r)
-    if (spans_[static_cast<size_t>(r)].size() !=
-        items_[static_cast<size_t>(r)].size())
-      RankFile(r);
-  Metadata m;
-  for (const size_t i : entry_order_) {
-    const Key& k = keys_[i];
-    Entry e;
-    e.fqn = k.fqn;
-    e.tensor = k.tensor;
-    e.dtype = k.dtype;
-    e.size = k.shape;
-    for (const auto& [r, j] : chunks_of_[i]) {
-      const ItemRef& it = items_[static_cast<size_t>(r)][j];
-      const formats::ArchiveSpan& span = spans_[static_cast<size_t>(r)][j];
-      if (k.tensor) e.chunks.push_back(it.chunk);
-      ItemKey key{k.fqn, k.tensor ? std::optional<Shape>(it.chunk.offsets)
-                                  : std::nullopt};
-      m.storage[key] = StorageInfo{FileName(r), span.offset, span.length, {}};
-    }
-    m.entries.push_back(std::move(e));
-  }
-  for (const Key& k : keys_) m.planner_data.emplace_back(k.fqn, k.path);
-  // Attributes the source kept beside its metadata (Megatron's mcore_data).
+  // .metadata, last, with the attributes the source kept beside its
+  // metadata (Megatron's mcore_data).
+  std::vector<std::pair<std::string, const pickle::Value*>> extra;
+  std::shared_ptr<pickle::Arena> arena;
   if (const atoms::DatasetInfo* d = input_.FindOpaque("dcp/metadata_extra")) {
     std::shared_ptr<const torchfile::TorchFile> f = input_.OpenBlob(*d);
     if (f->root() != nullptr && f->root()->IsDictLike()) {
-      m.arena = std::make_shared<pickle::Arena>();
+      arena = std::make_shared<pickle::Arena>();
       for (const auto& [name, v] : f->root()->entries) {
         if (name != nullptr && name->kind == Kind::kStr)
-          m.extra.emplace_back(name->s, m.arena->Copy(v));
+          extra.emplace_back(name->s, arena->Copy(v));
       }
     }
   }
-  std::random_device rd;
-  char uuid[40];
-  std::snprintf(uuid, sizeof uuid, "%08x-%04x-4%03x-a%03x-%08x%04x", rd(),
-                rd() & 0xffff, rd() & 0xfff, rd() & 0xfff, rd(), rd() & 0xffff);
-  auto f = std::make_unique<formats::RawFile>(kMetadataFile);
-  f->AddBytes(PickleMetadata(m, uuid));
-  out.push_back(std::move(f));
+  out.push_back(files_->MetadataFile(std::move(extra), std::move(arena)));
   return out;
 }
 
