@@ -72,7 +72,8 @@ pickle::Value* TorchArchive::AddTensor(reshape::TargetTensor tensor,
 pickle::Value* TorchArchive::AddTensor(reshape::TargetTensor tensor,
                                        const torchfile::TensorSpec& spec,
                                        std::vector<reshape::Job>& jobs) {
-  UCP_CHECK(spec.dtype == tensor.dtype && spec.shape == tensor.shape,
+  UCP_CHECK(spec.dtype == tensor.dtype &&
+                NumElements(spec.shape) == NumElements(tensor.shape),
             tensor.name, ": tensor spec differs from its slot");
   pickle::Value* node = writer_->NewTensor(spec);
   reshape::Job job;
@@ -200,6 +201,12 @@ TorchArchive& TorchSaveRunFile::archive(size_t i) {
 pickle::Value* TorchSaveRunFile::AddTensor(size_t i,
                                            reshape::TargetTensor tensor) {
   return archive(i).AddTensor(std::move(tensor), jobs_);
+}
+
+pickle::Value* TorchSaveRunFile::AddTensor(size_t i,
+                                           reshape::TargetTensor tensor,
+                                           const torchfile::TensorSpec& spec) {
+  return archive(i).AddTensor(std::move(tensor), spec, jobs_);
 }
 
 uint64_t TorchSaveRunFile::Layout() {

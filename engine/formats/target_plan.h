@@ -96,7 +96,8 @@ class TorchArchive {
 
   pickle::Arena& arena() noexcept;
   /// A tensor node (a plain tensor of `tensor`'s dtype and shape, unless
-  /// `spec` says more: a Parameter, requires_grad) filled by `tensor`'s ops.
+  /// `spec` says more: a Parameter, requires_grad, or another shape of as
+  /// many elements) filled by `tensor`'s ops.
   /// The slot is appended to `jobs`.
   pickle::Value* AddTensor(reshape::TargetTensor tensor,
                            std::vector<reshape::Job>& jobs);
@@ -194,6 +195,10 @@ class TorchSaveRunFile : public PlannedFile {
   TorchArchive& archive(size_t i);
   /// A slot of archive i (its job is appended to jobs()).
   pickle::Value* AddTensor(size_t i, reshape::TargetTensor tensor);
+  /// The same with the tensor's spec (its shape may differ from the slot's
+  /// when the element count is the same: a [1, n] chunk filled as [n]).
+  pickle::Value* AddTensor(size_t i, reshape::TargetTensor tensor,
+                           const torchfile::TensorSpec& spec);
   /// A new archive at the end of the file whose bytes are known (a torch.save
   /// archive kept verbatim, such as a DCP BYTE_IO item); returns its index.
   size_t AddRawArchive(std::string bytes);

@@ -58,6 +58,20 @@ std::string SaveBlob(const torchfile::TorchFile* file,
   return writer.Contents();
 }
 
+std::string SaveGraph(const std::function<const pickle::Value*(
+                          torchfile::TorchWriter&, GraphImporter&)>& build) {
+  torchfile::TorchWriterOptions options;
+  options.archive_name = "archive";
+  options.in_memory = true;
+  torchfile::TorchWriter writer("ucp-blob.pt", options);
+  GraphImporter importer(writer);
+  const pickle::Value* root = build(writer, importer);
+  writer.Begin(root);
+  importer.WriteTensors();
+  writer.Commit();
+  return writer.Contents();
+}
+
 pickle::Value* GraphImporter::Import(
     std::shared_ptr<const torchfile::TorchFile> file,
     const pickle::Value* value) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +31,14 @@ namespace ucp::formats {
 /// tensor bytes fails, InternalError if a tensor has no source.
 std::string SaveBlob(const torchfile::TorchFile* file,
                      const pickle::Value* object);
+
+class GraphImporter;
+
+/// torch.save bytes (built in memory) of the object `build` makes in the
+/// writer's graph, importing values of other files through the importer.
+/// Throws what `build` throws, IoError, FormatError reading tensor bytes.
+std::string SaveGraph(const std::function<const pickle::Value*(
+                          torchfile::TorchWriter&, GraphImporter&)>& build);
 
 /// Copies objects into a TorchWriter's graph: from blobs of a universal file
 /// or from other torch files; tensors become compact tensor nodes of the

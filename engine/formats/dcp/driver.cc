@@ -95,6 +95,11 @@ class DcpDriver : public formats::Driver {
   }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
+    // A save folder with Megatron's tracker holds Megatron's checkpoints
+    // (torch_dist ones are DCP folders too; an unfinished one is not a DCP
+    // checkpoint to resume from).
+    std::error_code ec;
+    if (fs::exists(dir / "latest_checkpointed_iteration.txt", ec)) return {};
     return dcp::ListCheckpoints(dir);
   }
   std::unique_ptr<formats::Source> Open(

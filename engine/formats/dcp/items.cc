@@ -14,10 +14,11 @@ std::string RankFileName(int64_t rank) {
 
 ItemFiles::ItemFiles(std::vector<PlannedKey> keys,
                      std::vector<std::vector<PlannedItem>> items,
-                     std::vector<size_t> entry_order)
+                     std::vector<size_t> entry_order, std::filesystem::path dir)
     : keys_(std::move(keys)),
       items_(std::move(items)),
       entry_order_(std::move(entry_order)),
+      dir_(std::move(dir)),
       spans_(items_.size()) {
   std::vector<bool> listed(keys_.size(), false);
   for (size_t k : entry_order_) {
@@ -37,7 +38,7 @@ ItemFiles::ItemFiles(std::vector<PlannedKey> keys,
 std::unique_ptr<formats::TorchSaveRunFile> ItemFiles::RankFile(
     int64_t rank) const {
   const std::string name = RankFileName(rank);
-  auto f = std::make_unique<formats::TorchSaveRunFile>(name);
+  auto f = std::make_unique<formats::TorchSaveRunFile>(dir_ / name);
   for (const PlannedItem& it : items_.at(static_cast<size_t>(rank))) {
     const PlannedKey& k = keys_[it.key];
     if (!k.tensor) {
@@ -51,12 +52,15 @@ std::unique_ptr<formats::TorchSaveRunFile> ItemFiles::RankFile(
       continue;
     }
     reshape::TargetTensor t;
-    t.name =
-        StrCat("rank file ", name, " > ", k.fqn, " > chunk ", BoxString(it.chunk));
+    t.name = StrCat("rank file ", name, " > ", k.fqn, " > chunk ",
+                    BoxString(it.chunk));
     t.dtype = k.dtype;
-    t.shape = it.chunk.sizes;
+    t.shape = it.ops_shape.empty() ? it.chunk.sizes : it.ops_shape;
     t.ops = it.ops;
-    a.SetRoot(f->AddTensor(index, std::move(t)));
+    torchfile::TensorSpec spec;
+    spec.dtype = k.dtype;
+    spec.shape = it.chunk.sizes;
+    a.SetRoot(f->AddTensor(index, std::move(t), spec));
   }
   f->Layout();
   spans_[static_cast<size_t>(rank)] = f->archives();
@@ -88,8 +92,8 @@ std::unique_ptr<formats::PlannedFile> ItemFiles::MetadataFile(
       if (k.tensor) e.chunks.push_back(it.chunk);
       ItemKey key{k.fqn, k.tensor ? std::optional<Shape>(it.chunk.offsets)
                                   : std::nullopt};
-      m.storage[key] = StorageInfo{RankFileName(static_cast<int64_t>(r)),
-                                   span.offset, span.length, {}};
+      m.storage[key] = StorageInfo{
+          RankFileName(static_cast<int64_t>(r)), span.offset, span.length, {}};
     }
     m.entries.push_back(std::move(e));
   }
@@ -101,7 +105,7 @@ std::unique_ptr<formats::PlannedFile> ItemFiles::MetadataFile(
   char uuid[40];
   std::snprintf(uuid, sizeof uuid, "%08x-%04x-4%03x-a%03x-%08x%04x", rd(),
                 rd() & 0xffff, rd() & 0xfff, rd() & 0xfff, rd(), rd() & 0xffff);
-  auto f = std::make_unique<formats::RawFile>(kMetadataFile);
+  auto f = std::make_unique<formats::RawFile>(dir_ / kMetadataFile);
   f->AddBytes(PickleMetadata(m, uuid));
   return f;
 }

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
@@ -30,8 +31,8 @@ struct PlannedKey {
   bool tensor = false;
   DType dtype = DType::kFloat32;
   Shape shape;
-  std::string bytes;                 // BYTE_IO: the item's bytes
-  std::vector<PathComponent> path;   // planner_data; empty: not listed
+  std::string bytes;                // BYTE_IO: the item's bytes
+  std::vector<PathComponent> path;  // planner_data; empty: not listed
 };
 
 /// An item: a chunk of a tensor key (made by `ops`, whose destination boxes
@@ -39,6 +40,9 @@ struct PlannedKey {
 struct PlannedItem {
   size_t key = 0;
   Chunk chunk;
+  /// The shape the ops' destination boxes address, when not the chunk's
+  /// (the same elements: a layer chunk [1, n, m] filled as [n, m]).
+  Shape ops_shape;
   std::vector<reshape::CopyOp> ops;
   std::vector<std::byte> constant;
 };
@@ -50,9 +54,10 @@ class ItemFiles {
  public:
   /// `items[r]`: rank r's items in file order. `entry_order`: the keys in
   /// the order .metadata lists them (keys left out follow in index order).
+  /// The files are planned in folder `dir` (relative to the output folder).
   ItemFiles(std::vector<PlannedKey> keys,
             std::vector<std::vector<PlannedItem>> items,
-            std::vector<size_t> entry_order);
+            std::vector<size_t> entry_order, std::filesystem::path dir = {});
 
   int64_t world() const noexcept { return static_cast<int64_t>(items_.size()); }
   const std::vector<PlannedKey>& keys() const noexcept { return keys_; }
@@ -74,6 +79,7 @@ class ItemFiles {
   std::vector<PlannedKey> keys_;
   std::vector<std::vector<PlannedItem>> items_;
   std::vector<size_t> entry_order_;
+  std::filesystem::path dir_;
   mutable std::vector<std::vector<formats::ArchiveSpan>> spans_;
 };
 

@@ -74,6 +74,11 @@ std::vector<formats::SavedCheckpoint> ListIterations(
     const std::string name = it->path().filename().string();
     if (name == kReleaseDir || !IsIterDirName(name) || !it->is_directory(ec))
       continue;
+    // Megatron's other format (torch_dist) keeps DCP files there.
+    std::error_code e2;
+    if (std::filesystem::exists(it->path() / "metadata.json", e2) ||
+        std::filesystem::exists(it->path() / ".metadata", e2))
+      continue;
     formats::SavedCheckpoint c;
     c.name = name;
     c.iteration = *ParseNumber(std::string_view(name).substr(5));

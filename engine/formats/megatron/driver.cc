@@ -64,6 +64,14 @@ bool IsRankDir(const fs::path& p) {
   return ParseRankDirName(p.filename().string()).has_value();
 }
 
+bool HoldsRankDir(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec))
+    if (IsRankDir(it->path())) return true;
+  return false;
+}
+
 class MegatronDriver : public formats::Driver {
  public:
   std::string_view Name() const override { return "megatron"; }
@@ -82,8 +90,10 @@ class MegatronDriver : public formats::Driver {
     for (fs::directory_iterator it(path, ec), end; !ec && it != end;
          it.increment(ec)) {
       const std::string name = it->path().filename().string();
+      // An iteration folder holding rank folders (not the DCP files of
+      // Megatron's other format, torch_dist).
       if (tracker && (name == "release" || name.starts_with("iter_")) &&
-          fs::is_directory(it->path(), ec))
+          fs::is_directory(it->path(), ec) && HoldsRankDir(it->path()))
         return formats::Confidence::kYes;
       if (IsRankDir(it->path()) &&
           fs::is_regular_file(it->path() / kModelFile, ec))

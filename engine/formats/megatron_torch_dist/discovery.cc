@@ -1,0 +1,234 @@
+// Finding a torch_dist checkpoint (torch_dist.h): tracker, iteration folder,
+// metadata.json, the DCP container and the common state.
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+#include <system_error>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron_torch_dist/keys.h"
+#include "engine/formats/megatron_torch_dist/torch_dist.h"
+#include "engine/json/json.h"
+
+namespace ucp::torch_dist {
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+namespace {
+
+std::optional<int64_t> ParseNumber(std::string_view s) {
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size() || v < 0)
+    return std::nullopt;
+  return v;
+}
+
+std::optional<int64_t> IterationOf(std::string_view name) {
+  if (!name.starts_with("iter_")) return std::nullopt;
+  return ParseNumber(name.substr(5));
+}
+
+// metadata.json, parsed; throws FormatError naming it.
+json::Value ReadMetadataJson(const fs::path& path) {
+  const std::string text = ReadSmallFile(path, 1 << 16);
+  json::Value v;
+  try {
+    v = json::Value::Parse(text);
+  } catch (Error& e) {
+    throw FormatError(path.string(), ": not JSON (", e.what(), ")");
+  }
+  if (!v.is_object()) throw FormatError(path.string(), ": not a JSON object");
+  const json::Value* backend = v.Find("sharded_backend");
+  if (backend == nullptr || !backend->is_string()) {
+    throw FormatError(path.string(), ": no \"sharded_backend\"");
+  }
+  if (backend->AsString() != "torch_dist") {
+    throw FormatError(path.string(), ": sharded backend '", backend->AsString(),
+                      "' (only torch_dist is read; zarr was removed in "
+                      "Megatron-core 0.16: load it with an older core and "
+                      "save it as torch_dist)");
+  }
+  return v;
+}
+
+const Value* DictGet(const Value* d, std::string_view key) {
+  return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
+}
+
+}  // namespace
+
+bool IsTorchDistFolder(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path p = dir / kMetadataJson;
+  if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > (1 << 16))
+    return false;
+  try {
+    ReadMetadataJson(p);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
+  std::vector<formats::SavedCheckpoint> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const auto n = IterationOf(name);
+    if (!n || !it->is_directory(ec)) continue;
+    std::error_code e2;
+    if (!fs::exists(it->path() / kMetadataJson, e2) &&
+        !fs::exists(it->path() / dcp::kMetadataFile, e2) &&
+        !fs::exists(it->path() / "__0_0.distcp", e2))
+      continue;
+    formats::SavedCheckpoint c;
+    c.name = name;
+    c.iteration = *n;
+    c.selector.Set(kIterationOption, std::to_string(*n));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw IoError("checkpoint folder ", path.string(),
+                  " does not exist or is not a folder");
+  }
+  Checkpoint c;
+  const fs::path tracker = path / megatron::kTrackerFile;
+  const auto own = IterationOf(path.filename().string());
+  if (iteration) {
+    c.dir = own && !fs::exists(tracker, ec) ? path.parent_path() : path;
+    c.iteration = *iteration;
+    c.iter_dir = c.dir / megatron::IterDirName(*iteration, false);
+    if (!fs::is_directory(c.iter_dir, ec)) {
+      throw UsageError("iteration ", *iteration, " is not in ", c.dir.string(),
+                       " (no ", c.iter_dir.filename().string(), ")");
+    }
+  } else if (fs::exists(tracker, ec)) {
+    c.dir = path;
+    const std::string text = ReadSmallFile(tracker, 1024);
+    const auto n = ParseNumber(TrimWhitespace(text));
+    if (!n) {
+      throw FormatError(tracker.string(), ": not an iteration number: '",
+                        std::string(TrimWhitespace(text)).substr(0, 40), "'");
+    }
+    c.iteration = *n;
+    c.iter_dir = path / megatron::IterDirName(*n, false);
+    if (!fs::is_directory(c.iter_dir, ec)) {
+      throw FormatError(tracker.string(), " names iteration ", *n, " but ",
+                        c.iter_dir.string(), " does not exist");
+    }
+  } else if (own) {
+    c.dir = path.parent_path();
+    c.iter_dir = path;
+    c.iteration = *own;
+  } else {
+    c.dir = path.parent_path();
+    c.iter_dir = path;
+  }
+  c.iter_dir = c.iter_dir.lexically_normal();
+  const fs::path mj = c.iter_dir / kMetadataJson;
+  if (!fs::exists(mj, ec)) {
+    throw FormatError(c.iter_dir.string(),
+                      ": no metadata.json: an incomplete torch_dist checkpoint "
+                      "(Megatron writes it last, once every rank has saved)");
+  }
+  ReadMetadataJson(mj);
+  c.dcp = dcp::Discover(c.iter_dir, "");
+  c.files = c.dcp.files;
+  c.files.push_back(mj);
+
+  // The common state: common.pt, else the common_state item.
+  const fs::path common = c.iter_dir / kCommonFile;
+  if (fs::exists(common, ec)) {
+    c.common_file = std::make_shared<const torchfile::TorchFile>(
+        torchfile::TorchFile::Open(common));
+    c.common = c.common_file->root();
+    c.common_in = kCommonFile;
+    c.files.push_back(common);
+    if (c.common == nullptr || !c.common->IsDictLike()) {
+      throw FormatError(common.string(), ": not a dict");
+    }
+  } else {
+    for (const auto& [key, items] : c.dcp.items) {
+      if (key.offset || !key.fqn.starts_with(kCommonStatePrefix) ||
+          items.empty())
+        continue;
+      dcp::FileCache files;
+      c.common_file = dcp::OpenItem(items.front(), key, files);
+      const Value* root = c.common_file->root();
+      if (root != nullptr &&
+          (root->kind == Kind::kList || root->kind == Kind::kTuple) &&
+          root->items.size() == 1)
+        root = root->items[0];
+      if (root == nullptr || !root->IsDictLike()) {
+        throw FormatError(items.front().file.string(), " > ", key.fqn,
+                          ": the common state is not a dict");
+      }
+      c.common = root;
+      c.common_in = "common_state";
+      break;
+    }
+  }
+  if (const Value* cm = DictGet(c.common, "content_metadata");
+      cm != nullptr && cm->IsDictLike())
+    c.content_metadata = megatron::ValueToJson(cm);
+
+  // The optimizer's format.
+  bool state = false, fp32_param = false, buckets = false;
+  for (const dcp::Entry& e : c.dcp.metadata.entries) {
+    const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
+    if (k.kind == KeyInfo::kBucket) buckets = true;
+    if (k.kind == KeyInfo::kOptimizerState) {
+      state = true;
+      fp32_param = fp32_param || k.state == "fp32_param";
+    }
+  }
+  if (const json::Value* t =
+          c.content_metadata.Find("distrib_optim_sharding_type");
+      t != nullptr && t->is_string() && (state || buckets)) {
+    c.optimizer = t->AsString();
+  } else if (buckets) {
+    c.optimizer = "dp_reshardable";
+  } else if (fp32_param) {
+    c.optimizer = "non_distributed";
+  } else if (state) {
+    c.optimizer = "fully_reshardable";
+  } else {
+    c.optimizer = "none";
+  }
+  if (state && !buckets && fp32_param) c.optimizer = "non_distributed";
+
+  // The topology: args, else TP x PP of the rng states' grid.
+  if (const Value* args = DictGet(c.common, "args")) {
+    const megatron::RunConfig run = megatron::ReadRunConfig(megatron::ArgsView(
+        args, StrCat(c.iter_dir.string(), " > ", c.common_in, " > args")));
+    c.topology = run.topology;
+  } else {
+    for (const dcp::Entry& e : c.dcp.metadata.entries) {
+      const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
+      if (k.kind == KeyInfo::kObject && k.model_key == "rng_state" &&
+          k.grid.size() == 2) {
+        c.topology.pp = k.grid[0];
+        c.topology.tp = k.grid[1];
+        break;
+      }
+    }
+    c.topology.dp =
+        std::max<int64_t>(1, c.dcp.world / (c.topology.tp * c.topology.pp));
+  }
+  return c;
+}
+
+}  // namespace ucp::torch_dist

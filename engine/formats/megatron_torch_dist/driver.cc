@@ -1,0 +1,160 @@
+// The "megatron-torch-dist" format driver: Megatron-core torch_dist
+// checkpoints, read and written (torch_dist.h).
+
+#include "engine/formats/driver.h"
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron_torch_dist/torch_dist.h"
+
+namespace ucp::torch_dist {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TorchDistSource : public formats::Source {
+ public:
+  TorchDistSource(Checkpoint c, const formats::SourceOptions& o)
+      : c_(std::move(c)) {
+    options_.layout = o.layout;
+    options_.true_vocab_size = o.true_vocab_size;
+    options_.transformer_impl =
+        o.values.String(kTransformerImplOption).value_or("");
+    info_.format = "megatron-torch-dist";
+    info_.dir = c_.dir;
+    info_.path = c_.iter_dir;
+    info_.iteration = c_.iteration;
+    info_.topology = c_.topology;
+    info_.settings["optimizer_sharding"] = c_.optimizer;
+    info_.files = c_.files;
+    for (const dcp::Entry& e : c_.dcp.metadata.entries) {
+      if (e.tensor && e.fqn == "embedding.word_embeddings.weight") {
+        info_.dtype = std::string(DTypeName(e.dtype));
+        break;
+      }
+    }
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override {
+    return PlanSource(c_, options_);
+  }
+  // Megatron reshards a torch_dist checkpoint at load: model weights always;
+  // the distributed optimizer's fully_reshardable state too, dp_reshardable
+  // state only across DP. The optimizer's kind must be the run's.
+  bool Fits(const formats::TargetOptions& o) const override {
+    const bool distributed = o.values.Flag(kDistributedOptimizerOption);
+    if (c_.optimizer == "none") return true;
+    if (c_.optimizer == "non_distributed") return !distributed;
+    if (!distributed) return false;
+    if (c_.optimizer == "fully_reshardable") return true;
+    const layouts::Topology& t = c_.topology;
+    return c_.optimizer == "dp_reshardable" && t.tp == o.topology.tp &&
+           t.pp == o.topology.pp && t.vpp == o.topology.vpp;
+  }
+  std::vector<formats::ArchiveSpan> Archives(
+      const fs::path& file) const override {
+    std::vector<formats::ArchiveSpan> out;
+    const fs::path f = fs::absolute(file).lexically_normal();
+    for (const auto& [key, items] : c_.dcp.items)
+      for (const dcp::Item& it : items)
+        if (it.file == f && it.info.transforms.empty())
+          out.push_back({it.info.offset, it.info.length});
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    return out.size() == 1 && out[0].offset == 0 ? decltype(out)() : out;
+  }
+  json::Value Inventory() const override { return dcp::Inventory(c_.dcp); }
+
+ private:
+  Checkpoint c_;
+  SourceOptions options_;
+  formats::CheckpointInfo info_;
+};
+
+class TorchDistDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "megatron-torch-dist"; }
+  std::string_view Summary() const override {
+    return "Megatron-core torch_dist checkpoints (--ckpt-format torch_dist): "
+           "latest_checkpointed_iteration.txt, iter_*/{metadata.json, "
+           ".metadata, __R_I.distcp, common.pt}; written for any TP/PP/VPP/DP";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
+    if (IsTorchDistFolder(path)) return formats::Confidence::kYes;
+    if (!fs::exists(path / megatron::kTrackerFile, ec))
+      return formats::Confidence::kNo;
+    for (const formats::SavedCheckpoint& c : ListIterations(path))
+      if (IsTorchDistFolder(path / c.name)) return formats::Confidence::kYes;
+    return formats::Confidence::kNo;
+  }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    formats::OptionSpec it;
+    it.name = kIterationOption;
+    it.type = formats::OptionSpec::Type::kInt;
+    it.help = "torch_dist: the iteration to read (default: the tracker's)";
+    it.min = 0;
+    formats::OptionSpec impl;
+    impl.name = kTransformerImplOption;
+    impl.type = formats::OptionSpec::Type::kString;
+    impl.help =
+        "torch_dist: the layer spec the run used, local or transformer_engine "
+        "(default: args.transformer_impl, else transformer_engine); local "
+        "names the norms input_layernorm / pre_mlp_layernorm";
+    return {it, impl};
+  }
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    return ListIterations(dir);
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    return std::make_unique<TorchDistSource>(
+        Discover(path, options.values.Int(kIterationOption)), options);
+  }
+  bool HasTracker() const override { return true; }
+  void WriteTracker(const fs::path& dir,
+                    const formats::CheckpointInfo& c) const override {
+    WriteFileAtomically(dir / megatron::kTrackerFile,
+                        std::to_string(c.iteration));
+  }
+  bool CanWrite() const override { return true; }
+  formats::TopologyAxes TargetAxes() const override {
+    return {.tp = true, .pp = true, .vpp = true, .dp = true};
+  }
+  std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
+    formats::OptionSpec d;
+    d.name = kDistributedOptimizerOption;
+    d.type = formats::OptionSpec::Type::kFlag;
+    d.help =
+        "torch_dist: the run uses --use-distributed-optimizer; its state is "
+        "written fully_reshardable";
+    d.layout = true;
+    d.abbrev = "do";
+    return {d};
+  }
+  std::unique_ptr<formats::TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const formats::TargetOptions& options) const override {
+    TargetOptions o;
+    o.topology = options.topology;
+    o.distributed_optimizer = options.values.Flag(kDistributedOptimizerOption);
+    o.no_optimizer = options.no_optimizer;
+    o.true_vocab_size = options.true_vocab_size;
+    return torch_dist::PlanTarget(input, o);
+  }
+};
+
+UCP_REGISTER_DRIVER(TorchDistDriver);
+
+}  // namespace
+}  // namespace ucp::torch_dist

@@ -1,0 +1,152 @@
+#include "engine/formats/megatron_torch_dist/keys.h"
+
+#include <cctype>
+#include <charconv>
+
+#include "engine/core/error.h"
+
+namespace ucp::torch_dist {
+namespace {
+
+constexpr std::string_view kLayers = "decoder.layers.";
+constexpr std::string_view kState = "optimizer.state.";
+constexpr std::string_view kBuckets = "optimizer.distributed.";
+
+// The local layer spec's module names and the keys Megatron stores them
+// under (gpt_layer_specs.py: sharded_state_dict_keys_map).
+struct SpecName {
+  std::string_view local;
+  std::string_view key;
+};
+constexpr SpecName kLocalSpec[] = {
+    {"input_layernorm.", "self_attention.linear_qkv.layer_norm_"},
+    {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"},
+};
+
+// "1.2" -> {1, 2}; nullopt unless digits separated by dots.
+std::optional<std::vector<int64_t>> Numbers(std::string_view s) {
+  std::vector<int64_t> out;
+  while (!s.empty()) {
+    const size_t dot = s.find('.');
+    const std::string_view part = s.substr(0, dot);
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || p != part.data() + part.size())
+      return std::nullopt;
+    out.push_back(v);
+    if (dot == std::string_view::npos) break;
+    s.remove_prefix(dot + 1);
+    if (s.empty()) return std::nullopt;
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+KeyInfo ClassifyKey(std::string_view fqn, bool tensor) {
+  KeyInfo k;
+  if (fqn.starts_with("common_state/") || fqn == "common_state") {
+    k.kind = KeyInfo::kCommonState;
+    return k;
+  }
+  if (!tensor) {
+    // <key>/shard_<offsets>_<grid>
+    k.kind = KeyInfo::kObject;
+    k.model_key = std::string(fqn);
+    const size_t slash = fqn.rfind("/shard_");
+    if (slash != std::string_view::npos) {
+      const std::string_view rest = fqn.substr(slash + 7);
+      const size_t us = rest.find('_');
+      if (us != std::string_view::npos) {
+        auto off = Numbers(rest.substr(0, us));
+        auto grid = Numbers(rest.substr(us + 1));
+        if (off && grid && off->size() == grid->size()) {
+          k.model_key = std::string(fqn.substr(0, slash));
+          k.offsets = std::move(*off);
+          k.grid = std::move(*grid);
+        }
+      }
+    }
+    return k;
+  }
+  if (fqn.starts_with(kBuckets)) {
+    k.kind = KeyInfo::kBucket;
+    return k;
+  }
+  if (fqn.starts_with(kState)) {
+    const std::string_view rest = fqn.substr(kState.size());
+    const size_t dot = rest.find('.');
+    if (dot != std::string_view::npos && dot > 0) {
+      k.kind = KeyInfo::kOptimizerState;
+      k.state = std::string(rest.substr(0, dot));
+      k.model_key = std::string(rest.substr(dot + 1));
+      return k;
+    }
+  }
+  k.kind = KeyInfo::kModel;
+  k.model_key = std::string(fqn);
+  return k;
+}
+
+bool IsStacked(std::string_view model_key) {
+  if (!model_key.starts_with(kLayers)) return false;
+  const std::string_view rest = model_key.substr(kLayers.size());
+  return !rest.empty() && !std::isdigit(static_cast<unsigned char>(rest[0]));
+}
+
+std::string CanonicalName(std::string_view model_key, int64_t layer,
+                          bool local_spec) {
+  if (layer < 0 || !model_key.starts_with(kLayers))
+    return std::string(model_key);
+  std::string_view rest = model_key.substr(kLayers.size());
+  std::string out = StrCat(kLayers, layer, ".");
+  if (local_spec) {
+    for (const SpecName& s : kLocalSpec) {
+      if (rest.starts_with(s.key)) {
+        return out + std::string(s.local) +
+               std::string(rest.substr(s.key.size()));
+      }
+    }
+  }
+  return out + std::string(rest);
+}
+
+KeyOfName ModelKeyOf(std::string_view canonical) {
+  KeyOfName k;
+  if (!canonical.starts_with(kLayers)) {
+    k.key = std::string(canonical);
+    return k;
+  }
+  std::string_view rest = canonical.substr(kLayers.size());
+  const size_t dot = rest.find('.');
+  int64_t layer = 0;
+  auto [p, ec] = std::from_chars(rest.data(), rest.data() + dot, layer);
+  if (dot == std::string_view::npos || dot == 0 || ec != std::errc() ||
+      p != rest.data() + dot) {
+    k.key = std::string(canonical);
+    return k;
+  }
+  rest.remove_prefix(dot + 1);
+  k.layer = layer;
+  for (const SpecName& s : kLocalSpec) {
+    if (rest.starts_with(s.local)) {
+      k.key = StrCat(kLayers, s.key, rest.substr(s.local.size()));
+      return k;
+    }
+  }
+  k.key = StrCat(kLayers, rest);
+  return k;
+}
+
+std::string ObjectKey(std::string_view key, std::span<const int64_t> offsets,
+                      std::span<const int64_t> grid) {
+  std::string out = StrCat(key, "/shard_");
+  for (size_t i = 0; i < offsets.size(); ++i)
+    out += StrCat(i ? "." : "", offsets[i]);
+  out += "_";
+  for (size_t i = 0; i < grid.size(); ++i) out += StrCat(i ? "." : "", grid[i]);
+  return out;
+}
+
+}  // namespace ucp::torch_dist

@@ -1,0 +1,53 @@
+#pragma once
+// torch_dist keys (torch_dist.h) and the universal file's canonical names.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ucp::torch_dist {
+
+/// What a DCP key of a torch_dist checkpoint holds.
+struct KeyInfo {
+  enum Kind : uint8_t {
+    kModel,           // a model tensor (ShardedTensor)
+    kOptimizerState,  // optimizer.state.<state>.<model key>
+    kBucket,          // optimizer.distributed.dp_group_idx_... (dp_reshardable)
+    kObject,          // a ShardedObject: <key>/shard_<offsets>_<shape>
+    kCommonState,     // common_state/...
+  };
+  Kind kind = kModel;
+  std::string model_key;  // kModel / kOptimizerState; kObject: its key
+  std::string state;      // kOptimizerState: param, fp32_param, exp_avg, ...
+  std::vector<int64_t> offsets;  // kObject: the shard's offsets and grid
+  std::vector<int64_t> grid;
+};
+
+/// Classifies `fqn` (a tensor key if `tensor`).
+KeyInfo ClassifyKey(std::string_view fqn, bool tensor);
+
+/// "decoder.layers.<module path>" without a layer number: stacked on a
+/// leading layer dim.
+bool IsStacked(std::string_view model_key);
+
+/// The canonical name of layer `layer` of a stacked key (or of an unstacked
+/// key, layer < 0): the layer number inserted after "decoder.layers.", and
+/// with `local_spec` the local layer spec's norm names.
+std::string CanonicalName(std::string_view model_key, int64_t layer,
+                          bool local_spec);
+
+/// The key and layer (-1: not stacked) of a canonical name (the inverse).
+struct KeyOfName {
+  std::string key;
+  int64_t layer = -1;
+};
+KeyOfName ModelKeyOf(std::string_view canonical);
+
+/// "rng_state/shard_0.1_2.4": Megatron's ShardedObject unique key.
+std::string ObjectKey(std::string_view key, std::span<const int64_t> offsets,
+                      std::span<const int64_t> grid);
+
+}  // namespace ucp::torch_dist

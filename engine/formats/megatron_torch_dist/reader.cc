@@ -1,0 +1,682 @@
+// Reading a torch_dist checkpoint into universal content (torch_dist.h): the
+// DCP chunks of every model and optimizer key mapped onto Megatron's
+// canonical params (a stacked key's layer slices onto its layers, vocabulary
+// padding rows onto pad atoms), the common state as the "megatron" driver
+// keeps a legacy checkpoint's.
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/formats/common/source_table.h"
+#include "engine/formats/common/torch_blob.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron_torch_dist/keys.h"
+#include "engine/formats/megatron_torch_dist/torch_dist.h"
+#include "layouts/layout.h"
+
+namespace ucp::torch_dist {
+namespace {
+
+namespace fs = std::filesystem;
+using layouts::Layout;
+using layouts::Rule;
+using pickle::Kind;
+using pickle::Value;
+
+struct Param {
+  std::string name;  // canonical
+  std::string key;   // model key
+  int64_t layer = -1;
+  const Rule* rule = nullptr;
+  Shape full_shape;  // true vocabulary rows for vocab rules
+  int64_t pad_rows = 0;
+  DType dtype = DType::kFloat32;
+  bool buffer = false;
+};
+
+const Value* DictGet(const Value* d, std::string_view key) {
+  return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
+}
+
+class Planner {
+ public:
+  Planner(const Checkpoint& c, const SourceOptions& o) : c_(c), o_(o) {}
+  universal::SourcePlan Run();
+
+ private:
+  void ReadSettings();
+  void CollectParams();
+  void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
+  void PlanGroups();
+  void PlanOpaque();
+  void PlanRoot();
+  std::string Where(const dcp::Entry& e) const {
+    return StrCat(c_.iter_dir.string(), " > ", e.fqn);
+  }
+  Param& ParamAt(const std::string& key, int64_t layer, const std::string& w);
+
+  const Checkpoint& c_;
+  const SourceOptions& o_;
+  universal::SourcePlan plan_;
+  formats::SourceTable sources_{plan_};
+  dcp::FileCache files_;
+  std::vector<std::shared_ptr<const torchfile::TorchFile>> open_;
+
+  const Value* args_ = nullptr;
+  std::optional<megatron::RunConfig> run_;
+  bool local_spec_ = false;
+  std::optional<Layout> layout_;
+  layouts::Variables vars_;
+  bool true_vocab_known_ = false;
+  std::string vocab_source_;
+  int64_t num_layers_ = 0;
+  bool has_optimizer_ = false;
+
+  std::vector<Param> params_;
+  std::map<std::pair<std::string, int64_t>, size_t> param_of_;
+  json::Value entries_ = json::Value::Array();
+  std::map<std::pair<std::string, std::string>, size_t> atoms_;
+  std::vector<int64_t> group_of_;
+  std::vector<const Value*> group_dicts_;
+  std::vector<megatron::GroupKey> group_keys_;
+};
+
+void Planner::ReadSettings() {
+  args_ = DictGet(c_.common, "args");
+  if (args_ != nullptr) {
+    run_ = megatron::ReadRunConfig(megatron::ArgsView(
+        args_, StrCat(c_.iter_dir.string(), " > ", c_.common_in, " > args")));
+  }
+  std::string impl = o_.transformer_impl;
+  if (impl.empty() && args_ != nullptr) {
+    impl = megatron::ArgsView(args_, "args")
+               .Str("transformer_impl")
+               .value_or("transformer_engine");
+  }
+  if (impl.empty()) impl = "transformer_engine";
+  if (impl != "local" && impl != "transformer_engine") {
+    throw UsageError("transformer implementation '", impl,
+                     "': use local or transformer_engine");
+  }
+  local_spec_ = impl == "local";
+  if (c_.optimizer == "dp_reshardable" ||
+      c_.optimizer == "dp_zero_gather_scatter" ||
+      c_.optimizer == "fully_sharded_model_space" ||
+      c_.optimizer == "fully_sharded_bucket_space") {
+    throw FormatError(
+        c_.iter_dir.string(), ": the distributed optimizer's state is in the ",
+        c_.optimizer,
+        " format, which ucp does not read yet (fully_reshardable is read: "
+        "save with --dist-ckpt-optim-fully-reshardable); convert without it "
+        "with --no-optimizer");
+  }
+}
+
+Param& Planner::ParamAt(const std::string& key, int64_t layer,
+                        const std::string& where) {
+  auto it = param_of_.find({key, layer});
+  if (it == param_of_.end()) {
+    throw FormatError(where, ": optimizer state of ", key,
+                      layer >= 0 ? StrCat(" (layer ", layer, ")") : "",
+                      ", which the checkpoint's model has no tensor for");
+  }
+  return params_[it->second];
+}
+
+// Names, shapes and the canonical entry order: the keys before the first
+// stacked one, every layer's stacked keys (and their extra states) in the
+// order the metadata lists them, then the rest.
+void Planner::CollectParams() {
+  struct Listed {
+    std::string key;
+    bool stacked = false;
+    bool opaque = false;
+    const dcp::Entry* entry = nullptr;
+  };
+  std::vector<Listed> before, layer, after;
+  std::set<std::string> seen;
+  bool any_stacked = false;
+  int64_t stacked_layers = -1;
+  for (const dcp::Entry& e : c_.dcp.metadata.entries) {
+    const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
+    Listed l;
+    l.entry = &e;
+    if (k.kind == KeyInfo::kModel) {
+      l.key = k.model_key;
+      l.stacked = IsStacked(k.model_key);
+      if (l.stacked) {
+        if (e.size.empty()) {
+          throw FormatError(Where(e), ": a decoder layer key without a layer ",
+                            "dim (0-d)");
+        }
+        if (stacked_layers >= 0 && e.size[0] != stacked_layers) {
+          throw FormatError(Where(e), ": ", e.size[0],
+                            " layers, other decoder keys have ",
+                            stacked_layers);
+        }
+        stacked_layers = e.size[0];
+      }
+    } else if (k.kind == KeyInfo::kObject &&
+               k.model_key.ends_with("._extra_state")) {
+      l.key = k.model_key;
+      l.opaque = true;
+      l.stacked = IsStacked(k.model_key);
+    } else {
+      continue;
+    }
+    if (!seen.insert(l.key).second) continue;
+    any_stacked = any_stacked || l.stacked;
+    (l.stacked ? layer : any_stacked ? after : before).push_back(l);
+  }
+  for (const Listed& l : before)
+    if (!l.opaque && l.key.starts_with("decoder.layers."))
+      throw FormatError(Where(*l.entry),
+                        ": per-layer keys (a heterogeneous or mixture-of-"
+                        "experts decoder, or singleton_local_shards) are "
+                        "not supported");
+  num_layers_ = std::max<int64_t>(0, stacked_layers);
+  if (run_) {
+    const int64_t args_layers = run_->variables.Get("num_layers");
+    if (stacked_layers >= 0 && args_layers != stacked_layers) {
+      throw FormatError(c_.iter_dir.string(), ": args say ", args_layers,
+                        " layers, the decoder keys hold ", stacked_layers);
+    }
+  }
+
+  // Canonical names in order (for the layout and the entry list).
+  struct Named {
+    std::string name;
+    std::string key;
+    int64_t layer;
+    bool opaque;
+    const dcp::Entry* entry;
+  };
+  std::vector<Named> names;
+  auto add = [&](const Listed& l, int64_t g) {
+    names.push_back(
+        {CanonicalName(l.key, g, local_spec_), l.key, g, l.opaque, l.entry});
+  };
+  for (const Listed& l : before) add(l, -1);
+  for (int64_t g = 0; g < num_layers_; ++g)
+    for (const Listed& l : layer) add(l, g);
+  for (const Listed& l : after) add(l, -1);
+
+  std::vector<std::string> all;
+  for (const Named& n : names) all.push_back(n.name);
+  layout_ = Layout::FromSpec(o_.layout, all);
+  const Layout& layout = *layout_;
+
+  // Model variables: the args', else what the shapes tell.
+  layouts::Variables vars;
+  if (run_) vars = run_->variables;
+  const dcp::Entry* emb =
+      c_.dcp.metadata.Find("embedding.word_embeddings.weight");
+  if (!run_) {
+    vars.Set("num_layers", num_layers_);
+    vars.Set("tied", c_.dcp.metadata.Find("output_layer.weight") ? 0 : 1);
+    if (emb != nullptr && emb->size.size() == 2)
+      vars.Set("hidden_size", emb->size[1]);
+    const dcp::Entry* fc1 =
+        c_.dcp.metadata.Find("decoder.layers.mlp.linear_fc1.weight");
+    const dcp::Entry* fc2 =
+        c_.dcp.metadata.Find("decoder.layers.mlp.linear_fc2.weight");
+    if (fc1 && fc2 && fc1->size.size() == 3 && fc2->size.size() == 3)
+      vars.Set("swiglu", fc1->size[1] == 2 * fc2->size[2] ? 1 : 0);
+  }
+  std::optional<int64_t> vocab = o_.true_vocab_size;
+  vocab_source_ = "option";
+  if (!vocab && run_ && run_->true_vocab_size) {
+    vocab = run_->true_vocab_size;
+    vocab_source_ = "tokenizer (NullTokenizer vocab_size + 1)";
+  }
+  true_vocab_known_ = vocab.has_value();
+  if (!vocab && emb != nullptr && !emb->size.empty()) {
+    vocab = emb->size[0];
+    vocab_source_ = "the stored rows (true size unknown)";
+  }
+  if (vocab) vars.Set("vocab_size", *vocab);
+  vars_ = layout.Resolve(vars);
+
+  for (const Named& n : names) {
+    const Rule* rule = nullptr;
+    try {
+      rule = &layout.Match(n.name, vars_);
+    } catch (Error& e) {
+      e.AddContext(Where(*n.entry), " > param ", n.name);
+      throw;
+    }
+    json::Value entry = json::Value::Array();
+    entry.Append(n.name);
+    if (n.opaque) {
+      entry.Append("opaque");
+      entries_.Append(std::move(entry));
+      continue;
+    }
+    const bool buffer = rule->entry == layouts::EntryKind::kBuffer;
+    entry.Append(buffer ? "buffer" : "param");
+    entries_.Append(std::move(entry));
+    Param p;
+    p.name = n.name;
+    p.key = n.key;
+    p.layer = n.layer;
+    p.rule = rule;
+    p.dtype = n.entry->dtype;
+    p.buffer = buffer;
+    p.full_shape = n.entry->size;
+    if (n.layer >= 0) p.full_shape.erase(p.full_shape.begin());
+    if (rule->tp.split && rule->tp.vocab) {
+      const size_t d = static_cast<size_t>(rule->tp.dim);
+      const int64_t stored = d < p.full_shape.size() ? p.full_shape[d] : 0;
+      const int64_t rows = vars_.Find("vocab_size").value_or(stored);
+      if (rows > stored) {
+        throw FormatError(Where(*n.entry), ": ", stored,
+                          " rows, fewer than the vocabulary's ", rows, " (",
+                          vocab_source_, ")");
+      }
+      p.pad_rows = stored - rows;
+      p.full_shape[d] = rows;
+    }
+    param_of_[{n.key, n.layer}] = params_.size();
+    params_.push_back(std::move(p));
+  }
+}
+
+void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
+  const bool model = k.kind == KeyInfo::kModel;
+  const bool stacked = IsStacked(k.model_key);
+  std::string kind;
+  if (!model) {
+    if (k.state == "param" || k.state == "fp32_param") {
+      kind = "fp32";
+    } else if (k.state == "exp_avg" || k.state == "exp_avg_sq") {
+      kind = k.state;
+    } else {
+      throw FormatError(Where(e), ": optimizer state '", k.state,
+                        "' is not read (param, fp32_param, exp_avg, "
+                        "exp_avg_sq are)");
+    }
+    if (e.dtype != DType::kFloat32) {
+      throw FormatError(Where(e), ": optimizer state in ", DTypeName(e.dtype),
+                        ", expected float32");
+    }
+  }
+  const std::string where = Where(e);
+  // The atom of a param for this key.
+  auto atom_of = [&](Param& p) -> universal::AtomPlan& {
+    std::string ak = kind;
+    DType dtype = DType::kFloat32;
+    if (model) {
+      const bool low = p.dtype != DType::kFloat32;
+      ak = p.buffer ? "param" : (low && has_optimizer_ ? "param" : "fp32");
+      dtype = ak == "param" ? p.dtype : DType::kFloat32;
+    }
+    auto [it, fresh] = atoms_.try_emplace({p.name, ak}, plan_.atoms.size());
+    if (!fresh) {
+      if (model && ak == "fp32" && c_.optimizer != "none") {
+        throw FormatError(where, ": two tensors give param ", p.name,
+                          " its fp32 weights");
+      }
+      return plan_.atoms[it->second];
+    }
+    universal::AtomPlan a;
+    a.param = p.name;
+    a.state_kind = ak;
+    a.dtype = dtype;
+    a.shape = p.full_shape;
+    if (p.pad_rows > 0) {
+      a.pad_shape = p.full_shape;
+      a.pad_shape[static_cast<size_t>(p.rule->tp.dim)] = p.pad_rows;
+    }
+    plan_.atoms.push_back(std::move(a));
+    return plan_.atoms.back();
+  };
+  // Every param this key holds must have its shape.
+  const size_t lead = stacked ? 1 : 0;
+  for (const dcp::Chunk& chunk : e.chunks) {
+    if (chunk.sizes.size() != e.size.size()) {
+      throw FormatError(where, ": chunk ", dcp::BoxString(chunk),
+                        " has another rank than the key's shape ",
+                        ShapeString(e.size));
+    }
+    if (NumElements(chunk.sizes) == 0) continue;
+    const dcp::ItemKey key{e.fqn, chunk.offsets};
+    auto items = c_.dcp.items.find(key);
+    if (items == c_.dcp.items.end() || items->second.empty()) {
+      throw FormatError(where, ": no item for chunk ", dcp::BoxString(chunk));
+    }
+    for (const dcp::Item& item : items->second) {
+      const std::string iw = StrCat("rank file ", item.file.string(), " > ",
+                                    e.fqn, " > chunk ", dcp::BoxString(chunk));
+      try {
+        open_.push_back(dcp::OpenItem(item, key, files_));
+        const torchfile::TorchFile& f = *open_.back();
+        const torchfile::TensorInfo* t = f.FindTensor(f.root());
+        if (t == nullptr) throw FormatError("the item is not a tensor");
+        if (t->dtype != e.dtype || t->shape != chunk.sizes) {
+          throw FormatError("the item holds a ", DTypeName(t->dtype), " ",
+                            ShapeString(t->shape),
+                            " tensor, the metadata says ", DTypeName(e.dtype),
+                            " ", ShapeString(chunk.sizes));
+        }
+        const reshape::SourceTensor whole =
+            sources_.Tensor(open_.back(), *t, iw);
+        const int64_t first = stacked ? chunk.offsets[0] : -1;
+        const int64_t count = stacked ? chunk.sizes[0] : 1;
+        Shape sub(chunk.sizes.begin() + static_cast<ptrdiff_t>(lead),
+                  chunk.sizes.end());
+        Shape off(chunk.offsets.begin() + static_cast<ptrdiff_t>(lead),
+                  chunk.offsets.end());
+        const uint64_t slice_bytes =
+            static_cast<uint64_t>(NumElements(sub)) * ElementSize(e.dtype);
+        for (int64_t i = 0; i < count; ++i) {
+          Param& p =
+              model ? params_[param_of_.at(
+                          {k.model_key, stacked ? first + i : -1})]
+                    : ParamAt(k.model_key, stacked ? first + i : -1, where);
+          universal::AtomPlan& atom = atom_of(p);
+          reshape::SourceTensor src = whole;
+          src.byte_offset += static_cast<uint64_t>(i) * slice_bytes;
+          src.shape = sub;
+          if (p.pad_rows == 0) {
+            atom.fragments.push_back(
+                {src, Box::Whole(sub), Box{off, sub}, false, iw});
+            continue;
+          }
+          // Rows below the vocabulary to the atom, the rest to its pad rows.
+          const size_t d = static_cast<size_t>(p.rule->tp.dim);
+          const int64_t rows = p.full_shape[d];
+          const int64_t lo = off[d], hi = off[d] + sub[d];
+          if (lo < rows) {
+            Box s = Box::Whole(sub), a{off, sub};
+            s.size[d] = a.size[d] = std::min(hi, rows) - lo;
+            atom.fragments.push_back({src, s, a, false, iw});
+          }
+          if (hi > rows) {
+            const int64_t from = std::max(lo, rows);
+            Box s = Box::Whole(sub), a{off, sub};
+            s.offset[d] = from - lo;
+            s.size[d] = a.size[d] = hi - from;
+            a.offset[d] = from - rows;
+            atom.fragments.push_back({src, s, a, true, iw});
+          }
+        }
+      } catch (Error& err) {
+        if (std::string_view(err.what()).find(item.file.string()) ==
+            std::string_view::npos)
+          err.AddContext(iw);
+        throw;
+      }
+    }
+  }
+}
+
+// Megatron's groups (param_groups.h) in named_parameters() order; the
+// stored group dicts (without params) from the common state.
+void Planner::PlanGroups() {
+  const Value* opt = DictGet(c_.common, "optimizer");
+  const Value* inner = DictGet(opt, "optimizer");
+  const Value* groups = DictGet(inner, "param_groups");
+  std::vector<megatron::GroupKey> keys;
+  std::vector<size_t> trainable;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].buffer) continue;
+    trainable.push_back(i);
+    keys.push_back(megatron::DefaultGroupKey(params_[i].name,
+                                             params_[i].full_shape.size()));
+  }
+  const megatron::Grouping g = megatron::GroupParams(keys);
+  group_of_.assign(params_.size(), -1);
+  if (groups != nullptr && groups->kind == Kind::kList &&
+      groups->items.size() == g.keys.size()) {
+    for (size_t j = 0; j < trainable.size(); ++j)
+      group_of_[trainable[j]] = static_cast<int64_t>(g.group_of[j]);
+    for (size_t j = 0; j < g.keys.size(); ++j) {
+      group_dicts_.push_back(groups->items[j]);
+      group_keys_.push_back(g.keys[j]);
+    }
+  } else if (groups != nullptr && groups->kind == Kind::kList &&
+             groups->items.size() == 1) {
+    // One group for every param (not Megatron's default grouping).
+    for (size_t i : trainable) group_of_[i] = 0;
+    group_dicts_.push_back(groups->items[0]);
+    group_keys_.push_back(megatron::StoredGroupKey(groups->items[0]));
+  } else if (groups != nullptr && groups->kind == Kind::kList) {
+    throw FormatError(
+        c_.iter_dir.string(), " > ", c_.common_in,
+        " > optimizer.optimizer.param_groups: ", groups->items.size(),
+        " groups, Megatron's rule makes ", g.keys.size(), " for this model");
+  } else {
+    for (size_t j = 0; j < trainable.size(); ++j)
+      group_of_[trainable[j]] = static_cast<int64_t>(g.group_of[j]);
+    group_keys_ = g.keys;
+  }
+}
+
+void Planner::PlanOpaque() {
+  auto add = [&](std::string key, std::string bytes) {
+    plan_.opaque.push_back({std::move(key), std::move(bytes)});
+  };
+  // Objects: extra states (one per layer, TP rank 0's shard) and rng states.
+  for (const auto& [key, items] : c_.dcp.items) {
+    if (key.offset || items.empty()) continue;
+    const KeyInfo k = ClassifyKey(key.fqn, false);
+    if (k.kind != KeyInfo::kObject) continue;
+    const bool extra = k.model_key.ends_with("._extra_state");
+    const bool rng = k.model_key == "rng_state" && k.offsets.size() == 2;
+    if (!extra && !rng) continue;
+    std::shared_ptr<const torchfile::TorchFile> f =
+        dcp::OpenItem(items.front(), key, files_);
+    const Value* v = f->root();
+    // ShardedObjects are saved as torch.save([data]).
+    if (v != nullptr && v->kind == Kind::kList && v->items.size() == 1)
+      v = v->items[0];
+    if (extra) {
+      const int64_t layer =
+          IsStacked(k.model_key) && !k.offsets.empty() ? k.offsets[0] : -1;
+      add("extra_state/" + CanonicalName(k.model_key, layer, local_spec_),
+          formats::SaveBlob(f.get(), v));
+    } else {
+      add(megatron::RngStateKey(k.offsets[1], k.offsets[0]),
+          formats::SaveBlob(f.get(), v));
+    }
+  }
+  if (c_.common == nullptr) return;
+  const torchfile::TorchFile* cf = c_.common_file.get();
+  for (const auto& [kv, v] : c_.common->entries) {
+    if (kv == nullptr || kv->kind != Kind::kStr) continue;
+    const std::string& key = kv->s;
+    if (key == "args") {
+      add("args", formats::SaveBlob(cf, v));
+    } else if (key == "optimizer") {
+      if (const Value* gs = DictGet(v, "grad_scaler"))
+        add("grad_scaler", formats::SaveBlob(cf, gs));
+    } else if (key == "rerun_state_machine") {
+      add(key, formats::SaveBlob(cf, v));
+    } else if (key == "model" || key.starts_with("model") ||
+               key == "rng_state") {
+      continue;
+    } else {
+      add("top_level/" + key, formats::SaveBlob(cf, v));
+    }
+  }
+  if (has_optimizer_ && !group_dicts_.empty()) {
+    pickle::Arena arena;
+    std::vector<Value*> list;
+    for (const Value* d : group_dicts_) {
+      Value* copy = arena.Dict();
+      for (const auto& [k, v] : d->entries) {
+        if (k != nullptr && k->kind == Kind::kStr && k->s == "params") continue;
+        copy->entries.emplace_back(const_cast<Value*>(k),
+                                   const_cast<Value*>(v));
+      }
+      list.push_back(copy);
+    }
+    add("optimizer/param_groups",
+        formats::SaveBlob(cf, arena.List(std::move(list))));
+  }
+}
+
+void Planner::PlanRoot() {
+  atoms::RootInfo& root = plan_.root;
+  const Value* it = DictGet(c_.common, "iteration");
+  root.iteration =
+      it != nullptr && it->kind == Kind::kInt ? it->i : c_.iteration;
+  root.consumed_samples = run_ ? run_->consumed_train_samples.value_or(-1) : -1;
+  const layouts::Topology& t = c_.topology;
+  std::set<std::string> dtypes;
+  for (const Param& p : params_) dtypes.insert(std::string(DTypeName(p.dtype)));
+
+  json::Value src = json::Value::Object();
+  src["framework"] = "megatron-lm";
+  src["framework_version"] = "megatron-core (torch_dist)";
+  src["format"] = "torch_dist";
+  src["tp"] = t.tp;
+  src["pp"] = t.pp;
+  src["vpp"] = t.vpp;
+  src["dp"] = t.dp;
+  src["cp"] = run_ ? run_->cp : 1;
+  src["ep"] = 1;
+  src["distributed_optimizer"] =
+      c_.optimizer == "fully_reshardable" || c_.optimizer == "dp_reshardable";
+  src["optimizer_sharding"] = c_.optimizer;
+  src["vocab_size_from"] = vocab_source_;
+  json::Value dt = json::Value::Array();
+  for (const std::string& d : dtypes) dt.Append(d);
+  src["dtypes"] = std::move(dt);
+  src["layout"] = layout_->name();
+  src["iteration_dir"] = c_.iter_dir.filename().string();
+  src["transformer_impl"] = local_spec_ ? "local" : "transformer_engine";
+  root.source = src.Dump();
+
+  json::Value model = json::Value::Object();
+  for (const auto& [k, v] : vars_.values()) model[k] = v;
+  if (auto v = vars_.Find("vocab_size")) model["true_vocab_size"] = *v;
+  root.model = model.Dump();
+  root.layout = layout_->yaml();
+
+  json::Value opt = json::Value::Object();
+  opt["type"] = run_ ? run_->optimizer : std::string("adam");
+  json::Value groups = json::Value::Array();
+  for (size_t i = 0; i < group_keys_.size(); ++i) {
+    json::Value g = json::Value::Object();
+    g["key"] = group_keys_[i].ToJson();
+    if (i < group_dicts_.size() && group_dicts_[i]->IsDictLike()) {
+      for (const auto& [k, v] : group_dicts_[i]->entries) {
+        if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
+        g[k->s] = megatron::ValueToJson(v);
+      }
+    }
+    groups.Append(std::move(g));
+  }
+  opt["groups"] = std::move(groups);
+  json::Value kinds = json::Value::Array();
+  if (has_optimizer_) {
+    kinds.Append("fp32");
+    kinds.Append("exp_avg");
+    kinds.Append("exp_avg_sq");
+  }
+  opt["state_kinds"] = std::move(kinds);
+  root.optimizer = opt.Dump();
+  const Value* sched = DictGet(c_.common, "opt_param_scheduler");
+  root.scheduler = sched != nullptr ? megatron::ValueToJson(sched).Dump()
+                                    : std::string("{}");
+  root.args =
+      args_ != nullptr
+          ? megatron::ArgsToJson(megatron::ArgsView(args_, "args")).Dump()
+          : std::string("{}");
+
+  // What the "megatron" driver keeps (megatron_format.h), so that either
+  // Megatron format can be written.
+  json::Value meta = json::Value::Object();
+  json::Value top = json::Value::Array();
+  for (const char* k :
+       {"args", "checkpoint_version", "iteration", "model", "optimizer",
+        "opt_param_scheduler", "rerun_state_machine", "rng_state",
+        "num_floating_point_operations_so_far"})
+    top.Append(k);
+  meta["top_level_keys"] = std::move(top);
+  meta["entries"] = entries_;
+  meta["release"] = false;
+  meta["gpus_per_node"] = 8;
+  const bool float16 = std::any_of(
+      params_.begin(), params_.end(),
+      [](const Param& p) { return !p.buffer && p.dtype != DType::kFloat32; });
+  meta["optimizer_format"] = !has_optimizer_ ? "none"
+                             : c_.optimizer == "non_distributed"
+                                 ? (float16 ? "float16" : "fp32")
+                                 : "distributed";
+  json::Value sk = json::Value::Array();
+  if (has_optimizer_) {
+    sk.Append("exp_avg");
+    sk.Append("exp_avg_sq");
+  }
+  meta["state_keys"] = std::move(sk);
+  meta["grad_dtype"] = "float32";
+  meta["vocab_size_known"] = true_vocab_known_;
+  root.extra_strings[megatron::kMetaAttr.data()] = meta.Dump();
+
+  json::Value own = json::Value::Object();
+  own["content_metadata"] = c_.content_metadata;
+  own["common_in"] = c_.common_in;
+  own["optimizer"] = c_.optimizer;
+  root.extra_strings[kMetaAttr] = own.Dump();
+
+  json::Value training = json::Value::Object();
+  training["dtype"] =
+      dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
+  training["step"] = root.iteration;
+  training["global_samples"] = root.consumed_samples;
+  training["frozen"] = json::Value::Array();
+  training["shared"] = json::Value::Object();
+  json::Value order = json::Value::Array();
+  for (const Param& p : params_) order.Append(p.name);
+  training["param_order"] = std::move(order);
+  root.training = training.Dump();
+}
+
+universal::SourcePlan Planner::Run() {
+  ReadSettings();
+  CollectParams();
+  has_optimizer_ = c_.optimizer != "none";
+  // Model tensors first (their params), then optimizer state.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const dcp::Entry& e : c_.dcp.metadata.entries) {
+      if (!e.tensor) continue;
+      const KeyInfo k = ClassifyKey(e.fqn, true);
+      const bool want = pass == 0 ? k.kind == KeyInfo::kModel
+                                  : k.kind == KeyInfo::kOptimizerState;
+      if (!want) continue;
+      PlanTensor(e, k);
+    }
+  }
+  PlanGroups();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    plan_.params.push_back(formats::ParamRow({.fqn = p.name,
+                                              .shape = p.full_shape,
+                                              .dtype = p.dtype,
+                                              .rule = p.rule->name,
+                                              .buffer = p.buffer,
+                                              .group = group_of_[i],
+                                              .order = static_cast<int64_t>(i),
+                                              .frozen = false,
+                                              .tied_copies = {}}));
+  }
+  PlanOpaque();
+  PlanRoot();
+  return std::move(plan_);
+}
+
+}  // namespace
+
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const SourceOptions& options) {
+  return Planner(checkpoint, options).Run();
+}
+
+}  // namespace ucp::torch_dist

@@ -1,0 +1,162 @@
+#pragma once
+// Megatron-core `--ckpt-format torch_dist` checkpoints (megatron/core/
+// dist_checkpointing; core v0.8-v0.16, both common-state forms of v0.19+):
+// discovery, reading into a universal SourcePlan with Megatron's canonical
+// names (the "megatron" driver's universal content: the two Megatron formats
+// convert into each other), and planning the files of any TP/PP/VPP/DP.
+//
+// Folders
+//   <save>/latest_checkpointed_iteration.txt   "N" (written last)
+//   <save>/iter_{N:07d}/
+//     metadata.json     {"sharded_backend": "torch_dist",
+//                        "sharded_backend_version": 1, "common_backend":
+//                        "torch", "common_backend_version": 1} (written
+//                        last: without it the checkpoint is incomplete;
+//                        core <= 0.18 requires all four keys)
+//     .metadata         DCP metadata (engine/formats/dcp/metadata.h; core
+//                        0.15's MCoreMetadata read as its base)
+//     __R_I.distcp      DCP items of global rank R (dcp.h)
+//     common.pt         torch.save(common dict) (core <= 0.18); core 0.19+
+//                        may keep it instead as the DCP bytes item
+//                        "common_state/shard_0_1" = torch.save([dict])
+// The common dict (training/checkpointing.py generate_state_dict, minus
+// everything sharded): args (argparse.Namespace), checkpoint_version 3.0,
+// iteration, optimizer {optimizer: {param_groups: [group without params]},
+// param_state_sharding_type, [grad_scaler]}, opt_param_scheduler,
+// [rerun_state_machine], num_floating_point_operations_so_far,
+// content_metadata {distrib_optim_sharding_type, singleton_local_shards,
+// chained_optim_avoid_prefix, distrib_optim_fully_reshardable_mem_efficient}.
+//
+// DCP keys (ShardedTensor keys; no "model." prefix):
+//   embedding.word_embeddings.weight   [padded vocab, h], split dim 0 by TP
+//   embedding.position_embeddings.weight
+//   decoder.layers.<module path>       a homogeneous decoder's layers stacked
+//                                      on a leading layer dim [L, ...]
+//                                      (global layer numbers); chunks
+//                                      [1, local shape] at [layer, TP
+//                                      offsets]; SwiGLU's linear_fc1 is the
+//                                      TP-invariant [gate; up]: two chunks
+//                                      per rank (its gate rows, its up rows)
+//   decoder.final_layernorm.*, output_layer.weight (untied only; a tied
+//                                      copy is never stored)
+//   keys are spec-invariant: the local layer spec's input_layernorm.* and
+//   pre_mlp_layernorm.* are stored as self_attention.linear_qkv.layer_norm_*
+//   and mlp.linear_fc1.layer_norm_* (universal names follow args.
+//   transformer_impl: "local" -> the local spec's names)
+//   <module>._extra_state/shard_<layer>_<L>   BYTE_IO torch.save([state])
+//   rng_state/shard_<pp>.<tp>_<PP>.<TP>       BYTE_IO torch.save([[rng]])
+// Optimizer state (content_metadata.distrib_optim_sharding_type):
+//   fully_reshardable   optimizer.state.{param,exp_avg,exp_avg_sq}.<model
+//                       key>: fp32, the model key's shape and chunks
+//   non-distributed     optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.
+//                       <model key> (Float16OptimizerWithFloat16Params):
+//                       read
+//   dp_reshardable      optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
+//                       dtype_(<param dtype>, <grad dtype>).bucket_idx_<k>.
+//                       {param,exp_avg,exp_avg_sq}: per DDP bucket, 1-D
+//                       [bucket numel unpadded]; not read yet (refused)
+//
+// In the universal file: what the "megatron" driver keeps (megatron_format.h:
+// canonical names with global layer numbers, param / fp32 / exp_avg /
+// exp_avg_sq atoms, vocabulary padding rows as pad atoms, args, param
+// groups, extra states, rng states, the common dict's other entries as
+// top_level/<key>), plus root attribute "megatron_torch_dist" (JSON):
+// {"content_metadata": {...}, "common_in": "common.pt" | "common_state"}.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/formats/dcp/dcp.h"
+#include "engine/formats/driver.h"
+#include "engine/json/json.h"
+#include "engine/pickle/value.h"
+#include "engine/torchfile/torch_file.h"
+#include "engine/universal/source_plan.h"
+#include "layouts/variables.h"
+
+namespace ucp::torch_dist {
+
+inline constexpr const char* kIterationOption = "iteration";
+inline constexpr const char* kTransformerImplOption = "transformer-impl";
+inline constexpr const char* kDistributedOptimizerOption =
+    "distributed-optimizer";
+inline constexpr const char* kMetaAttr = "megatron_torch_dist";
+inline constexpr const char* kMetadataJson = "metadata.json";
+inline constexpr const char* kCommonFile = "common.pt";
+inline constexpr const char* kCommonStatePrefix = "common_state/";
+
+struct Checkpoint {
+  std::filesystem::path dir;       // the save folder (holds the tracker)
+  std::filesystem::path iter_dir;  // iter_0000100
+  int64_t iteration = 0;
+  dcp::Checkpoint dcp;  // the DCP container
+  /// The common dict (a node of common_file), nullptr if the checkpoint has
+  /// none; where it was.
+  std::shared_ptr<const torchfile::TorchFile> common_file;
+  const pickle::Value* common = nullptr;
+  std::string common_in;  // "common.pt", "common_state" or ""
+  json::Value content_metadata = json::Value::Object();
+  /// content_metadata's distrib_optim_sharding_type, else inferred from the
+  /// keys: "fully_reshardable", "dp_reshardable", "non_distributed", "none".
+  std::string optimizer;
+  layouts::Topology topology;  // from args, else TP/PP from the chunks
+  std::vector<std::filesystem::path> files;  // every file read
+};
+
+/// Finds the checkpoint at `path`: a save folder (the tracker's iteration,
+/// or `iteration`) or an iter_* folder. Throws FormatError naming the file
+/// for a missing or malformed metadata.json / .metadata / common state (and
+/// what dcp::Discover refuses), UsageError for an iteration that is not
+/// there, IoError if `path` is not a readable folder.
+Checkpoint Discover(const std::filesystem::path& path,
+                    std::optional<int64_t> iteration);
+
+/// The iter_* folders of save folder `dir` holding a metadata.json or a
+/// .metadata (complete or not). Never throws.
+std::vector<formats::SavedCheckpoint> ListIterations(
+    const std::filesystem::path& dir);
+
+/// True if `dir` is an iter folder of this format (metadata.json naming the
+/// torch_dist backend). Never throws.
+bool IsTorchDistFolder(const std::filesystem::path& dir);
+
+struct SourceOptions {
+  std::string layout;  // builtin name or YAML; "" detect
+  std::optional<int64_t> true_vocab_size;
+  /// "local" or "transformer_engine"; empty: args.transformer_impl, else
+  /// "transformer_engine" (Megatron's default).
+  std::string transformer_impl;
+};
+
+/// Plans the universal content (see above). Throws FormatError naming the
+/// file, key and problem (an optimizer format not read, a key no layout rule
+/// matches, chunks that disagree with the model); LayoutError if no layout
+/// fits; IoError.
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const SourceOptions& options);
+
+struct TargetOptions {
+  layouts::Topology topology;
+  bool distributed_optimizer = false;
+  bool no_optimizer = false;
+  std::optional<int64_t> true_vocab_size;
+};
+
+/// Plans iter_N/ for `options.topology`: one __R_0.distcp per global rank
+/// (Megatron's rank order tp-cp-ep-dp-pp; each (tp, pp) group's items spread
+/// over its DP ranks, as the fully parallel save spreads them), common.pt
+/// and the common_state item (every core reads one of them), .metadata, then
+/// metadata.json, then the tracker. Model tensors are chunked as Megatron
+/// shards them for that TP/PP (vocabulary padded for the new TP); the
+/// optimizer state is fully_reshardable. Throws LayoutError if the topology
+/// cannot hold the model, FormatError if the universal content lacks what
+/// Megatron needs, UsageError for optimizer state without
+/// --distributed-optimizer.
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input, const TargetOptions& options);
+
+}  // namespace ucp::torch_dist

@@ -1,0 +1,632 @@
+// Planning a torch_dist checkpoint from universal content (torch_dist.h).
+//
+// Keys and chunks, for a target TP x PP (x VPP) x DP:
+//   every param of the layout (tied copies are not stored) under its model
+//   key (ModelKeyOf: decoder layers stacked, global layer numbers); the
+//   chunks of TP rank r are its local tensor's pieces (layouts::ShardFor):
+//   a replicated tensor is one chunk (TP rank 0's), a split one a chunk per
+//   piece at the piece's offsets in the global tensor (SwiGLU's fc1: a gate
+//   and an up chunk), a vocabulary-padded one the rank's padded rows; a
+//   stacked key's chunk is [1, ...] at [layer, ...];
+//   with the distributed optimizer, optimizer.state.{param, exp_avg,
+//   exp_avg_sq}.<model key> with the same chunks (fully_reshardable);
+//   extra states and rng states as Megatron's ShardedObjects; common.pt and
+//   the common_state item (the args patched for the target).
+// Files: global rank R = tp + TP * (dp + DP * pp) writes __R_0.distcp; each
+// chunk goes to the DP rank of its (tp, pp) with the fewest bytes so far
+// (the fully parallel save's spreading), objects first in each file. Units:
+// one per rank file, then common.pt and .metadata, then metadata.json, then
+// the tracker.
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/common/torch_blob.h"
+#include "engine/formats/dcp/items.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron_torch_dist/keys.h"
+#include "engine/formats/megatron_torch_dist/torch_dist.h"
+#include "layouts/layout.h"
+#include "layouts/placement.h"
+
+namespace ucp::torch_dist {
+namespace {
+
+namespace fs = std::filesystem;
+using layouts::Layout;
+using layouts::Rule;
+using pickle::Kind;
+using pickle::Value;
+
+// The optimizer state keys of the fully_reshardable format and their atoms.
+constexpr std::pair<const char*, const char*> kStateKeys[] = {
+    {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
+
+class TorchDistPlan : public formats::TargetPlan {
+ public:
+  TorchDistPlan(const universal::UniversalInput& input,
+                const TargetOptions& options)
+      : input_(input), options_(options), blobs_(input) {
+    ReadMetadata();
+    PlanKeys();
+  }
+  size_t units() const override { return static_cast<size_t>(world_) + 3; }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t i) const override;
+  fs::path checkpoint_dir() const override { return iter_dir_; }
+  formats::TargetSummary Summary() const override;
+  std::string label() const override { return "writing torch_dist files"; }
+
+ private:
+  void ReadMetadata();
+  void PlanKeys();
+  size_t KeyIndex(const std::string& fqn, bool tensor, DType dtype,
+                  const Shape& shape);
+  void AddItem(int64_t tp_rank, int64_t pp_rank, dcp::PlannedItem item,
+               uint64_t bytes, bool object);
+  // The chunks of TP rank `tp_rank` of a param's `kind` (ops from its atom
+  // and pad atom); stacked: prefixed with the layer dim.
+  std::vector<dcp::PlannedItem> Chunks(const atoms::StoredParam& p,
+                                       const Rule& rule,
+                                       const std::string& kind, int64_t tp_rank,
+                                       int64_t layer) const;
+  std::string ObjectBytes(const std::string& blob_key) const;
+  pickle::Value* BuildCommon(
+      pickle::Arena& arena,
+      const std::function<Value*(const std::string&)>& import) const;
+  int64_t Rank(int64_t tp, int64_t dp, int64_t pp) const {
+    return tp + topo_.tp * (dp + topo_.dp * pp);
+  }
+
+  const universal::UniversalInput& input_;
+  TargetOptions options_;
+  mutable formats::BlobCache blobs_;
+  std::optional<Layout> layout_;
+  layouts::Variables vars_;
+  layouts::Topology topo_;
+  std::optional<layouts::LayerPlacement> placement_;
+  json::Value meta_ = json::Value::Object();
+  json::Value own_ = json::Value::Object();
+  int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1, cp_ = 1;
+  std::optional<int64_t> vocab_rows_;  // --true-vocab-size over unknown rows
+  bool write_optimizer_ = false;
+  int64_t world_ = 1;
+  fs::path iter_dir_;
+
+  std::vector<dcp::PlannedKey> keys_;
+  std::map<std::string, size_t> key_index_;
+  std::vector<size_t> entry_order_;
+  std::vector<std::vector<dcp::PlannedItem>> objects_, tensors_;
+  std::vector<uint64_t> rank_bytes_;
+  std::optional<dcp::ItemFiles> files_;
+  mutable std::set<std::string> notes_;
+};
+
+void TorchDistPlan::ReadMetadata() {
+  const atoms::RootInfo& root = input_.root();
+  if (root.layout.empty()) {
+    throw FormatError("universal input ", input_.path().string(),
+                      " has no layout descriptor: cannot place params (a "
+                      "Megatron target needs one: convert from a Megatron "
+                      "checkpoint or give --layout when reading the source)");
+  }
+  layout_ = Layout::ParseStored(root.layout, input_.path());
+  json::Value model =
+      formats::ParseJsonAttr(root.model, "model", input_.path());
+  layouts::Variables vars;
+  if (model.is_object()) {
+    for (const auto& [k, v] : model.members()) {
+      if (v.is_int()) vars.Set(k, v.AsInt());
+      if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
+    }
+  }
+  if (options_.true_vocab_size)
+    vars.Set("vocab_size", *options_.true_vocab_size);
+  vars_ = layout_->Resolve(vars);
+  auto attr = [&](const char* name) {
+    auto it = root.extra_strings.find(name);
+    return it != root.extra_strings.end()
+               ? formats::ParseJsonAttr(it->second, name, input_.path())
+               : json::Value::Object();
+  };
+  meta_ = attr(megatron::kMetaAttr.data());
+  own_ = attr(kMetaAttr);
+  const json::Value source =
+      formats::ParseJsonAttr(root.source, "source", input_.path());
+  auto int_of = [](const json::Value& o, const char* k, int64_t def) {
+    const json::Value* v = o.Find(k);
+    return v != nullptr && v->is_int() ? v->AsInt() : def;
+  };
+  source_tp_ = std::max<int64_t>(1, int_of(source, "tp", 1));
+  source_pp_ = std::max<int64_t>(1, int_of(source, "pp", 1));
+  source_vpp_ = std::max<int64_t>(1, int_of(source, "vpp", 1));
+  cp_ = std::max<int64_t>(1, int_of(source, "cp", 1));
+  topo_ = options_.topology;
+  if (topo_.tp < 1 || topo_.pp < 1 || topo_.vpp < 1 || topo_.dp < 1) {
+    throw LayoutError("target topology ", topo_.ToString(),
+                      ": sizes must be >= 1");
+  }
+  if (topo_.vpp > 1 && topo_.pp == 1) {
+    throw LayoutError("target topology ", topo_.ToString(),
+                      ": a virtual pipeline (vpp ", topo_.vpp,
+                      ") needs pp > 1");
+  }
+  const json::Value* known = meta_.Find("vocab_size_known");
+  if (options_.true_vocab_size && known != nullptr && known->is_bool() &&
+      !known->AsBool())
+    vocab_rows_ = *options_.true_vocab_size;
+  std::vector<layouts::ParamShape> shapes;
+  for (const atoms::StoredParam& p : input_.params()) {
+    Shape shape = p.info.shape;
+    const Rule* r = layout_->Find(p.info.fqn, vars_);
+    const size_t dim = r != nullptr ? static_cast<size_t>(r->tp.dim) : 0;
+    if (vocab_rows_ && r != nullptr && r->tp.split && r->tp.vocab &&
+        dim < shape.size())
+      shape[dim] = std::min(shape[dim], *vocab_rows_);
+    shapes.push_back({p.info.fqn, std::move(shape)});
+  }
+  layouts::ValidateTopology(*layout_, shapes, vars_, topo_);
+  placement_.emplace(layout_->NumLayers(vars_), topo_);
+  world_ = topo_.tp * topo_.pp * topo_.dp;
+  iter_dir_ = megatron::IterDirName(root.iteration, false);
+
+  bool any_state = false;
+  for (const atoms::DatasetInfo& d : input_.datasets())
+    if (d.kind == atoms::DatasetKind::kAtom &&
+        (d.state_kind == "exp_avg" || d.state_kind == "exp_avg_sq"))
+      any_state = true;
+  write_optimizer_ = any_state && !options_.no_optimizer;
+  if (write_optimizer_ && !options_.distributed_optimizer) {
+    throw UsageError(
+        "a torch_dist target keeps optimizer state in the distributed "
+        "optimizer's fully_reshardable form: add --distributed-optimizer, or "
+        "--no-optimizer for the model alone");
+  }
+}
+
+size_t TorchDistPlan::KeyIndex(const std::string& fqn, bool tensor, DType dtype,
+                               const Shape& shape) {
+  auto [it, fresh] = key_index_.try_emplace(fqn, keys_.size());
+  if (fresh) {
+    dcp::PlannedKey k;
+    k.fqn = fqn;
+    k.tensor = tensor;
+    k.dtype = dtype;
+    k.shape = shape;
+    keys_.push_back(std::move(k));
+    entry_order_.push_back(it->second);
+  } else if (keys_[it->second].shape != shape ||
+             keys_[it->second].dtype != dtype) {
+    throw FormatError("universal input ", input_.path().string(), " > ", fqn,
+                      ": its layers disagree on shape or dtype (",
+                      ShapeString(shape), " ", DTypeName(dtype), " against ",
+                      ShapeString(keys_[it->second].shape), " ",
+                      DTypeName(keys_[it->second].dtype), ")");
+  }
+  return it->second;
+}
+
+void TorchDistPlan::AddItem(int64_t tp_rank, int64_t pp_rank,
+                            dcp::PlannedItem item, uint64_t bytes,
+                            bool object) {
+  int64_t best = Rank(tp_rank, 0, pp_rank);
+  for (int64_t d = 1; d < topo_.dp; ++d) {
+    const int64_t r = Rank(tp_rank, d, pp_rank);
+    if (rank_bytes_[static_cast<size_t>(r)] <
+        rank_bytes_[static_cast<size_t>(best)])
+      best = r;
+  }
+  rank_bytes_[static_cast<size_t>(best)] += std::max<uint64_t>(bytes, 1);
+  (object ? objects_ : tensors_)[static_cast<size_t>(best)].push_back(
+      std::move(item));
+}
+
+std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
+                                                    const Rule& rule,
+                                                    const std::string& kind,
+                                                    int64_t tp_rank,
+                                                    int64_t layer) const {
+  const atoms::DatasetInfo* atom = input_.FindAtom(p.info.fqn, kind);
+  if (atom == nullptr) {
+    throw FormatError("universal input ", input_.path().string(), " > param ",
+                      p.info.fqn, ": no '", kind, "' atom");
+  }
+  const atoms::DatasetInfo* pad = input_.FindPadAtom(p.info.fqn, kind);
+  if (pad == nullptr && kind == "param")
+    pad = input_.FindPadAtom(p.info.fqn, "fp32");
+  Shape full = p.info.shape;
+  int64_t padded = 0, pad_rows = 0, stored_pad = 0;
+  const size_t dim = static_cast<size_t>(rule.tp.dim);
+  if (std::optional<int64_t> pd =
+          layouts::PaddedDimSize(rule, vars_, topo_.tp)) {
+    padded = *pd;
+    if (vocab_rows_ && *vocab_rows_ < full.at(dim)) {
+      stored_pad = full[dim] - *vocab_rows_;
+      full[dim] = *vocab_rows_;
+    }
+    if (padded < full[dim]) {
+      throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
+                        padded, " rows for tp ", topo_.tp,
+                        ") is smaller than the stored ", full[dim], " rows");
+    }
+    pad_rows = stored_pad;
+    if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
+  }
+  const layouts::LocalShard shard =
+      layouts::ShardFor(rule, full, topo_.tp, tp_rank, padded, pad_rows);
+  const reshape::SourceTensor main = input_.Tensor(*atom);
+  auto op_of = [&](const layouts::Piece& piece, const Box& dst) {
+    reshape::CopyOp op;
+    op.src = main;
+    op.src_box = piece.global;
+    if (piece.region == layouts::Region::kPad) {
+      if (stored_pad > 0) {
+        op.src_box.offset[dim] += full[dim];
+      } else {
+        op.src = input_.Tensor(*pad);
+      }
+    }
+    op.dst_box = dst;
+    return op;
+  };
+  std::vector<dcp::PlannedItem> out;
+  if (padded > 0) {
+    // The rank's rows of the padded tensor, one chunk.
+    dcp::PlannedItem it;
+    it.chunk.offsets.assign(shard.local_shape.size(), 0);
+    it.chunk.offsets[dim] = tp_rank * shard.local_shape[dim];
+    it.chunk.sizes = shard.local_shape;
+    for (const layouts::Piece& piece : shard.pieces)
+      it.ops.push_back(op_of(piece, piece.local));
+    out.push_back(std::move(it));
+  } else {
+    for (const layouts::Piece& piece : shard.pieces) {
+      if (piece.region != layouts::Region::kMain) continue;
+      dcp::PlannedItem it;
+      it.chunk.offsets = piece.global.offset;
+      it.chunk.sizes = piece.global.size;
+      it.ops.push_back(op_of(piece, Box::Whole(piece.global.size)));
+      out.push_back(std::move(it));
+    }
+  }
+  if (layer >= 0) {  // [1, ...] at [layer, ...], filled as [...]
+    for (dcp::PlannedItem& it : out) {
+      it.ops_shape = it.chunk.sizes;
+      it.chunk.offsets.insert(it.chunk.offsets.begin(), layer);
+      it.chunk.sizes.insert(it.chunk.sizes.begin(), 1);
+    }
+  }
+  return out;
+}
+
+std::string TorchDistPlan::ObjectBytes(const std::string& blob_key) const {
+  std::shared_ptr<const torchfile::TorchFile> f = blobs_.Get(blob_key);
+  // Megatron saves a ShardedObject as torch.save([data]).
+  return formats::SaveGraph(
+      [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
+        return w.arena().List({imp.Import(f, f->root())});
+      });
+}
+
+void TorchDistPlan::PlanKeys() {
+  const Layout& layout = *layout_;
+  const int64_t L = placement_->num_layers();
+  objects_.assign(static_cast<size_t>(world_), {});
+  tensors_.assign(static_cast<size_t>(world_), {});
+  rank_bytes_.assign(static_cast<size_t>(world_), 0);
+
+  // Entries in canonical order: the source's list, else the params.
+  std::vector<std::pair<std::string, std::string>> entries;
+  if (const json::Value* e = meta_.Find("entries"); e && e->is_array()) {
+    for (const json::Value& x : e->items())
+      if (x.is_array() && x.size() == 2 && x.items()[0].is_string() &&
+          x.items()[1].is_string())
+        entries.emplace_back(x.items()[0].AsString(), x.items()[1].AsString());
+  }
+  if (entries.empty()) {
+    for (const atoms::StoredParam& p : input_.params())
+      entries.emplace_back(p.info.fqn, p.info.kind == atoms::ParamKind::kBuffer
+                                           ? "buffer"
+                                           : "param");
+    for (const atoms::DatasetInfo& d : input_.datasets())
+      if (d.kind == atoms::DatasetKind::kOpaque &&
+          d.fqn.starts_with("extra_state/"))
+        entries.emplace_back(d.fqn.substr(12), "opaque");
+  }
+  std::vector<size_t> state_keys;  // optimizer keys, after the model's
+  bool extra_states = false;
+  for (const auto& [name, kind] : entries) {
+    const std::string where =
+        StrCat("universal input ", input_.path().string(), " > ", name);
+    try {
+      const Rule& rule = layout.Match(name, vars_);
+      if (rule.tied_to) continue;  // never stored
+      const layouts::Home home =
+          layouts::HomeOf(layout, rule, name, *placement_);
+      const KeyOfName key = ModelKeyOf(name);
+      if (key.layer >= 0 && !IsStacked(key.key))
+        throw FormatError("a layer name torch_dist cannot stack");
+      if (kind == "opaque") {
+        // output_layer._extra_state: Megatron drops it for GPT.
+        if (name == "output_layer._extra_state") continue;
+        if (!input_.FindOpaque("extra_state/" + name)) continue;
+        extra_states = true;
+        const std::string fqn =
+            key.layer >= 0 ? ObjectKey(key.key, std::vector<int64_t>{key.layer},
+                                       std::vector<int64_t>{L})
+                           : ObjectKey(key.key, std::vector<int64_t>{0},
+                                       std::vector<int64_t>{1});
+        dcp::PlannedItem it;
+        it.key = KeyIndex(fqn, false, DType::kUInt8, {});
+        keys_[it.key].bytes = ObjectBytes("extra_state/" + name);
+        const uint64_t size = keys_[it.key].bytes.size();
+        AddItem(0, home.pp_rank, std::move(it), size, true);
+        continue;
+      }
+      const atoms::StoredParam* p = input_.FindParam(name);
+      if (p == nullptr)
+        throw FormatError("the universal input has no such param");
+      const std::string weights =
+          input_.FindAtom(name, "param") != nullptr ? "param" : "fp32";
+      Shape global = p->info.shape;
+      if (std::optional<int64_t> pd =
+              layouts::PaddedDimSize(rule, vars_, topo_.tp))
+        global[static_cast<size_t>(rule.tp.dim)] = *pd;
+      if (key.layer >= 0) global.insert(global.begin(), L);
+      const bool split = rule.tp.split;
+      const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
+      const bool with_state = write_optimizer_ &&
+                              p->info.kind != atoms::ParamKind::kBuffer &&
+                              input_.FindAtom(name, "exp_avg") != nullptr;
+      for (int64_t r = 0; r < (split ? topo_.tp : 1); ++r) {
+        for (dcp::PlannedItem& it : Chunks(*p, rule, weights, r, key.layer)) {
+          it.key = mk;
+          const uint64_t bytes =
+              static_cast<uint64_t>(NumElements(it.chunk.sizes)) *
+              ElementSize(p->info.dtype);
+          AddItem(r, home.pp_rank, std::move(it), bytes, false);
+        }
+        if (!with_state) continue;
+        for (const auto& [skey, atom] : kStateKeys) {
+          if (input_.FindAtom(name, atom) == nullptr) {
+            throw FormatError("no '", atom,
+                              "' atom (its optimizer state is "
+                              "incomplete)");
+          }
+          const size_t sk =
+              KeyIndex(StrCat("optimizer.state.", skey, ".", key.key), true,
+                       DType::kFloat32, global);
+          if (r == 0 && std::find(state_keys.begin(), state_keys.end(), sk) ==
+                            state_keys.end())
+            state_keys.push_back(sk);
+          for (dcp::PlannedItem& it : Chunks(*p, rule, atom, r, key.layer)) {
+            it.key = sk;
+            const uint64_t bytes =
+                static_cast<uint64_t>(NumElements(it.chunk.sizes)) * 4;
+            AddItem(r, home.pp_rank, std::move(it), bytes, false);
+          }
+        }
+      }
+    } catch (Error& e) {
+      e.AddContext(where);
+      throw;
+    }
+  }
+  if (!extra_states) {
+    notes_.insert(
+        "the universal content has no Transformer Engine / Megatron "
+        "_extra_state entries: none written (a model whose layers have them "
+        "loads this checkpoint with --dist-ckpt-strictness log_all)");
+  }
+  // Model keys first, then the optimizer's, in the order met.
+  std::stable_partition(
+      entry_order_.begin(), entry_order_.end(), [&](size_t k) {
+        return std::find(state_keys.begin(), state_keys.end(), k) ==
+               state_keys.end();
+      });
+
+  // Rng states: each (pp, tp)'s, from the same source rank or (tp % source
+  // tp, pp % source pp).
+  bool rng_fallback = false, rng_missing = false;
+  for (int64_t pp = 0; pp < topo_.pp; ++pp) {
+    for (int64_t tp = 0; tp < topo_.tp; ++tp) {
+      std::string rk = megatron::RngStateKey(tp, pp);
+      if (input_.FindOpaque(rk) == nullptr) {
+        rk = megatron::RngStateKey(tp % source_tp_, pp % source_pp_);
+        if (input_.FindOpaque(rk) == nullptr) {
+          rng_missing = true;
+          continue;
+        }
+        rng_fallback = true;
+      }
+      dcp::PlannedItem it;
+      it.key = KeyIndex(ObjectKey("rng_state", std::vector<int64_t>{pp, tp},
+                                  std::vector<int64_t>{topo_.pp, topo_.tp}),
+                        false, DType::kUInt8, {});
+      keys_[it.key].bytes = ObjectBytes(rk);
+      const uint64_t size = keys_[it.key].bytes.size();
+      AddItem(tp, pp, std::move(it), size, true);
+    }
+  }
+  if (rng_fallback) {
+    notes_.insert(StrCat(
+        "rng states: target ranks without a source rank of the same (tp, pp) "
+        "got the state of source rank (tp_rank % ",
+        source_tp_, ", pp_rank % ", source_pp_,
+        "); their random streams repeat another rank's"));
+  }
+  if (rng_missing) {
+    notes_.insert(
+        "no rng states in the universal content: none written (load with "
+        "--no-load-rng)");
+  }
+
+  // The common state as a DCP item too (core 0.19+ reads it when common.pt
+  // is absent).
+  {
+    dcp::PlannedItem it;
+    it.key = KeyIndex(ObjectKey("common_state", std::vector<int64_t>{0},
+                                std::vector<int64_t>{1}),
+                      false, DType::kUInt8, {});
+    keys_[it.key].bytes = formats::SaveGraph(
+        [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
+          Value* common = BuildCommon(w.arena(), [&](const std::string& k) {
+            std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
+            return f != nullptr ? imp.Import(f, f->root()) : nullptr;
+          });
+          return w.arena().List({common});
+        });
+    const uint64_t size = keys_[it.key].bytes.size();
+    AddItem(0, 0, std::move(it), size, true);
+  }
+
+  std::vector<std::vector<dcp::PlannedItem>> items(static_cast<size_t>(world_));
+  for (size_t r = 0; r < items.size(); ++r) {
+    items[r] = std::move(objects_[r]);
+    for (dcp::PlannedItem& it : tensors_[r]) items[r].push_back(std::move(it));
+  }
+  files_.emplace(std::move(keys_), std::move(items), std::move(entry_order_),
+                 iter_dir_);
+}
+
+// The common dict of generate_state_dict, in its order.
+pickle::Value* TorchDistPlan::BuildCommon(
+    pickle::Arena& arena,
+    const std::function<Value*(const std::string&)>& import) const {
+  Value* root = arena.Dict();
+  auto add = [&](const std::string& key, Value* v) {
+    if (v != nullptr) formats::AppendEntry(arena, root, key, v);
+  };
+  if (Value* args = import("args")) {
+    megatron::ArgsPatch patch;
+    patch.topology = topo_;
+    patch.cp = cp_;
+    patch.distributed_optimizer = options_.distributed_optimizer;
+    patch.num_layers = placement_->num_layers();
+    patch.tp_rank = 0;
+    patch.pp_rank = 0;
+    patch.source_vpp = source_vpp_;
+    patch.source_tp = source_tp_;
+    for (const Rule& r : layout_->rules()) {
+      if (auto pd = layouts::PaddedDimSize(r, vars_, topo_.tp)) {
+        patch.padded_vocab_size = *pd;
+        break;
+      }
+    }
+    if (patch.padded_vocab_size == 0)
+      patch.padded_vocab_size = vars_.Find("vocab_size").value_or(0);
+    megatron::PatchArgs(arena, args, patch);
+    {
+      Value* fields = args->state != nullptr ? args->state : args;
+      if (fields->IsDictLike()) {
+        for (auto& [k, v] : fields->entries) {
+          if (k != nullptr && k->kind == Kind::kStr && k->s == "ckpt_format")
+            v = arena.Str("torch_dist");
+          if (k != nullptr && k->kind == Kind::kStr &&
+              k->s == "dist_ckpt_optim_fully_reshardable" &&
+              options_.distributed_optimizer)
+            v = arena.Bool(true);
+        }
+      }
+    }
+    add("args", args);
+  }
+  Value* version = import("top_level/checkpoint_version");
+  add("checkpoint_version", version != nullptr ? version : arena.Float(3.0));
+  add("iteration", arena.Int(input_.root().iteration));
+  if (write_optimizer_) {
+    Value* opt = arena.Dict();
+    Value* inner = arena.Dict();
+    std::vector<Value*> groups;
+    if (Value* list = import("optimizer/param_groups");
+        list != nullptr && list->kind == Kind::kList)
+      groups = std::vector<Value*>(list->items.begin(), list->items.end());
+    formats::AppendEntry(arena, inner, "param_groups",
+                         arena.List(std::move(groups)));
+    formats::AppendEntry(arena, opt, "optimizer", inner);
+    if (Value* gs = import("grad_scaler"))
+      formats::AppendEntry(arena, opt, "grad_scaler", gs);
+    formats::AppendEntry(arena, opt, "param_state_sharding_type",
+                         arena.Str("fully_reshardable"));
+    add("optimizer", opt);
+    add("opt_param_scheduler", import("top_level/opt_param_scheduler"));
+  }
+  add("rerun_state_machine", import("rerun_state_machine"));
+  Value* flops = import("top_level/num_floating_point_operations_so_far");
+  add("num_floating_point_operations_so_far",
+      flops != nullptr ? flops : arena.Int(0));
+  // content_metadata: what this checkpoint holds.
+  Value* cm = arena.Dict();
+  formats::AppendEntry(arena, cm, "distrib_optim_sharding_type",
+                       arena.Str("fully_reshardable"));
+  formats::AppendEntry(arena, cm,
+                       "distrib_optim_fully_reshardable_mem_efficient",
+                       arena.Bool(false));
+  formats::AppendEntry(arena, cm, "singleton_local_shards", arena.Bool(false));
+  formats::AppendEntry(arena, cm, "chained_optim_avoid_prefix",
+                       arena.Bool(true));
+  add("content_metadata", cm);
+  return root;
+}
+
+std::vector<std::unique_ptr<formats::PlannedFile>> TorchDistPlan::Plan(
+    size_t u) const {
+  std::vector<std::unique_ptr<formats::PlannedFile>> out;
+  const size_t w = static_cast<size_t>(world_);
+  if (u < w) {
+    out.push_back(files_->RankFile(static_cast<int64_t>(u)));
+  } else if (u == w) {
+    auto common =
+        std::make_unique<formats::TorchSaveFile>(iter_dir_ / kCommonFile);
+    formats::TorchArchive& a = common->archive();
+    a.SetRoot(BuildCommon(a.arena(), [&](const std::string& k) -> Value* {
+      std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
+      return f != nullptr ? a.Import(f, f->root()) : nullptr;
+    }));
+    out.push_back(std::move(common));
+    out.push_back(files_->MetadataFile());
+  } else if (u == w + 1) {
+    out.push_back(formats::TextFile(
+        iter_dir_ / kMetadataJson,
+        "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": "
+        "1, \"common_backend\": \"torch\", \"common_backend_version\": 1}"));
+  } else {
+    out.push_back(formats::TextFile(std::string(megatron::kTrackerFile),
+                                    std::to_string(input_.root().iteration)));
+  }
+  return out;
+}
+
+formats::TargetSummary TorchDistPlan::Summary() const {
+  formats::TargetSummary s;
+  s.notes.assign(notes_.begin(), notes_.end());
+  s.resume_hint = StrCat(
+      "Megatron-LM: --load <output> --ckpt-format torch_dist "
+      "--tensor-model-parallel-size ",
+      topo_.tp, " --pipeline-model-parallel-size ", topo_.pp,
+      topo_.vpp > 1
+          ? StrCat(" --num-virtual-stages-per-pipeline-rank ", topo_.vpp)
+          : std::string(),
+      options_.distributed_optimizer ? " --use-distributed-optimizer" : "",
+      write_optimizer_ ? " --dist-ckpt-optim-fully-reshardable" : "", " on ",
+      world_, " GPUs");
+  s.details["world_size"] = world_;
+  s.details["optimizer_sharding"] =
+      write_optimizer_ ? "fully_reshardable" : "none";
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input, const TargetOptions& options) {
+  return std::make_unique<TorchDistPlan>(input, options);
+}
+
+}  // namespace ucp::torch_dist
