@@ -33,10 +33,10 @@ const bool kRegistered = RegisterSample({
     .make =
         [](const fs::path& dir) {
           const Driver& d = GetDriver("megatron-torch-dist");
-          const std::unique_ptr<Source> s = d.Open(
-              testutil::FixturesDir() / "megatron-core-torch-dist" /
-                  "tp2pp1dp1" / "ckpt",
-              {});
+          const std::unique_ptr<Source> s =
+              d.Open(testutil::FixturesDir() / "megatron-core-torch-dist" /
+                         "tp2pp1dp1" / "ckpt",
+                     {});
           const universal::SourcePlan plan = s->Plan();
           fs::create_directories(dir);
           const std::unique_ptr<universal::UniversalInput> input =
