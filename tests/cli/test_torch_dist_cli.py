@@ -26,6 +26,8 @@ DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron_torch_dist"
 FIXTURE = pathlib.Path(os.environ["UCP_FIXTURES"]) / "megatron-core-torch-dist" / "tp2pp1dp1"
 SRC = DATA / "tp2_pp2_dp1"                # fully_reshardable optimizer state
 NOOPT = DATA / "tp1_pp2_dp2_vpp2_noopt"   # model only, VPP 2, DP 2
+DPR = DATA / "tp2_pp1_dp2_dpr"            # dp_reshardable optimizer state (Megatron's default)
+TWIN = DATA / "tp2_pp1_dp2_dpr_twin"      # the same state, fully_reshardable
 ITER = "iter_0000010"
 
 
@@ -107,6 +109,57 @@ def test_megatron_loads_every_layout():
         data[len(data) - 100] ^= 0x40
         victim.write_bytes(bytes(data))
         megatron_loads(t / "tp2_pp1_dp1_vpp1", SRC / ITER, 2, 1, expect_ok=False)
+
+
+def dcp_view(iter_dir):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory() as t:
+        dcp_to_torch_save(str(iter_dir), os.path.join(t, "all.pt"))
+        return torch.load(os.path.join(t, "all.pt"), weights_only=False)
+
+
+def test_dp_reshardable_in_and_out():
+    """Megatron's default optimizer form, its DDP buckets (the generator's bucket layout checked
+    against Megatron's own _ParamAndGradBuffer and DistributedOptimizer ranges): read, it converts
+    to another TP/PP with every optimizer shard equal to its fully_reshardable twin's; written for
+    the same layout it equals the generator's buckets bit for bit (objects included); written for
+    DP 4 and read back it still holds the same state."""
+    import io
+    with Tmp() as t:
+        run("convert", DPR, "-o", t / "a", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 2, "--dp", 1, "--distributed-optimizer", "-q")
+        megatron_loads(t / "a", TWIN / ITER, 1, 2)
+        run("convert", TWIN, "-o", t / "b", "--format", "megatron-torch-dist", "--tp", 2,
+            "--pp", 1, "--dp", 2, "--distributed-optimizer", "--optimizer-sharding",
+            "dp_reshardable", "-q")
+        want, got = dcp_view(DPR / ITER), dcp_view(t / "b" / ITER)
+        keys = {k for k in want if k.startswith("optimizer.distributed.")}
+        assert keys == {k for k in got if k.startswith("optimizer.distributed.")}
+        assert len(keys) == 12, sorted(keys)
+        for k in sorted(keys):
+            x, y = want[k], got[k]
+            if isinstance(x, torch.Tensor):
+                assert x.dtype == y.dtype and torch.equal(x, y), k
+            else:
+                x = torch.load(x, weights_only=False) if isinstance(x, io.BytesIO) else x
+                y = torch.load(y, weights_only=False) if isinstance(y, io.BytesIO) else y
+                assert repr(x) == repr(y), (k, x, y)
+        common = torch.load(t / "b" / ITER / "common.pt", weights_only=False)
+        assert common["optimizer"] == {"param_state_sharding_type": "dp_reshardable"}
+        assert common["content_metadata"]["distrib_optim_sharding_type"] == "dp_reshardable"
+        run("convert", DPR, "-o", t / "c", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 2, "--dp", 4, "--distributed-optimizer", "--optimizer-sharding",
+            "dp_reshardable", "-q")
+        run("convert", t / "c", "-o", t / "d", "--format", "megatron-torch-dist", "--tp", 2,
+            "--pp", 1, "--dp", 1, "--distributed-optimizer", "-q")
+        megatron_loads(t / "d", TWIN / ITER, 2, 1)
+        # Megatron reshards dp_reshardable state across DP only: the same TP/PP fits.
+        r = json.loads(run("resume", DPR, "--tp", 2, "--pp", 1, "--dp", 4,
+                           "--distributed-optimizer", "--json").stdout)
+        assert r["load"] == str(DPR) and not r["reshaped"], r
+        r = json.loads(run("resume", DPR, "--tp", 1, "--pp", 2, "--dp", 1,
+                           "--distributed-optimizer", "-o", t / "load", "--json").stdout)
+        assert r["reshaped"], r
 
 
 def test_model_only_with_vpp_and_dp():

@@ -36,6 +36,7 @@ import pathlib
 import socket
 import sys
 import tempfile
+import types
 import warnings
 
 import torch
@@ -44,8 +45,12 @@ import torch.multiprocessing as mp
 warnings.filterwarnings("ignore")
 TRUE_VOCAB = 100
 STATES = ("param", "exp_avg", "exp_avg_sq")
-# case: (tp, pp, dp, vpp, optimizer)
-CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, True), "tp1_pp2_dp2_vpp2_noopt": (1, 2, 2, 2, False)}
+# case: (tp, pp, dp, vpp, optimizer); a dp_reshardable case's twin "<case>_twin" holds the same
+# state as fully_reshardable (the oracle for what it converts to).
+CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, "fully_reshardable"),
+         "tp1_pp2_dp2_vpp2_noopt": (1, 2, 2, 2, None),
+         "tp2_pp1_dp2_dpr": (2, 1, 2, 1, "dp_reshardable"),
+         "tp2_pp1_dp2_dpr_twin": (2, 1, 2, 1, "fully_reshardable")}
 
 
 def free_port():
@@ -66,14 +71,19 @@ def padded_vocab(tp, div=128):
     return (TRUE_VOCAB + m - 1) // m * m
 
 
+# The model's size (the benchmark scales it up: --size hidden,layers,ffn,heads,groups).
+SIZE = {"hidden": 32, "layers": 4, "ffn": 48, "heads": 4, "groups": 2}
+
+
 def build(tp, pp, vpp):
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
     cfg = TransformerConfig(
-        num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2,
-        ffn_hidden_size=48, use_cpu_initialization=True, gated_linear_unit=True,
+        num_layers=SIZE["layers"], hidden_size=SIZE["hidden"],
+        num_attention_heads=SIZE["heads"], num_query_groups=SIZE["groups"],
+        ffn_hidden_size=SIZE["ffn"], use_cpu_initialization=True, gated_linear_unit=True,
         activation_func=torch.nn.functional.silu, normalization="RMSNorm", add_bias_linear=False,
         bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
@@ -104,8 +114,25 @@ def model_sd(models):
     return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
 
 
-def optimizer_sd(msd, gen):
-    """The fully_reshardable optimizer state of every model ShardedTensor / factory."""
+def param_states(models, tp_rank, pp_rank, seed):
+    """{id(param): {state: fp32 tensor of the param's local shape}}: the distributed optimizer's
+    main params and Adam moments of this (tp, pp) rank, the same on every DP rank."""
+    out = {}
+    for v, m in enumerate(models):
+        for i, (name, param) in enumerate(m.named_parameters()):
+            # A TP-replicated param (a norm) has the same state on every TP rank.
+            tp = tp_rank if getattr(param, "tensor_model_parallel", False) else 0
+            gen = torch.Generator().manual_seed(
+                seed * 100003 + ((tp * 31 + pp_rank) * 17 + v) * 1009 + i)
+            out[id(param)] = {s: torch.randn(param.shape, generator=gen, dtype=torch.float32)
+                              for s in STATES}
+    return out
+
+
+def optimizer_sd(msd, states):
+    """The fully_reshardable optimizer state of every model ShardedTensor / factory
+    (DistributedOptimizer.sharded_param_state_fully_reshardable's keys); empty tensors to load
+    into when `states` is None."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
@@ -115,11 +142,126 @@ def optimizer_sd(msd, gen):
             continue
         for state in STATES:
             data = torch.empty(sh.data.shape, dtype=torch.float32)
-            if gen is not None:
-                data = torch.randn(sh.data.shape, generator=gen, dtype=torch.float32)
+            if states is not None:
+                data = states[id(sh.data)][state].clone()
             out[f"{state}.{i}.{sh.key}"] = make_sharded_optimizer_tensor(
                 sh, data, prefix=f"optimizer.state.{state}")
     return out
+
+
+def bucket_layout(numels, shared, dp):
+    """Our reading of _ParamAndGradBuffer (distributed/param_and_grad_buffer.py) with the
+    distributed optimizer and one bucket (no --overlap-grad-reduce): params in reverse order,
+    each start 64-aligned, a shared-embedding param in its own bucket, every bucket's end padded
+    to lcm(dp, 128). Returns ([(start, end, bucket)] per param, [(start, end, numel_unpadded)])."""
+    import math
+    pad = lambda x, d: -(-x // d) * d
+    ranges, buckets = [None] * len(numels), []
+    start = bucket_start = 0
+    members = 0
+
+    def close(end):
+        nonlocal bucket_start, members
+        padded = pad(end, math.lcm(dp, 128))
+        buckets.append((bucket_start, padded, end - bucket_start))
+        bucket_start, members = padded, 0
+        return padded
+
+    for i in reversed(range(len(numels))):
+        start = pad(start, 64)
+        if shared[i] and members:
+            start = close(start)
+        end = start + numels[i]
+        ranges[i] = (start, end, len(buckets))
+        members += 1
+        start = close(end) if shared[i] else end
+    if members:
+        close(end)
+    return ranges, buckets
+
+
+def dp_reshardable_sd(models, states, tp, pp, dp):
+    """The dp_reshardable optimizer state of this rank, built the way
+    DistributedOptimizer.sharded_param_state_dp_reshardable builds it: per model chunk (gbuf
+    index) and bucket, 1-D keys of the bucket's unpadded size, this DP rank's slice of each
+    param's state at dp_rank * (bucket size / dp) + its start in the slice, the gaps as zero
+    padding shards. Our layout is checked against Megatron's own _ParamAndGradBuffer and
+    DistributedOptimizer._build_model_gbuf_range on the real params."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    from megatron.core.distributed.distributed_data_parallel_config import \
+        DistributedDataParallelConfig
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    dp_rank = parallel_state.get_data_parallel_rank()
+    group_idx = parallel_state.get_tensor_model_parallel_rank() + \
+        tp * parallel_state.get_pipeline_model_parallel_rank()
+    dp_group = parallel_state.get_data_parallel_group()
+    prefix = f"optimizer.distributed.dp_group_idx_{group_idx}"
+    dtype_key = (torch.bfloat16, torch.float32)
+    state = {}
+    per_bucket, per_bucket_unpadded = [], []
+    for gbuf, m in enumerate(models):
+        params = [p for _, p in m.named_parameters() if p.requires_grad]
+        shared = [bool(getattr(p, "shared_embedding", False)) for p in params]
+        ranges, buckets = bucket_layout([p.numel() for p in params], shared, dp)
+        # Megatron's own layout of the same params.
+        buf = _ParamAndGradBuffer(
+            DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                          grad_reduce_in_fp32=True),
+            torch.bfloat16, torch.float32, params, dp_group, None,
+            {p: n for n, p in m.named_parameters()}, 1.0, list(range(len(params))), False,
+            pg_collection=types.SimpleNamespace(
+                tp=parallel_state.get_tensor_model_parallel_group(),
+                dp_cp=parallel_state.get_data_parallel_group(with_context_parallel=True)))
+        assert [buf.param_index_map[p] for p in params] == ranges, "param ranges differ"
+        assert [(b.offset, b.offset + b.grad_data.numel()) for b in buf.buckets] == \
+            [(s, e) for s, e, _ in buckets], "buckets differ"
+        per_bucket.append({dtype_key: [e - s for s, e, _ in buckets]})
+        per_bucket_unpadded.append({dtype_key: [n for _, _, n in buckets]})
+        bucket_states = []
+        for b, (bs, be, unpadded) in enumerate(buckets):
+            local = (be - bs) // dp
+            lo, hi = dp_rank * local, (dp_rank + 1) * local   # bucket-relative slice
+            theirs = DistributedOptimizer._build_model_gbuf_range(buf, b)["param_map"]
+            pieces = []  # (gbuf_local start, {state: flat tensor})
+            for i, p in enumerate(params):
+                ps, pe, pb = ranges[i]
+                if pb != b:
+                    continue
+                a, z = max(ps - bs, lo), min(pe - bs, hi)
+                if a >= z:
+                    assert p not in theirs
+                    continue
+                r = theirs[p]["gbuf_local"]
+                assert (r.start, r.end) == (a - lo, z - lo), "DP ranges differ"
+                flat = {s: states[id(p)][s].reshape(-1)[a - (ps - bs):z - (ps - bs)]
+                        for s in STATES}
+                pieces.append((a - lo, z - lo, flat))
+            pieces.sort(key=lambda x: x[0])
+            # Zero padding where no param lies, up to the unpadded size.
+            full, at = [], 0
+            for a, z, flat in pieces + [(local, local, None)]:
+                end = min(a, unpadded - lo)
+                if end > at:
+                    full.append((at, end, {s: torch.zeros(end - at) for s in STATES}))
+                if flat is not None:
+                    full.append((a, z, flat))
+                at = max(at, z)
+            bucket_state = []
+            for a, z, flat in full:
+                key = f"{prefix}.gbuf_idx_{gbuf}.dtype_{dtype_key}.bucket_idx_{b}"
+                bucket_state.append({s: ShardedTensor(
+                    f"{key}.{s}", flat[s].clone(), torch.float32, (z - a,), (unpadded,),
+                    (lo + a,), axis_fragmentations=None, replica_id=(0, 0, 0))
+                    for s in STATES})
+            bucket_states.append(bucket_state)
+        state[gbuf] = {dtype_key: bucket_states}
+    for name, value in (("per_bucket_numel", per_bucket),
+                        ("per_bucket_numel_unpadded", per_bucket_unpadded)):
+        state[name] = ShardedObject(f"{prefix}.{name}", value, (1,), (0,),
+                                    replica_id=(0, 0, dp_rank))
+    return state, prefix
 
 
 def rng_object(tp, pp, dp_rank):
@@ -149,25 +291,28 @@ def save_rank(rank, world, port, a):
     models = build(a.tp, a.pp, a.vpp)
     sd = model_sd(models)
     dp_rank = parallel_state.get_data_parallel_rank()
-    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
+    states = param_states(models, parallel_state.get_tensor_model_parallel_rank(),
+                          parallel_state.get_pipeline_model_parallel_rank(), a.seed)
     args = argparse.Namespace(
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
         virtual_pipeline_model_parallel_size=a.vpp if a.vpp > 1 else None,
-        data_parallel_size=a.dp, world_size=world, num_layers=4, hidden_size=32,
-        ffn_hidden_size=48, num_attention_heads=4, group_query_attention=True,
-        num_query_groups=2, kv_channels=8, swiglu=True, normalization="RMSNorm",
+        data_parallel_size=a.dp, world_size=world, num_layers=SIZE["layers"],
+        hidden_size=SIZE["hidden"], ffn_hidden_size=SIZE["ffn"],
+        num_attention_heads=SIZE["heads"], group_query_attention=True,
+        num_query_groups=SIZE["groups"], kv_channels=SIZE["hidden"] // SIZE["heads"],
+        swiglu=True, normalization="RMSNorm",
         position_embedding_type="rope", untie_embeddings_and_output_weights=True,
         add_bias_linear=False, make_vocab_size_divisible_by=128, vocab_size=TRUE_VOCAB - 1,
         tokenizer_type="NullTokenizer", padded_vocab_size=padded_vocab(a.tp),
         max_position_embeddings=64, seq_length=64, bf16=True, fp16=False,
         params_dtype=torch.bfloat16, transformer_impl=a.impl, ckpt_format="torch_dist",
         use_distributed_optimizer=not a.no_optimizer,
-        dist_ckpt_optim_fully_reshardable=not a.no_optimizer, optimizer="adam",
+        dist_ckpt_optim_fully_reshardable=a.optim == "fully_reshardable", optimizer="adam",
         iteration=10, consumed_train_samples=640, rank=rank, local_rank=rank % 8)
     sd.update({"args": args, "checkpoint_version": 3.0, "iteration": 10,
                "rng_state": rng_object(a.tp, a.pp, dp_rank),
                "num_floating_point_operations_so_far": 12345})
-    content = {"distrib_optim_sharding_type": "fully_reshardable",
+    content = {"distrib_optim_sharding_type": a.optim,
                "distrib_optim_fully_reshardable_mem_efficient": False,
                "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if not a.no_optimizer:
@@ -178,9 +323,17 @@ def save_rank(rank, world, port, a):
                        is_decoupled_lr=False),
                   dict(group, wd_mult=0.0, lr_mult=1.0, is_expert_parallel=False,
                        is_decoupled_lr=False)]
-        sd["optimizer"] = {"optimizer": {"param_groups": groups},
-                           "param_state": optimizer_sd(sd, gen),
-                           "param_state_sharding_type": "fully_reshardable"}
+        if a.optim == "fully_reshardable":
+            sd["optimizer"] = {"optimizer": {"param_groups": groups},
+                               "param_state": optimizer_sd(sd, states),
+                               "param_state_sharding_type": "fully_reshardable"}
+        else:
+            from megatron.core.dist_checkpointing.mapping import ShardedObject
+            param_state, prefix = dp_reshardable_sd(models, states, a.tp, a.pp, a.dp)
+            sd["optimizer"] = {
+                "optimizer": ShardedObject(f"{prefix}.optimizer", {"param_groups": groups},
+                                           (1,), (0,), replica_id=(0, 0, dp_rank)),
+                "param_state": param_state, "param_state_sharding_type": "dp_reshardable"}
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
     iter_dir = pathlib.Path(a.out) / "iter_0000010"
     if rank == 0:
@@ -292,15 +445,22 @@ def main():
     ap.add_argument("--vpp", type=int, default=1)
     ap.add_argument("--no-optimizer", action="store_true")
     ap.add_argument("--impl", default="local")
+    ap.add_argument("--optim", default="fully_reshardable",
+                    choices=("fully_reshardable", "dp_reshardable"))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--size", help="hidden,layers,ffn,heads,groups (default 32,4,48,4,2)")
     a = ap.parse_args()
+    if a.size:
+        SIZE.update(zip(("hidden", "layers", "ffn", "heads", "groups"),
+                        map(int, a.size.split(","))))
     if a.mode != "cases":
         sys.exit(0 if run(a) else 1)
     out = pathlib.Path(a.out)
     for name, (tp, pp, dp, vpp, opt) in CASES.items():
         c = argparse.Namespace(**vars(a))
         c.mode, c.out, c.tp, c.pp, c.dp, c.vpp = "save", str(out / name), tp, pp, dp, vpp
-        c.no_optimizer = not opt
+        c.no_optimizer = opt is None
+        c.optim = opt or "fully_reshardable"
         if not run(c):
             sys.exit(f"saving {name} failed")
         print("saved", name, flush=True)

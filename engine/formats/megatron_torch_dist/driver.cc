@@ -140,7 +140,14 @@ class TorchDistDriver : public formats::Driver {
         "written fully_reshardable";
     d.layout = true;
     d.abbrev = "do";
-    return {d};
+    formats::OptionSpec sh;
+    sh.name = kOptimizerShardingOption;
+    sh.type = formats::OptionSpec::Type::kString;
+    sh.help =
+        "torch_dist: the distributed optimizer's state as fully_reshardable "
+        "(default; loads at any TP/PP/DP) or dp_reshardable (Megatron's "
+        "default form: the DDP buckets of the target DP)";
+    return {d, sh};
   }
   std::unique_ptr<formats::TargetPlan> PlanTarget(
       const universal::UniversalInput& input,
@@ -148,6 +155,8 @@ class TorchDistDriver : public formats::Driver {
     TargetOptions o;
     o.topology = options.topology;
     o.distributed_optimizer = options.values.Flag(kDistributedOptimizerOption);
+    o.optimizer_sharding = options.values.String(kOptimizerShardingOption)
+                               .value_or("fully_reshardable");
     o.no_optimizer = options.no_optimizer;
     o.true_vocab_size = options.true_vocab_size;
     return torch_dist::PlanTarget(input, o);

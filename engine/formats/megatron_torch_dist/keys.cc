@@ -42,6 +42,45 @@ std::optional<std::vector<int64_t>> Numbers(std::string_view s) {
   return out;
 }
 
+void FlatBoxesRec(const Shape& shape, size_t dim, Shape& offset, int64_t base,
+                  int64_t a, int64_t b, std::vector<FlatBox>& out) {
+  if (a >= b) return;
+  if (shape.empty()) {
+    out.push_back({Box{{}, {}}, 0});
+    return;
+  }
+  int64_t inner = 1;
+  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  auto whole = [&](int64_t i0, int64_t i1) {
+    Box box{offset, shape};
+    box.offset[dim] = i0;
+    box.size[dim] = i1 - i0;
+    for (size_t d = 0; d < dim; ++d) box.size[d] = 1;
+    out.push_back({std::move(box), base + i0 * inner});
+  };
+  auto part = [&](int64_t i, int64_t lo, int64_t hi) {
+    offset[dim] = i;
+    FlatBoxesRec(shape, dim + 1, offset, base + i * inner, lo, hi, out);
+    offset[dim] = 0;
+  };
+  if (dim + 1 == shape.size()) {
+    whole(a, b);
+    return;
+  }
+  int64_t i0 = a / inner;
+  const int64_t i1 = b / inner;
+  if (i0 == i1) {
+    part(i0, a - i0 * inner, b - i0 * inner);
+    return;
+  }
+  if (a % inner != 0) {
+    part(i0, a - i0 * inner, inner);
+    ++i0;
+  }
+  if (i1 > i0) whole(i0, i1);
+  if (b % inner != 0) part(i1, 0, b - i1 * inner);
+}
+
 }  // namespace
 
 KeyInfo ClassifyKey(std::string_view fqn, bool tensor) {
@@ -146,6 +185,13 @@ std::string ObjectKey(std::string_view key, std::span<const int64_t> offsets,
     out += StrCat(i ? "." : "", offsets[i]);
   out += "_";
   for (size_t i = 0; i < grid.size(); ++i) out += StrCat(i ? "." : "", grid[i]);
+  return out;
+}
+
+std::vector<FlatBox> FlatBoxes(const Shape& shape, int64_t a, int64_t b) {
+  std::vector<FlatBox> out;
+  Shape offset(shape.size(), 0);
+  FlatBoxesRec(shape, 0, offset, 0, a, b, out);
   return out;
 }
 

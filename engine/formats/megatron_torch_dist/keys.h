@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/box.h"
+
 namespace ucp::torch_dist {
 
 /// What a DCP key of a torch_dist checkpoint holds.
@@ -49,5 +51,15 @@ KeyOfName ModelKeyOf(std::string_view canonical);
 /// "rng_state/shard_0.1_2.4": Megatron's ShardedObject unique key.
 std::string ObjectKey(std::string_view key, std::span<const int64_t> offsets,
                       std::span<const int64_t> grid);
+
+/// A box of a row-major tensor whose elements are consecutive in memory
+/// (slices of one dim below a fixed prefix), and its first flat element.
+struct FlatBox {
+  Box box;
+  int64_t first = 0;
+};
+/// The boxes covering the flat elements [a, b) of a tensor of `shape`, in
+/// order (a 0-d tensor: one empty box).
+std::vector<FlatBox> FlatBoxes(const Shape& shape, int64_t a, int64_t b);
 
 }  // namespace ucp::torch_dist

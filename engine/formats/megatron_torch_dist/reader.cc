@@ -13,11 +13,13 @@
 #include "engine/formats/common/source_table.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/megatron/args.h"
+#include "engine/formats/megatron/buffer_layout.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
 #include "engine/formats/megatron_torch_dist/keys.h"
 #include "engine/formats/megatron_torch_dist/torch_dist.h"
 #include "layouts/layout.h"
+#include "layouts/placement.h"
 
 namespace ucp::torch_dist {
 namespace {
@@ -43,6 +45,38 @@ const Value* DictGet(const Value* d, std::string_view key) {
   return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
 }
 
+// optimizer.distributed.dp_group_idx_G.gbuf_idx_B.dtype_(...).bucket_idx_K.S
+struct BucketKey {
+  int64_t group = 0, gbuf = 0, bucket = 0;
+  std::string dtype, state;
+};
+std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
+  constexpr std::string_view kPrefix = "optimizer.distributed.dp_group_idx_";
+  if (!fqn.starts_with(kPrefix)) return std::nullopt;
+  fqn.remove_prefix(kPrefix.size());
+  auto number = [&](std::string_view stop, int64_t& v) {
+    const size_t at = fqn.find(stop);
+    if (at == std::string_view::npos || at == 0) return false;
+    v = 0;
+    for (char ch : fqn.substr(0, at)) {
+      if (ch < '0' || ch > '9') return false;
+      v = v * 10 + (ch - '0');
+    }
+    fqn.remove_prefix(at + stop.size());
+    return true;
+  };
+  BucketKey k;
+  if (!number(".gbuf_idx_", k.group)) return std::nullopt;
+  if (!number(".dtype_", k.gbuf)) return std::nullopt;
+  const size_t b = fqn.find(".bucket_idx_");
+  if (b == std::string_view::npos) return std::nullopt;
+  k.dtype = std::string(fqn.substr(0, b));
+  fqn.remove_prefix(b + 12);
+  if (!number(".", k.bucket) || fqn.empty()) return std::nullopt;
+  k.state = std::string(fqn);
+  return k;
+}
+
 class Planner {
  public:
   Planner(const Checkpoint& c, const SourceOptions& o) : c_(c), o_(o) {}
@@ -52,6 +86,9 @@ class Planner {
   void ReadSettings();
   void CollectParams();
   void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
+  void PlanBuckets();
+  universal::AtomPlan& AtomFor(Param& p, const std::string& kind,
+                               const std::string& where);
   void PlanGroups();
   void PlanOpaque();
   void PlanRoot();
@@ -83,6 +120,7 @@ class Planner {
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::vector<int64_t> group_of_;
   std::vector<const Value*> group_dicts_;
+  const torchfile::TorchFile* groups_file_ = nullptr;  // else the common's
   std::vector<megatron::GroupKey> group_keys_;
 };
 
@@ -104,16 +142,14 @@ void Planner::ReadSettings() {
                      "': use local or transformer_engine");
   }
   local_spec_ = impl == "local";
-  if (c_.optimizer == "dp_reshardable" ||
-      c_.optimizer == "dp_zero_gather_scatter" ||
+  if (c_.optimizer == "dp_zero_gather_scatter" ||
       c_.optimizer == "fully_sharded_model_space" ||
       c_.optimizer == "fully_sharded_bucket_space") {
     throw FormatError(
         c_.iter_dir.string(), ": the distributed optimizer's state is in the ",
         c_.optimizer,
-        " format, which ucp does not read yet (fully_reshardable is read: "
-        "save with --dist-ckpt-optim-fully-reshardable); convert without it "
-        "with --no-optimizer");
+        " format, which ucp does not read (fully_reshardable and "
+        "dp_reshardable are); convert without it with --no-optimizer");
   }
 }
 
@@ -286,6 +322,32 @@ void Planner::CollectParams() {
   }
 }
 
+universal::AtomPlan& Planner::AtomFor(Param& p, const std::string& kind,
+                                      const std::string& where) {
+  const DType dtype = kind == "param" ? p.dtype : DType::kFloat32;
+  auto [it, fresh] = atoms_.try_emplace({p.name, kind}, plan_.atoms.size());
+  if (!fresh) {
+    if (plan_.atoms[it->second].dtype != dtype) {
+      throw FormatError(where, ": param ", p.name, "'s '", kind, "' is ",
+                        DTypeName(dtype), " here, ",
+                        DTypeName(plan_.atoms[it->second].dtype),
+                        " in another key");
+    }
+    return plan_.atoms[it->second];
+  }
+  universal::AtomPlan a;
+  a.param = p.name;
+  a.state_kind = kind;
+  a.dtype = dtype;
+  a.shape = p.full_shape;
+  if (p.pad_rows > 0) {
+    a.pad_shape = p.full_shape;
+    a.pad_shape[static_cast<size_t>(p.rule->tp.dim)] = p.pad_rows;
+  }
+  plan_.atoms.push_back(std::move(a));
+  return plan_.atoms.back();
+}
+
 void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   const bool model = k.kind == KeyInfo::kModel;
   const bool stacked = IsStacked(k.model_key);
@@ -306,34 +368,13 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
     }
   }
   const std::string where = Where(e);
-  // The atom of a param for this key.
   auto atom_of = [&](Param& p) -> universal::AtomPlan& {
     std::string ak = kind;
-    DType dtype = DType::kFloat32;
     if (model) {
       const bool low = p.dtype != DType::kFloat32;
       ak = p.buffer ? "param" : (low && has_optimizer_ ? "param" : "fp32");
-      dtype = ak == "param" ? p.dtype : DType::kFloat32;
     }
-    auto [it, fresh] = atoms_.try_emplace({p.name, ak}, plan_.atoms.size());
-    if (!fresh) {
-      if (model && ak == "fp32" && c_.optimizer != "none") {
-        throw FormatError(where, ": two tensors give param ", p.name,
-                          " its fp32 weights");
-      }
-      return plan_.atoms[it->second];
-    }
-    universal::AtomPlan a;
-    a.param = p.name;
-    a.state_kind = ak;
-    a.dtype = dtype;
-    a.shape = p.full_shape;
-    if (p.pad_rows > 0) {
-      a.pad_shape = p.full_shape;
-      a.pad_shape[static_cast<size_t>(p.rule->tp.dim)] = p.pad_rows;
-    }
-    plan_.atoms.push_back(std::move(a));
-    return plan_.atoms.back();
+    return AtomFor(p, ak, where);
   };
   // Every param this key holds must have its shape.
   const size_t lead = stacked ? 1 : 0;
@@ -415,12 +456,212 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   }
 }
 
+// dp_reshardable: each DDP bucket's state as one 1-D key per state kind, DP
+// rank r's slice of the bucket at r * (padded bucket / dp); a param's state
+// lies at its buffer range minus the bucket's start. The param -> range map
+// is not stored: it is the buffer layout of the rank's params
+// (megatron/buffer_layout.h), checked against every key's size.
+void Planner::PlanBuckets() {
+  if (!run_) {
+    throw FormatError(c_.iter_dir.string(),
+                      ": dp_reshardable optimizer state without args in the "
+                      "common state: the bucket layout cannot be rebuilt");
+  }
+  std::map<std::tuple<int64_t, int64_t, int64_t, std::string>,
+           const dcp::Entry*>
+      keys;
+  std::map<std::pair<int64_t, int64_t>, std::string> dtypes;
+  for (const dcp::Entry& e : c_.dcp.metadata.entries) {
+    if (!e.tensor) continue;
+    const auto k = ParseBucketKey(e.fqn);
+    if (!k) {
+      if (ClassifyKey(e.fqn, true).kind == KeyInfo::kBucket)
+        throw FormatError(Where(e), ": not a dp_reshardable bucket key");
+      continue;
+    }
+    auto [it, fresh] = dtypes.try_emplace({k->group, k->gbuf}, k->dtype);
+    if (!fresh && it->second != k->dtype) {
+      throw FormatError(Where(e), ": buffer ", k->gbuf, " of group ", k->group,
+                        " has buckets of two dtypes (", it->second, ", ",
+                        k->dtype, "): not supported");
+    }
+    if (e.dtype != DType::kFloat32 || e.size.size() != 1) {
+      throw FormatError(Where(e), ": expected a 1-D float32 tensor, got ",
+                        DTypeName(e.dtype), " ", ShapeString(e.size));
+    }
+    keys[{k->group, k->gbuf, k->bucket, k->state}] = &e;
+  }
+  const layouts::Topology& t = c_.topology;
+  const Layout& layout = *layout_;
+  const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
+  // Buffer members: the params of a (pp rank, chunk) in model order, and
+  // where a tied copy exists, the copy (last stage) as the original's.
+  struct Member {
+    Param* param;
+    bool shared = false;
+  };
+  std::map<std::pair<int64_t, int64_t>, std::vector<Member>> chunks;
+  for (Param& p : params_) {
+    if (p.buffer) continue;
+    const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
+    chunks[{h.pp_rank, h.vp_chunk}].push_back({&p, false});
+  }
+  for (const Rule& rule : layout.rules()) {
+    if (!rule.tied_to || !rule.Exists(vars_, t)) continue;
+    auto orig =
+        std::find_if(params_.begin(), params_.end(),
+                     [&](const Param& p) { return p.name == *rule.tied_to; });
+    if (orig == params_.end()) continue;
+    for (const layouts::Glob& g : rule.match) {
+      for (const std::string& name : g.alternatives()) {
+        if (name.find('*') != std::string::npos ||
+            layout.Find(name, vars_) != &rule)
+          continue;
+        const layouts::Home h = layouts::HomeOf(layout, rule, name, placement);
+        chunks[{h.pp_rank, h.vp_chunk}].push_back({&*orig, true});
+        for (auto& [hk, members] : chunks)
+          for (Member& m : members)
+            if (m.param == &*orig) m.shared = true;
+      }
+    }
+  }
+  static constexpr std::pair<const char*, const char*> kStates[] = {
+      {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
+  for (int64_t pp = 0; pp < t.pp; ++pp) {
+    for (int64_t tp = 0; tp < t.tp; ++tp) {
+      const int64_t group = tp + t.tp * pp;
+      // Each member's local shard at this TP rank.
+      auto shard_of = [&](const Param& p) {
+        const size_t d = static_cast<size_t>(p.rule->tp.dim);
+        const int64_t padded = p.rule->tp.split && p.rule->tp.vocab
+                                   ? p.full_shape[d] + p.pad_rows
+                                   : 0;
+        return layouts::ShardFor(*p.rule, p.full_shape,
+                                 p.rule->tp.split ? t.tp : 1,
+                                 p.rule->tp.split ? tp : 0, padded, p.pad_rows);
+      };
+      int64_t local_params = 0;
+      for (int64_t v = 0; v < t.vpp; ++v)
+        for (const Member& m : chunks[{pp, v}])
+          local_params += NumElements(shard_of(*m.param).local_shape);
+      for (int64_t v = 0; v < t.vpp; ++v) {
+        const std::vector<Member>& members = chunks[{pp, v}];
+        if (members.empty()) continue;
+        std::vector<megatron::BufferParam> bparams;
+        std::vector<layouts::LocalShard> shards;
+        for (const Member& m : members) {
+          shards.push_back(shard_of(*m.param));
+          bparams.push_back({m.param->name,
+                             NumElements(shards.back().local_shape), m.shared});
+        }
+        const megatron::BufferLayout lay = megatron::ComputeBufferLayout(
+            bparams, run_->DistributedBufferOptions(t.dp, pp, v, local_params));
+        const std::string bwhere = StrCat(
+            c_.iter_dir.string(), " > optimizer.distributed.dp_group_idx_",
+            group, ".gbuf_idx_", v);
+        for (size_t b = 0; b < lay.buckets.size(); ++b) {
+          const megatron::Bucket& bucket = lay.buckets[b];
+          for (const auto& [skey, kind] : kStates) {
+            auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
+            if (kit == keys.end()) {
+              throw FormatError(bwhere, ": no bucket ", b, " '", skey,
+                                "' key (the buffer layout of this rank's "
+                                "params has ",
+                                lay.buckets.size(), " buckets)");
+            }
+            const dcp::Entry& e = *kit->second;
+            if (e.size[0] != bucket.numel_unpadded) {
+              throw FormatError(
+                  Where(e), ": ", e.size[0],
+                  " elements, but the buffer layout of this rank's params "
+                  "(Megatron-core v0.13+ rules, dp ",
+                  run_->OptimizerDp(t.dp), ") gives bucket ", b, " ",
+                  bucket.numel_unpadded);
+            }
+            for (size_t i = 0; i < members.size(); ++i) {
+              const megatron::ParamRange& r = lay.ranges[i];
+              if (r.bucket != static_cast<int64_t>(b)) continue;
+              Param& p = *members[i].param;
+              universal::AtomPlan& atom = AtomFor(p, kind, Where(e));
+              const int64_t s0 = r.start - bucket.start;
+              const int64_t s1 = r.end - bucket.start;
+              const layouts::LocalShard& shard = shards[i];
+              for (const dcp::Chunk& chunk : e.chunks) {
+                const int64_t o = chunk.offsets[0], n = chunk.sizes[0];
+                const int64_t lo = std::max(s0, o), hi = std::min(s1, o + n);
+                if (lo >= hi) continue;
+                const dcp::ItemKey key{e.fqn, chunk.offsets};
+                const auto items = c_.dcp.items.find(key);
+                if (items == c_.dcp.items.end() || items->second.empty())
+                  throw FormatError(Where(e), ": no item for chunk ",
+                                    dcp::BoxString(chunk));
+                const dcp::Item& item = items->second.front();
+                const std::string iw = StrCat(
+                    "rank file ", item.file.string(), " > ", e.fqn, " > chunk ",
+                    dcp::BoxString(chunk), " > param ", p.name);
+                open_.push_back(dcp::OpenItem(item, key, files_));
+                const torchfile::TorchFile& f = *open_.back();
+                const torchfile::TensorInfo* ti = f.FindTensor(f.root());
+                if (ti == nullptr || ti->dtype != DType::kFloat32 ||
+                    ti->shape != chunk.sizes) {
+                  throw FormatError(iw, ": the item is not a float32 ",
+                                    ShapeString(chunk.sizes), " tensor");
+                }
+                const reshape::SourceTensor whole =
+                    sources_.Tensor(open_.back(), *ti, iw);
+                const std::vector<FlatBox> boxes =
+                    FlatBoxes(shard.local_shape, lo - s0, hi - s0);
+                for (const FlatBox& fb : boxes) {
+                  reshape::SourceTensor src = whole;
+                  src.byte_offset +=
+                      static_cast<uint64_t>(s0 + fb.first - o) * 4;
+                  src.shape = fb.box.size;
+                  for (const layouts::Piece& piece : shard.pieces) {
+                    std::optional<Box> in = Intersect(piece.local, fb.box);
+                    if (!in) continue;
+                    Box sb = *in, ab = *in;
+                    for (size_t d = 0; d < sb.offset.size(); ++d) {
+                      sb.offset[d] -= fb.box.offset[d];
+                      ab.offset[d] +=
+                          piece.global.offset[d] - piece.local.offset[d];
+                    }
+                    atom.fragments.push_back(
+                        {src, sb, ab, piece.region == layouts::Region::kPad,
+                         iw});
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Megatron's groups (param_groups.h) in named_parameters() order; the
 // stored group dicts (without params) from the common state.
 void Planner::PlanGroups() {
   const Value* opt = DictGet(c_.common, "optimizer");
   const Value* inner = DictGet(opt, "optimizer");
   const Value* groups = DictGet(inner, "param_groups");
+  if (groups == nullptr) {
+    // dp_reshardable keeps the optimizer's own state dict as an object of
+    // each model-parallel group (all equal): group 0's.
+    const dcp::ItemKey key{
+        ObjectKey("optimizer.distributed.dp_group_idx_0.optimizer",
+                  std::vector<int64_t>{0}, std::vector<int64_t>{1}),
+        std::nullopt};
+    if (auto it = c_.dcp.items.find(key);
+        it != c_.dcp.items.end() && !it->second.empty()) {
+      open_.push_back(dcp::OpenItem(it->second.front(), key, files_));
+      const Value* v = open_.back()->root();
+      if (v != nullptr && v->kind == Kind::kList && v->items.size() == 1)
+        v = v->items[0];
+      groups = DictGet(v, "param_groups");
+      groups_file_ = open_.back().get();
+    }
+  }
   std::vector<megatron::GroupKey> keys;
   std::vector<size_t> trainable;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -517,7 +758,8 @@ void Planner::PlanOpaque() {
       list.push_back(copy);
     }
     add("optimizer/param_groups",
-        formats::SaveBlob(cf, arena.List(std::move(list))));
+        formats::SaveBlob(groups_file_ != nullptr ? groups_file_ : cf,
+                          arena.List(std::move(list))));
   }
 }
 
@@ -654,6 +896,7 @@ universal::SourcePlan Planner::Run() {
       PlanTensor(e, k);
     }
   }
+  if (c_.optimizer == "dp_reshardable") PlanBuckets();
   PlanGroups();
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];

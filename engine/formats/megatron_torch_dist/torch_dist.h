@@ -54,7 +54,14 @@
 //   dp_reshardable      optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
 //                       dtype_(<param dtype>, <grad dtype>).bucket_idx_<k>.
 //                       {param,exp_avg,exp_avg_sq}: per DDP bucket, 1-D
-//                       [bucket numel unpadded]; not read yet (refused)
+//                       [bucket numel unpadded], DP rank r's slice at
+//                       r * (padded bucket / dp); g = tp + TP * pp (the
+//                       rank in the model-parallel group), b = model chunk;
+//                       a param's state at its buffer range minus the
+//                       bucket's start (megatron/buffer_layout.h: not
+//                       stored, rebuilt from the args and checked against
+//                       every key's size); objects <prefix>.optimizer
+//                       ({param_groups}), <prefix>.per_bucket_numel[_unpadded]
 //
 // In the universal file: what the "megatron" driver keeps (megatron_format.h:
 // canonical names with global layer numbers, param / fp32 / exp_avg /
@@ -84,6 +91,7 @@ inline constexpr const char* kIterationOption = "iteration";
 inline constexpr const char* kTransformerImplOption = "transformer-impl";
 inline constexpr const char* kDistributedOptimizerOption =
     "distributed-optimizer";
+inline constexpr const char* kOptimizerShardingOption = "optimizer-sharding";
 inline constexpr const char* kMetaAttr = "megatron_torch_dist";
 inline constexpr const char* kMetadataJson = "metadata.json";
 inline constexpr const char* kCommonFile = "common.pt";
@@ -142,6 +150,9 @@ universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
 struct TargetOptions {
   layouts::Topology topology;
   bool distributed_optimizer = false;
+  /// "fully_reshardable" or "dp_reshardable" (the DDP buckets of the target
+  /// DP, Megatron's default form).
+  std::string optimizer_sharding = "fully_reshardable";
   bool no_optimizer = false;
   std::optional<int64_t> true_vocab_size;
 };
@@ -152,7 +163,8 @@ struct TargetOptions {
 /// and the common_state item (every core reads one of them), .metadata, then
 /// metadata.json, then the tracker. Model tensors are chunked as Megatron
 /// shards them for that TP/PP (vocabulary padded for the new TP); the
-/// optimizer state is fully_reshardable. Throws LayoutError if the topology
+/// optimizer state fully_reshardable, or dp_reshardable for the target DP.
+/// Throws LayoutError if the topology
 /// cannot hold the model, FormatError if the universal content lacks what
 /// Megatron needs, UsageError for optimizer state without
 /// --distributed-optimizer.

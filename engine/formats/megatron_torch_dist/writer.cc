@@ -9,7 +9,12 @@
 //   and an up chunk), a vocabulary-padded one the rank's padded rows; a
 //   stacked key's chunk is [1, ...] at [layer, ...];
 //   with the distributed optimizer, optimizer.state.{param, exp_avg,
-//   exp_avg_sq}.<model key> with the same chunks (fully_reshardable);
+//   exp_avg_sq}.<model key> with the same chunks (fully_reshardable), or
+//   on request the DDP buckets' state (dp_reshardable: per (tp, pp) group,
+//   model chunk and bucket, 1-D keys of the bucket's unpadded size; DP rank
+//   r writes its slice, a chunk per contiguous piece of a param, zero chunks
+//   for the gaps; the buffer layout of megatron/buffer_layout.h for the
+//   target DP, as the legacy writer lays out distrib_optim.pt);
 //   extra states and rng states as Megatron's ShardedObjects; common.pt and
 //   the common_state item (the args patched for the target).
 // Files: global rank R = tp + TP * (dp + DP * pp) writes __R_0.distcp; each
@@ -66,10 +71,31 @@ class TorchDistPlan : public formats::TargetPlan {
  private:
   void ReadMetadata();
   void PlanKeys();
+  // A trainable param of a (pp rank, chunk) buffer, in model order.
+  struct Member {
+    const atoms::StoredParam* param;
+    const Rule* rule;
+    int64_t pp_rank;
+    int64_t chunk;
+    bool shared;  // shared_embedding: a tied copy or its original
+  };
+  void PlanBuckets(std::vector<Member>& members);
+  void AddTo(int64_t rank, dcp::PlannedItem item, bool object);
+  std::string GroupsObjectBytes() const;
   size_t KeyIndex(const std::string& fqn, bool tensor, DType dtype,
                   const Shape& shape);
   void AddItem(int64_t tp_rank, int64_t pp_rank, dcp::PlannedItem item,
                uint64_t bytes, bool object);
+  // The local tensor of TP rank `tp_rank` of a param's `kind`: its shard
+  // and one op per piece (from the atom or its pad atom; destination: the
+  // piece's box of the local tensor); the padded rows of a vocab rule.
+  struct ShardOps {
+    layouts::LocalShard shard;
+    std::vector<reshape::CopyOp> ops;
+    int64_t padded = 0;
+  };
+  ShardOps OpsOf(const atoms::StoredParam& p, const Rule& rule,
+                 const std::string& kind, int64_t tp_rank) const;
   // The chunks of TP rank `tp_rank` of a param's `kind` (ops from its atom
   // and pad atom); stacked: prefixed with the layer dim.
   std::vector<dcp::PlannedItem> Chunks(const atoms::StoredParam& p,
@@ -80,6 +106,9 @@ class TorchDistPlan : public formats::TargetPlan {
   pickle::Value* BuildCommon(
       pickle::Arena& arena,
       const std::function<Value*(const std::string&)>& import) const;
+  const char* Sharding() const {
+    return dp_reshardable_ ? "dp_reshardable" : "fully_reshardable";
+  }
   int64_t Rank(int64_t tp, int64_t dp, int64_t pp) const {
     return tp + topo_.tp * (dp + topo_.dp * pp);
   }
@@ -96,6 +125,7 @@ class TorchDistPlan : public formats::TargetPlan {
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1, cp_ = 1;
   std::optional<int64_t> vocab_rows_;  // --true-vocab-size over unknown rows
   bool write_optimizer_ = false;
+  bool dp_reshardable_ = false;
   int64_t world_ = 1;
   fs::path iter_dir_;
 
@@ -182,6 +212,12 @@ void TorchDistPlan::ReadMetadata() {
         (d.state_kind == "exp_avg" || d.state_kind == "exp_avg_sq"))
       any_state = true;
   write_optimizer_ = any_state && !options_.no_optimizer;
+  if (options_.optimizer_sharding != "fully_reshardable" &&
+      options_.optimizer_sharding != "dp_reshardable") {
+    throw UsageError("--optimizer-sharding '", options_.optimizer_sharding,
+                     "': use fully_reshardable or dp_reshardable");
+  }
+  dp_reshardable_ = options_.optimizer_sharding == "dp_reshardable";
   if (write_optimizer_ && !options_.distributed_optimizer) {
     throw UsageError(
         "a torch_dist target keeps optimizer state in the distributed "
@@ -227,11 +263,10 @@ void TorchDistPlan::AddItem(int64_t tp_rank, int64_t pp_rank,
       std::move(item));
 }
 
-std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
-                                                    const Rule& rule,
-                                                    const std::string& kind,
-                                                    int64_t tp_rank,
-                                                    int64_t layer) const {
+TorchDistPlan::ShardOps TorchDistPlan::OpsOf(const atoms::StoredParam& p,
+                                             const Rule& rule,
+                                             const std::string& kind,
+                                             int64_t tp_rank) const {
   const atoms::DatasetInfo* atom = input_.FindAtom(p.info.fqn, kind);
   if (atom == nullptr) {
     throw FormatError("universal input ", input_.path().string(), " > param ",
@@ -241,27 +276,29 @@ std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
   if (pad == nullptr && kind == "param")
     pad = input_.FindPadAtom(p.info.fqn, "fp32");
   Shape full = p.info.shape;
-  int64_t padded = 0, pad_rows = 0, stored_pad = 0;
+  int64_t pad_rows = 0, stored_pad = 0;
+  ShardOps out;
   const size_t dim = static_cast<size_t>(rule.tp.dim);
   if (std::optional<int64_t> pd =
           layouts::PaddedDimSize(rule, vars_, topo_.tp)) {
-    padded = *pd;
+    out.padded = *pd;
     if (vocab_rows_ && *vocab_rows_ < full.at(dim)) {
       stored_pad = full[dim] - *vocab_rows_;
       full[dim] = *vocab_rows_;
     }
-    if (padded < full[dim]) {
+    if (out.padded < full[dim]) {
       throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
-                        padded, " rows for tp ", topo_.tp,
+                        out.padded, " rows for tp ", topo_.tp,
                         ") is smaller than the stored ", full[dim], " rows");
     }
     pad_rows = stored_pad;
     if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
   }
-  const layouts::LocalShard shard =
-      layouts::ShardFor(rule, full, topo_.tp, tp_rank, padded, pad_rows);
+  out.shard =
+      layouts::ShardFor(rule, full, rule.tp.split ? topo_.tp : 1,
+                        rule.tp.split ? tp_rank : 0, out.padded, pad_rows);
   const reshape::SourceTensor main = input_.Tensor(*atom);
-  auto op_of = [&](const layouts::Piece& piece, const Box& dst) {
+  for (const layouts::Piece& piece : out.shard.pieces) {
     reshape::CopyOp op;
     op.src = main;
     op.src_box = piece.global;
@@ -272,9 +309,21 @@ std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
         op.src = input_.Tensor(*pad);
       }
     }
-    op.dst_box = dst;
-    return op;
-  };
+    op.dst_box = piece.local;
+    out.ops.push_back(std::move(op));
+  }
+  return out;
+}
+
+std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
+                                                    const Rule& rule,
+                                                    const std::string& kind,
+                                                    int64_t tp_rank,
+                                                    int64_t layer) const {
+  ShardOps so = OpsOf(p, rule, kind, tp_rank);
+  const layouts::LocalShard& shard = so.shard;
+  const size_t dim = static_cast<size_t>(rule.tp.dim);
+  const int64_t padded = so.padded;
   std::vector<dcp::PlannedItem> out;
   if (padded > 0) {
     // The rank's rows of the padded tensor, one chunk.
@@ -282,16 +331,18 @@ std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
     it.chunk.offsets.assign(shard.local_shape.size(), 0);
     it.chunk.offsets[dim] = tp_rank * shard.local_shape[dim];
     it.chunk.sizes = shard.local_shape;
-    for (const layouts::Piece& piece : shard.pieces)
-      it.ops.push_back(op_of(piece, piece.local));
+    it.ops = std::move(so.ops);
     out.push_back(std::move(it));
   } else {
-    for (const layouts::Piece& piece : shard.pieces) {
+    for (size_t i = 0; i < shard.pieces.size(); ++i) {
+      const layouts::Piece& piece = shard.pieces[i];
       if (piece.region != layouts::Region::kMain) continue;
       dcp::PlannedItem it;
       it.chunk.offsets = piece.global.offset;
       it.chunk.sizes = piece.global.size;
-      it.ops.push_back(op_of(piece, Box::Whole(piece.global.size)));
+      reshape::CopyOp op = so.ops[i];
+      op.dst_box = Box::Whole(piece.global.size);
+      it.ops.push_back(std::move(op));
       out.push_back(std::move(it));
     }
   }
@@ -339,16 +390,22 @@ void TorchDistPlan::PlanKeys() {
           d.fqn.starts_with("extra_state/"))
         entries.emplace_back(d.fqn.substr(12), "opaque");
   }
-  std::vector<size_t> state_keys;  // optimizer keys, after the model's
   bool extra_states = false;
+  std::vector<Member> members;
   for (const auto& [name, kind] : entries) {
     const std::string where =
         StrCat("universal input ", input_.path().string(), " > ", name);
     try {
       const Rule& rule = layout.Match(name, vars_);
-      if (rule.tied_to) continue;  // never stored
       const layouts::Home home =
           layouts::HomeOf(layout, rule, name, *placement_);
+      if (rule.tied_to) {  // never stored; a buffer member of its stage
+        if (const atoms::StoredParam* o = input_.FindParam(*rule.tied_to);
+            o != nullptr && rule.Exists(vars_, topo_))
+          members.push_back({o, &layout.Match(*rule.tied_to, vars_),
+                             home.pp_rank, home.vp_chunk, true});
+        continue;
+      }
       const KeyOfName key = ModelKeyOf(name);
       if (key.layer >= 0 && !IsStacked(key.key))
         throw FormatError("a layer name torch_dist cannot stack");
@@ -381,7 +438,9 @@ void TorchDistPlan::PlanKeys() {
       if (key.layer >= 0) global.insert(global.begin(), L);
       const bool split = rule.tp.split;
       const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
-      const bool with_state = write_optimizer_ &&
+      if (p->info.kind != atoms::ParamKind::kBuffer)
+        members.push_back({p, &rule, home.pp_rank, home.vp_chunk, false});
+      const bool with_state = write_optimizer_ && !dp_reshardable_ &&
                               p->info.kind != atoms::ParamKind::kBuffer &&
                               input_.FindAtom(name, "exp_avg") != nullptr;
       for (int64_t r = 0; r < (split ? topo_.tp : 1); ++r) {
@@ -402,9 +461,6 @@ void TorchDistPlan::PlanKeys() {
           const size_t sk =
               KeyIndex(StrCat("optimizer.state.", skey, ".", key.key), true,
                        DType::kFloat32, global);
-          if (r == 0 && std::find(state_keys.begin(), state_keys.end(), sk) ==
-                            state_keys.end())
-            state_keys.push_back(sk);
           for (dcp::PlannedItem& it : Chunks(*p, rule, atom, r, key.layer)) {
             it.key = sk;
             const uint64_t bytes =
@@ -424,12 +480,11 @@ void TorchDistPlan::PlanKeys() {
         "_extra_state entries: none written (a model whose layers have them "
         "loads this checkpoint with --dist-ckpt-strictness log_all)");
   }
+  if (write_optimizer_ && dp_reshardable_) PlanBuckets(members);
   // Model keys first, then the optimizer's, in the order met.
   std::stable_partition(
-      entry_order_.begin(), entry_order_.end(), [&](size_t k) {
-        return std::find(state_keys.begin(), state_keys.end(), k) ==
-               state_keys.end();
-      });
+      entry_order_.begin(), entry_order_.end(),
+      [&](size_t k) { return !keys_[k].fqn.starts_with("optimizer."); });
 
   // Rng states: each (pp, tp)'s, from the same source rank or (tp % source
   // tp, pp % source pp).
@@ -495,6 +550,206 @@ void TorchDistPlan::PlanKeys() {
                  iter_dir_);
 }
 
+void TorchDistPlan::AddTo(int64_t rank, dcp::PlannedItem item, bool object) {
+  (object ? objects_ : tensors_)[static_cast<size_t>(rank)].push_back(
+      std::move(item));
+}
+
+std::string TorchDistPlan::GroupsObjectBytes() const {
+  // The optimizer's own state dict without its state: {'param_groups': [...]}.
+  return formats::SaveGraph(
+      [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
+        pickle::Arena& a = w.arena();
+        Value* d = a.Dict();
+        std::vector<Value*> groups;
+        if (std::shared_ptr<const torchfile::TorchFile> f =
+                blobs_.Find("optimizer/param_groups");
+            f != nullptr) {
+          Value* list = imp.Import(f, f->root());
+          if (list != nullptr && list->kind == Kind::kList)
+            groups.assign(list->items.begin(), list->items.end());
+        }
+        formats::AppendEntry(a, d, "param_groups", a.List(std::move(groups)));
+        return a.List({d});
+      });
+}
+
+void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
+  // A param with a tied copy on another stage is shared_embedding too.
+  for (Member& m : members)
+    for (const Member& c : members)
+      if (c.shared && c.param == m.param) m.shared = true;
+  megatron::RunConfig run;
+  run.grad_reduce_in_fp32 = true;
+  if (std::shared_ptr<const torchfile::TorchFile> a = blobs_.Find("args")) {
+    try {
+      run = megatron::ReadRunConfig(megatron::ArgsView(a->root(), "args"));
+    } catch (const FormatError&) {
+    }
+  }
+  run.cp = cp_;
+  std::string grad = "float32";
+  if (const json::Value* g = meta_.Find("grad_dtype"); g && g->is_string())
+    grad = g->AsString();
+  static constexpr std::pair<const char*, const char*> kStates[] = {
+      {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
+  for (int64_t pp = 0; pp < topo_.pp; ++pp) {
+    for (int64_t tp = 0; tp < topo_.tp; ++tp) {
+      const int64_t group = tp + topo_.tp * pp;
+      const std::string prefix =
+          StrCat("optimizer.distributed.dp_group_idx_", group);
+      // Each member's local tensor at this TP rank, ops for every kind.
+      std::map<std::pair<const Member*, std::string>, ShardOps> ops;
+      auto ops_of = [&](const Member& m,
+                        const std::string& kind) -> const ShardOps& {
+        auto [it, fresh] = ops.try_emplace({&m, kind});
+        if (fresh) it->second = OpsOf(*m.param, *m.rule, kind, tp);
+        return it->second;
+      };
+      int64_t local_params = 0;
+      for (const Member& m : members)
+        if (m.pp_rank == pp)
+          local_params += NumElements(ops_of(m, "fp32").shard.local_shape);
+      std::vector<std::vector<int64_t>> per_bucket, per_bucket_unpadded;
+      std::vector<std::pair<DType, std::string>> dtypes;
+      for (int64_t v = 0; v < topo_.vpp; ++v) {
+        std::vector<const Member*> chunk;
+        std::vector<megatron::BufferParam> bparams;
+        for (const Member& m : members) {
+          if (m.pp_rank != pp || m.chunk != v) continue;
+          chunk.push_back(&m);
+          bparams.push_back({m.param->info.fqn,
+                             NumElements(ops_of(m, "fp32").shard.local_shape),
+                             m.shared});
+        }
+        const megatron::BufferOptions bo =
+            run.DistributedBufferOptions(topo_.dp, pp, v, local_params);
+        if (bo.dp != topo_.dp) {
+          throw UsageError(
+              "dp_reshardable optimizer state with the optimizer sharded over ",
+              bo.dp, " ranks at data-parallel size ", topo_.dp,
+              " (context parallelism or several distributed-optimizer "
+              "instances) is not written");
+        }
+        const megatron::BufferLayout lay =
+            megatron::ComputeBufferLayout(bparams, bo);
+        const DType pdtype =
+            chunk.empty() ? DType::kBFloat16 : chunk[0]->param->info.dtype;
+        for (const Member* m : chunk) {
+          if (m->param->info.dtype != pdtype) {
+            throw FormatError(
+                "dp_reshardable: params of two dtypes in model "
+                "chunk ",
+                v, " of pipeline stage ", pp,
+                " (one buffer per dtype is not written)");
+          }
+        }
+        dtypes.emplace_back(pdtype, grad);
+        const std::string dtype =
+            StrCat("(torch.", DTypeName(pdtype), ", torch.", grad, ")");
+        std::vector<int64_t> padded, unpadded;
+        for (size_t b = 0; b < lay.buckets.size(); ++b) {
+          const megatron::Bucket& bucket = lay.buckets[b];
+          padded.push_back(bucket.end - bucket.start);
+          unpadded.push_back(bucket.numel_unpadded);
+          const int64_t L = (bucket.end - bucket.start) / topo_.dp;
+          const int64_t n = bucket.numel_unpadded;
+          std::vector<std::pair<int64_t, size_t>> order;  // by start
+          for (size_t i = 0; i < chunk.size(); ++i)
+            if (lay.ranges[i].bucket == static_cast<int64_t>(b))
+              order.emplace_back(lay.ranges[i].start - bucket.start, i);
+          std::sort(order.begin(), order.end());
+          for (const auto& [skey, kind] : kStates) {
+            const size_t key =
+                KeyIndex(StrCat(prefix, ".gbuf_idx_", v, ".dtype_", dtype,
+                                ".bucket_idx_", b, ".", skey),
+                         true, DType::kFloat32, {n});
+            for (int64_t r = 0; r < topo_.dp; ++r) {
+              const int64_t lo = std::min(r * L, n);
+              const int64_t hi = std::min((r + 1) * L, n);
+              const int64_t rank = Rank(tp, r, pp);
+              int64_t at = lo;
+              auto gap = [&](int64_t end) {  // zeros (no op covers them)
+                if (end <= at) return;
+                dcp::PlannedItem it;
+                it.key = key;
+                it.chunk = {{at}, {end - at}};
+                AddTo(rank, std::move(it), false);
+              };
+              for (const auto& [ps, i] : order) {
+                const int64_t pe = lay.ranges[i].end - bucket.start;
+                const int64_t a = std::max(ps, lo), z = std::min(pe, hi);
+                if (a >= z) continue;
+                gap(a);
+                const ShardOps& so = ops_of(*chunk[i], kind);
+                for (const FlatBox& fb :
+                     FlatBoxes(so.shard.local_shape, a - ps, z - ps)) {
+                  dcp::PlannedItem it;
+                  it.key = key;
+                  it.chunk = {{ps + fb.first}, {NumElements(fb.box.size)}};
+                  it.ops_shape = fb.box.size;
+                  for (const reshape::CopyOp& op : so.ops) {
+                    const std::optional<Box> in = Intersect(op.dst_box, fb.box);
+                    if (!in) continue;
+                    reshape::CopyOp o = op;
+                    for (size_t d = 0; d < in->offset.size(); ++d) {
+                      o.src_box.offset[d] +=
+                          in->offset[d] - op.dst_box.offset[d];
+                      o.dst_box.offset[d] = in->offset[d] - fb.box.offset[d];
+                    }
+                    o.src_box.size = in->size;
+                    o.dst_box.size = in->size;
+                    it.ops.push_back(std::move(o));
+                  }
+                  AddTo(rank, std::move(it), false);
+                }
+                at = z;
+              }
+              gap(hi);
+            }
+          }
+        }
+        per_bucket.push_back(std::move(padded));
+        per_bucket_unpadded.push_back(std::move(unpadded));
+      }
+      // The group's objects, written by DP rank 0: the optimizer's state
+      // dict and the bucket sizes ([{(param dtype, grad dtype): [numel...]}]
+      // per buffer).
+      auto object = [&](const std::string& name, std::string bytes) {
+        dcp::PlannedItem it;
+        it.key = KeyIndex(
+            ObjectKey(StrCat(prefix, ".", name), std::vector<int64_t>{0},
+                      std::vector<int64_t>{1}),
+            false, DType::kUInt8, {});
+        keys_[it.key].bytes = std::move(bytes);
+        AddTo(Rank(tp, 0, pp), std::move(it), true);
+      };
+      object("optimizer", GroupsObjectBytes());
+      auto sizes = [&](const std::vector<std::vector<int64_t>>& lists) {
+        return formats::SaveGraph([&](torchfile::TorchWriter& w,
+                                      formats::GraphImporter&) {
+          pickle::Arena& a = w.arena();
+          std::vector<Value*> buffers;
+          for (size_t v = 0; v < lists.size(); ++v) {
+            std::vector<Value*> ns;
+            for (int64_t x : lists[v]) ns.push_back(a.Int(x));
+            Value* d = a.Dict();
+            d->entries.emplace_back(
+                a.Tuple(
+                    {a.Global("torch", std::string(DTypeName(dtypes[v].first))),
+                     a.Global("torch", dtypes[v].second)}),
+                a.List(std::move(ns)));
+            buffers.push_back(d);
+          }
+          return a.List({a.List(std::move(buffers))});
+        });
+      };
+      object("per_bucket_numel", sizes(per_bucket));
+      object("per_bucket_numel_unpadded", sizes(per_bucket_unpadded));
+    }
+  }
+}
+
 // The common dict of generate_state_dict, in its order.
 pickle::Value* TorchDistPlan::BuildCommon(
     pickle::Arena& arena,
@@ -549,11 +804,15 @@ pickle::Value* TorchDistPlan::BuildCommon(
       groups = std::vector<Value*>(list->items.begin(), list->items.end());
     formats::AppendEntry(arena, inner, "param_groups",
                          arena.List(std::move(groups)));
-    formats::AppendEntry(arena, opt, "optimizer", inner);
-    if (Value* gs = import("grad_scaler"))
-      formats::AppendEntry(arena, opt, "grad_scaler", gs);
+    // dp_reshardable keeps the optimizer's own state dict (and the grad
+    // scaler's) as objects of each model-parallel group instead.
+    if (!dp_reshardable_) {
+      formats::AppendEntry(arena, opt, "optimizer", inner);
+      if (Value* gs = import("grad_scaler"))
+        formats::AppendEntry(arena, opt, "grad_scaler", gs);
+    }
     formats::AppendEntry(arena, opt, "param_state_sharding_type",
-                         arena.Str("fully_reshardable"));
+                         arena.Str(Sharding()));
     add("optimizer", opt);
     add("opt_param_scheduler", import("top_level/opt_param_scheduler"));
   }
@@ -564,7 +823,7 @@ pickle::Value* TorchDistPlan::BuildCommon(
   // content_metadata: what this checkpoint holds.
   Value* cm = arena.Dict();
   formats::AppendEntry(arena, cm, "distrib_optim_sharding_type",
-                       arena.Str("fully_reshardable"));
+                       arena.Str(Sharding()));
   formats::AppendEntry(arena, cm,
                        "distrib_optim_fully_reshardable_mem_efficient",
                        arena.Bool(false));
@@ -614,11 +873,12 @@ formats::TargetSummary TorchDistPlan::Summary() const {
           ? StrCat(" --num-virtual-stages-per-pipeline-rank ", topo_.vpp)
           : std::string(),
       options_.distributed_optimizer ? " --use-distributed-optimizer" : "",
-      write_optimizer_ ? " --dist-ckpt-optim-fully-reshardable" : "", " on ",
-      world_, " GPUs");
+      write_optimizer_ && !dp_reshardable_
+          ? " --dist-ckpt-optim-fully-reshardable"
+          : "",
+      " on ", world_, " GPUs");
   s.details["world_size"] = world_;
-  s.details["optimizer_sharding"] =
-      write_optimizer_ ? "fully_reshardable" : "none";
+  s.details["optimizer_sharding"] = write_optimizer_ ? Sharding() : "none";
   return s;
 }
 
