@@ -4,7 +4,6 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
-#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +21,9 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/pickle/value.h"
 #include "engine/torchfile/torch_file.h"
+#include "engine/torchfile/torch_writer.h"
 #include "engine/torchfile/zip.h"
 
 namespace ucp::resume {
@@ -298,6 +299,191 @@ Layout MakeLayout(const TrainingState& s) {
   return l;
 }
 
+// --- torch.save of IValues ---------------------------------------------------
+//
+// The checkpointer's files are written by ucp's torch.save writer
+// (engine/torchfile), not torch::pickle_save: LibTorch's pickler tags typed
+// containers with torch.jit._pickle.restore_type_tag, a global the
+// weights-only unpickler of torch.load (the default since torch 2.6)
+// refuses. Here dicts, lists and tuples are plain, as Python's torch.save
+// writes them, and each tensor is stored compactly.
+
+DType ScalarDType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kShort:
+      return DType::kInt16;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kByte:
+      return DType::kUInt8;
+    case at::kBool:
+      return DType::kBool;
+    default:
+      throw UsageError("cannot checkpoint a tensor of dtype ",
+                       c10::toString(t));
+  }
+}
+
+pickle::Value* ToPickle(
+    torchfile::TorchWriter& w, const c10::IValue& v,
+    std::vector<std::pair<const pickle::Value*, at::Tensor>>& tensors) {
+  pickle::Arena& a = w.arena();
+  if (v.isNone()) return a.None();
+  if (v.isBool()) return a.Bool(v.toBool());
+  if (v.isInt()) return a.Int(v.toInt());
+  if (v.isDouble()) return a.Float(v.toDouble());
+  if (v.isString()) return a.Str(v.toStringRef());
+  if (v.isTensor()) {
+    const at::Tensor t = v.toTensor().detach().to(at::kCPU).contiguous();
+    torchfile::TensorSpec spec;
+    spec.dtype = ScalarDType(t.scalar_type());
+    spec.shape = Shape(t.sizes().begin(), t.sizes().end());
+    pickle::Value* node = w.NewTensor(spec);
+    tensors.emplace_back(node, t);
+    return node;
+  }
+  if (v.isTuple()) {
+    std::vector<pickle::Value*> items;
+    for (const c10::IValue& x : v.toTupleRef().elements())
+      items.push_back(ToPickle(w, x, tensors));
+    return a.Tuple(std::move(items));
+  }
+  if (v.isList()) {
+    std::vector<pickle::Value*> items;
+    for (const c10::IValue& x : v.toListRef())
+      items.push_back(ToPickle(w, x, tensors));
+    return a.List(std::move(items));
+  }
+  if (v.isGenericDict()) {
+    std::vector<std::pair<pickle::Value*, pickle::Value*>> entries;
+    for (const auto& kv : v.toGenericDict())
+      entries.emplace_back(ToPickle(w, kv.key(), tensors),
+                           ToPickle(w, kv.value(), tensors));
+    return a.Dict(std::move(entries));
+  }
+  throw UsageError("cannot checkpoint a value of type ", v.tagKind(),
+                   " (dicts, lists, tuples, strings, numbers, None and "
+                   "tensors are)");
+}
+
+// torch.save bytes of `v`, archive folder `archive` (torch.save names it
+// after the file).
+std::vector<char> SaveIValue(const c10::IValue& v, const std::string& archive) {
+  torchfile::TorchWriterOptions options;
+  options.archive_name = archive;
+  options.in_memory = true;
+  torchfile::TorchWriter w(archive + ".pt", options);
+  std::vector<std::pair<const pickle::Value*, at::Tensor>> tensors;
+  const pickle::Value* root = ToPickle(w, v, tensors);
+  w.Begin(root);
+  for (const auto& [node, t] : tensors) {
+    w.WriteTensorData(node, 0,
+                      std::span<const std::byte>(
+                          static_cast<const std::byte*>(t.data_ptr()),
+                          static_cast<size_t>(t.numel()) * t.element_size()));
+  }
+  w.Commit();
+  const std::string bytes = w.Contents();
+  return std::vector<char>(bytes.begin(), bytes.end());
+}
+
+at::ScalarType TorchScalarType(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kFloat64:
+      return at::kDouble;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kInt32:
+      return at::kInt;
+    case DType::kInt16:
+      return at::kShort;
+    case DType::kInt8:
+      return at::kChar;
+    case DType::kUInt8:
+      return at::kByte;
+    case DType::kBool:
+      return at::kBool;
+    default:
+      throw FormatError("a tensor of dtype ", DTypeName(t),
+                        " (the checkpointer stores none)");
+  }
+}
+
+// The IValue of a node of `f`'s graph, tensors read whole. meta.pt is parsed
+// by ucp's unpickler rather than torch::pickle_load: LibTorch's (1.13) lacks
+// opcodes Python's pickler writes (APPEND), and a meta.pt re-saved by Python
+// must still load.
+c10::IValue FromPickle(const torchfile::TorchFile& f, const pickle::Value* v) {
+  using pickle::Kind;
+  if (const torchfile::TensorInfo* t = f.FindTensor(v)) {
+    at::Tensor out = at::empty(
+        t->shape, at::TensorOptions().dtype(TorchScalarType(t->dtype)));
+    f.ReadTensor(*t, std::span<std::byte>(
+                         static_cast<std::byte*>(out.data_ptr()), t->nbytes));
+    return out;
+  }
+  switch (v->kind) {
+    case Kind::kNone:
+      return c10::IValue();
+    case Kind::kBool:
+      return v->b;
+    case Kind::kFloat:
+      return v->f;
+    case Kind::kStr:
+      return v->s;
+    case Kind::kInt:
+      if (v->AsInt()) return *v->AsInt();
+      break;
+    case Kind::kTuple: {
+      std::vector<c10::IValue> items;
+      for (const pickle::Value* x : v->items) items.push_back(FromPickle(f, x));
+      return c10::ivalue::Tuple::create(std::move(items));
+    }
+    case Kind::kList: {
+      c10::impl::GenericList out(c10::AnyType::get());
+      for (const pickle::Value* x : v->items) out.push_back(FromPickle(f, x));
+      return out;
+    }
+    default:
+      break;
+  }
+  if (v->IsDictLike()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& [k, x] : v->entries)
+      out.insert_or_assign(FromPickle(f, k), FromPickle(f, x));
+    return out;
+  }
+  throw FormatError("holds a ", pickle::KindName(v->kind), " ", v->ClassName(),
+                    " (dicts, lists, tuples, numbers, strings and tensors are "
+                    "expected)");
+}
+
+// A list of ints, typed (torch::pickle_save's files) or not (ucp's).
+std::vector<int64_t> IntsOf(const c10::IValue& v) {
+  if (v.isIntList()) return v.toIntVector();
+  std::vector<int64_t> out;
+  for (const c10::IValue& x : v.toListRef()) out.push_back(x.toInt());
+  return out;
+}
+
 // The Adam/AdamW hyper-parameters of a group, as Python's state_dict has them.
 c10::impl::GenericDict GroupDict(const torch::optim::OptimizerParamGroup& g,
                                  const std::vector<int64_t>& indices) {
@@ -438,7 +624,8 @@ Meta ReadMeta(const fs::path& dir, const Layout& layout) {
   }
   Meta m;
   try {
-    m.root = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    const torchfile::TorchFile f = torchfile::TorchFile::Open(path);
+    m.root = FromPickle(f, f.root());
     const auto d = m.root.toGenericDict();
     if (d.at("format").toStringRef() != "ucp.checkpointer" ||
         d.at("version").toInt() != 1) {
@@ -458,10 +645,10 @@ Meta ReadMeta(const fs::path& dir, const Layout& layout) {
     for (size_t i = 0; i < layout.params.size(); ++i) {
       const auto t = params.get(i).toTupleRef().elements();
       const Param& p = layout.params[i];
-      if (t[0].toStringRef() != p.name || t[1].toIntVector() != p.shape ||
+      if (t[0].toStringRef() != p.name || IntsOf(t[1]) != p.shape ||
           t[2].toInt() != p.offset) {
         throw FormatError("param ", i, " is ", t[0].toStringRef(), " ",
-                          ShapeText(t[1].toIntVector()), " at ", t[2].toInt(),
+                          ShapeText(IntsOf(t[1])), " at ", t[2].toInt(),
                           ", the model's is ", p.name, " ", ShapeText(p.shape),
                           " at ", p.offset);
       }
@@ -606,8 +793,10 @@ struct Checkpointer::Impl {
     shard.insert("scaler", ScalerDict(s.scaler));
     shard.insert("extra", extra);
     shard.insert("shard", shard_info);
-    WriteDurably(partial / ShardName(rank(), world()),
-                 torch::pickle_save(shard));
+    const std::string shard_name = ShardName(rank(), world());
+    WriteDurably(
+        partial / shard_name,
+        SaveIValue(shard, shard_name.substr(0, shard_name.size() - 3)));
     Phase("shard-written", step);
     g().Barrier("save: shards written");
 
@@ -629,7 +818,7 @@ struct Checkpointer::Impl {
       meta.insert("buffers", buffers);
       meta.insert("scaler", ScalerDict(s.scaler));
       meta.insert("extra", extra);
-      WriteDurably(partial / "meta.pt", torch::pickle_save(meta));
+      WriteDurably(partial / "meta.pt", SaveIValue(meta, "meta"));
       SyncPath(partial);
       Phase("before-commit", step);
       const fs::path final_dir = o.dir / StepName(step);
@@ -693,61 +882,71 @@ struct Checkpointer::Impl {
   static constexpr int kKinds = 3;
 
   // Which of them the tensor at `p` in a shard's graph is a piece of
-  // (model/<param>, optimizer/state/<i>/exp_avg[_sq]); -1 for others.
-  static int PieceKind(const torchfile::TensorPath& p,
-                       const std::set<std::string>& params) {
+  // (model/<param>, optimizer/state/<index>/exp_avg[_sq]) and of which
+  // param; kind -1 for others (buffers, steps, ...).
+  static std::pair<int, const Param*> PieceOf(const torchfile::TensorPath& p,
+                                              const Layout& layout) {
     auto str = [&](size_t i) -> const std::string* {
       return i < p.size() ? std::get_if<std::string>(&p[i]) : nullptr;
     };
     const std::string* head = str(0);
-    if (head == nullptr) return -1;
-    if (*head == "model" && p.size() == 2 && str(1) && params.count(*str(1)))
-      return 0;
-    if (*head == "optimizer" && p.size() == 4 && str(3)) {
-      if (*str(3) == "exp_avg") return 1;
-      if (*str(3) == "exp_avg_sq") return 2;
+    if (head == nullptr) return {-1, nullptr};
+    if (*head == "model" && p.size() == 2 && str(1)) {
+      for (const Param& x : layout.params)
+        if (x.name == *str(1)) return {0, &x};
+      return {-1, nullptr};
     }
-    return -1;
+    if (*head == "optimizer" && p.size() == 4 && str(3)) {
+      const int64_t* index = std::get_if<int64_t>(&p[2]);
+      const int k = *str(3) == "exp_avg" ? 1 : *str(3) == "exp_avg_sq" ? 2 : -1;
+      if (index == nullptr || k < 0) return {-1, nullptr};
+      for (const Param& x : layout.params)
+        if (x.index == *index) return {k, &x};
+    }
+    return {-1, nullptr};
   }
 
   // This rank's slices [b, e) of the flat weights and Adam moments: every
   // old shard that overlaps them is opened once and only the byte ranges of
-  // the slice are read (a kind a shard lacks stays zero).
+  // the slice are read (a kind a shard lacks stays zero). A shard's tensor
+  // for param p holds p's elements inside the shard's slice; it may view a
+  // storage shared with others (files of torch::pickle_save) or own one.
   std::array<at::Tensor, kKinds> ReadSlices(const fs::path& dir, const Meta& m,
                                             int64_t b, int64_t e,
-                                            const std::set<std::string>& params,
+                                            const Layout& layout,
                                             uint64_t* bytes) const {
     std::array<at::Tensor, kKinds> out;
     for (at::Tensor& t : out)
       t = at::zeros({std::max<int64_t>(0, e - b)}, at::kFloat);
     for (int s = 0; s < m.world; ++s) {
       const auto [sb, se] = Slice(m.numel, s, m.world);
-      const int64_t lo = std::max(b, sb), hi = std::min(e, se);
-      if (lo >= hi) continue;
+      if (std::max(b, sb) >= std::min(e, se)) continue;
       const fs::path path = dir / ShardName(s, m.world);
       const torchfile::TorchFile f = torchfile::TorchFile::Open(path);
-      std::array<const torchfile::StorageInfo*, kKinds> storage{};
       for (const auto& t : f.tensors()) {
-        const int k = t.path ? PieceKind(*t.path, params) : -1;
-        if (k >= 0 && storage[static_cast<size_t>(k)] == nullptr)
-          storage[static_cast<size_t>(k)] = t.storage;
-      }
-      for (int k = 0; k < kKinds; ++k) {
-        const torchfile::StorageInfo* st = storage[static_cast<size_t>(k)];
-        if (st == nullptr) continue;
-        if (st->dtype != DType::kFloat32 || st->numel != se - sb) {
-          throw FormatError(path.string(), ": storage ", st->key, " holds ",
-                            st->numel, " elements, the slice is ", se - sb);
+        const auto [k, param] = t.path
+                                    ? PieceOf(*t.path, layout)
+                                    : std::pair<int, const Param*>{-1, nullptr};
+        if (k < 0) continue;
+        const int64_t vlo = std::max(sb, param->offset);
+        const int64_t vhi = std::min(se, param->offset + param->numel);
+        if (t.dtype != DType::kFloat32 || !t.contiguous ||
+            t.numel != vhi - vlo) {
+          throw FormatError(path.string(), ": ", param->name, "'s ",
+                            k == 0   ? "weights"
+                            : k == 1 ? "exp_avg"
+                                     : "exp_avg_sq",
+                            " hold ", t.numel, " elements (",
+                            DTypeName(t.dtype), "), the slice has ", vhi - vlo,
+                            " float32");
         }
-        const torchfile::ZipEntry* entry =
-            f.zip()->Find(f.archive_name() + "/data/" + st->key);
-        if (entry == nullptr) {
-          throw FormatError(path.string(), ": no record for storage ", st->key);
-        }
+        const int64_t lo = std::max(b, vlo), hi = std::min(e, vhi);
+        if (lo >= hi) continue;
         const uint64_t n = static_cast<uint64_t>(hi - lo) * 4;
         float* to = out[static_cast<size_t>(k)].data_ptr<float>() + (lo - b);
-        f.zip()->ReadRange(
-            *entry, static_cast<uint64_t>(lo - sb) * 4,
+        f.ReadStorage(
+            *t.storage,
+            static_cast<uint64_t>(t.storage_offset + (lo - vlo)) * 4,
             std::span<std::byte>(reinterpret_cast<std::byte*>(to), n));
         *bytes += n;
       }
@@ -820,16 +1019,14 @@ struct Checkpointer::Impl {
       padded.narrow(0, 0, local.numel()).copy_(local);
       return g().AllGather(padded, what).narrow(0, 0, layout.numel);
     };
-    std::set<std::string> names;
-    for (const Param& p : layout.params) names.insert(p.name);
     const std::array<at::Tensor, kKinds> local =
-        ReadSlices(dir, meta, b, e, names, &report.bytes_read);
+        ReadSlices(dir, meta, b, e, layout, &report.bytes_read);
     const at::Tensor weights = full(local[0], "resume: weights");
     const at::Tensor m1 = full(local[1], "resume: exp_avg");
     const at::Tensor m2 = full(local[2], "resume: exp_avg_sq");
 
     const auto d = meta.root.toGenericDict();
-    const auto steps = d.at("steps").toIntVector();
+    const auto steps = IntsOf(d.at("steps"));
     {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < layout.params.size(); ++i) {

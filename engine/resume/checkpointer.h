@@ -27,9 +27,13 @@
 // named_parameters() order into one flat vector of N elements; rank r of W
 // owns [r*ceil(N/W), min(N, (r+1)*ceil(N/W))). A piece is the part of a
 // parameter inside the slice: shaped like the parameter when it lies there
-// whole, else 1-D. The pieces of one kind (weights, exp_avg, exp_avg_sq) are
-// views of one storage, so a slice's bytes are contiguous in one zip record
-// and a rank of a new world size reads only the byte ranges of its new slice.
+// whole, else 1-D. Each piece owns its storage (one zip record), so a rank of
+// a new world size reads only the byte ranges of its new slice (earlier
+// files, whose pieces of one kind view one storage, are read too). Every
+// file holds plain dicts, lists, tuples, numbers, strings and tensors, as
+// Python's torch.save writes them: torch.load's weights-only unpickler (its
+// default since torch 2.6) opens them, as does torch 1.13. (LibTorch 1.13's
+// torch::pickle_load does not: it lacks Python's APPEND opcode.)
 // With one process the shard is exactly the dict a Python trainer saves:
 //   torch.save({"model": model.state_dict(),
 //               "optimizer": optimizer.state_dict(), "step": step,

@@ -1,9 +1,11 @@
-#!/usr/bin/python3
 """ucp::resume::Checkpointer, driven through the elastic-resume example
 trainer (examples/elastic-resume/train.cc), checked with real torch:
 
 * a 1-process checkpoint is the dict a Python trainer saves: torch.load
   opens it, torch.optim.Adam.load_state_dict takes its optimizer state;
+* every file (meta.pt, each shard) loads with torch.load's defaults in the
+  newest torch (run by the tests' PyPI environment: weights_only=True) and
+  in Debian's torch 1.13 (UCP_PYTHON);
 * resharding 1 -> 3 -> 2 -> 4 processes (each resumed state saved again at
   once) keeps every weight, Adam moment and step bit for bit: the pieces are
   reassembled here from the format spec (checkpointer.h), independently of
@@ -83,6 +85,48 @@ def assemble(step_dir):
     return names, flat, meta
 
 
+def resave_as_views(step_dir):
+    """Rewrites each shard with torch.save, its weights, exp_avg and
+    exp_avg_sq pieces each viewing one flat storage per kind, and meta.pt
+    as Python saves it."""
+    params = {p[0] for p in torch.load(step_dir / "meta.pt")["params"]}
+    for f in step_dir.iterdir():
+        d = torch.load(f)
+        if f.name.startswith("shard_"):
+            groups = {"w": [(d["model"], n) for n in list(d["model"]) if n in params],
+                      "m1": [(st, "exp_avg") for st in d["optimizer"]["state"].values()],
+                      "m2": [(st, "exp_avg_sq") for st in d["optimizer"]["state"].values()]}
+            for pieces in groups.values():
+                flat = torch.cat([c[k].reshape(-1) for c, k in pieces])
+                at = 0
+                for c, k in pieces:
+                    n = c[k].numel()
+                    c[k] = flat[at:at + n].view(c[k].shape)
+                    at += n
+                assert pieces and all(c[k].untyped_storage().data_ptr() ==
+                                      flat.untyped_storage().data_ptr() for c, k in pieces)
+        torch.save(d, f)
+
+
+def check_weights_only(step_dir):
+    """Every file of a checkpoint loads with the weights-only unpickler here
+    (the newest torch: its default) and with torch 1.13's default (its
+    weights-only unpickler lacks BINFLOAT, so Python's own files fail it)."""
+    files = sorted(step_dir.iterdir())
+    version = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    assert files and version >= (2, 6), (files, torch.__version__)
+    for f in files:
+        torch.load(f)  # the default: weights_only=True
+        torch.load(f, weights_only=True)
+    old = subprocess.run(
+        [os.environ["UCP_PYTHON"], "-c",
+         "import sys, torch\n"
+         "assert torch.__version__.startswith('1.'), torch.__version__\n"
+         "for f in sys.argv[1:]: torch.load(f)\n",
+         *map(str, files)], capture_output=True, text=True)
+    assert old.returncode == 0, old.stderr[-2000:]
+
+
 def test_python_dict_and_resharding():
     with tempfile.TemporaryDirectory(prefix="ucp-ckpt-") as t:
         t = pathlib.Path(t)
@@ -97,6 +141,7 @@ def test_python_dict_and_resharding():
         opt = torch.optim.Adam([torch.nn.Parameter(v.clone()) for v in params.values()])
         opt.load_state_dict(d["optimizer"])  # the real torch takes it
         assert list(opt.state_dict()["state"]) == list(range(len(params)))
+        check_weights_only(t / "w1" / "step_000000003")
         names, base, _ = assemble(t / "w1" / "step_000000003")
         assert names == list(params)
         src = t / "w1"
@@ -106,11 +151,21 @@ def test_python_dict_and_resharding():
             assert m and int(m.group(1)) <= 3 * 4 * (-(-base["w"].numel() // n)), err
             got_names, got, meta = assemble(t / f"w{n}" / "step_000000003")
             assert meta["world_size"] == n and got_names == names
+            check_weights_only(t / f"w{n}" / "step_000000003")
             for k in base:
                 assert torch.equal(got[k], base[k]), (n, k)
             dn = torch.load(t / f"w{n}" / "step_000000003" / f"shard_00000-of-{n:05d}.pt")
             assert dn["extra"] == d["extra"] and dn["scaler"] == d["scaler"]
             src = t / f"w{n}"
+        # Re-saved by Python, the pieces of one kind as views of one storage
+        # per shard (as LibTorch-written files of earlier ucp had them): a
+        # resume reads them too, at another world size.
+        resave_as_views(src / "step_000000003")
+        launch(3, "--dir", src, "--steps", 3, "--save-on-resume", "--save-dir", t / "views")
+        got_names, got, _ = assemble(t / "views" / "step_000000003")
+        assert got_names == names
+        for k in base:
+            assert torch.equal(got[k], base[k]), ("views", k)
 
 
 def test_kill9_in_saves():
