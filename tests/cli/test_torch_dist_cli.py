@@ -217,6 +217,19 @@ def test_real_fixture_matches_its_truth():
                     assert u[(name, kind)].tobytes() == want.tobytes(), (name, kind)
                     n += 1
         assert n == 27 * 3, n
+        # Its optimizer has one param group for every param (not Megatron's default rule of
+        # two): Megatron's legacy format keeps that grouping and gives the same universal file.
+        run("convert", FIXTURE / "ckpt", "-o", t / "legacy", "--format", "megatron", "--tp", 1,
+            "--pp", 2, "--dp", 2, "--distributed-optimizer", "-q")
+        for pp in range(2):
+            d = torch.load(t / "legacy" / "iter_0000010" / f"mp_rank_00_{pp:03d}" /
+                           "model_optim_rng.pt", weights_only=False)
+            groups = d["optimizer"]["optimizer"]["param_groups"]
+            assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1, groups
+        run("to-universal", t / "legacy", "-o", t / "u2.h5", "-q")
+        u2 = atoms(t / "u2.h5")
+        same_atoms({k: v for k, v in u.items() if not k[1].startswith("pad/")},
+                   {k: v for k, v in u2.items() if not k[1].startswith("pad/")})
 
 
 def test_export_holds_the_model():

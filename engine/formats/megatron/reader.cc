@@ -342,6 +342,9 @@ class Planner {
   // Canonical groups: key, the first stored dict seen (and its file).
   std::vector<GroupKey> group_keys_;
   std::vector<const Value*> group_dicts_;
+  // Every rank's optimizer has one param group for all its params (a
+  // trainer that did not use Megatron's grouping rule): its key, else none.
+  std::optional<GroupKey> single_group_;
   std::string grad_dtype_;
 };
 
@@ -595,6 +598,17 @@ void Planner::PlanModel() {
   }
 }
 
+// The param_groups list of a rank's 'optimizer' entry (the inner
+// optimizer's for mixed precision and the distributed optimizer), nullptr if
+// there is none.
+const Value* StoredGroups(const Value* opt) {
+  if (opt == nullptr || !opt->IsDictLike()) return nullptr;
+  const Value* inner = opt->Get("optimizer");
+  if (inner != nullptr && inner->IsDictLike())
+    return inner->Get("param_groups");
+  return opt->Get("param_groups");
+}
+
 // Megatron's grouping of a rank's params in the order the stored groups
 // follow: first appearance (v0.6+), or the fixed order of Megatron-core <=
 // v0.5 / Megatron-LM 23.x when the stored keys say so (NoteGroups reports a
@@ -707,6 +721,29 @@ void Planner::PlanOptimizer() {
     keys.push_back(DefaultGroupKey(n, ps.full_shape.size()));
     names.push_back(n);
   }
+  if (GroupParams(keys).keys.size() > 1) {
+    // One stored group on every rank, with one key: all params in it.
+    std::optional<GroupKey> one;
+    bool all_one = true;
+    for (const SourceRank& sr : L_.ranks) {
+      const Value* groups = StoredGroups(TopGet(sr.root, "optimizer"));
+      if (groups == nullptr || groups->kind != Kind::kList ||
+          groups->items.size() != 1 || !groups->items[0]->IsDictLike()) {
+        all_one = false;
+        break;
+      }
+      const GroupKey k = StoredGroupKey(groups->items[0]);
+      if (one && !(*one == k)) {
+        all_one = false;
+        break;
+      }
+      one = k;
+    }
+    if (all_one && one) {
+      single_group_ = one;
+      std::fill(keys.begin(), keys.end(), *one);
+    }
+  }
   Grouping g = GroupParams(keys);
   group_keys_ = g.keys;
   group_dicts_.assign(g.keys.size(), nullptr);
@@ -752,8 +789,10 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
       rp.tied_copy = rule.tied_to.has_value();
       rp.state = &params_.at(rp.tied_copy ? *rule.tied_to : ch.canonical[i]);
       params.push_back(rp);
-      keys.push_back(DefaultGroupKey(ch.leaves[i].name,
-                                     ch.leaves[i].tensor->shape.size()));
+      keys.push_back(single_group_
+                         ? *single_group_
+                         : DefaultGroupKey(ch.leaves[i].name,
+                                           ch.leaves[i].tensor->shape.size()));
     }
   }
   const Value* inner = opt->Get("optimizer");

@@ -603,9 +603,18 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
   // Optimizer.
   Value* optimizer = nullptr;
   if (write_optimizer_) {
+    // Each param's group as the universal file records it (a source may
+    // group otherwise than Megatron's default rule, e.g. one group for all);
+    // the default rule where it records none.
     std::vector<GroupKey> keys;
-    for (const RankParam& rp : params)
-      keys.push_back(DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+    for (const RankParam& rp : params) {
+      const atoms::StoredParam* sp = entries_[rp.entry].param;
+      const int64_t stored = sp != nullptr ? sp->info.group : -1;
+      keys.push_back(
+          stored >= 0 && static_cast<size_t>(stored) < group_keys_.size()
+              ? group_keys_[static_cast<size_t>(stored)]
+              : DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+    }
     const Grouping g = GroupParams(keys);
     std::shared_ptr<const torchfile::TorchFile> gfile =
         blobs.Get("optimizer/param_groups");
