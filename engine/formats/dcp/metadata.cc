@@ -354,9 +354,10 @@ std::string PickleMetadata(const Metadata& m, const std::string& save_id) {
   // storage_data in the order of the entries and their chunks (the items'
   // index hint is the chunk's position), bytes items first.
   Value* sd = a.Dict();
+  std::set<ItemKey> written;
   auto add_item = [&](const ItemKey& key, int64_t index) {
     auto it = m.storage.find(key);
-    if (it == m.storage.end()) return;
+    if (it == m.storage.end() || !written.insert(key).second) return;
     const StorageInfo& s = it->second;
     Value* k = obj(kMeta, "MetadataIndex",
                    key.offset ? a.Dict({{a.Str("fqn"), a.Str(key.fqn)},
@@ -384,6 +385,8 @@ std::string PickleMetadata(const Metadata& m, const std::string& save_id) {
     for (size_t i = 0; i < e.chunks.size(); ++i)
       add_item({e.fqn, e.chunks[i].offsets}, static_cast<int64_t>(i));
   }
+  // Items no entry names (torch's loader ignores them): kept, last.
+  for (const auto& [key, info] : m.storage) add_item(key, 0);
   Value* storage_meta = obj(kMeta, "StorageMeta",
                             a.Dict({{a.Str("checkpoint_id"), a.None()},
                                     {a.Str("save_id"), a.Str(save_id)},
