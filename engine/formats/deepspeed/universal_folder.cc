@@ -110,20 +110,47 @@ std::unique_ptr<FileBuild> UniversalFolderWriter::OptimizerState(
   if (!bf16)
     formats::AppendEntry(a, root, "zero_stage",
                          ZeroStage(a, std::max(stage_, 1)));
-  std::vector<Value*> pads, counts, groups;
+  std::vector<Value*> pads, counts;
+  auto groups = [&] {
+    std::vector<Value*> out;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      Value* d =
+          group_templates_ != nullptr && g < group_templates_->items.size()
+              ? f->Import(group_file_, group_templates_->items[g])
+              : a.Dict();
+      AppendOrReplace(a, d, "params", a.List({a.Int(static_cast<int64_t>(g))}));
+      out.push_back(d);
+    }
+    return a.List(std::move(out));
+  };
   for (size_t g = 0; g < groups_.size(); ++g) {
     pads.push_back(a.Int(0));
     counts.push_back(a.Int(W_));
-    Value* d = group_templates_ != nullptr && g < group_templates_->items.size()
-                   ? f->Import(group_file_, group_templates_->items[g])
-                   : a.Dict();
-    AppendOrReplace(a, d, "params", a.List({a.Int(static_cast<int64_t>(g))}));
-    groups.push_back(d);
   }
   formats::AppendEntry(a, root, "group_paddings", a.List(std::move(pads)));
   formats::AppendEntry(a, root, "partition_count", a.List(std::move(counts)));
   formats::AppendEntry(a, root, "ds_version", DsVersion(*f));
-  formats::AppendEntry(a, root, "param_groups", a.List(std::move(groups)));
+  formats::AppendEntry(a, root, "param_groups", groups());
+  if (stage_ == 3) {
+    // DeepSpeed's ZeRO-3 universal load takes the step from the base
+    // optimizer's state of group 0 (stage3.py,
+    // load_hp_checkpoint_state_from_checkpoint_dir_stage3), where
+    // ds_to_universal leaves rank 0's optimizer_state_dict: each group's
+    // step, and the param groups.
+    Value* state = a.Dict();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].empty()) continue;
+      const TParam& p = params_[groups_[g].front()];
+      Value* step = StepNode(*f, p, StrCat("zero/", p.name, "/step"));
+      if (step == nullptr) continue;
+      state->entries.emplace_back(a.Int(static_cast<int64_t>(g)),
+                                  a.Dict({{a.Str("step"), step}}));
+    }
+    Value* inner = a.Dict();
+    formats::AppendEntry(a, inner, "state", state);
+    formats::AppendEntry(a, inner, "param_groups", groups());
+    formats::AppendEntry(a, root, "optimizer_state_dict", inner);
+  }
   f->SetRoot(root);
   return f;
 }

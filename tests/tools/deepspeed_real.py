@@ -1,0 +1,275 @@
+"""The real DeepSpeed (the tests' PyPI environment, CPU, gloo) as the oracle of
+ucp's DeepSpeed driver: it makes checkpoints and loads ucp's.
+
+  deepspeed_real.py make --world W --stage S --dtype fp32|bf16 --out DIR
+      W local ranks train a small MLP (Adam, 2 steps) with ZeRO stage S and
+      save DIR/global_step2 + latest with engine.save_checkpoint; rank 0 then
+      writes what the engine holds in memory, through DeepSpeed's own API
+      (deepspeed.utils.safe_get_full_fp32_param / _optimizer_state, module
+      params gathered at stage 3): DIR/reference_module_params.pt,
+      reference_fp32_master.pt, reference_optim_state.pt and meta.json (the
+      layout of ../shared/fixtures/deepspeed-0.14.5, so check_deepspeed.py
+      reads both).
+  deepspeed_real.py load --world W --stage S --dtype fp32|bf16 --dir DIR
+                         --truth TRAINED_DIR --scratch TMP [--universal]
+      a fresh engine at W ranks and stage S loads DIR (engine.load_checkpoint;
+      --universal: DeepSpeed's load_universal path for a universal folder) and
+      its module params, fp32 masters and step are compared with TRAINED_DIR's
+      references bit for bit, and so are its Adam moments, as DeepSpeed's
+      ds_to_universal finds them in a re-save of the engine (after a native
+      ZeRO 1/2 load DeepSpeed's safe_get_full_optimizer_state fails on some
+      ranks). Prints one JSON line
+      {"ok": bool, "checked": n, "failures": [...]}; exit status 0 iff ok.
+
+fp16 is not run: DeepSpeed's CPU accelerator refuses it ("Type fp16 is not
+supported on your device"). The ranks are processes started here with
+MASTER_PORT chosen by binding a free port.
+"""
+import argparse
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, world):
+    """Runs this script as `world` ranks; returns (rank 0's stdout, codes)."""
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
+                   OMP_NUM_THREADS="1", UCP_DS_RANK_PROCESS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=600) for p in procs]
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        for r, (_, err) in enumerate(outs):
+            if codes[r]:
+                sys.stderr.write(f"--- rank {r} (exit {codes[r]}):\n{err[-3000:]}\n")
+    return outs[0][0], codes
+
+
+# --- in a rank process ---------------------------------------------------------
+
+def model_and_engine(stage, dtype, extra=None):
+    import deepspeed
+    import torch
+    import torch.nn as nn
+
+    class MLP(nn.Module):
+        # odd sizes: flat partitions need padding at worlds 2 and 3
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(7, 13)
+            self.fc2 = nn.Linear(13, 5)
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.fc2(torch.relu(self.fc1(x))).float(), y.float())
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(1234)
+    model = MLP()
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+           "zero_optimization": {"stage": stage}, "steps_per_print": 1000}
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    cfg.update(extra or {})
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=cfg)
+    return engine
+
+
+def in_memory(engine, stage, with_optimizer=True):
+    """Module params (fp32), masters and Adam moments as the engine holds them."""
+    import deepspeed
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    named = list(engine.module.named_parameters())
+    if stage == 3:
+        with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
+            module = {n: p.detach().clone().float() for n, p in named}
+    else:
+        module = {n: p.detach().clone().float() for n, p in named}
+    # ZeRO 0 with bf16 (FP16_UnfusedOptimizer in DeepSpeed 0.19) keeps fp32
+    # copies beside the module's params, which DeepSpeed's API does not map.
+    copies = {}
+    opt = engine.optimizer
+    if stage == 0 and hasattr(opt, "fp32_groups") and hasattr(opt, "fp16_groups"):
+        for low, high in zip(opt.fp16_groups, opt.fp32_groups):
+            for p16, p32 in zip(low, high):
+                copies[id(p16)] = p32
+    master, optim = {}, {}
+    engine.ucp_adam_steps = {}  # where the inner torch Adam's state is at hand
+    for n, p in named:
+        if id(p) in copies:
+            p32 = copies[id(p)]
+            master[n] = p32.detach().clone()
+            for k in ("exp_avg", "exp_avg_sq") if with_optimizer else ():
+                optim[f"{n}::{k}"] = opt.optimizer.state[p32][k].detach().clone()
+            engine.ucp_adam_steps[n] = float(opt.optimizer.state[p32]["step"])
+            continue
+        try:
+            t = safe_get_full_fp32_param(p)
+        except Exception as e:  # ZeRO 0 fp32: no separate master
+            print("safe_get_full_fp32_param", n, repr(e), file=sys.stderr, flush=True)
+            t = None
+        master[n] = None if t is None else t.detach().clone()
+        for k in ("exp_avg", "exp_avg_sq") if with_optimizer else ():
+            try:
+                t = safe_get_full_optimizer_state(p, k)
+            except Exception as e:
+                print("safe_get_full_optimizer_state", n, k, repr(e), file=sys.stderr, flush=True)
+                t = None
+            if t is None and stage == 0 and p in getattr(engine.optimizer, "state", {}):
+                t = engine.optimizer.state[p].get(k)  # plain torch Adam
+                engine.ucp_adam_steps[n] = float(engine.optimizer.state[p]["step"])
+            optim[f"{n}::{k}"] = None if t is None else t.detach().clone()
+    return module, master, optim
+
+
+def rank_make(a):
+    import deepspeed
+    import torch
+    engine = model_and_engine(a.stage, a.dtype)
+    rank = torch.distributed.get_rank()
+    g = torch.Generator().manual_seed(99 + rank)
+    for _ in range(2):
+        x = torch.randn(2, 7, generator=g)
+        y = torch.randn(2, 5, generator=g)
+        if a.dtype == "bf16":
+            x = x.to(torch.bfloat16)
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(a.out, tag="global_step2")
+    module, master, optim = in_memory(engine, a.stage)
+    if rank == 0:
+        out = pathlib.Path(a.out)
+        torch.save(module, out / "reference_module_params.pt")
+        torch.save(master, out / "reference_fp32_master.pt")
+        torch.save(optim, out / "reference_optim_state.pt")
+        shapes = {n: list(getattr(p, "ds_shape", p.shape))
+                  for n, p in engine.module.named_parameters()}
+        meta = dict(deepspeed_version=deepspeed.__version__, torch_version=torch.__version__,
+                    zero_stage=a.stage, dtype=a.dtype, world_size=torch.distributed.get_world_size(),
+                    model="mlp", steps=2, tag="global_step2", param_shapes=shapes,
+                    adam_steps=engine.ucp_adam_steps,
+                    optimizer_wrapper=type(engine.optimizer).__name__)
+        (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    torch.distributed.barrier()
+
+
+def rank_load(a):
+    import torch
+    extra = {"checkpoint": {"load_universal": True}} if a.universal else None
+    engine = model_and_engine(a.stage, a.dtype, extra)
+    path, _ = engine.load_checkpoint(a.dir)
+    failures = []
+    if path is None:
+        failures.append(f"load_checkpoint({a.dir}) found nothing")
+    if engine.global_steps != 2:
+        failures.append(f"global_steps {engine.global_steps}, expected 2")
+    truth = pathlib.Path(a.truth)
+    want_module = torch.load(truth / "reference_module_params.pt")
+    want_master = torch.load(truth / "reference_fp32_master.pt")
+    want_optim = torch.load(truth / "reference_optim_state.pt")
+    # After a native ZeRO 1/2 load DeepSpeed leaves the optimizer fragments
+    # unlinked (safe_get_full_optimizer_state fails on some ranks): the Adam
+    # moments are read from a re-save instead, by DeepSpeed's ds_to_universal.
+    module, master, _ = in_memory(engine, a.stage, with_optimizer=False)
+    optim = {}
+    rank = torch.distributed.get_rank()
+    if a.stage == 0:  # not partitioned: every rank holds all of it
+        optim = in_memory(engine, a.stage)[2]
+    else:
+        resave = pathlib.Path(a.scratch) / "resave"
+        engine.save_checkpoint(str(resave), tag="resaved")
+        torch.distributed.barrier()
+        if rank == 0:
+            universal = pathlib.Path(a.scratch) / "resave_universal"
+            r = subprocess.run(
+                [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                 str(resave / "resaved"), "--output_folder", str(universal),
+                 "--inject_missing_state", "--num_extract_workers", "1",
+                 "--num_merge_workers", "1"], capture_output=True, text=True)
+            if r.returncode != 0:
+                failures.append(f"ds_to_universal of the re-save failed: {r.stderr[-1500:]}")
+            else:
+                for n in want_module:
+                    for k in ("exp_avg", "exp_avg_sq"):
+                        d = torch.load(universal / "zero" / n / f"{k}.pt", weights_only=False)
+                        # {'param': t, 'cat_dim': ...}, or t alone and flat
+                        # at ZeRO 3
+                        t = d["param"] if isinstance(d, dict) else d
+                        shape = want_module[n].shape
+                        optim[f"{n}::{k}"] = t.view(shape) if t.numel() == shape.numel() else t
+    checked = 0
+
+    def same(got, want, what):
+        nonlocal checked
+        if want is None:
+            return
+        checked += 1
+        if got is None:
+            failures.append(f"{what}: the engine reports none")
+        elif got.dtype != want.dtype or got.shape != want.shape:
+            failures.append(f"{what}: {got.dtype} {tuple(got.shape)}, expected {want.dtype} "
+                            f"{tuple(want.shape)}")
+        elif not torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+            failures.append(f"{what}: values differ")
+
+    for n, t in want_module.items():
+        same(module.get(n), t, f"module {n}")
+        # ZeRO 0 fp32 keeps no separate master: the module params are it.
+        same(master.get(n) if master.get(n) is not None else module.get(n),
+             want_master.get(n) if want_master.get(n) is not None else t, f"fp32 master {n}")
+    if a.stage == 0 or rank == 0:
+        for k, t in want_optim.items():
+            same(optim.get(k), t, f"optimizer state {k}")
+    # Every rank's verdict, decided together.
+    bad = torch.tensor([len(failures)])
+    torch.distributed.all_reduce(bad)
+    if torch.distributed.get_rank() == 0:
+        print(json.dumps({"ok": int(bad) == 0, "checked": checked, "failures": failures}),
+              flush=True)
+    torch.distributed.barrier()
+    if int(bad):
+        sys.exit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("--out", required=True)
+    ld = sub.add_parser("load")
+    ld.add_argument("--dir", required=True)
+    ld.add_argument("--truth", required=True)
+    ld.add_argument("--universal", action="store_true")
+    ld.add_argument("--scratch", required=True, help="a folder for the re-save")
+    for p in (m, ld):
+        p.add_argument("--world", type=int, required=True)
+        p.add_argument("--stage", type=int, required=True, choices=[0, 1, 2, 3])
+        p.add_argument("--dtype", required=True, choices=["fp32", "bf16"])
+    a = ap.parse_args()
+    if os.environ.get("UCP_DS_RANK_PROCESS") == "1":
+        (rank_make if a.cmd == "make" else rank_load)(a)
+        return
+    out, codes = launch(sys.argv[1:], a.world)
+    sys.stdout.write(out)
+    sys.exit(0 if not any(codes) else 1)
+
+
+if __name__ == "__main__":
+    main()
