@@ -119,7 +119,9 @@ endfunction()
 macro(_ucp_discover name)
   _ucp_env_list(_env)
   string(REPLACE ";" "\\;" _env "${_env}")
-  set(_props "ENVIRONMENT;${_env}")
+  # Skipped cases (GTEST_SKIP) are reported as skipped, not passed; every
+  # case has a time limit.
+  set(_props "ENVIRONMENT;${_env};SKIP_REGULAR_EXPRESSION;\\[  SKIPPED \\];TIMEOUT;${UCP_TEST_TIMEOUT}")
   foreach(_prop LABELS FIXTURES_REQUIRED FIXTURES_SETUP)
     if(ARG_${_prop})
       string(REPLACE ";" "\\;" _value "${ARG_${_prop}}")
@@ -134,6 +136,7 @@ set(UCP_CASE_PROPS [==[${_props}]==])
 include([==[${PROJECT_SOURCE_DIR}/cmake/ucp_gtest_cases.cmake]==])
 ")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_include}")
+  ucp_default_timeouts()
 endmacro()
 
 # Registers a Python test run with Debian's system interpreter (which has
@@ -150,6 +153,27 @@ function(ucp_add_python_test name)
   _ucp_test_properties(${name})
 endfunction()
 
+# One ctest entry per `def test_*` function of a Python test script (its
+# main runs the functions named on its command line), so that ctest -j runs
+# them in parallel: <prefix>.<function>. Options as ucp_add_python_test.
+function(ucp_add_python_cases prefix)
+  cmake_parse_arguments(ARG "VENV" "SCRIPT" "LABELS;ENV;FIXTURES_REQUIRED" ${ARGN})
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${ARG_SCRIPT})
+  file(STRINGS ${ARG_SCRIPT} _defs REGEX "^def test_[A-Za-z0-9_]+\\(")
+  if(NOT _defs)
+    message(FATAL_ERROR "${ARG_SCRIPT}: no test functions")
+  endif()
+  set(_venv "")
+  if(ARG_VENV)
+    set(_venv VENV)
+  endif()
+  foreach(_def IN LISTS _defs)
+    string(REGEX REPLACE "^def (test_[A-Za-z0-9_]+)\\(.*" "\\1" _fn "${_def}")
+    ucp_add_python_test(${prefix}.${_fn} ${_venv} SCRIPT ${ARG_SCRIPT} ARGS ${_fn}
+      LABELS ${ARG_LABELS} ENV ${ARG_ENV} FIXTURES_REQUIRED ${ARG_FIXTURES_REQUIRED})
+  endforeach()
+endfunction()
+
 macro(_ucp_env_list out)
   set(${out} "UCP_TESTDATA=${UCP_TESTDATA_DIR}" "UCP_FIXTURES=${UCP_FIXTURES_DIR}"
              "UCP_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "UCP_BINARY_DIR=${PROJECT_BINARY_DIR}"
@@ -160,6 +184,7 @@ endmacro()
 macro(_ucp_test_properties name)
   _ucp_env_list(_env)
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "${_env}")
+  ucp_default_timeouts()
   if(ARG_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
   endif()
@@ -171,5 +196,26 @@ macro(_ucp_test_properties name)
   endif()
   if(ARG_FIXTURES_CLEANUP)
     set_tests_properties(${name} PROPERTIES FIXTURES_CLEANUP "${ARG_FIXTURES_CLEANUP}")
+  endif()
+endmacro()
+
+# Every test gets a time limit: at the end of each directory that registers
+# tests, those without a TIMEOUT get UCP_TEST_TIMEOUT seconds (GoogleTest
+# cases get it when ctest lists them: _ucp_discover).
+set(UCP_TEST_TIMEOUT 600 CACHE STRING "Seconds a test may run (ctest TIMEOUT)")
+function(_ucp_apply_timeouts)
+  get_property(_tests DIRECTORY PROPERTY TESTS)
+  foreach(_t IN LISTS _tests)
+    get_test_property(${_t} TIMEOUT _limit)
+    if(NOT _limit)
+      set_tests_properties(${_t} PROPERTIES TIMEOUT ${UCP_TEST_TIMEOUT})
+    endif()
+  endforeach()
+endfunction()
+macro(ucp_default_timeouts)
+  get_property(_deferred DIRECTORY PROPERTY UCP_TIMEOUTS_DEFERRED)
+  if(NOT _deferred)
+    set_property(DIRECTORY PROPERTY UCP_TIMEOUTS_DEFERRED TRUE)
+    cmake_language(DEFER CALL _ucp_apply_timeouts)
   endif()
 endmacro()

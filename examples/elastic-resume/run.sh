@@ -35,11 +35,16 @@ check() {  # check DESCRIPTION COMMAND...
   if "$@"; then passed=$((passed + 1)); echo "ok    $what"
   else failed=$((failed + 1)); echo "FAIL  $what"; fi
 }
+# A free local port, chosen by binding one (the kernel picks it).
+free_port() {
+  "$old_python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 # launch N ARGS...: N local processes (RANK/WORLD_SIZE/MASTER_* as torchrun
 # sets them); fails if any process fails.
 launch() {
   local n=$1; shift
-  local port=$((20000 + (RANDOM * 32768 + RANDOM) % 40000)) pids=() rc=0
+  local port pids=() rc=0
+  port=$(free_port)
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
       "$train" "$@" 2>>"$work/stderr.log" &
@@ -102,14 +107,14 @@ for py in "$venv_python" "$old_python"; do
   if [ -x "$py" ] && "$py" -c "import torch" 2>/dev/null; then
     check "torch.load (defaults) and Adam.load_state_dict of $("$py" -c 'import torch; print("torch", torch.__version__)') take the 1-process checkpoint" \
       "$py" -c "$pycheck" "$one/shard_00000-of-00001.pt" "$one/meta.pt"
-  else
-    echo "      (no torch at $py: skipped its check)"
+  else  # an oracle that is missing fails the check, never skips it
+    check "torch at $py (the oracle of the check above)" false
   fi
 done
 
 echo "== 5. a rank that never arrives"
 start=$(date +%s)
-RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 40000)) \
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) \
   "$train" --dir "$work/dead" --steps 4 --timeout-ms 3000 2>"$work/dead.log"
 rc=$?
 took=$(( $(date +%s) - start ))

@@ -188,6 +188,17 @@ def test_megatron_save_folder():
         r = resume(save, "--tp", 1, "--pp", 4, "--dp", 4, "--distributed-optimizer")
         assert r["reshaped"] and pathlib.Path(r["load"]).name == f"{name}-tp1-pp4-vpp1-dp4-do", r
         run("verify", r["load"], "-q")
+        # The load folder equals the generator's own files for that layout
+        # (beside them the manifest resume writes for its later checks).
+        assert (pathlib.Path(r["load"]) / name / "ucp.manifest.json").is_file()
+        plain = t / "plain"
+        shutil.copytree(r["load"], plain, ignore=shutil.ignore_patterns("ucp.manifest.json"))
+        cmp = subprocess.run([os.environ.get("UCP_PYTHON", "/usr/bin/python3"),
+                              str(pathlib.Path(__file__).resolve().parent.parent / "tools" /
+                                  "compare_megatron_ckpt.py"),
+                              str(MEGATRON / "tp1_pp4_vpp1_dp4_do"), plain, "--ignore-rng"],
+                             capture_output=True, text=True)
+        assert cmp.returncode == 0, cmp.stdout + cmp.stderr
         # A damaged rank file: no intact checkpoint left.
         victim = sorted((save / name).rglob("*.pt"))[0]
         flip_inside_a_record(victim, random.Random(1))
@@ -576,8 +587,11 @@ def test_kill9_during_resume():
 
 
 if __name__ == "__main__":
+    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
     only = sys.argv[1:]
-    for name, fn in sorted(globals().items()):
-        if name.startswith("test_") and (not only or name in only):
+    unknown = [n for n in only if n not in tests]
+    assert not unknown, f"no such test: {unknown}"
+    for name, fn in tests.items():
+        if not only or name in only:
             fn()
             print("ok", name, flush=True)

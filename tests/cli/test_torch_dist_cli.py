@@ -303,8 +303,11 @@ def test_malformed_checkpoints_are_one_clear_error():
 
 
 if __name__ == "__main__":
+    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
     only = sys.argv[1:]
-    for name, fn in sorted(globals().items()):
-        if name.startswith("test_") and (not only or name in only):
+    unknown = [n for n in only if n not in tests]
+    assert not unknown, f"no such test: {unknown}"
+    for name, fn in tests.items():
+        if not only or name in only:
             fn()
             print("ok", name, flush=True)

@@ -21,6 +21,7 @@ import pathlib
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,14 @@ TRAIN = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "examples" / "elastic-resum
 SEED = int(os.environ.get("UCP_TEST_SEED", random.randrange(1 << 30)))
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(n, *args, expect=0, timeout=120):
-    port = random.Random().randrange(20000, 60000)
+    port = free_port()
     procs = []
     for r in range(n):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
@@ -177,7 +184,7 @@ def test_kill9_in_saves():
         for case in range(8):
             target += 400
             n = rng.choice([1, 2])
-            port = rng.randrange(20000, 60000)
+            port = free_port()
             procs = [subprocess.Popen(
                 [str(TRAIN), "--dir", str(d), "--steps", str(target), "--save-every", "1", "--keep", "2",
                  "--timeout-ms", "5000"],

@@ -1,0 +1,149 @@
+"""megatron_spec.py's reading of Megatron's DDP buffer layout, checked against
+the real megatron-core (the tests' PyPI environment) on CPU: for seeded random
+parameter lists (sizes, a shared embedding first or last, bucket sizes, with
+and without the distributed optimizer) at data-parallel sizes 2 and 3,
+megatron_spec.buffer_layout gives the same param ranges, buckets and
+unpadded bucket sizes as megatron-core's own _ParamAndGradBuffer, and
+megatron_spec's DP ranges equal DistributedOptimizer._build_model_gbuf_range.
+The generator, the comparator and check_universal.py all use megatron_spec;
+buffer_layout_test.cc compares the C++ with it: this ties both to Megatron.
+
+  check_spec_with_mcore.py [--cases N]      (spawns the ranks itself)
+"""
+import argparse
+import os
+import pathlib
+import random
+import socket
+import sys
+import types
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def random_case(rng):
+    n = rng.randint(1, 12)
+    numels = [rng.choice([rng.randint(1, 70), rng.randint(100, 5000)]) for _ in range(n)]
+    shared = [False] * n
+    where = rng.choice(["none", "first", "last", "both"])
+    if where in ("first", "both"):
+        shared[0] = True
+    if where in ("last", "both") and n > 1:
+        shared[-1] = True
+    bucket = rng.choice([None, None, rng.randint(50, 8000)])
+    distopt = rng.random() < 0.75
+    return numels, shared, bucket, distopt
+
+
+def rank_main(rank, world, port, seed, cases, errors):
+    import torch
+    if not torch.cuda.is_available():  # the buffers go to the current device
+        torch.cuda.current_device = lambda: "cpu"
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from megatron.core import parallel_state
+        from megatron.core.distributed.distributed_data_parallel_config import \
+            DistributedDataParallelConfig
+        from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+        import megatron_spec as S
+        parallel_state.initialize_model_parallel(1, 1)
+        dp_group = parallel_state.get_data_parallel_group()
+        rng = random.Random(seed)
+        checked = 0
+        for c in range(cases):
+            numels, shared, bucket, distopt = random_case(rng)
+            where = f"UCP_TEST_SEED={seed} case {c}: numels {numels} shared {shared} " \
+                    f"bucket {bucket} distopt {distopt} dp {world}"
+            keys = [f"p{i}" for i in range(len(numels))]
+            try:
+                ours = S.buffer_layout(list(zip(keys, numels, shared)), world, distopt, bucket,
+                                       "0.13")
+            except S.MegatronVersionError:
+                continue  # not a layout 0.13 makes
+            params = []
+            for n, s in zip(numels, shared):
+                p = torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16))
+                if s:
+                    p.shared_embedding = True
+                params.append(p)
+            buf = _ParamAndGradBuffer(
+                DistributedDataParallelConfig(use_distributed_optimizer=distopt,
+                                              grad_reduce_in_fp32=True, bucket_size=bucket),
+                torch.bfloat16, torch.float32, params, dp_group, bucket,
+                {p: k for k, p in zip(keys, params)}, 1.0, list(range(len(params))), False,
+                pg_collection=types.SimpleNamespace(
+                    tp=parallel_state.get_tensor_model_parallel_group(),
+                    dp_cp=parallel_state.get_data_parallel_group(with_context_parallel=True)))
+            theirs = [buf.param_index_map[p] for p in params]
+            mine = [ours.index[k] for k in keys]
+            if theirs != mine:
+                errors.append(f"{where}: param ranges {mine}, Megatron's {theirs}")
+                continue
+            tb = [(b.offset, b.offset + b.grad_data.numel(), b.numel_unpadded)
+                  for b in buf.buckets]
+            if tb != list(ours.buckets):
+                errors.append(f"{where}: buckets {ours.buckets}, Megatron's {tb}")
+                continue
+            if distopt:
+                for b in range(len(tb)):
+                    lo, hi = ours.dp_range(b, world, rank)
+                    rmap = DistributedOptimizer._build_model_gbuf_range(buf, b)["param_map"]
+                    for k, p in zip(keys, params):
+                        s, e, pb = ours.index[k]
+                        a, z = max(s, lo), min(e, hi)
+                        if pb != b or a >= z:
+                            if p in rmap:
+                                errors.append(f"{where}: {k} in Megatron's DP range of bucket {b}")
+                            continue
+                        r = rmap[p]["gbuf_world"]
+                        if (r.start, r.end) != (a, z):
+                            errors.append(f"{where}: {k} DP range {(a, z)}, Megatron's "
+                                          f"{(r.start, r.end)}")
+            checked += 1
+        if rank == 0:
+            print(f"dp {world}: {checked} layouts equal Megatron's", flush=True)
+            if checked < cases // 2:
+                errors.append(f"dp {world}: only {checked} of {cases} cases checked")
+    except Exception as e:  # noqa: BLE001 - reported by the parent
+        errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", type=int, default=60)
+    a = ap.parse_args()
+    seed = int(os.environ.get("UCP_TEST_SEED", random.randrange(1 << 30)))
+    print(f"UCP_TEST_SEED={seed}", flush=True)
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    failures = []
+    for world in (2, 3):
+        with ctx.Manager() as m:
+            errors = m.list()
+            port = free_port()
+            procs = [ctx.Process(target=rank_main, args=(r, world, port, seed, a.cases, errors))
+                     for r in range(world)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(600)
+            failures += list(errors)
+            failures += [f"dp {world} rank exit {p.exitcode}" for p in procs if p.exitcode]
+    for f in failures[:20]:
+        print("FAIL", f)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
