@@ -983,7 +983,9 @@ void Planner::PlanDistributed(SourceRank& sr,
         throw FormatError("buffer ", v, " (model chunk ", v,
                           ") is missing or holds several dtype buffers");
       }
-      const auto& [dtkey, world] = gbuf->entries.front();
+      // (Not a structured binding: clang 14 cannot capture one.)
+      const Value* dtkey = gbuf->entries.front().first;
+      const Value* world = gbuf->entries.front().second;
       auto torch_dtype = [&](size_t i) -> const Value* {
         if (dtkey == nullptr || dtkey->kind != Kind::kTuple ||
             dtkey->items.size() != 2)
