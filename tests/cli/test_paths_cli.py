@@ -6,7 +6,7 @@ the generator's files for the target layout (compare_megatron_ckpt.py).
 
   Megatron `ucp export` content, fp32 / bf16 / fp16; Megatron -> DeepSpeed
   and the refusal the other way; --from; --no-optimizer; to-universal
-  --force; --progress; reshape --manifest; reshape and export from a
+  --force; --progress; reshape --manifest; --iteration; --exclude-frozen; reshape and export from a
   universal file with a flipped byte; Megatron's ChainedOptimizer, MoE and
   pre-v0.7 distributed-optimizer refusals.
 """
@@ -255,6 +255,54 @@ def test_megatron_refusals_are_one_clear_line():
             one_error_line(p, "format error", needle, which)
             assert not (t / f"u{i}.h5").exists()
             shutil.rmtree(src)
+
+
+def test_iteration_selects_a_checkpoint_of_the_save_folder():
+    """--iteration N reads iter_N instead of the tracker's; an iteration the
+    folder lacks is one error listing those it has. The second iteration is
+    the first one re-saved by torch with iteration 50 in every rank file."""
+    sys.path.insert(0, str(TOOLS / "stubs"))
+    with tmp() as t:
+        t = pathlib.Path(t)
+        save = t / "save"
+        shutil.copytree(SRC, save)
+        shutil.copytree(save / "iter_0000100", save / "iter_0000050")
+        for f in (save / "iter_0000050").rglob("model_optim_rng.pt"):
+            d = torch.load(f, map_location="cpu")
+            d["iteration"] = 50
+            torch.save(d, f)
+        for args, want in (((), 100), (("--iteration", 50), 50), (("--iteration", 100), 100)):
+            run("to-universal", save, "-o", t / f"u{want}.h5", *args, "-q", "--force")
+            with h5py.File(t / f"u{want}.h5", "r") as f:
+                assert int(f.attrs["iteration"]) == want, (args, f.attrs["iteration"])
+        p = run("to-universal", save, "-o", t / "x.h5", "--iteration", 70, expect=2)
+        one_error_line(p, "usage error", "iter_0000070", "iter_0000050, iter_0000100")
+        assert not (t / "x.h5").exists()
+
+
+def test_exclude_frozen_leaves_out_frozen_params():
+    """A DeepSpeed ZeRO-0 checkpoint with frozen params (the DeepSpeed suite's
+    generator, test_deepspeed_cli.zero0_case): export keeps them, with
+    --exclude-frozen only the trainable ones remain, values unchanged."""
+    import random
+    import test_deepspeed_cli as dsc
+    with tmp() as t:
+        t = pathlib.Path(t)
+        rng = random.Random(7)
+        for attempt in range(20):
+            src = t / f"src{attempt}"
+            truth, frozen = dsc.zero0_case(src, rng, "fp16")
+            if frozen:
+                break
+        assert frozen, "no case with frozen params"
+        run("export", src, "-o", t / "all", "-q")
+        run("export", src, "-o", t / "trainable", "--exclude-frozen", "-q")
+        everything, trainable = exported(t / "all"), exported(t / "trainable")
+        assert set(frozen) <= set(everything), (frozen, sorted(everything))
+        assert sorted(trainable) == sorted(set(everything) - set(frozen)), (
+            sorted(trainable), frozen)
+        for name, tensor in trainable.items():
+            bits_equal(tensor, everything[name], name)
 
 
 if __name__ == "__main__":

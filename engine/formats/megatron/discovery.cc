@@ -146,8 +146,18 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
                       "Megatron checkpoint");
   }
   if (!fs::is_directory(c.iter_dir, ec)) {
+    if (iteration) {
+      // The caller's choice: say which iterations the folder has.
+      std::string have;
+      for (const formats::SavedCheckpoint& s : ListIterations(dir))
+        have += (have.empty() ? "" : ", ") + s.name;
+      throw UsageError("--iteration ", *iteration, ": no ",
+                       c.iter_dir.filename().string(), " in ", dir.string(),
+                       " (iterations here: ", have.empty() ? "none" : have,
+                       ")");
+    }
     throw FormatError(c.iter_dir.string(),
-                      ": the iteration folder named by the checkpoint is "
+                      ": the iteration folder named by the tracker is "
                       "missing");
   }
 
