@@ -5,7 +5,10 @@
 //   <save>/<tag>_universal/
 //     mp_rank_00_model_states.pt        (ZeRO 3: zero_pp_rank_D_... each)
 //     zero/optimizer_state.pt           non-sharded optimizer entries +
-//                                       param_groups
+//                                       param_groups (ZeRO 3: also
+//                                       optimizer_state_dict with each
+//                                       group's step, which DeepSpeed's
+//                                       ZeRO-3 universal load reads)
 //     zero/<param>/fp32.pt, exp_avg.pt, exp_avg_sq.pt
 //                                       {'param': full fp32 tensor,
 //                                        'cat_dim': 0}
