@@ -115,8 +115,14 @@ def test_convert_equals_to_universal_then_reshape():
         for rel in fa:
             assert (t / "a" / rel).read_bytes() == (t / "b" / rel).read_bytes(), rel
         assert not list(t.glob(".*ucp*")), "staging left behind"
-        # And both equal the independent generator's files for that layout.
-        compare(DATA / VARIANT / "tp1_pp2_vpp1_dp4_do", t / "b", "--ignore-rng")
+        # And both equal the independent generator's files for that layout,
+        # every one of the ~500 args fields included (the default compares
+        # the load-relevant ones).
+        expected = DATA / VARIANT / "tp1_pp2_vpp1_dp4_do"
+        args = torch.load(next(expected.rglob("model_optim_rng.pt")), map_location="cpu")["args"]
+        fields = sorted(vars(args))
+        assert len(fields) > 400, len(fields)
+        compare(expected, t / "b", "--ignore-rng", "--args-fields", ",".join(fields))
 
 
 def test_layout_check_lists_every_param():
