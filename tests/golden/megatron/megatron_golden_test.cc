@@ -857,10 +857,12 @@ TEST(MegatronGolden, MissingFiles) {
   EXPECT_EQ(c.dir, other);
   EXPECT_EQ(c.rank_files.size(), 1u);
   EXPECT_EQ(c.rank_files[0].size(), 2u);
-  // An explicit iteration; a missing one.
+  // An explicit iteration; a missing one is the caller's mistake, named
+  // with the iterations there are.
   EXPECT_EQ(Discover(other, 100).iter_dir, other / "iter_0000100");
   EXPECT_THAT([&] { Discover(other, 99); },
-              testing::ThrowsMessage<FormatError>(HasSubstr("iter_0000099")));
+              testing::ThrowsMessage<UsageError>(testing::AllOf(
+                  HasSubstr("iter_0000099"), HasSubstr("iter_0000100"))));
   // A release checkpoint: the tracker says "release" and so does the output.
   const fs::path rel = CopyTopology("gqa_swiglu_bias_untied",
                                     "tp1_pp1_vpp1_dp1_nodo", tmp / "rel");
