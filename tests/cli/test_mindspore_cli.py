@@ -1,0 +1,201 @@
+"""ucp's MindSpore reader against the real MindSpore (the tests' PyPI
+environment, CPU): a small network trained two steps with nn.Adam is saved by
+mindspore.save_checkpoint (its parameters, Adam moments, global_step, ...);
+ucp reads it to exactly what mindspore.load_checkpoint returns, exports it,
+converts it for torch's DCP (which torch loads back) and refuses what it
+cannot read in one clear line.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("GLOG_v", "3")
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, kind, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+def train_and_save(path, crc=False, bf16=False):
+    """Saves the network's parameters and nn.Adam's state after two steps;
+    returns what mindspore.load_checkpoint gives back, as numpy."""
+    import mindspore as ms
+    from mindspore import nn, Tensor
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.set_seed(1)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Dense(7, 13)
+            self.fc2 = nn.Dense(13, 5)
+
+        def construct(self, x):
+            return self.fc2(ms.ops.relu(self.fc1(x)))
+
+    net = Net()
+    opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+    loss_fn = nn.MSELoss()
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+    for i in range(2):
+        rs = np.random.RandomState(i)
+        x = Tensor(rs.randn(2, 7).astype(np.float32))
+        y = Tensor(rs.randn(2, 5).astype(np.float32))
+        _, g = grad_fn(x, y)
+        opt(g)
+    items = [{"name": p.name, "data": p} for p in net.trainable_params()]
+    items += [{"name": p.name, "data": p} for p in (opt.moment1 + opt.moment2)]
+    items += [{"name": n, "data": getattr(opt, n)}
+              for n in ("global_step", "learning_rate", "beta1_power", "beta2_power")]
+    if bf16:
+        items = [{"name": d["name"], "data": d["data"].astype(ms.bfloat16)}
+                 if d["name"].startswith("fc") else d for d in items]
+    ms.save_checkpoint(items, str(path), crc_check=crc)
+    loaded = ms.load_checkpoint(str(path))
+    return {k: (v.float().asnumpy() if bf16 and k.startswith("fc") else v.asnumpy())
+            for k, v in loaded.items()}, bf16
+
+
+def atoms(h5):
+    out = {}
+    with h5py.File(h5, "r") as f:
+        for p in f["params"]:
+            for k in f["params"][p]:
+                out[(p, k)] = f["params"][p][k][()]
+        iteration = int(f.attrs["iteration"])
+    return out, iteration
+
+
+def test_universal_holds_what_mindspore_loads():
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        want, _ = train_and_save(t / "net.ckpt")
+        assert {"moment1.fc1.weight", "global_step"} <= set(want), sorted(want)
+        run("to-universal", t / "net.ckpt", "-o", t / "u.h5", "-q")
+        got, iteration = atoms(t / "u.h5")
+        assert iteration == int(want["global_step"][0]) == 2, iteration
+        names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        assert sorted({p for p, _ in got}) == sorted(names), sorted(got)
+        for n in names:
+            for kind, key in (("fp32", n), ("exp_avg", f"moment1.{n}"),
+                              ("exp_avg_sq", f"moment2.{n}")):
+                a, b = got[(n, kind)], want[key]
+                assert a.dtype == b.dtype and a.shape == b.shape, (n, kind, a.shape, b.shape)
+                assert a.tobytes() == b.tobytes(), (n, kind)
+
+
+def test_bf16_and_crc():
+    """bf16 weights become `param` atoms in bf16 (bits equal); a file saved
+    with crc_check reads, and a flipped content byte is a CRC-32 error."""
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        want, _ = train_and_save(t / "b.ckpt", crc=True, bf16=True)
+        run("to-universal", t / "b.ckpt", "-o", t / "u.h5", "-q")
+        with h5py.File(t / "u.h5", "r") as f:
+            g = f["params"]["fc1.weight"]
+            assert "param" in g and g["param"].attrs["dtype"] == "bfloat16", list(g)
+            bits = g["param"][()].astype(np.uint16)
+        as_f32 = (bits.astype(np.uint32) << 16).view(np.float32)
+        assert np.array_equal(as_f32, want["fc1.weight"]), "bf16 weights differ"
+        data = bytearray((t / "b.ckpt").read_bytes())
+        data[200] ^= 0x10
+        (t / "c.ckpt").write_bytes(bytes(data))
+        p = run("to-universal", t / "c.ckpt", "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "c.ckpt", "CRC-32")
+        assert not (t / "x.h5").exists()
+
+
+def test_folder_export_and_dcp_round_trip():
+    """A MindFormers-style folder (rank_0/<prefix>-<epoch>_<step>.ckpt and
+    meta.json) is read at the file meta.json names, or --checkpoint's; export
+    gives the parameters; DCP written from it is what torch's own
+    dcp_to_torch_save reads back."""
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        (t / "save" / "rank_0").mkdir(parents=True)
+        want, _ = train_and_save(t / "save" / "rank_0" / "net_rank_0-1_2.ckpt")
+        old, _ = train_and_save(t / "save" / "rank_0" / "net_rank_0-1_1.ckpt")
+        (t / "save" / "rank_0" / "meta.json").write_text(
+            '{"last_epoch": 1, "last_step": 2, "last_ckpt_file": "net_rank_0-1_2.ckpt"}')
+        run("to-universal", t / "save", "-o", t / "u.h5", "-q")
+        run("to-universal", t / "save", "--checkpoint", "net_rank_0-1_1.ckpt", "-o",
+            t / "u1.h5", "-q")
+        assert atoms(t / "u1.h5")[0][("fc1.weight", "fp32")].tobytes() == \
+            old["fc1.weight"].tobytes()
+        p = run("to-universal", t / "save", "--checkpoint", "nope.ckpt", "-o", t / "n.h5",
+                expect=2)
+        one_error_line(p, "usage error", "nope.ckpt", "net_rank_0-1_2.ckpt")
+        run("export", t / "save", "-o", t / "hf", "-q")
+        from safetensors.numpy import load_file
+        hf = load_file(str(t / "hf" / "model.safetensors"))
+        assert sorted(hf) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"], sorted(hf)
+        for n, a in hf.items():
+            assert a.tobytes() == want[n].tobytes(), n
+        run("convert", t / "save", "-o", t / "dcp", "--format", "dcp", "--dp", 2, "-q")
+        r = subprocess.run(
+            [sys.executable, "-c",
+             "import sys, torch\n"
+             "from torch.distributed.checkpoint.format_utils import dcp_to_torch_save\n"
+             "dcp_to_torch_save(sys.argv[1], sys.argv[2])\n", str(t / "dcp"), str(t / "d.pt")],
+            capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        import torch
+        d = torch.load(t / "d.pt")
+        flat = {}
+
+        def walk(x, pre):
+            if isinstance(x, dict):
+                for k, v in x.items():
+                    walk(v, f"{pre}.{k}" if pre else str(k))
+            elif isinstance(x, torch.Tensor):
+                flat[pre] = x
+        walk(d, "")
+        for n in ("fc1.weight", "fc2.bias"):
+            model = [v for k, v in flat.items() if k.endswith(n) and "state" not in k]
+            m1 = [v for k, v in flat.items() if k.endswith(f"{n}.exp_avg")]
+            assert len(model) == 1 and len(m1) == 1, (n, sorted(flat))
+            assert model[0].numpy().tobytes() == want[n].tobytes(), n
+            assert m1[0].numpy().tobytes() == want[f"moment1.{n}"].tobytes(), n
+
+
+def test_what_it_cannot_read_is_one_clear_error():
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        train_and_save(t / "net.ckpt")
+        data = (t / "net.ckpt").read_bytes()
+        (t / "cut.ckpt").write_bytes(data[:len(data) // 2])
+        p = run("to-universal", t / "cut.ckpt", "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "cut.ckpt")
+        for r in ("rank_0", "rank_1"):
+            (t / "sharded" / r).mkdir(parents=True)
+            (t / "sharded" / r / "net.ckpt").write_bytes(data)
+        p = run("to-universal", t / "sharded", "-o", t / "y.h5", expect=3)
+        one_error_line(p, "format error", "sharded", "strategy")
+        assert not (t / "x.h5").exists() and not (t / "y.h5").exists()
+
+
+if __name__ == "__main__":
+    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
+    only = sys.argv[1:]
+    unknown = [n for n in only if n not in tests]
+    assert not unknown, f"no such test: {unknown}"
+    for name, fn in tests.items():
+        if not only or name in only:
+            fn()
+            print("ok", name, flush=True)
