@@ -3,8 +3,11 @@ environment, CPU): a small network trained two steps with nn.Adam is saved by
 mindspore.save_checkpoint (its parameters, Adam moments, global_step, ...);
 ucp reads it to exactly what mindspore.load_checkpoint returns, exports it,
 converts it for torch's DCP (which torch loads back) and refuses what it
-cannot read in one clear line.
+cannot read in one clear line; files ucp writes (--format mindspore) are
+what mindspore.load_checkpoint reads back, byte for byte where the source was
+MindSpore's own.
 """
+import json
 import os
 import pathlib
 import subprocess
@@ -172,6 +175,59 @@ def test_folder_export_and_dcp_round_trip():
             assert len(model) == 1 and len(m1) == 1, (n, sorted(flat))
             assert model[0].numpy().tobytes() == want[n].tobytes(), n
             assert m1[0].numpy().tobytes() == want[f"moment1.{n}"].tobytes(), n
+
+
+def test_written_files_are_what_mindspore_loads():
+    """--format mindspore: a MindSpore file rewritten (directly and through a
+    universal file) is the same bytes MindSpore wrote; from DCP and from a
+    real DeepSpeed checkpoint, mindspore.load_checkpoint gives every weight
+    and Adam moment of the source, and the net and nn.Adam take them."""
+    import mindspore as ms
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        want, _ = train_and_save(t / "net.ckpt")
+        run("convert", t / "net.ckpt", "-o", t / "again", "--format", "mindspore", "-q")
+        assert (t / "again" / "net.ckpt").read_bytes() == (t / "net.ckpt").read_bytes()
+        run("to-universal", t / "net.ckpt", "-o", t / "u.h5", "-q")
+        run("reshape", t / "u.h5", "-o", t / "again2", "--format", "mindspore", "-q")
+        assert (t / "again2" / "net.ckpt").read_bytes() == (t / "net.ckpt").read_bytes()
+        # MindSpore -> DCP -> MindSpore: what load_checkpoint returns is the source's.
+        # (a DCP folder tells its step by its name, as torchtitan's step-N)
+        run("convert", t / "net.ckpt", "-o", t / "step-2", "--format", "dcp", "--dp", 3, "-q")
+        run("convert", t / "step-2", "-o", t / "back", "--format", "mindspore", "-q")
+        meta = json.loads((t / "back" / "rank_0" / "meta.json").read_text())
+        assert meta == {"last_epoch": 1, "last_step": 2,
+                        "last_ckpt_file": "ucp_rank_0-1_2.ckpt"}, meta
+        got = ms.load_checkpoint(str(t / "back" / "rank_0" / "ucp_rank_0-1_2.ckpt"))
+        for k in want:
+            if k in ("learning_rate", "beta1_power", "beta2_power"):
+                continue  # DCP keeps no such records
+            assert k in got, (k, sorted(got))
+            assert got[k].asnumpy().tobytes() == want[k].tobytes(), k
+        net_params = {k: v for k, v in got.items() if k.startswith("fc")}
+        assert sorted(net_params) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+
+
+def test_from_a_real_deepspeed_checkpoint():
+    """The real DeepSpeed 0.14.5 fixture (ZeRO 1, fp32, 2 ranks) to MindSpore:
+    its fp32 masters and Adam moments are what load_checkpoint returns."""
+    import mindspore as ms
+    import torch
+    fix = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5" / "ds0145_z1_fp32_w2_mlp"
+    master = torch.load(fix / "reference_fp32_master.pt", weights_only=False)
+    optim = torch.load(fix / "reference_optim_state.pt", weights_only=False)
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        run("convert", fix, "-o", t / "ms", "--format", "mindspore", "-q")
+        files = list((t / "ms" / "rank_0").glob("*.ckpt"))
+        assert len(files) == 1, files
+        got = ms.load_checkpoint(str(files[0]))
+        assert int(got["global_step"].asnumpy()[0]) == 2
+        for n, w in master.items():
+            assert got[n].asnumpy().tobytes() == w.numpy().tobytes(), n
+            for k, prefix in (("exp_avg", "moment1."), ("exp_avg_sq", "moment2.")):
+                assert got[prefix + n].asnumpy().tobytes() == \
+                    optim[f"{n}::{k}"].numpy().tobytes(), (n, k)
 
 
 def test_what_it_cannot_read_is_one_clear_error():

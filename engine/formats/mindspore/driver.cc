@@ -15,8 +15,10 @@ class MindSporeSource : public formats::Source {
   explicit MindSporeSource(Checkpoint c) : c_(std::move(c)) {
     info_.format = "mindspore";
     info_.dir = c_.dir;
-    info_.path = c_.path;
+    // The folder holding the file.
+    info_.path = c_.path.has_parent_path() ? c_.path.parent_path() : ".";
     info_.iteration = c_.iteration;
+    info_.name = c_.path.filename().string();
     info_.files = {c_.path};
     for (const CkptEntry& e : c_.index.entries) {
       if (auto d = DTypeOfTensorType(e.tensor_type)) {
@@ -47,7 +49,8 @@ class MindSporeDriver : public formats::Driver {
   std::string_view Summary() const override {
     return "MindSpore checkpoints (mindspore.save_checkpoint, MindFormers): "
            "a .ckpt file or a folder of them (rank_0/, meta.json), Adam "
-           "moments as optimizer state; read only, unsharded";
+           "moments as optimizer state; unsharded, written as one .ckpt "
+           "in rank_0/ with meta.json";
   }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
@@ -70,6 +73,13 @@ class MindSporeDriver : public formats::Driver {
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
     return mindspore::ListCheckpoints(dir);
+  }
+  bool CanWrite() const override { return true; }
+  formats::TopologyAxes TargetAxes() const override { return {}; }
+  std::unique_ptr<formats::TargetPlan> PlanTarget(
+      const universal::UniversalInput& input,
+      const formats::TargetOptions& options) const override {
+    return mindspore::PlanTarget(input, options);
   }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,

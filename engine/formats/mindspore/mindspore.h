@@ -15,6 +15,8 @@
 
 #include "engine/formats/driver.h"
 #include "engine/formats/mindspore/ckpt.h"
+#include "engine/formats/target_plan.h"
+#include "engine/universal/input.h"
 #include "engine/universal/source_plan.h"
 
 namespace ucp::mindspore {
@@ -45,5 +47,18 @@ std::vector<formats::SavedCheckpoint> ListCheckpoints(
 /// The universal content of `c` (tensor bytes stay in the file). Throws
 /// FormatError naming the file and record.
 universal::SourcePlan PlanSource(const Checkpoint& c);
+
+/// The MindSpore checkpoint of universal content `input`, planned: rank_0/
+/// holding one .ckpt file (the source's name and record order when it was a
+/// MindSpore checkpoint, else ucp_rank_0-1_<iteration>.ckpt) with every
+/// param's weights (fp32 masters where there are, else the training-dtype
+/// weights), Adam's moments (the source's names, else nn.Adam's moment1. /
+/// moment2.), the source's other records verbatim (else global_step from the
+/// iteration), then meta.json as MindFormers writes it. No topology: the
+/// file is unsharded. Throws FormatError naming a param without weights,
+/// UsageError for a dtype MindSpore has not.
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options);
 
 }  // namespace ucp::mindspore

@@ -383,6 +383,19 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   root.training = training.Dump();
   json::Value meta = json::Value::Object();
   meta["records"] = std::move(others);
+  // The file's record order and moment names, which a rewrite keeps.
+  json::Value tag_order = json::Value::Array();
+  std::string m1 = "moment1.", m2 = "moment2.";
+  for (const CkptEntry& e : c.index.entries) {
+    tag_order.Append(e.tag);
+    if (e.tag.starts_with("adam_m.") && moment_of(e.tag)) m1 = "adam_m.";
+    if (e.tag.starts_with("adam_v.") && moment_of(e.tag)) m2 = "adam_v.";
+  }
+  meta["order"] = std::move(tag_order);
+  meta["exp_avg_prefix"] = m1;
+  meta["exp_avg_sq_prefix"] = m2;
+  meta["file"] = c.path.filename().string();
+  meta["rank_folder"] = c.path.parent_path().filename() == "rank_0";
   meta["crc"] = c.index.crc;
   root.extra_strings[kMetaAttr] = meta.Dump();
   return plan;

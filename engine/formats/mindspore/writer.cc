@@ -1,0 +1,246 @@
+// Writing a MindSpore checkpoint from universal content (mindspore.h): one
+// .ckpt file of Checkpoint records (ckpt.h) in rank_0/, and meta.json last.
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/formats/mindspore/mindspore.h"
+#include "engine/json/json.h"
+
+namespace ucp::mindspore {
+namespace {
+
+namespace fs = std::filesystem;
+
+// np.array_split's rule for save_checkpoint's slices: a tensor of more than
+// 512 MiB is cut along dim 0 into ceil(KiB / (512 * 1024)) parts, the first
+// rows % n of them one row longer.
+constexpr uint64_t kSliceKiB = 512 * 1024;
+
+void Varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void Field(std::string& out, int field, std::string_view bytes) {
+  Varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  Varint(out, bytes.size());
+  out.append(bytes);
+}
+
+// The bytes of one record up to its content, whose `content` bytes follow.
+std::string RecordHead(const std::string& tag, const Shape& dims,
+                       const std::string& type, uint64_t content) {
+  std::string tensor;
+  for (int64_t d : dims) {
+    Varint(tensor, 1 << 3 | 0);
+    Varint(tensor, static_cast<uint64_t>(d));
+  }
+  Field(tensor, 2, type);
+  Varint(tensor, 3 << 3 | 2);
+  Varint(tensor, content);
+  const uint64_t tensor_size = tensor.size() + content;
+  std::string value;
+  Field(value, 1, tag);
+  Varint(value, 2 << 3 | 2);
+  Varint(value, tensor_size);
+  const uint64_t value_size = value.size() + tensor_size;
+  std::string out;
+  Varint(out, 1 << 3 | 2);
+  Varint(out, value_size);
+  return out + value + tensor;
+}
+
+std::string Unhex(const std::string& hex) {
+  std::string out;
+  auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(nib(hex[i]) << 4 | nib(hex[i + 1])));
+  return out;
+}
+
+class MindSporePlan : public formats::TargetPlan {
+ public:
+  MindSporePlan(const universal::UniversalInput& input,
+                const formats::TargetOptions&)
+      : input_(input) {
+    const auto it = input.root().extra_strings.find(kMetaAttr);
+    if (it != input.root().extra_strings.end())
+      meta_ = json::Value::Parse(it->second);
+    if (const json::Value* f = meta_.Find("file"); f && f->is_string()) {
+      file_ = f->AsString();
+    } else {
+      file_ = StrCat("ucp_rank_0-1_", input.root().iteration, ".ckpt");
+    }
+    const json::Value* rf = meta_.Find("rank_folder");
+    folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
+  }
+  size_t units() const override { return 2; }
+  std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
+      size_t i) const override {
+    std::vector<std::unique_ptr<formats::PlannedFile>> out;
+    if (i == 1) {
+      json::Value m = json::Value::Object();
+      m["last_epoch"] = 1;
+      m["last_step"] = input_.root().iteration;
+      m["last_ckpt_file"] = file_;
+      out.push_back(formats::TextFile(folder_ / "meta.json", m.Dump()));
+      return out;
+    }
+    out.push_back(File());
+    return out;
+  }
+  fs::path checkpoint_dir() const override { return folder_; }
+  formats::TargetSummary Summary() const override {
+    formats::TargetSummary s;
+    s.notes = notes_;
+    s.resume_hint =
+        StrCat("MindSpore: mindspore.load_checkpoint(\"<output>/",
+               (folder_ / file_).string(),
+               "\") into params, then load_param_into_net(net, params) and "
+               "load_param_into_net(optimizer, params)");
+    return s;
+  }
+  std::string label() const override { return "writing " + file_; }
+
+ private:
+  std::string Prefix(const char* key, const char* fallback) const {
+    const json::Value* v = meta_.Find(key);
+    return v != nullptr && v->is_string() ? v->AsString() : fallback;
+  }
+
+  std::unique_ptr<formats::PlannedFile> File() const {
+    auto f = std::make_unique<formats::RawFile>(folder_ / file_);
+    // Every record the file gets, by tag: a slot (param, state kind) or
+    // known bytes (a record kept verbatim).
+    struct Spec {
+      const atoms::DatasetInfo* atom = nullptr;
+      std::string tag;
+      std::string type;
+      Shape dims;
+      std::string bytes;  // verbatim records
+    };
+    std::vector<Spec> specs;
+    const std::string m1 = Prefix("exp_avg_prefix", "moment1.");
+    const std::string m2 = Prefix("exp_avg_sq_prefix", "moment2.");
+    for (const atoms::StoredParam& p : input_.params()) {
+      const std::string& n = p.info.fqn;
+      const atoms::DatasetInfo* w = input_.FindAtom(n, "fp32");
+      if (w == nullptr) w = input_.FindAtom(n, "param");
+      if (w == nullptr) {
+        throw FormatError("universal file ", input_.path().string(),
+                          " > param ", n, ": no weights to write");
+      }
+      specs.push_back({w, n, TensorTypeOf(w->dtype), w->shape, {}});
+    }
+    for (const atoms::StoredParam& p : input_.params()) {
+      if (const auto* a = input_.FindAtom(p.info.fqn, "exp_avg"))
+        specs.push_back(
+            {a, m1 + p.info.fqn, TensorTypeOf(a->dtype), a->shape, {}});
+    }
+    for (const atoms::StoredParam& p : input_.params()) {
+      if (const auto* a = input_.FindAtom(p.info.fqn, "exp_avg_sq"))
+        specs.push_back(
+            {a, m2 + p.info.fqn, TensorTypeOf(a->dtype), a->shape, {}});
+    }
+    bool has_step = false;
+    if (const json::Value* recs = meta_.Find("records");
+        recs != nullptr && recs->is_array()) {
+      for (const json::Value& r : recs->items()) {
+        Spec s;
+        s.tag = r.At("tag").AsString();
+        s.type = r.At("type").AsString();
+        for (const json::Value& d : r.At("dims").items())
+          s.dims.push_back(d.AsInt());
+        s.bytes = Unhex(r.At("hex").AsString());
+        has_step = has_step || s.tag == "global_step";
+        specs.push_back(std::move(s));
+      }
+    }
+    if (!has_step && !input_.params().empty()) {
+      // nn.Adam's step counter, from the iteration.
+      const int32_t step = static_cast<int32_t>(input_.root().iteration);
+      specs.push_back({nullptr, "global_step", "Int32", Shape{1},
+                       std::string(reinterpret_cast<const char*>(&step), 4)});
+    }
+    // The source's record order, when it was a MindSpore file; new ones last.
+    std::map<std::string, size_t> rank;
+    if (const json::Value* order = meta_.Find("order");
+        order != nullptr && order->is_array()) {
+      for (const json::Value& t : order->items())
+        rank.emplace(t.AsString(), rank.size());
+    }
+    std::stable_sort(
+        specs.begin(), specs.end(), [&](const Spec& a, const Spec& b) {
+          const auto x = rank.find(a.tag), y = rank.find(b.tag);
+          const size_t rx = x == rank.end() ? rank.size() : x->second;
+          const size_t ry = y == rank.end() ? rank.size() : y->second;
+          return rx < ry;
+        });
+    for (const Spec& s : specs) {
+      if (s.atom == nullptr) {
+        f->AddBytes(RecordHead(s.tag, s.dims, s.type, s.bytes.size()) +
+                    s.bytes);
+        continue;
+      }
+      const atoms::DatasetInfo& d = *s.atom;
+      const uint64_t bytes = d.nbytes;
+      const int64_t rows = d.shape.empty() ? 1 : d.shape[0];
+      const uint64_t kib = bytes / 1024;
+      const int64_t parts =
+          d.shape.empty() || kib <= kSliceKiB
+              ? 1
+              : std::min<int64_t>(rows, static_cast<int64_t>(
+                                            (kib + kSliceKiB - 1) / kSliceKiB));
+      int64_t at = 0;
+      for (int64_t k = 0; k < parts; ++k) {
+        const int64_t n = rows / parts + (k < rows % parts ? 1 : 0);
+        Shape shape = d.shape;
+        Box box = Box::Whole(d.shape);
+        if (!shape.empty()) {
+          shape[0] = n;
+          box.offset[0] = at;
+          box.size[0] = n;
+        }
+        reshape::TargetTensor t;
+        t.name = StrCat(s.tag, parts > 1 ? StrCat(" part ", k) : "");
+        t.dtype = d.dtype;
+        t.shape = shape;
+        reshape::CopyOp op;
+        op.src = input_.Tensor(d);
+        op.src_box = box;
+        op.dst_box = Box::Whole(shape);
+        t.ops.push_back(std::move(op));
+        const uint64_t content =
+            static_cast<uint64_t>(NumElements(shape)) * ElementSize(d.dtype);
+        f->AddBytes(RecordHead(s.tag, d.shape, s.type, content));
+        f->AddTensor(std::move(t));
+        at += n;
+      }
+    }
+    return f;
+  }
+
+  const universal::UniversalInput& input_;
+  json::Value meta_ = json::Value::Object();
+  std::string file_;
+  fs::path folder_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace
+
+std::unique_ptr<formats::TargetPlan> PlanTarget(
+    const universal::UniversalInput& input,
+    const formats::TargetOptions& options) {
+  return std::make_unique<MindSporePlan>(input, options);
+}
+
+}  // namespace ucp::mindspore
