@@ -230,6 +230,28 @@ def test_from_a_real_deepspeed_checkpoint():
                     optim[f"{n}::{k}"].numpy().tobytes(), (n, k)
 
 
+def test_resume_falls_back_past_a_damaged_file():
+    """ucp resume over a MindFormers-style folder: the newest .ckpt whose CRC
+    trailer fails is skipped with the reason, the one before it handed out
+    as saved (it loads at any device count: unsharded)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        rank = t / "save" / "rank_0"
+        rank.mkdir(parents=True)
+        train_and_save(rank / "net_rank_0-1_1.ckpt", crc=True)
+        train_and_save(rank / "net_rank_0-1_2.ckpt", crc=True)
+        data = bytearray((rank / "net_rank_0-1_2.ckpt").read_bytes())
+        data[300] ^= 1
+        (rank / "net_rank_0-1_2.ckpt").write_bytes(bytes(data))
+        before = sorted(p.name for p in rank.iterdir())
+        r = json.loads(run("resume", t / "save", "--json").stdout)
+        assert r["ok"] and r["format"] == "mindspore" and not r["reshaped"], r
+        assert r["checkpoint"] == "net_rank_0-1_1.ckpt", r
+        assert [s["name"] for s in r["skipped"]] == ["net_rank_0-1_2.ckpt"], r
+        assert "CRC-32" in r["skipped"][0]["reason"], r
+        assert sorted(p.name for p in rank.iterdir()) == before  # nothing written
+
+
 def test_what_it_cannot_read_is_one_clear_error():
     with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
         t = pathlib.Path(t)
