@@ -224,7 +224,7 @@ void SyncPath(const fs::path& p) {
 }
 
 // tmp name, write, fsync, rename.
-void WriteDurably(const fs::path& path, const std::vector<char>& bytes) {
+void WriteDurably(const fs::path& path, std::string_view bytes) {
   const fs::path tmp = path.string() + ".tmp";
   {
     File f = File::Create(tmp);
@@ -308,32 +308,18 @@ Layout MakeLayout(const TrainingState& s) {
 // refuses. Here dicts, lists and tuples are plain, as Python's torch.save
 // writes them, and each tensor is stored compactly.
 
+// The dtypes a checkpoint holds, as LibTorch and ucp name them.
+constexpr std::pair<at::ScalarType, DType> kDTypes[] = {
+    {at::kFloat, DType::kFloat32}, {at::kDouble, DType::kFloat64},
+    {at::kHalf, DType::kFloat16},  {at::kBFloat16, DType::kBFloat16},
+    {at::kLong, DType::kInt64},    {at::kInt, DType::kInt32},
+    {at::kShort, DType::kInt16},   {at::kChar, DType::kInt8},
+    {at::kByte, DType::kUInt8},    {at::kBool, DType::kBool}};
+
 DType ScalarDType(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kLong:
-      return DType::kInt64;
-    case at::kInt:
-      return DType::kInt32;
-    case at::kShort:
-      return DType::kInt16;
-    case at::kChar:
-      return DType::kInt8;
-    case at::kByte:
-      return DType::kUInt8;
-    case at::kBool:
-      return DType::kBool;
-    default:
-      throw UsageError("cannot checkpoint a tensor of dtype ",
-                       c10::toString(t));
-  }
+  for (const auto& [at_type, dtype] : kDTypes)
+    if (at_type == t) return dtype;
+  throw UsageError("cannot checkpoint a tensor of dtype ", c10::toString(t));
 }
 
 pickle::Value* ToPickle(
@@ -380,7 +366,7 @@ pickle::Value* ToPickle(
 
 // torch.save bytes of `v`, archive folder `archive` (torch.save names it
 // after the file).
-std::vector<char> SaveIValue(const c10::IValue& v, const std::string& archive) {
+std::string SaveIValue(const c10::IValue& v, const std::string& archive) {
   torchfile::TorchWriterOptions options;
   options.archive_name = archive;
   options.in_memory = true;
@@ -395,36 +381,14 @@ std::vector<char> SaveIValue(const c10::IValue& v, const std::string& archive) {
                           static_cast<size_t>(t.numel()) * t.element_size()));
   }
   w.Commit();
-  const std::string bytes = w.Contents();
-  return std::vector<char>(bytes.begin(), bytes.end());
+  return w.Contents();
 }
 
 at::ScalarType TorchScalarType(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return at::kFloat;
-    case DType::kFloat64:
-      return at::kDouble;
-    case DType::kFloat16:
-      return at::kHalf;
-    case DType::kBFloat16:
-      return at::kBFloat16;
-    case DType::kInt64:
-      return at::kLong;
-    case DType::kInt32:
-      return at::kInt;
-    case DType::kInt16:
-      return at::kShort;
-    case DType::kInt8:
-      return at::kChar;
-    case DType::kUInt8:
-      return at::kByte;
-    case DType::kBool:
-      return at::kBool;
-    default:
-      throw FormatError("a tensor of dtype ", DTypeName(t),
-                        " (the checkpointer stores none)");
-  }
+  for (const auto& [at_type, dtype] : kDTypes)
+    if (dtype == t) return at_type;
+  throw FormatError("a tensor of dtype ", DTypeName(t),
+                    " (the checkpointer stores none)");
 }
 
 // The IValue of a node of `f`'s graph, tensors read whole. meta.pt is parsed

@@ -294,9 +294,9 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     plan_atom(e, *dtype, m->first, m->second);
     state_kinds.insert(m->second);
   }
-  // Everything else verbatim: tag, type, dims, content.
-  const File f = File::OpenRead(c.path);
-  int64_t global_step = -1;
+  // Everything else verbatim: tag, type, dims, content (read through the
+  // plan's source of the file).
+  const reshape::ByteSource& file = *plan.sources.front();
   for (const CkptEntry& e : c.index.entries) {
     const bool tensor = DTypeOfTensorType(e.tensor_type).has_value();
     if (!e.map_tensor && tensor && !kOptimizerScalars.count(e.tag)) continue;
@@ -313,19 +313,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     for (const CkptSlice& s : e.slices) {
       const size_t at = bytes.size();
       bytes.resize(at + s.length);
-      f.ReadExact(bytes.data() + at, s.length, s.offset);
-    }
-    if (e.tag == "global_step" &&
-        (e.tensor_type == "Int32" || e.tensor_type == "Int64")) {
-      int64_t v = 0;
-      if (bytes.size() == 4) {
-        int32_t x;
-        std::memcpy(&x, bytes.data(), 4);
-        v = x;
-      } else if (bytes.size() == 8) {
-        std::memcpy(&v, bytes.data(), 8);
-      }
-      global_step = v;
+      file.Read(s.offset,
+                std::as_writable_bytes(std::span(bytes.data() + at, s.length)));
     }
     json::Value j = json::Value::Object();
     j["tag"] = e.tag;
@@ -346,7 +335,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     throw FormatError(where0, ": no parameter tensor in it");
 
   atoms::RootInfo& root = plan.root;
-  root.iteration = global_step >= 0 ? global_step : c.iteration;
+  root.iteration = c.iteration;  // global_step (Discover), else the name's
   root.consumed_samples = -1;
   json::Value src = json::Value::Object();
   src["framework"] = "mindspore";
