@@ -339,6 +339,7 @@ std::string TargetArgs::Describe(const formats::Driver& driver) const {
   }
   const std::string extra =
       formats::DescribeLayoutOptions(driver.TargetOptionSpecs(), values);
+  if (!axes.any() && !extra.empty()) return extra;
   return extra.empty() ? s : s + ", " + extra;
 }
 

@@ -163,6 +163,13 @@ function(ucp_add_python_cases prefix)
   if(NOT _defs)
     message(FATAL_ERROR "${ARG_SCRIPT}: no test functions")
   endif()
+  # Each entry runs `SCRIPT test_name`: without the runner at its end the
+  # script would define the tests, run none and pass.
+  file(STRINGS ${ARG_SCRIPT} _main REGEX "^if __name__ == .__main__.:")
+  if(NOT _main)
+    message(FATAL_ERROR "${ARG_SCRIPT}: no `if __name__ == \"__main__\":` runner "
+                        "calling the test functions named on its command line")
+  endif()
   set(_venv "")
   if(ARG_VENV)
     set(_venv VENV)

@@ -20,6 +20,14 @@ class MindSporeSource : public formats::Source {
     info_.iteration = c_.iteration;
     info_.name = c_.path.filename().string();
     info_.files = {c_.path};
+    if (c_.strategy) {
+      info_.path = c_.dir;
+      info_.files.clear();
+      for (const CkptIndex& i : c_.ranks) info_.files.push_back(i.path);
+      info_.topology.pp = c_.strategy->stages;
+      info_.settings["ranks"] = static_cast<int64_t>(c_.ranks.size());
+      info_.settings["strategy"] = c_.strategy->path.string();
+    }
     for (const CkptEntry& e : c_.index.entries) {
       if (auto d = DTypeOfTensorType(e.tensor_type)) {
         info_.dtype = std::string(DTypeName(*d));
@@ -31,8 +39,16 @@ class MindSporeSource : public formats::Source {
     return info_;
   }
   universal::SourcePlan Plan() const override { return PlanSource(c_); }
-  // load_checkpoint takes an unsharded file into a network of any layout.
-  bool Fits(const formats::TargetOptions&) const override { return true; }
+  // load_checkpoint takes an unsharded file into a network of any layout;
+  // a sharded save fits the job its strategy lays out.
+  bool Fits(const formats::TargetOptions& options) const override {
+    const auto s = options.values.String(kStrategyOption);
+    if (!c_.strategy) return !s.has_value();
+    if (!s) return false;
+    const Strategy want = ReadStrategy(*s);
+    return want.layouts == c_.strategy->layouts &&
+           want.world() == c_.strategy->world();
+  }
   // A .ckpt file holds no torch.save archive.
   std::vector<formats::ArchiveSpan> Archives(const fs::path&) const override {
     return {};
@@ -48,9 +64,10 @@ class MindSporeDriver : public formats::Driver {
   std::string_view Name() const override { return "mindspore"; }
   std::string_view Summary() const override {
     return "MindSpore checkpoints (mindspore.save_checkpoint, MindFormers): "
-           "a .ckpt file or a folder of them (rank_0/, meta.json), Adam "
-           "moments as optimizer state; unsharded, written as one .ckpt "
-           "in rank_0/ with meta.json";
+           "a .ckpt file, a folder of them (rank_0/, meta.json) or a sharded "
+           "save (rank_R/ + strategy file), Adam moments as optimizer "
+           "state; written as one .ckpt in rank_0/, or per rank for "
+           "--strategy";
   }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
@@ -58,8 +75,11 @@ class MindSporeDriver : public formats::Driver {
       return LooksLikeCkpt(path) ? formats::Confidence::kYes
                                  : formats::Confidence::kNo;
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
-    return ListCheckpoints(path).empty() ? formats::Confidence::kNo
-                                         : formats::Confidence::kYes;
+    // (A sharded save whose ranks share no step is still one: Open says
+    // which rank lacks its file.)
+    return ListCheckpoints(path).empty() && !LooksSharded(path)
+               ? formats::Confidence::kNo
+               : formats::Confidence::kYes;
   }
   std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
     formats::OptionSpec o;
@@ -67,8 +87,28 @@ class MindSporeDriver : public formats::Driver {
     o.type = formats::OptionSpec::Type::kString;
     o.help =
         "MindSpore: the .ckpt file of a folder to read (default: the one "
-        "meta.json names, else the newest by <epoch>_<step>)";
-    return {o};
+        "meta.json names, else the newest by <epoch>_<step>; of a sharded "
+        "save, rank 0's: the other ranks' files of its step are read)";
+    formats::OptionSpec st;
+    st.name = kStrategyOption;
+    st.type = formats::OptionSpec::Type::kString;
+    st.help =
+        "MindSpore: the strategy file of a sharded save (rank_0/, rank_1/, "
+        "...): the merged file, or the folder of per-rank ones (default: "
+        "strategy.ckpt, strategy/ or ../strategy/ beside it)";
+    return {o, st};
+  }
+  std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
+    formats::OptionSpec st;
+    st.name = kStrategyOption;
+    st.type = formats::OptionSpec::Type::kString;
+    st.layout = true;
+    st.abbrev.push_back('s');  // (GCC 12 -Wrestrict false positive on = "s")
+    st.help =
+        "MindSpore: write one .ckpt per rank (rank_R/) laid out by this "
+        "strategy file (or folder of per-rank ones), copied beside them "
+        "(default: one unsharded file)";
+    return {st};
   }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
@@ -87,7 +127,8 @@ class MindSporeDriver : public formats::Driver {
     formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
                           "sources");
     return std::make_unique<MindSporeSource>(
-        Discover(path, options.values.String(kCheckpointOption).value_or("")));
+        Discover(path, options.values.String(kCheckpointOption).value_or(""),
+                 options.values.String(kStrategyOption).value_or("")));
   }
 };
 

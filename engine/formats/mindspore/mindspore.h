@@ -8,13 +8,22 @@
 // become `exp_avg` / `exp_avg_sq` of <p>; every other record (global_step,
 // learning_rate, beta1_power, ...) is kept verbatim in the root's
 // "mindspore" attribute. global_step is the iteration.
+//
+// A sharded save (rank_0/, rank_1/, ... each with its .ckpt files) is read
+// with its strategy file (strategy.h): each rank's slice is placed by its
+// layout into the whole parameter, replicas are checked bit for bit. The
+// files of one step are taken on every rank: the newest <epoch>_<step>
+// every rank has (not newer than any rank's meta.json), as MindFormers'
+// resume takes them.
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/formats/driver.h"
 #include "engine/formats/mindspore/ckpt.h"
+#include "engine/formats/mindspore/strategy.h"
 #include "engine/formats/target_plan.h"
 #include "engine/universal/input.h"
 #include "engine/universal/source_plan.h"
@@ -22,27 +31,44 @@
 namespace ucp::mindspore {
 
 inline constexpr const char* kCheckpointOption = "checkpoint";
+inline constexpr const char* kStrategyOption = "strategy";
 inline constexpr const char* kMetaAttr = "mindspore";
 
 struct Checkpoint {
   std::filesystem::path dir;   // the folder holding the file
-  std::filesystem::path path;  // the .ckpt file
-  int64_t iteration = 0;       // global_step, else the step in the name
-  CkptIndex index;
+  std::filesystem::path path;  // the .ckpt file (rank 0's)
+  int64_t iteration = 0;  // global_step, else step_num, else the name's step
+  /// step_num x global_batch_size (MindFormers' append_dict); -1 if unknown.
+  int64_t consumed_samples = -1;
+  CkptIndex index;  // rank 0's
+  /// A sharded save: every rank's file (rank order; [0] is `index`) and
+  /// the strategy placing their slices. Empty / absent for one file.
+  std::vector<CkptIndex> ranks;
+  std::optional<Strategy> strategy;
 };
 
 /// The checkpoint at `path`: a .ckpt file, or in a folder the file `file`
 /// names, else the one its meta.json names (last_ckpt_file), else the
 /// newest by the <prefix>-<epoch>_<step>.ckpt of its name, else its only
-/// one. A folder with rank_1/ (a sharded save, which needs a strategy file)
-/// is refused. Throws UsageError for an unknown `file`, FormatError naming
-/// the file for a damaged or foreign one, IoError if unreadable.
-Checkpoint Discover(const std::filesystem::path& path, const std::string& file);
+/// one. A folder with rank_1/ (or any folder given a `strategy`) is a
+/// sharded save: `file` names rank 0's file and the other ranks' files of
+/// the same step are taken; its strategy is `strategy`, else the first of
+/// <path>/strategy.ckpt, <path>/strategy.json, <path>/strategy/ and
+/// <path>/../strategy/ (MindFormers' output/strategy). Throws UsageError
+/// for an unknown `file`, FormatError naming the file for a damaged or
+/// foreign one, a rank without the step's file or a missing strategy,
+/// IoError if unreadable.
+Checkpoint Discover(const std::filesystem::path& path, const std::string& file,
+                    const std::string& strategy = "");
 
-/// The .ckpt files of folder `dir` (or of its rank_0/), oldest first.
-/// Never throws.
+/// The .ckpt files of folder `dir` (or of its rank_0/), oldest first; of a
+/// sharded save, rank 0's files of the steps every rank has. Never throws.
 std::vector<formats::SavedCheckpoint> ListCheckpoints(
     const std::filesystem::path& dir);
+
+/// Whether `dir` holds rank_0/ and rank_1/ and rank_0/ a .ckpt file.
+/// Never throws.
+bool LooksSharded(const std::filesystem::path& dir);
 
 /// The universal content of `c` (tensor bytes stay in the file). Throws
 /// FormatError naming the file and record.
@@ -55,8 +81,11 @@ universal::SourcePlan PlanSource(const Checkpoint& c);
 /// weights), Adam's moments (the source's names, else nn.Adam's moment1. /
 /// moment2.), the source's other records verbatim (else global_step from the
 /// iteration), then meta.json as MindFormers writes it. No topology: the
-/// file is unsharded. Throws FormatError naming a param without weights,
-/// UsageError for a dtype MindSpore has not.
+/// file is unsharded, unless options name a strategy file: then rank_R/
+/// for each of its ranks, each holding its slices of its stage's params,
+/// meta.json in each, and the strategy copied beside them. Throws
+/// FormatError naming a param without weights or one its layout does not
+/// fit, UsageError for a dtype MindSpore has not.
 std::unique_ptr<formats::TargetPlan> PlanTarget(
     const universal::UniversalInput& input,
     const formats::TargetOptions& options);

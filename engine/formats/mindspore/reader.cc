@@ -82,11 +82,68 @@ std::vector<fs::path> CkptFiles(const fs::path& folder) {
   return out;
 }
 
+// The rank_K folders of a sharded save: rank_0 .. rank_{N-1} (N >= 2), or
+// empty if `dir` is not one.
+std::vector<fs::path> RankFolders(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  while (fs::is_directory(dir / StrCat("rank_", out.size()), ec))
+    out.push_back(dir / StrCat("rank_", out.size()));
+  return out;
+}
+
+using Step = std::pair<int64_t, int64_t>;  // (epoch, step)
+
+// Of every rank folder, the files by (epoch, step); the steps all have.
+std::vector<Step> CommonSteps(const std::vector<fs::path>& ranks) {
+  std::vector<Step> common;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::set<Step> have;
+    for (const fs::path& f : CkptFiles(ranks[r]))
+      if (auto es = EpochStep(f.filename().string())) have.insert(*es);
+    if (r == 0) {
+      common.assign(have.begin(), have.end());
+    } else {
+      std::erase_if(common, [&](const Step& s) { return !have.count(s); });
+    }
+  }
+  return common;
+}
+
+// The file of `step` in rank folder `folder`: the one whose name is rank
+// 0's `name0` with rank_0 -> rank_<r>, else the first of that step.
+std::optional<fs::path> FileOfStep(const fs::path& folder, size_t r,
+                                   const std::string& name0, const Step& step) {
+  std::optional<fs::path> first;
+  std::string want = name0;
+  if (const size_t at = want.find("rank_0"); at != std::string::npos)
+    want.replace(at, 6, StrCat("rank_", r));
+  for (const fs::path& f : CkptFiles(folder)) {
+    if (EpochStep(f.filename().string()) != step) continue;
+    if (f.filename() == want) return f;
+    if (!first) first = f;
+  }
+  return first;
+}
+
 }  // namespace
 
 std::vector<formats::SavedCheckpoint> ListCheckpoints(const fs::path& dir) {
   std::vector<formats::SavedCheckpoint> out;
-  for (const fs::path& f : CkptFiles(FilesFolder(dir))) {
+  const std::vector<fs::path> ranks = RankFolders(dir);
+  std::vector<fs::path> files;
+  if (ranks.size() >= 2) {
+    for (const Step& s : CommonSteps(ranks))
+      if (auto f = FileOfStep(ranks[0], 0, "", s)) files.push_back(*f);
+    if (files.empty()) {  // names without <epoch>_<step>: one file each
+      bool one = true;
+      for (const fs::path& r : ranks) one = one && CkptFiles(r).size() == 1;
+      if (one) files = CkptFiles(ranks[0]);
+    }
+  } else {
+    files = CkptFiles(FilesFolder(dir));
+  }
+  for (const fs::path& f : files) {
     formats::SavedCheckpoint c;
     c.name = f.filename().string();
     // (<epoch>_<step> counts steps of an epoch: the iteration is the
@@ -97,19 +154,190 @@ std::vector<formats::SavedCheckpoint> ListCheckpoints(const fs::path& dir) {
   return out;
 }
 
-Checkpoint Discover(const fs::path& path, const std::string& file) {
+bool LooksSharded(const fs::path& dir) {
+  const std::vector<fs::path> ranks = RankFolders(dir);
+  return ranks.size() >= 2 && !CkptFiles(ranks[0]).empty();
+}
+
+namespace {
+
+// The strategy of sharded save `dir`: `given`, else the first found of
+// strategy.ckpt, strategy.json, strategy/ and ../strategy/.
+Strategy FindStrategy(const fs::path& dir, const std::string& given) {
+  if (!given.empty()) return ReadStrategy(given);
+  std::error_code ec;
+  const fs::path abs = fs::absolute(dir, ec);
+  for (const fs::path& p : {dir / "strategy.ckpt", dir / "strategy.json",
+                            dir / "strategy", abs.parent_path() / "strategy"}) {
+    if (fs::exists(p, ec)) return ReadStrategy(p);
+  }
+  throw FormatError(dir.string(),
+                    ": a sharded MindSpore save (rank_0, rank_1, ...) needs "
+                    "its strategy file, and none is beside it "
+                    "(strategy.ckpt, strategy/, ../strategy/): pass "
+                    "--strategy FILE (the merged strategy, or the folder of "
+                    "per-rank ones)");
+}
+
+// A meta.json's (last_epoch, last_step); absent if it has none.
+std::optional<Step> MetaStep(const fs::path& folder) {
+  std::error_code ec;
+  if (!fs::exists(folder / "meta.json", ec)) return std::nullopt;
+  const json::Value meta =
+      json::Value::Parse(ReadSmallFile(folder / "meta.json", 1 << 20));
+  const json::Value* e = meta.Find("last_epoch");
+  const json::Value* s = meta.Find("last_step");
+  if (e == nullptr || s == nullptr || !e->is_number() || !s->is_number())
+    throw FormatError((folder / "meta.json").string(),
+                      ": no last_epoch / last_step");
+  return Step(e->AsInt(), s->AsInt());
+}
+
+// Rank by rank, the files of one step of sharded save `dir`.
+std::vector<fs::path> ShardFiles(const fs::path& dir,
+                                 const std::vector<fs::path>& ranks,
+                                 const std::string& file) {
+  std::vector<fs::path> out;
+  const std::vector<fs::path> files0 = CkptFiles(ranks[0]);
+  std::optional<Step> step;
+  std::string name0;
+  if (!file.empty()) {
+    for (const fs::path& f : files0)
+      if (f.filename() == file) name0 = file;
+    if (name0.empty()) {
+      std::string have;
+      for (const fs::path& f : files0)
+        have += (have.empty() ? "" : ", ") + f.filename().string();
+      throw UsageError("--checkpoint ", file, ": no such .ckpt file in ",
+                       ranks[0].string(),
+                       " (files: ", have.empty() ? "none" : have, ")");
+    }
+    step = EpochStep(name0);
+  } else {
+    // MindFormers' rule: the newest step every rank has, not newer than
+    // the oldest any rank's meta.json claims.
+    std::optional<Step> limit;
+    for (const fs::path& r : ranks) {
+      if (auto m = MetaStep(r)) limit = limit ? std::min(*limit, *m) : *m;
+    }
+    for (const Step& s : CommonSteps(ranks))
+      if (!limit || s <= *limit) step = s;
+    if (!step) {
+      for (const fs::path& r : ranks) {
+        const std::vector<fs::path> fs_ = CkptFiles(r);
+        if (fs_.empty())
+          throw FormatError(r.string(), ": no MindSpore .ckpt file");
+        if (!CommonSteps(ranks).empty() || fs_.size() != 1) {
+          throw FormatError(
+              dir.string(),
+              ": no <epoch>_<step> that every rank folder has "
+              "a .ckpt file of",
+              limit ? " (up to the step the meta.json files name)" : "");
+        }
+        out.push_back(fs_.back());
+      }
+      return out;
+    }
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (r == 0 && !name0.empty()) {
+      out.push_back(ranks[0] / name0);
+      continue;
+    }
+    std::optional<fs::path> f;
+    if (step) {
+      f = FileOfStep(ranks[r], r, name0, *step);
+    } else {  // no step in the name: the rank's only file
+      const std::vector<fs::path> fs_ = CkptFiles(ranks[r]);
+      if (fs_.size() == 1) f = fs_[0];
+    }
+    if (!f) {
+      throw FormatError(
+          ranks[r].string(), ": no .ckpt file of ",
+          step ? StrCat("epoch ", step->first, " step ", step->second)
+               : StrCat("the step of ", name0),
+          " (a rank's save is missing)");
+    }
+    out.push_back(*f);
+  }
+  return out;
+}
+
+// A scalar integer record (append_dict's ints are Int64, nn.Adam's
+// global_step Int32); absent if there is none.
+std::optional<int64_t> IntRecord(const CkptIndex& index, std::string_view tag) {
+  for (const CkptEntry& e : index.entries) {
+    if (e.tag != tag || e.slices.size() != 1) continue;
+    const File f = File::OpenRead(index.path);
+    if (e.tensor_type == "Int32" && e.nbytes == 4) {
+      int32_t x = 0;
+      f.ReadExact(&x, 4, e.slices[0].offset);
+      return x;
+    }
+    if (e.tensor_type == "Int64" && e.nbytes == 8) {
+      int64_t x = 0;
+      f.ReadExact(&x, 8, e.slices[0].offset);
+      return x;
+    }
+  }
+  return std::nullopt;
+}
+
+// The iteration: the optimizer's global_step, else MindFormers' step_num,
+// else `fallback` (the step in the file name); the samples consumed:
+// step_num x global_batch_size when both are saved (MindFormers'
+// append_dict), as its data-skip scaling computes them.
+void Counters(Checkpoint& c, int64_t fallback) {
+  const auto global_step = IntRecord(c.index, "global_step");
+  const auto step_num = IntRecord(c.index, "step_num");
+  const auto batch = IntRecord(c.index, "global_batch_size");
+  c.iteration = global_step ? *global_step : step_num ? *step_num : fallback;
+  c.consumed_samples = step_num && batch && *step_num >= 0 && *batch > 0
+                           ? *step_num * *batch
+                           : -1;
+}
+
+}  // namespace
+
+Checkpoint Discover(const fs::path& path, const std::string& file,
+                    const std::string& strategy) {
   std::error_code ec;
   Checkpoint c;
   if (fs::is_regular_file(path, ec)) {
+    if (!strategy.empty()) {
+      throw UsageError(
+          "--strategy reads a sharded save (a folder of rank_0, "
+          "rank_1, ...), not one file: ",
+          path.string());
+    }
     c.path = path;
     c.dir = path.parent_path();
   } else if (fs::is_directory(path, ec)) {
-    if (fs::is_directory(path / "rank_1", ec)) {
-      throw FormatError(path.string(),
-                        ": a sharded MindSpore save (rank_0, rank_1, ...: "
-                        "its parameters are split by a strategy file) is not "
-                        "supported yet; merge it with transform_checkpoints, "
-                        "or pass one rank's .ckpt file");
+    const std::vector<fs::path> ranks = RankFolders(path);
+    if (ranks.size() >= 2 ||
+        (!strategy.empty() && fs::is_directory(path / "rank_0", ec))) {
+      c.dir = path;
+      std::vector<fs::path> files = ranks.size() >= 2
+                                        ? ShardFiles(path, ranks, file)
+                                        : std::vector<fs::path>{};
+      if (files.empty()) {  // rank_0 alone, with a strategy
+        const Checkpoint one = Discover(path, file);
+        files.push_back(one.path);
+      }
+      c.strategy = FindStrategy(path, strategy);
+      if (c.strategy->world() != static_cast<int64_t>(files.size())) {
+        throw FormatError(path.string(), ": ", files.size(),
+                          " rank folders, but the strategy ",
+                          c.strategy->path.string(), " lays out ",
+                          c.strategy->world(), " ranks (", c.strategy->stages,
+                          " stage(s) of ", c.strategy->stage_devices, ")");
+      }
+      for (const fs::path& f : files) c.ranks.push_back(ReadCkptIndex(f));
+      c.index = c.ranks[0];
+      c.path = files[0];
+      const auto es = EpochStep(c.path.filename().string());
+      Counters(c, es ? es->second : 0);
+      return c;
     }
     const fs::path folder = FilesFolder(path);
     const std::vector<fs::path> files = CkptFiles(folder);
@@ -147,29 +375,40 @@ Checkpoint Discover(const fs::path& path, const std::string& file) {
     throw IoError("checkpoint ", path.string(), " does not exist");
   }
   c.index = ReadCkptIndex(c.path);
-  if (auto es = EpochStep(c.path.filename().string())) c.iteration = es->second;
-  // The optimizer's global_step, when saved, is the iteration.
-  for (const CkptEntry& e : c.index.entries) {
-    if (e.tag != "global_step" || e.slices.size() != 1) continue;
-    const File f = File::OpenRead(c.path);
-    if (e.tensor_type == "Int32" && e.nbytes == 4) {
-      int32_t x = 0;
-      f.ReadExact(&x, 4, e.slices[0].offset);
-      c.iteration = x;
-    } else if (e.tensor_type == "Int64" && e.nbytes == 8) {
-      f.ReadExact(&c.iteration, 8, e.slices[0].offset);
-    }
-  }
+  const auto es = EpochStep(c.path.filename().string());
+  Counters(c, es ? es->second : 0);
   return c;
 }
 
 universal::SourcePlan PlanSource(const Checkpoint& c) {
   universal::SourcePlan plan;
-  plan.sources.push_back(std::make_unique<CkptSource>(c.path));
+  // The files: rank 0 .. N-1 of a sharded save, else the one.
+  std::vector<const CkptIndex*> files;
+  if (c.strategy) {
+    for (const CkptIndex& i : c.ranks) files.push_back(&i);
+  } else {
+    files.push_back(&c.index);
+  }
+  for (const CkptIndex* f : files)
+    plan.sources.push_back(std::make_unique<CkptSource>(f->path));
   const std::string where0 = StrCat("checkpoint file ", c.path.string());
+  // Every tag, in order of first appearance, with the ranks holding it.
+  struct Held {
+    size_t rank;
+    const CkptEntry* e;
+  };
+  std::vector<const CkptEntry*> entries;  // first appearances
+  std::map<std::string, std::vector<Held>> held;
+  for (size_t r = 0; r < files.size(); ++r) {
+    for (const CkptEntry& e : files[r]->entries) {
+      auto& h = held[e.tag];
+      if (h.empty()) entries.push_back(&e);
+      h.push_back({r, &e});
+    }
+  }
   // Which tags are parameters and which are Adam moments of one.
   std::set<std::string> tags;
-  for (const CkptEntry& e : c.index.entries) tags.insert(e.tag);
+  for (const CkptEntry* e : entries) tags.insert(e->tag);
   static const std::pair<const char*, const char*> kMoments[] = {
       {"moment1.", "exp_avg"},
       {"moment2.", "exp_avg_sq"},
@@ -185,8 +424,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     return std::nullopt;
   };
   std::set<std::string> with_moments;
-  for (const CkptEntry& e : c.index.entries)
-    if (auto m = moment_of(e.tag)) with_moments.insert(m->first);
+  for (const CkptEntry* e : entries)
+    if (auto m = moment_of(e->tag)) with_moments.insert(m->first);
   const bool has_optimizer = !with_moments.empty();
   static const std::set<std::string> kOptimizerScalars = {
       "global_step",
@@ -208,52 +447,104 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   bool model_dtype_known = false;
   int64_t order = 0;
   std::map<std::string, size_t> atom_of;
-  auto plan_atom = [&](const CkptEntry& e, DType dtype,
+  // An atom from every rank's record of `tag`: each rank's slice placed by
+  // the layout of `tag` (else of `param`, whose shape a moment has), the
+  // record's own slices (save_checkpoint's, along dim 0) inside it.
+  auto plan_atom = [&](const std::string& tag, DType dtype,
                        const std::string& param, const std::string& kind) {
-    const std::string where = StrCat(where0, " > ", e.tag);
     universal::AtomPlan atom;
     atom.param = param;
     atom.state_kind = kind;
     atom.dtype = dtype;
-    const bool scalar =
-        e.dims.empty() || (e.dims.size() == 1 && e.dims[0] == 0);
-    atom.shape = scalar ? Shape{} : Shape(e.dims.begin(), e.dims.end());
-    const uint64_t want =
-        static_cast<uint64_t>(NumElements(atom.shape)) * ElementSize(dtype);
-    if (e.nbytes != want) {
-      throw FormatError(where, ": ", e.nbytes, " bytes of content, ",
-                        ShapeString(atom.shape), " ", e.tensor_type, " needs ",
-                        want);
-    }
-    // Slices split dim 0 into whole rows.
-    const uint64_t row = atom.shape.empty() || atom.shape[0] == 0
-                             ? want
-                             : want / static_cast<uint64_t>(atom.shape[0]);
-    int64_t at = 0;
-    for (const CkptSlice& s : e.slices) {
-      if (s.length == 0) continue;
-      if (atom.shape.empty() ? e.slices.size() != 1 : s.length % row != 0) {
-        throw FormatError(where, ": a slice of ", s.length,
-                          " bytes is not whole rows of ", row,
-                          " (byte-sliced tensors are not supported)");
+    bool first = true;
+    for (const Held& h : held.at(tag)) {
+      const CkptEntry& e = *h.e;
+      const std::string where =
+          StrCat("checkpoint file ", files[h.rank]->path.string(), " > ", tag);
+      if (DTypeOfTensorType(e.tensor_type) != dtype) {
+        throw FormatError(where, ": tensor type ", e.tensor_type, ", rank 0's ",
+                          TensorTypeOf(dtype));
       }
-      universal::Fragment f;
-      Shape shape = atom.shape;
-      if (!shape.empty()) shape[0] = static_cast<int64_t>(s.length / row);
-      f.src = reshape::SourceTensor{0, s.offset, dtype, shape};
-      f.src_box = Box::Whole(shape);
-      Box box = Box::Whole(shape);
-      if (!box.offset.empty()) box.offset[0] = at;
-      f.atom_box = box;
-      f.where = where;
-      if (!shape.empty()) at += shape[0];
-      atom.fragments.push_back(std::move(f));
+      const bool scalar =
+          e.dims.empty() || (e.dims.size() == 1 && e.dims[0] == 0);
+      const Shape local =
+          scalar ? Shape{} : Shape(e.dims.begin(), e.dims.end());
+      const uint64_t want =
+          static_cast<uint64_t>(NumElements(local)) * ElementSize(dtype);
+      if (e.nbytes != want) {
+        throw FormatError(where, ": ", e.nbytes, " bytes of content, ",
+                          ShapeString(local), " ", e.tensor_type, " needs ",
+                          want);
+      }
+      // Where the rank's slice lies in the whole parameter.
+      const TensorLayout* layout = nullptr;
+      if (c.strategy && !local.empty()) {
+        const auto r = static_cast<int64_t>(h.rank);
+        layout = c.strategy->Find(tag, r);
+        // A moment the strategy does not name is whole (MindSpore's rule),
+        // unless its shape says it is sliced as its param is.
+        const auto w = atom_of.find(param + "/fp32");
+        const auto p = w != atom_of.end() ? w : atom_of.find(param + "/param");
+        if (layout == nullptr && tag != param && p != atom_of.end() &&
+            plan.atoms[p->second].shape != local)
+          layout = c.strategy->Find(param, r);
+      }
+      Shape full = local;
+      if (layout != nullptr) {
+        const std::vector<int64_t> counts =
+            SplitCounts(*layout, local.size(), where);
+        for (size_t d = 0; d < full.size(); ++d) full[d] *= counts[d];
+      }
+      if (first) {
+        atom.shape = full;
+        first = false;
+      } else if (full != atom.shape) {
+        throw FormatError(where, ": a slice of ", ShapeString(local),
+                          " makes the parameter ", ShapeString(full),
+                          ", another rank's makes it ",
+                          ShapeString(atom.shape));
+      }
+      const Box at_box =
+          layout != nullptr
+              ? RankBox(*layout, full, static_cast<int64_t>(h.rank), where)
+              : Box::Whole(full);
+      if (at_box.size != local) {
+        throw FormatError(where, ": a slice of ", ShapeString(local),
+                          " where the strategy places ",
+                          ShapeString(at_box.size), " on rank ", h.rank);
+      }
+      // Slices split dim 0 into whole rows.
+      const uint64_t row = local.empty() || local[0] == 0
+                               ? want
+                               : want / static_cast<uint64_t>(local[0]);
+      int64_t at = 0;
+      for (const CkptSlice& s : e.slices) {
+        if (s.length == 0) continue;
+        if (local.empty() ? e.slices.size() != 1 : s.length % row != 0) {
+          throw FormatError(where, ": a slice of ", s.length,
+                            " bytes is not whole rows of ", row,
+                            " (byte-sliced tensors are not supported)");
+        }
+        universal::Fragment f;
+        Shape shape = local;
+        if (!shape.empty()) shape[0] = static_cast<int64_t>(s.length / row);
+        f.src = reshape::SourceTensor{static_cast<uint32_t>(h.rank), s.offset,
+                                      dtype, shape};
+        f.src_box = Box::Whole(shape);
+        Box box = Box::Whole(shape);
+        if (!box.offset.empty()) box.offset[0] = at;
+        f.atom_box = Shifted(box, at_box.offset);
+        f.where = where;
+        if (!shape.empty()) at += shape[0];
+        atom.fragments.push_back(std::move(f));
+      }
     }
     atom_of[param + "/" + kind] = plan.atoms.size();
     plan.atoms.push_back(std::move(atom));
   };
   // Parameters first, in file order; then their moments.
-  for (const CkptEntry& e : c.index.entries) {
+  for (const CkptEntry* ep : entries) {
+    const CkptEntry& e = *ep;
     if (e.map_tensor || moment_of(e.tag) || kOptimizerScalars.count(e.tag))
       continue;
     const std::optional<DType> dtype = DTypeOfTensorType(e.tensor_type);
@@ -263,7 +554,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
         *dtype == DType::kFloat32 || *dtype == DType::kFloat16 ||
         *dtype == DType::kBFloat16 || *dtype == DType::kFloat64;
     const bool buffer = !trainable || !floating;
-    plan_atom(e, *dtype, e.tag,
+    plan_atom(e.tag, *dtype, e.tag,
               *dtype == DType::kFloat32 && !buffer ? "fp32" : "param");
     if (trainable && floating && !model_dtype_known) {
       model_dtype = *dtype;
@@ -282,7 +573,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
                                              .tied_copies = {}}));
   }
   std::set<std::string> state_kinds;
-  for (const CkptEntry& e : c.index.entries) {
+  for (const CkptEntry* ep : entries) {
+    const CkptEntry& e = *ep;
     const auto m = moment_of(e.tag);
     if (!m) continue;
     const std::optional<DType> dtype = DTypeOfTensorType(e.tensor_type);
@@ -291,13 +583,14 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
                         dtype ? "a second " + m->second + " of " + m->first
                               : "tensor type " + e.tensor_type);
     }
-    plan_atom(e, *dtype, m->first, m->second);
+    plan_atom(e.tag, *dtype, m->first, m->second);
     state_kinds.insert(m->second);
   }
   // Everything else verbatim: tag, type, dims, content (read through the
   // plan's source of the file).
-  const reshape::ByteSource& file = *plan.sources.front();
-  for (const CkptEntry& e : c.index.entries) {
+  for (const CkptEntry* ep : entries) {
+    const CkptEntry& e = *ep;
+    const reshape::ByteSource& file = *plan.sources[held.at(e.tag)[0].rank];
     const bool tensor = DTypeOfTensorType(e.tensor_type).has_value();
     if (!e.map_tensor && tensor && !kOptimizerScalars.count(e.tag)) continue;
     if (e.map_tensor) {
@@ -336,7 +629,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
 
   atoms::RootInfo& root = plan.root;
   root.iteration = c.iteration;  // global_step (Discover), else the name's
-  root.consumed_samples = -1;
+  root.consumed_samples = c.consumed_samples;
   json::Value src = json::Value::Object();
   src["framework"] = "mindspore";
   src["driver"] = "mindspore";
@@ -346,6 +639,10 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   src["dp"] = 1;
   src["dtype"] = std::string(DTypeName(model_dtype));
   src["checkpoint"] = c.path.filename().string();
+  if (c.strategy) {
+    src["world"] = static_cast<int64_t>(files.size());
+    src["strategy"] = c.strategy->path.string();
+  }
   root.source = src.Dump();
   root.model = "{}";
   root.layout = "";
@@ -375,7 +672,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   // The file's record order and moment names, which a rewrite keeps.
   json::Value tag_order = json::Value::Array();
   std::string m1 = "moment1.", m2 = "moment2.";
-  for (const CkptEntry& e : c.index.entries) {
+  for (const CkptEntry* ep : entries) {
+    const CkptEntry& e = *ep;
     tag_order.Append(e.tag);
     if (e.tag.starts_with("adam_m.") && moment_of(e.tag)) m1 = "adam_m.";
     if (e.tag.starts_with("adam_v.") && moment_of(e.tag)) m2 = "adam_v.";
@@ -386,6 +684,12 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   meta["file"] = c.path.filename().string();
   meta["rank_folder"] = c.path.parent_path().filename() == "rank_0";
   meta["crc"] = c.index.crc;
+  if (c.strategy) {
+    // The rank files' names, which a target of as many ranks keeps.
+    json::Value names = json::Value::Array();
+    for (const CkptIndex* f : files) names.Append(f->path.filename().string());
+    meta["files"] = std::move(names);
+  }
   root.extra_strings[kMetaAttr] = meta.Dump();
   return plan;
 }

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/mindspore/mindspore.h"
 #include "engine/json/json.h"
@@ -69,7 +71,7 @@ std::string Unhex(const std::string& hex) {
 class MindSporePlan : public formats::TargetPlan {
  public:
   MindSporePlan(const universal::UniversalInput& input,
-                const formats::TargetOptions&)
+                const formats::TargetOptions& options)
       : input_(input) {
     const auto it = input.root().extra_strings.find(kMetaAttr);
     if (it != input.root().extra_strings.end())
@@ -81,26 +83,75 @@ class MindSporePlan : public formats::TargetPlan {
     }
     const json::Value* rf = meta_.Find("rank_folder");
     folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
+    if (auto s = options.values.String(kStrategyOption)) {
+      strategy_ = ReadStrategy(*s);
+      world_ = strategy_->world();
+      strategy_bytes_ = ReadFiles(*s);
+      folder_ = "rank_0";
+      // The source's rank file names when it had as many ranks; else
+      // rank 0's name with its rank_0 renamed, else MindFormers' pattern.
+      const json::Value* names = meta_.Find("files");
+      for (int64_t r = 0; r < world_; ++r) {
+        std::string n;
+        if (names != nullptr && names->is_array() &&
+            static_cast<int64_t>(names->size()) == world_) {
+          n = names->items()[static_cast<size_t>(r)].AsString();
+        } else if (const size_t at = file_.find("rank_0");
+                   at != std::string::npos) {
+          n = file_;
+          n.replace(at, 6, StrCat("rank_", r));
+        } else {
+          n = StrCat("ucp_rank_", r, "-1_", input.root().iteration, ".ckpt");
+        }
+        names_.push_back(std::move(n));
+      }
+    } else {
+      names_.push_back(file_);
+    }
   }
-  size_t units() const override { return 2; }
+  size_t units() const override { return static_cast<size_t>(world_) + 1; }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t i) const override {
     std::vector<std::unique_ptr<formats::PlannedFile>> out;
-    if (i == 1) {
+    if (i < static_cast<size_t>(world_)) {
+      out.push_back(File(static_cast<int64_t>(i)));
+      return out;
+    }
+    // Last: the strategy, then each rank's meta.json.
+    for (const auto& [name, bytes] : strategy_bytes_)
+      out.push_back(formats::TextFile(name, bytes));
+    for (int64_t r = 0; r < world_; ++r) {
       json::Value m = json::Value::Object();
       m["last_epoch"] = 1;
       m["last_step"] = input_.root().iteration;
-      m["last_ckpt_file"] = file_;
-      out.push_back(formats::TextFile(folder_ / "meta.json", m.Dump()));
-      return out;
+      m["last_ckpt_file"] = names_[static_cast<size_t>(r)];
+      out.push_back(formats::TextFile(Folder(r) / "meta.json", m.Dump()));
     }
-    out.push_back(File());
     return out;
   }
-  fs::path checkpoint_dir() const override { return folder_; }
+  fs::path checkpoint_dir() const override {
+    return strategy_ ? fs::path() : folder_;
+  }
   formats::TargetSummary Summary() const override {
     formats::TargetSummary s;
     s.notes = notes_;
+    if (strategy_) {
+      std::string name = names_[0];
+      if (const size_t at = name.find("rank_0"); at != std::string::npos)
+        name.replace(at, 6, "rank_R");
+      s.resume_hint = StrCat(
+          "MindSpore: rank R loads mindspore.load_checkpoint(\"<output>/"
+          "rank_R/",
+          name, "\") in a job of ", world_, " devices laid out by ",
+          strategy_->path.string(),
+          " (the strategy is copied into <output>); transform_checkpoints("
+          "\"<output>\", dst, prefix, \"<output>/",
+          strategy_bytes_.size() == 1 ? strategy_bytes_[0].first.string()
+                                      : "strategy",
+          "\", None) merges it");
+      s.details["world"] = world_;
+      return s;
+    }
     s.resume_hint =
         StrCat("MindSpore: mindspore.load_checkpoint(\"<output>/",
                (folder_ / file_).string(),
@@ -108,25 +159,56 @@ class MindSporePlan : public formats::TargetPlan {
                "load_param_into_net(optimizer, params)");
     return s;
   }
-  std::string label() const override { return "writing " + file_; }
+  std::string label() const override {
+    return strategy_ ? StrCat("writing ", world_, " rank files")
+                     : "writing " + file_;
+  }
 
  private:
+  // A record of the file: a slot (param, state kind) or known bytes.
+  struct Spec {
+    const atoms::DatasetInfo* atom = nullptr;
+    std::string param;
+    std::string tag;
+    std::string type;
+    Shape dims;
+    std::string bytes;  // verbatim records
+  };
+
+  fs::path Folder(int64_t r) const {
+    return strategy_ ? fs::path(StrCat("rank_", r)) : folder_;
+  }
+
+  // The strategy file(s) given, as output path -> bytes: a file as
+  // strategy.<ext>, a folder's files under strategy/.
+  static std::vector<std::pair<fs::path, std::string>> ReadFiles(
+      const fs::path& p) {
+    std::vector<std::pair<fs::path, std::string>> out;
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      for (fs::directory_iterator it(p, ec), end; !ec && it != end;
+           it.increment(ec)) {
+        const auto ext = it->path().extension();
+        if (it->is_regular_file() && (ext == ".ckpt" || ext == ".json"))
+          out.emplace_back(fs::path("strategy") / it->path().filename(),
+                           ReadSmallFile(it->path(), 256ull << 20));
+      }
+      std::sort(out.begin(), out.end());
+    } else {
+      out.emplace_back(
+          fs::path("strategy")
+              .replace_extension(p.extension() == ".json" ? ".json" : ".ckpt"),
+          ReadSmallFile(p, 256ull << 20));
+    }
+    return out;
+  }
+
   std::string Prefix(const char* key, const char* fallback) const {
     const json::Value* v = meta_.Find(key);
     return v != nullptr && v->is_string() ? v->AsString() : fallback;
   }
 
-  std::unique_ptr<formats::PlannedFile> File() const {
-    auto f = std::make_unique<formats::RawFile>(folder_ / file_);
-    // Every record the file gets, by tag: a slot (param, state kind) or
-    // known bytes (a record kept verbatim).
-    struct Spec {
-      const atoms::DatasetInfo* atom = nullptr;
-      std::string tag;
-      std::string type;
-      Shape dims;
-      std::string bytes;  // verbatim records
-    };
+  std::vector<Spec> Specs() const {
     std::vector<Spec> specs;
     const std::string m1 = Prefix("exp_avg_prefix", "moment1.");
     const std::string m2 = Prefix("exp_avg_sq_prefix", "moment2.");
@@ -138,17 +220,25 @@ class MindSporePlan : public formats::TargetPlan {
         throw FormatError("universal file ", input_.path().string(),
                           " > param ", n, ": no weights to write");
       }
-      specs.push_back({w, n, TensorTypeOf(w->dtype), w->shape, {}});
+      specs.push_back({w, n, n, TensorTypeOf(w->dtype), w->shape, {}});
     }
     for (const atoms::StoredParam& p : input_.params()) {
       if (const auto* a = input_.FindAtom(p.info.fqn, "exp_avg"))
-        specs.push_back(
-            {a, m1 + p.info.fqn, TensorTypeOf(a->dtype), a->shape, {}});
+        specs.push_back({a,
+                         p.info.fqn,
+                         m1 + p.info.fqn,
+                         TensorTypeOf(a->dtype),
+                         a->shape,
+                         {}});
     }
     for (const atoms::StoredParam& p : input_.params()) {
       if (const auto* a = input_.FindAtom(p.info.fqn, "exp_avg_sq"))
-        specs.push_back(
-            {a, m2 + p.info.fqn, TensorTypeOf(a->dtype), a->shape, {}});
+        specs.push_back({a,
+                         p.info.fqn,
+                         m2 + p.info.fqn,
+                         TensorTypeOf(a->dtype),
+                         a->shape,
+                         {}});
     }
     bool has_step = false;
     if (const json::Value* recs = meta_.Find("records");
@@ -167,7 +257,7 @@ class MindSporePlan : public formats::TargetPlan {
     if (!has_step && !input_.params().empty()) {
       // nn.Adam's step counter, from the iteration.
       const int32_t step = static_cast<int32_t>(input_.root().iteration);
-      specs.push_back({nullptr, "global_step", "Int32", Shape{1},
+      specs.push_back({nullptr, "", "global_step", "Int32", Shape{1},
                        std::string(reinterpret_cast<const char*>(&step), 4)});
     }
     // The source's record order, when it was a MindSpore file; new ones last.
@@ -184,29 +274,50 @@ class MindSporePlan : public formats::TargetPlan {
           const size_t ry = y == rank.end() ? rank.size() : y->second;
           return rx < ry;
         });
-    for (const Spec& s : specs) {
+    return specs;
+  }
+
+  // Rank r's file: its slice of every record its stage holds.
+  std::unique_ptr<formats::PlannedFile> File(int64_t r) const {
+    auto f = std::make_unique<formats::RawFile>(Folder(r) /
+                                                names_[static_cast<size_t>(r)]);
+    for (const Spec& s : Specs()) {
       if (s.atom == nullptr) {
         f->AddBytes(RecordHead(s.tag, s.dims, s.type, s.bytes.size()) +
                     s.bytes);
         continue;
       }
       const atoms::DatasetInfo& d = *s.atom;
-      const uint64_t bytes = d.nbytes;
-      const int64_t rows = d.shape.empty() ? 1 : d.shape[0];
+      // The rank's region of the atom.
+      Box region = Box::Whole(d.shape);
+      // (A record the strategy does not name is whole on every rank, as
+      // MindSpore treats it.)
+      if (strategy_ && !strategy_->Holds(s.tag, r)) continue;
+      if (strategy_ && !d.shape.empty()) {
+        if (const TensorLayout* l = strategy_->Find(s.tag, r)) {
+          region = RankBox(
+              *l, d.shape, r,
+              StrCat("strategy file ", strategy_->path.string(), " > ", s.tag));
+        }
+      }
+      const Shape& local = region.size;
+      const uint64_t bytes =
+          static_cast<uint64_t>(NumElements(local)) * ElementSize(d.dtype);
+      const int64_t rows = local.empty() ? 1 : local[0];
       const uint64_t kib = bytes / 1024;
       const int64_t parts =
-          d.shape.empty() || kib <= kSliceKiB
+          local.empty() || kib <= kSliceKiB
               ? 1
               : std::min<int64_t>(rows, static_cast<int64_t>(
                                             (kib + kSliceKiB - 1) / kSliceKiB));
       int64_t at = 0;
       for (int64_t k = 0; k < parts; ++k) {
         const int64_t n = rows / parts + (k < rows % parts ? 1 : 0);
-        Shape shape = d.shape;
-        Box box = Box::Whole(d.shape);
+        Shape shape = local;
+        Box box = region;
         if (!shape.empty()) {
           shape[0] = n;
-          box.offset[0] = at;
+          box.offset[0] = region.offset[0] + at;
           box.size[0] = n;
         }
         reshape::TargetTensor t;
@@ -220,7 +331,7 @@ class MindSporePlan : public formats::TargetPlan {
         t.ops.push_back(std::move(op));
         const uint64_t content =
             static_cast<uint64_t>(NumElements(shape)) * ElementSize(d.dtype);
-        f->AddBytes(RecordHead(s.tag, d.shape, s.type, content));
+        f->AddBytes(RecordHead(s.tag, local, s.type, content));
         f->AddTensor(std::move(t));
         at += n;
       }
@@ -232,6 +343,10 @@ class MindSporePlan : public formats::TargetPlan {
   json::Value meta_ = json::Value::Object();
   std::string file_;
   fs::path folder_;
+  std::optional<Strategy> strategy_;
+  int64_t world_ = 1;
+  std::vector<std::string> names_;  // per rank
+  std::vector<std::pair<fs::path, std::string>> strategy_bytes_;
   std::vector<std::string> notes_;
 };
 

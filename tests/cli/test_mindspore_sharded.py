@@ -1,0 +1,426 @@
+"""Sharded MindSpore saves (rank_R/ folders + a parallel strategy file)
+against the real MindSpore (the tests' PyPI environment, CPU).
+
+The oracle is MindSpore's own transform_checkpoints: it cuts an unsharded
+checkpoint of a network trained with nn.Adam into the rank files a strategy
+lays out, and merges rank files back. Strategy files are built with
+MindSpore's own protobuf classes (mindspore.train.node_strategy_pb2), in each
+form the format has: one tensor map per tensor (classic), optimizer-parallel
+shards (opt_weight_shard_size/step), the "extend" form (several device axes
+per tensor dim), and a merged pipeline strategy ("<stage>-<name>").
+
+- ucp reads MindSpore's rank files with the strategy to exactly the unsharded
+  checkpoint load_checkpoint returns (bit for bit);
+- ucp writes, for a strategy, rank files equal to transform_checkpoints' own,
+  record for record, and transform_checkpoints merges them back to the source;
+- a sharded save converts to another strategy as transform_checkpoints does;
+- MindFormers save folders (rank_R/<prefix>rank_R-<epoch>_<step>.ckpt,
+  meta.json per rank): the newest step every rank has, ucp resume falling
+  back past a missing or damaged rank file;
+- what ucp cannot read is one clear error line.
+"""
+import glob
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+os.environ.setdefault("GLOG_v", "3")
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+NAMES = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+MOMENTS = ("moment1.", "moment2.")
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, kind, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+def ms():
+    import mindspore
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    return mindspore
+
+
+def train_and_save(path, steps=2, seed=1, append=None):
+    """A network (fc1: 8 -> 12, fc2: 12 -> 4) trained `steps` steps with
+    nn.Adam, saved by save_checkpoint; returns load_checkpoint's numpy."""
+    m = ms()
+    from mindspore import nn, Tensor
+    m.set_seed(seed)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Dense(8, 12)
+            self.fc2 = nn.Dense(12, 4)
+
+        def construct(self, x):
+            return self.fc2(m.ops.relu(self.fc1(x)))
+
+    net = Net()
+    opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+    loss_fn = nn.MSELoss()
+    grad_fn = m.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+    for i in range(steps):
+        rs = np.random.RandomState(i)
+        _, g = grad_fn(Tensor(rs.randn(3, 8).astype(np.float32)),
+                       Tensor(rs.randn(3, 4).astype(np.float32)))
+        opt(g)
+    items = [{"name": p.name, "data": p} for p in net.trainable_params()]
+    items += [{"name": p.name, "data": p} for p in (opt.moment1 + opt.moment2)]
+    items += [{"name": n, "data": getattr(opt, n)}
+              for n in ("global_step", "learning_rate", "beta1_power", "beta2_power")]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    m.save_checkpoint(items, str(path), append_dict=append)
+    return {k: v.asnumpy() for k, v in m.load_checkpoint(str(path)).items()}
+
+
+# Layouts: name -> (dev_matrix, tensor_map, opt_weight_shard_size, _step);
+# a tensor map of lists is the extend form. Moments get their param's.
+LAYOUTS = {
+    "tp": {"fc1.weight": ([2, 2], [0, -1], 0, 0), "fc1.bias": ([2, 2], [0], 0, 0),
+           "fc2.weight": ([2, 2], [-1, 1], 0, 0), "fc2.bias": ([2, 2], [-1], 0, 0)},
+    "opt": {"fc1.weight": ([2, 2], [0, -1], 2, 2), "fc1.bias": ([2, 2], [0], 2, 2),
+            "fc2.weight": ([2, 2], [-1, 1], 2, 1), "fc2.bias": ([2, 2], [-1], 4, 1)},
+    "ext": {"fc1.weight": ([2, 2], [[1, 0], [-1]], 0, 0),
+            "fc1.bias": ([2, 2], [[0, 1], []], 0, 0),
+            "fc2.weight": ([2, 2], [[-1], [1, 0]], 0, 0),
+            "fc2.bias": ([2, 2], [[-1], []], 0, 0)},
+    # two pipeline stages of two devices: fc1 on ranks 0-1, fc2 on 2-3
+    "pp": {"0-fc1.weight": ([2], [0, -1], 0, 0), "0-fc1.bias": ([2], [0], 0, 0),
+           "1-fc2.weight": ([2], [-1, 0], 0, 0), "1-fc2.bias": ([2], [-1], 0, 0)},
+    # eight devices, dev matrix [2, 2, 2]: dp x mp x mp, optimizer shard over dp
+    "w8": {"fc1.weight": ([2, 2, 2], [1, 0], 2, 4), "fc1.bias": ([2, 2, 2], [1], 0, 0),
+           "fc2.weight": ([2, 2, 2], [[-1], [1, 0]], 0, 0),
+           "fc2.bias": ([2, 2, 2], [-1], 2, 1)},
+    # the optimizer shard over the leading axis with dims mapped against the
+    # device order (dim 0 by the innermost axis): MindSpore re-lays the
+    # devices by tensor dim for it
+    "odd": {"fc1.weight": ([2, 2, 2], [0, 1], 2, 4), "fc1.bias": ([2, 2, 2], [0], 2, 4),
+            "fc2.weight": ([2, 2, 2], [-1, 1], 2, 1), "fc2.bias": ([2, 2, 2], [-1], 2, 1)},
+}
+
+
+def write_strategy(path, layouts, stage=None):
+    """A strategy file as MindSpore writes it (its own protobuf classes)."""
+    from mindspore.train import node_strategy_pb2 as pb
+    m = pb.ParallelStrategyMap()
+    m.current_stage = stage or 0
+    for name, (dev, tmap, size, step) in layouts.items():
+        stage_prefix, bare = (name.split("-", 1) + [""])[:2] if "-" in name else ("", name)
+        for full in [bare] + [p + bare for p in MOMENTS]:
+            item = m.parallel_layout_item.add()
+            item.param_name = f"{stage_prefix}-{full}" if stage_prefix else full
+            lay = item.parallel_layouts
+            lay.dev_matrix.add().dim.extend(dev)
+            if tmap and isinstance(tmap[0], list):
+                for t in tmap:
+                    lay.tensor_map.add().dim.extend(t)
+            else:
+                lay.tensor_map.add().dim.extend(tmap)
+            lay.param_split_shape.add()
+            lay.indices_offset.add()
+            lay.field = 0
+            lay.opt_weight_shard_size = size
+            lay.opt_weight_shard_step = step
+    pathlib.Path(path).write_bytes(m.SerializeToString())
+
+
+def world(layouts):
+    stages = {n.split("-")[0] for n in layouts if "-" in n} or {"0"}
+    return int(np.prod(next(iter(layouts.values()))[0])) * len(stages)
+
+
+def transform(src, dst, prefix, src_strategy, dst_strategy):
+    from mindspore.parallel import transform_checkpoints
+    transform_checkpoints(str(src), str(dst), prefix,
+                          None if src_strategy is None else str(src_strategy),
+                          None if dst_strategy is None else str(dst_strategy))
+
+
+def load(path):
+    return {k: v.asnumpy() for k, v in ms().load_checkpoint(str(path)).items()}
+
+
+def only_ckpt(folder):
+    files = sorted(glob.glob(str(pathlib.Path(folder) / "*.ckpt")))
+    assert len(files) == 1, files
+    return files[0]
+
+
+def assert_same(got, want, what):
+    assert sorted(got) == sorted(want), (what, sorted(set(got) ^ set(want)))
+    for k in want:
+        a, b = got[k], want[k]
+        assert a.dtype == b.dtype and a.shape == b.shape, (what, k, a.shape, b.shape)
+        assert a.tobytes() == b.tobytes(), (what, k)
+
+
+def universal(h5):
+    out = {}
+    with h5py.File(h5, "r") as f:
+        for p in f["params"]:
+            for k in f["params"][p]:
+                out[(p, k)] = f["params"][p][k][()]
+        return out, int(f.attrs["iteration"])
+
+
+def assert_universal_is(h5, want):
+    got, iteration = universal(h5)
+    assert iteration == int(want["global_step"][0]), iteration
+    assert sorted({p for p, _ in got}) == sorted(NAMES), sorted(got)
+    for n in NAMES:
+        for kind, key in (("fp32", n), ("exp_avg", "moment1." + n),
+                          ("exp_avg_sq", "moment2." + n)):
+            a, b = got[(n, kind)], want[key]
+            assert a.shape == b.shape and a.tobytes() == b.tobytes(), (h5, n, kind)
+
+
+def sharded_by_mindspore(t, name):
+    """(source load_checkpoint, MindSpore's rank files for layout `name`,
+    its strategy file)."""
+    want = train_and_save(t / "src" / "rank_0" / "net.ckpt")
+    write_strategy(t / f"{name}.ckpt", LAYOUTS[name])
+    transform(t / "src", t / name, "r", None, t / f"{name}.ckpt")
+    assert len(list((t / name).glob("rank_*"))) == world(LAYOUTS[name])
+    return want, t / name, t / f"{name}.ckpt"
+
+
+def read_case(name):
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, save, strategy = sharded_by_mindspore(t, name)
+        run("to-universal", save, "--strategy", strategy, "-o", t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
+        # The other records (learning_rate, beta powers) come back too.
+        run("convert", save, "--strategy", strategy, "-o", t / "one", "--format",
+            "mindspore", "-q")
+        assert_same(load(only_ckpt(t / "one" / "rank_0")), want, "merged by ucp")
+
+
+def write_case(name):
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, theirs, strategy = sharded_by_mindspore(t, name)
+        run("convert", t / "src", "-o", t / "ours", "--format", "mindspore",
+            "--target-strategy", strategy, "-q")
+        for r in range(world(LAYOUTS[name])):
+            assert_same(load(only_ckpt(t / "ours" / f"rank_{r}")),
+                        load(only_ckpt(theirs / f"rank_{r}")), f"rank {r}")
+            meta = json.loads((t / "ours" / f"rank_{r}" / "meta.json").read_text())
+            assert meta["last_ckpt_file"] == pathlib.Path(
+                only_ckpt(t / "ours" / f"rank_{r}")).name, meta
+        assert (t / "ours" / "strategy.ckpt").read_bytes() == strategy.read_bytes()
+        transform(t / "ours", t / "merged", "m", t / "ours" / "strategy.ckpt", None)
+        assert_same(load(t / "merged" / "rank_0" / "m0.ckpt"), want, "merged by MindSpore")
+        # ucp reads its own output without being told the strategy.
+        run("to-universal", t / "ours", "-o", t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
+
+
+def test_read_tensor_parallel():
+    read_case("tp")
+
+
+def test_read_optimizer_parallel():
+    read_case("opt")
+
+
+def test_read_extend_layout():
+    read_case("ext")
+
+
+def test_read_pipeline_stages():
+    read_case("pp")
+
+
+def test_write_tensor_parallel():
+    write_case("tp")
+
+
+def test_write_optimizer_parallel():
+    write_case("opt")
+
+
+def test_write_extend_layout():
+    write_case("ext")
+
+
+def test_write_pipeline_stages():
+    write_case("pp")
+
+
+def test_write_eight_ranks():
+    write_case("w8")
+    read_case("w8")
+
+
+def test_optimizer_shard_against_the_device_order():
+    read_case("odd")
+    write_case("odd")
+
+
+def test_sharded_to_sharded_is_what_transform_checkpoints_gives():
+    """tp (4 ranks) -> pp (2 stages x 2) and -> w8 (8 ranks) in one step,
+    rank files equal to transform_checkpoints' own conversion."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        _, src, src_strategy = sharded_by_mindspore(t, "tp")
+        for dst in ("pp", "w8"):
+            write_strategy(t / f"{dst}.ckpt", LAYOUTS[dst])
+            transform(src, t / f"theirs-{dst}", "x", src_strategy, t / f"{dst}.ckpt")
+            run("convert", src, "--strategy", src_strategy, "-o", t / f"ours-{dst}",
+                "--target-strategy", t / f"{dst}.ckpt", "-q")
+            for r in range(world(LAYOUTS[dst])):
+                assert_same(load(only_ckpt(t / f"ours-{dst}" / f"rank_{r}")),
+                            load(only_ckpt(t / f"theirs-{dst}" / f"rank_{r}")),
+                            f"{dst} rank {r}")
+
+
+def mindformers_save(t, steps, layout="tp"):
+    """A MindFormers-style save: output/checkpoint/rank_R/
+    llama_rank_R-1_<step>.ckpt for each step, meta.json per rank naming the
+    last, and output/strategy/ckpt_strategy_rank_R.ckpt per rank."""
+    out = t / "output"
+    write_strategy(t / "s.ckpt", LAYOUTS[layout])
+    n = world(LAYOUTS[layout])
+    wants = {}
+    for step in steps:
+        # MindFormers' append_dict: the step and the global batch size
+        wants[step] = train_and_save(
+            t / "plain" / str(step) / "rank_0" / "net.ckpt", steps=step,
+            append={"epoch_num": 1, "step_num": step, "global_batch_size": 8})
+        transform(t / "plain" / str(step), t / "cut" / str(step), "r", None, t / "s.ckpt")
+        for r in range(n):
+            d = out / "checkpoint" / f"rank_{r}"
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(t / "cut" / str(step) / f"rank_{r}" / f"r{r}.ckpt",
+                        d / f"llama_rank_{r}-1_{step}.ckpt")
+            (d / "meta.json").write_text(json.dumps(
+                {"last_epoch": 1, "last_step": step,
+                 "last_ckpt_file": f"llama_rank_{r}-1_{step}.ckpt"}))
+    (out / "strategy").mkdir()
+    for r in range(n):
+        shutil.copy(t / "s.ckpt", out / "strategy" / f"ckpt_strategy_rank_{r}.ckpt")
+    return out / "checkpoint", wants
+
+
+def test_mindformers_folder_newest_step_on_every_rank():
+    """The strategy is found in output/strategy/; the newest step is the one
+    every rank has and no rank's meta.json is behind; --checkpoint picks
+    another step (rank 0's file names it)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        ckpt, wants = mindformers_save(t, [1, 2, 3])
+        run("to-universal", ckpt, "-o", t / "a.h5", "-q")
+        assert_universal_is(t / "a.h5", wants[3])
+        # Rank 2 never wrote step 3; rank 1's meta.json still says step 2.
+        (ckpt / "rank_2" / "llama_rank_2-1_3.ckpt").unlink()
+        run("to-universal", ckpt, "-o", t / "b.h5", "-q")
+        assert_universal_is(t / "b.h5", wants[2])
+        (ckpt / "rank_1" / "meta.json").write_text(json.dumps(
+            {"last_epoch": 1, "last_step": 1, "last_ckpt_file": "llama_rank_1-1_1.ckpt"}))
+        run("to-universal", ckpt, "-o", t / "c.h5", "-q")
+        assert_universal_is(t / "c.h5", wants[1])
+        run("to-universal", ckpt, "--checkpoint", "llama_rank_0-1_2.ckpt", "-o",
+            t / "d.h5", "-q")
+        assert_universal_is(t / "d.h5", wants[2])
+
+
+def test_resume_falls_back_past_a_damaged_rank_file():
+    """ucp resume over a MindFormers folder: a cut rank file of the newest
+    step makes it take the step before, saying why, with the data skip
+    scaled to the new global batch size; asked for the same
+    strategy it hands the save out as is, for another it writes the new
+    layout (what transform_checkpoints writes)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        ckpt, wants = mindformers_save(t, [1, 2])
+        f = ckpt / "rank_3" / "llama_rank_3-1_2.ckpt"
+        f.write_bytes(f.read_bytes()[:-100])  # cut inside a record
+        strategy = ckpt.parent / "strategy" / "ckpt_strategy_rank_0.ckpt"
+        p = run("resume", ckpt, "--format", "mindspore", "--strategy", strategy,
+                "-o", t / "work", "--global-batch-size", 4, "--json")
+        r = json.loads(p.stdout)
+        assert r["ok"] and not r["reshaped"] and r["iteration"] == 2 - 1, r
+        # MindFormers' data skip: step_num x saved / new global batch size.
+        assert r["consumed_samples"] == 1 * 8 and r["data_skip_steps"] == 1 * 8 // 4, r
+        assert "llama_rank_3-1_2.ckpt" in json.dumps(r["skipped"]), r["skipped"]
+        write_strategy(t / "pp.ckpt", LAYOUTS["pp"])
+        p = run("resume", ckpt, "--format", "mindspore", "--strategy", t / "pp.ckpt",
+                "-o", t / "work2", "--json")
+        r = json.loads(p.stdout)
+        assert r["ok"] and r["reshaped"], r
+        transform(t / "cut" / "1", t / "theirs", "x", t / "s.ckpt", t / "pp.ckpt")
+        for rank in range(4):
+            assert_same(load(only_ckpt(pathlib.Path(r["load"]) / f"rank_{rank}")),
+                        load(only_ckpt(t / "theirs" / f"rank_{rank}")), f"rank {rank}")
+
+
+def test_what_it_cannot_read_is_one_clear_error():
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, save, strategy = sharded_by_mindspore(t, "tp")
+        # No strategy beside it.
+        p = run("to-universal", save, "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "strategy", "--strategy")
+        # A strategy for another world size.
+        write_strategy(t / "pp8.ckpt", {"fc1.weight": ([2, 2, 2], [0, -1], 0, 0)})
+        p = run("to-universal", save, "--strategy", t / "pp8.ckpt", "-o", t / "x.h5",
+                expect=3)
+        one_error_line(p, "format error", "4 rank folders", "8 ranks")
+        # A strategy that says a split param is whole on every rank: the
+        # ranks' different slices are replicas that differ.
+        other = dict(LAYOUTS["tp"])
+        other["fc1.weight"] = ([2, 2], [-1, -1], 0, 0)
+        write_strategy(t / "bad.ckpt", other)
+        p = run("to-universal", save, "--strategy", t / "bad.ckpt", "-o", t / "x.h5",
+                expect=3)
+        one_error_line(p, "format error", "rank_0", "rank_1", "fc1.weight")
+        # One that cuts a dim into parts that do not divide it.
+        other["fc1.weight"] = ([3], [0, -1], 0, 0)
+        write_strategy(t / "bad.ckpt", other)
+        p = run("to-universal", save, "--strategy", t / "bad.ckpt", "-o", t / "x.h5",
+                expect=3)
+        one_error_line(p, "format error", "bad.ckpt", "fc1.weight", "3 devices")
+        # A damaged strategy file.
+        (t / "junk.ckpt").write_bytes(b"\x1a\xff\xff\xff")
+        p = run("to-universal", save, "--strategy", t / "junk.ckpt", "-o", t / "x.h5",
+                expect=3)
+        one_error_line(p, "format error", "junk.ckpt", "strategy")
+        # A rank folder without the step's file.
+        os.remove(only_ckpt(save / "rank_1"))
+        p = run("to-universal", save, "--strategy", strategy, "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "rank_1")
+        assert not (t / "x.h5").exists()
+        # --strategy on one file is a usage error.
+        p = run("to-universal", save / "rank_0" / "r0.ckpt", "--strategy", strategy,
+                "-o", t / "x.h5", expect=2)
+        one_error_line(p, "usage error", "--strategy")
+
+
+if __name__ == "__main__":
+    import sys
+    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
+    only = sys.argv[1:]
+    unknown = [n for n in only if n not in tests]
+    assert not unknown, f"no such test: {unknown}"
+    for name, fn in tests.items():
+        if not only or name in only:
+            fn()
+            print("ok", name, flush=True)
