@@ -34,6 +34,14 @@ import subprocess
 import sys
 
 
+
+def api_note(*what):
+    """DeepSpeed's API failing where it is expected to (ZeRO 0 fp32 has no
+    separate master; moments after a native ZeRO 1/2 load): the comparison
+    then reports what is missing. Shown with UCP_DEBUG=1 only."""
+    if os.environ.get("UCP_DEBUG"):
+        print(*map(repr, what), file=sys.stderr, flush=True)
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,14 +130,14 @@ def in_memory(engine, stage, with_optimizer=True):
         try:
             t = safe_get_full_fp32_param(p)
         except Exception as e:  # ZeRO 0 fp32: no separate master
-            print("safe_get_full_fp32_param", n, repr(e), file=sys.stderr, flush=True)
+            api_note("safe_get_full_fp32_param", n, e)
             t = None
         master[n] = None if t is None else t.detach().clone()
         for k in ("exp_avg", "exp_avg_sq") if with_optimizer else ():
             try:
                 t = safe_get_full_optimizer_state(p, k)
             except Exception as e:
-                print("safe_get_full_optimizer_state", n, k, repr(e), file=sys.stderr, flush=True)
+                api_note("safe_get_full_optimizer_state", n, k, e)
                 t = None
             if t is None and stage == 0 and p in getattr(engine.optimizer, "state", {}):
                 t = engine.optimizer.state[p].get(k)  # plain torch Adam

@@ -112,4 +112,19 @@ Grouping GroupParams(std::span<const GroupKey> keys, GroupOrder order) {
   return g;
 }
 
+std::optional<GroupKey> SingleStoredGroup(
+    std::span<const pickle::Value* const> stored, size_t default_groups) {
+  if (default_groups <= 1 || stored.empty()) return std::nullopt;
+  std::optional<GroupKey> one;
+  for (const pickle::Value* groups : stored) {
+    if (groups == nullptr || groups->kind != pickle::Kind::kList ||
+        groups->items.size() != 1 || !groups->items[0]->IsDictLike())
+      return std::nullopt;
+    const GroupKey k = StoredGroupKey(groups->items[0]);
+    if (one && !(*one == k)) return std::nullopt;
+    one = k;
+  }
+  return one;
+}
+
 }  // namespace ucp::megatron

@@ -16,6 +16,7 @@
 // Readers accept either order; writers use the first-appearance order.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,5 +66,14 @@ enum class GroupOrder {
 /// `order`.
 Grouping GroupParams(std::span<const GroupKey> keys,
                      GroupOrder order = GroupOrder::kFirstAppearance);
+
+/// The one group every param is in when a run grouped otherwise than
+/// Megatron's rule (one group for all): Megatron's rule makes
+/// `default_groups` > 1 groups, but every stored param_groups list
+/// (`stored`, one per file that has one) holds one group dict, all with one
+/// key. Absent otherwise (Megatron's rule applies). Throws FormatError like
+/// StoredGroupKey.
+std::optional<GroupKey> SingleStoredGroup(
+    std::span<const pickle::Value* const> stored, size_t default_groups);
 
 }  // namespace ucp::megatron

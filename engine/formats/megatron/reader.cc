@@ -721,28 +721,12 @@ void Planner::PlanOptimizer() {
     keys.push_back(DefaultGroupKey(n, ps.full_shape.size()));
     names.push_back(n);
   }
-  if (GroupParams(keys).keys.size() > 1) {
-    // One stored group on every rank, with one key: all params in it.
-    std::optional<GroupKey> one;
-    bool all_one = true;
-    for (const SourceRank& sr : L_.ranks) {
-      const Value* groups = StoredGroups(TopGet(sr.root, "optimizer"));
-      if (groups == nullptr || groups->kind != Kind::kList ||
-          groups->items.size() != 1 || !groups->items[0]->IsDictLike()) {
-        all_one = false;
-        break;
-      }
-      const GroupKey k = StoredGroupKey(groups->items[0]);
-      if (one && !(*one == k)) {
-        all_one = false;
-        break;
-      }
-      one = k;
-    }
-    if (all_one && one) {
-      single_group_ = one;
-      std::fill(keys.begin(), keys.end(), *one);
-    }
+  std::vector<const Value*> stored;
+  for (const SourceRank& sr : L_.ranks)
+    stored.push_back(StoredGroups(TopGet(sr.root, "optimizer")));
+  if (auto one = SingleStoredGroup(stored, GroupParams(keys).keys.size())) {
+    single_group_ = one;
+    std::fill(keys.begin(), keys.end(), *one);
   }
   Grouping g = GroupParams(keys);
   group_keys_ = g.keys;

@@ -680,12 +680,12 @@ void Planner::PlanGroups() {
       group_dicts_.push_back(groups->items[j]);
       group_keys_.push_back(g.keys[j]);
     }
-  } else if (groups != nullptr && groups->kind == Kind::kList &&
-             groups->items.size() == 1) {
+  } else if (auto one = megatron::SingleStoredGroup(
+                 std::span<const Value* const>(&groups, 1), g.keys.size())) {
     // One group for every param (not Megatron's default grouping).
     for (size_t i : trainable) group_of_[i] = 0;
     group_dicts_.push_back(groups->items[0]);
-    group_keys_.push_back(megatron::StoredGroupKey(groups->items[0]));
+    group_keys_.push_back(*one);
   } else if (groups != nullptr && groups->kind == Kind::kList) {
     throw FormatError(
         c_.iter_dir.string(), " > ", c_.common_in,
