@@ -46,9 +46,17 @@ def timed(cmd, shell=False):
 
 
 
-def run_pairs(pairs, rounds, size, out):
+def drop_caches():
+    """Empties the page cache (root only): for commands that need free memory, such as
+    MindSpore's loader, which refuses a file larger than the free (not cached) memory."""
+    os.sync()
+    pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def run_pairs(pairs, rounds, size, out, before=None):
     """pairs: {name: (ucp argv, other argv or shell string, other is shell)}; `out` is removed
-    after every command. Prints one line per pair; returns {name: figures}."""
+    after every command; `before` (optional) is called before each timed command. Prints one
+    line per pair; returns {name: figures}."""
     results = {}
     for name, (ours, theirs, shell) in pairs.items():
         r = {"ucp": [], "other": [], "rss": [], "other_rss": [], "read": []}
@@ -57,6 +65,8 @@ def run_pairs(pairs, rounds, size, out):
             if k % 2:
                 order.reverse()
             for who, cmd in order:
+                if before:
+                    before()
                 if who == "ucp":
                     s, rss, rchar = timed(list(map(str, cmd)))
                     r["ucp"].append(s)

@@ -19,7 +19,10 @@ constexpr std::string_view kCrcMark = "crc_num";
 constexpr size_t kCrcDigits = 10;
 // Records are read through a window of the file; a Value's header (tag,
 // dims, type) is small, its content is skipped.
-constexpr size_t kWindow = 1 << 20;
+// (Small: a window past a header reads tensor bytes that are skipped.)
+constexpr size_t kWindow = 64 << 10;
+// The CRC trailer's check reads the whole file in chunks of this size.
+constexpr size_t kCrcChunk = 1 << 20;
 
 // A protobuf reader over a byte range of the file, read in windows.
 class Wire {
@@ -215,7 +218,8 @@ CkptIndex ReadCkptIndex(const fs::path& path) {
       uLong crc = crc32(0L, Z_NULL, 0);
       std::string buf;
       for (uint64_t at = 0; at < data; at += buf.size()) {
-        buf.resize(static_cast<size_t>(std::min<uint64_t>(kWindow, data - at)));
+        buf.resize(
+            static_cast<size_t>(std::min<uint64_t>(kCrcChunk, data - at)));
         f.ReadExact(buf.data(), buf.size(), at);
         crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()),
                     static_cast<uInt>(buf.size()));
