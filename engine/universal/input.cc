@@ -5,6 +5,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/hash.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/universal/classify.h"
 #include "engine/universal/sources.h"
@@ -54,6 +55,24 @@ class StoreInputImpl : public UniversalInput {
                    blob.fqn);
       throw;
     }
+  }
+  std::string ReadBlob(const atoms::DatasetInfo& blob) const override {
+    std::string bytes(blob.nbytes, '\0');
+    try {
+      if (blob.nbytes > 0)
+        File::OpenRead(store_.path())
+            .ReadExact(bytes.data(), bytes.size(), blob.offset);
+    } catch (Error& e) {
+      e.AddContext("universal file ", store_.path().string(), " > opaque ",
+                   blob.fqn);
+      throw;
+    }
+    if (Xxh3(bytes.data(), bytes.size()) != blob.xxh3) {
+      throw FormatError("universal file ", store_.path().string(), " > opaque ",
+                        blob.fqn, ": its bytes do not match their xxh3 (",
+                        "damaged)");
+    }
+    return bytes;
   }
   reshape::SourceTensor Tensor(const atoms::DatasetInfo& d) const override {
     return sources_.Tensor(d);
@@ -142,6 +161,9 @@ class PlanInputImpl : public UniversalInput {
     return Find(atoms::DatasetKind::kOpaque, key, "");
   }
 
+  std::string ReadBlob(const atoms::DatasetInfo& blob) const override {
+    return plan_.opaque.at(blob_of_.at(blob.id)).bytes;
+  }
   std::shared_ptr<const torchfile::TorchFile> OpenBlob(
       const atoms::DatasetInfo& blob) const override {
     // torch files are read through a file descriptor: park the bytes in an

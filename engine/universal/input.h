@@ -44,6 +44,11 @@ class UniversalInput {
   virtual std::shared_ptr<const torchfile::TorchFile> OpenBlob(
       const atoms::DatasetInfo& blob) const = 0;
 
+  /// An opaque blob's bytes, whatever they hold (small blobs: they are
+  /// read whole). Throws IoError naming the file if unreadable, FormatError
+  /// if a stored blob's bytes do not match its xxh3.
+  virtual std::string ReadBlob(const atoms::DatasetInfo& blob) const = 0;
+
   /// The dataset as a source tensor for CopyOps of jobs given to Run().
   virtual reshape::SourceTensor Tensor(const atoms::DatasetInfo& d) const = 0;
   /// Runs jobs whose ops read Tensor()s. Throws what reshape::Execute throws.

@@ -1,5 +1,7 @@
-"""ucp against the real, newest DeepSpeed (the tests' PyPI environment, CPU,
-gloo): one source case per run, `test_deepspeed_real.py STAGE DTYPE WORLD`.
+"""ucp against the real DeepSpeed (the tests' PyPI environment, CPU, gloo):
+the newest, and 0.14.5 (its entries put it first on PYTHONPATH); one source
+case per run, `test_deepspeed_real.py STAGE DTYPE WORLD`, the DeepSpeed
+version that must run in UCP_DEEPSPEED_VERSION.
 
 1. DeepSpeed trains and saves at ZeRO STAGE, DTYPE, WORLD ranks, and reports
    its masters, Adam moments and module params in memory
@@ -13,6 +15,7 @@ gloo): one source case per run, `test_deepspeed_real.py STAGE DTYPE WORLD`.
 4. the universal folder holds what DeepSpeed's own ds_to_universal makes of
    the same checkpoint (ZeRO 1-3: it converts no other).
 """
+import json
 import os
 import pathlib
 import subprocess
@@ -63,7 +66,11 @@ def main():
         t = pathlib.Path(t)
         src = t / "src"
         ds("make", "--world", world, "--stage", stage, "--dtype", dtype, "--out", src)
-        print(f"DeepSpeed saved ZeRO {stage} {dtype} at world {world}", flush=True)
+        # The DeepSpeed the entry names ran (not another one found first).
+        version = json.loads((src / "meta.json").read_text())["deepspeed_version"]
+        assert version == os.environ["UCP_DEEPSPEED_VERSION"], \
+            (version, os.environ["UCP_DEEPSPEED_VERSION"], os.environ.get("PYTHONPATH"))
+        print(f"DeepSpeed {version} saved ZeRO {stage} {dtype} at world {world}", flush=True)
 
         run(UCP, "to-universal", src, "-o", t / "u.h5", "-q")
         run(PY, TOOLS / "check_deepspeed.py", "universal", t / "u.h5", src)

@@ -210,7 +210,9 @@ def test_written_files_are_what_mindspore_loads():
 
 def test_from_a_real_deepspeed_checkpoint():
     """The real DeepSpeed 0.14.5 fixture (ZeRO 1, fp32, 2 ranks) to MindSpore:
-    its fp32 masters and Adam moments are what load_checkpoint returns."""
+    its fp32 masters and Adam moments are what load_checkpoint returns, and
+    nn.Adam's beta powers and learning rate are what nn.Adam itself holds
+    after the source's steps."""
     import mindspore as ms
     import torch
     fix = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5" / "ds0145_z1_fp32_w2_mlp"
@@ -228,6 +230,21 @@ def test_from_a_real_deepspeed_checkpoint():
             for k, prefix in (("exp_avg", "moment1."), ("exp_avg_sq", "moment2.")):
                 assert got[prefix + n].asnumpy().tobytes() == \
                     optim[f"{n}::{k}"].numpy().tobytes(), (n, k)
+        # nn.Adam's bias-correction state after as many steps with the
+        # source's betas (DeepSpeed's param group: 0.9, 0.999), as MindSpore's
+        # own nn.Adam holds it, and the group's learning rate.
+        groups = torch.load(fix / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                            weights_only=False)["optimizer_state_dict"][
+                                "base_optimizer_state"]["param_groups"]
+        b1, b2 = groups[0]["betas"]
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        p = ms.Parameter(ms.Tensor(np.ones(3, np.float32)), name="p")
+        adam = ms.nn.Adam([p], learning_rate=groups[0]["lr"], beta1=b1, beta2=b2)
+        for _ in range(2):
+            adam((ms.Tensor(np.ones(3, np.float32)),))
+        for k in ("beta1_power", "beta2_power", "learning_rate"):
+            assert got[k].asnumpy().tobytes() == getattr(adam, k).asnumpy().tobytes(), \
+                (k, got[k], getattr(adam, k))
 
 
 def test_resume_falls_back_past_a_damaged_file():
@@ -250,6 +267,48 @@ def test_resume_falls_back_past_a_damaged_file():
         assert [s["name"] for s in r["skipped"]] == ["net_rank_0-1_2.ckpt"], r
         assert "CRC-32" in r["skipped"][0]["reason"], r
         assert sorted(p.name for p in rank.iterdir()) == before  # nothing written
+
+
+def test_map_tensors_kept_verbatim():
+    """A MapParameter's records (MapTensorProto: keys, values, status,
+    streamed in several Values) are kept opaque and written back verbatim.
+    MindSpore 2.10 cannot make one on CPU (MapTensorPut / ExportSlice have
+    no CPU kernel), so the file is built with MindSpore's own protobuf
+    classes (mindspore.train.checkpoint_pb2) from the proto definition."""
+    from mindspore.train import checkpoint_pb2 as pb
+
+    def record(tag, arrays, map_tensor=False):
+        c = pb.Checkpoint()
+        v = c.value.add()
+        v.tag = tag
+        for a in arrays:
+            t = v.maptensor.tensor.add() if map_tensor else v.tensor
+            t.dims.extend(a.shape)
+            t.tensor_type = {"float32": "Float32", "int32": "Int32"}[str(a.dtype)]
+            t.tensor_content = a.tobytes()
+        return c.SerializeToString()
+
+    rs = np.random.RandomState(3)
+    w = rs.randn(4, 3).astype(np.float32)
+    data = (record("w", [w])
+            + record("emb", [np.array([1, 5], np.int32), rs.randn(2, 3).astype(np.float32),
+                             np.array([0, 0], np.int32)], map_tensor=True)
+            + record("emb", [np.array([9], np.int32), rs.randn(1, 3).astype(np.float32),
+                             np.array([1], np.int32)], map_tensor=True)
+            + record("b", [rs.randn(3).astype(np.float32)]))
+    with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
+        t = pathlib.Path(t)
+        (t / "m.ckpt").write_bytes(data)
+        run("convert", t / "m.ckpt", "-o", t / "again", "--format", "mindspore", "-q")
+        files = list((t / "again").rglob("*.ckpt"))
+        assert len(files) == 1 and files[0].read_bytes() == data, files
+        run("to-universal", t / "m.ckpt", "-o", t / "u.h5", "-q")
+        with h5py.File(t / "u.h5", "r") as f:
+            assert sorted(f["params"]) == ["b", "w"], sorted(f["params"])
+            assert f["params"]["w"]["fp32"][()].tobytes() == w.tobytes()
+        run("reshape", t / "u.h5", "-o", t / "back", "--format", "mindspore", "-q")
+        files = list((t / "back").rglob("*.ckpt"))
+        assert len(files) == 1 and files[0].read_bytes() == data, files
 
 
 def test_what_it_cannot_read_is_one_clear_error():

@@ -347,11 +347,23 @@ def cmd_dsuniversal(d, fixture):
     meta, master, optim, module = references(fixture)
     name = open(os.path.join(d, "latest_universal")).read()
     z = os.path.join(d, name, "zero")
+    # ds_to_universal's forms: {'param': t, 'cat_dim': ...}, and from a
+    # ZeRO-3 checkpoint the tensor alone (DeepSpeed 0.14's ZeRO-3 load reads
+    # only that).
+    def state(path):
+        x = load(path)
+        if meta["zero_stage"] == 3:
+            if not isinstance(x, torch.Tensor):
+                raise Bad(f"{path}: {type(x).__name__}, a ZeRO-3 folder holds the tensor alone")
+            return x
+        if not isinstance(x, dict) or "param" not in x:
+            raise Bad(f"{path}: {type(x).__name__}, expected {{'param': ..., 'cat_dim': ...}}")
+        return x["param"]
+
     for n in meta["param_shapes"]:
-        fp32 = load(os.path.join(z, n, "fp32.pt"))
-        same(fp32["param"], master[n], f"{n}/fp32.pt")
+        same(state(os.path.join(z, n, "fp32.pt")), master[n], f"{n}/fp32.pt")
         for k in ("exp_avg", "exp_avg_sq"):
-            same(load(os.path.join(z, n, f"{k}.pt"))["param"], optim[f"{n}::{k}"], f"{n}/{k}.pt")
+            same(state(os.path.join(z, n, f"{k}.pt")), optim[f"{n}::{k}"], f"{n}/{k}.pt")
         step = load(os.path.join(z, n, "step.pt"))
         if float(step) != float(meta["steps"]):
             raise Bad(f"{n}/step.pt = {step}")

@@ -31,4 +31,33 @@ atoms::ParamInfo ParamRow(const ParamRowSpec& spec) {
   return info;
 }
 
+void GroupHyperparamJson(const std::string& key, const pickle::Value* v,
+                         json::Value& out) {
+  if (key == "params" || v == nullptr) return;
+  if (v->kind == pickle::Kind::kBool) {
+    out[key] = v->b;
+  } else if (std::optional<double> x = v->AsFloat()) {
+    out[key] = *x;
+  } else if (v->kind == pickle::Kind::kTuple ||
+             v->kind == pickle::Kind::kList) {
+    json::Value a = json::Value::Array();
+    for (const pickle::Value* item : v->items) {
+      std::optional<double> y =
+          item != nullptr && item->kind != pickle::Kind::kBool
+              ? item->AsFloat()
+              : std::nullopt;
+      if (!y) return;
+      a.Append(*y);
+    }
+    out[key] = std::move(a);
+  }
+}
+
+void GroupHyperparamsJson(const pickle::Value* group, json::Value& out) {
+  if (group == nullptr || !group->IsDictLike()) return;
+  for (const auto& [k, v] : group->entries)
+    if (k != nullptr && k->kind == pickle::Kind::kStr)
+      GroupHyperparamJson(k->s, v, out);
+}
+
 }  // namespace ucp::formats

@@ -9,6 +9,7 @@
 
 #include "engine/atoms/atom_store.h"
 #include "engine/json/json.h"
+#include "engine/pickle/value.h"
 
 namespace ucp::formats {
 
@@ -31,5 +32,14 @@ struct ParamRowSpec {
   std::vector<std::string> tied_copies;
 };
 atoms::ParamInfo ParamRow(const ParamRowSpec& spec);
+
+/// The hyper-parameters of a torch optimizer param group dict (`group`)
+/// into `out`, the optimizer attribute's group object: numbers, booleans
+/// and tuples / lists of numbers (Adam's betas) by name; "params" and other
+/// values are left out. Never throws.
+void GroupHyperparamsJson(const pickle::Value* group, json::Value& out);
+/// One entry of such a dict (`key`: `v`). Never throws.
+void GroupHyperparamJson(const std::string& key, const pickle::Value* v,
+                         json::Value& out);
 
 }  // namespace ucp::formats

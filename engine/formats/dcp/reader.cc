@@ -310,10 +310,7 @@ universal::SourcePlan Reader::Run() {
     json::Value names = json::Value::Array();
     for (const std::string& n : group_params_[g]) names.Append(n);
     j["params"] = std::move(names);
-    for (const auto& [k, v] : groups_[g]) {
-      if (std::optional<double> x = v->AsFloat()) j[k] = *x;
-      if (v->kind == Kind::kBool) j[k] = v->b;
-    }
+    for (const auto& [k, v] : groups_[g]) formats::GroupHyperparamJson(k, v, j);
     groups.Append(std::move(j));
   }
   opt["groups"] = std::move(groups);

@@ -490,13 +490,7 @@ void Planner::PlanRoot() {
     for (const std::string& n : groups_[g]) names.Append(n);
     j["params"] = std::move(names);
     const Value* d = g < group_dicts_.size() ? group_dicts_[g] : nullptr;
-    if (d != nullptr && d->IsDictLike()) {
-      for (const auto& [k, v] : d->entries) {
-        if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
-        if (std::optional<double> x = v->AsFloat()) j[k->s] = *x;
-        if (v->kind == Kind::kBool) j[k->s] = v->b;
-      }
-    }
+    formats::GroupHyperparamsJson(d, j);
     groups.Append(std::move(j));
   }
   opt["groups"] = std::move(groups);

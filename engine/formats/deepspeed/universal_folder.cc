@@ -11,7 +11,9 @@
 //                                       ZeRO-3 universal load reads)
 //     zero/<param>/fp32.pt, exp_avg.pt, exp_avg_sq.pt
 //                                       {'param': full fp32 tensor,
-//                                        'cat_dim': 0}
+//                                        'cat_dim': 0}; from a ZeRO-3
+//                                       checkpoint the fp32 tensor alone
+//                                       (ds_to_universal's form there)
 //     zero/<param>/step.pt              the raw step (0-d tensor or int)
 
 #include <algorithm>
@@ -187,6 +189,15 @@ std::unique_ptr<formats::PlannedFile> UniversalFolderWriter::PlanFile(
       if (atom == nullptr) return nullptr;
       auto f =
           std::make_unique<FileBuild>(zero / p.name / (spec.state + ".pt"));
+      if (stage_ == 3) {
+        // As ds_to_universal writes a ZeRO-3 checkpoint's: the tensor alone
+        // (DeepSpeed 0.14's ZeRO-3 load reads nothing else, flattening it;
+        // newer ones read both forms).
+        f->SetRoot(f->AddTensor(
+            WholeTensor(*atom, p.shape, DType::kFloat32,
+                        StrCat("zero/", p.name, "/", spec.state))));
+        return f;
+      }
       pickle::Arena& a = f->arena();
       Value* d = a.Dict();
       formats::AppendEntry(

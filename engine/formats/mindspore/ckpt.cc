@@ -236,6 +236,13 @@ CkptIndex ReadCkptIndex(const fs::path& path) {
   Wire w(f, path, 0, size);
   std::optional<Record> last;
   auto flush = [&](Record r) {
+    if (!index.entries.empty() && index.entries.back().tag == r.tag && r.map &&
+        index.entries.back().map_tensor) {
+      // A map tensor is streamed in several Values: their raw bytes.
+      index.entries.back().slices.push_back(r.content);
+      index.entries.back().nbytes += r.content.length;
+      return;
+    }
     if (!index.entries.empty() && index.entries.back().tag == r.tag && !r.map &&
         !index.entries.back().map_tensor) {
       CkptEntry& e = index.entries.back();
@@ -252,13 +259,14 @@ CkptIndex ReadCkptIndex(const fs::path& path) {
     e.tensor_type = std::move(r.type);
     e.dims = std::move(r.dims);
     e.map_tensor = r.map;
-    if (r.has_content) {
+    if (r.has_content || r.map) {
       e.slices.push_back(r.content);
       e.nbytes = r.content.length;
     }
     index.entries.push_back(std::move(e));
   };
   while (!w.done()) {
+    const uint64_t record = w.pos();
     if (w.Byte() != 0x0A) w.Fail("a record does not start with a Value");
     const uint64_t n = w.Length();  // (read before pos())
     const uint64_t vend = w.pos() + n;
@@ -279,6 +287,7 @@ CkptIndex ReadCkptIndex(const fs::path& path) {
         r.map = true;
         w.Skip(w.Length());
         have_value = true;
+        r.content = {record, vend - record};  // the whole record, raw
       } else {
         w.SkipField(type);
       }

@@ -42,7 +42,9 @@ struct CkptEntry {
   std::string tag;
   std::string tensor_type;  // as stored
   std::vector<int64_t> dims;
-  bool map_tensor = false;  // MapTensorProto: kept out of tensors
+  /// MapTensorProto (a MapParameter, streamed in several Values): kept out
+  /// of tensors; its slices are the raw records, 0x0A byte included.
+  bool map_tensor = false;
   std::vector<CkptSlice> slices;
   uint64_t nbytes = 0;  // sum of the slices
 };

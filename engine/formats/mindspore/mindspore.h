@@ -33,6 +33,8 @@ namespace ucp::mindspore {
 inline constexpr const char* kCheckpointOption = "checkpoint";
 inline constexpr const char* kStrategyOption = "strategy";
 inline constexpr const char* kMetaAttr = "mindspore";
+/// Opaque blob key prefix of a map tensor's raw records (+ its tag).
+inline constexpr const char* kMapTensorKey = "mindspore/maptensor/";
 
 struct Checkpoint {
   std::filesystem::path dir;   // the folder holding the file

@@ -23,6 +23,8 @@ namespace fs = std::filesystem;
 // Records that are not parameters larger than this are refused (they are
 // kept verbatim, hex in a JSON attribute).
 constexpr uint64_t kMaxOtherBytes = 1 << 20;
+// Map tensors (MapParameter) are kept opaque, in memory while read.
+constexpr uint64_t kMaxMapBytes = 256 << 20;
 
 // The bytes of one .ckpt file (tensor contents at their file offsets).
 class CkptSource : public reshape::ByteSource {
@@ -594,8 +596,26 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     const bool tensor = DTypeOfTensorType(e.tensor_type).has_value();
     if (!e.map_tensor && tensor && !kOptimizerScalars.count(e.tag)) continue;
     if (e.map_tensor) {
-      throw FormatError(where0, " > ", e.tag,
-                        ": a map tensor (MapParameter): not supported");
+      // Kept opaque: its raw records, written back verbatim.
+      if (c.strategy) {
+        throw FormatError(where0, " > ", e.tag,
+                          ": a map tensor (MapParameter) in a sharded save: "
+                          "not supported");
+      }
+      if (e.nbytes > kMaxMapBytes) {
+        throw FormatError(where0, " > ", e.tag, ": a map tensor of ", e.nbytes,
+                          " bytes (ucp keeps map tensors of up to ",
+                          kMaxMapBytes >> 20, " MiB)");
+      }
+      std::string raw;
+      for (const CkptSlice& s : e.slices) {
+        const size_t at = raw.size();
+        raw.resize(at + s.length);
+        file.Read(s.offset,
+                  std::as_writable_bytes(std::span(raw.data() + at, s.length)));
+      }
+      plan.opaque.push_back({StrCat(kMapTensorKey, e.tag), std::move(raw)});
+      continue;
     }
     if (e.nbytes > kMaxOtherBytes) {
       throw FormatError(where0, " > ", e.tag, ": a ", e.tensor_type,

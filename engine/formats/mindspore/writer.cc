@@ -168,6 +168,7 @@ class MindSporePlan : public formats::TargetPlan {
   // A record of the file: a slot (param, state kind) or known bytes.
   struct Spec {
     const atoms::DatasetInfo* atom = nullptr;
+    const atoms::DatasetInfo* raw = nullptr;  // a map tensor's records
     std::string param;
     std::string tag;
     std::string type;
@@ -220,11 +221,12 @@ class MindSporePlan : public formats::TargetPlan {
         throw FormatError("universal file ", input_.path().string(),
                           " > param ", n, ": no weights to write");
       }
-      specs.push_back({w, n, n, TensorTypeOf(w->dtype), w->shape, {}});
+      specs.push_back({w, nullptr, n, n, TensorTypeOf(w->dtype), w->shape, {}});
     }
     for (const atoms::StoredParam& p : input_.params()) {
       if (const auto* a = input_.FindAtom(p.info.fqn, "exp_avg"))
         specs.push_back({a,
+                         nullptr,
                          p.info.fqn,
                          m1 + p.info.fqn,
                          TensorTypeOf(a->dtype),
@@ -234,6 +236,7 @@ class MindSporePlan : public formats::TargetPlan {
     for (const atoms::StoredParam& p : input_.params()) {
       if (const auto* a = input_.FindAtom(p.info.fqn, "exp_avg_sq"))
         specs.push_back({a,
+                         nullptr,
                          p.info.fqn,
                          m2 + p.info.fqn,
                          TensorTypeOf(a->dtype),
@@ -254,11 +257,31 @@ class MindSporePlan : public formats::TargetPlan {
         specs.push_back(std::move(s));
       }
     }
-    if (!has_step && !input_.params().empty()) {
+    // A MindSpore source keeps exactly its records; others get nn.Adam's.
+    const bool from_mindspore = meta_.Find("order") != nullptr;
+    if (!has_step && !from_mindspore && !input_.params().empty()) {
       // nn.Adam's step counter, from the iteration.
       const int32_t step = static_cast<int32_t>(input_.root().iteration);
-      specs.push_back({nullptr, "", "global_step", "Int32", Shape{1},
+      specs.push_back({nullptr, nullptr, "", "global_step", "Int32", Shape{1},
                        std::string(reinterpret_cast<const char*>(&step), 4)});
+    }
+    if (!from_mindspore)
+      for (Spec& s : AdamScalars(specs)) specs.push_back(std::move(s));
+    // Map tensors, their raw records.
+    const std::string_view map_key = kMapTensorKey;
+    for (const atoms::DatasetInfo& d : input_.datasets()) {
+      if (d.kind != atoms::DatasetKind::kOpaque || !d.fqn.starts_with(map_key))
+        continue;
+      if (strategy_) {
+        throw FormatError("universal file ", input_.path().string(), " > ",
+                          d.fqn,
+                          ": a map tensor (MapParameter) cannot be laid out "
+                          "by a strategy file: not supported");
+      }
+      Spec s;
+      s.raw = &d;
+      s.tag = d.fqn.substr(map_key.size());
+      specs.push_back(std::move(s));
     }
     // The source's record order, when it was a MindSpore file; new ones last.
     std::map<std::string, size_t> rank;
@@ -277,11 +300,65 @@ class MindSporePlan : public formats::TargetPlan {
     return specs;
   }
 
+  // nn.Adam's learning_rate, beta1_power and beta2_power (float32 scalars)
+  // when the source had Adam's moments but not these records (a torch
+  // optimizer's state): the first group's lr, and beta^step multiplied up
+  // in float32 step by step, as nn.Adam updates them.
+  std::vector<Spec> AdamScalars(const std::vector<Spec>& have) const {
+    std::vector<Spec> out;
+    auto has = [&](const char* tag) {
+      return std::any_of(have.begin(), have.end(),
+                         [&](const Spec& s) { return s.tag == tag; });
+    };
+    bool moments = false;
+    for (const atoms::StoredParam& p : input_.params())
+      moments = moments || input_.FindAtom(p.info.fqn, "exp_avg") != nullptr;
+    const json::Value opt = formats::ParseJsonAttr(input_.root().optimizer,
+                                                   "optimizer", input_.path());
+    const json::Value* groups = opt.Find("groups");
+    if (!moments || groups == nullptr || !groups->is_array() ||
+        groups->size() == 0)
+      return out;
+    const json::Value& g = groups->items()[0];
+    auto scalar = [](const char* tag, float x) {
+      return Spec{nullptr,
+                  nullptr,
+                  "",
+                  tag,
+                  "Float32",
+                  Shape{},
+                  std::string(reinterpret_cast<const char*>(&x), 4)};
+    };
+    if (const json::Value* lr = g.Find("lr");
+        lr != nullptr && lr->is_number() && !has("learning_rate"))
+      out.push_back(
+          scalar("learning_rate", static_cast<float>(lr->AsDouble())));
+    const json::Value* betas = g.Find("betas");
+    if (betas == nullptr || !betas->is_array() || betas->size() != 2 ||
+        has("beta1_power") || has("beta2_power"))
+      return out;
+    int64_t step = input_.root().iteration;
+    if (const json::Value* st = opt.Find("step"); st && st->is_number())
+      step = st->AsInt();
+    const char* tags[] = {"beta1_power", "beta2_power"};
+    for (size_t i = 0; i < 2; ++i) {
+      const auto beta = static_cast<float>(betas->items()[i].AsDouble());
+      float power = 1.0f;
+      for (int64_t k = 0; k < step && power != 0.0f; ++k) power *= beta;
+      out.push_back(scalar(tags[i], power));
+    }
+    return out;
+  }
+
   // Rank r's file: its slice of every record its stage holds.
   std::unique_ptr<formats::PlannedFile> File(int64_t r) const {
     auto f = std::make_unique<formats::RawFile>(Folder(r) /
                                                 names_[static_cast<size_t>(r)]);
     for (const Spec& s : Specs()) {
+      if (s.raw != nullptr) {  // a map tensor's records, verbatim
+        f->AddBytes(input_.ReadBlob(*s.raw));
+        continue;
+      }
       if (s.atom == nullptr) {
         f->AddBytes(RecordHead(s.tag, s.dims, s.type, s.bytes.size()) +
                     s.bytes);
