@@ -275,6 +275,43 @@ def test_optimizer_shard_against_the_device_order():
     write_case("odd")
 
 
+def test_remove_redundancy_saves_read():
+    """A save made with remove_redundancy keeps each replicated slice on one
+    rank only (transform_checkpoints refuses those): the rank files are
+    rewritten with MindSpore's own save_checkpoint keeping each parameter's
+    slice on the first rank that has it (the global_step and other records
+    included); ucp still reads the whole checkpoint, bit for bit."""
+    m = ms()
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, save, strategy = sharded_by_mindspore(t, "tp")
+        seen, dropped = set(), 0
+        for r in range(world(LAYOUTS["tp"])):
+            f = only_ckpt(save / f"rank_{r}")
+            kept = []
+            for k, v in m.load_checkpoint(f).items():
+                key = (k, v.asnumpy().tobytes())
+                if key in seen and k in NAMES:
+                    dropped += 1
+                    continue
+                seen.add(key)
+                kept.append({"name": k, "data": v})
+            os.remove(f)
+            m.save_checkpoint(kept, f)
+        assert dropped >= len(NAMES), dropped
+        run("to-universal", save, "--strategy", strategy, "-o", t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
+        # A slice that no rank keeps is a gap, refused naming the param.
+        f = only_ckpt(save / "rank_0")
+        kept = [{"name": k, "data": v} for k, v in m.load_checkpoint(f).items()
+                if k != "fc1.weight"]
+        os.remove(f)
+        m.save_checkpoint(kept, f)
+        p = run("to-universal", save, "--strategy", strategy, "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "fc1.weight")
+        assert not (t / "x.h5").exists()
+
+
 def test_sharded_to_sharded_is_what_transform_checkpoints_gives():
     """tp (4 ranks) -> pp (2 stages x 2) and -> w8 (8 ranks) in one step,
     rank files equal to transform_checkpoints' own conversion."""
