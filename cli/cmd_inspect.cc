@@ -2,6 +2,7 @@
 
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -55,6 +56,8 @@ constexpr const char* kHelp =
     "A checkpoint folder of a format that keeps an index of its own is shown\n"
     "by it first (keys, global shapes, chunks and files), and a file holding\n"
     "several torch.save archives is shown archive by archive (PATH@offset).\n"
+    "A checkpoint whose files are not torch.save files (a .ckpt file or a\n"
+    "sharded save of such files) is shown by its records, as ucp reads them.\n"
     "\n"
     "examples:\n"
     "  ucp inspect iter_0000100/mp_rank_00/model_optim_rng.pt\n"
@@ -158,8 +161,23 @@ class Checkpoints {
   /// has one, once.
   explicit Checkpoints(std::function<void(const json::Value&)> on_inventory)
       : on_inventory_(std::move(on_inventory)) {}
-  /// Opens the checkpoint at `path` if there is one (its inventory shown).
-  void Visit(const fs::path& path) { SourceOf(path); }
+  /// Opens the checkpoint at `path` if there is one (its inventory shown):
+  /// a folder, or a file that is itself a checkpoint of a format that is
+  /// not torch.save (a torch.save file is inspected on its own). Returns
+  /// whether an inventory was shown.
+  bool Visit(const fs::path& path) {
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec) &&
+        (LooksLikeTorchFile(path) || IsHdf5File(path)))
+      return false;
+    shown_ = false;
+    open_error_ = nullptr;
+    SourceOf(path);
+    return shown_;
+  }
+  /// Why the checkpoint the last Visit found did not open (null if it did,
+  /// or if none was found).
+  std::exception_ptr open_error() const { return open_error_; }
   /// The archives of `file` according to the checkpoint of its folder.
   std::vector<formats::ArchiveSpan> Archives(const fs::path& file) {
     const formats::Source* s = SourceOf(file.parent_path());
@@ -176,7 +194,7 @@ class Checkpoints {
     if (it != open_.end()) return it->second.get();
     std::unique_ptr<formats::Source> s;
     std::error_code ec;
-    if (fs::is_directory(dir, ec)) {
+    if (fs::is_directory(dir, ec) || fs::is_regular_file(dir, ec)) {
       // The most confident driver, if it alone is that confident.
       const formats::Driver* best = nullptr;
       formats::Confidence best_c = formats::Confidence::kNo;
@@ -196,9 +214,13 @@ class Checkpoints {
         try {
           s = best->Open(dir, {});
           const json::Value inv = s->Inventory();
-          if (!inv.is_null()) on_inventory_(inv);
+          if (!inv.is_null()) {
+            on_inventory_(inv);
+            shown_ = true;
+          }
         } catch (const Error&) {
           s.reset();
+          open_error_ = std::current_exception();
         }
       }
     }
@@ -207,6 +229,8 @@ class Checkpoints {
 
   std::function<void(const json::Value&)> on_inventory_;
   std::map<fs::path, std::unique_ptr<formats::Source>> open_;
+  bool shown_ = false;
+  std::exception_ptr open_error_;
 };
 
 // The files one PATH argument names: itself, or the torch.save files found
@@ -686,14 +710,7 @@ int RunInspect(const std::vector<std::string>& args) {
   for (const std::string& arg : vm["path"].as<std::vector<std::string>>()) {
     for (const json::Value& l : ReportLeftovers(arg).items())
       leftovers.Append(l);
-    std::vector<fs::path> files;
-    try {
-      files = ExpandPath(arg);
-    } catch (const Error& e) {
-      report(arg, e);
-      continue;
-    }
-    // A checkpoint folder of a known format: its own index first, and the
+    // A checkpoint of a known format: its own index first, and the
     // archives each of its files holds.
     Checkpoints checkpoints([&](const json::Value& inv) {
       if (json_out) {
@@ -702,8 +719,28 @@ int RunInspect(const std::vector<std::string>& args) {
         std::printf("%s\n", t->AsString().c_str());
       }
     });
-    checkpoints.Visit(arg);
+    const bool indexed = checkpoints.Visit(arg);
+    std::vector<fs::path> files;
+    try {
+      files = ExpandPath(arg);
+    } catch (const Error& e) {
+      // (A checkpoint whose files are not torch.save files was shown by its
+      // index alone.)
+      if (indexed) continue;
+      // A checkpoint of another format that did not open: say why.
+      if (std::exception_ptr why = checkpoints.open_error()) {
+        try {
+          std::rethrow_exception(why);
+        } catch (const Error& o) {
+          report(arg, o);
+          continue;
+        }
+      }
+      report(arg, e);
+      continue;
+    }
     for (const fs::path& path : files) {
+      if (indexed && !LooksLikeTorchFile(path) && !IsHdf5File(path)) continue;
       try {
         if (IsHdf5File(path)) {
           json::Value doc = InspectUniversal(path, !json_out);

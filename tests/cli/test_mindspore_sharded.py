@@ -312,6 +312,32 @@ def test_remove_redundancy_saves_read():
         assert not (t / "x.h5").exists()
 
 
+def test_inspect_lists_the_records():
+    """`ucp inspect` on a .ckpt file and on a sharded save lists every record
+    with the dims each rank stores, as MindSpore's load_checkpoint returns
+    them, and which ranks hold it."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, save, strategy = sharded_by_mindspore(t, "pp")
+        one = json.loads(run("inspect", t / "src" / "rank_0" / "net.ckpt", "--json").stdout)
+        (inv,) = one["checkpoints"]
+        assert one["errors"] == [] and inv["format"] == "mindspore", one
+        assert [r["tag"] for r in inv["records"]] == list(want), inv["records"]
+        for r in inv["records"]:
+            assert tuple(r["dims"]) == want[r["tag"]].shape or \
+                (r["dims"] == [] and want[r["tag"]].shape in ((), (1,))), r
+        shutil.copy(strategy, save / "strategy.ckpt")
+        text = run("inspect", save).stdout
+        assert "4 ranks" in text and "fc2.weight" in text, text
+        (inv,) = json.loads(run("inspect", save, "--json").stdout)["checkpoints"]
+        for r in range(4):
+            got = load(only_ckpt(save / f"rank_{r}"))
+            for rec in inv["records"]:
+                assert (r in rec["ranks"]) == (rec["tag"] in got), (r, rec)
+                if rec["tag"] in got and r == rec["ranks"][0]:
+                    assert tuple(rec["dims"]) == got[rec["tag"]].shape or rec["dims"] == [], rec
+
+
 def test_sharded_to_sharded_is_what_transform_checkpoints_gives():
     """tp (4 ranks) -> pp (2 stages x 2) and -> w8 (8 ranks) in one step,
     rank files equal to transform_checkpoints' own conversion."""

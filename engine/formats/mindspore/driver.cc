@@ -49,6 +49,7 @@ class MindSporeSource : public formats::Source {
     return want.layouts == c_.strategy->layouts &&
            want.world() == c_.strategy->world();
   }
+  json::Value Inventory() const override { return mindspore::Inventory(c_); }
   // A .ckpt file holds no torch.save archive.
   std::vector<formats::ArchiveSpan> Archives(const fs::path&) const override {
     return {};

@@ -25,6 +25,7 @@
 #include "engine/formats/mindspore/ckpt.h"
 #include "engine/formats/mindspore/strategy.h"
 #include "engine/formats/target_plan.h"
+#include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/source_plan.h"
 
@@ -71,6 +72,12 @@ std::vector<formats::SavedCheckpoint> ListCheckpoints(
 /// Whether `dir` holds rank_0/ and rank_1/ and rank_0/ a .ckpt file.
 /// Never throws.
 bool LooksSharded(const std::filesystem::path& dir);
+
+/// What `ucp inspect` shows of `c` (formats::Source::Inventory): every
+/// record by tag in file order — its tensor type, the dims each rank stores,
+/// the ranks holding it, its bytes — as {"text", "format", "path", "ranks",
+/// "strategy", "records": [...]}. Never throws.
+json::Value Inventory(const Checkpoint& c);
 
 /// The universal content of `c` (tensor bytes stay in the file). Throws
 /// FormatError naming the file and record.

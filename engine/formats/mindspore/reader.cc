@@ -382,6 +382,79 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
   return c;
 }
 
+json::Value Inventory(const Checkpoint& c) {
+  std::vector<const CkptIndex*> files;
+  if (c.strategy) {
+    for (const CkptIndex& i : c.ranks) files.push_back(&i);
+  } else {
+    files.push_back(&c.index);
+  }
+  struct Row {
+    const CkptEntry* first = nullptr;
+    std::vector<size_t> ranks;
+    uint64_t bytes = 0;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Row> rows;
+  for (size_t r = 0; r < files.size(); ++r) {
+    for (const CkptEntry& e : files[r]->entries) {
+      Row& row = rows[e.tag];
+      if (row.first == nullptr) {
+        row.first = &e;
+        order.push_back(e.tag);
+      }
+      row.ranks.push_back(r);
+      row.bytes += e.nbytes;
+    }
+  }
+  json::Value j = json::Value::Object();
+  j["format"] = "mindspore";
+  j["path"] = (c.strategy ? c.dir : c.path).string();
+  j["ranks"] = static_cast<int64_t>(files.size());
+  if (c.strategy) j["strategy"] = c.strategy->path.string();
+  j["iteration"] = c.iteration;
+  std::string text =
+      StrCat((c.strategy ? c.dir : c.path).string(), "  (MindSpore .ckpt, ",
+             order.size(), " records",
+             c.strategy ? StrCat(", ", files.size(), " ranks laid out by ",
+                                 c.strategy->path.string())
+                        : std::string(),
+             c.index.crc ? ", CRC trailer checked" : "", ")\n");
+  json::Value records = json::Value::Array();
+  for (const std::string& tag : order) {
+    const Row& row = rows.at(tag);
+    const CkptEntry& e = *row.first;
+    json::Value x = json::Value::Object();
+    x["tag"] = tag;
+    x["type"] = e.map_tensor ? std::string("map tensor") : e.tensor_type;
+    json::Value dims = json::Value::Array();
+    for (int64_t d : e.dims) dims.Append(d);
+    x["dims"] = std::move(dims);
+    x["bytes"] = row.bytes;
+    json::Value ranks = json::Value::Array();
+    for (size_t r : row.ranks) ranks.Append(static_cast<int64_t>(r));
+    x["ranks"] = std::move(ranks);
+    if (e.slices.size() > 1)
+      x["slices"] = static_cast<int64_t>(e.slices.size());
+    text += StrCat("  ", tag, "  ",
+                   e.map_tensor ? std::string("map tensor") : e.tensor_type,
+                   e.map_tensor ? std::string() : " " + ShapeString(e.dims),
+                   "  ", row.bytes, " B");
+    if (c.strategy) {
+      text += row.ranks.size() == files.size()
+                  ? std::string("  (every rank)")
+                  : StrCat("  (", row.ranks.size(), " of ", files.size(),
+                           " ranks)");
+    }
+    text += "\n";
+    records.Append(std::move(x));
+  }
+  j["records"] = std::move(records);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  j["text"] = text;
+  return j;
+}
+
 universal::SourcePlan PlanSource(const Checkpoint& c) {
   universal::SourcePlan plan;
   // The files: rank 0 .. N-1 of a sharded save, else the one.
