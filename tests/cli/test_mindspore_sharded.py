@@ -312,6 +312,31 @@ def test_remove_redundancy_saves_read():
         assert not (t / "x.h5").exists()
 
 
+def test_a_strategy_of_other_names():
+    """Written for a strategy that names none of the params: refused (exit 2,
+    nothing written); one naming only some: the others whole on every rank,
+    said in the summary, and the rank files still what transform_checkpoints
+    writes for that strategy."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        train_and_save(t / "src" / "rank_0" / "net.ckpt")
+        write_strategy(t / "other.ckpt", {"layer.0.w": ([2, 2], [0, -1], 0, 0)})
+        p = run("convert", t / "src", "-o", t / "x", "--format", "mindspore",
+                "--target-strategy", t / "other.ckpt", expect=2)
+        one_error_line(p, "usage error", "other.ckpt", "names none", "fc1.weight")
+        assert not (t / "x").exists()
+        some = {k: v for k, v in LAYOUTS["tp"].items() if k.startswith("fc1")}
+        write_strategy(t / "some.ckpt", some)
+        r = json.loads(run("convert", t / "src", "-o", t / "ours", "--format", "mindspore",
+                           "--target-strategy", t / "some.ckpt", "--json").stdout)
+        notes = " ".join(r["target"]["notes"]) if "target" in r else json.dumps(r)
+        assert "fc2.weight" in notes and "whole on every rank" in notes, r
+        transform(t / "src", t / "theirs", "r", None, t / "some.ckpt")
+        for rank in range(4):
+            assert_same(load(only_ckpt(t / "ours" / f"rank_{rank}")),
+                        load(only_ckpt(t / "theirs" / f"rank_{rank}")), f"rank {rank}")
+
+
 def test_inspect_lists_the_records():
     """`ucp inspect` on a .ckpt file and on a sharded save lists every record
     with the dims each rank stores, as MindSpore's load_checkpoint returns

@@ -105,6 +105,7 @@ class MindSporePlan : public formats::TargetPlan {
         }
         names_.push_back(std::move(n));
       }
+      CheckNames();
     } else {
       names_.push_back(file_);
     }
@@ -175,6 +176,64 @@ class MindSporePlan : public formats::TargetPlan {
     Shape dims;
     std::string bytes;  // verbatim records
   };
+
+  // The strategy must lay out this checkpoint's params: none of them named
+  // is a mismatch (another model's strategy, or names of another
+  // framework), refused; some unnamed are written whole on every rank, and
+  // names the checkpoint lacks are ignored: both said in the summary.
+  void CheckNames() {
+    std::vector<std::string> whole;
+    size_t named = 0;
+    for (const atoms::StoredParam& p : input_.params()) {
+      if (strategy_->layouts.count(p.info.fqn))
+        ++named;
+      else
+        whole.push_back(p.info.fqn);
+    }
+    auto is_moment = [](std::string_view n) {
+      for (const char* p : {"moment1.", "moment2.", "adam_m.", "adam_v."})
+        if (n.starts_with(p)) return true;
+      return false;
+    };
+    std::string first = strategy_->layouts.begin()->first;
+    for (const auto& [name, stages] : strategy_->layouts) {
+      if (!is_moment(name)) {
+        first = name;
+        break;
+      }
+    }
+    if (named == 0 && !input_.params().empty()) {
+      throw UsageError("strategy file ", strategy_->path.string(),
+                       " names none of the ", input_.params().size(),
+                       " params of ", input_.path().string(),
+                       " (first: ", input_.params()[0].info.fqn,
+                       "; the strategy's first: ", first,
+                       "): a strategy of another model, or of other names");
+    }
+    auto some = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (size_t i = 0; i < v.size() && i < 3; ++i)
+        s += (i ? ", " : "") + v[i];
+      return v.size() > 3 ? s + ", ..." : s;
+    };
+    if (!whole.empty()) {
+      notes_.push_back(StrCat(whole.size(),
+                              " params the strategy does not name are written "
+                              "whole on every rank: ",
+                              some(whole)));
+    }
+    std::vector<std::string> unknown;
+    for (const auto& [name, stages] : strategy_->layouts) {
+      if (!is_moment(name) && input_.FindParam(name) == nullptr)
+        unknown.push_back(name);
+    }
+    if (!unknown.empty()) {
+      notes_.push_back(StrCat(unknown.size(),
+                              " names of the strategy are not params of the "
+                              "checkpoint (ignored): ",
+                              some(unknown)));
+    }
+  }
 
   fs::path Folder(int64_t r) const {
     return strategy_ ? fs::path(StrCat("rank_", r)) : folder_;
