@@ -337,6 +337,32 @@ def test_a_strategy_of_other_names():
                         load(only_ckpt(t / "theirs" / f"rank_{rank}")), f"rank {rank}")
 
 
+def test_json_strategy_files():
+    """The JSON variant of a strategy file (a .json name; the form MindSpore's
+    _build_json_strategy reads: parallel_layout_item by name, with
+    dev_matrix, tensor_map, field and the optimizer shard), read and written
+    as transform_checkpoints does with the same file."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want = train_and_save(t / "src" / "rank_0" / "net.ckpt")
+        items = {}
+        for name, (dev, tmap, size, step) in LAYOUTS["opt"].items():
+            for p in ("",) + MOMENTS:
+                items[p + name] = {"dev_matrix": dev, "tensor_map": tmap, "field": 0,
+                                   "opt_weight_shard_size": size,
+                                   "opt_weight_shard_step": step}
+        (t / "s.json").write_text(json.dumps({"parallel_layout_item": items}))
+        transform(t / "src", t / "theirs", "r", None, t / "s.json")
+        run("convert", t / "src", "-o", t / "ours", "--format", "mindspore",
+            "--target-strategy", t / "s.json", "-q")
+        assert (t / "ours" / "strategy.json").read_bytes() == (t / "s.json").read_bytes()
+        for r in range(4):
+            assert_same(load(only_ckpt(t / "ours" / f"rank_{r}")),
+                        load(only_ckpt(t / "theirs" / f"rank_{r}")), f"rank {r}")
+        run("to-universal", t / "theirs", "--strategy", t / "s.json", "-o", t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
+
+
 def test_inspect_lists_the_records():
     """`ucp inspect` on a .ckpt file and on a sharded save lists every record
     with the dims each rank stores, as MindSpore's load_checkpoint returns
