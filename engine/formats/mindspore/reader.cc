@@ -222,14 +222,15 @@ std::vector<fs::path> ShardFiles(const fs::path& dir,
     for (const fs::path& r : ranks) {
       if (auto m = MetaStep(r)) limit = limit ? std::min(*limit, *m) : *m;
     }
-    for (const Step& s : CommonSteps(ranks))
+    const std::vector<Step> common = CommonSteps(ranks);
+    for (const Step& s : common)
       if (!limit || s <= *limit) step = s;
     if (!step) {
       for (const fs::path& r : ranks) {
         const std::vector<fs::path> fs_ = CkptFiles(r);
         if (fs_.empty())
           throw FormatError(r.string(), ": no MindSpore .ckpt file");
-        if (!CommonSteps(ranks).empty() || fs_.size() != 1) {
+        if (!common.empty() || fs_.size() != 1) {
           throw FormatError(
               dir.string(),
               ": no <epoch>_<step> that every rank folder has "
