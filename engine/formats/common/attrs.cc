@@ -21,7 +21,8 @@ atoms::ParamInfo ParamRow(const ParamRowSpec& spec) {
   info.shape = spec.shape;
   info.dtype = spec.dtype;
   info.rule = spec.rule;
-  info.kind = spec.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
+  info.kind =
+      spec.buffer ? atoms::ParamKind::kBuffer : atoms::ParamKind::kParam;
   info.group = spec.group;
   info.order = spec.order;
   info.frozen = spec.frozen;
@@ -43,9 +44,8 @@ void GroupHyperparamJson(const std::string& key, const pickle::Value* v,
     json::Value a = json::Value::Array();
     for (const pickle::Value* item : v->items) {
       std::optional<double> y =
-          item != nullptr && item->kind != pickle::Kind::kBool
-              ? item->AsFloat()
-              : std::nullopt;
+          item != nullptr && item->kind != pickle::Kind::kBool ? item->AsFloat()
+                                                               : std::nullopt;
       if (!y) return;
       a.Append(*y);
     }

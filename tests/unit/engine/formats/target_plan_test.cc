@@ -290,9 +290,7 @@ class MemInput : public universal::UniversalInput {
   const atoms::DatasetInfo* FindOpaque(std::string_view) const override {
     return nullptr;
   }
-  std::string ReadBlob(const atoms::DatasetInfo&) const override {
-    return {};
-  }
+  std::string ReadBlob(const atoms::DatasetInfo&) const override { return {}; }
   std::shared_ptr<const torchfile::TorchFile> OpenBlob(
       const atoms::DatasetInfo&) const override {
     return nullptr;
