@@ -17,6 +17,7 @@ per tensor dim), and a merged pipeline strategy ("<stage>-<name>").
 - MindFormers save folders (rank_R/<prefix>rank_R-<epoch>_<step>.ckpt,
   meta.json per rank): the newest step every rank has, ucp resume falling
   back past a missing or damaged rank file;
+- `ucp export` of a sharded save gives the consolidated weights;
 - what ucp cannot read is one clear error line.
 """
 import glob
@@ -361,6 +362,21 @@ def test_json_strategy_files():
                         load(only_ckpt(t / "theirs" / f"rank_{r}")), f"rank {r}")
         run("to-universal", t / "theirs", "--strategy", t / "s.json", "-o", t / "u.h5", "-q")
         assert_universal_is(t / "u.h5", want)
+
+
+def test_export_of_a_sharded_save():
+    """`ucp export` of a sharded save (optimizer-parallel layout): the
+    consolidated weights as Hugging Face safetensors, read back by the
+    safetensors library equal to the unsharded checkpoint's."""
+    from safetensors.numpy import load_file
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, save, strategy = sharded_by_mindspore(t, "opt")
+        run("export", save, "--strategy", strategy, "-o", t / "hf", "-q")
+        got = load_file(str(t / "hf" / "model.safetensors"))
+        assert sorted(got) == sorted(NAMES), sorted(got)
+        for n in NAMES:
+            assert got[n].dtype == want[n].dtype and got[n].tobytes() == want[n].tobytes(), n
 
 
 def test_inspect_lists_the_records():
