@@ -288,7 +288,12 @@ def main():
     a = ap.parse_args()
     if os.environ.get("UCP_DS_RANK_PROCESS") == "1":
         (rank_make if a.cmd == "make" else rank_load)(a)
-        return
+        # The verdict is decided by all ranks and printed: leave without the
+        # interpreter's teardown, where DeepSpeed's shm comm threads once
+        # aborted a rank ("terminate called without an active exception").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     out, codes = launch(sys.argv[1:], a.world)
     sys.stdout.write(out)
     sys.exit(0 if not any(codes) else 1)
