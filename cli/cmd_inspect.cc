@@ -720,25 +720,31 @@ int RunInspect(const std::vector<std::string>& args) {
       }
     });
     const bool indexed = checkpoints.Visit(arg);
+    // A checkpoint of another format that did not open: why, rather than
+    // that its files are not torch.save files.
+    auto report_open_error = [&]() {
+      std::exception_ptr why = checkpoints.open_error();
+      if (!why) return false;
+      try {
+        std::rethrow_exception(why);
+      } catch (const Error& o) {
+        report(arg, o);
+      }
+      return true;
+    };
     std::vector<fs::path> files;
     try {
       files = ExpandPath(arg);
     } catch (const Error& e) {
       // (A checkpoint whose files are not torch.save files was shown by its
       // index alone.)
-      if (indexed) continue;
-      // A checkpoint of another format that did not open: say why.
-      if (std::exception_ptr why = checkpoints.open_error()) {
-        try {
-          std::rethrow_exception(why);
-        } catch (const Error& o) {
-          report(arg, o);
-          continue;
-        }
-      }
-      report(arg, e);
+      if (!indexed && !report_open_error()) report(arg, e);
       continue;
     }
+    std::error_code arg_ec;
+    if (!indexed && fs::is_regular_file(arg, arg_ec) &&
+        !LooksLikeTorchFile(arg) && !IsHdf5File(arg) && report_open_error())
+      continue;
     for (const fs::path& path : files) {
       if (indexed && !LooksLikeTorchFile(path) && !IsHdf5File(path)) continue;
       try {

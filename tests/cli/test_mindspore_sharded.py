@@ -403,6 +403,11 @@ def test_inspect_lists_the_records():
                 assert (r in rec["ranks"]) == (rec["tag"] in got), (r, rec)
                 if rec["tag"] in got and r == rec["ranks"][0]:
                     assert tuple(rec["dims"]) == got[rec["tag"]].shape or rec["dims"] == [], rec
+        # A damaged .ckpt: the reader's reason, not "not a torch.save file".
+        data = (t / "src" / "rank_0" / "net.ckpt").read_bytes()
+        (t / "cut.ckpt").write_bytes(data[:len(data) // 2])
+        p = run("inspect", t / "cut.ckpt", expect=3)
+        one_error_line(p, "format error", "cut.ckpt", "damaged")
 
 
 def test_sharded_to_sharded_is_what_transform_checkpoints_gives():

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/formats/driver.h"
@@ -34,6 +35,15 @@ namespace ucp::mindspore {
 inline constexpr const char* kCheckpointOption = "checkpoint";
 inline constexpr const char* kStrategyOption = "strategy";
 inline constexpr const char* kMetaAttr = "mindspore";
+/// The record-name prefixes of Adam's moments and the state kind each is:
+/// nn.Adam's moment1. / moment2., AdamWeightDecay's (MindFormers') adam_m. /
+/// adam_v. (a reader and a writer of the same names).
+inline constexpr std::pair<const char*, const char*> kMomentPrefixes[] = {
+    {"moment1.", "exp_avg"},
+    {"moment2.", "exp_avg_sq"},
+    {"adam_m.", "exp_avg"},
+    {"adam_v.", "exp_avg_sq"}};
+
 /// Opaque blob key prefix of a map tensor's raw records (+ its tag).
 inline constexpr const char* kMapTensorKey = "mindspore/maptensor/";
 
@@ -68,6 +78,10 @@ Checkpoint Discover(const std::filesystem::path& path, const std::string& file,
 /// sharded save, rank 0's files of the steps every rank has. Never throws.
 std::vector<formats::SavedCheckpoint> ListCheckpoints(
     const std::filesystem::path& dir);
+
+/// The files of `c`: every rank's of a sharded save, else the one. Never
+/// throws.
+std::vector<const CkptIndex*> Files(const Checkpoint& c);
 
 /// Whether `dir` holds rank_0/ and rank_1/ and rank_0/ a .ckpt file.
 /// Never throws.

@@ -266,12 +266,12 @@ std::vector<fs::path> ShardFiles(const fs::path& dir,
   return out;
 }
 
-// A scalar integer record (append_dict's ints are Int64, nn.Adam's
-// global_step Int32); absent if there is none.
-std::optional<int64_t> IntRecord(const CkptIndex& index, std::string_view tag) {
+// A scalar integer record of `index` (append_dict's ints are Int64,
+// nn.Adam's global_step Int32), read from `f`; absent if there is none.
+std::optional<int64_t> IntRecord(const CkptIndex& index, const File& f,
+                                 std::string_view tag) {
   for (const CkptEntry& e : index.entries) {
     if (e.tag != tag || e.slices.size() != 1) continue;
-    const File f = File::OpenRead(index.path);
     if (e.tensor_type == "Int32" && e.nbytes == 4) {
       int32_t x = 0;
       f.ReadExact(&x, 4, e.slices[0].offset);
@@ -291,9 +291,10 @@ std::optional<int64_t> IntRecord(const CkptIndex& index, std::string_view tag) {
 // step_num x global_batch_size when both are saved (MindFormers'
 // append_dict), as its data-skip scaling computes them.
 void Counters(Checkpoint& c, int64_t fallback) {
-  const auto global_step = IntRecord(c.index, "global_step");
-  const auto step_num = IntRecord(c.index, "step_num");
-  const auto batch = IntRecord(c.index, "global_batch_size");
+  const File f = File::OpenRead(c.index.path);
+  const auto global_step = IntRecord(c.index, f, "global_step");
+  const auto step_num = IntRecord(c.index, f, "step_num");
+  const auto batch = IntRecord(c.index, f, "global_batch_size");
   c.iteration = global_step ? *global_step : step_num ? *step_num : fallback;
   c.consumed_samples = step_num && batch && *step_num >= 0 && *batch > 0
                            ? *step_num * *batch
@@ -383,13 +384,18 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
   return c;
 }
 
-json::Value Inventory(const Checkpoint& c) {
+std::vector<const CkptIndex*> Files(const Checkpoint& c) {
   std::vector<const CkptIndex*> files;
   if (c.strategy) {
     for (const CkptIndex& i : c.ranks) files.push_back(&i);
   } else {
     files.push_back(&c.index);
   }
+  return files;
+}
+
+json::Value Inventory(const Checkpoint& c) {
+  const std::vector<const CkptIndex*> files = Files(c);
   struct Row {
     const CkptEntry* first = nullptr;
     std::vector<size_t> ranks;
@@ -458,13 +464,7 @@ json::Value Inventory(const Checkpoint& c) {
 
 universal::SourcePlan PlanSource(const Checkpoint& c) {
   universal::SourcePlan plan;
-  // The files: rank 0 .. N-1 of a sharded save, else the one.
-  std::vector<const CkptIndex*> files;
-  if (c.strategy) {
-    for (const CkptIndex& i : c.ranks) files.push_back(&i);
-  } else {
-    files.push_back(&c.index);
-  }
+  const std::vector<const CkptIndex*> files = Files(c);
   for (const CkptIndex* f : files)
     plan.sources.push_back(std::make_unique<CkptSource>(f->path));
   const std::string where0 = StrCat("checkpoint file ", c.path.string());
@@ -485,14 +485,9 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   // Which tags are parameters and which are Adam moments of one.
   std::set<std::string> tags;
   for (const CkptEntry* e : entries) tags.insert(e->tag);
-  static const std::pair<const char*, const char*> kMoments[] = {
-      {"moment1.", "exp_avg"},
-      {"moment2.", "exp_avg_sq"},
-      {"adam_m.", "exp_avg"},
-      {"adam_v.", "exp_avg_sq"}};
   auto moment_of = [&](const std::string& tag)
       -> std::optional<std::pair<std::string, std::string>> {
-    for (const auto& [prefix, kind] : kMoments) {
+    for (const auto& [prefix, kind] : kMomentPrefixes) {
       if (tag.starts_with(prefix) &&
           tags.count(tag.substr(std::strlen(prefix))))
         return std::pair(tag.substr(std::strlen(prefix)), std::string(kind));

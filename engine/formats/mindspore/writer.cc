@@ -109,6 +109,7 @@ class MindSporePlan : public formats::TargetPlan {
     } else {
       names_.push_back(file_);
     }
+    specs_ = Specs();  // the same records (sliced) in every rank's file
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
@@ -191,8 +192,8 @@ class MindSporePlan : public formats::TargetPlan {
         whole.push_back(p.info.fqn);
     }
     auto is_moment = [](std::string_view n) {
-      for (const char* p : {"moment1.", "moment2.", "adam_m.", "adam_v."})
-        if (n.starts_with(p)) return true;
+      for (const auto& [prefix, kind] : kMomentPrefixes)
+        if (n.starts_with(prefix)) return true;
       return false;
     };
     std::string first = strategy_->layouts.begin()->first;
@@ -413,7 +414,7 @@ class MindSporePlan : public formats::TargetPlan {
   std::unique_ptr<formats::PlannedFile> File(int64_t r) const {
     auto f = std::make_unique<formats::RawFile>(Folder(r) /
                                                 names_[static_cast<size_t>(r)]);
-    for (const Spec& s : Specs()) {
+    for (const Spec& s : specs_) {
       if (s.raw != nullptr) {  // a map tensor's records, verbatim
         f->AddBytes(input_.ReadBlob(*s.raw));
         continue;
@@ -482,6 +483,7 @@ class MindSporePlan : public formats::TargetPlan {
   std::optional<Strategy> strategy_;
   int64_t world_ = 1;
   std::vector<std::string> names_;  // per rank
+  std::vector<Spec> specs_;
   std::vector<std::pair<fs::path, std::string>> strategy_bytes_;
   std::vector<std::string> notes_;
 };
