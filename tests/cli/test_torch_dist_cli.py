@@ -28,6 +28,7 @@ SRC = DATA / "tp2_pp2_dp1"                # fully_reshardable optimizer state
 NOOPT = DATA / "tp1_pp2_dp2_vpp2_noopt"   # model only, VPP 2, DP 2
 DPR = DATA / "tp2_pp1_dp2_dpr"            # dp_reshardable optimizer state (Megatron's default)
 TWIN = DATA / "tp2_pp1_dp2_dpr_twin"      # the same state, fully_reshardable
+NONDIST = DATA / "tp2_pp2_dp1_nondist"     # the non-distributed optimizer's state
 ITER = "iter_0000010"
 
 
@@ -44,10 +45,13 @@ def one_error_line(p, *needles):
         assert str(n) in lines[0], (n, lines[0])
 
 
-def megatron_loads(ckpt, source, tp, pp, dp=1, vpp=1, optimizer=True, expect_ok=True):
-    """Megatron-core loads `ckpt` at the layout; every shard equals the source's."""
+def megatron_loads(ckpt, source, tp, pp, dp=1, vpp=1, optimizer=True, expect_ok=True,
+                   optim="fully_reshardable"):
+    """Megatron-core loads `ckpt` at the layout; every shard equals the source's.
+    optim="non_distributed": into Megatron's Float16OptimizerWithFloat16Params."""
     args = [sys.executable, str(TOOL), "load", "--ckpt", str(ckpt), "--source", str(source),
-            "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp)]
+            "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp),
+            "--optim", optim]
     if not optimizer:
         args.append("--no-optimizer")
     p = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ))
@@ -168,10 +172,59 @@ def test_model_only_with_vpp_and_dp():
         run("convert", NOOPT, "-o", t / "o", "--format", "megatron-torch-dist", "--tp", 2,
             "--pp", 1, "--dp", 1, "-q")
         megatron_loads(t / "o", NOOPT / ITER, 2, 1, optimizer=False)
-        # Optimizer state cannot be written for a run without the distributed optimizer.
+
+
+def test_non_distributed_optimizer_in_and_out():
+    """Megatron's optimizer without --use-distributed-optimizer (bf16:
+    Float16OptimizerWithFloat16Params; fp32 masters and Adam moments by model key, the step
+    shared as common_step): read; written at another TP/PP/DP, Megatron's own load_state_dict
+    takes it with every main param, moment and the step equal to the source's; converted to the
+    distributed optimizer (its groups then carry the step) and back from it; the universal
+    content survives the round trips; the oracle fails on a wrong step."""
+    with Tmp() as t:
+        run("convert", NONDIST, "-o", t / "a", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 2, "--dp", 2, "-q")
+        megatron_loads(t / "a", NONDIST / ITER, 1, 2, 2, optim="non_distributed")
+        common = torch.load(t / "a" / ITER / "common.pt", weights_only=False)
+        assert "distrib_optim_sharding_type" not in common["content_metadata"], common
+        inner = common["optimizer"]["optimizer"]
+        assert inner["state"]["common_step"].dtype == torch.float32
+        assert all("step" not in g for g in inner["param_groups"]), inner
+        # To the distributed optimizer: DistributedOptimizer.load_state_dict takes the step
+        # from its groups (without apex / TE).
+        run("convert", NONDIST, "-o", t / "b", "--format", "megatron-torch-dist", "--tp", 2,
+            "--pp", 1, "--dp", 1, "--distributed-optimizer", "-q")
+        megatron_loads(t / "b", NONDIST / ITER, 2, 1)
+        groups = torch.load(t / "b" / ITER / "common.pt",
+                            weights_only=False)["optimizer"]["optimizer"]["param_groups"]
+        assert [g["step"] for g in groups] == [10.0, 10.0], groups
+        # From the distributed optimizer (the step on its groups) to the non-distributed one.
+        run("convert", SRC, "-o", t / "c", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 4, "--dp", 1, "-q")
+        megatron_loads(t / "c", SRC / ITER, 1, 4, optim="non_distributed")
+        # The universal content: torch Adam's step kept per param; the same through ucp's
+        # output and through Megatron's legacy format.
+        run("to-universal", NONDIST, "-o", t / "u1.h5", "-q")
+        u1 = atoms(t / "u1.h5")
+        steps = {k: v for k, v in u1.items() if k[1] == "step"}
+        assert len(steps) == 27 and all(v.shape == () and v == 10.0 for v in steps.values())
+        def unpadded(a):  # the vocabulary's padding rows depend on the TP
+            return {k: v for k, v in a.items() if not k[1].startswith("pad/")}
+        run("to-universal", t / "a", "-o", t / "u2.h5", "-q")
+        same_atoms(unpadded(u1), unpadded(atoms(t / "u2.h5")))
+        run("convert", NONDIST, "-o", t / "legacy", "--format", "megatron", "--tp", 2, "--pp", 1,
+            "--dp", 1, "-q")
+        run("to-universal", t / "legacy", "-o", t / "u3.h5", "-q")
+        same_atoms(unpadded(u1), unpadded(atoms(t / "u3.h5")))
+        # The oracle can fail: the step changed in the common state.
+        common["optimizer"]["optimizer"]["state"]["common_step"] = torch.tensor(9.0)
+        torch.save(common, t / "a" / ITER / "common.pt")
+        megatron_loads(t / "a", NONDIST / ITER, 1, 2, 2, optim="non_distributed",
+                       expect_ok=False)
+        # A distributed optimizer's sharding asked for without it.
         p = run("convert", SRC, "-o", t / "x", "--format", "megatron-torch-dist", "--tp", 1,
-                "--pp", 1, "--dp", 1, expect=2)
-        one_error_line(p, "--distributed-optimizer", "--no-optimizer")
+                "--pp", 1, "--dp", 1, "--optimizer-sharding", "dp_reshardable", expect=2)
+        one_error_line(p, "--optimizer-sharding", "--distributed-optimizer")
         assert not (t / "x").exists()
 
 

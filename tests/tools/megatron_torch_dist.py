@@ -50,7 +50,8 @@ STATES = ("param", "exp_avg", "exp_avg_sq")
 CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, "fully_reshardable"),
          "tp1_pp2_dp2_vpp2_noopt": (1, 2, 2, 2, None),
          "tp2_pp1_dp2_dpr": (2, 1, 2, 1, "dp_reshardable"),
-         "tp2_pp1_dp2_dpr_twin": (2, 1, 2, 1, "fully_reshardable")}
+         "tp2_pp1_dp2_dpr_twin": (2, 1, 2, 1, "fully_reshardable"),
+         "tp2_pp2_dp1_nondist": (2, 2, 1, 1, "non_distributed")}
 
 
 def free_port():
@@ -147,6 +148,52 @@ def optimizer_sd(msd, states):
             out[f"{state}.{i}.{sh.key}"] = make_sharded_optimizer_tensor(
                 sh, data, prefix=f"optimizer.state.{state}")
     return out
+
+
+def float16_optimizer(models, states):
+    """Megatron's optimizer without --use-distributed-optimizer for bf16 training,
+    Float16OptimizerWithFloat16Params (no grad scaler), over a torch Adam of Megatron's own param
+    groups (_get_param_groups). Its __init__ takes CUDA tensors only (it asks param.type() for
+    'torch.cuda.BFloat16Tensor'), so the object is assembled as __init__ assembles it: an fp32
+    main copy of each bf16 param replaces the param in its group. sharded_state_dict and
+    load_state_dict are Megatron's own. `states` ({id(param): {state: fp32}}, as param_states
+    makes them) sets the main params and Adam moments, step 10; None: a fresh optimizer."""
+    from megatron.core.optimizer import OptimizerConfig, _get_param_groups
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+    config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.1,
+                             adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=True,
+                             params_dtype=torch.bfloat16)
+    adam = torch.optim.Adam(_get_param_groups(models, config, None), lr=config.lr,
+                            weight_decay=config.weight_decay, betas=(0.9, 0.95), eps=1e-8)
+
+    def init_state_fn(opt, config=None):  # megatron.core.optimizer's, for Adam
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if len(opt.state[p]) == 0:
+                    opt.state[p]["exp_avg"] = torch.zeros_like(p.data)
+                    opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
+
+    opt = Float16OptimizerWithFloat16Params.__new__(Float16OptimizerWithFloat16Params)
+    opt.optimizer, opt.config, opt.grad_scaler = adam, config, None
+    opt.init_state_fn, opt.is_stub_optimizer = init_state_fn, False
+    opt.float16_groups, opt.fp32_from_float16_groups, opt.fp32_from_fp32_groups = [], [], []
+    for group in adam.param_groups:
+        low, main = [], []
+        for i, p in enumerate(group["params"]):
+            m = p.detach().clone().float()
+            group["params"][i] = m
+            p.main_param = m
+            low.append(p)
+            main.append(m)
+            if states is not None:
+                m.data.copy_(states[id(p)]["param"])
+                adam.state[m] = {"step": torch.tensor(10.0),
+                                 "exp_avg": states[id(p)]["exp_avg"].clone(),
+                                 "exp_avg_sq": states[id(p)]["exp_avg_sq"].clone()}
+        opt.float16_groups.append(low)
+        opt.fp32_from_float16_groups.append(main)
+        opt.fp32_from_fp32_groups.append([])
+    return opt
 
 
 def bucket_layout(numels, shared, dp):
@@ -306,7 +353,7 @@ def save_rank(rank, world, port, a):
         tokenizer_type="NullTokenizer", padded_vocab_size=padded_vocab(a.tp),
         max_position_embeddings=64, seq_length=64, bf16=True, fp16=False,
         params_dtype=torch.bfloat16, transformer_impl=a.impl, ckpt_format="torch_dist",
-        use_distributed_optimizer=not a.no_optimizer,
+        use_distributed_optimizer=not a.no_optimizer and a.optim != "non_distributed",
         dist_ckpt_optim_fully_reshardable=a.optim == "fully_reshardable", optimizer="adam",
         iteration=10, consumed_train_samples=640, rank=rank, local_rank=rank % 8)
     sd.update({"args": args, "checkpoint_version": 3.0, "iteration": 10,
@@ -315,6 +362,8 @@ def save_rank(rank, world, port, a):
     content = {"distrib_optim_sharding_type": a.optim,
                "distrib_optim_fully_reshardable_mem_efficient": False,
                "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if a.optim == "non_distributed":  # training names no sharding type then
+        content = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if not a.no_optimizer:
         group = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1,
                  "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
@@ -323,7 +372,10 @@ def save_rank(rank, world, port, a):
                        is_decoupled_lr=False),
                   dict(group, wd_mult=0.0, lr_mult=1.0, is_expert_parallel=False,
                        is_decoupled_lr=False)]
-        if a.optim == "fully_reshardable":
+        if a.optim == "non_distributed":
+            sd["optimizer"] = float16_optimizer(models, states).sharded_state_dict(
+                model_sd(models))
+        elif a.optim == "fully_reshardable":
             sd["optimizer"] = {"optimizer": {"param_groups": groups},
                                "param_state": optimizer_sd(sd, states),
                                "param_state_sharding_type": "fully_reshardable"}
@@ -347,11 +399,15 @@ def save_rank(rank, world, port, a):
 
 
 def global_tensors(src_iter_dir):
+    """The source's tensors by key; the non-distributed optimizer's fp32 masters
+    (optimizer.state.fp32_param.<key>) under the distributed one's name (param)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     with tempfile.TemporaryDirectory() as t:
         out = pathlib.Path(t) / "all.pt"
         dcp_to_torch_save(src_iter_dir, out)
-        return torch.load(out, weights_only=False)
+        full = torch.load(out, weights_only=False)
+    return {k.replace("optimizer.state.fp32_param.", "optimizer.state.param.", 1): v
+            for k, v in full.items()}
 
 
 def check_shard(sh, full, mismatches, what):
@@ -380,12 +436,18 @@ def load_rank(rank, world, port, a):
     models = build(a.tp, a.pp, a.vpp)
     sd = model_sd(models)
     sd["rng_state"] = rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())
-    if not a.no_optimizer:
+    f16 = None
+    if a.optim == "non_distributed" and not a.no_optimizer:
+        f16 = float16_optimizer(models, None)
+        sd["optimizer"] = f16.sharded_state_dict(model_sd(models), is_loading=True)
+    elif not a.no_optimizer:
         sd["optimizer"] = {"param_state": optimizer_sd(model_sd(models), None)}
     iter_dir = pathlib.Path(a.ckpt) / "iter_0000010"
     loaded = dist_checkpointing.load(sd, str(iter_dir))
     for i, m in enumerate(models):
         m.load_state_dict(loaded["model" if len(models) == 1 else f"model{i}"], strict=True)
+    if f16 is not None:
+        f16.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     common = dist_checkpointing.load_common_state_dict(str(iter_dir))
     full = global_tensors(a.source)
     mismatches, checked = [], 0
@@ -396,7 +458,29 @@ def load_rank(rank, world, port, a):
         if isinstance(sh, ShardedTensor):
             check_shard(sh, full, mismatches, "model")
             checked += 1
-    if not a.no_optimizer:
+    if f16 is not None:
+        # What the optimizer holds after its load_state_dict: main params, moments, step.
+        held = {}
+        for group in f16.float16_groups:
+            for p in group:
+                st = f16.optimizer.state[p.main_param]
+                held[id(p)] = {"param": p.main_param, "exp_avg": st["exp_avg"],
+                               "exp_avg_sq": st["exp_avg_sq"]}
+                if float(st["step"]) != 10.0:
+                    mismatches.append(f"Adam step {float(st['step'])}, expected 10")
+        osd = optimizer_sd(model_sd(models), held)
+        apply_factories(osd)
+        for sh in nested_values(osd):
+            if isinstance(sh, ShardedTensor):
+                check_shard(sh, full, mismatches, "optimizer")
+                checked += 1
+        for g in f16.optimizer.param_groups:
+            want = (1e-3, (0.9, 0.95), 1e-8, 0.1)  # the scheduler scales by wd_mult
+            if (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]) != want:
+                mismatches.append(f"param group {dict(g, params=len(g['params']))}")
+        if "param_state_sharding_type" in common.get("optimizer", {}):
+            mismatches.append(f"optimizer common state: {common['optimizer']}")
+    elif not a.no_optimizer:
         osd = {"optimizer": {"param_state": optimizer_sd(model_sd(models), None)}}
         apply_factories(osd)
         dist_checkpointing.load(osd, str(iter_dir))
@@ -409,7 +493,8 @@ def load_rank(rank, world, port, a):
                 "fully_reshardable":
             mismatches.append(f"optimizer common state: {common['optimizer']}")
     cm = common.get("content_metadata", {})
-    if not a.no_optimizer and cm.get("distrib_optim_sharding_type") != "fully_reshardable":
+    want_type = None if a.optim == "non_distributed" else "fully_reshardable"
+    if not a.no_optimizer and cm.get("distrib_optim_sharding_type") != want_type:
         mismatches.append(f"content_metadata {cm}")
     if common.get("iteration") != 10:
         mismatches.append(f"iteration {common.get('iteration')}")
@@ -446,7 +531,10 @@ def main():
     ap.add_argument("--no-optimizer", action="store_true")
     ap.add_argument("--impl", default="local")
     ap.add_argument("--optim", default="fully_reshardable",
-                    choices=("fully_reshardable", "dp_reshardable"))
+                    choices=("fully_reshardable", "dp_reshardable", "non_distributed"),
+                    help="save: the optimizer's form; load: non_distributed loads into "
+                         "Megatron's Float16OptimizerWithFloat16Params, else the distributed "
+                         "optimizer's fully_reshardable keys")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--size", help="hidden,layers,ffn,heads,groups (default 32,4,48,4,2)")
     a = ap.parse_args()

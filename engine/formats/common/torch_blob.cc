@@ -82,12 +82,29 @@ pickle::Value* GraphImporter::Import(
   return copy;
 }
 
+pickle::Value* GraphImporter::Constant(DType dtype, const Shape& shape,
+                                       std::vector<std::byte> bytes) {
+  UCP_CHECK(bytes.size() ==
+                static_cast<size_t>(NumElements(shape)) * ElementSize(dtype),
+            "constant of ", bytes.size(), " bytes for shape ",
+            ShapeString(shape));
+  torchfile::TensorSpec spec;
+  spec.dtype = dtype;
+  spec.shape = shape;
+  pickle::Value* node = writer_.NewTensor(spec);
+  constants_.emplace_back(node, std::move(bytes));
+  return node;
+}
+
 void GraphImporter::WriteTensors() {
   AlignedBuffer buf;
   for (const Pending& p : pending_) {
     torchfile::CopyTensorData(*p.file, *p.tensor, writer_, p.node, buf);
   }
   pending_.clear();
+  for (const auto& [node, bytes] : constants_)
+    if (!bytes.empty()) writer_.WriteTensorData(node, 0, bytes);
+  constants_.clear();
 }
 
 std::shared_ptr<const torchfile::TorchFile> BlobCache::Find(

@@ -8,6 +8,7 @@
 // torch.save writes to a buffer) whose data.pkl is the object; tensors inside
 // it (rng states, uint8 extra state) are stored compactly.
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -50,8 +51,13 @@ class GraphImporter {
   /// A copy of `value` (a node of `file`) in the writer's arena.
   pickle::Value* Import(std::shared_ptr<const torchfile::TorchFile> file,
                         const pickle::Value* value);
-  /// Writes the bytes of every imported tensor. Call after Begin(). Throws
-  /// like TorchFile::ReadTensor and TorchWriter::WriteTensorData.
+  /// A tensor node of the writer holding `bytes` (row-major, little-endian).
+  /// Throws InternalError if their size is not the shape's.
+  pickle::Value* Constant(DType dtype, const Shape& shape,
+                          std::vector<std::byte> bytes);
+  /// Writes the bytes of every imported and constant tensor. Call after
+  /// Begin(). Throws like TorchFile::ReadTensor and
+  /// TorchWriter::WriteTensorData.
   void WriteTensors();
 
  private:
@@ -62,6 +68,8 @@ class GraphImporter {
     const pickle::Value* node;
   };
   std::vector<Pending> pending_;
+  std::vector<std::pair<const pickle::Value*, std::vector<std::byte>>>
+      constants_;
 };
 
 /// Opens the opaque blobs of the universal input (each a torch.save

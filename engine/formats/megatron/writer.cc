@@ -39,6 +39,7 @@
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron/torch_step.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
@@ -353,60 +354,13 @@ void MegatronPlan::NoteUnknownVocab() {
 
 void MegatronPlan::ReadTorchStep() {
   if (!write_optimizer_) return;
-  const atoms::DatasetInfo* d = nullptr;
-  if (std::find(state_keys_.begin(), state_keys_.end(), "step") !=
-      state_keys_.end()) {
-    for (const atoms::StoredParam& p : store_.params()) {
-      d = store_.FindAtom(p.info.fqn, "step");
-      if (d != nullptr) break;
-    }
-  }
-  if (d == nullptr) {
-    // A distributed torch-Adam source: a float `step` on the groups.
-    BlobCache blobs(store_);
-    const Value* groups = blobs.Get("optimizer/param_groups")->root();
-    if (groups == nullptr || groups->kind != Kind::kList) return;
-    for (const Value* g : groups->items) {
-      const Value* step =
-          g != nullptr && g->IsDictLike() ? g->Get("step") : nullptr;
-      if (step != nullptr && step->kind == Kind::kFloat) {
-        torch_step_ = step->f;
-        return;
-      }
-    }
-    return;
-  }
-  if (!d->shape.empty()) {
-    throw FormatError("universal file ", store_.path().string(), " > ", d->path,
-                      ": per-param 'step' of shape ", ShapeString(d->shape),
-                      ", expected a scalar");
-  }
-  const bool integral = d->dtype == DType::kInt64;
-  const DType read = integral ? DType::kInt64 : DType::kFloat64;
-  if (!integral && !CanConvert(d->dtype, read)) {
-    throw FormatError("universal file ", store_.path().string(), " > ", d->path,
-                      ": per-param 'step' of dtype ", DTypeName(d->dtype));
-  }
-  MemorySink sink(8);
-  std::vector<reshape::Job> jobs(1);
-  jobs[0].tensor = reshape::TargetTensor{
-      d->path,
-      read,
-      {},
-      {{store_.Tensor(*d), Box::Whole({}), Box::Whole({}), 0, {}}}};
-  jobs[0].sink = &sink;
-  store_.Run(jobs, executor_);
-  step_atoms_ = true;
-  torch_step_integral_ = integral;
-  if (integral) {
-    int64_t v;
-    std::memcpy(&v, sink.bytes().data(), 8);
-    torch_step_ = static_cast<double>(v);
-  } else {
-    double v;
-    std::memcpy(&v, sink.bytes().data(), 8);
-    torch_step_ = v;
-  }
+  const bool atoms = std::find(state_keys_.begin(), state_keys_.end(),
+                               "step") != state_keys_.end();
+  const std::optional<TorchStep> step = FindTorchStep(store_, atoms, executor_);
+  if (!step) return;
+  torch_step_ = step->value;
+  torch_step_integral_ = step->integral;
+  step_atoms_ = step->from_atoms;
 }
 
 void MegatronPlan::BuildEntries() {

@@ -137,7 +137,8 @@ class TorchDistDriver : public formats::Driver {
     d.type = formats::OptionSpec::Type::kFlag;
     d.help =
         "torch_dist: the run uses --use-distributed-optimizer; its state is "
-        "written fully_reshardable";
+        "written fully_reshardable (without it: the non-distributed "
+        "optimizer's form)";
     d.layout = true;
     d.abbrev = "do";
     formats::OptionSpec sh;
@@ -155,8 +156,7 @@ class TorchDistDriver : public formats::Driver {
     TargetOptions o;
     o.topology = options.topology;
     o.distributed_optimizer = options.values.Flag(kDistributedOptimizerOption);
-    o.optimizer_sharding = options.values.String(kOptimizerShardingOption)
-                               .value_or("fully_reshardable");
+    o.optimizer_sharding = options.values.String(kOptimizerShardingOption);
     o.no_optimizer = options.no_optimizer;
     o.true_vocab_size = options.true_vocab_size;
     return torch_dist::PlanTarget(input, o);

@@ -90,6 +90,7 @@ class Planner {
   universal::AtomPlan& AtomFor(Param& p, const std::string& kind,
                                const std::string& where);
   void PlanGroups();
+  void PlanCommonStep();
   void PlanOpaque();
   void PlanRoot();
   std::string Where(const dcp::Entry& e) const {
@@ -113,6 +114,7 @@ class Planner {
   std::string vocab_source_;
   int64_t num_layers_ = 0;
   bool has_optimizer_ = false;
+  bool has_step_ = false;  // the non-distributed optimizer's common_step
 
   std::vector<Param> params_;
   std::map<std::pair<std::string, int64_t>, size_t> param_of_;
@@ -698,6 +700,42 @@ void Planner::PlanGroups() {
   }
 }
 
+// The non-distributed optimizer's torch Adam step: Megatron saves the one
+// step every param shares as optimizer.optimizer.state.common_step of the
+// common state (optimizer.py, Float16OptimizerWithFloat16Params /
+// FP32Optimizer sharded_state_dict); kept as a scalar 'step' atom of each
+// param with state, as the legacy reader keeps torch Adam's per-param step.
+// A python number there (an optimizer of another kind) stays in the common
+// state's opaque copy.
+void Planner::PlanCommonStep() {
+  const Value* state =
+      DictGet(DictGet(DictGet(c_.common, "optimizer"), "optimizer"), "state");
+  const Value* step = DictGet(state, "common_step");
+  if (step == nullptr || c_.common_file == nullptr) return;
+  const torchfile::TensorInfo* t = c_.common_file->FindTensor(step);
+  if (t == nullptr) return;
+  const std::string where = StrCat(c_.iter_dir.string(), " > ", c_.common_in,
+                                   " > optimizer.optimizer.state.common_step");
+  if (t->numel != 1) {
+    throw FormatError(where, ": a tensor of shape ", ShapeString(t->shape),
+                      ", expected one number");
+  }
+  reshape::SourceTensor src = sources_.Tensor(c_.common_file, *t, where);
+  src.shape = {};
+  for (const Param& p : params_) {
+    if (p.buffer || atoms_.count({p.name, "exp_avg"}) == 0) continue;
+    universal::AtomPlan a;
+    a.param = p.name;
+    a.state_kind = "step";
+    a.dtype = t->dtype;
+    a.fragments.push_back({src, Box::Whole({}), Box::Whole({}), false, where});
+    atoms_.emplace(std::make_pair(p.name, std::string("step")),
+                   plan_.atoms.size());
+    plan_.atoms.push_back(std::move(a));
+    has_step_ = true;
+  }
+}
+
 void Planner::PlanOpaque() {
   auto add = [&](std::string key, std::string bytes) {
     plan_.opaque.push_back({std::move(key), std::move(bytes)});
@@ -853,6 +891,7 @@ void Planner::PlanRoot() {
                                  ? (float16 ? "float16" : "fp32")
                                  : "distributed";
   json::Value sk = json::Value::Array();
+  if (has_step_) sk.Append("step");  // torch Adam's order
   if (has_optimizer_) {
     sk.Append("exp_avg");
     sk.Append("exp_avg_sq");
@@ -897,6 +936,7 @@ universal::SourcePlan Planner::Run() {
     }
   }
   if (c_.optimizer == "dp_reshardable") PlanBuckets();
+  if (c_.optimizer == "non_distributed") PlanCommonStep();
   PlanGroups();
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];

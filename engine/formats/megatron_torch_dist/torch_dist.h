@@ -151,8 +151,10 @@ struct TargetOptions {
   layouts::Topology topology;
   bool distributed_optimizer = false;
   /// "fully_reshardable" or "dp_reshardable" (the DDP buckets of the target
-  /// DP, Megatron's default form).
-  std::string optimizer_sharding = "fully_reshardable";
+  /// DP, Megatron's default form); absent: fully_reshardable. Without
+  /// distributed_optimizer the optimizer state takes the non-distributed
+  /// optimizer's form (Float16OptimizerWithFloat16Params / FP32Optimizer).
+  std::optional<std::string> optimizer_sharding;
   bool no_optimizer = false;
   std::optional<int64_t> true_vocab_size;
 };
@@ -163,11 +165,12 @@ struct TargetOptions {
 /// and the common_state item (every core reads one of them), .metadata, then
 /// metadata.json, then the tracker. Model tensors are chunked as Megatron
 /// shards them for that TP/PP (vocabulary padded for the new TP); the
-/// optimizer state fully_reshardable, or dp_reshardable for the target DP.
-/// Throws LayoutError if the topology
-/// cannot hold the model, FormatError if the universal content lacks what
-/// Megatron needs, UsageError for optimizer state without
-/// --distributed-optimizer.
+/// optimizer state fully_reshardable, or dp_reshardable for the target DP,
+/// or without the distributed optimizer the non-distributed optimizer's
+/// (fp32 masters and moments by model key, the torch Adam step in the
+/// common state). Throws LayoutError if the topology cannot hold the model,
+/// FormatError if the universal content lacks what Megatron needs,
+/// UsageError for an optimizer sharding without the distributed optimizer.
 std::unique_ptr<formats::TargetPlan> PlanTarget(
     const universal::UniversalInput& input, const TargetOptions& options);
 

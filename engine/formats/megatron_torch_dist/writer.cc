@@ -8,7 +8,10 @@
 //   piece at the piece's offsets in the global tensor (SwiGLU's fc1: a gate
 //   and an up chunk), a vocabulary-padded one the rank's padded rows; a
 //   stacked key's chunk is [1, ...] at [layer, ...];
-//   with the distributed optimizer, optimizer.state.{param, exp_avg,
+//   without it, the non-distributed optimizer's optimizer.state.{fp32_param,
+//   exp_avg, exp_avg_sq}.<model key> with the same chunks and its torch Adam
+//   step as common_step of the common state; with the distributed
+//   optimizer, optimizer.state.{param, exp_avg,
 //   exp_avg_sq}.<model key> with the same chunks (fully_reshardable), or
 //   on request the DDP buckets' state (dp_reshardable: per (tp, pp) group,
 //   model chunk and bucket, 1-D keys of the bucket's unpadded size; DP rank
@@ -24,8 +27,10 @@
 // the tracker.
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
+#include <span>
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
@@ -35,6 +40,7 @@
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron/torch_step.h"
 #include "engine/formats/megatron_torch_dist/keys.h"
 #include "engine/formats/megatron_torch_dist/torch_dist.h"
 #include "layouts/layout.h"
@@ -49,9 +55,20 @@ using layouts::Rule;
 using pickle::Kind;
 using pickle::Value;
 
-// The optimizer state keys of the fully_reshardable format and their atoms.
+// The optimizer state keys by model key and their atoms: the distributed
+// optimizer's fully_reshardable form, the non-distributed optimizer's.
 constexpr std::pair<const char*, const char*> kStateKeys[] = {
     {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
+constexpr std::pair<const char*, const char*> kNonDistributedKeys[] = {
+    {"fp32_param", "fp32"},
+    {"exp_avg", "exp_avg"},
+    {"exp_avg_sq", "exp_avg_sq"}};
+
+std::vector<std::byte> FloatBytes(float v) {
+  std::vector<std::byte> b(sizeof v);
+  std::memcpy(b.data(), &v, sizeof v);
+  return b;
+}
 
 class TorchDistPlan : public formats::TargetPlan {
  public:
@@ -103,11 +120,19 @@ class TorchDistPlan : public formats::TargetPlan {
                                        const std::string& kind, int64_t tp_rank,
                                        int64_t layer) const;
   std::string ObjectBytes(const std::string& blob_key) const;
+  // The common dict; `scalar` makes a float32 scalar tensor node.
   pickle::Value* BuildCommon(
       pickle::Arena& arena,
-      const std::function<Value*(const std::string&)>& import) const;
+      const std::function<Value*(const std::string&)>& import,
+      const std::function<Value*(float)>& scalar) const;
+  // The param groups dicts for the target's optimizer: 'step' on each group
+  // for the distributed optimizer (its state_dict keeps torch Adam's step
+  // there), none for the non-distributed one (the step is common_step).
+  void FixGroupSteps(pickle::Arena& arena, std::vector<Value*>& groups) const;
   const char* Sharding() const {
-    return dp_reshardable_ ? "dp_reshardable" : "fully_reshardable";
+    return non_distributed_  ? "non_distributed"
+           : dp_reshardable_ ? "dp_reshardable"
+                             : "fully_reshardable";
   }
   int64_t Rank(int64_t tp, int64_t dp, int64_t pp) const {
     return tp + topo_.tp * (dp + topo_.dp * pp);
@@ -126,6 +151,8 @@ class TorchDistPlan : public formats::TargetPlan {
   std::optional<int64_t> vocab_rows_;  // --true-vocab-size over unknown rows
   bool write_optimizer_ = false;
   bool dp_reshardable_ = false;
+  bool non_distributed_ = false;
+  std::optional<megatron::TorchStep> step_;
   int64_t world_ = 1;
   fs::path iter_dir_;
 
@@ -212,17 +239,52 @@ void TorchDistPlan::ReadMetadata() {
         (d.state_kind == "exp_avg" || d.state_kind == "exp_avg_sq"))
       any_state = true;
   write_optimizer_ = any_state && !options_.no_optimizer;
-  if (options_.optimizer_sharding != "fully_reshardable" &&
-      options_.optimizer_sharding != "dp_reshardable") {
-    throw UsageError("--optimizer-sharding '", options_.optimizer_sharding,
+  const std::string sharding =
+      options_.optimizer_sharding.value_or("fully_reshardable");
+  if (sharding != "fully_reshardable" && sharding != "dp_reshardable") {
+    throw UsageError("--optimizer-sharding '", sharding,
                      "': use fully_reshardable or dp_reshardable");
   }
-  dp_reshardable_ = options_.optimizer_sharding == "dp_reshardable";
-  if (write_optimizer_ && !options_.distributed_optimizer) {
-    throw UsageError(
-        "a torch_dist target keeps optimizer state in the distributed "
-        "optimizer's fully_reshardable form: add --distributed-optimizer, or "
-        "--no-optimizer for the model alone");
+  if (options_.optimizer_sharding && !options_.distributed_optimizer) {
+    throw UsageError("--optimizer-sharding ", sharding,
+                     " is a form of the distributed optimizer's state: add "
+                     "--distributed-optimizer (without it the optimizer "
+                     "state takes the non-distributed optimizer's form)");
+  }
+  dp_reshardable_ = sharding == "dp_reshardable";
+  non_distributed_ = write_optimizer_ && !options_.distributed_optimizer;
+  if (write_optimizer_) {
+    step_ = megatron::FindTorchStep(input_, true, reshape::ExecutorOptions{});
+    if (!step_) {
+      notes_.insert(StrCat(
+          "the universal content holds no Adam step: the optimizer's step "
+          "is set to the iteration, ",
+          root.iteration));
+    }
+  }
+}
+
+void TorchDistPlan::FixGroupSteps(pickle::Arena& arena,
+                                  std::vector<Value*>& groups) const {
+  for (Value*& g : groups) {
+    if (g == nullptr || !g->IsDictLike()) continue;
+    Value* copy = arena.Dict();
+    bool has = false;
+    for (const auto& [k, v] : g->entries) {
+      const bool step = k != nullptr && k->kind == Kind::kStr && k->s == "step";
+      if (step && non_distributed_) continue;
+      has = has || step;
+      copy->entries.emplace_back(k, v);
+    }
+    if (!has && !non_distributed_) {
+      const double v =
+          step_ ? step_->value : static_cast<double>(input_.root().iteration);
+      copy->entries.emplace_back(arena.Str("step"),
+                                 step_ && step_->integral
+                                     ? arena.Int(static_cast<int64_t>(v))
+                                     : arena.Float(v));
+    }
+    g = copy;
   }
 }
 
@@ -440,7 +502,8 @@ void TorchDistPlan::PlanKeys() {
       const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
       if (p->info.kind != atoms::ParamKind::kBuffer)
         members.push_back({p, &rule, home.pp_rank, home.vp_chunk, false});
-      const bool with_state = write_optimizer_ && !dp_reshardable_ &&
+      const bool with_state = write_optimizer_ &&
+                              (non_distributed_ || !dp_reshardable_) &&
                               p->info.kind != atoms::ParamKind::kBuffer &&
                               input_.FindAtom(name, "exp_avg") != nullptr;
       for (int64_t r = 0; r < (split ? topo_.tp : 1); ++r) {
@@ -452,7 +515,9 @@ void TorchDistPlan::PlanKeys() {
           AddItem(r, home.pp_rank, std::move(it), bytes, false);
         }
         if (!with_state) continue;
-        for (const auto& [skey, atom] : kStateKeys) {
+        for (const auto& [skey, atom] : non_distributed_
+                                            ? std::span(kNonDistributedKeys)
+                                            : std::span(kStateKeys)) {
           if (input_.FindAtom(name, atom) == nullptr) {
             throw FormatError("no '", atom,
                               "' atom (its optimizer state is "
@@ -480,7 +545,8 @@ void TorchDistPlan::PlanKeys() {
         "_extra_state entries: none written (a model whose layers have them "
         "loads this checkpoint with --dist-ckpt-strictness log_all)");
   }
-  if (write_optimizer_ && dp_reshardable_) PlanBuckets(members);
+  if (write_optimizer_ && dp_reshardable_ && !non_distributed_)
+    PlanBuckets(members);
   // Model keys first, then the optimizer's, in the order met.
   std::stable_partition(
       entry_order_.begin(), entry_order_.end(),
@@ -531,10 +597,15 @@ void TorchDistPlan::PlanKeys() {
                       false, DType::kUInt8, {});
     keys_[it.key].bytes = formats::SaveGraph(
         [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
-          Value* common = BuildCommon(w.arena(), [&](const std::string& k) {
-            std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
-            return f != nullptr ? imp.Import(f, f->root()) : nullptr;
-          });
+          Value* common = BuildCommon(
+              w.arena(),
+              [&](const std::string& k) {
+                std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
+                return f != nullptr ? imp.Import(f, f->root()) : nullptr;
+              },
+              [&](float v) {
+                return imp.Constant(DType::kFloat32, {}, FloatBytes(v));
+              });
           return w.arena().List({common});
         });
     const uint64_t size = keys_[it.key].bytes.size();
@@ -569,6 +640,7 @@ std::string TorchDistPlan::GroupsObjectBytes() const {
           if (list != nullptr && list->kind == Kind::kList)
             groups.assign(list->items.begin(), list->items.end());
         }
+        FixGroupSteps(a, groups);
         formats::AppendEntry(a, d, "param_groups", a.List(std::move(groups)));
         return a.List({d});
       });
@@ -753,7 +825,8 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
 // The common dict of generate_state_dict, in its order.
 pickle::Value* TorchDistPlan::BuildCommon(
     pickle::Arena& arena,
-    const std::function<Value*(const std::string&)>& import) const {
+    const std::function<Value*(const std::string&)>& import,
+    const std::function<Value*(float)>& scalar) const {
   Value* root = arena.Dict();
   auto add = [&](const std::string& key, Value* v) {
     if (v != nullptr) formats::AppendEntry(arena, root, key, v);
@@ -795,13 +868,38 @@ pickle::Value* TorchDistPlan::BuildCommon(
   Value* version = import("top_level/checkpoint_version");
   add("checkpoint_version", version != nullptr ? version : arena.Float(3.0));
   add("iteration", arena.Int(input_.root().iteration));
-  if (write_optimizer_) {
+  if (write_optimizer_ && non_distributed_) {
+    // {'optimizer': {'state': {'common_step': tensor}, 'param_groups':
+    // [...]}} (the groups' 'params' are not saved: each rank's own at load).
+    Value* opt = arena.Dict();
+    Value* inner = arena.Dict();
+    Value* state = arena.Dict();
+    formats::AppendEntry(
+        arena, state, "common_step",
+        scalar(static_cast<float>(
+            step_ ? step_->value
+                  : static_cast<double>(input_.root().iteration))));
+    formats::AppendEntry(arena, inner, "state", state);
+    std::vector<Value*> groups;
+    if (Value* list = import("optimizer/param_groups");
+        list != nullptr && list->kind == Kind::kList)
+      groups = std::vector<Value*>(list->items.begin(), list->items.end());
+    FixGroupSteps(arena, groups);
+    formats::AppendEntry(arena, inner, "param_groups",
+                         arena.List(std::move(groups)));
+    formats::AppendEntry(arena, opt, "optimizer", inner);
+    if (Value* gs = import("grad_scaler"))
+      formats::AppendEntry(arena, opt, "grad_scaler", gs);
+    add("optimizer", opt);
+    add("opt_param_scheduler", import("top_level/opt_param_scheduler"));
+  } else if (write_optimizer_) {
     Value* opt = arena.Dict();
     Value* inner = arena.Dict();
     std::vector<Value*> groups;
     if (Value* list = import("optimizer/param_groups");
         list != nullptr && list->kind == Kind::kList)
       groups = std::vector<Value*>(list->items.begin(), list->items.end());
+    FixGroupSteps(arena, groups);
     formats::AppendEntry(arena, inner, "param_groups",
                          arena.List(std::move(groups)));
     // dp_reshardable keeps the optimizer's own state dict (and the grad
@@ -821,12 +919,15 @@ pickle::Value* TorchDistPlan::BuildCommon(
   add("num_floating_point_operations_so_far",
       flops != nullptr ? flops : arena.Int(0));
   // content_metadata: what this checkpoint holds.
+  // Training names the distributed optimizer's sharding only for it.
   Value* cm = arena.Dict();
-  formats::AppendEntry(arena, cm, "distrib_optim_sharding_type",
-                       arena.Str(Sharding()));
-  formats::AppendEntry(arena, cm,
-                       "distrib_optim_fully_reshardable_mem_efficient",
-                       arena.Bool(false));
+  if (!non_distributed_) {
+    formats::AppendEntry(arena, cm, "distrib_optim_sharding_type",
+                         arena.Str(Sharding()));
+    formats::AppendEntry(arena, cm,
+                         "distrib_optim_fully_reshardable_mem_efficient",
+                         arena.Bool(false));
+  }
   formats::AppendEntry(arena, cm, "singleton_local_shards", arena.Bool(false));
   formats::AppendEntry(arena, cm, "chained_optim_avoid_prefix",
                        arena.Bool(true));
@@ -844,10 +945,15 @@ std::vector<std::unique_ptr<formats::PlannedFile>> TorchDistPlan::Plan(
     auto common =
         std::make_unique<formats::TorchSaveFile>(iter_dir_ / kCommonFile);
     formats::TorchArchive& a = common->archive();
-    a.SetRoot(BuildCommon(a.arena(), [&](const std::string& k) -> Value* {
-      std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
-      return f != nullptr ? a.Import(f, f->root()) : nullptr;
-    }));
+    a.SetRoot(BuildCommon(
+        a.arena(),
+        [&](const std::string& k) -> Value* {
+          std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
+          return f != nullptr ? a.Import(f, f->root()) : nullptr;
+        },
+        [&](float v) {
+          return a.AddConstant(DType::kFloat32, {}, FloatBytes(v));
+        }));
     out.push_back(std::move(common));
     out.push_back(files_->MetadataFile());
   } else if (u == w + 1) {
@@ -873,7 +979,7 @@ formats::TargetSummary TorchDistPlan::Summary() const {
           ? StrCat(" --num-virtual-stages-per-pipeline-rank ", topo_.vpp)
           : std::string(),
       options_.distributed_optimizer ? " --use-distributed-optimizer" : "",
-      write_optimizer_ && !dp_reshardable_
+      write_optimizer_ && !dp_reshardable_ && !non_distributed_
           ? " --dist-ckpt-optim-fully-reshardable"
           : "",
       " on ", world_, " GPUs");
