@@ -29,6 +29,7 @@ NOOPT = DATA / "tp1_pp2_dp2_vpp2_noopt"   # model only, VPP 2, DP 2
 DPR = DATA / "tp2_pp1_dp2_dpr"            # dp_reshardable optimizer state (Megatron's default)
 TWIN = DATA / "tp2_pp1_dp2_dpr_twin"      # the same state, fully_reshardable
 NONDIST = DATA / "tp2_pp2_dp1_nondist"     # the non-distributed optimizer's state
+FSMS = DATA / "tp2_pp2_dp1_fsms"           # SRC's state as core <= 0.14 saved it
 ITER = "iter_0000010"
 
 
@@ -226,6 +227,40 @@ def test_non_distributed_optimizer_in_and_out():
                 "--pp", 1, "--dp", 1, "--optimizer-sharding", "dp_reshardable", expect=2)
         one_error_line(p, "--optimizer-sharding", "--distributed-optimizer")
         assert not (t / "x").exists()
+
+
+def test_fully_sharded_model_space_is_read():
+    """The distributed optimizer's form of megatron-core <= 0.14, fully_sharded_model_space
+    (each model chunk's DP ranges flattened, N-D keys reformulated as [chunk grid, local
+    numel]; written from the format by the generator, from SRC's state: no megatron-core since
+    0.16 saves or loads it): read to exactly SRC's universal content; converted to
+    fully_reshardable, megatron-core loads it at another layout with every shard equal to SRC's
+    (what core >= 0.16 cannot do with such a checkpoint); resume rewrites it; a flattened key
+    whose chunks no longer cover its shape is one clear error."""
+    import pickle
+    with Tmp() as t:
+        run("to-universal", FSMS, "-o", t / "f.h5", "-q")
+        run("to-universal", SRC, "-o", t / "s.h5", "-q")
+        same_atoms(atoms(t / "f.h5"), atoms(t / "s.h5"))
+        run("convert", FSMS, "-o", t / "a", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 2, "--dp", 2, "--distributed-optimizer", "-q")
+        megatron_loads(t / "a", SRC / ITER, 1, 2, 2)
+        r = json.loads(run("resume", FSMS, "--tp", 2, "--pp", 2, "--dp", 1,
+                           "--distributed-optimizer", "-o", t / "load", "--json").stdout)
+        assert r["reshaped"], r
+        bad = t / "bad"
+        shutil.copytree(FSMS, bad)
+        with open(bad / ITER / ".metadata", "rb") as f:
+            meta = pickle.load(f)
+        key = "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight"
+        size = meta.state_dict_metadata[key].size
+        assert len(size) == 4, size  # [layers, 1, tp, local numel]
+        meta.state_dict_metadata[key].size = torch.Size([*size[:-1], size[-1] + 1])
+        with open(bad / ITER / ".metadata", "wb") as f:
+            pickle.dump(meta, f)
+        p = run("to-universal", bad, "-o", t / "u.h5", expect=3)
+        one_error_line(p, key, "the chunks cover")
+        assert not (t / "u.h5").exists()
 
 
 def test_round_trips_are_the_identity():

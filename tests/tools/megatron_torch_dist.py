@@ -19,7 +19,10 @@ sharded_param_state_fully_reshardable builds it (make_sharded_optimizer_tensor o
 ShardedTensor / factory with the 'optimizer.state.{param,exp_avg,exp_avg_sq}' prefixes; fp32 data
 drawn from a seeded generator: Megatron's DistributedOptimizer needs CUDA), the optimizer's
 param_groups and param_state_sharding_type, rng_state ShardedObjects, args, iteration 10,
-content_metadata; dist_checkpointing.save, then the tracker.
+content_metadata; dist_checkpointing.save, then the tracker. --optim dp_reshardable: the DDP
+buckets' state (dp_reshardable_sd); --optim non_distributed: the optimizer without
+--use-distributed-optimizer, Megatron's Float16OptimizerWithFloat16Params.sharded_state_dict
+(float16_optimizer), which `load --optim non_distributed` loads back through its load_state_dict.
 
 load: builds the model at the given layout, loads model + optimizer + rng with
 dist_checkpointing.load into model.sharded_state_dict() (factories and all), then
@@ -52,6 +55,9 @@ CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, "fully_reshardable"),
          "tp2_pp1_dp2_dpr": (2, 1, 2, 1, "dp_reshardable"),
          "tp2_pp1_dp2_dpr_twin": (2, 1, 2, 1, "fully_reshardable"),
          "tp2_pp2_dp1_nondist": (2, 2, 1, 1, "non_distributed")}
+# Written from the format (no megatron-core since 0.16 saves it, and none loads it): the
+# tp2_pp2_dp1 case's state in the distributed optimizer's pre-0.15 fully_sharded_model_space form.
+FSMS_CASE = ("tp2_pp2_dp1_fsms", "tp2_pp2_dp1")
 
 
 def free_port():
@@ -398,14 +404,16 @@ def save_rank(rank, world, port, a):
     torch.distributed.destroy_process_group()
 
 
-def global_tensors(src_iter_dir):
+def global_tensors(src_iter_dir, raw=False):
     """The source's tensors by key; the non-distributed optimizer's fp32 masters
-    (optimizer.state.fp32_param.<key>) under the distributed one's name (param)."""
+    (optimizer.state.fp32_param.<key>) under the distributed one's name (param) unless `raw`."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     with tempfile.TemporaryDirectory() as t:
         out = pathlib.Path(t) / "all.pt"
         dcp_to_torch_save(src_iter_dir, out)
         full = torch.load(out, weights_only=False)
+    if raw:
+        return full
     return {k.replace("optimizer.state.fp32_param.", "optimizer.state.param.", 1): v
             for k, v in full.items()}
 
@@ -508,6 +516,107 @@ def load_rank(rank, world, port, a):
         sys.exit(1)
 
 
+def fsms_rank(rank, world, port, src, out, seed):
+    """Rewrites the fully_reshardable save `src` in the fully_sharded_model_space form of
+    megatron-core <= 0.14 (reference/megatron.md 4.4, DistributedOptimizer.
+    sharded_param_state_fs_model_space): optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<model
+    key> hold, for each model chunk (the model key's chunking in src's .metadata: a TP piece of
+    one layer), the DP ranks' flattened ranges of that local tensor. An N-D key (layer-stacked
+    ones included) is stored reformulated: global [X/x, ..., x*...] (the chunk grid, then the
+    local numel), each range a chunk at (*chunk index, range start) of size (1, ..., 1, len); a
+    1-D key un-reformulated at (chunk offset + range start). Ranges split each local tensor in
+    1-3 seeded pieces (DP ranks' bucket boundaries). Model keys, objects and the common state
+    are src's; content_metadata and the optimizer's common dict name the form; .metadata gets
+    the mcore_data of such saves ({fqn: {'nd_reformulated_orig_global_shape': shape}}).
+    Written by torch's dcp.save from one rank (all shards local)."""
+    import io
+    import pickle
+    import random
+    import shutil
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor import (
+        Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata)
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    src_iter, out_iter = pathlib.Path(src) / "iter_0000010", pathlib.Path(out) / "iter_0000010"
+    md = dcp.FileSystemReader(str(src_iter)).read_metadata().state_dict_metadata
+    full = global_tensors(str(src_iter), raw=True)
+    rnd = random.Random(seed)
+    sd, mcore_data, cuts = {}, {}, {}
+
+    def sharded(shards, shape):
+        meta = ShardedTensorMetadata(
+            shards_metadata=[ShardMetadata(list(o), list(t.shape), "rank:0/cpu")
+                             for t, o in shards],
+            size=torch.Size(shape), tensor_properties=TensorProperties(dtype=torch.float32))
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            [Shard.from_tensor_and_offsets(t, list(o), 0) for t, o in shards], meta)
+
+    for fqn, value in full.items():
+        if not isinstance(value, torch.Tensor):  # a ShardedObject: its torch.save bytes
+            buf = io.BytesIO()
+            torch.save(value, buf)
+            buf.seek(0)
+            sd[fqn] = buf
+            continue
+        if not fqn.startswith("optimizer.state."):
+            sd[fqn] = value
+            continue
+        state, key = fqn[len("optimizer.state."):].split(".", 1)
+        chunks = md[key].chunks
+        local = tuple(chunks[0].sizes)
+        assert all(tuple(c.sizes) == local for c in chunks), (key, "a regular grid")
+        glob = tuple(md[key].size)
+        numel = 1
+        for x in local:
+            numel *= x
+        name = "optimizer.state.{}.{}".format("fp32_param" if state == "param" else state, key)
+        shards = []
+        for c in sorted(chunks, key=lambda c: tuple(c.offsets)):
+            box = tuple(slice(o, o + n) for o, n in zip(c.offsets, c.sizes))
+            flat = value[box].reshape(-1).contiguous()
+            # The same DP ranges for every state of a param's chunk.
+            if (key, tuple(c.offsets)) not in cuts:
+                cuts[(key, tuple(c.offsets))] = sorted(
+                    rnd.sample(range(1, numel), min(rnd.randint(0, 2), numel - 1)))
+            pts = cuts[(key, tuple(c.offsets))]
+            for a, b in zip([0] + pts, pts + [numel]):
+                piece = flat[a:b].clone()
+                if len(glob) == 1:
+                    shards.append((piece, (c.offsets[0] + a,)))
+                else:
+                    idx = tuple(o // n for o, n in zip(c.offsets, c.sizes))
+                    shards.append((piece.view((1,) * len(glob) + (b - a,)), idx + (a,)))
+        if len(glob) == 1:
+            sd[name] = sharded(shards, glob)
+        else:
+            sd[name] = sharded(shards, tuple(g // n for g, n in zip(glob, local)) + (numel,))
+            mcore_data[name] = {"nd_reformulated_orig_global_shape": glob}
+    out_iter.mkdir(parents=True)
+    dcp.save(sd, checkpoint_id=str(out_iter))
+    with open(out_iter / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    meta.mcore_data = mcore_data
+    with open(out_iter / ".metadata", "wb") as f:
+        pickle.dump(meta, f)
+    common = torch.load(src_iter / "common.pt", weights_only=False)
+    common["content_metadata"]["distrib_optim_sharding_type"] = "fully_sharded_model_space"
+    common["optimizer"]["param_state_sharding_type"] = "fully_sharded_model_space"
+    torch.save(common, out_iter / "common.pt")
+    shutil.copy(src_iter / "metadata.json", out_iter / "metadata.json")
+    shutil.copy(pathlib.Path(src) / "latest_checkpointed_iteration.txt", pathlib.Path(out))
+    torch.distributed.destroy_process_group()
+
+
+def fully_sharded_model_space(src, out, seed=7):
+    ctx = mp.start_processes(fsms_rank, args=(1, free_port(), src, out, seed), nprocs=1,
+                             join=False, start_method="fork")
+    while not ctx.join():
+        pass
+    return ctx.processes[0].exitcode == 0
+
+
 def run(a):
     world = a.tp * a.pp * a.dp
     fn = save_rank if a.mode == "save" else load_rank
@@ -552,6 +661,9 @@ def main():
         if not run(c):
             sys.exit(f"saving {name} failed")
         print("saved", name, flush=True)
+    if not fully_sharded_model_space(str(out / FSMS_CASE[1]), str(out / FSMS_CASE[0])):
+        sys.exit(f"writing {FSMS_CASE[0]} failed")
+    print("wrote", FSMS_CASE[0], flush=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ std::optional<TorchStep> FindTorchStep(
           g != nullptr && g->IsDictLike() ? g->Get("step") : nullptr;
       if (step != nullptr && step->kind == pickle::Kind::kFloat)
         return TorchStep{step->f, false, false};
+      // Transformer Engine's / apex's FusedAdam: int(step).
+      if (step != nullptr && step->kind == pickle::Kind::kInt)
+        return TorchStep{static_cast<double>(step->i), true, false};
     }
     return std::nullopt;
   }

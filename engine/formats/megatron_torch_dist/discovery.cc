@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <set>
 #include <system_error>
 
@@ -185,14 +186,22 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
       cm != nullptr && cm->IsDictLike())
     c.content_metadata = megatron::ValueToJson(cm);
 
-  // The optimizer's format.
-  bool state = false, fp32_param = false, buckets = false;
+  // The optimizer's format. fully_sharded_model_space (core <= 0.14) and
+  // the non-distributed optimizer share key names: the former's N-D keys
+  // are flattened, one dim more than their model key's.
+  bool state = false, fp32_param = false, buckets = false, flattened = false;
+  std::map<std::string_view, size_t> model_rank;
+  for (const dcp::Entry& e : c.dcp.metadata.entries)
+    if (e.tensor) model_rank.emplace(e.fqn, e.size.size());
   for (const dcp::Entry& e : c.dcp.metadata.entries) {
     const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
     if (k.kind == KeyInfo::kBucket) buckets = true;
     if (k.kind == KeyInfo::kOptimizerState) {
       state = true;
       fp32_param = fp32_param || k.state == "fp32_param";
+      auto m = model_rank.find(k.model_key);
+      flattened = flattened ||
+                  (m != model_rank.end() && e.size.size() == m->second + 1);
     }
   }
   if (const json::Value* t =
@@ -208,7 +217,9 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   } else {
     c.optimizer = "none";
   }
-  if (state && !buckets && fp32_param) c.optimizer = "non_distributed";
+  if (state && !buckets && fp32_param &&
+      c.optimizer != "fully_sharded_model_space")
+    c.optimizer = flattened ? "fully_sharded_model_space" : "non_distributed";
 
   // The topology: args, else TP x PP of the rng states' grid.
   if (const Value* args = DictGet(c.common, "args")) {

@@ -120,6 +120,7 @@ class Planner {
   std::map<std::pair<std::string, int64_t>, size_t> param_of_;
   json::Value entries_ = json::Value::Array();
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
+  std::map<std::string, const dcp::Entry*> entry_of_;  // tensor keys
   std::vector<int64_t> group_of_;
   std::vector<const Value*> group_dicts_;
   const torchfile::TorchFile* groups_file_ = nullptr;  // else the common's
@@ -145,13 +146,13 @@ void Planner::ReadSettings() {
   }
   local_spec_ = impl == "local";
   if (c_.optimizer == "dp_zero_gather_scatter" ||
-      c_.optimizer == "fully_sharded_model_space" ||
       c_.optimizer == "fully_sharded_bucket_space") {
     throw FormatError(
         c_.iter_dir.string(), ": the distributed optimizer's state is in the ",
         c_.optimizer,
-        " format, which ucp does not read (fully_reshardable and "
-        "dp_reshardable are); convert without it with --no-optimizer");
+        " format, which ucp does not read (fully_reshardable, "
+        "dp_reshardable and fully_sharded_model_space are); convert without "
+        "it with --no-optimizer");
   }
 }
 
@@ -380,11 +381,60 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   };
   // Every param this key holds must have its shape.
   const size_t lead = stacked ? 1 : 0;
+  // fully_sharded_model_space (core <= 0.14) stores an N-D key's flattened
+  // ranges reformulated: global [grid..., local numel], where the grid is
+  // the model key's chunk grid and local its chunk's shape; a range of
+  // local chunk c is a chunk at (*c, start) of size (1, ..., 1, len)
+  // (reference: megatron.md 4.4). 1-D keys keep their shape.
+  struct Flat {
+    Shape local;
+  };
+  std::optional<Flat> flat_layout;
+  if (!model) {
+    auto m = entry_of_.find(k.model_key);
+    if (m == entry_of_.end()) {
+      throw FormatError(where, ": no model key '", k.model_key,
+                        "' for this optimizer state");
+    }
+    const Shape& g = m->second->size;
+    if (e.size.size() == g.size() + 1 && !g.empty()) {
+      Flat fl;
+      for (size_t d = 0; d < g.size(); ++d) {
+        if (e.size[d] <= 0 || g[d] % e.size[d] != 0) {
+          throw FormatError(where, ": flattened shape ", ShapeString(e.size),
+                            " is no chunk grid of the model key's ",
+                            ShapeString(g));
+        }
+        fl.local.push_back(g[d] / e.size[d]);
+      }
+      if (NumElements(fl.local) != e.size.back()) {
+        throw FormatError(where, ": flattened shape ", ShapeString(e.size),
+                          " holds ", e.size.back(),
+                          " elements per local tensor, its grid makes ",
+                          ShapeString(fl.local));
+      }
+      flat_layout = std::move(fl);
+    } else if (e.size != g) {
+      throw FormatError(where, ": shape ", ShapeString(e.size),
+                        ", the model key's is ", ShapeString(g));
+    }
+  }
+  const Flat* flat = flat_layout ? &*flat_layout : nullptr;
   for (const dcp::Chunk& chunk : e.chunks) {
-    if (chunk.sizes.size() != e.size.size()) {
+    if (chunk.sizes.size() != e.size.size() ||
+        chunk.offsets.size() != e.size.size()) {
       throw FormatError(where, ": chunk ", dcp::BoxString(chunk),
                         " has another rank than the key's shape ",
                         ShapeString(e.size));
+    }
+    for (size_t d = 0; d < e.size.size(); ++d) {
+      if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 ||
+          chunk.offsets[d] + chunk.sizes[d] > e.size[d] ||
+          (flat != nullptr && d + 1 < e.size.size() && chunk.sizes[d] != 1)) {
+        throw FormatError(where, ": chunk ", dcp::BoxString(chunk),
+                          " is not a box ", flat ? "of one local tensor " : "",
+                          "inside ", ShapeString(e.size));
+      }
     }
     if (NumElements(chunk.sizes) == 0) continue;
     const dcp::ItemKey key{e.fqn, chunk.offsets};
@@ -408,44 +458,64 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
         }
         const reshape::SourceTensor whole =
             sources_.Tensor(open_.back(), *t, iw);
-        const int64_t first = stacked ? chunk.offsets[0] : -1;
-        const int64_t count = stacked ? chunk.sizes[0] : 1;
-        Shape sub(chunk.sizes.begin() + static_cast<ptrdiff_t>(lead),
-                  chunk.sizes.end());
-        Shape off(chunk.offsets.begin() + static_cast<ptrdiff_t>(lead),
-                  chunk.offsets.end());
-        const uint64_t slice_bytes =
-            static_cast<uint64_t>(NumElements(sub)) * ElementSize(e.dtype);
-        for (int64_t i = 0; i < count; ++i) {
-          Param& p =
-              model ? params_[param_of_.at(
-                          {k.model_key, stacked ? first + i : -1})]
-                    : ParamAt(k.model_key, stacked ? first + i : -1, where);
-          universal::AtomPlan& atom = atom_of(p);
-          reshape::SourceTensor src = whole;
-          src.byte_offset += static_cast<uint64_t>(i) * slice_bytes;
-          src.shape = sub;
-          if (p.pad_rows == 0) {
-            atom.fragments.push_back(
-                {src, Box::Whole(sub), Box{off, sub}, false, iw});
-            continue;
+        // The chunk as boxes of the model key's global tensor: itself, or
+        // (a flattened range of a local tensor) the boxes its range covers.
+        std::vector<std::tuple<reshape::SourceTensor, Shape, Shape>> boxes;
+        if (flat == nullptr) {
+          boxes.emplace_back(whole, chunk.offsets, chunk.sizes);
+        } else {
+          const size_t n = flat->local.size();
+          const int64_t start = chunk.offsets[n];
+          for (const FlatBox& fb :
+               FlatBoxes(flat->local, start, start + chunk.sizes[n])) {
+            reshape::SourceTensor piece = whole;
+            piece.byte_offset +=
+                static_cast<uint64_t>(fb.first - start) * ElementSize(e.dtype);
+            piece.shape = fb.box.size;
+            Shape at(n);
+            for (size_t d = 0; d < n; ++d)
+              at[d] = chunk.offsets[d] * flat->local[d] + fb.box.offset[d];
+            boxes.emplace_back(piece, at, fb.box.size);
           }
-          // Rows below the vocabulary to the atom, the rest to its pad rows.
-          const size_t d = static_cast<size_t>(p.rule->tp.dim);
-          const int64_t rows = p.full_shape[d];
-          const int64_t lo = off[d], hi = off[d] + sub[d];
-          if (lo < rows) {
-            Box s = Box::Whole(sub), a{off, sub};
-            s.size[d] = a.size[d] = std::min(hi, rows) - lo;
-            atom.fragments.push_back({src, s, a, false, iw});
-          }
-          if (hi > rows) {
-            const int64_t from = std::max(lo, rows);
-            Box s = Box::Whole(sub), a{off, sub};
-            s.offset[d] = from - lo;
-            s.size[d] = a.size[d] = hi - from;
-            a.offset[d] = from - rows;
-            atom.fragments.push_back({src, s, a, true, iw});
+        }
+        for (const auto& [bsrc, bo, bs] : boxes) {
+          const int64_t first = stacked ? bo[0] : -1;
+          const int64_t count = stacked ? bs[0] : 1;
+          Shape sub(bs.begin() + static_cast<ptrdiff_t>(lead), bs.end());
+          Shape off(bo.begin() + static_cast<ptrdiff_t>(lead), bo.end());
+          const uint64_t slice_bytes =
+              static_cast<uint64_t>(NumElements(sub)) * ElementSize(e.dtype);
+          for (int64_t i = 0; i < count; ++i) {
+            Param& p =
+                model ? params_[param_of_.at(
+                            {k.model_key, stacked ? first + i : -1})]
+                      : ParamAt(k.model_key, stacked ? first + i : -1, where);
+            universal::AtomPlan& atom = atom_of(p);
+            reshape::SourceTensor src = bsrc;
+            src.byte_offset += static_cast<uint64_t>(i) * slice_bytes;
+            src.shape = sub;
+            if (p.pad_rows == 0) {
+              atom.fragments.push_back(
+                  {src, Box::Whole(sub), Box{off, sub}, false, iw});
+              continue;
+            }
+            // Rows below the vocabulary to the atom, the rest to its pad rows.
+            const size_t d = static_cast<size_t>(p.rule->tp.dim);
+            const int64_t rows = p.full_shape[d];
+            const int64_t lo = off[d], hi = off[d] + sub[d];
+            if (lo < rows) {
+              Box s = Box::Whole(sub), a{off, sub};
+              s.size[d] = a.size[d] = std::min(hi, rows) - lo;
+              atom.fragments.push_back({src, s, a, false, iw});
+            }
+            if (hi > rows) {
+              const int64_t from = std::max(lo, rows);
+              Box s = Box::Whole(sub), a{off, sub};
+              s.offset[d] = from - lo;
+              s.size[d] = a.size[d] = hi - from;
+              a.offset[d] = from - rows;
+              atom.fragments.push_back({src, s, a, true, iw});
+            }
           }
         }
       } catch (Error& err) {
@@ -924,6 +994,8 @@ universal::SourcePlan Planner::Run() {
   ReadSettings();
   CollectParams();
   has_optimizer_ = c_.optimizer != "none";
+  for (const dcp::Entry& e : c_.dcp.metadata.entries)
+    if (e.tensor) entry_of_.emplace(e.fqn, &e);
   // Model tensors first (their params), then optimizer state.
   for (int pass = 0; pass < 2; ++pass) {
     for (const dcp::Entry& e : c_.dcp.metadata.entries) {
