@@ -5,6 +5,15 @@ and without the distributed optimizer) at data-parallel sizes 2 and 3,
 megatron_spec.buffer_layout gives the same param ranges, buckets and
 unpadded bucket sizes as megatron-core's own _ParamAndGradBuffer, and
 megatron_spec's DP ranges equal DistributedOptimizer._build_model_gbuf_range.
+Also checked against megatron-core: megatron_spec.chunk_layers (the layers of
+each pipeline chunk) for every topology of the corpus grid against
+get_num_layers_to_build / get_transformer_layer_offset; and each corpus variant's
+params (names, local shapes at TP 1 and TP 2, order) against a GPTModel megatron-core
+builds with them on CPU. That model takes the local layer spec (Transformer
+Engine does not run here), whose norms are modules of their own: megatron_spec's
+Transformer Engine names map onto them (linear_qkv.layer_norm_* =
+input_layernorm.*, linear_fc1.layer_norm_* = pre_mlp_layernorm.*), and only the
+other params' order is compared.
 The generator, the comparator and check_universal.py all use megatron_spec;
 buffer_layout_test.cc compares the C++ with it: this ties both to Megatron.
 
@@ -113,10 +122,103 @@ def rank_main(rank, world, port, seed, cases, errors):
             print(f"dp {world}: {checked} layouts equal Megatron's", flush=True)
             if checked < cases // 2:
                 errors.append(f"dp {world}: only {checked} of {cases} cases checked")
+        # The corpus variants' params, TP 2 on 2 ranks, TP 1 on 3; placement once.
+        tp = 2 if world == 2 else 1
+        parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(tp, 1)
+        check_params(tp, errors if rank == 0 else [], rank == 0)
+        if rank == 0 and world == 2:
+            check_placement(errors)
     except Exception as e:  # noqa: BLE001 - reported by the parent
         errors.append(f"rank {rank}: {type(e).__name__}: {e}")
     finally:
         torch.distributed.destroy_process_group()
+
+
+# megatron_spec's Transformer Engine norm names -> the local spec's norm modules.
+TE_TO_LOCAL = (("self_attention.linear_qkv.layer_norm_", "input_layernorm."),
+               ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."))
+
+
+def local_name(name):
+    for te, local in TE_TO_LOCAL:
+        if te in name:
+            return name.replace(te, local)
+    return name
+
+
+def check_placement(errors):
+    """chunk_layers of every (variant, grid topology) with pp > 1 against megatron-core."""
+    import torch
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    import megatron_spec as S
+    checked = 0
+    for cfg in S.VARIANTS.values():
+        for t in S.all_topologies(cfg, "full"):
+            if t.pp == 1:
+                continue
+            tc = TransformerConfig(
+                num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+                num_attention_heads=cfg.num_attention_heads, pipeline_model_parallel_size=t.pp,
+                virtual_pipeline_model_parallel_size=t.vpp if t.vpp > 1 else None,
+                pipeline_dtype=torch.bfloat16)
+            for pp in range(t.pp):
+                for vp in range(t.vpp):
+                    n = get_num_layers_to_build(tc, vp_stage=vp if t.vpp > 1 else None,
+                                                pp_rank=pp)
+                    off = get_transformer_layer_offset(tc, vp_stage=vp if t.vpp > 1 else None,
+                                                       pp_rank=pp)
+                    ours = S.chunk_layers(cfg, t, pp, vp)
+                    if ours != list(range(off, off + n)):
+                        errors.append(f"{cfg.name} {t.name} pp {pp} vp {vp}: layers {ours}, "
+                                      f"Megatron's {list(range(off, off + n))}")
+                    checked += 1
+    print(f"{checked} pipeline chunks place the layers as Megatron does", flush=True)
+    if checked < 20:
+        errors.append(f"only {checked} pipeline chunks checked")
+
+
+def check_params(tp, errors, verbose):
+    """Each variant's params (TP `tp`, one pipeline stage) against megatron-core's GPTModel."""
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    import megatron_spec as S
+    for cfg in S.VARIANTS.values():
+        tc = TransformerConfig(
+            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
+            kv_channels=cfg.kv_channels, ffn_hidden_size=cfg.ffn_hidden_size,
+            add_bias_linear=cfg.add_bias_linear, gated_linear_unit=cfg.swiglu,
+            activation_func=torch.nn.functional.silu if cfg.swiglu else torch.nn.functional.gelu,
+            normalization=cfg.normalization, use_cpu_initialization=True,
+            tensor_model_parallel_size=tp)
+        model = GPTModel(
+            config=tc, transformer_layer_spec=get_gpt_layer_local_spec(
+                normalization=cfg.normalization),
+            vocab_size=S.padded_vocab_size(cfg, tp),
+            max_sequence_length=cfg.max_position_embeddings,
+            position_embedding_type=cfg.position_embedding_type,
+            share_embeddings_and_output_weights=cfg.tied)
+        theirs = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+        t = S.Topology(tp, 1, 1, 1, False)
+        ours = [(local_name(e.key), S.local_shape(e.param, cfg, tp))
+                for e in S.chunk_params(cfg, t, 0, 0)]
+        where = f"{cfg.name} tp {tp}"
+        if dict(ours) != dict(theirs):
+            diff = sorted(set(ours) ^ set(theirs))[:6]
+            errors.append(f"{where}: params differ from Megatron's GPTModel: {diff}")
+        norms = tuple(local for _, local in TE_TO_LOCAL)
+        def plain(lst):
+            return [n for n, _ in lst if not any(x in n for x in norms)]
+        if plain(ours) != plain(theirs):
+            errors.append(f"{where}: param order differs from Megatron's GPTModel")
+    if verbose:
+        print(f"tp {tp}: {len(S.VARIANTS)} variants checked against Megatron's params",
+              flush=True)
 
 
 def main():
