@@ -427,6 +427,110 @@ def test_sharded_to_sharded_is_what_transform_checkpoints_gives():
                             f"{dst} rank {r}")
 
 
+def locate(whole, part):
+    """The offset of `part` in `whole` on the grid of its shape (the only
+    block equal to it: the values are random)."""
+    import itertools
+    if part.shape == whole.shape:
+        return [0] * whole.ndim
+    grid = [range(0, w, p) for w, p in zip(whole.shape, part.shape)]
+    hits = [o for o in itertools.product(*grid)
+            if whole[tuple(slice(a, a + n) for a, n in zip(o, part.shape))].tobytes()
+            == part.tobytes()]
+    assert len(hits) == 1, (part.shape, whole.shape, hits)
+    return list(hits[0])
+
+
+def checkpoint2(root, rank_files, want, iteration=2, batch=8):
+    """A MindFormers Checkpoint 2.0 save folder (mindformers/checkpoint/checkpoint.py
+    save_checkpoint: per rank, MindSpore's save_checkpoint(format="safetensors") of the model's
+    params as model-RRRRRRR-WWWWWWW and of the optimizer's other entries as opt-...;
+    common.json; for more than one rank metadata.json, each slice at its global offset; the
+    tracker last) made of the records of `rank_files` (MindSpore's own rank files), re-saved by
+    MindSpore; a slice's offset is where it lies in the whole tensor `want`."""
+    m = ms()
+    it = root / f"iteration_{iteration:08d}"
+    it.mkdir(parents=True)
+    world = len(rank_files)
+    sdm, storage = {}, {}
+    for r, f in enumerate(rank_files):
+        recs = m.load_checkpoint(str(f))
+        for kind, names in (("model", [k for k in recs if k in NAMES]),
+                            ("opt", [k for k in recs if k not in NAMES])):
+            fname = f"{kind}-{r:07d}-{world:07d}"
+            m.save_checkpoint([{"name": k, "data": recs[k]} for k in names], str(it / fname),
+                              format="safetensors")
+            for k in names:
+                local = recs[k].asnumpy()
+                off = locate(want[k], local)
+                e = sdm.setdefault(k, {
+                    "properties": {"dtype": str(recs[k].dtype).lower(), "replica_id": 0,
+                                   "allow_shape_mismatch": False, "allow_to_save": True},
+                    "global_shape": list(want[k].shape),
+                    "axis_fragmentations": [w // n for w, n in zip(want[k].shape, local.shape)],
+                    "layout": None, "chunk": []})
+                chunk = {"global_offset": off, "local_shape": list(local.shape)}
+                if chunk not in e["chunk"]:
+                    e["chunk"].append(chunk)
+                storage.setdefault(str((k, tuple(off))), []).append(
+                    {"file_name": fname + ".safetensors", "storage_rank": r,
+                     "rank_group": list(range(world))})
+    (it / "common.json").write_text(json.dumps(
+        {"epoch_num": 1, "step_num": iteration, "global_step": iteration, "loss_scale": 1.0,
+         "global_batch_size": batch, "consumed_samples": iteration * batch,
+         "ckpt_status": 0}, indent=4))
+    if world > 1:
+        (it / "metadata.json").write_text(json.dumps(
+            {"state_dict_metadata": sdm, "storage_data": storage}, separators=(",", ":")))
+    (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return it
+
+
+def test_checkpoint2_one_rank():
+    """MindFormers' Checkpoint 2.0 (iteration_N/ of safetensors files) of one rank: read to
+    what load_checkpoint gives for the source, converted to a .ckpt that loads the same; the
+    save folder, the iteration folder and --checkpoint iteration_N all read it."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want = train_and_save(t / "src" / "net.ckpt")
+        it = checkpoint2(t / "save", [t / "src" / "net.ckpt"], want)
+        for path, extra in ((t / "save", ()), (it, ()),
+                            (t / "save", ("--checkpoint", it.name))):
+            run("to-universal", path, *extra, "-o", t / "u.h5", "-q")
+            assert_universal_is(t / "u.h5", want)
+            (t / "u.h5").unlink()
+        run("convert", t / "save", "-o", t / "one", "--format", "mindspore", "-q")
+        assert_same(load(only_ckpt(t / "one" / "rank_0")), want, "from Checkpoint 2.0")
+
+
+def test_checkpoint2_sharded():
+    """Checkpoint 2.0 of four ranks (MindSpore's own rank files of the "tp" layout, its
+    replicated slices on two ranks each): metadata.json places every slice, to exactly the
+    unsharded source; resume takes the tracker's iteration with MindFormers' data skip; a
+    missing rank file or metadata.json is one clear error."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, ranks, _ = sharded_by_mindspore(t, "tp")
+        files = [only_ckpt(ranks / f"rank_{r}") for r in range(world(LAYOUTS["tp"]))]
+        it = checkpoint2(t / "save", files, want)
+        run("to-universal", t / "save", "-o", t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
+        r = json.loads(run("resume", t / "save", "--json", "--global-batch-size", 4).stdout)
+        assert r["consumed_samples"] == 2 * 8 and r["data_skip_steps"] == 2 * 8 // 4, r
+        assert r["load"].endswith("iteration_00000002") or r["load"] == str(t / "save"), r
+        before = sorted(str(p) for p in t.rglob("*"))
+        (it / "model-0000001-0000004.safetensors").rename(t / "aside")
+        p = run("to-universal", t / "save", "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "rank 1", "missing")
+        (t / "aside").rename(it / "model-0000001-0000004.safetensors")
+        (it / "metadata.json").rename(t / "aside")
+        p = run("to-universal", t / "save", "-o", t / "x.h5", expect=3)
+        one_error_line(p, "format error", "metadata.json")
+        assert not (t / "x.h5").exists()
+        (t / "aside").rename(it / "metadata.json")
+        assert sorted(str(p) for p in t.rglob("*")) == before
+
+
 def mindformers_save(t, steps, layout="tp"):
     """A MindFormers-style save: output/checkpoint/rank_R/
     llama_rank_R-1_<step>.ckpt for each step, meta.json per rank naming the

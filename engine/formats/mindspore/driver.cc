@@ -20,6 +20,14 @@ class MindSporeSource : public formats::Source {
     info_.iteration = c_.iteration;
     info_.name = c_.path.filename().string();
     info_.files = {c_.path};
+    if (c_.v2) {
+      info_.path = c_.v2->iter_dir;
+      info_.name = c_.v2->iter_dir.filename().string();
+      info_.files.clear();
+      for (const CkptIndex& i : c_.v2->files) info_.files.push_back(i.path);
+      info_.settings["ranks"] = c_.v2->world;
+      info_.settings["container"] = "Checkpoint 2.0";
+    }
     if (c_.strategy) {
       info_.path = c_.dir;
       info_.files.clear();
@@ -78,7 +86,13 @@ class MindSporeDriver : public formats::Driver {
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
     // (A sharded save whose ranks share no step is still one: Open says
     // which rank lacks its file.)
-    return ListCheckpoints(path).empty() && !LooksSharded(path)
+    bool v2 = false;
+    try {
+      v2 = Checkpoint2Dir(path).has_value();
+    } catch (const Error&) {
+      v2 = true;  // a Checkpoint 2.0 folder whose tracker Open explains
+    }
+    return ListCheckpoints(path).empty() && !LooksSharded(path) && !v2
                ? formats::Confidence::kNo
                : formats::Confidence::kYes;
   }

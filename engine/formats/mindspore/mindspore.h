@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/formats/driver.h"
+#include "engine/formats/mindspore/checkpoint2.h"
 #include "engine/formats/mindspore/ckpt.h"
 #include "engine/formats/mindspore/strategy.h"
 #include "engine/formats/target_plan.h"
@@ -58,6 +59,9 @@ struct Checkpoint {
   /// the strategy placing their slices. Empty / absent for one file.
   std::vector<CkptIndex> ranks;
   std::optional<Strategy> strategy;
+  /// A MindFormers Checkpoint 2.0 iteration folder (checkpoint2.h): its
+  /// files (rank order, model then optimizer) are the sources.
+  std::optional<Checkpoint2> v2;
 };
 
 /// The checkpoint at `path`: a .ckpt file, or in a folder the file `file`

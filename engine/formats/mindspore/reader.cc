@@ -132,6 +132,16 @@ std::optional<fs::path> FileOfStep(const fs::path& folder, size_t r,
 
 std::vector<formats::SavedCheckpoint> ListCheckpoints(const fs::path& dir) {
   std::vector<formats::SavedCheckpoint> out;
+  // A Checkpoint 2.0 save folder: its iteration_N/ folders.
+  for (const fs::path& it : Checkpoint2Iterations(dir)) {
+    formats::SavedCheckpoint c;
+    c.name = it.filename().string();
+    const std::string n = c.name.substr(c.name.find('_') + 1);
+    c.iteration = std::stoll(n);
+    c.selector.Set(kCheckpointOption, c.name);
+    out.push_back(std::move(c));
+  }
+  if (!out.empty()) return out;
   const std::vector<fs::path> ranks = RankFolders(dir);
   std::vector<fs::path> files;
   if (ranks.size() >= 2) {
@@ -317,6 +327,27 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
     c.path = path;
     c.dir = path.parent_path();
   } else if (fs::is_directory(path, ec)) {
+    // A MindFormers Checkpoint 2.0 folder (iteration_N/ or its save
+    // folder; --checkpoint names an iteration folder of it).
+    std::optional<fs::path> v2 = !file.empty() &&
+                                         file.starts_with("iteration_") &&
+                                         fs::is_directory(path / file, ec)
+                                     ? std::optional<fs::path>(path / file)
+                                     : Checkpoint2Dir(path);
+    if (v2) {
+      if (!strategy.empty()) {
+        throw UsageError("--strategy: ", v2->string(),
+                         " is a Checkpoint 2.0 folder, whose metadata.json "
+                         "places every rank's slices");
+      }
+      c.dir = path;
+      c.v2 = ReadCheckpoint2(*v2);
+      c.index = c.v2->files[0];
+      c.path = c.index.path;
+      c.iteration = c.v2->iteration;
+      c.consumed_samples = c.v2->consumed_samples;
+      return c;
+    }
     const std::vector<fs::path> ranks = RankFolders(path);
     if (ranks.size() >= 2 ||
         (!strategy.empty() && fs::is_directory(path / "rank_0", ec))) {
@@ -386,7 +417,9 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
 
 std::vector<const CkptIndex*> Files(const Checkpoint& c) {
   std::vector<const CkptIndex*> files;
-  if (c.strategy) {
+  if (c.v2) {
+    for (const CkptIndex& i : c.v2->files) files.push_back(&i);
+  } else if (c.strategy) {
     for (const CkptIndex& i : c.ranks) files.push_back(&i);
   } else {
     files.push_back(&c.index);
@@ -560,8 +593,24 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
             plan.atoms[p->second].shape != local)
           layout = c.strategy->Find(param, r);
       }
+      // Checkpoint 2.0: the file's slice where metadata.json places it.
+      const Placed* placed = nullptr;
+      if (c.v2 && !local.empty()) {
+        auto it = c.v2->placed.find({h.rank, tag});
+        if (it != c.v2->placed.end()) placed = &it->second;
+      }
       Shape full = local;
-      if (layout != nullptr) {
+      if (placed != nullptr) {
+        full = Shape(placed->global_shape.begin(), placed->global_shape.end());
+        for (size_t d = 0; d < full.size(); ++d) {
+          if (full.size() != local.size() ||
+              placed->offset[d] + local[d] > full[d]) {
+            throw FormatError(where, ": a slice of ", ShapeString(local),
+                              " that metadata.json places outside ",
+                              ShapeString(full));
+          }
+        }
+      } else if (layout != nullptr) {
         const std::vector<int64_t> counts =
             SplitCounts(*layout, local.size(), where);
         for (size_t d = 0; d < full.size(); ++d) full[d] *= counts[d];
@@ -576,7 +625,9 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
                           ShapeString(atom.shape));
       }
       const Box at_box =
-          layout != nullptr
+          placed != nullptr
+              ? Box{Shape(placed->offset.begin(), placed->offset.end()), local}
+          : layout != nullptr
               ? RankBox(*layout, full, static_cast<int64_t>(h.rank), where)
               : Box::Whole(full);
       if (at_box.size != local) {
@@ -732,6 +783,10 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     src["world"] = static_cast<int64_t>(files.size());
     src["strategy"] = c.strategy->path.string();
   }
+  if (c.v2) {
+    src["world"] = c.v2->world;
+    src["checkpoint2"] = c.v2->iter_dir.filename().string();
+  }
   root.source = src.Dump();
   root.model = "{}";
   root.layout = "";
@@ -770,8 +825,10 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   meta["order"] = std::move(tag_order);
   meta["exp_avg_prefix"] = m1;
   meta["exp_avg_sq_prefix"] = m2;
-  meta["file"] = c.path.filename().string();
-  meta["rank_folder"] = c.path.parent_path().filename() == "rank_0";
+  if (!c.v2) {  // (a Checkpoint 2.0 source gets MindFormers' .ckpt names)
+    meta["file"] = c.path.filename().string();
+    meta["rank_folder"] = c.path.parent_path().filename() == "rank_0";
+  }
   meta["crc"] = c.index.crc;
   if (c.strategy) {
     // The rank files' names, which a target of as many ranks keeps.

@@ -99,6 +99,53 @@ INSTANTIATE_TEST_SUITE_P(RealFiles, MindSporeMalformedTest,
                          ::testing::Values("adam-mindspore-2.10.ckpt",
                                            "crc-mindspore-2.10.ckpt"));
 
+// A safetensors file MindSpore 2.10 wrote (save_checkpoint(format=
+// "safetensors") of an nn.Adam: params, moments, scalars) as the model file
+// of a one-rank Checkpoint 2.0 folder, cut and damaged: it reads, or the
+// error names it.
+TEST(MindSporeCheckpoint2Malformed, CutShortOrDamaged) {
+  const std::string good =
+      testutil::ReadFile(Seeds() / "adam-mindspore-2.10.safetensors");
+  testutil::TempDir dir;
+  const fs::path it = dir / "iteration_00000001";
+  fs::create_directories(it);
+  const fs::path f = it / "model-0000000-0000001.safetensors";
+  testutil::WriteFile(f, good);
+  ASSERT_EQ(ReadAll(dir.path()), "");
+  ASSERT_EQ(ReadSafetensorsIndex(f).entries.size(), 10u);
+  int refused = 0;
+  for (size_t n = 0; n < good.size(); n += 3) {
+    SCOPED_TRACE(n);
+    testutil::WriteFile(f, good.substr(0, n));
+    const std::string error = ReadAll(dir.path());
+    ASSERT_FALSE(error.empty());  // the data no longer tiles the file
+    EXPECT_THAT(error, ::testing::HasSubstr("model-0000000-0000001"));
+    ++refused;
+  }
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 400; ++i) {
+    std::string d = good;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < edits; ++k) {
+      const size_t at = rng() % d.size();
+      if (rng() % 2 == 0) {
+        d[at] = static_cast<char>(d[at] ^ (1 << (rng() % 8)));
+      } else {
+        d.erase(at, 1 + rng() % 8);
+      }
+    }
+    testutil::WriteFile(f, d);
+    const std::string error = ReadAll(dir.path());
+    if (!error.empty()) {
+      ++refused;
+      EXPECT_THAT(error, ::testing::HasSubstr("model-0000000-0000001")) << i;
+    }
+  }
+  EXPECT_GT(refused, 100);
+}
+
 }  // namespace
 }  // namespace ucp::mindspore
 

@@ -1,0 +1,363 @@
+// MindFormers Checkpoint 2.0 folders and their safetensors files
+// (checkpoint2.h).
+#include "engine/formats/mindspore/checkpoint2.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/core/strided.h"
+#include "engine/json/json.h"
+
+namespace ucp::mindspore {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMaxHeader = 100'000'000;  // safetensors' MAX_HEADER_SIZE
+constexpr const char* kIterPrefix = "iteration_";
+constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
+
+std::optional<DType> SafetensorsDType(const std::string& s) {
+  static const std::pair<const char*, DType> kTable[] = {
+      {"F64", DType::kFloat64}, {"F32", DType::kFloat32},
+      {"F16", DType::kFloat16}, {"BF16", DType::kBFloat16},
+      {"I64", DType::kInt64},   {"I32", DType::kInt32},
+      {"I16", DType::kInt16},   {"I8", DType::kInt8},
+      {"U8", DType::kUInt8},    {"U16", DType::kUInt16},
+      {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
+      {"BOOL", DType::kBool}};
+  for (const auto& [name, d] : kTable)
+    if (s == name) return d;
+  return std::nullopt;
+}
+
+std::optional<int64_t> Number(std::string_view s) {
+  int64_t v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty())
+    return std::nullopt;
+  return v;
+}
+
+// "[<prefix>-]<kind>-RRRRRRR-WWWWWWW.safetensors" -> (kind, rank, world).
+struct FileName {
+  std::string kind;
+  int64_t rank = 0, world = 0;
+};
+std::optional<FileName> ParseFileName(const std::string& name) {
+  constexpr std::string_view kExt = ".safetensors";
+  if (!name.ends_with(kExt)) return std::nullopt;
+  std::string_view s(name);
+  s.remove_suffix(kExt.size());
+  const size_t b = s.rfind('-');
+  if (b == std::string_view::npos || b == 0) return std::nullopt;
+  const size_t a = s.rfind('-', b - 1);
+  if (a == std::string_view::npos) return std::nullopt;
+  const auto rank = Number(s.substr(a + 1, b - a - 1));
+  const auto world = Number(s.substr(b + 1));
+  if (!rank || !world || *world < 1 || *rank < 0 || *rank >= *world)
+    return std::nullopt;
+  std::string_view kind = s.substr(0, a);
+  if (const size_t d = kind.rfind('-'); d != std::string_view::npos)
+    kind.remove_prefix(d + 1);
+  if (kind != "model" && kind != "opt") return std::nullopt;
+  return FileName{std::string(kind), *rank, *world};
+}
+
+std::optional<int64_t> IterationOf(const fs::path& dir) {
+  const std::string n = dir.filename().string();
+  if (!n.starts_with(kIterPrefix)) return std::nullopt;
+  return Number(std::string_view(n).substr(std::strlen(kIterPrefix)));
+}
+
+bool HoldsModelFile(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto f = ParseFileName(e.path().filename().string());
+    if (f && f->kind == "model" && e.is_regular_file(ec)) return true;
+  }
+  return false;
+}
+
+std::vector<int64_t> IntList(const json::Value& v, const std::string& where) {
+  if (!v.is_array()) throw FormatError(where, ": not a list of integers");
+  std::vector<int64_t> out;
+  for (const json::Value& x : v.items()) {
+    if (!x.is_int() || x.AsInt() < 0)
+      throw FormatError(where, ": not a list of integers >= 0");
+    out.push_back(x.AsInt());
+  }
+  return out;
+}
+
+// "('name', (0, 16))" -> ("name", {0, 16}).
+std::optional<std::pair<std::string, std::vector<int64_t>>> ParseShardId(
+    std::string_view s) {
+  if (!s.starts_with("(") || !s.ends_with(")")) return std::nullopt;
+  s = s.substr(1, s.size() - 2);
+  const char q = s.empty() ? '\0' : s[0];
+  if (q != '\'' && q != '"') return std::nullopt;
+  const std::string sep = std::string(1, q) + ", (";
+  const size_t at = s.rfind(sep);
+  if (at == std::string_view::npos || at == 0 || !s.ends_with(")"))
+    return std::nullopt;
+  std::string name(s.substr(1, at - 1));
+  std::string_view offs = s.substr(at + sep.size());
+  offs.remove_suffix(1);
+  std::vector<int64_t> out;
+  while (!offs.empty()) {
+    const size_t c = offs.find(',');
+    std::string_view part = offs.substr(0, c);
+    while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
+    while (!part.empty() && part.back() == ' ') part.remove_suffix(1);
+    if (!part.empty()) {
+      const auto v = Number(part);
+      if (!v) return std::nullopt;
+      out.push_back(*v);
+    }
+    if (c == std::string_view::npos) break;
+    offs.remove_prefix(c + 1);
+  }
+  return std::pair(std::move(name), std::move(out));
+}
+
+}  // namespace
+
+CkptIndex ReadSafetensorsIndex(const fs::path& path) {
+  const File f = File::OpenRead(path);
+  const uint64_t size = f.Size();
+  const std::string where = StrCat("safetensors file ", path.string());
+  if (size < 8) throw FormatError(where, ": shorter than its 8-byte header");
+  unsigned char n8[8];
+  f.ReadExact(n8, 8, 0);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
+  if (n > kMaxHeader || n > size - 8) {
+    throw FormatError(where, ": a header of ", n, " bytes in a file of ", size,
+                      " (not a safetensors file, or cut)");
+  }
+  std::string text(n, '\0');
+  f.ReadExact(text.data(), n, 8);
+  json::Value header;
+  try {
+    header = json::Value::Parse(text);
+  } catch (Error& e) {
+    e.AddContext(where, " > header");
+    throw;
+  }
+  if (!header.is_object())
+    throw FormatError(where, ": the header is not a JSON object");
+  const uint64_t data = 8 + n, data_size = size - data;
+  CkptIndex index;
+  index.path = path;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, t] : header.members()) {
+    if (name == "__metadata__") continue;
+    const std::string tw = StrCat(where, " > ", name);
+    const json::Value* dt = t.Find("dtype");
+    const json::Value* shape = t.Find("shape");
+    const json::Value* offs = t.Find("data_offsets");
+    if (dt == nullptr || !dt->is_string() || shape == nullptr ||
+        offs == nullptr)
+      throw FormatError(tw, ": no dtype, shape and data_offsets");
+    const std::optional<DType> d = SafetensorsDType(dt->AsString());
+    if (!d) throw FormatError(tw, ": dtype ", dt->AsString(), " not read");
+    CkptEntry e;
+    e.tag = name;
+    e.tensor_type = TensorTypeOf(*d);
+    e.dims = IntList(*shape, tw + " > shape");
+    const std::vector<int64_t> be = IntList(*offs, tw + " > data_offsets");
+    if (be.size() != 2 || be[0] > be[1] ||
+        static_cast<uint64_t>(be[1]) > data_size) {
+      throw FormatError(tw, ": data_offsets outside the ", data_size,
+                        " bytes of data");
+    }
+    uint64_t want = ElementSize(*d);
+    for (int64_t x : e.dims) {
+      if (x != 0 && want > (uint64_t{1} << 62) / static_cast<uint64_t>(x))
+        throw FormatError(tw, ": shape too large");
+      want *= static_cast<uint64_t>(x);
+    }
+    const uint64_t len = static_cast<uint64_t>(be[1] - be[0]);
+    if (len != want) {
+      throw FormatError(tw, ": ", len, " bytes of data, ", ShapeString(e.dims),
+                        " ", dt->AsString(), " needs ", want);
+    }
+    // A 0-d tensor: MindSpore's records of a scalar have no dims.
+    e.slices.push_back({data + static_cast<uint64_t>(be[0]), len});
+    e.nbytes = len;
+    ranges.emplace_back(be[0], be[1]);
+    index.entries.push_back(std::move(e));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second)
+      throw FormatError(where, ": two tensors' data overlap");
+  }
+  return index;
+}
+
+std::vector<fs::path> Checkpoint2Iterations(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const auto it = IterationOf(e.path());
+    if (it && e.is_directory(ec) && HoldsModelFile(e.path()))
+      found.emplace_back(*it, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [i, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+std::optional<fs::path> Checkpoint2Dir(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return std::nullopt;
+  if (HoldsModelFile(path)) return path;
+  const std::vector<fs::path> its = Checkpoint2Iterations(path);
+  if (its.empty()) return std::nullopt;
+  if (fs::is_regular_file(path / kTracker, ec)) {
+    const std::string t = ReadSmallFile(path / kTracker, 64);
+    std::string_view s(t);
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+      s.remove_suffix(1);
+    const auto n = Number(s);
+    if (!n) {
+      throw FormatError((path / kTracker).string(), ": '", t,
+                        "' is no iteration number");
+    }
+    for (const fs::path& p : its)
+      if (IterationOf(p) == *n) return p;
+    throw FormatError((path / kTracker).string(), ": iteration ", *n,
+                      " has no complete iteration folder here");
+  }
+  return its.back();
+}
+
+Checkpoint2 ReadCheckpoint2(const fs::path& iter_dir) {
+  Checkpoint2 c;
+  c.iter_dir = iter_dir;
+  std::map<int64_t, fs::path> model, opt;
+  int64_t world = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(iter_dir, ec)) {
+    const auto f = ParseFileName(e.path().filename().string());
+    if (!f || !e.is_regular_file(ec)) continue;
+    if (world != 0 && f->world != world) {
+      throw FormatError(e.path().string(), ": a file of a ", f->world,
+                        "-rank save beside files of ", world, " ranks");
+    }
+    world = f->world;
+    (f->kind == "model" ? model : opt)[f->rank] = e.path();
+  }
+  if (ec) throw IoError("cannot list ", iter_dir.string(), ": ", ec.message());
+  if (model.empty())
+    throw FormatError(iter_dir.string(), ": no model-*.safetensors file");
+  for (int64_t r = 0; r < world; ++r) {
+    if (!model.count(r)) {
+      throw FormatError(iter_dir.string(), ": the model file of rank ", r,
+                        " of ", world, " is missing (an incomplete save)");
+    }
+    if (!opt.empty() && !opt.count(r)) {
+      throw FormatError(iter_dir.string(), ": the optimizer file of rank ", r,
+                        " of ", world, " is missing (an incomplete save)");
+    }
+  }
+  c.world = world;
+  std::map<std::string, size_t> file_index;
+  for (int64_t r = 0; r < world; ++r) {
+    for (const auto* m : {&model, &opt}) {
+      auto it = m->find(r);
+      if (it == m->end()) continue;
+      file_index[it->second.filename().string()] = c.files.size();
+      c.files.push_back(ReadSafetensorsIndex(it->second));
+      c.rank_of.push_back(r);
+    }
+  }
+  // common.json: the counters.
+  c.iteration = IterationOf(iter_dir).value_or(0);
+  if (const fs::path cj = iter_dir / "common.json"; fs::exists(cj, ec)) {
+    json::Value common;
+    try {
+      common = json::Value::Parse(ReadSmallFile(cj, 1 << 20));
+    } catch (Error& e) {
+      e.AddContext(cj.string());
+      throw;
+    }
+    auto num = [&](const char* k) -> std::optional<int64_t> {
+      const json::Value* v = common.Find(k);
+      if (v == nullptr || v->is_null()) return std::nullopt;
+      if (!v->is_int())
+        throw FormatError(cj.string(), ": '", k, "' is not an integer");
+      return v->AsInt();
+    };
+    if (const auto g = num("global_step")) c.iteration = *g;
+    const auto consumed = num("consumed_samples");
+    const auto step = num("step_num");
+    const auto batch = num("global_batch_size");
+    if (consumed && *consumed >= 0) {
+      c.consumed_samples = *consumed;
+    } else if (step && batch && *step >= 0 && *batch > 0) {
+      c.consumed_samples = *step * *batch;
+    }
+  }
+  // metadata.json: each file's slices placed.
+  const fs::path mj = iter_dir / "metadata.json";
+  if (!fs::exists(mj, ec)) {
+    if (world > 1) {
+      throw FormatError(iter_dir.string(), ": ", world,
+                        " ranks but no metadata.json (it places their "
+                        "slices; MindFormers writes it last)");
+    }
+    return c;
+  }
+  json::Value meta;
+  try {
+    meta = json::Value::Parse(ReadSmallFile(mj, uint64_t{1} << 30));
+  } catch (Error& e) {
+    e.AddContext(mj.string());
+    throw;
+  }
+  const json::Value* sdm = meta.Find("state_dict_metadata");
+  const json::Value* storage = meta.Find("storage_data");
+  if (sdm == nullptr || !sdm->is_object() || storage == nullptr ||
+      !storage->is_object()) {
+    throw FormatError(mj.string(),
+                      ": no state_dict_metadata and storage_data objects");
+  }
+  for (const auto& [id, files] : storage->members()) {
+    const std::string w = StrCat(mj.string(), " > storage_data > ", id);
+    const auto shard = ParseShardId(id);
+    if (!shard) throw FormatError(w, ": not a ('<name>', (<offsets>)) key");
+    const json::Value* m = sdm->Find(shard->first);
+    if (m == nullptr) throw FormatError(w, ": no state_dict_metadata entry");
+    const json::Value* gs = m->Find("global_shape");
+    if (gs == nullptr) throw FormatError(w, ": no global_shape");
+    Placed p;
+    p.global_shape = IntList(*gs, w + " > global_shape");
+    p.offset = shard->second;
+    if (p.offset.size() != p.global_shape.size()) {
+      throw FormatError(w, ": ", p.offset.size(), " offsets for a ",
+                        p.global_shape.size(), "-d tensor");
+    }
+    if (!files.is_array()) throw FormatError(w, ": not a list of files");
+    for (const json::Value& f : files.items()) {
+      const json::Value* name = f.Find("file_name");
+      if (name == nullptr || !name->is_string())
+        throw FormatError(w, ": an entry without file_name");
+      auto fi = file_index.find(name->AsString());
+      if (fi == file_index.end()) {
+        throw FormatError(w, ": names ", name->AsString(), ", which is not in ",
+                          iter_dir.string());
+      }
+      c.placed[{fi->second, shard->first}] = p;
+    }
+  }
+  return c;
+}
+
+}  // namespace ucp::mindspore

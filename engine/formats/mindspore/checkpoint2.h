@@ -1,0 +1,85 @@
+#pragma once
+// MindFormers "Checkpoint 2.0" (mindformers/checkpoint/, MindFormers 2.x,
+// save_checkpoint with format "safetensors"):
+//
+//   <root>/latest_checkpointed_iteration.txt   the newest iteration N (text)
+//   <root>/iteration_{N:08d}/
+//     [<prefix>-]model-{rank:07d}-{world:07d}.safetensors
+//         the rank's model tensors (its local slices), by parameter name
+//     [<prefix>-]opt-{rank:07d}-{world:07d}.safetensors
+//         its optimizer's, by MindSpore's names (moment1.<p> / adam_m.<p>,
+//         moment2.<p> / adam_v.<p>, global_step, learning_rate, ...);
+//         absent without optimizer state
+//     common.json    {"epoch_num", "step_num", "global_step", "loss_scale",
+//                     "global_batch_size", "consumed_samples",
+//                     "ckpt_status"} (CommonInfo; values may be null)
+//     metadata.json  written for more than one rank (one rank: none, every
+//                    file whole):
+//       {"state_dict_metadata": {<name>: {"properties": {"dtype", ...},
+//          "global_shape": [...], "axis_fragmentations": [...],
+//          "layout": {...} | null,
+//          "chunk": [{"global_offset": [...], "local_shape": [...]}]}},
+//        "storage_data": {"('<name>', (<o0>, <o1>, ...))":
+//          [{"file_name": "<file>.safetensors", "storage_rank": r,
+//            "rank_group": [...]}]}}
+//       a chunk listed once per rank file holding it (replicas too).
+// safetensors (huggingface/safetensors): u64 LE header size H, H bytes of
+// JSON {<name>: {"dtype": "F32" | "BF16" | ..., "shape": [...],
+// "data_offsets": [b, e]}, "__metadata__": {...}}, then the data; offsets
+// relative to byte 8 + H, tiling it.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/core/dtype.h"
+#include "engine/formats/mindspore/ckpt.h"
+
+namespace ucp::mindspore {
+
+/// A safetensors file as records: each tensor an entry (its tensor type
+/// MindSpore's name of the dtype) with one slice at its absolute offset.
+/// Throws IoError; FormatError naming the file (and tensor) for a header
+/// that is no safetensors header, an unknown dtype, data outside the file.
+CkptIndex ReadSafetensorsIndex(const std::filesystem::path& path);
+
+/// Where a rank file's slice of a tensor lies.
+struct Placed {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offset;
+};
+
+struct Checkpoint2 {
+  std::filesystem::path iter_dir;
+  int64_t iteration = 0;          // common.json global_step, else N
+  int64_t consumed_samples = -1;  // consumed_samples, else steps x batch
+  int64_t world = 1;
+  /// Rank r's model file, then its optimizer file (if any), rank by rank.
+  std::vector<CkptIndex> files;
+  std::vector<int64_t> rank_of;  // per file
+  /// (file index, tensor name) -> its place (metadata.json; empty for one
+  /// rank). A tensor it does not place is whole.
+  std::map<std::pair<size_t, std::string>, Placed> placed;
+};
+
+/// The iteration folder `path` names: itself (it holds a model file), or
+/// the tracker's (or else the newest) iteration_N/ of a save folder.
+/// Absent if `path` is neither.
+std::optional<std::filesystem::path> Checkpoint2Dir(
+    const std::filesystem::path& path);
+
+/// Reads an iteration folder: its files' indexes, common.json,
+/// metadata.json. Throws IoError; FormatError naming the file for a missing
+/// rank file, a malformed common.json / metadata.json, a file metadata.json
+/// names that is not there.
+Checkpoint2 ReadCheckpoint2(const std::filesystem::path& iter_dir);
+
+/// The iteration folders of a save folder, oldest first.
+std::vector<std::filesystem::path> Checkpoint2Iterations(
+    const std::filesystem::path& root);
+
+}  // namespace ucp::mindspore
