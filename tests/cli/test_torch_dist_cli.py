@@ -199,10 +199,16 @@ def test_non_distributed_optimizer_in_and_out():
         groups = torch.load(t / "b" / ITER / "common.pt",
                             weights_only=False)["optimizer"]["optimizer"]["param_groups"]
         assert [g["step"] for g in groups] == [10.0, 10.0], groups
-        # From the distributed optimizer (the step on its groups) to the non-distributed one.
+        # From the distributed optimizer to the non-distributed one: SRC's groups carry an
+        # int step (Transformer Engine's FusedAdam, which keeps no step per param): they keep
+        # it, and common_step gives torch Adam (which cannot load a state without one) its.
         run("convert", SRC, "-o", t / "c", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 4, "--dp", 1, "-q")
         megatron_loads(t / "c", SRC / ITER, 1, 4, optim="non_distributed")
+        inner = torch.load(t / "c" / ITER / "common.pt", weights_only=False)["optimizer"][
+            "optimizer"]
+        assert float(inner["state"]["common_step"]) == 10.0, inner
+        assert [g["step"] for g in inner["param_groups"]] == [10, 10], inner
         # The universal content: torch Adam's step kept per param; the same through ucp's
         # output and through Megatron's legacy format.
         run("to-universal", NONDIST, "-o", t / "u1.h5", "-q")

@@ -357,7 +357,9 @@ void MegatronPlan::ReadTorchStep() {
   const bool atoms = std::find(state_keys_.begin(), state_keys_.end(),
                                "step") != state_keys_.end();
   const std::optional<TorchStep> step = FindTorchStep(store_, atoms, executor_);
-  if (!step) return;
+  // An int step on the groups is apex's / Transformer Engine's FusedAdam's,
+  // whose state holds none per param: the groups keep theirs.
+  if (!step || (!step->from_atoms && step->integral)) return;
   torch_step_ = step->value;
   torch_step_integral_ = step->integral;
   step_atoms_ = step->from_atoms;

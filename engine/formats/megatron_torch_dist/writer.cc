@@ -127,7 +127,8 @@ class TorchDistPlan : public formats::TargetPlan {
       const std::function<Value*(float)>& scalar) const;
   // The param groups dicts for the target's optimizer: 'step' on each group
   // for the distributed optimizer (its state_dict keeps torch Adam's step
-  // there), none for the non-distributed one (the step is common_step).
+  // there), none for the non-distributed one (the step is common_step)
+  // unless the step is FusedAdam's, whose groups keep it.
   void FixGroupSteps(pickle::Arena& arena, std::vector<Value*>& groups) const;
   const char* Sharding() const {
     return non_distributed_  ? "non_distributed"
@@ -153,6 +154,9 @@ class TorchDistPlan : public formats::TargetPlan {
   bool dp_reshardable_ = false;
   bool non_distributed_ = false;
   std::optional<megatron::TorchStep> step_;
+  // The step is FusedAdam's (an int on the groups, none per param): a
+  // non-distributed target's groups keep it beside common_step.
+  bool fused_step_ = false;
   int64_t world_ = 1;
   fs::path iter_dir_;
 
@@ -255,6 +259,7 @@ void TorchDistPlan::ReadMetadata() {
   non_distributed_ = write_optimizer_ && !options_.distributed_optimizer;
   if (write_optimizer_) {
     step_ = megatron::FindTorchStep(input_, true, reshape::ExecutorOptions{});
+    fused_step_ = step_ && !step_->from_atoms && step_->integral;
     if (!step_) {
       notes_.insert(StrCat(
           "the universal content holds no Adam step: the optimizer's step "
@@ -272,7 +277,7 @@ void TorchDistPlan::FixGroupSteps(pickle::Arena& arena,
     bool has = false;
     for (const auto& [k, v] : g->entries) {
       const bool step = k != nullptr && k->kind == Kind::kStr && k->s == "step";
-      if (step && non_distributed_) continue;
+      if (step && non_distributed_ && !fused_step_) continue;
       has = has || step;
       copy->entries.emplace_back(k, v);
     }
@@ -873,6 +878,8 @@ pickle::Value* TorchDistPlan::BuildCommon(
     // [...]}} (the groups' 'params' are not saved: each rank's own at load).
     Value* opt = arena.Dict();
     Value* inner = arena.Dict();
+    // common_step always: torch Adam cannot load a state without a
+    // per-param step; FusedAdam's groups keep theirs too (FixGroupSteps).
     Value* state = arena.Dict();
     formats::AppendEntry(
         arena, state, "common_step",
