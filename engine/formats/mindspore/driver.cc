@@ -73,10 +73,11 @@ class MindSporeDriver : public formats::Driver {
   std::string_view Name() const override { return "mindspore"; }
   std::string_view Summary() const override {
     return "MindSpore checkpoints (mindspore.save_checkpoint, MindFormers): "
-           "a .ckpt file, a folder of them (rank_0/, meta.json) or a sharded "
-           "save (rank_R/ + strategy file), Adam moments as optimizer "
-           "state; written as one .ckpt in rank_0/, or per rank for "
-           "--strategy";
+           "a .ckpt file, a folder of them (rank_0/, meta.json), a sharded "
+           "save (rank_R/ + strategy file) or a Checkpoint 2.0 folder "
+           "(iteration_N/ safetensors + metadata.json), Adam moments as "
+           "optimizer state; written as one .ckpt in rank_0/, or per rank "
+           "for --strategy";
   }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
@@ -103,7 +104,9 @@ class MindSporeDriver : public formats::Driver {
     o.help =
         "MindSpore: the .ckpt file of a folder to read (default: the one "
         "meta.json names, else the newest by <epoch>_<step>; of a sharded "
-        "save, rank 0's: the other ranks' files of its step are read)";
+        "save, rank 0's: the other ranks' files of its step are read), or "
+        "the iteration_N folder of a Checkpoint 2.0 save (default: the "
+        "tracker's)";
     formats::OptionSpec st;
     st.name = kStrategyOption;
     st.type = formats::OptionSpec::Type::kString;
