@@ -109,7 +109,8 @@ struct Checkpoint {
   std::string common_in;  // "common.pt", "common_state" or ""
   json::Value content_metadata = json::Value::Object();
   /// content_metadata's distrib_optim_sharding_type, else inferred from the
-  /// keys: "fully_reshardable", "dp_reshardable", "non_distributed", "none".
+  /// keys: "fully_reshardable", "dp_reshardable", "fully_sharded_model_space"
+  /// (flattened keys), "non_distributed", "none".
   std::string optimizer;
   layouts::Topology topology;  // from args, else TP/PP from the chunks
   std::vector<std::filesystem::path> files;  // every file read
