@@ -441,45 +441,65 @@ def locate(whole, part):
     return list(hits[0])
 
 
-def checkpoint2(root, rank_files, want, iteration=2, batch=8):
+def checkpoint2(root, rank_files, want, iteration=2, batch=8, balanced=None):
     """A MindFormers Checkpoint 2.0 save folder (mindformers/checkpoint/checkpoint.py
     save_checkpoint: per rank, MindSpore's save_checkpoint(format="safetensors") of the model's
     params as model-RRRRRRR-WWWWWWW and of the optimizer's other entries as opt-...;
     common.json; for more than one rank metadata.json, each slice at its global offset; the
     tracker last) made of the records of `rank_files` (MindSpore's own rank files), re-saved by
-    MindSpore; a slice's offset is where it lies in the whole tensor `want`."""
+    MindSpore; a slice's offset is where it lies in the whole tensor `want`. `balanced`: a
+    remove_redundancy save instead (fully_parallel.py's BalancedSaveStrategy): each slice once,
+    saved by one of the ranks holding it (model slices by the first, optimizer slices by the
+    last rank if it holds them, else the first), the ranks with something to save numbered as
+    the files of each kind."""
     m = ms()
     it = root / f"iteration_{iteration:08d}"
     it.mkdir(parents=True)
     world = len(rank_files)
     sdm, storage = {}, {}
-    for r, f in enumerate(rank_files):
-        recs = m.load_checkpoint(str(f))
-        for kind, names in (("model", [k for k in recs if k in NAMES]),
-                            ("opt", [k for k in recs if k not in NAMES])):
-            fname = f"{kind}-{r:07d}-{world:07d}"
-            m.save_checkpoint([{"name": k, "data": recs[k]} for k in names], str(it / fname),
-                              format="safetensors")
+    # (kind, file index, file count) -> [(name, Tensor)]
+    files = {}
+    recs = [m.load_checkpoint(str(f)) for f in rank_files]
+    saver = {}  # balanced: (kind, name, offset) -> (rank, Tensor)
+    for r, rec in enumerate(recs):
+        for kind, names in (("model", [k for k in rec if k in NAMES]),
+                            ("opt", [k for k in rec if k not in NAMES])):
             for k in names:
-                local = recs[k].asnumpy()
-                off = locate(want[k], local)
-                e = sdm.setdefault(k, {
-                    "properties": {"dtype": str(recs[k].dtype).lower(), "replica_id": 0,
-                                   "allow_shape_mismatch": False, "allow_to_save": True},
-                    "global_shape": list(want[k].shape),
-                    "axis_fragmentations": [w // n for w, n in zip(want[k].shape, local.shape)],
-                    "layout": None, "chunk": []})
-                chunk = {"global_offset": off, "local_shape": list(local.shape)}
-                if chunk not in e["chunk"]:
-                    e["chunk"].append(chunk)
-                storage.setdefault(str((k, tuple(off))), []).append(
-                    {"file_name": fname + ".safetensors", "storage_rank": r,
-                     "rank_group": list(range(world))})
+                if not balanced:
+                    files.setdefault((kind, r, world), []).append((k, rec[k]))
+                    continue
+                key = (kind, k, tuple(locate(want[k], rec[k].asnumpy())))
+                if key not in saver or (kind == "opt" and r == world - 1):
+                    saver[key] = (r, rec[k])
+    for kind in ("model", "opt"):
+        savers = sorted({r for (kd, _, _), (r, _) in saver.items() if kd == kind})
+        for (kd, k, _), (r, v) in saver.items():
+            if kd == kind:
+                files.setdefault((kind, savers.index(r), len(savers)), []).append((k, v))
+    for (kind, i, n), items in sorted(files.items(), key=lambda x: x[0]):
+        fname = f"{kind}-{i:07d}-{n:07d}"
+        m.save_checkpoint([{"name": k, "data": v} for k, v in items], str(it / fname),
+                          format="safetensors")
+        for k, v in items:
+            local = v.asnumpy()
+            off = locate(want[k], local)
+            e = sdm.setdefault(k, {
+                "properties": {"dtype": str(v.dtype).lower(), "replica_id": 0,
+                               "allow_shape_mismatch": False, "allow_to_save": True},
+                "global_shape": list(want[k].shape),
+                "axis_fragmentations": [g // x for g, x in zip(want[k].shape, local.shape)],
+                "layout": None, "chunk": []})
+            chunk = {"global_offset": off, "local_shape": list(local.shape)}
+            if chunk not in e["chunk"]:
+                e["chunk"].append(chunk)
+            storage.setdefault(str((k, tuple(off))), []).append(
+                {"file_name": fname + ".safetensors", "storage_rank": i,
+                 "rank_group": list(range(world))})
     (it / "common.json").write_text(json.dumps(
         {"epoch_num": 1, "step_num": iteration, "global_step": iteration, "loss_scale": 1.0,
          "global_batch_size": batch, "consumed_samples": iteration * batch,
          "ckpt_status": 0}, indent=4))
-    if world > 1:
+    if world > 1 or balanced:
         (it / "metadata.json").write_text(json.dumps(
             {"state_dict_metadata": sdm, "storage_data": storage}, separators=(",", ":")))
     (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
@@ -529,6 +549,21 @@ def test_checkpoint2_sharded():
         assert not (t / "x.h5").exists()
         (t / "aside").rename(it / "metadata.json")
         assert sorted(str(p) for p in t.rglob("*")) == before
+
+
+def test_checkpoint2_balanced():
+    """A remove_redundancy Checkpoint 2.0 save (each slice once, fewer files than ranks, and
+    as many of each kind as ranks saved some of it): read to exactly the source."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, ranks, _ = sharded_by_mindspore(t, "tp")
+        files = [only_ckpt(ranks / f"rank_{r}") for r in range(world(LAYOUTS["tp"]))]
+        it = checkpoint2(t / "save", files, want, balanced=True)
+        model = sorted(it.glob("model-*.safetensors"))
+        opt = sorted(it.glob("opt-*.safetensors"))
+        assert 1 <= len(model) < 4 and 1 <= len(opt) and len(model) != len(opt), (model, opt)
+        run("to-universal", t / "save", "-o", t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
 
 
 def mindformers_save(t, steps, layout="tp"):

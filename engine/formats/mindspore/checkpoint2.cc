@@ -241,32 +241,38 @@ std::optional<fs::path> Checkpoint2Dir(const fs::path& path) {
 Checkpoint2 ReadCheckpoint2(const fs::path& iter_dir) {
   Checkpoint2 c;
   c.iter_dir = iter_dir;
+  // Each kind's files: model-I-N for I < N, opt-I-M for I < M. One per rank
+  // (N = M = the world), or, for a remove_redundancy (balanced) save, as
+  // many as its plan made of each kind.
   std::map<int64_t, fs::path> model, opt;
-  int64_t world = 0;
+  int64_t worlds[2] = {0, 0};
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(iter_dir, ec)) {
     const auto f = ParseFileName(e.path().filename().string());
     if (!f || !e.is_regular_file(ec)) continue;
-    if (world != 0 && f->world != world) {
-      throw FormatError(e.path().string(), ": a file of a ", f->world,
-                        "-rank save beside files of ", world, " ranks");
+    const int k = f->kind == "model" ? 0 : 1;
+    if (worlds[k] != 0 && f->world != worlds[k]) {
+      throw FormatError(e.path().string(), ": one of ", f->world, " ", f->kind,
+                        " files beside one of ", worlds[k]);
     }
-    world = f->world;
-    (f->kind == "model" ? model : opt)[f->rank] = e.path();
+    worlds[k] = f->world;
+    (k == 0 ? model : opt)[f->rank] = e.path();
   }
   if (ec) throw IoError("cannot list ", iter_dir.string(), ": ", ec.message());
   if (model.empty())
     throw FormatError(iter_dir.string(), ": no model-*.safetensors file");
-  for (int64_t r = 0; r < world; ++r) {
-    if (!model.count(r)) {
-      throw FormatError(iter_dir.string(), ": the model file of rank ", r,
-                        " of ", world, " is missing (an incomplete save)");
-    }
-    if (!opt.empty() && !opt.count(r)) {
-      throw FormatError(iter_dir.string(), ": the optimizer file of rank ", r,
-                        " of ", world, " is missing (an incomplete save)");
+  for (int k = 0; k < 2; ++k) {
+    const auto& files = k == 0 ? model : opt;
+    for (int64_t r = 0; r < worlds[k]; ++r) {
+      if (!files.count(r)) {
+        throw FormatError(iter_dir.string(), ": the ",
+                          k == 0 ? "model" : "optimizer", " file of rank ", r,
+                          " of ", worlds[k],
+                          " is missing (an incomplete save)");
+      }
     }
   }
+  const int64_t world = std::max(worlds[0], worlds[1]);
   c.world = world;
   std::map<std::string, size_t> file_index;
   for (int64_t r = 0; r < world; ++r) {
