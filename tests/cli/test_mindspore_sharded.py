@@ -564,6 +564,9 @@ def test_checkpoint2_balanced():
         assert 1 <= len(model) < 4 and 1 <= len(opt) and len(model) != len(opt), (model, opt)
         run("to-universal", t / "save", "-o", t / "u.h5", "-q")
         assert_universal_is(t / "u.h5", want)
+        first = run("inspect", t / "save").stdout.splitlines()[0]
+        assert first.startswith(f"{it}  (MindFormers Checkpoint 2.0, "
+                                f"{len(model) + len(opt)} safetensors files"), first
 
 
 def mindformers_save(t, steps, layout="tp"):

@@ -448,13 +448,18 @@ json::Value Inventory(const Checkpoint& c) {
     }
   }
   json::Value j = json::Value::Object();
+  const fs::path shown = c.v2 ? c.v2->iter_dir : c.strategy ? c.dir : c.path;
   j["format"] = "mindspore";
-  j["path"] = (c.strategy ? c.dir : c.path).string();
-  j["ranks"] = static_cast<int64_t>(files.size());
+  j["path"] = shown.string();
+  j["ranks"] = c.v2 ? c.v2->world : static_cast<int64_t>(files.size());
   if (c.strategy) j["strategy"] = c.strategy->path.string();
+  if (c.v2) j["container"] = "Checkpoint 2.0";
   j["iteration"] = c.iteration;
   std::string text =
-      StrCat((c.strategy ? c.dir : c.path).string(), "  (MindSpore .ckpt, ",
+      StrCat(shown.string(),
+             c.v2 ? StrCat("  (MindFormers Checkpoint 2.0, ", files.size(),
+                           " safetensors files of ", c.v2->world, " ranks, ")
+                  : std::string("  (MindSpore .ckpt, "),
              order.size(), " records",
              c.strategy ? StrCat(", ", files.size(), " ranks laid out by ",
                                  c.strategy->path.string())
