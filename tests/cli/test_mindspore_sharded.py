@@ -569,6 +569,44 @@ def test_checkpoint2_balanced():
                                 f"{len(model) + len(opt)} safetensors files"), first
 
 
+def load_safetensors(path):
+    return {k: v.asnumpy()
+            for k, v in ms().load_checkpoint(str(path), format="safetensors").items()}
+
+
+def test_checkpoint2_written():
+    """--checkpoint2 writes a MindFormers Checkpoint 2.0 save folder: unsharded, MindSpore's own
+    load_checkpoint(format="safetensors") finds the params in the model file and the rest in
+    the optimizer file, together the source's records; for the "tp" strategy, each rank's two
+    files hold exactly the records of MindSpore's transform_checkpoints rank file; ucp reads
+    both back to the source."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, theirs, strategy = sharded_by_mindspore(t, "tp")
+        run("convert", t / "src", "-o", t / "one", "--format", "mindspore", "--checkpoint2",
+            "-q")
+        it = t / "one" / "iteration_00000002"
+        assert (t / "one" / "latest_checkpointed_iteration.txt").read_text() == "2"
+        model = load_safetensors(it / "model-0000000-0000001.safetensors")
+        assert sorted(model) == sorted(NAMES), sorted(model)
+        assert_same({**model, **load_safetensors(it / "opt-0000000-0000001.safetensors")},
+                    want, "Checkpoint 2.0 written by ucp")
+        assert not (it / "metadata.json").exists()
+        common = json.loads((it / "common.json").read_text())
+        assert common["global_step"] == 2 and common["step_num"] == 2, common
+        run("to-universal", t / "one", "-o", t / "u1.h5", "-q")
+        assert_universal_is(t / "u1.h5", want)
+        run("convert", t / "src", "-o", t / "four", "--format", "mindspore", "--checkpoint2",
+            "--target-strategy", strategy, "-q")
+        it = t / "four" / "iteration_00000002"
+        for r in range(world(LAYOUTS["tp"])):
+            got = {**load_safetensors(it / f"model-{r:07d}-0000004.safetensors"),
+                   **load_safetensors(it / f"opt-{r:07d}-0000004.safetensors")}
+            assert_same(got, load(only_ckpt(theirs / f"rank_{r}")), f"rank {r}")
+        run("to-universal", t / "four", "-o", t / "u4.h5", "-q")
+        assert_universal_is(t / "u4.h5", want)
+
+
 def mindformers_save(t, steps, layout="tp"):
     """A MindFormers-style save: output/checkpoint/rank_R/
     llama_rank_R-1_<step>.ckpt for each step, meta.json per rank naming the

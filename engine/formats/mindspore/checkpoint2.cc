@@ -20,19 +20,14 @@ constexpr uint64_t kMaxHeader = 100'000'000;  // safetensors' MAX_HEADER_SIZE
 constexpr const char* kIterPrefix = "iteration_";
 constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
 
-std::optional<DType> SafetensorsDType(const std::string& s) {
-  static const std::pair<const char*, DType> kTable[] = {
-      {"F64", DType::kFloat64}, {"F32", DType::kFloat32},
-      {"F16", DType::kFloat16}, {"BF16", DType::kBFloat16},
-      {"I64", DType::kInt64},   {"I32", DType::kInt32},
-      {"I16", DType::kInt16},   {"I8", DType::kInt8},
-      {"U8", DType::kUInt8},    {"U16", DType::kUInt16},
-      {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
-      {"BOOL", DType::kBool}};
-  for (const auto& [name, d] : kTable)
-    if (s == name) return d;
-  return std::nullopt;
-}
+constexpr std::pair<const char*, DType> kDTypes[] = {
+    {"F64", DType::kFloat64}, {"F32", DType::kFloat32},
+    {"F16", DType::kFloat16}, {"BF16", DType::kBFloat16},
+    {"I64", DType::kInt64},   {"I32", DType::kInt32},
+    {"I16", DType::kInt16},   {"I8", DType::kInt8},
+    {"U8", DType::kUInt8},    {"U16", DType::kUInt16},
+    {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
+    {"BOOL", DType::kBool}};
 
 std::optional<int64_t> Number(std::string_view s) {
   int64_t v = 0;
@@ -65,6 +60,12 @@ std::optional<FileName> ParseFileName(const std::string& name) {
     kind.remove_prefix(d + 1);
   if (kind != "model" && kind != "opt") return std::nullopt;
   return FileName{std::string(kind), *rank, *world};
+}
+
+std::optional<DType> SafetensorsDType(const std::string& s) {
+  for (const auto& [name, d] : kDTypes)
+    if (s == name) return d;
+  return std::nullopt;
 }
 
 std::optional<int64_t> IterationOf(const fs::path& dir) {
@@ -125,6 +126,32 @@ std::optional<std::pair<std::string, std::vector<int64_t>>> ParseShardId(
 }
 
 }  // namespace
+
+std::optional<std::string> SafetensorsDTypeName(DType dtype) {
+  for (const auto& [name, d] : kDTypes)
+    if (d == dtype) return std::string(name);
+  return std::nullopt;
+}
+
+std::string IterationFolderName(int64_t iteration) {
+  std::string n = std::to_string(iteration);
+  if (n.size() < 8) n.insert(0, 8 - n.size(), '0');
+  return kIterPrefix + n;
+}
+
+std::string ShardId(const std::string& name,
+                    const std::vector<int64_t>& offset) {
+  const char q = name.find('\'') != std::string::npos &&
+                         name.find('"') == std::string::npos
+                     ? '"'
+                     : '\'';
+  std::string out =
+      StrCat("(", std::string(1, q), name, std::string(1, q), ", (");
+  for (size_t i = 0; i < offset.size(); ++i)
+    out += StrCat(i ? ", " : "", offset[i]);
+  if (offset.size() == 1) out += ",";
+  return out + "))";
+}
 
 CkptIndex ReadSafetensorsIndex(const fs::path& path) {
   const File f = File::OpenRead(path);

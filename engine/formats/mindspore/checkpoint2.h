@@ -78,6 +78,18 @@ std::optional<std::filesystem::path> Checkpoint2Dir(
 /// names that is not there.
 Checkpoint2 ReadCheckpoint2(const std::filesystem::path& iter_dir);
 
+/// safetensors' dtype name ("F32", "BF16", ...); absent for a dtype it has
+/// none for.
+std::optional<std::string> SafetensorsDTypeName(DType dtype);
+
+/// The folder name of iteration N: "iteration_0000000N" (8 digits).
+std::string IterationFolderName(int64_t iteration);
+
+/// MindFormers' shard id of a slice: Python's str((name, tuple(offset))),
+/// "('w', (0, 16))", "('b', (6,))", "('s', ())".
+std::string ShardId(const std::string& name,
+                    const std::vector<int64_t>& offset);
+
 /// The iteration folders of a save folder, oldest first.
 std::vector<std::filesystem::path> Checkpoint2Iterations(
     const std::filesystem::path& root);

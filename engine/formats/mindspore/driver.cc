@@ -77,7 +77,7 @@ class MindSporeDriver : public formats::Driver {
            "save (rank_R/ + strategy file) or a Checkpoint 2.0 folder "
            "(iteration_N/ safetensors + metadata.json), Adam moments as "
            "optimizer state; written as one .ckpt in rank_0/, or per rank "
-           "for --strategy";
+           "for --strategy, or as Checkpoint 2.0 with --checkpoint2";
   }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
@@ -126,7 +126,15 @@ class MindSporeDriver : public formats::Driver {
         "MindSpore: write one .ckpt per rank (rank_R/) laid out by this "
         "strategy file (or folder of per-rank ones), copied beside them "
         "(default: one unsharded file)";
-    return {st};
+    formats::OptionSpec v2;
+    v2.name = kCheckpoint2Option;
+    v2.type = formats::OptionSpec::Type::kFlag;
+    v2.help =
+        "MindSpore: write a MindFormers Checkpoint 2.0 save folder "
+        "(iteration_N/ with model-R-W / opt-R-W.safetensors per rank, "
+        "common.json, metadata.json for several ranks; the tracker last) "
+        "instead of .ckpt files";
+    return {st, v2};
   }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {

@@ -35,6 +35,7 @@ namespace ucp::mindspore {
 
 inline constexpr const char* kCheckpointOption = "checkpoint";
 inline constexpr const char* kStrategyOption = "strategy";
+inline constexpr const char* kCheckpoint2Option = "checkpoint2";
 inline constexpr const char* kMetaAttr = "mindspore";
 /// The record-name prefixes of Adam's moments and the state kind each is:
 /// nn.Adam's moment1. / moment2., AdamWeightDecay's (MindFormers') adam_m. /

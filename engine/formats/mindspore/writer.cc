@@ -2,6 +2,7 @@
 // .ckpt file of Checkpoint records (ckpt.h) in rank_0/, and meta.json last.
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <memory>
 #include <optional>
@@ -110,11 +111,27 @@ class MindSporePlan : public formats::TargetPlan {
       names_.push_back(file_);
     }
     specs_ = Specs();  // the same records (sliced) in every rank's file
+    v2_ = options.values.Flag(kCheckpoint2Option);
+    if (v2_) {
+      iter_folder_ = IterationFolderName(input.root().iteration);
+      for (const Spec& s : specs_) {
+        if (s.raw != nullptr) {
+          throw UsageError("--checkpoint2: ", input.path().string(),
+                           " holds a map tensor (", s.tag,
+                           "), which a Checkpoint 2.0 folder cannot");
+        }
+        if (s.atom == nullptr && !DTypeOfTensorType(s.type)) {
+          throw UsageError("--checkpoint2: record ", s.tag, " of type ", s.type,
+                           " has no safetensors dtype");
+        }
+      }
+    }
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t i) const override {
     std::vector<std::unique_ptr<formats::PlannedFile>> out;
+    if (v2_) return PlanCheckpoint2(i);
     if (i < static_cast<size_t>(world_)) {
       out.push_back(File(static_cast<int64_t>(i)));
       return out;
@@ -132,11 +149,22 @@ class MindSporePlan : public formats::TargetPlan {
     return out;
   }
   fs::path checkpoint_dir() const override {
-    return strategy_ ? fs::path() : folder_;
+    return v2_ ? fs::path(iter_folder_) : strategy_ ? fs::path() : folder_;
   }
   formats::TargetSummary Summary() const override {
     formats::TargetSummary s;
     s.notes = notes_;
+    if (v2_) {
+      s.resume_hint = StrCat(
+          "MindFormers: load_checkpoint(\"<output>\", network, optimizer) "
+          "(Checkpoint 2.0: the tracker names ",
+          iter_folder_, "; ", world_, " rank(s)",
+          world_ > 1 ? ", metadata.json places their slices" : "",
+          "); MindFormers reshards it to the job's layout");
+      s.details["world"] = world_;
+      s.details["container"] = "Checkpoint 2.0";
+      return s;
+    }
     if (strategy_) {
       std::string name = names_[0];
       if (const size_t at = name.find("rank_0"); at != std::string::npos)
@@ -162,6 +190,7 @@ class MindSporePlan : public formats::TargetPlan {
     return s;
   }
   std::string label() const override {
+    if (v2_) return StrCat("writing ", iter_folder_);
     return strategy_ ? StrCat("writing ", world_, " rank files")
                      : "writing " + file_;
   }
@@ -410,6 +439,201 @@ class MindSporePlan : public formats::TargetPlan {
     return out;
   }
 
+  // Rank r's region of a spec's atom; absent if its stage does not hold
+  // it (a record the strategy does not name is whole on every rank, as
+  // MindSpore treats it).
+  std::optional<Box> Region(const Spec& s, int64_t r) const {
+    const Shape shape = s.atom != nullptr ? s.atom->shape : s.dims;
+    if (strategy_ && !strategy_->Holds(s.tag, r)) return std::nullopt;
+    if (strategy_ && s.atom != nullptr && !shape.empty()) {
+      if (const TensorLayout* l = strategy_->Find(s.tag, r)) {
+        return RankBox(
+            *l, shape, r,
+            StrCat("strategy file ", strategy_->path.string(), " > ", s.tag));
+      }
+    }
+    return Box::Whole(shape);
+  }
+
+  // Checkpoint 2.0 (checkpoint2.h): per rank unit, its model file (the
+  // params) and its optimizer file (moments and the other records); last,
+  // common.json, metadata.json for several ranks, then the tracker.
+  std::string V2Name(bool model, int64_t r) const {
+    std::string idx = std::to_string(r), n = std::to_string(world_);
+    idx.insert(0, 7 - std::min<size_t>(7, idx.size()), '0');
+    n.insert(0, 7 - std::min<size_t>(7, n.size()), '0');
+    return StrCat(model ? "model-" : "opt-", idx, "-", n, ".safetensors");
+  }
+  static bool IsModel(const Spec& s) {
+    return s.atom != nullptr && s.tag == s.param;
+  }
+
+  std::vector<std::unique_ptr<formats::PlannedFile>> PlanCheckpoint2(
+      size_t i) const {
+    std::vector<std::unique_ptr<formats::PlannedFile>> out;
+    const fs::path dir(iter_folder_);
+    if (i < static_cast<size_t>(world_)) {
+      const auto r = static_cast<int64_t>(i);
+      for (bool model : {true, false}) {
+        std::vector<std::pair<const Spec*, Box>> held;
+        for (const Spec& s : specs_) {
+          if (IsModel(s) != model) continue;
+          if (auto b = Region(s, r)) held.emplace_back(&s, *b);
+        }
+        if (held.empty() && !model) continue;
+        out.push_back(SafetensorsFile(dir / V2Name(model, r), held));
+      }
+      return out;
+    }
+    json::Value common = json::Value::Object();
+    const int64_t it = input_.root().iteration;
+    const int64_t consumed = input_.root().consumed_samples;
+    common["epoch_num"] = 1;
+    common["step_num"] = it;
+    common["global_step"] = it;
+    common["loss_scale"] = 1.0;
+    common["global_batch_size"] = consumed >= 0 && it > 0 && consumed % it == 0
+                                      ? json::Value(consumed / it)
+                                      : json::Value();
+    common["consumed_samples"] =
+        consumed >= 0 ? json::Value(consumed) : json::Value();
+    common["ckpt_status"] = json::Value();
+    out.push_back(formats::TextFile(dir / "common.json", common.Dump(4)));
+    if (world_ > 1)
+      out.push_back(
+          formats::TextFile(dir / "metadata.json", Checkpoint2Metadata()));
+    out.push_back(formats::TextFile("latest_checkpointed_iteration.txt",
+                                    std::to_string(it)));
+    return out;
+  }
+
+  // metadata.json (MindFormers' save_metadata): each record's global shape
+  // and slices, and the file of every rank holding each slice.
+  std::string Checkpoint2Metadata() const {
+    std::vector<std::pair<std::string, json::Value>> sdm, storage;
+    std::map<std::string, size_t> storage_at;
+    for (const Spec& s : specs_) {
+      const Shape shape = s.atom != nullptr ? s.atom->shape : s.dims;
+      const DType dtype =
+          s.atom != nullptr ? s.atom->dtype : *DTypeOfTensorType(s.type);
+      json::Value chunks = json::Value::Array();
+      std::set<std::vector<int64_t>> seen;
+      Shape frag;
+      for (int64_t r = 0; r < world_; ++r) {
+        const std::optional<Box> b = Region(s, r);
+        if (!b) continue;
+        if (frag.empty()) {
+          for (size_t d = 0; d < shape.size(); ++d)
+            frag.push_back(b->size[d] > 0 ? shape[d] / b->size[d] : 1);
+        }
+        const std::vector<int64_t> off(b->offset.begin(), b->offset.end());
+        if (seen.insert(off).second) {
+          json::Value c = json::Value::Object();
+          json::Value o = json::Value::Array(), l = json::Value::Array();
+          for (int64_t x : b->offset) o.Append(x);
+          for (int64_t x : b->size) l.Append(x);
+          c["global_offset"] = std::move(o);
+          c["local_shape"] = std::move(l);
+          chunks.Append(std::move(c));
+        }
+        const std::string id = ShardId(s.tag, off);
+        auto [at, fresh] = storage_at.try_emplace(id, storage.size());
+        if (fresh) storage.emplace_back(id, json::Value::Array());
+        json::Value f = json::Value::Object();
+        f["file_name"] = V2Name(IsModel(s), r);
+        f["storage_rank"] = r;
+        json::Value group = json::Value::Array();
+        for (int64_t g = 0; g < world_; ++g) group.Append(g);
+        f["rank_group"] = std::move(group);
+        storage[at->second].second.Append(std::move(f));
+      }
+      std::string ms_dtype = TensorTypeOf(dtype);
+      for (char& ch : ms_dtype) ch = static_cast<char>(std::tolower(ch));
+      json::Value props = json::Value::Object();
+      props["dtype"] = ms_dtype;
+      props["replica_id"] = 0;
+      props["allow_shape_mismatch"] = false;
+      props["allow_to_save"] = true;
+      json::Value e = json::Value::Object();
+      e["properties"] = std::move(props);
+      json::Value gs = json::Value::Array(), af = json::Value::Array();
+      for (int64_t x : shape) gs.Append(x);
+      for (int64_t x : frag) af.Append(x);
+      e["global_shape"] = std::move(gs);
+      e["axis_fragmentations"] = std::move(af);
+      e["layout"] = json::Value();
+      e["chunk"] = std::move(chunks);
+      sdm.emplace_back(s.tag, std::move(e));
+    }
+    std::vector<std::pair<std::string, json::Value>> top;
+    top.emplace_back("state_dict_metadata",
+                     json::Value::FromMembers(std::move(sdm)));
+    top.emplace_back("storage_data",
+                     json::Value::FromMembers(std::move(storage)));
+    return json::Value::FromMembers(std::move(top)).Dump();
+  }
+
+  // A safetensors file of the records `held` (each with its region):
+  // header (format "ms", as MindSpore writes it), then the data in order.
+  std::unique_ptr<formats::PlannedFile> SafetensorsFile(
+      const fs::path& path,
+      const std::vector<std::pair<const Spec*, Box>>& held) const {
+    std::vector<std::pair<std::string, json::Value>> members;
+    json::Value meta = json::Value::Object();
+    meta["format"] = "ms";
+    members.emplace_back("__metadata__", std::move(meta));
+    uint64_t offset = 0;
+    for (const auto& [s, box] : held) {
+      const DType dtype =
+          s->atom != nullptr ? s->atom->dtype : *DTypeOfTensorType(s->type);
+      const std::optional<std::string> name = SafetensorsDTypeName(dtype);
+      if (!name) {
+        throw UsageError("--checkpoint2: ", s->tag, " is ", DTypeName(dtype),
+                         ", which safetensors has no name for");
+      }
+      const uint64_t bytes =
+          s->atom != nullptr ? static_cast<uint64_t>(NumElements(box.size)) *
+                                   ElementSize(dtype)
+                             : s->bytes.size();
+      json::Value e = json::Value::Object();
+      e["dtype"] = *name;
+      json::Value shape = json::Value::Array();
+      for (int64_t d : box.size) shape.Append(d);
+      e["shape"] = std::move(shape);
+      json::Value offs = json::Value::Array();
+      offs.Append(offset);
+      offs.Append(offset + bytes);
+      e["data_offsets"] = std::move(offs);
+      members.emplace_back(s->tag, std::move(e));
+      offset += bytes;
+    }
+    std::string text = json::Value::FromMembers(std::move(members)).Dump();
+    while (text.size() % 8 != 0) text += ' ';
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i)
+      head[static_cast<size_t>(i)] =
+          static_cast<char>((text.size() >> (8 * i)) & 0xff);
+    auto f = std::make_unique<formats::RawFile>(path);
+    f->AddBytes(head + text);
+    for (const auto& [s, box] : held) {
+      if (s->atom == nullptr) {
+        f->AddBytes(s->bytes);
+        continue;
+      }
+      reshape::TargetTensor t;
+      t.name = s->tag;
+      t.dtype = s->atom->dtype;
+      t.shape = box.size;
+      reshape::CopyOp op;
+      op.src = input_.Tensor(*s->atom);
+      op.src_box = box;
+      op.dst_box = Box::Whole(box.size);
+      t.ops.push_back(std::move(op));
+      f->AddTensor(std::move(t));
+    }
+    return f;
+  }
+
   // Rank r's file: its slice of every record its stage holds.
   std::unique_ptr<formats::PlannedFile> File(int64_t r) const {
     auto f = std::make_unique<formats::RawFile>(Folder(r) /
@@ -486,6 +710,8 @@ class MindSporePlan : public formats::TargetPlan {
   std::vector<Spec> specs_;
   std::vector<std::pair<fs::path, std::string>> strategy_bytes_;
   std::vector<std::string> notes_;
+  bool v2_ = false;          // --checkpoint2
+  std::string iter_folder_;  // iteration_N
 };
 
 }  // namespace
