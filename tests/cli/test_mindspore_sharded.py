@@ -521,6 +521,14 @@ def test_checkpoint2_one_rank():
             (t / "u.h5").unlink()
         run("convert", t / "save", "-o", t / "one", "--format", "mindspore", "-q")
         assert_same(load(only_ckpt(t / "one" / "rank_0")), want, "from Checkpoint 2.0")
+        # A newer iteration folder the tracker does not name is a save that did not finish:
+        # resume takes the tracker's, saying why.
+        shutil.copytree(it, t / "save" / "iteration_00000004")
+        (t / "save" / "iteration_00000004" / "common.json").unlink()
+        r = json.loads(run("resume", t / "save", "--json").stdout)
+        assert r["load"].endswith("iteration_00000002") and r["iteration"] == 2, r
+        assert [s["name"] for s in r["skipped"]] == ["iteration_00000004"], r
+        assert "did not finish" in r["skipped"][0]["reason"], r
 
 
 def test_checkpoint2_sharded():

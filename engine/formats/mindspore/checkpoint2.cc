@@ -241,22 +241,28 @@ std::vector<fs::path> Checkpoint2Iterations(const fs::path& root) {
   return out;
 }
 
+std::optional<int64_t> Checkpoint2Tracker(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_regular_file(root / kTracker, ec)) return std::nullopt;
+  const std::string t = ReadSmallFile(root / kTracker, 64);
+  std::string_view s(t);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+    s.remove_suffix(1);
+  const auto n = Number(s);
+  if (!n) {
+    throw FormatError((root / kTracker).string(), ": '", t,
+                      "' is no iteration number");
+  }
+  return n;
+}
+
 std::optional<fs::path> Checkpoint2Dir(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return std::nullopt;
   if (HoldsModelFile(path)) return path;
   const std::vector<fs::path> its = Checkpoint2Iterations(path);
   if (its.empty()) return std::nullopt;
-  if (fs::is_regular_file(path / kTracker, ec)) {
-    const std::string t = ReadSmallFile(path / kTracker, 64);
-    std::string_view s(t);
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
-      s.remove_suffix(1);
-    const auto n = Number(s);
-    if (!n) {
-      throw FormatError((path / kTracker).string(), ": '", t,
-                        "' is no iteration number");
-    }
+  if (const std::optional<int64_t> n = Checkpoint2Tracker(path)) {
     for (const fs::path& p : its)
       if (IterationOf(p) == *n) return p;
     throw FormatError((path / kTracker).string(), ": iteration ", *n,
@@ -268,6 +274,17 @@ std::optional<fs::path> Checkpoint2Dir(const fs::path& path) {
 Checkpoint2 ReadCheckpoint2(const fs::path& iter_dir) {
   Checkpoint2 c;
   c.iter_dir = iter_dir;
+  // MindFormers writes the tracker last: a folder newer than it names is a
+  // save that did not finish.
+  if (const auto it = IterationOf(iter_dir)) {
+    const std::optional<int64_t> tracked =
+        Checkpoint2Tracker(iter_dir.parent_path());
+    if (tracked && *it > *tracked) {
+      throw FormatError(iter_dir.string(), ": newer than iteration ", *tracked,
+                        " the tracker (latest_checkpointed_iteration.txt) "
+                        "names: a save that did not finish");
+    }
+  }
   // Each kind's files: model-I-N for I < N, opt-I-M for I < M. One per rank
   // (N = M = the world), or, for a remove_redundancy (balanced) save, as
   // many as its plan made of each kind.

@@ -72,10 +72,15 @@ struct Checkpoint2 {
 std::optional<std::filesystem::path> Checkpoint2Dir(
     const std::filesystem::path& path);
 
+/// The iteration the save folder's tracker names; absent without one.
+/// Throws FormatError for a tracker that holds no number.
+std::optional<int64_t> Checkpoint2Tracker(const std::filesystem::path& root);
+
 /// Reads an iteration folder: its files' indexes, common.json,
 /// metadata.json. Throws IoError; FormatError naming the file for a missing
 /// rank file, a malformed common.json / metadata.json, a file metadata.json
-/// names that is not there.
+/// names that is not there, a folder newer than the tracker of its save
+/// folder names (an unfinished save).
 Checkpoint2 ReadCheckpoint2(const std::filesystem::path& iter_dir);
 
 /// safetensors' dtype name ("F32", "BF16", ...); absent for a dtype it has
