@@ -104,10 +104,9 @@ INSTANTIATE_TEST_SUITE_P(RealFiles, MindSporeMalformedTest,
 // of a one-rank Checkpoint 2.0 folder, cut and damaged: it reads, or the
 // error names it.
 TEST(MindSporeCheckpoint2Malformed, CutShortOrDamaged) {
-  const std::string good =
-      testutil::ReadFile(testutil::SourceDir() / "tests" / "fuzz" /
-                         "regressions" / "mindspore_safetensors" /
-                         "adam-mindspore-2.10.safetensors");
+  const std::string good = testutil::ReadFile(
+      testutil::SourceDir() / "tests" / "fuzz" / "regressions" /
+      "mindspore_safetensors" / "adam-mindspore-2.10.safetensors");
   testutil::TempDir dir;
   const fs::path it = dir / "iteration_00000001";
   fs::create_directories(it);
