@@ -546,6 +546,14 @@ def test_checkpoint2_sharded():
         r = json.loads(run("resume", t / "save", "--json", "--global-batch-size", 4).stdout)
         assert r["consumed_samples"] == 2 * 8 and r["data_skip_steps"] == 2 * 8 // 4, r
         assert r["load"].endswith("iteration_00000002") or r["load"] == str(t / "save"), r
+        # MindFormers reshards Checkpoint 2.0 at load: it fits a Checkpoint 2.0 job of another
+        # layout as it is; a job of .ckpt rank files gets them written.
+        r = json.loads(run("resume", t / "save", "--json", "--format", "mindspore",
+                           "--checkpoint2", "--strategy", t / "tp.ckpt").stdout)
+        assert not r["reshaped"] and r["load"].endswith("iteration_00000002"), r
+        r = json.loads(run("resume", t / "save", "--json", "--format", "mindspore",
+                           "--strategy", t / "tp.ckpt", "-o", t / "ranks").stdout)
+        assert r["reshaped"] and (t / "ranks" / "rank_3").is_dir(), r
         before = sorted(str(p) for p in t.rglob("*"))
         (it / "model-0000001-0000004.safetensors").rename(t / "aside")
         p = run("to-universal", t / "save", "-o", t / "x.h5", expect=3)

@@ -48,9 +48,13 @@ class MindSporeSource : public formats::Source {
   }
   universal::SourcePlan Plan() const override { return PlanSource(c_); }
   // load_checkpoint takes an unsharded file into a network of any layout;
-  // a sharded save fits the job its strategy lays out.
+  // a sharded save fits the job its strategy lays out; a Checkpoint 2.0
+  // folder, a Checkpoint 2.0 job of any layout.
   bool Fits(const formats::TargetOptions& options) const override {
     const auto s = options.values.String(kStrategyOption);
+    // MindFormers' load_checkpoint reshards a Checkpoint 2.0 folder to the
+    // job's layout: it fits a Checkpoint 2.0 target of any.
+    if (c_.v2) return options.values.Flag(kCheckpoint2Option) || !s;
     if (!c_.strategy) return !s.has_value();
     if (!s) return false;
     const Strategy want = ReadStrategy(*s);
