@@ -519,6 +519,9 @@ def test_checkpoint2_one_rank():
             run("to-universal", path, *extra, "-o", t / "u.h5", "-q")
             assert_universal_is(t / "u.h5", want)
             (t / "u.h5").unlink()
+        p = run("to-universal", t / "save", "--checkpoint", "iteration_00000009", "-o",
+                t / "x.h5", expect=2)
+        one_error_line(p, "usage error", "iteration_00000009", "iteration_00000002")
         run("convert", t / "save", "-o", t / "one", "--format", "mindspore", "-q")
         assert_same(load(only_ckpt(t / "one" / "rank_0")), want, "from Checkpoint 2.0")
         # A newer iteration folder the tracker does not name is a save that did not finish:

@@ -227,7 +227,8 @@ CkptIndex ReadSafetensorsIndex(const fs::path& path) {
   return index;
 }
 
-std::vector<fs::path> Checkpoint2Iterations(const fs::path& root) {
+std::vector<std::pair<int64_t, fs::path>> Checkpoint2Iterations(
+    const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -236,9 +237,12 @@ std::vector<fs::path> Checkpoint2Iterations(const fs::path& root) {
       found.emplace_back(*it, e.path());
   }
   std::sort(found.begin(), found.end());
-  std::vector<fs::path> out;
-  for (auto& [i, p] : found) out.push_back(std::move(p));
-  return out;
+  return found;
+}
+
+bool IsCheckpoint2Folder(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && HoldsModelFile(dir);
 }
 
 std::optional<int64_t> Checkpoint2Tracker(const fs::path& root) {
@@ -260,15 +264,16 @@ std::optional<fs::path> Checkpoint2Dir(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return std::nullopt;
   if (HoldsModelFile(path)) return path;
-  const std::vector<fs::path> its = Checkpoint2Iterations(path);
+  const std::vector<std::pair<int64_t, fs::path>> its =
+      Checkpoint2Iterations(path);
   if (its.empty()) return std::nullopt;
   if (const std::optional<int64_t> n = Checkpoint2Tracker(path)) {
-    for (const fs::path& p : its)
-      if (IterationOf(p) == *n) return p;
+    for (const auto& [i, p] : its)
+      if (i == *n) return p;
     throw FormatError((path / kTracker).string(), ": iteration ", *n,
                       " has no complete iteration folder here");
   }
-  return its.back();
+  return its.back().second;
 }
 
 Checkpoint2 ReadCheckpoint2(const fs::path& iter_dir) {

@@ -95,8 +95,12 @@ std::string IterationFolderName(int64_t iteration);
 std::string ShardId(const std::string& name,
                     const std::vector<int64_t>& offset);
 
-/// The iteration folders of a save folder, oldest first.
-std::vector<std::filesystem::path> Checkpoint2Iterations(
+/// The iteration folders of a save folder (each holding a model file) and
+/// their iterations, oldest first. Never throws.
+std::vector<std::pair<int64_t, std::filesystem::path>> Checkpoint2Iterations(
     const std::filesystem::path& root);
+
+/// Whether `dir` is an iteration folder (holds a model file). Never throws.
+bool IsCheckpoint2Folder(const std::filesystem::path& dir);
 
 }  // namespace ucp::mindspore

@@ -91,13 +91,9 @@ class MindSporeDriver : public formats::Driver {
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
     // (A sharded save whose ranks share no step is still one: Open says
     // which rank lacks its file.)
-    bool v2 = false;
-    try {
-      v2 = Checkpoint2Dir(path).has_value();
-    } catch (const Error&) {
-      v2 = true;  // a Checkpoint 2.0 folder whose tracker Open explains
-    }
-    return ListCheckpoints(path).empty() && !LooksSharded(path) && !v2
+    // (ListCheckpoints lists a Checkpoint 2.0 save folder's iterations.)
+    return ListCheckpoints(path).empty() && !LooksSharded(path) &&
+                   !IsCheckpoint2Folder(path)
                ? formats::Confidence::kNo
                : formats::Confidence::kYes;
   }

@@ -133,11 +133,10 @@ std::optional<fs::path> FileOfStep(const fs::path& folder, size_t r,
 std::vector<formats::SavedCheckpoint> ListCheckpoints(const fs::path& dir) {
   std::vector<formats::SavedCheckpoint> out;
   // A Checkpoint 2.0 save folder: its iteration_N/ folders.
-  for (const fs::path& it : Checkpoint2Iterations(dir)) {
+  for (const auto& [n, it] : Checkpoint2Iterations(dir)) {
     formats::SavedCheckpoint c;
     c.name = it.filename().string();
-    const std::string n = c.name.substr(c.name.find('_') + 1);
-    c.iteration = std::stoll(n);
+    c.iteration = n;
     c.selector.Set(kCheckpointOption, c.name);
     out.push_back(std::move(c));
   }
@@ -329,11 +328,23 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
   } else if (fs::is_directory(path, ec)) {
     // A MindFormers Checkpoint 2.0 folder (iteration_N/ or its save
     // folder; --checkpoint names an iteration folder of it).
-    std::optional<fs::path> v2 = !file.empty() &&
-                                         file.starts_with("iteration_") &&
-                                         fs::is_directory(path / file, ec)
-                                     ? std::optional<fs::path>(path / file)
-                                     : Checkpoint2Dir(path);
+    std::optional<fs::path> v2;
+    if (const std::vector<std::pair<int64_t, fs::path>> its =
+            Checkpoint2Iterations(path);
+        !its.empty() && !file.empty()) {
+      for (const auto& [n, p] : its)
+        if (p.filename() == file) v2 = p;
+      if (!v2) {
+        std::string have;
+        for (const auto& [n, p] : its)
+          have += (have.empty() ? "" : ", ") + p.filename().string();
+        throw UsageError("--checkpoint ", file,
+                         ": no such iteration folder in ", path.string(),
+                         " (folders: ", have, ")");
+      }
+    } else {
+      v2 = Checkpoint2Dir(path);
+    }
     if (v2) {
       if (!strategy.empty()) {
         throw UsageError("--strategy: ", v2->string(),
@@ -607,13 +618,13 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       Shape full = local;
       if (placed != nullptr) {
         full = Shape(placed->global_shape.begin(), placed->global_shape.end());
-        for (size_t d = 0; d < full.size(); ++d) {
-          if (full.size() != local.size() ||
-              placed->offset[d] + local[d] > full[d]) {
-            throw FormatError(where, ": a slice of ", ShapeString(local),
-                              " that metadata.json places outside ",
-                              ShapeString(full));
-          }
+        bool inside = full.size() == local.size();
+        for (size_t d = 0; inside && d < full.size(); ++d)
+          inside = placed->offset[d] + local[d] <= full[d];
+        if (!inside) {
+          throw FormatError(where, ": a slice of ", ShapeString(local),
+                            " that metadata.json places outside ",
+                            ShapeString(full));
         }
       } else if (layout != nullptr) {
         const std::vector<int64_t> counts =
