@@ -125,11 +125,14 @@ class TorchDistPlan : public formats::TargetPlan {
       pickle::Arena& arena,
       const std::function<Value*(const std::string&)>& import,
       const std::function<Value*(float)>& scalar) const;
-  // The param groups dicts for the target's optimizer: 'step' on each group
-  // for the distributed optimizer (its state_dict keeps torch Adam's step
-  // there), none for the non-distributed one (the step is common_step)
-  // unless the step is FusedAdam's, whose groups keep it.
-  void FixGroupSteps(pickle::Arena& arena, std::vector<Value*>& groups) const;
+  // The stored param groups (blob "optimizer/param_groups", through
+  // `import`) for the target's optimizer: 'step' on each group for the
+  // distributed optimizer (its state_dict keeps torch Adam's step there),
+  // none for the non-distributed one (the step is common_step) unless the
+  // step is FusedAdam's, whose groups keep it.
+  std::vector<Value*> TargetGroups(
+      pickle::Arena& arena,
+      const std::function<Value*(const std::string&)>& import) const;
   const char* Sharding() const {
     return non_distributed_  ? "non_distributed"
            : dp_reshardable_ ? "dp_reshardable"
@@ -153,10 +156,11 @@ class TorchDistPlan : public formats::TargetPlan {
   bool write_optimizer_ = false;
   bool dp_reshardable_ = false;
   bool non_distributed_ = false;
-  std::optional<megatron::TorchStep> step_;
-  // The step is FusedAdam's (an int on the groups, none per param): a
-  // non-distributed target's groups keep it beside common_step.
-  bool fused_step_ = false;
+  // The Adam step (the iteration when the content holds none).
+  megatron::TorchStep step_;
+  // FusedAdam's (an int on the groups, none per param): a non-distributed
+  // target's groups keep it beside common_step.
+  bool FusedStep() const { return !step_.from_atoms && step_.integral; }
   int64_t world_ = 1;
   fs::path iter_dir_;
 
@@ -255,12 +259,14 @@ void TorchDistPlan::ReadMetadata() {
                      "--distributed-optimizer (without it the optimizer "
                      "state takes the non-distributed optimizer's form)");
   }
-  dp_reshardable_ = sharding == "dp_reshardable";
+  dp_reshardable_ = sharding == "dp_reshardable";  // (implies distributed)
   non_distributed_ = write_optimizer_ && !options_.distributed_optimizer;
   if (write_optimizer_) {
-    step_ = megatron::FindTorchStep(input_, true, reshape::ExecutorOptions{});
-    fused_step_ = step_ && !step_->from_atoms && step_->integral;
-    if (!step_) {
+    if (auto step =
+            megatron::FindTorchStep(input_, true, reshape::ExecutorOptions{})) {
+      step_ = *step;
+    } else {
+      step_.value = static_cast<double>(root.iteration);
       notes_.insert(StrCat(
           "the universal content holds no Adam step: the optimizer's step "
           "is set to the iteration, ",
@@ -269,28 +275,32 @@ void TorchDistPlan::ReadMetadata() {
   }
 }
 
-void TorchDistPlan::FixGroupSteps(pickle::Arena& arena,
-                                  std::vector<Value*>& groups) const {
+std::vector<Value*> TorchDistPlan::TargetGroups(
+    pickle::Arena& arena,
+    const std::function<Value*(const std::string&)>& import) const {
+  std::vector<Value*> groups;
+  if (Value* list = import("optimizer/param_groups");
+      list != nullptr && list->kind == Kind::kList)
+    groups.assign(list->items.begin(), list->items.end());
   for (Value*& g : groups) {
     if (g == nullptr || !g->IsDictLike()) continue;
     Value* copy = arena.Dict();
     bool has = false;
     for (const auto& [k, v] : g->entries) {
       const bool step = k != nullptr && k->kind == Kind::kStr && k->s == "step";
-      if (step && non_distributed_ && !fused_step_) continue;
+      if (step && non_distributed_ && !FusedStep()) continue;
       has = has || step;
       copy->entries.emplace_back(k, v);
     }
     if (!has && !non_distributed_) {
-      const double v =
-          step_ ? step_->value : static_cast<double>(input_.root().iteration);
-      copy->entries.emplace_back(arena.Str("step"),
-                                 step_ && step_->integral
-                                     ? arena.Int(static_cast<int64_t>(v))
-                                     : arena.Float(v));
+      copy->entries.emplace_back(
+          arena.Str("step"), step_.integral
+                                 ? arena.Int(static_cast<int64_t>(step_.value))
+                                 : arena.Float(step_.value));
     }
     g = copy;
   }
+  return groups;
 }
 
 size_t TorchDistPlan::KeyIndex(const std::string& fqn, bool tensor, DType dtype,
@@ -507,8 +517,7 @@ void TorchDistPlan::PlanKeys() {
       const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
       if (p->info.kind != atoms::ParamKind::kBuffer)
         members.push_back({p, &rule, home.pp_rank, home.vp_chunk, false});
-      const bool with_state = write_optimizer_ &&
-                              (non_distributed_ || !dp_reshardable_) &&
+      const bool with_state = write_optimizer_ && !dp_reshardable_ &&
                               p->info.kind != atoms::ParamKind::kBuffer &&
                               input_.FindAtom(name, "exp_avg") != nullptr;
       for (int64_t r = 0; r < (split ? topo_.tp : 1); ++r) {
@@ -550,8 +559,7 @@ void TorchDistPlan::PlanKeys() {
         "_extra_state entries: none written (a model whose layers have them "
         "loads this checkpoint with --dist-ckpt-strictness log_all)");
   }
-  if (write_optimizer_ && dp_reshardable_ && !non_distributed_)
-    PlanBuckets(members);
+  if (write_optimizer_ && dp_reshardable_) PlanBuckets(members);
   // Model keys first, then the optimizer's, in the order met.
   std::stable_partition(
       entry_order_.begin(), entry_order_.end(),
@@ -637,16 +645,12 @@ std::string TorchDistPlan::GroupsObjectBytes() const {
       [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
         pickle::Arena& a = w.arena();
         Value* d = a.Dict();
-        std::vector<Value*> groups;
-        if (std::shared_ptr<const torchfile::TorchFile> f =
-                blobs_.Find("optimizer/param_groups");
-            f != nullptr) {
-          Value* list = imp.Import(f, f->root());
-          if (list != nullptr && list->kind == Kind::kList)
-            groups.assign(list->items.begin(), list->items.end());
-        }
-        FixGroupSteps(a, groups);
-        formats::AppendEntry(a, d, "param_groups", a.List(std::move(groups)));
+        formats::AppendEntry(
+            a, d, "param_groups",
+            a.List(TargetGroups(a, [&](const std::string& k) -> Value* {
+              std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
+              return f != nullptr ? imp.Import(f, f->root()) : nullptr;
+            })));
         return a.List({d});
       });
 }
@@ -873,42 +877,21 @@ pickle::Value* TorchDistPlan::BuildCommon(
   Value* version = import("top_level/checkpoint_version");
   add("checkpoint_version", version != nullptr ? version : arena.Float(3.0));
   add("iteration", arena.Int(input_.root().iteration));
-  if (write_optimizer_ && non_distributed_) {
-    // {'optimizer': {'state': {'common_step': tensor}, 'param_groups':
-    // [...]}} (the groups' 'params' are not saved: each rank's own at load).
+  if (write_optimizer_) {
+    // The optimizer's own state dict without its per-param state (the
+    // groups' 'params' are not saved: each rank's own at load); the
+    // non-distributed optimizer's with {'state': {'common_step': tensor}}
+    // (torch Adam cannot load a state without a per-param step).
     Value* opt = arena.Dict();
     Value* inner = arena.Dict();
-    // common_step always: torch Adam cannot load a state without a
-    // per-param step; FusedAdam's groups keep theirs too (FixGroupSteps).
-    Value* state = arena.Dict();
-    formats::AppendEntry(
-        arena, state, "common_step",
-        scalar(static_cast<float>(
-            step_ ? step_->value
-                  : static_cast<double>(input_.root().iteration))));
-    formats::AppendEntry(arena, inner, "state", state);
-    std::vector<Value*> groups;
-    if (Value* list = import("optimizer/param_groups");
-        list != nullptr && list->kind == Kind::kList)
-      groups = std::vector<Value*>(list->items.begin(), list->items.end());
-    FixGroupSteps(arena, groups);
+    if (non_distributed_) {
+      Value* state = arena.Dict();
+      formats::AppendEntry(arena, state, "common_step",
+                           scalar(static_cast<float>(step_.value)));
+      formats::AppendEntry(arena, inner, "state", state);
+    }
     formats::AppendEntry(arena, inner, "param_groups",
-                         arena.List(std::move(groups)));
-    formats::AppendEntry(arena, opt, "optimizer", inner);
-    if (Value* gs = import("grad_scaler"))
-      formats::AppendEntry(arena, opt, "grad_scaler", gs);
-    add("optimizer", opt);
-    add("opt_param_scheduler", import("top_level/opt_param_scheduler"));
-  } else if (write_optimizer_) {
-    Value* opt = arena.Dict();
-    Value* inner = arena.Dict();
-    std::vector<Value*> groups;
-    if (Value* list = import("optimizer/param_groups");
-        list != nullptr && list->kind == Kind::kList)
-      groups = std::vector<Value*>(list->items.begin(), list->items.end());
-    FixGroupSteps(arena, groups);
-    formats::AppendEntry(arena, inner, "param_groups",
-                         arena.List(std::move(groups)));
+                         arena.List(TargetGroups(arena, import)));
     // dp_reshardable keeps the optimizer's own state dict (and the grad
     // scaler's) as objects of each model-parallel group instead.
     if (!dp_reshardable_) {
@@ -916,8 +899,10 @@ pickle::Value* TorchDistPlan::BuildCommon(
       if (Value* gs = import("grad_scaler"))
         formats::AppendEntry(arena, opt, "grad_scaler", gs);
     }
-    formats::AppendEntry(arena, opt, "param_state_sharding_type",
-                         arena.Str(Sharding()));
+    if (!non_distributed_) {
+      formats::AppendEntry(arena, opt, "param_state_sharding_type",
+                           arena.Str(Sharding()));
+    }
     add("optimizer", opt);
     add("opt_param_scheduler", import("top_level/opt_param_scheduler"));
   }
@@ -986,7 +971,7 @@ formats::TargetSummary TorchDistPlan::Summary() const {
           ? StrCat(" --num-virtual-stages-per-pipeline-rank ", topo_.vpp)
           : std::string(),
       options_.distributed_optimizer ? " --use-distributed-optimizer" : "",
-      write_optimizer_ && !dp_reshardable_ && !non_distributed_
+      write_optimizer_ && options_.distributed_optimizer && !dp_reshardable_
           ? " --dist-ckpt-optim-fully-reshardable"
           : "",
       " on ", world_, " GPUs");
