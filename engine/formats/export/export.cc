@@ -12,6 +12,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/formats/common/safetensors.h"
 #include "engine/formats/emit.h"
 #include "engine/formats/target_plan.h"
 #include "engine/json/json.h"
@@ -121,36 +122,18 @@ reshape::TargetTensor TensorOf(const universal::UniversalInput& input,
   return t;
 }
 
-// The safetensors header (export.h): 8 bytes of length, then the JSON padded
-// with spaces to a multiple of 8.
+// The safetensors header of a shard's items (formats/common/safetensors.h).
 std::string SafetensorsHeader(const std::vector<Item>& items,
                               const std::vector<size_t>& shard) {
-  std::vector<std::pair<std::string, json::Value>> members;
-  json::Value meta = json::Value::Object();
-  meta["format"] = "pt";
-  members.emplace_back("__metadata__", std::move(meta));
-  uint64_t offset = 0;
+  std::vector<formats::SafetensorsTensor> tensors;
   for (size_t i : shard) {
     const Item& it = items[i];
-    json::Value e = json::Value::Object();
-    e["dtype"] = std::string(SafetensorsDType(it.dtype));
-    json::Value shape = json::Value::Array();
-    for (int64_t d : it.shape) shape.Append(d);
-    e["shape"] = std::move(shape);
-    json::Value offs = json::Value::Array();
-    offs.Append(offset);
-    offs.Append(offset + it.bytes);
-    e["data_offsets"] = std::move(offs);
-    members.emplace_back(it.name, std::move(e));
-    offset += it.bytes;
+    SafetensorsDType(it.dtype);  // the export's own refusal
+    tensors.push_back({it.name, it.dtype, it.shape, 0, it.bytes});
   }
-  std::string text = json::Value::FromMembers(std::move(members)).Dump();
-  while (text.size() % 8 != 0) text += ' ';
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i)
-    out[static_cast<size_t>(i)] =
-        static_cast<char>((text.size() >> (8 * i)) & 0xff);
-  return out + text;
+  json::Value meta = json::Value::Object();
+  meta["format"] = "pt";
+  return formats::SafetensorsHeader(tensors, meta);
 }
 
 // The export as a plan: one unit per shard, the index last.
@@ -229,41 +212,9 @@ class ExportPlan : public formats::TargetPlan {
 }  // namespace
 
 std::string_view SafetensorsDType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat64:
-      return "F64";
-    case DType::kFloat32:
-      return "F32";
-    case DType::kFloat16:
-      return "F16";
-    case DType::kBFloat16:
-      return "BF16";
-    case DType::kInt64:
-      return "I64";
-    case DType::kInt32:
-      return "I32";
-    case DType::kInt16:
-      return "I16";
-    case DType::kInt8:
-      return "I8";
-    case DType::kUInt8:
-      return "U8";
-    case DType::kBool:
-      return "BOOL";
-    case DType::kUInt16:
-      return "U16";
-    case DType::kUInt32:
-      return "U32";
-    case DType::kUInt64:
-      return "U64";
-    case DType::kFloat8E4M3Fn:
-      return "F8_E4M3";
-    case DType::kFloat8E5M2:
-      return "F8_E5M2";
-    default:
-      throw UsageError("safetensors has no dtype for ", DTypeName(dtype),
-                       " (use --format torch)");
-  }
+  if (const auto name = formats::SafetensorsDTypeName(dtype)) return *name;
+  throw UsageError("safetensors has no dtype for ", DTypeName(dtype),
+                   " (use --format torch)");
 }
 
 uint64_t ParseShardSize(std::string_view text) {

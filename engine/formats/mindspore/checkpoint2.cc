@@ -8,7 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
-#include "engine/core/strided.h"
+#include "engine/formats/common/safetensors.h"
 #include "engine/json/json.h"
 
 namespace ucp::mindspore {
@@ -16,18 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kMaxHeader = 100'000'000;  // safetensors' MAX_HEADER_SIZE
 constexpr const char* kIterPrefix = "iteration_";
 constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
-
-constexpr std::pair<const char*, DType> kDTypes[] = {
-    {"F64", DType::kFloat64}, {"F32", DType::kFloat32},
-    {"F16", DType::kFloat16}, {"BF16", DType::kBFloat16},
-    {"I64", DType::kInt64},   {"I32", DType::kInt32},
-    {"I16", DType::kInt16},   {"I8", DType::kInt8},
-    {"U8", DType::kUInt8},    {"U16", DType::kUInt16},
-    {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
-    {"BOOL", DType::kBool}};
 
 std::optional<int64_t> Number(std::string_view s) {
   int64_t v = 0;
@@ -60,12 +50,6 @@ std::optional<FileName> ParseFileName(const std::string& name) {
     kind.remove_prefix(d + 1);
   if (kind != "model" && kind != "opt") return std::nullopt;
   return FileName{std::string(kind), *rank, *world};
-}
-
-std::optional<DType> SafetensorsDType(const std::string& s) {
-  for (const auto& [name, d] : kDTypes)
-    if (s == name) return d;
-  return std::nullopt;
 }
 
 std::optional<int64_t> IterationOf(const fs::path& dir) {
@@ -127,12 +111,6 @@ std::optional<std::pair<std::string, std::vector<int64_t>>> ParseShardId(
 
 }  // namespace
 
-std::optional<std::string> SafetensorsDTypeName(DType dtype) {
-  for (const auto& [name, d] : kDTypes)
-    if (d == dtype) return std::string(name);
-  return std::nullopt;
-}
-
 std::string IterationFolderName(int64_t iteration) {
   std::string n = std::to_string(iteration);
   if (n.size() < 8) n.insert(0, 8 - n.size(), '0');
@@ -154,75 +132,16 @@ std::string ShardId(const std::string& name,
 }
 
 CkptIndex ReadSafetensorsIndex(const fs::path& path) {
-  const File f = File::OpenRead(path);
-  const uint64_t size = f.Size();
-  const std::string where = StrCat("safetensors file ", path.string());
-  if (size < 8) throw FormatError(where, ": shorter than its 8-byte header");
-  unsigned char n8[8];
-  f.ReadExact(n8, 8, 0);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
-  if (n > kMaxHeader || n > size - 8) {
-    throw FormatError(where, ": a header of ", n, " bytes in a file of ", size,
-                      " (not a safetensors file, or cut)");
-  }
-  std::string text(n, '\0');
-  f.ReadExact(text.data(), n, 8);
-  json::Value header;
-  try {
-    header = json::Value::Parse(text);
-  } catch (Error& e) {
-    e.AddContext(where, " > header");
-    throw;
-  }
-  if (!header.is_object())
-    throw FormatError(where, ": the header is not a JSON object");
-  const uint64_t data = 8 + n, data_size = size - data;
   CkptIndex index;
   index.path = path;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, t] : header.members()) {
-    if (name == "__metadata__") continue;
-    const std::string tw = StrCat(where, " > ", name);
-    const json::Value* dt = t.Find("dtype");
-    const json::Value* shape = t.Find("shape");
-    const json::Value* offs = t.Find("data_offsets");
-    if (dt == nullptr || !dt->is_string() || shape == nullptr ||
-        offs == nullptr)
-      throw FormatError(tw, ": no dtype, shape and data_offsets");
-    const std::optional<DType> d = SafetensorsDType(dt->AsString());
-    if (!d) throw FormatError(tw, ": dtype ", dt->AsString(), " not read");
+  for (formats::SafetensorsTensor& t : formats::ReadSafetensorsHeader(path)) {
     CkptEntry e;
-    e.tag = name;
-    e.tensor_type = TensorTypeOf(*d);
-    e.dims = IntList(*shape, tw + " > shape");
-    const std::vector<int64_t> be = IntList(*offs, tw + " > data_offsets");
-    if (be.size() != 2 || be[0] > be[1] ||
-        static_cast<uint64_t>(be[1]) > data_size) {
-      throw FormatError(tw, ": data_offsets outside the ", data_size,
-                        " bytes of data");
-    }
-    uint64_t want = ElementSize(*d);
-    for (int64_t x : e.dims) {
-      if (x != 0 && want > (uint64_t{1} << 62) / static_cast<uint64_t>(x))
-        throw FormatError(tw, ": shape too large");
-      want *= static_cast<uint64_t>(x);
-    }
-    const uint64_t len = static_cast<uint64_t>(be[1] - be[0]);
-    if (len != want) {
-      throw FormatError(tw, ": ", len, " bytes of data, ", ShapeString(e.dims),
-                        " ", dt->AsString(), " needs ", want);
-    }
-    // A 0-d tensor: MindSpore's records of a scalar have no dims.
-    e.slices.push_back({data + static_cast<uint64_t>(be[0]), len});
-    e.nbytes = len;
-    ranges.emplace_back(be[0], be[1]);
+    e.tag = std::move(t.name);
+    e.tensor_type = TensorTypeOf(t.dtype);
+    e.dims = std::move(t.shape);  // 0-d: as MindSpore's records of a scalar
+    e.slices.push_back({t.offset, t.bytes});
+    e.nbytes = t.bytes;
     index.entries.push_back(std::move(e));
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second)
-      throw FormatError(where, ": two tensors' data overlap");
   }
   return index;
 }

@@ -23,10 +23,7 @@
 //          [{"file_name": "<file>.safetensors", "storage_rank": r,
 //            "rank_group": [...]}]}}
 //       a chunk listed once per rank file holding it (replicas too).
-// safetensors (huggingface/safetensors): u64 LE header size H, H bytes of
-// JSON {<name>: {"dtype": "F32" | "BF16" | ..., "shape": [...],
-// "data_offsets": [b, e]}, "__metadata__": {...}}, then the data; offsets
-// relative to byte 8 + H, tiling it.
+// The safetensors container: engine/formats/common/safetensors.h.
 
 #include <cstdint>
 #include <filesystem>
@@ -82,10 +79,6 @@ std::optional<int64_t> Checkpoint2Tracker(const std::filesystem::path& root);
 /// names that is not there, a folder newer than the tracker of its save
 /// folder names (an unfinished save).
 Checkpoint2 ReadCheckpoint2(const std::filesystem::path& iter_dir);
-
-/// safetensors' dtype name ("F32", "BF16", ...); absent for a dtype it has
-/// none for.
-std::optional<std::string> SafetensorsDTypeName(DType dtype);
 
 /// The folder name of iteration N: "iteration_0000000N" (8 digits).
 std::string IterationFolderName(int64_t iteration);

@@ -11,6 +11,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/common/attrs.h"
+#include "engine/formats/common/safetensors.h"
 #include "engine/formats/mindspore/mindspore.h"
 #include "engine/json/json.h"
 
@@ -578,43 +579,23 @@ class MindSporePlan : public formats::TargetPlan {
   std::unique_ptr<formats::PlannedFile> SafetensorsFile(
       const fs::path& path,
       const std::vector<std::pair<const Spec*, Box>>& held) const {
-    std::vector<std::pair<std::string, json::Value>> members;
+    std::vector<formats::SafetensorsTensor> tensors;
+    for (const auto& [s, box] : held) {
+      formats::SafetensorsTensor t;
+      t.name = s->tag;
+      t.dtype =
+          s->atom != nullptr ? s->atom->dtype : *DTypeOfTensorType(s->type);
+      t.shape = box.size;
+      t.bytes = s->atom != nullptr
+                    ? static_cast<uint64_t>(NumElements(box.size)) *
+                          ElementSize(t.dtype)
+                    : s->bytes.size();
+      tensors.push_back(std::move(t));
+    }
     json::Value meta = json::Value::Object();
     meta["format"] = "ms";
-    members.emplace_back("__metadata__", std::move(meta));
-    uint64_t offset = 0;
-    for (const auto& [s, box] : held) {
-      const DType dtype =
-          s->atom != nullptr ? s->atom->dtype : *DTypeOfTensorType(s->type);
-      const std::optional<std::string> name = SafetensorsDTypeName(dtype);
-      if (!name) {
-        throw UsageError("--checkpoint2: ", s->tag, " is ", DTypeName(dtype),
-                         ", which safetensors has no name for");
-      }
-      const uint64_t bytes =
-          s->atom != nullptr ? static_cast<uint64_t>(NumElements(box.size)) *
-                                   ElementSize(dtype)
-                             : s->bytes.size();
-      json::Value e = json::Value::Object();
-      e["dtype"] = *name;
-      json::Value shape = json::Value::Array();
-      for (int64_t d : box.size) shape.Append(d);
-      e["shape"] = std::move(shape);
-      json::Value offs = json::Value::Array();
-      offs.Append(offset);
-      offs.Append(offset + bytes);
-      e["data_offsets"] = std::move(offs);
-      members.emplace_back(s->tag, std::move(e));
-      offset += bytes;
-    }
-    std::string text = json::Value::FromMembers(std::move(members)).Dump();
-    while (text.size() % 8 != 0) text += ' ';
-    std::string head(8, '\0');
-    for (int i = 0; i < 8; ++i)
-      head[static_cast<size_t>(i)] =
-          static_cast<char>((text.size() >> (8 * i)) & 0xff);
     auto f = std::make_unique<formats::RawFile>(path);
-    f->AddBytes(head + text);
+    f->AddBytes(formats::SafetensorsHeader(tensors, meta));
     for (const auto& [s, box] : held) {
       if (s->atom == nullptr) {
         f->AddBytes(s->bytes);
