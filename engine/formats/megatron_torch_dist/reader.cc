@@ -386,10 +386,7 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   // the model key's chunk grid and local its chunk's shape; a range of
   // local chunk c is a chunk at (*c, start) of size (1, ..., 1, len)
   // (reference: megatron.md 4.4). 1-D keys keep their shape.
-  struct Flat {
-    Shape local;
-  };
-  std::optional<Flat> flat_layout;
+  std::optional<Shape> flat;  // the local tensor's shape, when flattened
   if (!model) {
     auto m = entry_of_.find(k.model_key);
     if (m == entry_of_.end()) {
@@ -398,28 +395,27 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
     }
     const Shape& g = m->second->size;
     if (e.size.size() == g.size() + 1 && !g.empty()) {
-      Flat fl;
+      Shape local;
       for (size_t d = 0; d < g.size(); ++d) {
         if (e.size[d] <= 0 || g[d] % e.size[d] != 0) {
           throw FormatError(where, ": flattened shape ", ShapeString(e.size),
                             " is no chunk grid of the model key's ",
                             ShapeString(g));
         }
-        fl.local.push_back(g[d] / e.size[d]);
+        local.push_back(g[d] / e.size[d]);
       }
-      if (NumElements(fl.local) != e.size.back()) {
+      if (NumElements(local) != e.size.back()) {
         throw FormatError(where, ": flattened shape ", ShapeString(e.size),
                           " holds ", e.size.back(),
                           " elements per local tensor, its grid makes ",
-                          ShapeString(fl.local));
+                          ShapeString(local));
       }
-      flat_layout = std::move(fl);
+      flat = std::move(local);
     } else if (e.size != g) {
       throw FormatError(where, ": shape ", ShapeString(e.size),
                         ", the model key's is ", ShapeString(g));
     }
   }
-  const Flat* flat = flat_layout ? &*flat_layout : nullptr;
   for (const dcp::Chunk& chunk : e.chunks) {
     if (chunk.sizes.size() != e.size.size() ||
         chunk.offsets.size() != e.size.size()) {
@@ -430,7 +426,7 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
     for (size_t d = 0; d < e.size.size(); ++d) {
       if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 ||
           chunk.offsets[d] + chunk.sizes[d] > e.size[d] ||
-          (flat != nullptr && d + 1 < e.size.size() && chunk.sizes[d] != 1)) {
+          (flat && d + 1 < e.size.size() && chunk.sizes[d] != 1)) {
         throw FormatError(where, ": chunk ", dcp::BoxString(chunk),
                           " is not a box ", flat ? "of one local tensor " : "",
                           "inside ", ShapeString(e.size));
@@ -461,20 +457,20 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
         // The chunk as boxes of the model key's global tensor: itself, or
         // (a flattened range of a local tensor) the boxes its range covers.
         std::vector<std::tuple<reshape::SourceTensor, Shape, Shape>> boxes;
-        if (flat == nullptr) {
+        if (!flat) {
           boxes.emplace_back(whole, chunk.offsets, chunk.sizes);
         } else {
-          const size_t n = flat->local.size();
+          const size_t n = flat->size();
           const int64_t start = chunk.offsets[n];
           for (const FlatBox& fb :
-               FlatBoxes(flat->local, start, start + chunk.sizes[n])) {
+               FlatBoxes(*flat, start, start + chunk.sizes[n])) {
             reshape::SourceTensor piece = whole;
             piece.byte_offset +=
                 static_cast<uint64_t>(fb.first - start) * ElementSize(e.dtype);
             piece.shape = fb.box.size;
             Shape at(n);
             for (size_t d = 0; d < n; ++d)
-              at[d] = chunk.offsets[d] * flat->local[d] + fb.box.offset[d];
+              at[d] = chunk.offsets[d] * (*flat)[d] + fb.box.offset[d];
             boxes.emplace_back(piece, at, fb.box.size);
           }
         }
