@@ -143,6 +143,8 @@ const std::string& ConvertHelp() {
       "  ucp convert /ckpt/mds -o /ckpt/mds-tp1pp4 --tp 1 --pp 4 --dp 2 "
       "--zero-stage 1\n"
       "  ucp convert /ckpt/ds -o /ckpt/ds-uc --format deepspeed-universal\n"
+      "  ucp convert llama.ckpt -o ms-tp2dp4/ --format mindspore --tp 2 --dp "
+      "4\n"
       "\n"
       "options";
   return h;
@@ -310,7 +312,7 @@ formats::TargetOptions TargetArgs::Options(
     if (a.value < 1) throw UsageError("--", a.name, " must be >= 1");
     *a.out = a.value;
   }
-  if (axes.dp && dp == 0) {
+  if (axes.dp && axes.dp_required && dp == 0) {
     throw UsageError("format '", driver.Name(),
                      "' needs the data-parallel size: pass --dp N");
   }

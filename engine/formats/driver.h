@@ -85,6 +85,9 @@ struct TargetOptions {
 /// none of them.
 struct TopologyAxes {
   bool tp = false, pp = false, vpp = false, dp = false;
+  /// --dp must be given (when `dp`); false for a format whose rank layout
+  /// may come from elsewhere (MindSpore's strategy files) or be none.
+  bool dp_required = true;
   bool any() const { return tp || pp || vpp || dp; }
 };
 

@@ -748,6 +748,184 @@ def test_what_it_cannot_read_is_one_clear_error():
         one_error_line(p, "usage error", "--strategy")
 
 
+# MindFormers' LLaMA (mindformers/models/llama) as its shard() calls cut it
+# over model-parallel devices, written down here from its source: the tensor
+# dim each weight is split along over mp (None: replicated), with the
+# MatMul strategy it comes from (weights are [out, in], transpose_b).
+MF_SPLIT = {
+    "attention.wq.weight": 0,     # ((dp*cp, 1), (mp, 1))   llama_transformer.py
+    "attention.wk.weight": 0,
+    "attention.wv.weight": 0,
+    "attention.wo.weight": 1,     # ((dp*cp, mp), (1, mp))
+    "feed_forward.w1.weight": 0,  # ((dp, 1), (mp, 1))      llama_layer.py
+    "feed_forward.w3.weight": 0,
+    "feed_forward.w2.weight": 1,  # ((dp, mp), (1, mp))
+    "attention_norm.weight": None,
+    "ffn_norm.weight": None,
+}
+MF_LAYERS, MF_HIDDEN, MF_KV, MF_FFN, MF_VOCAB = 4, 8, 4, 12, 10
+
+
+def mindformers_llama(path):
+    """A MindFormers-named LLaMA checkpoint (AdamW's adam_m./adam_v. moments,
+    global_step) saved by MindSpore's save_checkpoint; returns
+    load_checkpoint's numpy and {param: (stage of pp 2 as LayerSetting puts
+    it, split dim)}."""
+    m = ms()
+    from mindspore import Tensor
+    shapes = {"model.tok_embeddings.embedding_weight": ([MF_VOCAB, MF_HIDDEN], 0, None)}
+    for i in range(MF_LAYERS):
+        stage = i // (MF_LAYERS // 2)  # LayerSetting: (layer_id + offset) // (layers / pp)
+        for suffix, dim in MF_SPLIT.items():
+            shape = {"attention.wq.weight": [MF_HIDDEN, MF_HIDDEN],
+                     "attention.wk.weight": [MF_KV, MF_HIDDEN],
+                     "attention.wv.weight": [MF_KV, MF_HIDDEN],
+                     "attention.wo.weight": [MF_HIDDEN, MF_HIDDEN],
+                     "feed_forward.w1.weight": [MF_FFN, MF_HIDDEN],
+                     "feed_forward.w3.weight": [MF_FFN, MF_HIDDEN],
+                     "feed_forward.w2.weight": [MF_HIDDEN, MF_FFN]}.get(suffix, [MF_HIDDEN])
+            shapes[f"model.layers.{i}.{suffix}"] = (shape, stage, dim)
+    # vocab_emb_dp (MindFormers' default): embedding and head replicated
+    shapes["model.norm_out.weight"] = ([MF_HIDDEN], 1, None)
+    shapes["lm_head.weight"] = ([MF_VOCAB, MF_HIDDEN], 1, None)
+    rs = np.random.RandomState(7)
+    items = []
+    for prefix in ("", "adam_m.", "adam_v."):
+        for n, (shape, _, _) in shapes.items():
+            a = rs.randn(*shape).astype(np.float32)
+            items.append({"name": prefix + n, "data": Tensor(a)})
+    items.append({"name": "global_step", "data": Tensor(np.array([5], np.int32))})
+    items.append({"name": "learning_rate", "data": Tensor(np.array([1e-4], np.float32))})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    m.save_checkpoint(items, str(path))
+    return load(path), {n: (st, d) for n, (_, st, d) in shapes.items()}
+
+
+def strategy_layouts(path):
+    """{name: (stage of the file, dev_matrix, tensor_map)} of a strategy file,
+    read with MindSpore's own protobuf classes."""
+    from mindspore.train import node_strategy_pb2 as pb
+    m = pb.ParallelStrategyMap()
+    m.ParseFromString(pathlib.Path(path).read_bytes())
+    out = {}
+    for item in m.parallel_layout_item:
+        lay = item.parallel_layouts
+        assert len(lay.dev_matrix) == 1 and len(lay.tensor_map) == 1, item
+        assert lay.opt_weight_shard_size == 0 and lay.field == 0, item
+        out[item.param_name] = (m.current_stage, list(lay.dev_matrix[0].dim),
+                                list(lay.tensor_map[0].dim))
+    return out
+
+
+def test_tp_pp_dp_derive_the_strategy():
+    """`--format mindspore --tp T --pp P --dp D` without a strategy file: ucp
+    lays a MindFormers LLaMA out as MindFormers' shard() calls do (the
+    mindformers-llama layout) and writes the strategy beside the rank files.
+    The strategy (read by MindSpore's protobuf classes) splits each weight
+    along the dim MindFormers' source splits it (MF_SPLIT, written from it),
+    moments as their param, stages as LayerSetting places the layers;
+    transform_checkpoints cuts the source with that strategy into exactly
+    ucp's rank files, and merges ucp's rank files back into the source
+    (pipeline stages through merge_pipeline_strategys)."""
+    from mindspore.parallel import merge_pipeline_strategys
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want, expect = mindformers_llama(t / "src" / "rank_0" / "llama.ckpt")
+        for tp, pp, dp in ((2, 1, 2), (2, 2, 1), (2, 2, 2)):
+            out = t / f"t{tp}p{pp}d{dp}"
+            run("convert", t / "src", "-o", out, "--format", "mindspore", "--tp", tp,
+                "--pp", pp, "--dp", dp, "-q")
+            n = tp * pp * dp
+            assert sorted(p.name for p in out.glob("rank_*")) == \
+                sorted(f"rank_{r}" for r in range(n)), list(out.iterdir())
+            if pp == 1:
+                strategy = out / "strategy.ckpt"
+                files = [strategy]
+            else:
+                files = sorted((out / "strategy").glob("*.ckpt"))
+                assert [f.name for f in files] == [
+                    f"ckpt_strategy_rank_{s * tp * dp}.ckpt" for s in range(pp)], files
+                strategy = t / f"merged{tp}{pp}{dp}.ckpt"
+                merge_pipeline_strategys(str(out / "strategy"), str(strategy))
+            got = {}
+            for f in files:
+                got.update(strategy_layouts(f))
+            for name, (stage, dim) in expect.items():
+                tmap = [-1] * want[name].ndim
+                if dim is not None:
+                    tmap[dim] = 0  # the tp axis: the last of dev_matrix [dp, tp]
+                for prefix in ("", "adam_m.", "adam_v."):
+                    assert got.pop(prefix + name) == (stage if pp > 1 else 0, [dp, tp], tmap), \
+                        (tp, pp, dp, prefix + name)
+            assert not got, sorted(got)  # nothing else named (global_step is whole)
+            theirs = t / f"theirs{tp}{pp}{dp}"
+            transform(t / "src", theirs, "r", None, strategy)
+            for r in range(n):
+                assert_same(load(only_ckpt(out / f"rank_{r}")),
+                            load(only_ckpt(theirs / f"rank_{r}")), (tp, pp, dp, r))
+            transform(out, t / f"merged{tp}{pp}{dp}", "m", strategy, None)
+            assert_same(load(t / f"merged{tp}{pp}{dp}" / "rank_0" / "m0.ckpt"), want,
+                        (tp, pp, dp, "merged by MindSpore"))
+            # ucp reads its own output (strategy found beside it) to the source.
+            run("convert", out, "-o", t / f"back{tp}{pp}{dp}", "--format", "mindspore", "-q")
+            assert_same(load(only_ckpt(t / f"back{tp}{pp}{dp}" / "rank_0")), want,
+                        (tp, pp, dp, "back"))
+        # ucp resume on a new device count: the same rank files, in its load folder.
+        p = run("resume", t / "src", "--format", "mindspore", "--tp", 2, "--dp", 2, "--json")
+        r = json.loads(p.stdout)
+        assert r["reshaped"], r
+        for rank in range(4):
+            assert_same(load(only_ckpt(pathlib.Path(r["load"]) / f"rank_{rank}")),
+                        load(only_ckpt(t / "t2p1d2" / f"rank_{rank}")), ("resume", rank))
+        # A save laid out so already is handed out as it is; at another layout, rewritten.
+        r = json.loads(run("resume", t / "t2p1d2", "--format", "mindspore", "--tp", 2, "--dp", 2,
+                           "--json").stdout)
+        assert not r["reshaped"] and pathlib.Path(r["load"]) == t / "t2p1d2", r
+        r = json.loads(run("resume", t / "t2p1d2", "--format", "mindspore", "--tp", 2, "--pp", 2,
+                           "--json").stdout)
+        assert r["reshaped"], r
+        for rank in range(4):
+            assert_same(load(only_ckpt(pathlib.Path(r["load"]) / f"rank_{rank}")),
+                        load(only_ckpt(t / "t2p2d1" / f"rank_{rank}")), ("resume pp", rank))
+
+
+def test_tp_pp_dp_refusals():
+    """What --tp/--pp/--dp cannot lay out is one clear error line, nothing
+    written: names no layout describes (a plain network), a dim tp does not
+    divide, a fused weight the layout does not describe, --tp with --strategy."""
+    m = ms()
+    from mindspore import Tensor
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        train_and_save(t / "net" / "rank_0" / "net.ckpt")
+        p = run("convert", t / "net", "-o", t / "o1", "--format", "mindspore", "--tp", 2,
+                expect=2)
+        one_error_line(p, "usage error", "--tp 2", "fc1.weight", "--strategy")
+        assert not (t / "o1").exists()
+        mindformers_llama(t / "llama" / "rank_0" / "llama.ckpt")
+        p = run("convert", t / "llama", "-o", t / "o2", "--format", "mindspore", "--tp", 3,
+                expect=4)
+        one_error_line(p, "layout error", "model.layers.0.attention.wq.weight", "tp 3")
+        assert not (t / "o2").exists()
+        write_strategy(t / "s.ckpt", LAYOUTS["tp"])
+        p = run("convert", t / "llama", "-o", t / "o3", "--format", "mindspore", "--tp", 2,
+                "--target-strategy", t / "s.ckpt", expect=2)
+        one_error_line(p, "usage error", "--strategy", "--tp")
+        assert not (t / "o3").exists()
+        # MindFormers' qkv_concat: w_qkv is cut by an mp-dependent
+        # interleaving the layout does not describe.
+        f = only_ckpt(t / "llama" / "rank_0")
+        items = [{"name": k, "data": v} for k, v in m.load_checkpoint(f).items()]
+        items.append({"name": "model.layers.0.attention.w_qkv.weight",
+                      "data": Tensor(np.zeros((16, MF_HIDDEN), np.float32))})
+        os.remove(f)
+        m.save_checkpoint(items, f)
+        p = run("convert", t / "llama", "-o", t / "o4", "--format", "mindspore", "--tp", 2,
+                expect=2)
+        one_error_line(p, "usage error", "--tp 2")
+        assert not (t / "o4").exists()
+
+
 if __name__ == "__main__":
     import sys
     tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}

@@ -10,6 +10,29 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Whether `have` is the strategy DeriveStrategy gives for `t` (its
+// tensors' shapes unknown: only the layouts are compared).
+bool IsDerived(const Strategy& have, const layouts::Topology& t) {
+  std::vector<DerivedTensor> tensors;
+  for (const auto& [name, stages] : have.layouts) {
+    std::string param = name;
+    for (const auto& [prefix, kind] : kMomentPrefixes) {
+      if (name.starts_with(prefix) &&
+          have.layouts.count(name.substr(std::string_view(prefix).size()))) {
+        param = name.substr(std::string_view(prefix).size());
+      }
+    }
+    tensors.push_back(
+        {name, param, Shape(stages.begin()->second.dims.size(), 0)});
+  }
+  try {
+    const Strategy want = DeriveStrategy(tensors, t);
+    return want.layouts == have.layouts && want.world() == have.world();
+  } catch (const Error&) {
+    return false;  // not a layout ucp derives: rewritten
+  }
+}
+
 class MindSporeSource : public formats::Source {
  public:
   explicit MindSporeSource(Checkpoint c) : c_(std::move(c)) {
@@ -52,6 +75,10 @@ class MindSporeSource : public formats::Source {
   // folder, a Checkpoint 2.0 job of any layout.
   bool Fits(const formats::TargetOptions& options) const override {
     const auto s = options.values.String(kStrategyOption);
+    // --tp/--pp/--dp: a sharded save laid out as ucp derives that layout.
+    const layouts::Topology& t = options.topology;
+    if (t.tp * t.pp * t.dp > 1)
+      return !s && !c_.v2 && c_.strategy && IsDerived(*c_.strategy, t);
     // MindFormers' load_checkpoint reshards a Checkpoint 2.0 folder to the
     // job's layout: it fits a Checkpoint 2.0 target of any.
     if (c_.v2) return options.values.Flag(kCheckpoint2Option) || !s;
@@ -81,7 +108,9 @@ class MindSporeDriver : public formats::Driver {
            "save (rank_R/ + strategy file) or a Checkpoint 2.0 folder "
            "(iteration_N/ safetensors + metadata.json), Adam moments as "
            "optimizer state; written as one .ckpt in rank_0/, or per rank "
-           "for --strategy, or as Checkpoint 2.0 with --checkpoint2";
+           "for --strategy (or --tp/--pp/--dp: a strategy ucp derives from "
+           "the model's layout, e.g. mindformers-llama, written beside), or "
+           "as Checkpoint 2.0 with --checkpoint2";
   }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
@@ -125,7 +154,8 @@ class MindSporeDriver : public formats::Driver {
     st.help =
         "MindSpore: write one .ckpt per rank (rank_R/) laid out by this "
         "strategy file (or folder of per-rank ones), copied beside them "
-        "(default: one unsharded file)";
+        "(default: one unsharded file; --tp/--pp/--dp instead: ucp derives "
+        "the strategy from the model's layout and writes it there too)";
     formats::OptionSpec v2;
     v2.name = kCheckpoint2Option;
     v2.type = formats::OptionSpec::Type::kFlag;
@@ -141,7 +171,13 @@ class MindSporeDriver : public formats::Driver {
     return mindspore::ListCheckpoints(dir);
   }
   bool CanWrite() const override { return true; }
-  formats::TopologyAxes TargetAxes() const override { return {}; }
+  // --tp/--pp/--dp: a strategy ucp derives from the model's layout.
+  formats::TopologyAxes TargetAxes() const override {
+    formats::TopologyAxes a;
+    a.tp = a.pp = a.dp = true;
+    a.dp_required = false;  // none: one unsharded file, or --strategy's
+    return a;
+  }
   std::unique_ptr<formats::TargetPlan> PlanTarget(
       const universal::UniversalInput& input,
       const formats::TargetOptions& options) const override {

@@ -7,7 +7,9 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/strided.h"
 #include "engine/json/json.h"
+#include "layouts/placement.h"
 
 namespace ucp::mindspore {
 namespace {
@@ -437,6 +439,34 @@ Expanded Expand(const TensorLayout& l, size_t ndim, const std::string& where) {
   return e;
 }
 
+// Protobuf encoding (strategy.h's field numbers).
+void PutVarint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+void PutTag(std::string& out, int field, int wire) {
+  PutVarint(out,
+            static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire));
+}
+void PutBytes(std::string& out, int field, std::string_view bytes) {
+  PutTag(out, field, 2);
+  PutVarint(out, bytes.size());
+  out.append(bytes);
+}
+// A message of one repeated scalar field 1, unpacked (as MindSpore's
+// protobuf writes proto2 fields); an int32 < 0 is sign-extended to 64 bits.
+std::string Dims(const std::vector<int64_t>& dims) {
+  std::string out;
+  for (int64_t d : dims) {
+    PutTag(out, 1, 0);
+    PutVarint(out, static_cast<uint64_t>(d));
+  }
+  return out;
+}
+
 }  // namespace
 
 const TensorLayout* Strategy::Find(const std::string& name,
@@ -545,6 +575,137 @@ Box RankBox(const TensorLayout& layout, const Shape& shape, int64_t rank,
     box.offset[d] = index * box.size[d];
   }
   return box;
+}
+
+}  // namespace ucp::mindspore
+
+namespace ucp::mindspore {
+
+std::string StrategyFileBytes(const Strategy& s, int64_t stage) {
+  std::string out;
+  PutTag(out, 1, 0);
+  PutVarint(out, static_cast<uint64_t>(stage));
+  // One strategy item of the stage: merge_pipeline_strategys reads the
+  // stage of a file from its first item.
+  std::string strategys;
+  PutTag(strategys, 1, 0);
+  PutVarint(strategys, static_cast<uint64_t>(stage));
+  std::string item;
+  PutBytes(item, 1, "ucp");
+  PutBytes(item, 2, strategys);
+  PutBytes(out, 2, item);
+  for (const auto& [name, stages] : s.layouts) {
+    const auto it = stages.find(stage);
+    if (it == stages.end()) continue;
+    const TensorLayout& l = it->second;
+    if (l.extend || l.field != 0 || !l.split_shape.empty()) {
+      throw FormatError("strategy ", s.path.string(), " > ", name,
+                        ": only classic tensor maps are written");
+    }
+    std::string layouts;
+    PutBytes(layouts, 1, Dims(l.dev_matrix));
+    std::vector<int64_t> map;
+    for (const auto& axes : l.dims) {
+      if (axes.size() > 1) {
+        throw FormatError("strategy ", s.path.string(), " > ", name,
+                          ": a dim split by several axes is not written");
+      }
+      map.push_back(axes.empty() ? -1 : axes[0]);
+    }
+    PutBytes(layouts, 2, Dims(map));
+    PutBytes(layouts, 3, "");  // param_split_shape, indices_offset: empty,
+    PutBytes(layouts, 4, "");  // as MindSpore writes them for even splits
+    PutTag(layouts, 5, 0);
+    PutVarint(layouts, static_cast<uint64_t>(l.field));
+    PutTag(layouts, 6, 0);
+    PutVarint(layouts, static_cast<uint64_t>(l.opt_shard_step));
+    PutTag(layouts, 7, 0);
+    PutVarint(layouts, static_cast<uint64_t>(l.opt_shard_size));
+    std::string layout_item;
+    PutBytes(layout_item, 1, name);
+    PutBytes(layout_item, 2, layouts);
+    PutBytes(out, 3, layout_item);
+  }
+  return out;
+}
+
+Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
+                        const layouts::Topology& t,
+                        std::optional<layouts::Layout> layout,
+                        layouts::Variables vars) {
+  const std::string where =
+      StrCat("--tp ", t.tp, " --pp ", t.pp, " --dp ", t.dp);
+  std::vector<std::string> names;
+  for (const DerivedTensor& x : tensors)
+    if (x.name == x.param) names.push_back(x.name);
+  Strategy s;
+  s.path = t.pp == 1 ? fs::path("strategy.ckpt") : fs::path("strategy");
+  s.stage_devices = t.tp * t.dp;
+  s.stages = t.pp;
+  if (!layout && (t.tp > 1 || t.pp > 1)) {
+    const std::vector<std::string> found =
+        layouts::Layout::DetectBuiltins(names);
+    if (found.empty()) {
+      throw UsageError(
+          where, ": no layout says how the params are cut (first: ",
+          names.empty() ? std::string("none") : names[0],
+          "; the built-in one for MindSpore names: mindformers-llama): "
+          "give the job's strategy file with --strategy");
+    }
+    layout = layouts::Layout::Builtin(found[0]);
+  }
+  std::optional<layouts::LayerPlacement> placement;
+  if (layout) {
+    if (!vars.Has("num_layers")) {
+      int64_t layers = 0;
+      for (const std::string& n : names)
+        if (auto l = layout->SplitLayer(n))
+          layers = std::max(layers, l->index + 1);
+      vars.Set("num_layers", layers);
+    }
+    vars = layout->Resolve(vars);
+    layouts::Topology topo = t;
+    topo.vpp = 1;
+    placement.emplace(layout->NumLayers(vars), topo);
+  }
+  // Each param's stage and layout; then the tensors taking them.
+  std::map<std::string, std::pair<int64_t, TensorLayout>, std::less<>> of;
+  for (const DerivedTensor& x : tensors) {
+    if (x.name != x.param) continue;
+    TensorLayout l;
+    l.dev_matrix = {t.dp, t.tp};
+    l.dims.assign(x.shape.size(), {});
+    int64_t stage = 0;
+    if (layout) {
+      const layouts::Rule& rule = layout->Match(x.name, vars);
+      if (rule.tp.split && t.tp > 1) {
+        if (rule.tp.segments != 1) {
+          throw UsageError(where, ": ", x.name, " is cut by ", layout->name(),
+                           " ", rule.Describe(), " in ", rule.tp.segments,
+                           " segments, which a MindSpore tensor map cannot "
+                           "express: give a strategy file with --strategy");
+        }
+        const auto d = static_cast<size_t>(rule.tp.dim);
+        if (d >= l.dims.size() || x.shape[d] % t.tp != 0) {
+          throw LayoutError(where, ": ", x.name, " ", ShapeString(x.shape),
+                            ": dim ", d, " does not divide into tp ", t.tp,
+                            " parts (", rule.Describe(), " of ", layout->name(),
+                            ")");
+        }
+        l.dims[d] = {0};
+      }
+      stage = layouts::HomeOf(*layout, rule, x.name, *placement).pp_rank;
+    }
+    of[x.name] = {stage, l};
+  }
+  for (const DerivedTensor& x : tensors) {
+    const auto it = of.find(x.param);
+    if (it == of.end()) continue;
+    TensorLayout l = it->second.second;
+    l.dims.resize(x.shape.size());
+    s.layouts[x.name][it->second.first] = std::move(l);
+  }
+  return s;
 }
 
 }  // namespace ucp::mindspore

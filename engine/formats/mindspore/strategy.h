@@ -54,10 +54,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/core/box.h"
+#include "layouts/layout.h"
+#include "layouts/variables.h"
 
 namespace ucp::mindspore {
 
@@ -99,6 +103,39 @@ struct Strategy {
 /// damaged file, an unsupported layout (uneven split, field) or files that
 /// disagree; IoError if unreadable.
 Strategy ReadStrategy(const std::filesystem::path& path);
+
+/// The bytes of a strategy file (protobuf) holding the layouts `s` has for
+/// pipeline stage `stage`, with current_stage = `stage` and one strategy
+/// item of that stage (merge_pipeline_strategys takes a file's stage from
+/// its first item): one such file per stage is what MindSpore's
+/// save_param_strategy_file writes. Throws FormatError for a layout it
+/// cannot express in the classic form (extend maps, fields, uneven splits).
+std::string StrategyFileBytes(const Strategy& s, int64_t stage);
+
+/// A tensor of a derived strategy: `name` takes the layout of `param`
+/// (itself, or the param of an optimizer moment); `shape` is its whole
+/// shape (a dim of 0: not known, not checked).
+struct DerivedTensor {
+  std::string name;
+  std::string param;
+  Shape shape;
+};
+
+/// The strategy of `--tp/--pp/--dp` (the mindspore README): on a dev
+/// matrix [dp, tp] per pipeline stage, a param the layout splits over tp
+/// maps that dim to the tp axis (0), every other dim to none (-1); no
+/// optimizer shard; stages by the layout's placement (layer i on stage
+/// i / (num_layers / pp), first/last-stage params there); a tensor takes
+/// the layout of its `param`. `layout` absent: the built-in one the param
+/// names match (none needed with tp = pp = 1: every tensor is whole on
+/// each rank); `num_layers` is counted from the names when `vars` lacks
+/// it. Throws UsageError naming the topology when no layout describes the
+/// names or a split cannot be a tensor map (segments), LayoutError when a
+/// dim does not divide by tp or the layers not by pp.
+Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
+                        const layouts::Topology& topology,
+                        std::optional<layouts::Layout> layout = std::nullopt,
+                        layouts::Variables vars = {});
 
 /// How many parts each dim of a tensor of `ndim` dims is cut into under
 /// `layout` (dim 0 includes the optimizer shard). Throws FormatError (with

@@ -10,10 +10,12 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/core/strided.h"
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/formats/mindspore/mindspore.h"
 #include "engine/json/json.h"
+#include "layouts/layout.h"
 
 namespace ucp::mindspore {
 namespace {
@@ -85,10 +87,30 @@ class MindSporePlan : public formats::TargetPlan {
     }
     const json::Value* rf = meta_.Find("rank_folder");
     folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
+    specs_ = Specs();  // the same records (sliced) in every rank's file
+    const layouts::Topology& t = options.topology;
+    const bool axes = t.tp * t.pp * t.dp > 1;
     if (auto s = options.values.String(kStrategyOption)) {
+      if (axes) {
+        throw UsageError("--strategy ", *s,
+                         " lays out the ranks itself: give it or --tp/--pp/"
+                         "--dp, not both");
+      }
       strategy_ = ReadStrategy(*s);
-      world_ = strategy_->world();
       strategy_bytes_ = ReadFiles(*s);
+    } else if (axes) {
+      strategy_ = DeriveStrategy(t);
+      for (int64_t stage = 0; stage < t.pp; ++stage) {
+        strategy_bytes_.emplace_back(
+            t.pp == 1
+                ? fs::path("strategy.ckpt")
+                : fs::path("strategy") / StrCat("ckpt_strategy_rank_",
+                                                stage * t.tp * t.dp, ".ckpt"),
+            StrategyFileBytes(*strategy_, stage));
+      }
+    }
+    if (strategy_) {
+      world_ = strategy_->world();
       folder_ = "rank_0";
       // The source's rank file names when it had as many ranks; else
       // rank 0's name with its rank_0 renamed, else MindFormers' pattern.
@@ -111,7 +133,6 @@ class MindSporePlan : public formats::TargetPlan {
     } else {
       names_.push_back(file_);
     }
-    specs_ = Specs();  // the same records (sliced) in every rank's file
     v2_ = options.values.Flag(kCheckpoint2Option);
     if (v2_) {
       iter_folder_ = IterationFolderName(input.root().iteration);
@@ -264,6 +285,32 @@ class MindSporePlan : public formats::TargetPlan {
                               "checkpoint (ignored): ",
                               some(unknown)));
     }
+  }
+
+  // The strategy of --tp/--pp/--dp (DeriveStrategy), by the universal
+  // file's layout and model variables when it has one.
+  Strategy DeriveStrategy(const layouts::Topology& t) const {
+    std::vector<DerivedTensor> tensors;
+    for (const atoms::StoredParam& p : input_.params())
+      tensors.push_back({p.info.fqn, p.info.fqn, p.info.shape});
+    for (const Spec& spec : specs_) {
+      if (spec.atom != nullptr && spec.tag != spec.param)
+        tensors.push_back({spec.tag, spec.param, spec.dims});
+    }
+    const atoms::RootInfo& root = input_.root();
+    if (root.layout.empty()) return mindspore::DeriveStrategy(tensors, t);
+    layouts::Variables vars;
+    const json::Value model =
+        formats::ParseJsonAttr(root.model, "model", input_.path());
+    if (model.is_object()) {
+      for (const auto& [k, v] : model.members()) {
+        if (v.is_int()) vars.Set(k, v.AsInt());
+        if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
+      }
+    }
+    return mindspore::DeriveStrategy(
+        tensors, t, layouts::Layout::ParseStored(root.layout, input_.path()),
+        vars);
   }
 
   fs::path Folder(int64_t r) const {

@@ -22,9 +22,10 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 TEST(BuiltinTest, EveryBuiltinParses) {
-  EXPECT_THAT(Layout::BuiltinNames(),
-              ElementsAre("mcore-gpt", "mcore-llama", "megatron-deepspeed-gpt-pipe",
-                          "megatron-gpt-legacy"));
+  EXPECT_THAT(
+      Layout::BuiltinNames(),
+      ElementsAre("mcore-gpt", "mcore-llama", "megatron-deepspeed-gpt-pipe",
+                  "megatron-gpt-legacy", "mindformers-llama"));
   for (const std::string& name : Layout::BuiltinNames()) {
     const Layout l = Layout::Builtin(name);
     EXPECT_EQ(l.name(), name);
@@ -42,7 +43,7 @@ TEST(BuiltinTest, EveryBuiltinParses) {
               ThrowsMessage<LayoutError>(
                   HasSubstr("no built-in layout 'gpt' (built-in: mcore-gpt, "
                             "mcore-llama, megatron-deepspeed-gpt-pipe, "
-                            "megatron-gpt-legacy)")));
+                            "megatron-gpt-legacy, mindformers-llama)")));
 }
 
 // name -> expected rule
@@ -255,6 +256,39 @@ TEST(BuiltinTest, PipeMatchesPipelineModuleNames) {
   ExpectRules(l, PipeNames(true), {{"swiglu", 1}});
   EXPECT_EQ(Layout::DetectBuiltin(Names(PipeNames(false))).name(),
             "megatron-deepspeed-gpt-pipe");
+}
+
+// MindFormers' LLaMA names and the split each of its shard() calls gives
+// (mindformers/models/llama; see the descriptor's header).
+TEST(BuiltinTest, MindFormersLlamaMatchesItsNames) {
+  const Layout l = Layout::Builtin("mindformers-llama");
+  const Expected names = {
+      {"model.tok_embeddings.embedding_weight", "word_embeddings"},
+      {"model.layers.0.attention_norm.weight", "norms"},
+      {"model.layers.0.attention.wq.weight", "qkv"},
+      {"model.layers.0.attention.wk.weight", "qkv"},
+      {"model.layers.0.attention.wv.bias", "qkv"},
+      {"model.layers.0.attention.wo.weight", "attn_out"},
+      {"model.layers.1.ffn_norm.weight", "norms"},
+      {"model.layers.1.feed_forward.w1.weight", "ffn_in"},
+      {"model.layers.1.feed_forward.w3.weight", "ffn_in"},
+      {"model.layers.1.feed_forward.w2.weight", "ffn_out"},
+      {"model.norm_out.weight", "final_norm"},
+      {"lm_head.weight", "output"}};
+  ExpectRules(l, names, {{"num_layers", 2}});
+  EXPECT_EQ(Layout::DetectBuiltin(Names(names)).name(), "mindformers-llama");
+  const Variables vars = l.Resolve({{"num_layers", 2}});
+  EXPECT_EQ(l.Match("model.layers.0.attention.wo.weight", vars).tp.dim, 1);
+  EXPECT_EQ(l.Match("model.layers.1.feed_forward.w1.weight", vars).tp.dim, 0);
+  EXPECT_FALSE(l.Match("lm_head.weight", vars).tp.split);  // vocab_emb_dp
+  const Variables mp = l.Resolve({{"num_layers", 2}, {"vocab_emb_dp", 0}});
+  EXPECT_TRUE(l.Match("lm_head.weight", mp).tp.split);
+  EXPECT_EQ(l.Match("model.tok_embeddings.embedding_weight", mp).name,
+            "word_embeddings_mp");
+  // The fused qkv_concat / ffn_concat weights are not described.
+  std::vector<std::string> fused = Names(names);
+  fused.push_back("model.layers.0.attention.w_qkv.weight");
+  EXPECT_TRUE(Layout::DetectBuiltins(fused).empty());
 }
 
 TEST(BuiltinTest, DetectionPicksTheRightBuiltin) {
