@@ -28,6 +28,7 @@ SRC = DATA / "tp2_pp2_dp1"                # fully_reshardable optimizer state
 NOOPT = DATA / "tp1_pp2_dp2_vpp2_noopt"   # model only, VPP 2, DP 2
 DPR = DATA / "tp2_pp1_dp2_dpr"            # dp_reshardable optimizer state (Megatron's default)
 TWIN = DATA / "tp2_pp1_dp2_dpr_twin"      # the same state, fully_reshardable
+DPZ = DATA / "tp2_pp1_dp2_dpz"            # the same state, dp_zero_gather_scatter (core <= 0.15)
 NONDIST = DATA / "tp2_pp2_dp1_nondist"     # the non-distributed optimizer's state
 FSMS = DATA / "tp2_pp2_dp1_fsms"           # SRC's state as core <= 0.14 saved it
 ITER = "iter_0000010"
@@ -163,6 +164,40 @@ def test_dp_reshardable_in_and_out():
                            "--distributed-optimizer", "--json").stdout)
         assert r["load"] == str(DPR) and not r["reshaped"], r
         r = json.loads(run("resume", DPR, "--tp", 1, "--pp", 2, "--dp", 1,
+                           "--distributed-optimizer", "-o", t / "load", "--json").stdout)
+        assert r["reshaped"], r
+
+
+def universal_datasets(h5):
+    """Every dataset of the universal file's /params, by path, as bytes (h5py)."""
+    import h5py
+    out = {}
+    with h5py.File(h5, "r") as f:
+        f["params"].visititems(lambda n, o: out.__setitem__(n, o[()].tobytes())
+                               if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def test_dp_zero_gather_scatter_read():
+    """The distributed optimizer's dp_zero_gather_scatter form (core v0.7 - v0.15's default
+    without a fully parallel save: one object per model-parallel group, the legacy
+    distrib_optim.pt dict of its buckets gathered on DP rank 0; the generator's buffer layout
+    checked against Megatron's own _ParamAndGradBuffer): read to exactly the universal content of
+    its fully_reshardable twin, converted to another TP/PP megatron-core loads with every shard
+    equal to the twin's; Megatron reshards it across DP only."""
+    with Tmp() as t:
+        run("to-universal", DPZ, "-o", t / "z.h5", "-q")
+        run("to-universal", TWIN, "-o", t / "w.h5", "-q")
+        z, w = universal_datasets(t / "z.h5"), universal_datasets(t / "w.h5")
+        assert sorted(z) == sorted(w) and len(w) > 100, (len(z), len(w))
+        assert [k for k in w if z[k] != w[k]] == []
+        run("convert", DPZ, "-o", t / "a", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 2, "--dp", 1, "--distributed-optimizer", "-q")
+        megatron_loads(t / "a", TWIN / ITER, 1, 2)
+        r = json.loads(run("resume", DPZ, "--tp", 2, "--pp", 1, "--dp", 4,
+                           "--distributed-optimizer", "--json").stdout)
+        assert r["load"] == str(DPZ) and not r["reshaped"], r
+        r = json.loads(run("resume", DPZ, "--tp", 1, "--pp", 2, "--dp", 1,
                            "--distributed-optimizer", "-o", t / "load", "--json").stdout)
         assert r["reshaped"], r
 

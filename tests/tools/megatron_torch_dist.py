@@ -20,7 +20,8 @@ ShardedTensor / factory with the 'optimizer.state.{param,exp_avg,exp_avg_sq}' pr
 drawn from a seeded generator: Megatron's DistributedOptimizer needs CUDA), the optimizer's
 param_groups and param_state_sharding_type, rng_state ShardedObjects, args, iteration 10,
 content_metadata; dist_checkpointing.save, then the tracker. --optim dp_reshardable: the DDP
-buckets' state (dp_reshardable_sd); --optim non_distributed: the optimizer without
+buckets' state (dp_reshardable_sd); --optim dp_zero_gather_scatter: the buckets gathered on DP
+rank 0 (dp_zero_sd); --optim non_distributed: the optimizer without
 --use-distributed-optimizer, Megatron's Float16OptimizerWithFloat16Params.sharded_state_dict
 (float16_optimizer), which `load --optim non_distributed` loads back through its load_state_dict.
 
@@ -54,6 +55,8 @@ CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, "fully_reshardable"),
          "tp1_pp2_dp2_vpp2_noopt": (1, 2, 2, 2, None),
          "tp2_pp1_dp2_dpr": (2, 1, 2, 1, "dp_reshardable"),
          "tp2_pp1_dp2_dpr_twin": (2, 1, 2, 1, "fully_reshardable"),
+         # the twin's state in the distributed optimizer's dp_zero_gather_scatter form
+         "tp2_pp1_dp2_dpz": (2, 1, 2, 1, "dp_zero_gather_scatter"),
          "tp2_pp2_dp1_nondist": (2, 2, 1, 1, "non_distributed")}
 # Written from the format (no megatron-core since 0.16 saves it, and none loads it): the
 # tp2_pp2_dp1 case's state in the distributed optimizer's pre-0.15 fully_sharded_model_space form.
@@ -233,6 +236,65 @@ def bucket_layout(numels, shared, dp):
     return ranges, buckets
 
 
+def checked_layout(m, dp):
+    """The trainable params of model chunk `m` and our bucket_layout of them, asserted equal to
+    Megatron's own _ParamAndGradBuffer of the same params (param ranges and buckets); returns
+    (params, ranges, buckets, Megatron's buffer)."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed.distributed_data_parallel_config import \
+        DistributedDataParallelConfig
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+    params = [p for _, p in m.named_parameters() if p.requires_grad]
+    shared = [bool(getattr(p, "shared_embedding", False)) for p in params]
+    ranges, buckets = bucket_layout([p.numel() for p in params], shared, dp)
+    buf = _ParamAndGradBuffer(
+        DistributedDataParallelConfig(use_distributed_optimizer=True,
+                                      grad_reduce_in_fp32=True),
+        torch.bfloat16, torch.float32, params, parallel_state.get_data_parallel_group(), None,
+        {p: n for n, p in m.named_parameters()}, 1.0, list(range(len(params))), False,
+        pg_collection=types.SimpleNamespace(
+            tp=parallel_state.get_tensor_model_parallel_group(),
+            dp_cp=parallel_state.get_data_parallel_group(with_context_parallel=True)))
+    assert [buf.param_index_map[p] for p in params] == ranges, "param ranges differ"
+    assert [(b.offset, b.offset + b.grad_data.numel()) for b in buf.buckets] == \
+        [(s, e) for s, e, _ in buckets], "buckets differ"
+    return params, ranges, buckets, buf
+
+
+def dp_zero_sd(models, states, tp, dp):
+    """The dp_zero_gather_scatter optimizer state (Megatron-core v0.7 - v0.15's default without a
+    fully parallel save), built the way DistributedOptimizer.sharded_param_state_dp_zero builds
+    it: on DP rank 0 one ShardedObject per model-parallel group holding what
+    get_parameter_state_dp_zero gathers, {"buckets_coalesced": True, chunk: {(param dtype, grad
+    dtype): {"param", "exp_avg", "exp_avg_sq": fp32 1-D, "numel_unpadded": n}}}: each bucket's
+    state, unpadded, one bucket after the other (the buffer layout checked against Megatron's
+    own _ParamAndGradBuffer); None on the other DP ranks."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedObject
+    group_idx = parallel_state.get_tensor_model_parallel_rank() + \
+        tp * parallel_state.get_pipeline_model_parallel_rank()
+    prefix = f"optimizer.distributed.dp_group_idx_{group_idx}"
+    if parallel_state.get_data_parallel_rank() != 0:
+        return LocalNonpersistentObject(None), prefix
+    state = {"buckets_coalesced": True}
+    for gbuf, m in enumerate(models):
+        params, ranges, buckets, buf = checked_layout(m, dp)
+        world = {s: [] for s in STATES}
+        for b, (bs, be, unpadded) in enumerate(buckets):
+            for st in STATES:
+                t = torch.zeros(unpadded)
+                for i, p in enumerate(params):
+                    ps, pe, pb = ranges[i]
+                    if pb == b:
+                        t[ps - bs:pe - bs] = states[id(p)][st].reshape(-1)
+                world[st].append(t)
+        numel = sum(n for _, _, n in buckets)
+        assert numel == buf.numel_unpadded, (numel, buf.numel_unpadded)
+        state[gbuf] = {(torch.bfloat16, torch.float32): dict(
+            {st: torch.cat(world[st]) for st in STATES}, numel_unpadded=numel)}
+    return ShardedObject(f"{prefix}.param_state", state, (1,), (0,)), prefix
+
+
 def dp_reshardable_sd(models, states, tp, pp, dp):
     """The dp_reshardable optimizer state of this rank, built the way
     DistributedOptimizer.sharded_param_state_dp_reshardable builds it: per model chunk (gbuf
@@ -242,9 +304,6 @@ def dp_reshardable_sd(models, states, tp, pp, dp):
     DistributedOptimizer._build_model_gbuf_range on the real params."""
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-    from megatron.core.distributed.distributed_data_parallel_config import \
-        DistributedDataParallelConfig
-    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     dp_rank = parallel_state.get_data_parallel_rank()
     group_idx = parallel_state.get_tensor_model_parallel_rank() + \
@@ -255,21 +314,7 @@ def dp_reshardable_sd(models, states, tp, pp, dp):
     state = {}
     per_bucket, per_bucket_unpadded = [], []
     for gbuf, m in enumerate(models):
-        params = [p for _, p in m.named_parameters() if p.requires_grad]
-        shared = [bool(getattr(p, "shared_embedding", False)) for p in params]
-        ranges, buckets = bucket_layout([p.numel() for p in params], shared, dp)
-        # Megatron's own layout of the same params.
-        buf = _ParamAndGradBuffer(
-            DistributedDataParallelConfig(use_distributed_optimizer=True,
-                                          grad_reduce_in_fp32=True),
-            torch.bfloat16, torch.float32, params, dp_group, None,
-            {p: n for n, p in m.named_parameters()}, 1.0, list(range(len(params))), False,
-            pg_collection=types.SimpleNamespace(
-                tp=parallel_state.get_tensor_model_parallel_group(),
-                dp_cp=parallel_state.get_data_parallel_group(with_context_parallel=True)))
-        assert [buf.param_index_map[p] for p in params] == ranges, "param ranges differ"
-        assert [(b.offset, b.offset + b.grad_data.numel()) for b in buf.buckets] == \
-            [(s, e) for s, e, _ in buckets], "buckets differ"
+        params, ranges, buckets, buf = checked_layout(m, dp)
         per_bucket.append({dtype_key: [e - s for s, e, _ in buckets]})
         per_bucket_unpadded.append({dtype_key: [n for _, _, n in buckets]})
         bucket_states = []
@@ -387,11 +432,14 @@ def save_rank(rank, world, port, a):
                                "param_state_sharding_type": "fully_reshardable"}
         else:
             from megatron.core.dist_checkpointing.mapping import ShardedObject
-            param_state, prefix = dp_reshardable_sd(models, states, a.tp, a.pp, a.dp)
+            if a.optim == "dp_zero_gather_scatter":
+                param_state, prefix = dp_zero_sd(models, states, a.tp, a.dp)
+            else:
+                param_state, prefix = dp_reshardable_sd(models, states, a.tp, a.pp, a.dp)
             sd["optimizer"] = {
                 "optimizer": ShardedObject(f"{prefix}.optimizer", {"param_groups": groups},
                                            (1,), (0,), replica_id=(0, 0, dp_rank)),
-                "param_state": param_state, "param_state_sharding_type": "dp_reshardable"}
+                "param_state": param_state, "param_state_sharding_type": a.optim}
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
     iter_dir = pathlib.Path(a.out) / "iter_0000010"
     if rank == 0:
@@ -647,7 +695,8 @@ def main():
     ap.add_argument("--no-optimizer", action="store_true")
     ap.add_argument("--impl", default="local")
     ap.add_argument("--optim", default="fully_reshardable",
-                    choices=("fully_reshardable", "dp_reshardable", "non_distributed"),
+                    choices=("fully_reshardable", "dp_reshardable", "dp_zero_gather_scatter",
+                             "non_distributed"),
                     help="save: the optimizer's form; load: non_distributed loads into "
                          "Megatron's Float16OptimizerWithFloat16Params, else the distributed "
                          "optimizer's fully_reshardable keys")

@@ -193,9 +193,15 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   std::map<std::string_view, size_t> model_rank;
   for (const dcp::Entry& e : c.dcp.metadata.entries)
     if (e.tensor) model_rank.emplace(e.fqn, e.size.size());
+  // dp_zero_gather_scatter: an object per model-parallel group.
+  bool zero = false;
   for (const dcp::Entry& e : c.dcp.metadata.entries) {
     const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
     if (k.kind == KeyInfo::kBucket) buckets = true;
+    if (k.kind == KeyInfo::kObject &&
+        k.model_key.starts_with("optimizer.distributed.dp_group_idx_") &&
+        k.model_key.ends_with(".param_state"))
+      zero = true;
     if (k.kind == KeyInfo::kOptimizerState) {
       state = true;
       fp32_param = fp32_param || k.state == "fp32_param";
@@ -206,8 +212,10 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   }
   if (const json::Value* t =
           c.content_metadata.Find("distrib_optim_sharding_type");
-      t != nullptr && t->is_string() && (state || buckets)) {
+      t != nullptr && t->is_string() && (state || buckets || zero)) {
     c.optimizer = t->AsString();
+  } else if (zero) {
+    c.optimizer = "dp_zero_gather_scatter";
   } else if (buckets) {
     c.optimizer = "dp_reshardable";
   } else if (fp32_param) {

@@ -45,7 +45,8 @@ class TorchDistSource : public formats::Source {
   }
   // Megatron reshards a torch_dist checkpoint at load: model weights always;
   // the distributed optimizer's fully_reshardable state too, dp_reshardable
-  // state only across DP. The optimizer's kind must be the run's.
+  // and dp_zero_gather_scatter state only across DP. The optimizer's kind must
+  // be the run's.
   bool Fits(const formats::TargetOptions& o) const override {
     const bool distributed = o.values.Flag(kDistributedOptimizerOption);
     if (c_.optimizer == "none") return true;
@@ -53,8 +54,10 @@ class TorchDistSource : public formats::Source {
     if (!distributed) return false;
     if (c_.optimizer == "fully_reshardable") return true;
     const layouts::Topology& t = c_.topology;
-    return c_.optimizer == "dp_reshardable" && t.tp == o.topology.tp &&
-           t.pp == o.topology.pp && t.vpp == o.topology.vpp;
+    return (c_.optimizer == "dp_reshardable" ||
+            c_.optimizer == "dp_zero_gather_scatter") &&
+           t.tp == o.topology.tp && t.pp == o.topology.pp &&
+           t.vpp == o.topology.vpp;
   }
   std::vector<formats::ArchiveSpan> Archives(
       const fs::path& file) const override {

@@ -87,6 +87,11 @@ class Planner {
   void CollectParams();
   void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
   void PlanBuckets();
+  // dp_zero_gather_scatter: the param_state object of model-parallel group
+  // `group`, opened, and its dict of model chunk `v`'s buffer ({param,
+  // exp_avg, exp_avg_sq, numel_unpadded}). Throws FormatError naming it.
+  std::pair<std::shared_ptr<const torchfile::TorchFile>, const Value*>
+  ZeroBuffer(int64_t group, int64_t v, const std::string& where);
   universal::AtomPlan& AtomFor(Param& p, const std::string& kind,
                                const std::string& where);
   void PlanGroups();
@@ -145,13 +150,13 @@ void Planner::ReadSettings() {
                      "': use local or transformer_engine");
   }
   local_spec_ = impl == "local";
-  if (c_.optimizer == "dp_zero_gather_scatter" ||
-      c_.optimizer == "fully_sharded_bucket_space") {
+  if (c_.optimizer == "fully_sharded_bucket_space") {
     throw FormatError(
         c_.iter_dir.string(), ": the distributed optimizer's state is in the ",
         c_.optimizer,
         " format, which ucp does not read (fully_reshardable, "
-        "dp_reshardable and fully_sharded_model_space are); convert without "
+        "dp_reshardable, dp_zero_gather_scatter and fully_sharded_model_space "
+        "are); convert without "
         "it with --no-optimizer");
   }
 }
@@ -526,21 +531,26 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
 
 // dp_reshardable: each DDP bucket's state as one 1-D key per state kind, DP
 // rank r's slice of the bucket at r * (padded bucket / dp); a param's state
-// lies at its buffer range minus the bucket's start. The param -> range map
-// is not stored: it is the buffer layout of the rank's params
-// (megatron/buffer_layout.h), checked against every key's size.
+// lies at its buffer range minus the bucket's start. dp_zero_gather_scatter:
+// one object per model-parallel group, the legacy distrib_optim.pt dict
+// ({buckets_coalesced: True, chunk: {(dtypes): {param, exp_avg, exp_avg_sq,
+// numel_unpadded}}}) whose 1-D tensors are the chunk's buckets, unpadded,
+// one after the other. The param -> range map is not stored: it is the
+// buffer layout of the rank's params (megatron/buffer_layout.h), checked
+// against every key's (or tensor's) size.
 void Planner::PlanBuckets() {
+  const bool zero = c_.optimizer == "dp_zero_gather_scatter";
   if (!run_) {
-    throw FormatError(c_.iter_dir.string(),
-                      ": dp_reshardable optimizer state without args in the "
-                      "common state: the bucket layout cannot be rebuilt");
+    throw FormatError(c_.iter_dir.string(), ": ", c_.optimizer,
+                      " optimizer state without args in the common state: "
+                      "the bucket layout cannot be rebuilt");
   }
   std::map<std::tuple<int64_t, int64_t, int64_t, std::string>,
            const dcp::Entry*>
       keys;
   std::map<std::pair<int64_t, int64_t>, std::string> dtypes;
   for (const dcp::Entry& e : c_.dcp.metadata.entries) {
-    if (!e.tensor) continue;
+    if (!e.tensor || zero) continue;
     const auto k = ParseBucketKey(e.fqn);
     if (!k) {
       if (ClassifyKey(e.fqn, true).kind == KeyInfo::kBucket)
@@ -627,46 +637,69 @@ void Planner::PlanBuckets() {
         const std::string bwhere = StrCat(
             c_.iter_dir.string(), " > optimizer.distributed.dp_group_idx_",
             group, ".gbuf_idx_", v);
+        // The state of each kind of bucket b: runs of float32 elements,
+        // each at its offset in the bucket.
+        struct Run {
+          int64_t o = 0, n = 0;
+          reshape::SourceTensor src;
+          std::string where;
+        };
+        std::shared_ptr<const torchfile::TorchFile> zf;
+        const Value* world = nullptr;
+        if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
+        int64_t world_at = 0;  // bucket b's start in the coalesced tensors
         for (size_t b = 0; b < lay.buckets.size(); ++b) {
           const megatron::Bucket& bucket = lay.buckets[b];
           for (const auto& [skey, kind] : kStates) {
-            auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
-            if (kit == keys.end()) {
-              throw FormatError(bwhere, ": no bucket ", b, " '", skey,
-                                "' key (the buffer layout of this rank's "
-                                "params has ",
-                                lay.buckets.size(), " buckets)");
-            }
-            const dcp::Entry& e = *kit->second;
-            if (e.size[0] != bucket.numel_unpadded) {
-              throw FormatError(
-                  Where(e), ": ", e.size[0],
-                  " elements, but the buffer layout of this rank's params "
-                  "(Megatron-core v0.13+ rules, dp ",
-                  run_->OptimizerDp(t.dp), ") gives bucket ", b, " ",
-                  bucket.numel_unpadded);
-            }
-            for (size_t i = 0; i < members.size(); ++i) {
-              const megatron::ParamRange& r = lay.ranges[i];
-              if (r.bucket != static_cast<int64_t>(b)) continue;
-              Param& p = *members[i].param;
-              universal::AtomPlan& atom = AtomFor(p, kind, Where(e));
-              const int64_t s0 = r.start - bucket.start;
-              const int64_t s1 = r.end - bucket.start;
-              const layouts::LocalShard& shard = shards[i];
+            std::vector<Run> runs;
+            if (zero) {
+              const std::string zw = StrCat(bwhere, " > ", skey);
+              const Value* tv = DictGet(world, skey);
+              const torchfile::TensorInfo* ti =
+                  tv == nullptr ? nullptr : zf->FindTensor(tv);
+              int64_t total = 0;
+              for (const megatron::Bucket& x : lay.buckets)
+                total += x.numel_unpadded;
+              if (ti == nullptr || ti->dtype != DType::kFloat32 ||
+                  ti->shape != Shape{total}) {
+                throw FormatError(
+                    zw, ": not a float32 [", total,
+                    "] tensor (the buffer layout of this rank's params, "
+                    "Megatron-core v0.13+ rules, dp ",
+                    run_->OptimizerDp(t.dp), ", gives ", lay.buckets.size(),
+                    " buckets of ", total, " elements)");
+              }
+              Run r{0, bucket.numel_unpadded, sources_.Tensor(zf, *ti, zw), zw};
+              r.src.byte_offset += static_cast<uint64_t>(world_at) * 4;
+              r.src.shape = {bucket.numel_unpadded};
+              runs.push_back(std::move(r));
+            } else {
+              auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
+              if (kit == keys.end()) {
+                throw FormatError(bwhere, ": no bucket ", b, " '", skey,
+                                  "' key (the buffer layout of this rank's "
+                                  "params has ",
+                                  lay.buckets.size(), " buckets)");
+              }
+              const dcp::Entry& e = *kit->second;
+              if (e.size[0] != bucket.numel_unpadded) {
+                throw FormatError(
+                    Where(e), ": ", e.size[0],
+                    " elements, but the buffer layout of this rank's params "
+                    "(Megatron-core v0.13+ rules, dp ",
+                    run_->OptimizerDp(t.dp), ") gives bucket ", b, " ",
+                    bucket.numel_unpadded);
+              }
               for (const dcp::Chunk& chunk : e.chunks) {
-                const int64_t o = chunk.offsets[0], n = chunk.sizes[0];
-                const int64_t lo = std::max(s0, o), hi = std::min(s1, o + n);
-                if (lo >= hi) continue;
                 const dcp::ItemKey key{e.fqn, chunk.offsets};
                 const auto items = c_.dcp.items.find(key);
                 if (items == c_.dcp.items.end() || items->second.empty())
                   throw FormatError(Where(e), ": no item for chunk ",
                                     dcp::BoxString(chunk));
                 const dcp::Item& item = items->second.front();
-                const std::string iw = StrCat(
-                    "rank file ", item.file.string(), " > ", e.fqn, " > chunk ",
-                    dcp::BoxString(chunk), " > param ", p.name);
+                const std::string iw =
+                    StrCat("rank file ", item.file.string(), " > ", e.fqn,
+                           " > chunk ", dcp::BoxString(chunk));
                 open_.push_back(dcp::OpenItem(item, key, files_));
                 const torchfile::TorchFile& f = *open_.back();
                 const torchfile::TensorInfo* ti = f.FindTensor(f.root());
@@ -675,12 +708,27 @@ void Planner::PlanBuckets() {
                   throw FormatError(iw, ": the item is not a float32 ",
                                     ShapeString(chunk.sizes), " tensor");
                 }
-                const reshape::SourceTensor whole =
-                    sources_.Tensor(open_.back(), *ti, iw);
+                runs.push_back({chunk.offsets[0], chunk.sizes[0],
+                                sources_.Tensor(open_.back(), *ti, iw), iw});
+              }
+            }
+            for (size_t i = 0; i < members.size(); ++i) {
+              const megatron::ParamRange& r = lay.ranges[i];
+              if (r.bucket != static_cast<int64_t>(b)) continue;
+              Param& p = *members[i].param;
+              universal::AtomPlan& atom = AtomFor(p, kind, runs.front().where);
+              const int64_t s0 = r.start - bucket.start;
+              const int64_t s1 = r.end - bucket.start;
+              const layouts::LocalShard& shard = shards[i];
+              for (const Run& run : runs) {
+                const int64_t o = run.o, n = run.n;
+                const int64_t lo = std::max(s0, o), hi = std::min(s1, o + n);
+                if (lo >= hi) continue;
+                const std::string iw = StrCat(run.where, " > param ", p.name);
                 const std::vector<FlatBox> boxes =
                     FlatBoxes(shard.local_shape, lo - s0, hi - s0);
                 for (const FlatBox& fb : boxes) {
-                  reshape::SourceTensor src = whole;
+                  reshape::SourceTensor src = run.src;
                   src.byte_offset +=
                       static_cast<uint64_t>(s0 + fb.first - o) * 4;
                   src.shape = fb.box.size;
@@ -701,10 +749,52 @@ void Planner::PlanBuckets() {
               }
             }
           }
+          world_at += bucket.numel_unpadded;
         }
       }
     }
   }
+}
+
+std::pair<std::shared_ptr<const torchfile::TorchFile>, const Value*>
+Planner::ZeroBuffer(int64_t group, int64_t v, const std::string& where) {
+  const std::string name =
+      StrCat("optimizer.distributed.dp_group_idx_", group, ".param_state");
+  const dcp::ItemKey key{
+      ObjectKey(name, std::vector<int64_t>{0}, std::vector<int64_t>{1}),
+      std::nullopt};
+  const auto it = c_.dcp.items.find(key);
+  if (it == c_.dcp.items.end() || it->second.empty()) {
+    throw FormatError(c_.iter_dir.string(), " > ", name,
+                      ": missing (dp_zero_gather_scatter keeps each model-"
+                      "parallel group's optimizer state in that object)");
+  }
+  std::shared_ptr<const torchfile::TorchFile> f =
+      dcp::OpenItem(it->second.front(), key, files_);
+  open_.push_back(f);
+  const std::string ow =
+      StrCat("rank file ", it->second.front().file.string(), " > ", name);
+  const Value* root = f->root();
+  // (Saved as the list [object], as every ShardedObject.)
+  if (root != nullptr && root->kind == Kind::kList && root->items.size() == 1)
+    root = root->items[0];
+  const Value* coalesced = DictGet(root, "buckets_coalesced");
+  if (coalesced == nullptr || coalesced->kind != Kind::kBool || !coalesced->b) {
+    throw FormatError(ow,
+                      ": no 'buckets_coalesced': True (the per-bucket form "
+                      "of Megatron-core before v0.7 is not supported)");
+  }
+  const Value* gbuf = nullptr;
+  for (const auto& [k, val] : root->entries)
+    if (k != nullptr && k->kind == Kind::kInt && k->i == v) gbuf = val;
+  if (gbuf == nullptr || !gbuf->IsDictLike() || gbuf->entries.size() != 1) {
+    throw FormatError(ow, " > buffer ", v, " (", where,
+                      "): missing, or holding several dtype buffers");
+  }
+  const Value* world = gbuf->entries.front().second;
+  if (world == nullptr || !world->IsDictLike())
+    throw FormatError(ow, " > buffer ", v, ": not a dict");
+  return {std::move(f), world};
 }
 
 // Megatron's groups (param_groups.h) in named_parameters() order; the
@@ -887,8 +977,9 @@ void Planner::PlanRoot() {
   src["dp"] = t.dp;
   src["cp"] = run_ ? run_->cp : 1;
   src["ep"] = 1;
-  src["distributed_optimizer"] =
-      c_.optimizer == "fully_reshardable" || c_.optimizer == "dp_reshardable";
+  src["distributed_optimizer"] = c_.optimizer == "fully_reshardable" ||
+                                 c_.optimizer == "dp_reshardable" ||
+                                 c_.optimizer == "dp_zero_gather_scatter";
   src["optimizer_sharding"] = c_.optimizer;
   src["vocab_size_from"] = vocab_source_;
   json::Value dt = json::Value::Array();
@@ -1003,7 +1094,9 @@ universal::SourcePlan Planner::Run() {
       PlanTensor(e, k);
     }
   }
-  if (c_.optimizer == "dp_reshardable") PlanBuckets();
+  if (c_.optimizer == "dp_reshardable" ||
+      c_.optimizer == "dp_zero_gather_scatter")
+    PlanBuckets();
   if (c_.optimizer == "non_distributed") PlanCommonStep();
   PlanGroups();
   for (size_t i = 0; i < params_.size(); ++i) {

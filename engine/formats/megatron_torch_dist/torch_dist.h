@@ -62,6 +62,13 @@
 //                       stored, rebuilt from the args and checked against
 //                       every key's size); objects <prefix>.optimizer
 //                       ({param_groups}), <prefix>.per_bucket_numel[_unpadded]
+//   dp_zero_gather_scatter  object optimizer.distributed.dp_group_idx_<g>.
+//                       param_state (DP rank 0's): [{buckets_coalesced: True,
+//                       <chunk>: {(<param dtype>, <grad dtype>): {param,
+//                       exp_avg, exp_avg_sq: fp32 1-D, numel_unpadded}}}],
+//                       each bucket's unpadded state one after the other
+//                       (the legacy distrib_optim.pt dict; placed by the same
+//                       buffer layout); object <prefix>.optimizer
 //
 // In the universal file: what the "megatron" driver keeps (megatron_format.h:
 // canonical names with global layer numbers, param / fp32 / exp_avg /
@@ -109,8 +116,9 @@ struct Checkpoint {
   std::string common_in;  // "common.pt", "common_state" or ""
   json::Value content_metadata = json::Value::Object();
   /// content_metadata's distrib_optim_sharding_type, else inferred from the
-  /// keys: "fully_reshardable", "dp_reshardable", "fully_sharded_model_space"
-  /// (flattened keys), "non_distributed", "none".
+  /// keys: "fully_reshardable", "dp_reshardable", "dp_zero_gather_scatter"
+  /// (a param_state object), "fully_sharded_model_space" (flattened keys),
+  /// "non_distributed", "none".
   std::string optimizer;
   layouts::Topology topology;  // from args, else TP/PP from the chunks
   std::vector<std::filesystem::path> files;  // every file read
