@@ -24,7 +24,8 @@ namespace fs = std::filesystem;
 constexpr const char* kHelp =
     "usage: ucp export SRC -o DIR [--format safetensors|torch]\n"
     "                  [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
-    "                  [--exclude-frozen] [--tag T | --iteration N] [options]\n"
+    "                  [--exclude-frozen] [--hf] [--tag T | --iteration N] "
+    "[options]\n"
     "\n"
     "Writes the consolidated model of SRC (a universal file, or a checkpoint "
     "of any\n"
@@ -48,6 +49,8 @@ constexpr const char* kHelp =
     "  ucp export /ckpt/ds -o hf/                      # like zero_to_fp32\n"
     "  ucp export gpt.ucp.h5 -o hf/ --dtype bf16 --max-shard-size 2GB\n"
     "  ucp export /ckpt/ds --tag global_step100 -o out/ --format torch\n"
+    "  ucp export /ckpt/gpt -o llama-hf/ --hf --dtype bf16   # "
+    "from_pretrained\n"
     "\n"
     "options";
 
@@ -76,7 +79,7 @@ uint64_t ExportBytes(const universal::UniversalInput& input,
 int RunExport(const std::vector<std::string>& args) {
   po::options_description desc(kHelp);
   std::string output, format = "safetensors", dtype = "fp32", shard = "5GB";
-  bool exclude_frozen = false;
+  bool exclude_frozen = false, hf = false;
   SourceArgs src;
   RunOptions run;
   desc.add_options()("output,o", po::value<std::string>(&output)->required(),
@@ -88,7 +91,11 @@ int RunExport(const std::vector<std::string>& args) {
       "max-shard-size", po::value<std::string>(&shard)->default_value("5GB"),
       "largest shard, Hugging Face units (5GB = 5e9 bytes, 1GiB)")(
       "exclude-frozen", po::bool_switch(&exclude_frozen),
-      "leave out frozen parameters");
+      "leave out frozen parameters")(
+      "hf", po::bool_switch(&hf),
+      "a transformers model folder: LlamaForCausalLM's names (q/k/v and "
+      "gate/up split from Megatron's fused weights) and config.json, for "
+      "from_pretrained (Megatron-core LLaMA-style GPT models)");
   src.Add(desc);
   AddRunOptions(desc, run);
   po::variables_map vm;
@@ -107,6 +114,7 @@ int RunExport(const std::vector<std::string>& args) {
   o.dtype = ParseDType(dtype);
   o.max_shard_bytes = exporting::ParseShardSize(shard);
   o.exclude_frozen = exclude_frozen;
+  o.hf = hf;
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   const fs::path source = vm["source"].as<std::string>();

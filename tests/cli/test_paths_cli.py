@@ -86,6 +86,18 @@ def test_megatron_export_holds_the_truth():
                 bits_equal(got[name], want, (dtype, name))
 
 
+def test_export_hf_refuses_what_is_not_a_llama():
+    """export --hf writes LlamaForCausalLM folders only: a Megatron model with linear biases
+    and a DeepSpeed MLP are one clear usage error each, nothing written."""
+    with tempfile.TemporaryDirectory() as t:
+        t = pathlib.Path(t)
+        p = run("export", SRC, "-o", t / "a", "--hf", expect=2)
+        one_error_line(p, "usage error", "--hf", "biases")
+        p = run("export", DS, "-o", t / "b", "--hf", expect=2)
+        one_error_line(p, "usage error", "--hf", "not a Megatron-core GPTModel")
+        assert list(t.iterdir()) == [], list(t.iterdir())
+
+
 def test_megatron_to_deepspeed_and_refused_back():
     """Megatron -> DeepSpeed ZeRO 1 at DP 2 keeps every master and moment
     (its universal content equals the generator's truth); DeepSpeed's plain

@@ -7,6 +7,9 @@ environment: run with its python), on CPU with gloo, one process per rank.
                               [--impl local|transformer_engine] [--seed S]
   megatron_torch_dist.py load --ckpt SAVE_DIR --source SRC_ITER_DIR --tp T --pp P [--dp D]
                               [--vpp V] [--no-optimizer]
+  megatron_torch_dist.py hf --source SRC_ITER_DIR --hf HF_DIR
+                              the source's logits (Megatron's forward) equal those of the
+                              transformers folder (LlamaForCausalLM.from_pretrained)
 
 The model: a GPTModel of get_gpt_layer_local_spec() (GQA 4 heads / 2 groups, SwiGLU, RMSNorm, no
 linear biases, bf16, untied output layer, rotary embeddings, 4 layers, hidden 32, ffn 48, true
@@ -672,9 +675,54 @@ def fully_sharded_model_space(src, out, seed=7):
     return ctx.processes[0].exitcode == 0
 
 
+def hf_rank(rank, world, port, a):
+    """`hf`: the source's model (dist_checkpointing.load into a TP1 PP1 GPTModel) and the
+    transformers folder (LlamaForCausalLM.from_pretrained, every key found, none left over) give
+    the same logits for the same tokens: both upcast to float32, Megatron's own forward (local
+    spec, on CPU) against transformers' own."""
+    init(rank, world, port, 1, 1, 1)
+    import contextlib
+    import transformers
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel import random as mrandom
+    torch.manual_seed(999)
+    models = build(1, 1, 1)
+    loaded = dist_checkpointing.load(model_sd(models), str(pathlib.Path(a.source)))
+    m = models[0]
+    m.load_state_dict(loaded["model"], strict=True)
+    # float32 everywhere (the softmax's bf16 flags too); no dropout RNG (a CUDA tracker).
+    m.config.bf16 = False
+    m = m.float().eval()
+    for mod in m.modules():
+        if hasattr(mod, "input_in_bf16"):
+            mod.input_in_bf16 = mod.input_in_float16 = False
+    mrandom.get_cuda_rng_tracker().fork = lambda *x, **k: contextlib.nullcontext()
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, TRUE_VOCAB, (2, 16), generator=g)
+    with torch.no_grad():
+        want = m(tokens, torch.arange(16).expand(2, 16),
+                 attention_mask=torch.triu(torch.ones(16, 16), diagonal=1).bool()[None, None])
+        hf, info = transformers.LlamaForCausalLM.from_pretrained(
+            a.hf, dtype=torch.float32, output_loading_info=True)
+        got = hf.eval()(tokens).logits
+    problems = [f"{k}: {sorted(v)}" for k, v in info.items() if v]
+    want = want[..., :TRUE_VOCAB]
+    if got.shape != want.shape:
+        problems.append(f"logits {tuple(got.shape)}, Megatron's {tuple(want.shape)}")
+    elif not torch.allclose(got, want, rtol=0, atol=1e-5 * float(want.abs().max())):
+        problems.append(f"logits differ by up to {float((got - want).abs().max())}")
+    print(json.dumps({"ok": not problems, "problems": problems,
+                      "max_abs_logit": float(want.abs().max()),
+                      "max_abs_diff": float((got - want).abs().max())
+                      if got.shape == want.shape else None}), flush=True)
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
 def run(a):
     world = a.tp * a.pp * a.dp
-    fn = save_rank if a.mode == "save" else load_rank
+    fn = {"save": save_rank, "load": load_rank, "hf": hf_rank}[a.mode]
     ctx = mp.start_processes(fn, args=(world, free_port(), a), nprocs=world, join=False,
                              start_method="fork")
     while not ctx.join():
@@ -684,7 +732,8 @@ def run(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", nargs="?", choices=("cases", "save", "load"), default="cases")
+    ap.add_argument("mode", nargs="?", choices=("cases", "save", "load", "hf"), default="cases")
+    ap.add_argument("--hf", help="hf: the transformers folder to compare with --source")
     ap.add_argument("--out")
     ap.add_argument("--ckpt")
     ap.add_argument("--source")

@@ -14,6 +14,7 @@
 #include "engine/core/progress.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/formats/emit.h"
+#include "engine/formats/export/hf_llama.h"
 #include "engine/formats/target_plan.h"
 #include "engine/json/json.h"
 
@@ -28,12 +29,61 @@ struct Item {
   DType dtype = DType::kFloat32;  // exported
   Shape shape;
   uint64_t bytes = 0;
+  /// Boxes of the atom (src) and of the tensor (dst); empty: the whole atom.
+  std::vector<std::pair<Box, Box>> pieces;
 };
 
-// The exported tensors in canonical order.
+// The item of tensor `name` of `shape` from param `fqn`'s weights: its
+// training-dtype atom when that is the export's dtype, else its fp32 master.
+Item ItemOf(const universal::UniversalInput& input, const ExportOptions& o,
+            const std::string& fqn, std::string name, Shape shape) {
+  const atoms::DatasetInfo* fp32 = input.FindAtom(fqn, "fp32");
+  const atoms::DatasetInfo* param = input.FindAtom(fqn, "param");
+  const atoms::DatasetInfo* src = nullptr;
+  if (param != nullptr && param->dtype == o.dtype) {
+    src = param;
+  } else if (fp32 != nullptr) {
+    src = fp32;
+  } else {
+    src = param;
+  }
+  if (src == nullptr) {
+    throw FormatError("universal input ", input.path().string(), " > param ",
+                      fqn, ": neither a 'fp32' nor a 'param' atom");
+  }
+  Item it;
+  it.name = std::move(name);
+  it.atom = src;
+  it.shape = std::move(shape);
+  it.dtype = IsFloatingPoint(src->dtype) ? o.dtype : src->dtype;
+  if (it.dtype != src->dtype && !CanConvert(src->dtype, it.dtype)) {
+    throw UsageError("param ", fqn, ": cannot convert ", DTypeName(src->dtype),
+                     " to ", DTypeName(it.dtype));
+  }
+  it.bytes =
+      static_cast<uint64_t>(NumElements(it.shape)) * ElementSize(it.dtype);
+  return it;
+}
+
+// The exported tensors in canonical order (--hf: transformers' names and
+// order, config.json into `config`).
 std::vector<Item> Collect(const universal::UniversalInput& input,
-                          const ExportOptions& o, ExportSummary& summary) {
+                          const ExportOptions& o, ExportSummary& summary,
+                          std::string& config) {
   std::vector<Item> items;
+  if (o.hf) {
+    HfModel m = MapToHfLlama(input);
+    for (HfTensor& t : m.tensors) {
+      items.push_back(ItemOf(input, o, t.param, t.name, t.shape));
+      items.back().pieces = std::move(t.pieces);
+      summary.total_size += items.back().bytes;
+    }
+    m.config["torch_dtype"] = o.dtype == DType::kBFloat16  ? "bfloat16"
+                              : o.dtype == DType::kFloat16 ? "float16"
+                                                           : "float32";
+    config = m.config.Dump(2) + "\n";
+    return items;
+  }
   int64_t frozen_skipped = 0;
   for (const atoms::StoredParam& p : input.params()) {
     const std::string& fqn = p.info.fqn;
@@ -41,33 +91,11 @@ std::vector<Item> Collect(const universal::UniversalInput& input,
       ++frozen_skipped;
       continue;
     }
-    const atoms::DatasetInfo* fp32 = input.FindAtom(fqn, "fp32");
-    const atoms::DatasetInfo* param = input.FindAtom(fqn, "param");
-    const atoms::DatasetInfo* src = nullptr;
-    if (param != nullptr && param->dtype == o.dtype) {
-      src = param;
-    } else if (fp32 != nullptr) {
-      src = fp32;
-    } else {
-      src = param;
-    }
-    if (src == nullptr) {
-      throw FormatError("universal input ", input.path().string(), " > param ",
-                        fqn, ": neither a 'fp32' nor a 'param' atom");
-    }
-    Item it;
-    it.name = fqn;
-    it.atom = src;
-    it.shape = src->shape;
-    it.dtype = IsFloatingPoint(src->dtype) ? o.dtype : src->dtype;
-    if (it.dtype != src->dtype && !CanConvert(src->dtype, it.dtype)) {
-      throw UsageError("param ", fqn, ": cannot convert ",
-                       DTypeName(src->dtype), " to ", DTypeName(it.dtype));
-    }
-    it.bytes =
-        static_cast<uint64_t>(NumElements(it.shape)) * ElementSize(it.dtype);
-    summary.total_size += it.bytes;
-    items.push_back(std::move(it));
+    const atoms::DatasetInfo* a = input.FindAtom(fqn, "fp32");
+    if (a == nullptr) a = input.FindAtom(fqn, "param");
+    items.push_back(
+        ItemOf(input, o, fqn, fqn, a != nullptr ? a->shape : p.info.shape));
+    summary.total_size += items.back().bytes;
   }
   if (frozen_skipped > 0) {
     summary.notes.push_back(
@@ -114,11 +142,20 @@ reshape::TargetTensor TensorOf(const universal::UniversalInput& input,
   t.name = it.name;
   t.dtype = it.dtype;
   t.shape = it.shape;
-  reshape::CopyOp op;
-  op.src = input.Tensor(*it.atom);
-  op.src_box = Box::Whole(it.shape);
-  op.dst_box = op.src_box;
-  t.ops.push_back(std::move(op));
+  if (it.pieces.empty()) {
+    reshape::CopyOp op;
+    op.src = input.Tensor(*it.atom);
+    op.src_box = Box::Whole(it.shape);
+    op.dst_box = op.src_box;
+    t.ops.push_back(std::move(op));
+  }
+  for (const auto& [src, dst] : it.pieces) {
+    reshape::CopyOp op;
+    op.src = input.Tensor(*it.atom);
+    op.src_box = src;
+    op.dst_box = dst;
+    t.ops.push_back(std::move(op));
+  }
   return t;
 }
 
@@ -142,7 +179,7 @@ class ExportPlan : public formats::TargetPlan {
   ExportPlan(const universal::UniversalInput& input, const ExportOptions& o,
              ExportSummary& summary)
       : input_(input), options_(o), summary_(summary) {
-    items_ = Collect(input, o, summary);
+    items_ = Collect(input, o, summary, config_);
     summary.tensors = static_cast<int64_t>(items_.size());
     const bool st = o.format == ExportFormat::kSafetensors;
     stem_ = st ? "model" : "pytorch_model";
@@ -152,14 +189,22 @@ class ExportPlan : public formats::TargetPlan {
       names_.push_back(ShardName(stem_, ext_, s, shards_.size()));
   }
   size_t units() const override {
-    return shards_.size() + (shards_.size() > 1 ? 1 : 0);
+    return shards_.size() + (shards_.size() > 1 || !config_.empty() ? 1 : 0);
   }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t s) const override {
     std::vector<std::unique_ptr<formats::PlannedFile>> out;
     if (s == shards_.size()) {
-      out.push_back(formats::TextFile(stem_ + ext_ + ".index.json", Index()));
-      summary_.files.push_back(stem_ + ext_ + ".index.json");
+      // Last: the index, then config.json (a folder transformers finds
+      // complete only when its config is there).
+      if (shards_.size() > 1) {
+        out.push_back(formats::TextFile(stem_ + ext_ + ".index.json", Index()));
+        summary_.files.push_back(stem_ + ext_ + ".index.json");
+      }
+      if (!config_.empty()) {
+        out.push_back(formats::TextFile("config.json", config_));
+        summary_.files.push_back("config.json");
+      }
       return out;
     }
     if (options_.format == ExportFormat::kSafetensors) {
@@ -204,6 +249,7 @@ class ExportPlan : public formats::TargetPlan {
   ExportOptions options_;
   ExportSummary& summary_;
   std::vector<Item> items_;
+  std::string config_;  // config.json (--hf)
   std::string stem_, ext_;
   std::vector<std::vector<size_t>> shards_;
   std::vector<std::string> names_;

@@ -29,6 +29,8 @@
 // the fp32 master weights; the training-dtype `param` atom is used as is when
 // it already has the requested dtype, and for params without a master);
 // integer buffers keep their dtype. Frozen params unless excluded.
+// With `hf` the tensors are those of transformers' LlamaForCausalLM instead
+// (hf_llama.h), and config.json is written last.
 
 #include <cstdint>
 #include <filesystem>
@@ -50,6 +52,9 @@ struct ExportOptions {
   DType dtype = DType::kFloat32;             // float32, bfloat16 or float16
   uint64_t max_shard_bytes = 5'000'000'000;  // "5GB"
   bool exclude_frozen = false;
+  /// A transformers model folder (hf_llama.h): LlamaForCausalLM's names,
+  /// q/k/v and gate/up split, config.json last.
+  bool hf = false;
 };
 
 struct ExportSummary {

@@ -1,0 +1,213 @@
+// transformers' LlamaForCausalLM from a Megatron-core GPT (hf_llama.h).
+
+#include "engine/formats/export/hf_llama.h"
+
+#include <charconv>
+#include <map>
+#include <optional>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
+
+namespace ucp::exporting {
+namespace {
+
+constexpr std::string_view kLayers = "decoder.layers.";
+
+// An int / bool / float / string of a JSON object, if there.
+std::optional<int64_t> Int(const json::Value& o, const char* k) {
+  const json::Value* v = o.Find(k);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_int()) return v->AsInt();
+  if (v->is_bool()) return v->AsBool() ? 1 : 0;
+  return std::nullopt;
+}
+std::optional<double> Number(const json::Value& o, const char* k) {
+  const json::Value* v = o.Find(k);
+  return v != nullptr && v->is_number() ? std::optional(v->AsDouble())
+                                        : std::nullopt;
+}
+std::optional<std::string> String(const json::Value& o, const char* k) {
+  const json::Value* v = o.Find(k);
+  return v != nullptr && v->is_string() ? std::optional(v->AsString())
+                                        : std::nullopt;
+}
+
+// Rows [begin, end) of a [rows, cols] tensor.
+Box Rows(int64_t begin, int64_t end, int64_t cols) {
+  Box b;
+  b.offset = {begin, 0};
+  b.size = {end - begin, cols};
+  return b;
+}
+
+}  // namespace
+
+HfModel MapToHfLlama(const universal::UniversalInput& input) {
+  const atoms::RootInfo& root = input.root();
+  const std::string where = StrCat("--hf: ", input.path().string());
+  const json::Value model =
+      formats::ParseJsonAttr(root.model, "model", input.path());
+  const json::Value args =
+      formats::ParseJsonAttr(root.args, "args", input.path());
+  const json::Value source =
+      formats::ParseJsonAttr(root.source, "source", input.path());
+  const std::string layout = String(source, "layout").value_or("");
+  if (layout != "mcore-llama" && layout != "mcore-gpt") {
+    throw UsageError(where, " is not a Megatron-core GPTModel (layout '",
+                     layout,
+                     "'; --hf exports mcore-llama / mcore-gpt models as "
+                     "LlamaForCausalLM)");
+  }
+  auto refuse = [&](const std::string& why) {
+    throw UsageError(where, ": ", why,
+                     ", which LlamaForCausalLM does not have");
+  };
+  if (Int(model, "swiglu").value_or(0) != 1) refuse("no SwiGLU (swiglu 0)");
+  if (Int(model, "add_bias_linear").value_or(0) != 0)
+    refuse("linear biases (add_bias_linear)");
+  if (auto n = String(args, "normalization"); n && *n != "RMSNorm")
+    refuse(StrCat("normalization ", *n));
+  if (auto p = String(args, "position_embedding_type"); p && *p != "rope")
+    refuse(StrCat("position embeddings '", *p, "'"));
+  if (Int(args, "use_rope_scaling").value_or(0) != 0)
+    refuse("rope scaling (use_rope_scaling)");
+  if (Int(args, "rotary_interleaved").value_or(0) != 0)
+    refuse("interleaved rotary embeddings");
+  if (auto r = Number(args, "rotary_percent"); r && *r != 1.0)
+    refuse(StrCat("partial rotary embeddings (rotary_percent ", *r, ")"));
+  if (Int(args, "qk_layernorm").value_or(0) != 0) refuse("QK layer norms");
+  if (Int(args, "num_experts").value_or(0) > 0) refuse("mixture of experts");
+
+  const auto nq = Int(model, "num_attention_heads");
+  const int64_t ng = Int(model, "num_query_groups").value_or(nq.value_or(0));
+  const auto layers = Int(model, "num_layers");
+  if (!nq || !layers || *nq <= 0 || ng <= 0 || *nq % ng != 0) {
+    throw UsageError(where,
+                     ": the model's num_attention_heads / num_query_groups / "
+                     "num_layers are not known");
+  }
+  const bool tied = Int(model, "tied").value_or(0) != 0;
+
+  // The params by name; each must find its place.
+  std::map<std::string, const atoms::StoredParam*, std::less<>> params;
+  for (const atoms::StoredParam& p : input.params())
+    params.emplace(p.info.fqn, &p);
+  std::map<std::string, bool, std::less<>> used;
+  auto find = [&](std::initializer_list<std::string> names,
+                  size_t rank) -> const atoms::StoredParam* {
+    for (const std::string& n : names) {
+      auto it = params.find(n);
+      if (it == params.end()) continue;
+      if (it->second->info.shape.size() != rank) {
+        throw UsageError(where, " > ", n, ": ", it->second->info.shape.size(),
+                         " dims, expected ", rank);
+      }
+      used[n] = true;
+      return it->second;
+    }
+    throw UsageError(where, ": no ", *names.begin(),
+                     " (a LlamaForCausalLM needs it)");
+  };
+
+  HfModel m;
+  auto whole = [&](const std::string& name, const atoms::StoredParam& p) {
+    HfTensor t{name, p.info.fqn, p.info.shape, {}};
+    t.pieces.emplace_back(Box::Whole(p.info.shape), Box::Whole(p.info.shape));
+    m.tensors.push_back(std::move(t));
+  };
+  const atoms::StoredParam& emb =
+      *find({"embedding.word_embeddings.weight"}, 2);
+  const int64_t vocab = emb.info.shape[0];
+  const int64_t hidden = emb.info.shape[1];
+  whole("model.embed_tokens.weight", emb);
+  int64_t d = 0, ffn = 0;
+  for (int64_t i = 0; i < *layers; ++i) {
+    const std::string l = StrCat(kLayers, i, ".");
+    const std::string h = StrCat("model.layers.", i, ".");
+    whole(h + "input_layernorm.weight",
+          *find({l + "input_layernorm.weight",
+                 l + "self_attention.linear_qkv.layer_norm_weight"},
+                1));
+    const atoms::StoredParam& qkv =
+        *find({l + "self_attention.linear_qkv.weight"}, 2);
+    const int64_t rows = qkv.info.shape[0];
+    if (rows % (*nq + 2 * ng) != 0 || qkv.info.shape[1] != hidden) {
+      throw UsageError(where, " > ", qkv.info.fqn, ": shape ",
+                       ShapeString(qkv.info.shape), " is not [(", *nq,
+                       " + 2 * ", ng, ") * head dim, ", hidden, "]");
+    }
+    d = rows / (*nq + 2 * ng);
+    const int64_t r = *nq / ng;  // query heads per group
+    HfTensor q{h + "self_attn.q_proj.weight", qkv.info.fqn, {*nq * d, hidden}};
+    HfTensor k{h + "self_attn.k_proj.weight", qkv.info.fqn, {ng * d, hidden}};
+    HfTensor v{h + "self_attn.v_proj.weight", qkv.info.fqn, {ng * d, hidden}};
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t at = g * (r + 2) * d;
+      q.pieces.emplace_back(Rows(at, at + r * d, hidden),
+                            Rows(g * r * d, (g + 1) * r * d, hidden));
+      k.pieces.emplace_back(Rows(at + r * d, at + (r + 1) * d, hidden),
+                            Rows(g * d, (g + 1) * d, hidden));
+      v.pieces.emplace_back(Rows(at + (r + 1) * d, at + (r + 2) * d, hidden),
+                            Rows(g * d, (g + 1) * d, hidden));
+    }
+    m.tensors.push_back(std::move(q));
+    m.tensors.push_back(std::move(k));
+    m.tensors.push_back(std::move(v));
+    whole(h + "self_attn.o_proj.weight",
+          *find({l + "self_attention.linear_proj.weight"}, 2));
+    whole(h + "post_attention_layernorm.weight",
+          *find({l + "pre_mlp_layernorm.weight",
+                 l + "mlp.linear_fc1.layer_norm_weight"},
+                1));
+    const atoms::StoredParam& fc1 = *find({l + "mlp.linear_fc1.weight"}, 2);
+    if (fc1.info.shape[0] % 2 != 0) {
+      throw UsageError(where, " > ", fc1.info.fqn, ": ", fc1.info.shape[0],
+                       " rows, not [gate; up]");
+    }
+    ffn = fc1.info.shape[0] / 2;
+    const int64_t cols = fc1.info.shape[1];
+    HfTensor gate{h + "mlp.gate_proj.weight", fc1.info.fqn, {ffn, cols}};
+    gate.pieces.emplace_back(Rows(0, ffn, cols), Rows(0, ffn, cols));
+    HfTensor up{h + "mlp.up_proj.weight", fc1.info.fqn, {ffn, cols}};
+    up.pieces.emplace_back(Rows(ffn, 2 * ffn, cols), Rows(0, ffn, cols));
+    m.tensors.push_back(std::move(gate));
+    m.tensors.push_back(std::move(up));
+    whole(h + "mlp.down_proj.weight", *find({l + "mlp.linear_fc2.weight"}, 2));
+  }
+  whole("model.norm.weight", *find({"decoder.final_layernorm.weight"}, 1));
+  if (!tied) whole("lm_head.weight", *find({"output_layer.weight"}, 2));
+  for (const auto& [name, p] : params) {
+    if (p->info.kind == atoms::ParamKind::kParam && !used.count(name) &&
+        !(tied && name == "output_layer.weight")) {
+      throw UsageError(where, " > ", name,
+                       ": a param with no place in LlamaForCausalLM");
+    }
+  }
+
+  json::Value c = json::Value::Object();
+  json::Value arch = json::Value::Array();
+  arch.Append("LlamaForCausalLM");
+  c["architectures"] = std::move(arch);
+  c["model_type"] = "llama";
+  c["hidden_size"] = hidden;
+  c["intermediate_size"] = ffn;
+  c["num_hidden_layers"] = *layers;
+  c["num_attention_heads"] = *nq;
+  c["num_key_value_heads"] = ng;
+  c["head_dim"] = d;
+  c["vocab_size"] = vocab;
+  c["hidden_act"] = "silu";
+  c["rms_norm_eps"] = Number(args, "norm_epsilon").value_or(1e-5);
+  c["rope_theta"] = Number(args, "rotary_base").value_or(10000.0);
+  c["max_position_embeddings"] =
+      Int(args, "max_position_embeddings")
+          .value_or(Int(args, "seq_length").value_or(4096));
+  c["tie_word_embeddings"] = tied;
+  c["attention_bias"] = false;
+  c["mlp_bias"] = false;
+  m.config = std::move(c);
+  return m;
+}
+
+}  // namespace ucp::exporting

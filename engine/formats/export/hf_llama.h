@@ -1,0 +1,69 @@
+#pragma once
+// `ucp export --hf`: a Hugging Face transformers model folder of a LLaMA-style
+// model (LlamaForCausalLM: config.json + weights under its names), from the
+// universal content of a Megatron-core GPTModel (layouts mcore-llama and
+// mcore-gpt: RMSNorm, SwiGLU, rotary positions, no linear biases).
+//
+// Names (universal -> transformers; i = the global layer):
+//   embedding.word_embeddings.weight          -> model.embed_tokens.weight
+//   decoder.layers.i.input_layernorm.weight | .self_attention.linear_qkv.
+//     layer_norm_weight                       ->
+//     model.layers.i.input_layernorm.weight
+//   decoder.layers.i.self_attention.linear_qkv.weight
+//                                             ->
+//                                             ...self_attn.{q,k,v}_proj.weight
+//   decoder.layers.i.self_attention.linear_proj.weight ->
+//   ...self_attn.o_proj.weight decoder.layers.i.pre_mlp_layernorm.weight |
+//   .mlp.linear_fc1.layer_norm_weight
+//                                             ->
+//                                             ...post_attention_layernorm.weight
+//   decoder.layers.i.mlp.linear_fc1.weight    -> ...mlp.{gate,up}_proj.weight
+//   decoder.layers.i.mlp.linear_fc2.weight    -> ...mlp.down_proj.weight
+//   decoder.final_layernorm.weight            -> model.norm.weight
+//   output_layer.weight (untied)              -> lm_head.weight
+// Megatron's fused QKV rows are grouped per query group: [ng, nq/ng + 2, d, h]
+// (for group g its nq/ng query heads, then its key head, then its value
+// head); transformers' q_proj holds the nq query heads in order ([nq * d, h]),
+// k_proj / v_proj the ng key / value heads ([ng * d, h]); query head j
+// attends with key head j / (nq / ng) in both. fc1 is [gate; up] (SwiGLU:
+// silu(gate) * up in both). Megatron's rotary embedding (not interleaved,
+// rotary_percent 1) is transformers' LLaMA rotary: no permutation.
+// config.json: architectures LlamaForCausalLM, model_type llama, hidden_size,
+// intermediate_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, head_dim (kv_channels), vocab_size (the true
+// vocabulary), rms_norm_eps (norm_epsilon, default 1e-5), rope_theta
+// (rotary_base, default 10000), max_position_embeddings, tie_word_embeddings,
+// hidden_act silu, attention_bias / mlp_bias false, torch_dtype.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/core/box.h"
+#include "engine/core/dtype.h"
+#include "engine/json/json.h"
+#include "engine/universal/input.h"
+
+namespace ucp::exporting {
+
+/// One transformers tensor: pieces of universal param `param`'s weights
+/// (src box in the param, dst box in this tensor) that fill it.
+struct HfTensor {
+  std::string name;
+  std::string param;
+  Shape shape;
+  std::vector<std::pair<Box, Box>> pieces;
+};
+
+struct HfModel {
+  std::vector<HfTensor> tensors;  // in transformers' state-dict order
+  json::Value config;             // config.json without torch_dtype
+};
+
+/// The LlamaForCausalLM of `input`. Throws UsageError naming the param or
+/// setting when the model is not one (another layout, biases, LayerNorm,
+/// learned positions, rope scaling, interleaved or partial rotary, QK norms,
+/// mixture of experts, a param with no place in it).
+HfModel MapToHfLlama(const universal::UniversalInput& input);
+
+}  // namespace ucp::exporting
