@@ -85,14 +85,7 @@ pickle::Value* TorchArchive::AddTensor(reshape::TargetTensor tensor,
 
 pickle::Value* TorchArchive::AddConstant(DType dtype, const Shape& shape,
                                          std::vector<std::byte> bytes) {
-  torchfile::TensorSpec spec;
-  spec.dtype = dtype;
-  spec.shape = shape;
-  UCP_CHECK(bytes.size() ==
-                static_cast<size_t>(NumElements(shape)) * ElementSize(dtype),
-            "constant of ", bytes.size(), " bytes for shape ",
-            ShapeString(shape));
-  pickle::Value* node = writer_->NewTensor(spec);
+  pickle::Value* node = ConstantNode(*writer_, dtype, shape, bytes.size());
   constants_.emplace_back(node, std::move(bytes));
   return node;
 }

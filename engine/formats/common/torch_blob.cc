@@ -82,16 +82,20 @@ pickle::Value* GraphImporter::Import(
   return copy;
 }
 
-pickle::Value* GraphImporter::Constant(DType dtype, const Shape& shape,
-                                       std::vector<std::byte> bytes) {
-  UCP_CHECK(bytes.size() ==
+pickle::Value* ConstantNode(torchfile::TorchWriter& writer, DType dtype,
+                            const Shape& shape, size_t bytes) {
+  UCP_CHECK(bytes ==
                 static_cast<size_t>(NumElements(shape)) * ElementSize(dtype),
-            "constant of ", bytes.size(), " bytes for shape ",
-            ShapeString(shape));
+            "constant of ", bytes, " bytes for shape ", ShapeString(shape));
   torchfile::TensorSpec spec;
   spec.dtype = dtype;
   spec.shape = shape;
-  pickle::Value* node = writer_.NewTensor(spec);
+  return writer.NewTensor(spec);
+}
+
+pickle::Value* GraphImporter::Constant(DType dtype, const Shape& shape,
+                                       std::vector<std::byte> bytes) {
+  pickle::Value* node = ConstantNode(writer_, dtype, shape, bytes.size());
   constants_.emplace_back(node, std::move(bytes));
   return node;
 }

@@ -41,6 +41,12 @@ class GraphImporter;
 std::string SaveGraph(const std::function<const pickle::Value*(
                           torchfile::TorchWriter&, GraphImporter&)>& build);
 
+/// A tensor node of `writer` for a constant of `bytes` bytes of `dtype` and
+/// `shape` (its data written later with WriteTensorData). Throws
+/// InternalError if `bytes` is not the shape's size.
+pickle::Value* ConstantNode(torchfile::TorchWriter& writer, DType dtype,
+                            const Shape& shape, size_t bytes);
+
 /// Copies objects into a TorchWriter's graph: from blobs of a universal file
 /// or from other torch files; tensors become compact tensor nodes of the
 /// writer whose bytes WriteTensors() fills after Begin().

@@ -190,9 +190,9 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   // the non-distributed optimizer share key names: the former's N-D keys
   // are flattened, one dim more than their model key's.
   bool state = false, fp32_param = false, buckets = false, flattened = false;
-  std::map<std::string_view, size_t> model_rank;
+  std::map<std::string_view, const Shape*> model_shape;
   for (const dcp::Entry& e : c.dcp.metadata.entries)
-    if (e.tensor) model_rank.emplace(e.fqn, e.size.size());
+    if (e.tensor) model_shape.emplace(e.fqn, &e.size);
   // dp_zero_gather_scatter: an object per model-parallel group.
   bool zero = false;
   for (const dcp::Entry& e : c.dcp.metadata.entries) {
@@ -205,9 +205,9 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
     if (k.kind == KeyInfo::kOptimizerState) {
       state = true;
       fp32_param = fp32_param || k.state == "fp32_param";
-      auto m = model_rank.find(k.model_key);
-      flattened = flattened ||
-                  (m != model_rank.end() && e.size.size() == m->second + 1);
+      auto m = model_shape.find(k.model_key);
+      flattened = flattened || (m != model_shape.end() &&
+                                IsFlattenedState(e.size, *m->second));
     }
   }
   if (const json::Value* t =

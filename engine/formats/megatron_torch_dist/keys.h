@@ -31,6 +31,13 @@ struct KeyInfo {
 /// Classifies `fqn` (a tensor key if `tensor`).
 KeyInfo ClassifyKey(std::string_view fqn, bool tensor);
 
+/// Whether an optimizer-state key of shape `state` is the flattened form of
+/// core <= 0.14 (fully_sharded_model_space) of a model key of shape `model`:
+/// one dim more, [chunk grid..., local numel] (1-D model keys keep theirs).
+inline bool IsFlattenedState(const Shape& state, const Shape& model) {
+  return !model.empty() && state.size() == model.size() + 1;
+}
+
 /// "decoder.layers.<module path>" without a layer number: stacked on a
 /// leading layer dim.
 bool IsStacked(std::string_view model_key);

@@ -399,7 +399,7 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
                         "' for this optimizer state");
     }
     const Shape& g = m->second->size;
-    if (e.size.size() == g.size() + 1 && !g.empty()) {
+    if (IsFlattenedState(e.size, g)) {
       Shape local;
       for (size_t d = 0; d < g.size(); ++d) {
         if (e.size[d] <= 0 || g[d] % e.size[d] != 0) {
