@@ -98,8 +98,11 @@ def cmd_universal(h5path, fixture):
                 same(torch.from_numpy(g[k][()]), ref, f"{n}/{k}")
             if "param" in g:  # training-dtype weights
                 raw = g["param"][()]
+                # bf16 / fp16 are their bits as uint16 (engine/atoms/README.md)
                 if g["param"].attrs["dtype"] == "bfloat16":
                     t = torch.from_numpy(raw.astype(np.int16)).view(torch.bfloat16).float()
+                elif g["param"].attrs["dtype"] == "float16":
+                    t = torch.from_numpy(raw.astype(np.int16)).view(torch.float16).float()
                 else:
                     t = torch.from_numpy(raw).float()
                 same(t, module[n], f"{n}/param")

@@ -1,7 +1,7 @@
 """The real DeepSpeed (the tests' PyPI environment, CPU, gloo) as the oracle of
 ucp's DeepSpeed driver: it makes checkpoints and loads ucp's.
 
-  deepspeed_real.py make --world W --stage S --dtype fp32|bf16 --out DIR
+  deepspeed_real.py make --world W --stage S --dtype fp32|bf16|fp16 --out DIR
       W local ranks train a small MLP (Adam, 2 steps) with ZeRO stage S and
       save DIR/global_step2 + latest with engine.save_checkpoint; rank 0 then
       writes what the engine holds in memory, through DeepSpeed's own API
@@ -10,7 +10,7 @@ ucp's DeepSpeed driver: it makes checkpoints and loads ucp's.
       reference_fp32_master.pt, reference_optim_state.pt and meta.json (the
       layout of ../shared/fixtures/deepspeed-0.14.5, so check_deepspeed.py
       reads both).
-  deepspeed_real.py load --world W --stage S --dtype fp32|bf16 --dir DIR
+  deepspeed_real.py load --world W --stage S --dtype fp32|bf16|fp16 --dir DIR
                          --truth TRAINED_DIR --scratch TMP [--universal]
       a fresh engine at W ranks and stage S loads DIR (engine.load_checkpoint;
       --universal: DeepSpeed's load_universal path for a universal folder) and
@@ -21,8 +21,12 @@ ucp's DeepSpeed driver: it makes checkpoints and loads ucp's.
       ranks). Prints one JSON line
       {"ok": bool, "checked": n, "failures": [...]}; exit status 0 iff ok.
 
-fp16 is not run: DeepSpeed's CPU accelerator refuses it ("Type fp16 is not
-supported on your device"). The ranks are processes started here with
+fp16: DeepSpeed's CPU accelerator reports fp16 unsupported ("Type fp16 is not
+supported on your device") although torch computes in fp16 on CPU; for fp16
+runs the rank processes make it report fp16 supported (is_fp16_supported,
+supported_dtypes) and nothing else: the engine then runs its own fp16 paths
+(FP16_UnfusedOptimizer at ZeRO 0, the ZeRO optimizers with their dynamic
+loss scaler, fp16 module params). The ranks are processes started here with
 MASTER_PORT chosen by binding a free port.
 """
 import argparse
@@ -85,6 +89,11 @@ def model_and_engine(stage, dtype, extra=None):
         def forward(self, x, y):
             return nn.functional.mse_loss(self.fc2(torch.relu(self.fc1(x))).float(), y.float())
 
+    if dtype == "fp16":  # the module docstring: the CPU accelerator's fp16 flag only
+        from deepspeed.accelerator import get_accelerator
+        acc = get_accelerator()
+        acc.is_fp16_supported = lambda: True
+        acc.supported_dtypes = lambda: [torch.float, torch.half, torch.bfloat16]
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(1234)
     model = MLP()
@@ -93,6 +102,8 @@ def model_and_engine(stage, dtype, extra=None):
            "zero_optimization": {"stage": stage}, "steps_per_print": 1000}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
     cfg.update(extra or {})
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=cfg)
@@ -156,8 +167,8 @@ def rank_make(a):
     for _ in range(2):
         x = torch.randn(2, 7, generator=g)
         y = torch.randn(2, 5, generator=g)
-        if a.dtype == "bf16":
-            x = x.to(torch.bfloat16)
+        if a.dtype in ("bf16", "fp16"):
+            x = x.to(torch.bfloat16 if a.dtype == "bf16" else torch.float16)
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
@@ -300,7 +311,7 @@ def main():
     for p in (m, ld):
         p.add_argument("--world", type=int, required=True)
         p.add_argument("--stage", type=int, required=True, choices=[0, 1, 2, 3])
-        p.add_argument("--dtype", required=True, choices=["fp32", "bf16"])
+        p.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
     a = ap.parse_args()
     if os.environ.get("UCP_DS_RANK_PROCESS") == "1":
         status = (rank_make if a.cmd == "make" else rank_load)(a)
