@@ -84,9 +84,9 @@ pickle::Value* GraphImporter::Import(
 
 pickle::Value* ConstantNode(torchfile::TorchWriter& writer, DType dtype,
                             const Shape& shape, size_t bytes) {
-  UCP_CHECK(bytes ==
-                static_cast<size_t>(NumElements(shape)) * ElementSize(dtype),
-            "constant of ", bytes, " bytes for shape ", ShapeString(shape));
+  UCP_CHECK(
+      bytes == static_cast<size_t>(NumElements(shape)) * ElementSize(dtype),
+      "constant of ", bytes, " bytes for shape ", ShapeString(shape));
   torchfile::TensorSpec spec;
   spec.dtype = dtype;
   spec.shape = shape;
