@@ -29,6 +29,7 @@ NOOPT = DATA / "tp1_pp2_dp2_vpp2_noopt"   # model only, VPP 2, DP 2
 DPR = DATA / "tp2_pp1_dp2_dpr"            # dp_reshardable optimizer state (Megatron's default)
 TWIN = DATA / "tp2_pp1_dp2_dpr_twin"      # the same state, fully_reshardable
 DPZ = DATA / "tp2_pp1_dp2_dpz"            # the same state, dp_zero_gather_scatter (core <= 0.15)
+FSBS = DATA / "tp2_pp1_dp2_fsbs"          # DPR's state as core <= 0.14's fully_sharded_bucket_space
 NONDIST = DATA / "tp2_pp2_dp1_nondist"     # the non-distributed optimizer's state
 FSMS = DATA / "tp2_pp2_dp1_fsms"           # SRC's state as core <= 0.14 saved it
 ITER = "iter_0000010"
@@ -200,6 +201,34 @@ def test_dp_zero_gather_scatter_read():
         r = json.loads(run("resume", DPZ, "--tp", 1, "--pp", 2, "--dp", 1,
                            "--distributed-optimizer", "-o", t / "load", "--json").stdout)
         assert r["reshaped"], r
+
+
+def test_fully_sharded_bucket_space_is_read():
+    """The distributed optimizer's fully_sharded_bucket_space form of core v0.6 - v0.14
+    (written from the format by the generator: DPR's buckets at their padded size, cut into
+    flattened pieces, saved by torch's own dcp.save): read to exactly the universal content of
+    the fully_reshardable twin, converted to another TP/PP megatron-core loads; core >= 0.16
+    cannot load this form, so resume rewrites it even at its own layout. A form ucp does not
+    know is one clear error."""
+    with Tmp() as t:
+        run("to-universal", FSBS, "-o", t / "z.h5", "-q")
+        run("to-universal", TWIN, "-o", t / "w.h5", "-q")
+        z, w = universal_datasets(t / "z.h5"), universal_datasets(t / "w.h5")
+        assert sorted(z) == sorted(w) and [k for k in w if z[k] != w[k]] == []
+        run("convert", FSBS, "-o", t / "a", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 2, "--dp", 1, "--distributed-optimizer", "-q")
+        megatron_loads(t / "a", TWIN / ITER, 1, 2)
+        r = json.loads(run("resume", FSBS, "--tp", 2, "--pp", 1, "--dp", 2,
+                           "--distributed-optimizer", "-o", t / "load", "--json").stdout)
+        assert r["reshaped"], r
+        shutil.copytree(FSBS, t / "odd")
+        common = torch.load(t / "odd" / ITER / "common.pt", weights_only=False)
+        common["content_metadata"]["distrib_optim_sharding_type"] = "some_future_form"
+        torch.save(common, t / "odd" / ITER / "common.pt")
+        p = run("to-universal", t / "odd", "-o", t / "x.h5", expect=3)
+        assert p.stderr.count("\n") == 1 and "some_future_form" in p.stderr and \
+            "--no-optimizer" in p.stderr, p.stderr
+        assert not (t / "x.h5").exists()
 
 
 def test_model_only_with_vpp_and_dp():

@@ -64,6 +64,8 @@ CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, "fully_reshardable"),
 # Written from the format (no megatron-core since 0.16 saves it, and none loads it): the
 # tp2_pp2_dp1 case's state in the distributed optimizer's pre-0.15 fully_sharded_model_space form.
 FSMS_CASE = ("tp2_pp2_dp1_fsms", "tp2_pp2_dp1")
+# Likewise the dp_reshardable case's state in the pre-0.15 fully_sharded_bucket_space form.
+FSBS_CASE = ("tp2_pp1_dp2_fsbs", "tp2_pp1_dp2_dpr")
 
 
 def free_port():
@@ -585,7 +587,6 @@ def fsms_rank(rank, world, port, src, out, seed):
     are src's; content_metadata and the optimizer's common dict name the form; .metadata gets
     the mcore_data of such saves ({fqn: {'nd_reformulated_orig_global_shape': shape}}).
     Written by torch's dcp.save from one rank (all shards local)."""
-    import io
     import pickle
     import random
     import shutil
@@ -610,13 +611,7 @@ def fsms_rank(rank, world, port, src, out, seed):
             [Shard.from_tensor_and_offsets(t, list(o), 0) for t, o in shards], meta)
 
     for fqn, value in full.items():
-        if not isinstance(value, torch.Tensor):  # a ShardedObject: its torch.save bytes
-            buf = io.BytesIO()
-            torch.save(value, buf)
-            buf.seek(0)
-            sd[fqn] = buf
-            continue
-        if not fqn.startswith("optimizer.state."):
+        if not fqn.startswith("optimizer.state."):  # objects too (see the dcp.save below)
             sd[fqn] = value
             continue
         state, key = fqn[len("optimizer.state."):].split(".", 1)
@@ -650,7 +645,9 @@ def fsms_rank(rank, world, port, src, out, seed):
             sd[name] = sharded(shards, tuple(g // n for g, n in zip(glob, local)) + (numel,))
             mcore_data[name] = {"nd_reformulated_orig_global_shape": glob}
     out_iter.mkdir(parents=True)
-    dcp.save(sd, checkpoint_id=str(out_iter))
+    # Objects as one BYTE_IO item each, torch.save of the object (as Megatron's are).
+    dcp.save(sd, checkpoint_id=str(out_iter),
+             planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
     with open(out_iter / ".metadata", "rb") as f:
         meta = pickle.load(f)
     meta.mcore_data = mcore_data
@@ -663,6 +660,74 @@ def fsms_rank(rank, world, port, src, out, seed):
     shutil.copy(src_iter / "metadata.json", out_iter / "metadata.json")
     shutil.copy(pathlib.Path(src) / "latest_checkpointed_iteration.txt", pathlib.Path(out))
     torch.distributed.destroy_process_group()
+
+
+def fsbs_rank(rank, world, port, src, out, seed):
+    """Rewrites the dp_reshardable save `src` in the fully_sharded_bucket_space form of
+    megatron-core v0.6 - v0.14 (DistributedOptimizer.sharded_param_state_fs_bucket_space, the
+    form dp_reshardable descends from): the same per-bucket keys optimizer.distributed.
+    dp_group_idx_G.gbuf_idx_B.dtype_(...).bucket_idx_K.{param,exp_avg,exp_avg_sq}, but each of
+    global size dp * (padded bucket / dp), the padded bucket (per_bucket_numel), each DP rank's
+    params' flattened ranges at dp_rank * local + their start in its slice (1-D flattened
+    tensors are stored un-reformulated, reference/megatron.md 4.4), the padding past the
+    unpadded end zeros (as its last DP rank pads); pieces cut at seeded points. Objects, model
+    keys and the common state are src's, the form named in content_metadata and the
+    optimizer's common dict. Written by torch's dcp.save from one rank."""
+    import random
+    import re
+    import shutil
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard.sharded_tensor import (
+        Shard, ShardedTensor, ShardedTensorMetadata, ShardMetadata)
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    src_iter, out_iter = pathlib.Path(src) / "iter_0000010", pathlib.Path(out) / "iter_0000010"
+    full = global_tensors(str(src_iter), raw=True)
+    rnd = random.Random(seed)
+    sd = {}
+    bucket = re.compile(r"optimizer\.distributed\.dp_group_idx_(\d+)\.gbuf_idx_(\d+)\."
+                        r"dtype_.*\.bucket_idx_(\d+)\.\w+$")
+    for fqn, value in full.items():
+        m = bucket.match(fqn)
+        if not m:  # objects (dcp.save torch.saves them, as Megatron's) and model keys
+            sd[fqn] = value
+            continue
+        g, v, b = map(int, m.groups())
+        sizes = full[f"optimizer.distributed.dp_group_idx_{g}.per_bucket_numel/shard_0_1"]
+        padded = list(sizes[0][v].values())[0][b]
+        n = value.numel()
+        assert padded >= n, (fqn, padded, n)
+        data = torch.cat([value, torch.zeros(padded - n)])
+        pts = sorted(rnd.sample(range(1, padded), 3))
+        shards = [(data[a:z].clone(), (a,)) for a, z in zip([0] + pts, pts + [padded])]
+        meta = ShardedTensorMetadata(
+            shards_metadata=[ShardMetadata(list(o), list(t.shape), "rank:0/cpu")
+                             for t, o in shards],
+            size=torch.Size((padded,)), tensor_properties=TensorProperties(dtype=torch.float32))
+        sd[fqn] = ShardedTensor._init_from_local_shards_and_global_metadata(
+            [Shard.from_tensor_and_offsets(t, list(o), 0) for t, o in shards], meta)
+    out_iter.mkdir(parents=True)
+    # Objects as one BYTE_IO item each, torch.save of the object (as Megatron's are).
+    dcp.save(sd, checkpoint_id=str(out_iter),
+             planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
+    common = torch.load(src_iter / "common.pt", weights_only=False)
+    common["content_metadata"]["distrib_optim_sharding_type"] = "fully_sharded_bucket_space"
+    common["optimizer"]["param_state_sharding_type"] = "fully_sharded_bucket_space"
+    torch.save(common, out_iter / "common.pt")
+    shutil.copy(src_iter / "metadata.json", out_iter / "metadata.json")
+    shutil.copy(pathlib.Path(src) / "latest_checkpointed_iteration.txt", pathlib.Path(out))
+    torch.distributed.destroy_process_group()
+
+
+def fully_sharded_bucket_space(src, out, seed=11):
+    import shutil
+    shutil.rmtree(out, ignore_errors=True)  # a leftover of an interrupted run
+    ctx = mp.start_processes(fsbs_rank, args=(1, free_port(), src, out, seed), nprocs=1,
+                             join=False, start_method="fork")
+    while not ctx.join():
+        pass
+    return ctx.processes[0].exitcode == 0
 
 
 def fully_sharded_model_space(src, out, seed=7):
@@ -769,6 +834,9 @@ def main():
     if not fully_sharded_model_space(str(out / FSMS_CASE[1]), str(out / FSMS_CASE[0])):
         sys.exit(f"writing {FSMS_CASE[0]} failed")
     print("wrote", FSMS_CASE[0], flush=True)
+    if not fully_sharded_bucket_space(str(out / FSBS_CASE[1]), str(out / FSBS_CASE[0])):
+        sys.exit(f"writing {FSBS_CASE[0]} failed")
+    print("wrote", FSBS_CASE[0], flush=True)
 
 
 if __name__ == "__main__":

@@ -150,14 +150,22 @@ void Planner::ReadSettings() {
                      "': use local or transformer_engine");
   }
   local_spec_ = impl == "local";
-  if (c_.optimizer == "fully_sharded_bucket_space") {
+  static constexpr std::string_view kRead[] = {"fully_reshardable",
+                                               "dp_reshardable",
+                                               "dp_zero_gather_scatter",
+                                               "fully_sharded_model_space",
+                                               "fully_sharded_bucket_space",
+                                               "non_distributed",
+                                               "none"};
+  if (std::find(std::begin(kRead), std::end(kRead), c_.optimizer) ==
+      std::end(kRead)) {
     throw FormatError(
-        c_.iter_dir.string(), ": the distributed optimizer's state is in the ",
+        c_.iter_dir.string(), ": the optimizer's state is in the '",
         c_.optimizer,
-        " format, which ucp does not read (fully_reshardable, "
-        "dp_reshardable, dp_zero_gather_scatter and fully_sharded_model_space "
-        "are); convert without "
-        "it with --no-optimizer");
+        "' form, which ucp does not read (fully_reshardable, dp_reshardable, "
+        "dp_zero_gather_scatter, fully_sharded_model_space and "
+        "fully_sharded_bucket_space are); convert without it with "
+        "--no-optimizer");
   }
 }
 
@@ -531,7 +539,9 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
 
 // dp_reshardable: each DDP bucket's state as one 1-D key per state kind, DP
 // rank r's slice of the bucket at r * (padded bucket / dp); a param's state
-// lies at its buffer range minus the bucket's start. dp_zero_gather_scatter:
+// lies at its buffer range minus the bucket's start (fully_sharded_bucket_
+// space, core <= 0.14: the same keys and offsets, of the padded size, the
+// params' flattened ranges stored as 1-D chunks). dp_zero_gather_scatter:
 // one object per model-parallel group, the legacy distrib_optim.pt dict
 // ({buckets_coalesced: True, chunk: {(dtypes): {param, exp_avg, exp_avg_sq,
 // numel_unpadded}}}) whose 1-D tensors are the chunk's buckets, unpadded,
@@ -682,13 +692,17 @@ void Planner::PlanBuckets() {
                                   lay.buckets.size(), " buckets)");
               }
               const dcp::Entry& e = *kit->second;
-              if (e.size[0] != bucket.numel_unpadded) {
+              // dp_reshardable: the unpadded bucket; fully_sharded_bucket_
+              // space (core <= 0.14): the padded one, the same offsets.
+              if (e.size[0] != bucket.numel_unpadded &&
+                  e.size[0] != bucket.end - bucket.start) {
                 throw FormatError(
                     Where(e), ": ", e.size[0],
                     " elements, but the buffer layout of this rank's params "
                     "(Megatron-core v0.13+ rules, dp ",
                     run_->OptimizerDp(t.dp), ") gives bucket ", b, " ",
-                    bucket.numel_unpadded);
+                    bucket.numel_unpadded, " (padded ",
+                    bucket.end - bucket.start, ")");
               }
               for (const dcp::Chunk& chunk : e.chunks) {
                 const dcp::ItemKey key{e.fqn, chunk.offsets};
@@ -979,7 +993,9 @@ void Planner::PlanRoot() {
   src["ep"] = 1;
   src["distributed_optimizer"] = c_.optimizer == "fully_reshardable" ||
                                  c_.optimizer == "dp_reshardable" ||
-                                 c_.optimizer == "dp_zero_gather_scatter";
+                                 c_.optimizer == "dp_zero_gather_scatter" ||
+                                 c_.optimizer == "fully_sharded_bucket_space" ||
+                                 c_.optimizer == "fully_sharded_model_space";
   src["optimizer_sharding"] = c_.optimizer;
   src["vocab_size_from"] = vocab_source_;
   json::Value dt = json::Value::Array();
@@ -1095,7 +1111,8 @@ universal::SourcePlan Planner::Run() {
     }
   }
   if (c_.optimizer == "dp_reshardable" ||
-      c_.optimizer == "dp_zero_gather_scatter")
+      c_.optimizer == "dp_zero_gather_scatter" ||
+      c_.optimizer == "fully_sharded_bucket_space")
     PlanBuckets();
   if (c_.optimizer == "non_distributed") PlanCommonStep();
   PlanGroups();

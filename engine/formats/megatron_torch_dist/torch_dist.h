@@ -118,7 +118,8 @@ struct Checkpoint {
   /// content_metadata's distrib_optim_sharding_type, else inferred from the
   /// keys: "fully_reshardable", "dp_reshardable", "dp_zero_gather_scatter"
   /// (a param_state object), "fully_sharded_model_space" (flattened keys),
-  /// "non_distributed", "none".
+  /// "non_distributed", "none"; "fully_sharded_bucket_space" is named by
+  /// content_metadata only (dp_reshardable's keys, padded sizes).
   std::string optimizer;
   layouts::Topology topology;  // from args, else TP/PP from the chunks
   std::vector<std::filesystem::path> files;  // every file read
