@@ -442,7 +442,8 @@ void PrintTargetResult(const char* command, const fs::path& out,
   if (!s.resume_hint.empty()) {
     std::string hint = s.resume_hint;
     const std::string marker = "<output>";
-    if (size_t at = hint.find(marker); at != std::string::npos)
+    for (size_t at = hint.find(marker); at != std::string::npos;
+         at = hint.find(marker, at + out.string().size()))
       hint.replace(at, marker.size(), out.string());
     std::printf("resume with %s\n", hint.c_str());
   }

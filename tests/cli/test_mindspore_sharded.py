@@ -870,6 +870,11 @@ def test_tp_pp_dp_derive_the_strategy():
             run("convert", out, "-o", t / f"back{tp}{pp}{dp}", "--format", "mindspore", "-q")
             assert_same(load(only_ckpt(t / f"back{tp}{pp}{dp}" / "rank_0")), want,
                         (tp, pp, dp, "back"))
+        # The resume hint names the output everywhere and how MindSpore merges the stages.
+        p = run("convert", t / "src", "-o", t / "hint", "--format", "mindspore", "--tp", 2,
+                "--pp", 2)
+        assert "<output>" not in p.stdout and \
+            f'merge_pipeline_strategys("{t / "hint" / "strategy"}"' in p.stdout, p.stdout
         # ucp resume on a new device count: the same rank files, in its load folder.
         p = run("resume", t / "src", "--format", "mindspore", "--tp", 2, "--dp", 2, "--json")
         r = json.loads(p.stdout)

@@ -100,6 +100,7 @@ class MindSporePlan : public formats::TargetPlan {
       strategy_bytes_ = ReadFiles(*s);
     } else if (axes) {
       strategy_ = DeriveStrategy(t);
+      derived_ = StrCat("--tp ", t.tp, " --pp ", t.pp, " --dp ", t.dp);
       for (int64_t stage = 0; stage < t.pp; ++stage) {
         strategy_bytes_.emplace_back(
             t.pp == 1
@@ -195,12 +196,20 @@ class MindSporePlan : public formats::TargetPlan {
           "MindSpore: rank R loads mindspore.load_checkpoint(\"<output>/"
           "rank_R/",
           name, "\") in a job of ", world_, " devices laid out by ",
-          strategy_->path.string(),
-          " (the strategy is copied into <output>); transform_checkpoints("
-          "\"<output>\", dst, prefix, \"<output>/",
-          strategy_bytes_.size() == 1 ? strategy_bytes_[0].first.string()
-                                      : "strategy",
-          "\", None) merges it");
+          !derived_.empty() ? StrCat("the strategy ucp wrote for ", derived_)
+                            : strategy_->path.string(),
+          !derived_.empty() ? " (in <output>)"
+                            : " (the strategy is copied into <output>)",
+          "; ",
+          strategy_bytes_.size() == 1
+              ? StrCat("transform_checkpoints(\"<output>\", dst, prefix, "
+                       "\"<output>/",
+                       strategy_bytes_[0].first.string(), "\", None)")
+              : std::string("merge_pipeline_strategys(\"<output>/strategy\", "
+                            "\"merged.ckpt\"), then transform_checkpoints("
+                            "\"<output>\", dst, prefix, \"merged.ckpt\", "
+                            "None)"),
+          " merges it");
       s.details["world"] = world_;
       return s;
     }
@@ -733,6 +742,7 @@ class MindSporePlan : public formats::TargetPlan {
   std::string file_;
   fs::path folder_;
   std::optional<Strategy> strategy_;
+  std::string derived_;  // the --tp/--pp/--dp ucp derived strategy_ for
   int64_t world_ = 1;
   std::vector<std::string> names_;  // per rank
   std::vector<Spec> specs_;
