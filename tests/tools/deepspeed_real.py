@@ -235,13 +235,25 @@ def rank_load(a):
         torch.distributed.barrier()
         if rank == 0:
             universal = pathlib.Path(a.scratch) / "resave_universal"
-            r = subprocess.run(
-                [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                 str(resave / "resaved"), "--output_folder", str(universal),
-                 "--inject_missing_state", "--num_extract_workers", "1",
-                 "--num_merge_workers", "1"], capture_output=True, text=True)
-            if r.returncode != 0:
-                failures.append(f"ds_to_universal of the re-save failed: {r.stderr[-1500:]}")
+            # DeepSpeed's converter in this process (its own main; one worker each: no
+            # child processes), its chatter kept off stdout (the verdict's).
+            import contextlib
+            import traceback
+            from deepspeed.checkpoint import ds_to_universal as d2u
+            argv, sys.argv = sys.argv, [
+                "ds_to_universal", "--input_folder", str(resave / "resaved"),
+                "--output_folder", str(universal), "--inject_missing_state",
+                "--num_extract_workers", "1", "--num_merge_workers", "1"]
+            error = None
+            try:
+                with contextlib.redirect_stdout(sys.stderr):
+                    d2u.main(d2u.parse_arguments())
+            except BaseException:  # noqa: BLE001 (SystemExit too): reported as a failure
+                error = traceback.format_exc()[-1500:]
+            finally:
+                sys.argv = argv
+            if error is not None:
+                failures.append(f"ds_to_universal of the re-save failed: {error}")
             else:
                 for n in want_module:
                     for k in ("exp_avg", "exp_avg_sq"):
