@@ -686,18 +686,9 @@ class MindSporePlan : public formats::TargetPlan {
         continue;
       }
       const atoms::DatasetInfo& d = *s.atom;
-      // The rank's region of the atom.
-      Box region = Box::Whole(d.shape);
-      // (A record the strategy does not name is whole on every rank, as
-      // MindSpore treats it.)
-      if (strategy_ && !strategy_->Holds(s.tag, r)) continue;
-      if (strategy_ && !d.shape.empty()) {
-        if (const TensorLayout* l = strategy_->Find(s.tag, r)) {
-          region = RankBox(
-              *l, d.shape, r,
-              StrCat("strategy file ", strategy_->path.string(), " > ", s.tag));
-        }
-      }
+      const std::optional<Box> held = Region(s, r);  // the rank's region
+      if (!held) continue;
+      const Box& region = *held;
       const Shape& local = region.size;
       const uint64_t bytes =
           static_cast<uint64_t>(NumElements(local)) * ElementSize(d.dtype);
