@@ -15,6 +15,19 @@ json::Value ParseJsonAttr(const std::string& text, const char* what,
   }
 }
 
+layouts::Variables ModelVariables(const std::string& text,
+                                  const std::filesystem::path& path) {
+  const json::Value model = ParseJsonAttr(text, "model", path);
+  layouts::Variables vars;
+  if (model.is_object()) {
+    for (const auto& [k, v] : model.members()) {
+      if (v.is_int()) vars.Set(k, v.AsInt());
+      if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
+    }
+  }
+  return vars;
+}
+
 atoms::ParamInfo ParamRow(const ParamRowSpec& spec) {
   atoms::ParamInfo info;
   info.fqn = spec.fqn;

@@ -10,6 +10,7 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/json/json.h"
 #include "engine/pickle/value.h"
+#include "layouts/variables.h"
 
 namespace ucp::formats {
 
@@ -17,6 +18,11 @@ namespace ucp::formats {
 /// "universal file <path> > attribute <what> > ..." if it does not parse.
 json::Value ParseJsonAttr(const std::string& text, const char* what,
                           const std::filesystem::path& path);
+
+/// The model variables of the `model` attribute (`text`): its integers,
+/// and its booleans as 0/1. Throws like ParseJsonAttr.
+layouts::Variables ModelVariables(const std::string& text,
+                                  const std::filesystem::path& path);
 
 /// A param's row of a universal::SourcePlan, its tied copies as the JSON
 /// list the schema keeps.

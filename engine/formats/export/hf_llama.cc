@@ -46,8 +46,8 @@ Box Rows(int64_t begin, int64_t end, int64_t cols) {
 HfModel MapToHfLlama(const universal::UniversalInput& input) {
   const atoms::RootInfo& root = input.root();
   const std::string where = StrCat("--hf: ", input.path().string());
-  const json::Value model =
-      formats::ParseJsonAttr(root.model, "model", input.path());
+  const layouts::Variables model =
+      formats::ModelVariables(root.model, input.path());
   const json::Value args =
       formats::ParseJsonAttr(root.args, "args", input.path());
   const json::Value source =
@@ -63,8 +63,8 @@ HfModel MapToHfLlama(const universal::UniversalInput& input) {
     throw UsageError(where, ": ", why,
                      ", which LlamaForCausalLM does not have");
   };
-  if (Int(model, "swiglu").value_or(0) != 1) refuse("no SwiGLU (swiglu 0)");
-  if (Int(model, "add_bias_linear").value_or(0) != 0)
+  if (model.Find("swiglu").value_or(0) != 1) refuse("no SwiGLU (swiglu 0)");
+  if (model.Find("add_bias_linear").value_or(0) != 0)
     refuse("linear biases (add_bias_linear)");
   if (auto n = String(args, "normalization"); n && *n != "RMSNorm")
     refuse(StrCat("normalization ", *n));
@@ -79,15 +79,15 @@ HfModel MapToHfLlama(const universal::UniversalInput& input) {
   if (Int(args, "qk_layernorm").value_or(0) != 0) refuse("QK layer norms");
   if (Int(args, "num_experts").value_or(0) > 0) refuse("mixture of experts");
 
-  const auto nq = Int(model, "num_attention_heads");
-  const int64_t ng = Int(model, "num_query_groups").value_or(nq.value_or(0));
-  const auto layers = Int(model, "num_layers");
+  const auto nq = model.Find("num_attention_heads");
+  const int64_t ng = model.Find("num_query_groups").value_or(nq.value_or(0));
+  const auto layers = model.Find("num_layers");
   if (!nq || !layers || *nq <= 0 || ng <= 0 || *nq % ng != 0) {
     throw UsageError(where,
                      ": the model's num_attention_heads / num_query_groups / "
                      "num_layers are not known");
   }
-  const bool tied = Int(model, "tied").value_or(0) != 0;
+  const bool tied = model.Find("tied").value_or(0) != 0;
 
   // The params by name; each must find its place.
   std::map<std::string, const atoms::StoredParam*, std::less<>> params;

@@ -184,15 +184,7 @@ void MegatronPlan::ReadMetadata() {
                       " has no layout descriptor: cannot place params");
   }
   layout_ = Layout::ParseStored(root.layout, store_.path());
-  json::Value model =
-      formats::ParseJsonAttr(root.model, "model", store_.path());
-  layouts::Variables vars;
-  if (model.is_object()) {
-    for (const auto& [k, v] : model.members()) {
-      if (v.is_int()) vars.Set(k, v.AsInt());
-      if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
-    }
-  }
+  layouts::Variables vars = formats::ModelVariables(root.model, store_.path());
   if (options_.true_vocab_size)
     vars.Set("vocab_size", *options_.true_vocab_size);
   vars_ = layout_->Resolve(vars);

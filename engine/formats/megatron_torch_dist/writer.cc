@@ -182,15 +182,7 @@ void TorchDistPlan::ReadMetadata() {
                       "checkpoint or give --layout when reading the source)");
   }
   layout_ = Layout::ParseStored(root.layout, input_.path());
-  json::Value model =
-      formats::ParseJsonAttr(root.model, "model", input_.path());
-  layouts::Variables vars;
-  if (model.is_object()) {
-    for (const auto& [k, v] : model.members()) {
-      if (v.is_int()) vars.Set(k, v.AsInt());
-      if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
-    }
-  }
+  layouts::Variables vars = formats::ModelVariables(root.model, input_.path());
   if (options_.true_vocab_size)
     vars.Set("vocab_size", *options_.true_vocab_size);
   vars_ = layout_->Resolve(vars);

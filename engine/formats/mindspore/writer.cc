@@ -308,18 +308,9 @@ class MindSporePlan : public formats::TargetPlan {
     }
     const atoms::RootInfo& root = input_.root();
     if (root.layout.empty()) return mindspore::DeriveStrategy(tensors, t);
-    layouts::Variables vars;
-    const json::Value model =
-        formats::ParseJsonAttr(root.model, "model", input_.path());
-    if (model.is_object()) {
-      for (const auto& [k, v] : model.members()) {
-        if (v.is_int()) vars.Set(k, v.AsInt());
-        if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
-      }
-    }
     return mindspore::DeriveStrategy(
         tensors, t, layouts::Layout::ParseStored(root.layout, input_.path()),
-        vars);
+        formats::ModelVariables(root.model, input_.path()));
   }
 
   fs::path Folder(int64_t r) const {
