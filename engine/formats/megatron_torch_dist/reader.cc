@@ -45,6 +45,14 @@ const Value* DictGet(const Value* d, std::string_view key) {
   return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
 }
 
+// The object a ShardedObject's item holds (saved as torch.save([object])).
+const Value* ObjectRoot(const torchfile::TorchFile& f) {
+  const Value* v = f.root();
+  if (v != nullptr && v->kind == Kind::kList && v->items.size() == 1)
+    return v->items[0];
+  return v;
+}
+
 // optimizer.distributed.dp_group_idx_G.gbuf_idx_B.dtype_(...).bucket_idx_K.S
 struct BucketKey {
   int64_t group = 0, gbuf = 0, bucket = 0;
@@ -109,6 +117,8 @@ class Planner {
   formats::SourceTable sources_{plan_};
   dcp::FileCache files_;
   std::vector<std::shared_ptr<const torchfile::TorchFile>> open_;
+  // dp_zero_gather_scatter's param_state objects by model-parallel group.
+  std::map<int64_t, std::shared_ptr<const torchfile::TorchFile>> zero_objects_;
 
   const Value* args_ = nullptr;
   std::optional<megatron::RunConfig> run_;
@@ -783,15 +793,15 @@ Planner::ZeroBuffer(int64_t group, int64_t v, const std::string& where) {
                       ": missing (dp_zero_gather_scatter keeps each model-"
                       "parallel group's optimizer state in that object)");
   }
-  std::shared_ptr<const torchfile::TorchFile> f =
-      dcp::OpenItem(it->second.front(), key, files_);
-  open_.push_back(f);
+  // Opened once for all the group's model chunks.
+  std::shared_ptr<const torchfile::TorchFile>& f = zero_objects_[group];
+  if (f == nullptr) {
+    f = dcp::OpenItem(it->second.front(), key, files_);
+    open_.push_back(f);
+  }
   const std::string ow =
       StrCat("rank file ", it->second.front().file.string(), " > ", name);
-  const Value* root = f->root();
-  // (Saved as the list [object], as every ShardedObject.)
-  if (root != nullptr && root->kind == Kind::kList && root->items.size() == 1)
-    root = root->items[0];
+  const Value* root = ObjectRoot(*f);
   const Value* coalesced = DictGet(root, "buckets_coalesced");
   if (coalesced == nullptr || coalesced->kind != Kind::kBool || !coalesced->b) {
     throw FormatError(ow,
@@ -827,10 +837,7 @@ void Planner::PlanGroups() {
     if (auto it = c_.dcp.items.find(key);
         it != c_.dcp.items.end() && !it->second.empty()) {
       open_.push_back(dcp::OpenItem(it->second.front(), key, files_));
-      const Value* v = open_.back()->root();
-      if (v != nullptr && v->kind == Kind::kList && v->items.size() == 1)
-        v = v->items[0];
-      groups = DictGet(v, "param_groups");
+      groups = DictGet(ObjectRoot(*open_.back()), "param_groups");
       groups_file_ = open_.back().get();
     }
   }
@@ -920,10 +927,7 @@ void Planner::PlanOpaque() {
     if (!extra && !rng) continue;
     std::shared_ptr<const torchfile::TorchFile> f =
         dcp::OpenItem(items.front(), key, files_);
-    const Value* v = f->root();
-    // ShardedObjects are saved as torch.save([data]).
-    if (v != nullptr && v->kind == Kind::kList && v->items.size() == 1)
-      v = v->items[0];
+    const Value* v = ObjectRoot(*f);
     if (extra) {
       const int64_t layer =
           IsStacked(k.model_key) && !k.offsets.empty() ? k.offsets[0] : -1;
