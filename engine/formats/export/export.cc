@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "engine/core/convert.h"
 #include "engine/core/error.h"
@@ -33,10 +34,12 @@ struct Item {
   std::vector<std::pair<Box, Box>> pieces;
 };
 
-// The item of tensor `name` of `shape` from param `fqn`'s weights: its
-// training-dtype atom when that is the export's dtype, else its fp32 master.
+// The item of tensor `name` from param `fqn`'s weights: its training-dtype
+// atom when that is the export's dtype, else its fp32 master; of `shape`
+// (pieces of the atom fill it), else the atom's.
 Item ItemOf(const universal::UniversalInput& input, const ExportOptions& o,
-            const std::string& fqn, std::string name, Shape shape) {
+            const std::string& fqn, std::string name,
+            std::optional<Shape> shape = std::nullopt) {
   const atoms::DatasetInfo* fp32 = input.FindAtom(fqn, "fp32");
   const atoms::DatasetInfo* param = input.FindAtom(fqn, "param");
   const atoms::DatasetInfo* src = nullptr;
@@ -54,7 +57,7 @@ Item ItemOf(const universal::UniversalInput& input, const ExportOptions& o,
   Item it;
   it.name = std::move(name);
   it.atom = src;
-  it.shape = std::move(shape);
+  it.shape = shape ? std::move(*shape) : src->shape;
   it.dtype = IsFloatingPoint(src->dtype) ? o.dtype : src->dtype;
   if (it.dtype != src->dtype && !CanConvert(src->dtype, it.dtype)) {
     throw UsageError("param ", fqn, ": cannot convert ", DTypeName(src->dtype),
@@ -91,10 +94,7 @@ std::vector<Item> Collect(const universal::UniversalInput& input,
       ++frozen_skipped;
       continue;
     }
-    const atoms::DatasetInfo* a = input.FindAtom(fqn, "fp32");
-    if (a == nullptr) a = input.FindAtom(fqn, "param");
-    items.push_back(
-        ItemOf(input, o, fqn, fqn, a != nullptr ? a->shape : p.info.shape));
+    items.push_back(ItemOf(input, o, fqn, fqn));
     summary.total_size += items.back().bytes;
   }
   if (frozen_skipped > 0) {
