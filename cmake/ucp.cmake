@@ -8,7 +8,11 @@
 #   ucp_add_test(<name> SOURCES ... [DEPS ...] [LABELS ...] [ENV ...]
 #                [FIXTURES_REQUIRED ...] [FIXTURES_SETUP ...])
 #     One GoogleTest binary; each of its test cases is its own ctest test
-#     (gtest_discover_tests at ctest time), so `ctest -j` spreads them.
+#     (gtest_discover_tests at ctest time), so `ctest -j` spreads them. Built
+#     as one unity TU per binary at -O1 (see UCP_TEST_COMPILE_FLAGS): file-local
+#     helpers of a binary's sources must not share a name (shared ones go to
+#     the directory's *_testutil.h); a binary that needs one TU per source sets
+#     UNITY_BUILD OFF.
 #
 #   ucp_add_sanitized_modules(<module> ...)
 #     One more static library per module, `ucp_san_<module>`, compiled with
@@ -46,13 +50,21 @@ function(ucp_add_module name)
   set_property(GLOBAL APPEND PROPERTY UCP_MODULES ${name})
 endfunction()
 
+# Test code at -O1 (after the build type's -O3, so it wins): GoogleTest's macros
+# compile about 30% faster, and the work a test does runs in the modules it
+# links, which keep the build type's flags. With the unity build (GoogleTest's
+# headers parsed once per binary) a fresh build takes 5.6 instead of 6.7 min
+# on 2 cores.
+set(UCP_TEST_COMPILE_FLAGS $<$<NOT:$<CONFIG:Debug>>:-O1>)
+
 function(ucp_add_test name)
   cmake_parse_arguments(ARG "" "WORKING_DIRECTORY"
     "SOURCES;DEPS;LABELS;ENV;FIXTURES_REQUIRED;FIXTURES_SETUP" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS})
+  target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_TEST_COMPILE_FLAGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  set_target_properties(${name} PROPERTIES UNITY_BUILD ON)
   _ucp_discover(${name})
 endfunction()
 

@@ -51,7 +51,13 @@ def run(*args, **kw):
 
 
 def ds(*args):
-    out = run(PY, TOOLS / "deepspeed_real.py", *args)
+    """tests/tools/deepspeed_real.py's command in this process (torch and DeepSpeed imported
+    once per test, the ranks forked from here)."""
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    import deepspeed_real
+    out, ok = deepspeed_real.command(args)
+    assert ok, (args, out[-2000:])
     print(out.strip().splitlines()[-1] if out.strip() else "", flush=True)
     return out
 
@@ -102,9 +108,9 @@ def main():
         copy = t / "copy"
         run("cp", "-r", src, copy)
         theirs = t / "theirs" / "global_step2_universal"
-        run(PY, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-            copy / "global_step2", "--output_folder", theirs, "--inject_missing_state",
-            "--num_extract_workers", "1", "--num_merge_workers", "1")
+        import deepspeed_real
+        error = deepspeed_real.ds_to_universal(copy / "global_step2", theirs)
+        assert error is None, error
         ours = next(p for p in uni.glob("*_universal") if p.is_dir())
         names = sorted(p.name for p in (theirs / "zero").iterdir() if p.is_dir())
         assert names == sorted(p.name for p in (ours / "zero").iterdir() if p.is_dir()), names

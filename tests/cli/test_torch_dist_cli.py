@@ -52,19 +52,22 @@ def megatron_loads(ckpt, source, tp, pp, dp=1, vpp=1, optimizer=True, expect_ok=
                    optim="fully_reshardable"):
     """Megatron-core loads `ckpt` at the layout; every shard equals the source's.
     optim="non_distributed": into Megatron's Float16OptimizerWithFloat16Params."""
-    args = [sys.executable, str(TOOL), "load", "--ckpt", str(ckpt), "--source", str(source),
-            "--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--vpp", str(vpp),
-            "--optim", optim]
-    if not optimizer:
-        args.append("--no-optimizer")
-    p = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ))
-    ranks = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    # In this process (megatron-core imported once per test, the ranks forked from here).
+    ok, ranks = tool().run_load(ckpt, source, tp, pp, dp, vpp, no_optimizer=not optimizer,
+                                optim=optim)
     if expect_ok:
-        assert p.returncode == 0 and len(ranks) == tp * pp * dp, (p.stdout[-3000:],
-                                                                   p.stderr[-3000:])
+        assert ok and len(ranks) == tp * pp * dp, ranks
         assert all(r["ok"] and r["checked"] > 0 for r in ranks), ranks
     else:
-        assert p.returncode != 0, p.stdout[-2000:]
+        assert not ok, ranks
+
+
+def tool():
+    """tests/tools/megatron_torch_dist.py as a module."""
+    if str(TOOL.parent) not in sys.path:
+        sys.path.insert(0, str(TOOL.parent))
+    import megatron_torch_dist
+    return megatron_torch_dist
 
 
 class Tmp:
@@ -402,11 +405,8 @@ def test_export_hf_is_a_transformers_llama():
         config = json.loads((t / "hf" / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLM"] and \
             config["num_key_value_heads"] == 2 and config["vocab_size"] == 100, config
-        hf_check = [sys.executable, str(TOOL), "hf", "--source", str(SRC / ITER),
-                    "--hf", str(t / "hf")]
-        p = subprocess.run(hf_check, capture_output=True, text=True, env=dict(os.environ))
-        assert p.returncode == 0 and '"ok": true' in p.stdout, (p.stdout[-2000:],
-                                                                  p.stderr[-3000:])
+        ok, verdicts = tool().run_hf(SRC / ITER, t / "hf")
+        assert ok and len(verdicts) == 1 and verdicts[0]["ok"], verdicts
         # The oracle sees a wrong split: two query heads of layer 1 swapped.
         from safetensors.torch import load_file, save_file
         f = t / "hf" / "model.safetensors"
@@ -414,8 +414,9 @@ def test_export_hf_is_a_transformers_llama():
         q = w["model.layers.1.self_attn.q_proj.weight"]
         w["model.layers.1.self_attn.q_proj.weight"] = torch.cat([q[8:16], q[:8], q[16:]])
         save_file(w, f, metadata={"format": "pt"})
-        p = subprocess.run(hf_check, capture_output=True, text=True, env=dict(os.environ))
-        assert p.returncode != 0 and "logits differ" in p.stdout, p.stdout[-2000:]
+        ok, verdicts = tool().run_hf(SRC / ITER, t / "hf")
+        assert not ok and len(verdicts) == 1 and \
+            any("logits differ" in x for x in verdicts[0]["problems"]), verdicts
         # fp32: the masters, under the same names.
         run("export", SRC, "-o", t / "hf32", "--hf", "-q")
         got = load_file(t / "hf32" / "model.safetensors")

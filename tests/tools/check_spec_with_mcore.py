@@ -17,7 +17,8 @@ other params' order is compared.
 The generator, the comparator and check_universal.py all use megatron_spec;
 buffer_layout_test.cc compares the C++ with it: this ties both to Megatron.
 
-  check_spec_with_mcore.py [--cases N]      (spawns the ranks itself)
+  check_spec_with_mcore.py [--cases N]      (forks the ranks itself, after importing
+                                            torch and megatron-core once)
 """
 import argparse
 import os
@@ -228,7 +229,13 @@ def main():
     seed = int(os.environ.get("UCP_TEST_SEED", random.randrange(1 << 30)))
     print(f"UCP_TEST_SEED={seed}", flush=True)
     import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
+    # Imported here once; the ranks are forked from this process (no import of their own).
+    import megatron.core.distributed.param_and_grad_buffer  # noqa: F401
+    import megatron.core.models.gpt.gpt_model  # noqa: F401
+    import megatron.core.optimizer.distrib_optimizer  # noqa: F401
+    import megatron.core.parallel_state  # noqa: F401
+    import megatron_spec  # noqa: F401
+    ctx = mp.get_context("fork")
     failures = []
     for world in (2, 3):
         with ctx.Manager() as m:

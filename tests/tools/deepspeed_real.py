@@ -26,7 +26,10 @@ supported on your device") although torch computes in fp16 on CPU; for fp16
 runs the rank processes make it report fp16 supported (is_fp16_supported,
 supported_dtypes) and nothing else: the engine then runs its own fp16 paths
 (FP16_UnfusedOptimizer at ZeRO 0, the ZeRO optimizers with their dynamic
-loss scaler, fp16 module params). The ranks are processes started here with
+loss scaler, fp16 module params).
+
+The ranks are processes forked from the launching process after it imported
+torch and DeepSpeed (`command()`: a test calls it in its own process), with
 MASTER_PORT chosen by binding a free port.
 """
 import argparse
@@ -35,7 +38,6 @@ import os
 import pathlib
 import shutil
 import socket
-import subprocess
 import sys
 
 
@@ -53,23 +55,111 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(args, world):
-    """Runs this script as `world` ranks; returns (rank 0's stdout, codes)."""
+def preload():
+    """Imports torch and DeepSpeed once in the process that forks the ranks (each rank
+    would otherwise spend about 3 s of CPU importing them itself)."""
+    import importlib
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed  # noqa: F401
+    import torch  # noqa: F401
+    # What deepspeed.initialize, the ZeRO optimizers, save and load import lazily (torch's
+    # dynamo among them: about 1.5 s of CPU per rank); some are not in every version.
+    for name in ("deepspeed.checkpoint.ds_to_universal", "deepspeed.runtime.engine",
+                 "deepspeed.runtime.zero.muon.muon_optimizer", "torch._dynamo",
+                 "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2",
+                 "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.bf16_optimizer",
+                 "deepspeed.runtime.fp16.fused_optimizer",
+                 "deepspeed.runtime.fp16.unfused_optimizer", "deepspeed.ops.op_builder.all_ops",
+                 "deepspeed.runtime.superoffload", "deepspeed.module_inject"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def launch(args, world, timeout=600):
+    """Runs `args` as `world` ranks forked from this process (torch and DeepSpeed imported
+    here first); returns (rank 0's stdout, exit codes). A rank's stdout and stderr go to files,
+    its stderr is shown when it fails."""
+    import signal
+    import tempfile
+    import time
+    preload()
+    a = parse(args)
     port = free_port()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
-                   OMP_NUM_THREADS="1", UCP_DS_RANK_PROCESS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=600) for p in procs]
-    codes = [p.returncode for p in procs]
-    if any(codes):
-        for r, (_, err) in enumerate(outs):
-            if codes[r] not in (0, NOT_FINITE):
-                sys.stderr.write(f"--- rank {r} (exit {codes[r]}):\n{err[-3000:]}\n")
-    return outs[0][0], codes
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryDirectory(prefix="ucp-dsrank-") as t:
+        pids = []
+        for r in range(world):
+            pid = os.fork()
+            if pid == 0:  # the rank: never returns
+                status = 1
+                try:
+                    for fd, name in ((1, "out"), (2, "err")):
+                        f = os.open(os.path.join(t, f"{name}{r}"), os.O_WRONLY | os.O_CREAT, 0o600)
+                        os.dup2(f, fd)
+                        os.close(f)
+                    os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                      OMP_NUM_THREADS="1")
+                    status = (rank_make if a.cmd == "make" else rank_load)(a) or 0
+                except SystemExit as e:
+                    status = e.code if isinstance(e.code, int) else 1
+                except BaseException:  # noqa: BLE001: reported through stderr and the status
+                    import traceback
+                    traceback.print_exc()
+                finally:
+                    # Leave without the interpreter's teardown, where DeepSpeed's shm comm
+                    # threads once aborted a rank ("terminate called without an active
+                    # exception").
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(status)
+            pids.append(pid)
+        codes = [None] * world
+        deadline = time.monotonic() + timeout
+        while None in codes:
+            for r, pid in enumerate(pids):
+                if codes[r] is None:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        codes[r] = os.waitstatus_to_exitcode(status)
+            if None in codes:
+                if time.monotonic() > deadline:
+                    for r, pid in enumerate(pids):
+                        if codes[r] is None:
+                            os.kill(pid, signal.SIGKILL)
+                            codes[r] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                    sys.stderr.write(f"ranks killed after {timeout} s\n")
+                    break
+                time.sleep(0.05)
+        if any(codes):
+            for r in range(world):
+                if codes[r] not in (0, NOT_FINITE):
+                    err = pathlib.Path(t, f"err{r}").read_text(errors="replace")
+                    sys.stderr.write(f"--- rank {r} (exit {codes[r]}):\n{err[-3000:]}\n")
+        return pathlib.Path(t, "out0").read_text(errors="replace"), codes
+
+
+def ds_to_universal(input_folder, output_folder):
+    """DeepSpeed's own converter in this process (its main; one worker each: no child
+    processes), its chatter kept off stdout. Returns None, or the failure's traceback."""
+    import contextlib
+    import traceback
+    from deepspeed.checkpoint import ds_to_universal as d2u
+    argv, sys.argv = sys.argv, [
+        "ds_to_universal", "--input_folder", str(input_folder), "--output_folder",
+        str(output_folder), "--inject_missing_state", "--num_extract_workers", "1",
+        "--num_merge_workers", "1"]
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            d2u.main(d2u.parse_arguments())
+    except BaseException:  # noqa: BLE001 (SystemExit too): reported as a failure
+        return traceback.format_exc()[-1500:]
+    finally:
+        sys.argv = argv
+    return None
 
 
 # --- in a rank process ---------------------------------------------------------
@@ -235,23 +325,7 @@ def rank_load(a):
         torch.distributed.barrier()
         if rank == 0:
             universal = pathlib.Path(a.scratch) / "resave_universal"
-            # DeepSpeed's converter in this process (its own main; one worker each: no
-            # child processes), its chatter kept off stdout (the verdict's).
-            import contextlib
-            import traceback
-            from deepspeed.checkpoint import ds_to_universal as d2u
-            argv, sys.argv = sys.argv, [
-                "ds_to_universal", "--input_folder", str(resave / "resaved"),
-                "--output_folder", str(universal), "--inject_missing_state",
-                "--num_extract_workers", "1", "--num_merge_workers", "1"]
-            error = None
-            try:
-                with contextlib.redirect_stdout(sys.stderr):
-                    d2u.main(d2u.parse_arguments())
-            except BaseException:  # noqa: BLE001 (SystemExit too): reported as a failure
-                error = traceback.format_exc()[-1500:]
-            finally:
-                sys.argv = argv
+            error = ds_to_universal(resave / "resaved", universal)
             if error is not None:
                 failures.append(f"ds_to_universal of the re-save failed: {error}")
             else:
@@ -310,7 +384,7 @@ def rank_load(a):
         sys.exit(1)
 
 
-def main():
+def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
@@ -324,25 +398,28 @@ def main():
         p.add_argument("--world", type=int, required=True)
         p.add_argument("--stage", type=int, required=True, choices=[0, 1, 2, 3])
         p.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
-    a = ap.parse_args()
-    if os.environ.get("UCP_DS_RANK_PROCESS") == "1":
-        status = (rank_make if a.cmd == "make" else rank_load)(a)
-        # The verdict is decided by all ranks and printed: leave without the
-        # interpreter's teardown, where DeepSpeed's shm comm threads once
-        # aborted a rank ("terminate called without an active exception").
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status or 0)
+    return ap.parse_args([str(x) for x in argv])
+
+
+def command(argv):
+    """One `make` or `load` (the arguments as on the command line) in this process: its ranks
+    forked from here. Returns (rank 0's stdout, every rank exited 0)."""
+    a = parse(argv)
     for attempt in range(1, 4):
-        out, codes = launch(sys.argv[1:], a.world)
+        out, codes = launch(argv, a.world)
         if a.cmd != "make" or any(c not in (0, NOT_FINITE) for c in codes) \
                 or NOT_FINITE not in codes:
             break
         print(f"DeepSpeed trained to a non-finite state (attempt {attempt}); training again",
               flush=True)
         shutil.rmtree(a.out, ignore_errors=True)
+    return out, not any(codes)
+
+
+def main():
+    out, ok = command(sys.argv[1:])
     sys.stdout.write(out)
-    sys.exit(0 if not any(codes) else 1)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,25 @@ def free_port():
         return s.getsockname()[1]
 
 
+def preload():
+    """Imports megatron-core's modules the rank functions use, once, in the process that forks
+    the ranks (about 2 s of CPU each rank would otherwise spend importing them itself)."""
+    import megatron.core.dist_checkpointing  # noqa: F401
+    import megatron.core.dist_checkpointing.dict_utils  # noqa: F401
+    import megatron.core.dist_checkpointing.mapping  # noqa: F401
+    import megatron.core.dist_checkpointing.optimizer  # noqa: F401
+    import megatron.core.distributed.distributed_data_parallel_config  # noqa: F401
+    import megatron.core.distributed.param_and_grad_buffer  # noqa: F401
+    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+    import megatron.core.models.gpt.gpt_model  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.optimizer.distrib_optimizer  # noqa: F401
+    import megatron.core.optimizer.optimizer  # noqa: F401
+    import megatron.core.parallel_state  # noqa: F401
+    import megatron.core.tensor_parallel.random  # noqa: F401
+    import megatron.core.transformer.transformer_config  # noqa: F401
+
+
 def cpu_shims():
     # Megatron's save path synchronizes CUDA and builds a status tensor on the current device.
     if not torch.cuda.is_available():
@@ -378,7 +397,19 @@ def rng_object(tp, pp, dp_rank):
                           parallel_state.get_tensor_model_parallel_rank()), replica_id=dp_rank)
 
 
+def fork_results_queue():
+    """Megatron's async file writer collects its workers' results through a Manager queue it
+    starts with the "spawn" method, once per process: a new interpreter that imports the main
+    module (torch and all) in every rank at every save. The same queue from a forked Manager
+    (nothing imported again); what is written does not change."""
+    import multiprocessing
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    if getattr(filesystem_async, "_results_queue", False) is None:
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+
+
 def init(rank, world, port, tp, pp, vpp):
+    fork_results_queue()  # before gloo starts its threads
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     cpu_shims()
@@ -471,6 +502,18 @@ def global_tensors(src_iter_dir, raw=False):
             for k, v in full.items()}
 
 
+def report(a, verdict):
+    """A rank's verdict, one JSON line in one write (atomic below 4 KiB: ranks' lines never
+    mix): to stdout, or appended to a.report for an in-process caller (run_load, run_hf)."""
+    line = (json.dumps(verdict) + "\n").encode()
+    if getattr(a, "report", None):
+        fd = os.open(a.report, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, line)
+        os.close(fd)
+    else:
+        os.write(1, line)
+
+
 def check_shard(sh, full, mismatches, what):
     g = full.get(sh.key)
     if g is None:
@@ -510,7 +553,7 @@ def load_rank(rank, world, port, a):
     if f16 is not None:
         f16.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     common = dist_checkpointing.load_common_state_dict(str(iter_dir))
-    full = global_tensors(a.source)
+    full = getattr(a, "full", None) or global_tensors(a.source)
     mismatches, checked = [], 0
     # The model's parameters now, as shards (factories applied).
     after = model_sd(models)
@@ -565,9 +608,8 @@ def load_rank(rank, world, port, a):
     if common.get("iteration") != 10:
         mismatches.append(f"iteration {common.get('iteration')}")
     # One write (atomic on a pipe below 4 KiB), so ranks' lines never mix.
-    line = json.dumps({"rank": rank, "ok": not mismatches, "checked": checked,
-                       "mismatches": [m[:150] for m in mismatches[:10]]})
-    os.write(1, (line + "\n").encode())
+    report(a, {"rank": rank, "ok": not mismatches, "checked": checked,
+               "mismatches": [m[:150] for m in mismatches[:10]]})
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     if mismatches:
@@ -776,10 +818,10 @@ def hf_rank(rank, world, port, a):
         problems.append(f"logits {tuple(got.shape)}, Megatron's {tuple(want.shape)}")
     elif not torch.allclose(got, want, rtol=0, atol=1e-5 * float(want.abs().max())):
         problems.append(f"logits differ by up to {float((got - want).abs().max())}")
-    print(json.dumps({"ok": not problems, "problems": problems,
-                      "max_abs_logit": float(want.abs().max()),
-                      "max_abs_diff": float((got - want).abs().max())
-                      if got.shape == want.shape else None}), flush=True)
+    report(a, {"ok": not problems, "problems": problems,
+               "max_abs_logit": float(want.abs().max()),
+               "max_abs_diff": float((got - want).abs().max())
+               if got.shape == want.shape else None})
     torch.distributed.destroy_process_group()
     if problems:
         sys.exit(1)
@@ -788,11 +830,46 @@ def hf_rank(rank, world, port, a):
 def run(a):
     world = a.tp * a.pp * a.dp
     fn = {"save": save_rank, "load": load_rank, "hf": hf_rank}[a.mode]
+    preload()
+    if a.mode == "hf":
+        import transformers  # noqa: F401 (here once, not in the rank)
+    if a.mode == "load" and getattr(a, "full", None) is None:
+        a.full = global_tensors(a.source)  # once here, inherited by every rank
     ctx = mp.start_processes(fn, args=(world, free_port(), a), nprocs=world, join=False,
                              start_method="fork")
-    while not ctx.join():
-        pass
+    try:
+        while not ctx.join():
+            pass
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        # a rank failed (torch stops the others): a verdict, not an error here
+        print(f"megatron_torch_dist {a.mode}: {e}", file=sys.stderr, flush=True)
+        return False
     return all(p.exitcode == 0 for p in ctx.processes)
+
+
+def in_process(a):
+    """Runs `a` (load or hf) in the calling process (a test's: megatron-core imported once
+    there, the ranks forked from it). Returns (every rank exited 0, the ranks' verdicts)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mrun-") as t:
+        a.report = os.path.join(t, "verdicts")
+        ok = run(a)
+        path = pathlib.Path(a.report)
+        lines = path.read_text().splitlines() if path.exists() else []
+    return ok, [json.loads(line) for line in lines]
+
+
+def run_load(ckpt, source, tp, pp, dp=1, vpp=1, no_optimizer=False,
+             optim="fully_reshardable"):
+    """`load` in the calling process: (every rank exited 0, the ranks' verdicts)."""
+    return in_process(argparse.Namespace(
+        mode="load", ckpt=str(ckpt), source=str(source), tp=tp, pp=pp, dp=dp, vpp=vpp,
+        no_optimizer=no_optimizer, optim=optim, impl="local", seed=1))
+
+
+def run_hf(source, hf):
+    """`hf` in the calling process: (it exited 0, its verdict as a list of one)."""
+    return in_process(argparse.Namespace(mode="hf", source=str(source), hf=str(hf), tp=1, pp=1,
+                                         dp=1, vpp=1))
 
 
 def main():

@@ -39,12 +39,6 @@ const json& Oracle() {
   return *oracle;
 }
 
-int64_t Flat(const Shape& shape, const Shape& idx) {
-  int64_t f = 0;
-  for (size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + idx[d];
-  return f;
-}
-
 // Calls fn(local index, global index) for the elements of two equal boxes.
 template <typename Fn>
 void ForEachPair(const Box& local, const Box& global, Fn&& fn) {

@@ -32,12 +32,6 @@ struct Tensor {
   std::vector<float> v;
 };
 
-int64_t Flat(const Shape& shape, const Shape& idx) {
-  int64_t f = 0;
-  for (size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + idx[d];
-  return f;
-}
-
 // Copies box `from` of `src` into box `to` of `dst`.
 void Copy(const Tensor& src, const Box& from, Tensor& dst, const Box& to) {
   ASSERT_EQ(from.size, to.size);

@@ -359,12 +359,6 @@ void ForEachIndex(const Shape& shape,
   }
 }
 
-int64_t Flat(const Shape& shape, const Shape& idx) {
-  int64_t f = 0;
-  for (size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + idx[d];
-  return f;
-}
-
 T Narrow(const T& t, size_t dim, int64_t begin, int64_t size) {
   Shape s = t.shape;
   s[dim] = size;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "engine/core/strided.h"
 #include "layouts/variables.h"
 
 namespace ucp::layouts {
@@ -21,6 +22,13 @@ inline Topology Topo(int64_t tp, int64_t pp = 1, int64_t vpp = 1,
   t.first_stage_layers = first_stage_layers;
   t.last_stage_layers = last_stage_layers;
   return t;
+}
+
+/// The row-major flat index of element `idx` of a tensor of `shape`.
+inline int64_t Flat(const Shape& shape, const Shape& idx) {
+  int64_t f = 0;
+  for (size_t d = 0; d < shape.size(); ++d) f = f * shape[d] + idx[d];
+  return f;
 }
 
 }  // namespace ucp::layouts

@@ -11,6 +11,13 @@
 
 namespace ucp::pickle::testing {
 
+/// The bytes of a string literal, embedded NULs included (the literal's own
+/// terminator excluded).
+template <size_t N>
+std::string Bin(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
 /// `n` little-endian bytes of `v`.
 std::string LE(uint64_t v, int n);
 

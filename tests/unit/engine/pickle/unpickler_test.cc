@@ -14,6 +14,7 @@
 namespace ucp::pickle {
 namespace {
 
+using testing::Bin;
 using testing::BinGet;
 using testing::BinPut;
 using testing::BinUnicode;
@@ -23,11 +24,6 @@ using testing::LE;
 using testing::Proto;
 using testing::PythonLoadsAs;
 using ::testing::ThrowsMessage;
-
-template <size_t N>
-std::string Bin(const char (&s)[N]) {
-  return std::string(s, N - 1);
-}
 
 Value* Load(const std::string& data, Arena& arena) {
   return Unpickle(data, arena);

@@ -10,16 +10,15 @@
 #include <limits>
 #include <string>
 
+#include "tests/unit/engine/pickle/pickle_testutil.h"
+
 namespace ucp::pickle {
 namespace {
 
+using testing::Bin;
+
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
-
-template <size_t N>
-std::string Bin(const char (&s)[N]) {
-  return std::string(s, N - 1);
-}
 
 Value* Ns(Arena& a, std::vector<std::pair<Value*, Value*>> attrs) {
   Value* obj = a.Object(ObjectOp::kNewObj, a.Global("argparse", "Namespace"),

@@ -25,15 +25,13 @@
 namespace ucp::torchfile {
 namespace {
 
+using test::Bytes;
+
 using pickle::Arena;
 using pickle::ObjectOp;
 using pickle::Value;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
-
-std::span<const std::byte> Bytes(std::string_view s) {
-  return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
 
 template <typename T>
 std::string Raw(const std::vector<T>& v) {

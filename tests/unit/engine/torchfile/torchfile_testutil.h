@@ -2,8 +2,10 @@
 // Helpers for the torchfile tests: the Python oracles, the container walk of
 // notes/HELPERS.md and comparison with description JSON files.
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +14,11 @@
 #include "engine/torchfile/torch_file.h"
 
 namespace ucp::torchfile::test {
+
+/// The bytes of `s`.
+inline std::span<const std::byte> Bytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
 
 /// Runs Debian's python3 on `script` (the program text) with `args` appended
 /// to the command line; returns the exit status, stdout+stderr in `*output`.

@@ -26,12 +26,10 @@
 namespace ucp::torchfile {
 namespace {
 
+using test::Bytes;
+
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
-
-std::span<const std::byte> Bytes(std::string_view s) {
-  return std::as_bytes(std::span<const char>(s.data(), s.size()));
-}
 
 std::string RandomBytes(std::mt19937_64& rng, size_t n) {
   std::string s(n, '\0');
