@@ -416,6 +416,12 @@ void PrintTargetResult(const char* command, const fs::path& out,
                        const formats::Driver& driver, const TargetArgs& target,
                        const formats::TargetSummary& s, double seconds,
                        const RunOptions& run, json::Value extra) {
+  // The driver's hint names the output "<output>" (as often as it needs).
+  std::string hint = s.resume_hint;
+  const std::string marker = "<output>";
+  for (size_t at = hint.find(marker); at != std::string::npos;
+       at = hint.find(marker, at + out.string().size()))
+    hint.replace(at, marker.size(), out.string());
   if (run.json) {
     json::Value j = std::move(extra);
     j["command"] = command;
@@ -430,7 +436,7 @@ void PrintTargetResult(const char* command, const fs::path& out,
     j["notes"] = std::move(notes);
     if (s.details.is_object())
       for (const auto& [k, v] : s.details.members()) j[k] = v;
-    if (!s.resume_hint.empty()) j["resume"] = s.resume_hint;
+    if (!hint.empty()) j["resume"] = hint;
     PrintJson(j);
     return;
   }
@@ -439,14 +445,7 @@ void PrintTargetResult(const char* command, const fs::path& out,
               static_cast<long long>(s.files), HumanBytes(s.bytes).c_str(),
               target.Describe(driver).c_str(), seconds);
   for (const auto& n : s.notes) std::printf("note: %s\n", n.c_str());
-  if (!s.resume_hint.empty()) {
-    std::string hint = s.resume_hint;
-    const std::string marker = "<output>";
-    for (size_t at = hint.find(marker); at != std::string::npos;
-         at = hint.find(marker, at + out.string().size()))
-      hint.replace(at, marker.size(), out.string());
-    std::printf("resume with %s\n", hint.c_str());
-  }
+  if (!hint.empty()) std::printf("resume with %s\n", hint.c_str());
 }
 
 constexpr const char* kManifestOption =

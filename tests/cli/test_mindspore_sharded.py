@@ -875,6 +875,12 @@ def test_tp_pp_dp_derive_the_strategy():
                 "--pp", 2)
         assert "<output>" not in p.stdout and \
             f'merge_pipeline_strategys("{t / "hint" / "strategy"}"' in p.stdout, p.stdout
+        # The same hint in --json's "resume" (it kept "<output>" there).
+        p = run("convert", t / "src", "-o", t / "hint_json", "--format", "mindspore", "--tp", 2,
+                "--pp", 2, "--json")
+        hint = json.loads(p.stdout)["resume"]
+        assert "<output>" not in hint and \
+            f'merge_pipeline_strategys("{t / "hint_json" / "strategy"}"' in hint, hint
         # ucp resume on a new device count: the same rank files, in its load folder.
         p = run("resume", t / "src", "--format", "mindspore", "--tp", 2, "--dp", 2, "--json")
         r = json.loads(p.stdout)

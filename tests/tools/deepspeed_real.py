@@ -30,7 +30,8 @@ loss scaler, fp16 module params).
 
 The ranks are processes forked from the launching process after it imported
 torch and DeepSpeed (`command()`: a test calls it in its own process), with
-MASTER_PORT chosen by binding a free port.
+MASTER_PORT chosen by binding a free port. DeepSpeed's shared-memory all-reduce
+op is not built (preload()): gloo does the all-reduces.
 """
 import argparse
 import json
@@ -75,6 +76,12 @@ def preload():
             importlib.import_module(name)
         except ImportError:
             pass
+    # No shared-memory all-reduce op: DeepSpeed JIT-compiles it with the C++ compiler on first
+    # use for CPU (over a minute of CPU and 1.5 GB per compiler process, once per DeepSpeed
+    # version, and again whenever another version's build took its cache folder). It only
+    # speeds up all-reduce; gloo's does the same job, and checkpoints are what is tested.
+    getattr(importlib.import_module("deepspeed.ops"), "__compatible_ops__")[
+        "deepspeed_shm_comm"] = False
 
 
 def launch(args, world, timeout=600):

@@ -15,15 +15,11 @@ namespace fs = std::filesystem;
 bool IsDerived(const Strategy& have, const layouts::Topology& t) {
   std::vector<DerivedTensor> tensors;
   for (const auto& [name, stages] : have.layouts) {
-    std::string param = name;
-    for (const auto& [prefix, kind] : kMomentPrefixes) {
-      if (name.starts_with(prefix) &&
-          have.layouts.count(name.substr(std::string_view(prefix).size()))) {
-        param = name.substr(std::string_view(prefix).size());
-      }
-    }
-    tensors.push_back(
-        {name, param, Shape(stages.begin()->second.dims.size(), 0)});
+    const auto moment = MomentOf(name, [&](std::string_view param) {
+      return have.layouts.count(std::string(param)) > 0;
+    });
+    tensors.push_back({name, moment ? moment->first : name,
+                       Shape(stages.begin()->second.dims.size(), 0)});
   }
   try {
     const Strategy want = DeriveStrategy(tensors, t);

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -45,6 +46,20 @@ inline constexpr std::pair<const char*, const char*> kMomentPrefixes[] = {
     {"moment2.", "exp_avg_sq"},
     {"adam_m.", "exp_avg"},
     {"adam_v.", "exp_avg_sq"}};
+
+/// A moment record's param and state kind: `name` is a kMomentPrefixes prefix
+/// plus a name `is_param` accepts (a record of the same file or strategy);
+/// nullopt for any other name.
+template <typename IsParam>
+std::optional<std::pair<std::string, std::string>> MomentOf(
+    std::string_view name, IsParam&& is_param) {
+  for (const auto& [prefix, kind] : kMomentPrefixes) {
+    const std::string_view p(prefix);
+    if (name.starts_with(p) && is_param(name.substr(p.size())))
+      return std::pair(std::string(name.substr(p.size())), std::string(kind));
+  }
+  return std::nullopt;
+}
 
 /// Opaque blob key prefix of a map tensor's raw records (+ its tag).
 inline constexpr const char* kMapTensorKey = "mindspore/maptensor/";

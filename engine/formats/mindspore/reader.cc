@@ -534,14 +534,10 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   // Which tags are parameters and which are Adam moments of one.
   std::set<std::string> tags;
   for (const CkptEntry* e : entries) tags.insert(e->tag);
-  auto moment_of = [&](const std::string& tag)
-      -> std::optional<std::pair<std::string, std::string>> {
-    for (const auto& [prefix, kind] : kMomentPrefixes) {
-      if (tag.starts_with(prefix) &&
-          tags.count(tag.substr(std::strlen(prefix))))
-        return std::pair(tag.substr(std::strlen(prefix)), std::string(kind));
-    }
-    return std::nullopt;
+  auto moment_of = [&](const std::string& tag) {
+    return MomentOf(tag, [&](std::string_view param) {
+      return tags.count(std::string(param)) > 0;
+    });
   };
   std::set<std::string> with_moments;
   for (const CkptEntry* e : entries)
