@@ -27,6 +27,8 @@ import torch
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 TOOLS = pathlib.Path(os.environ["UCP_SOURCE_DIR"]) / "tests" / "tools"
 PY = sys.executable
+sys.path.insert(0, str(TOOLS))
+import deepspeed_real  # noqa: E402 (imports DeepSpeed only when a command runs)
 
 # (stage, dtype, world) of the source -> the (world, stage) of its native
 # targets, and of the universal folder's load. DeepSpeed's load_universal
@@ -53,9 +55,6 @@ def run(*args, **kw):
 def ds(*args):
     """tests/tools/deepspeed_real.py's command in this process (torch and DeepSpeed imported
     once per test, the ranks forked from here)."""
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    import deepspeed_real
     out, ok = deepspeed_real.command(args)
     assert ok, (args, out[-2000:])
     print(out.strip().splitlines()[-1] if out.strip() else "", flush=True)
@@ -108,7 +107,6 @@ def main():
         copy = t / "copy"
         run("cp", "-r", src, copy)
         theirs = t / "theirs" / "global_step2_universal"
-        import deepspeed_real
         error = deepspeed_real.ds_to_universal(copy / "global_step2", theirs)
         assert error is None, error
         ours = next(p for p in uni.glob("*_universal") if p.is_dir())

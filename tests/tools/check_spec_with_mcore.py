@@ -230,11 +230,9 @@ def main():
     print(f"UCP_TEST_SEED={seed}", flush=True)
     import torch.multiprocessing as mp
     # Imported here once; the ranks are forked from this process (no import of their own).
-    import megatron.core.distributed.param_and_grad_buffer  # noqa: F401
-    import megatron.core.models.gpt.gpt_model  # noqa: F401
-    import megatron.core.optimizer.distrib_optimizer  # noqa: F401
-    import megatron.core.parallel_state  # noqa: F401
     import megatron_spec  # noqa: F401
+    import megatron_torch_dist
+    megatron_torch_dist.preload()
     ctx = mp.get_context("fork")
     failures = []
     for world in (2, 3):

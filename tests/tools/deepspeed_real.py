@@ -34,12 +34,17 @@ MASTER_PORT chosen by binding a free port. DeepSpeed's shared-memory all-reduce
 op is not built (preload()): gloo does the all-reduces.
 """
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import pathlib
 import shutil
 import socket
 import sys
+import tempfile
+import time
+import traceback
 
 
 def api_note(*what):
@@ -84,76 +89,62 @@ def preload():
         "deepspeed_shm_comm"] = False
 
 
-def launch(args, world, timeout=600):
-    """Runs `args` as `world` ranks forked from this process (torch and DeepSpeed imported
-    here first); returns (rank 0's stdout, exit codes). A rank's stdout and stderr go to files,
-    its stderr is shown when it fails."""
-    import signal
-    import tempfile
-    import time
+def rank_process(a, rank, world, port, folder):
+    """A forked rank: its stdout and stderr to files of `folder`, torchrun's environment, the
+    command; leaves with the command's status and without the interpreter's teardown (where
+    DeepSpeed's comm threads once aborted a rank: "terminate called without an active
+    exception")."""
+    status = 1
+    try:
+        for fd, name in ((1, "out"), (2, "err")):
+            f = os.open(os.path.join(folder, f"{name}{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
+            os.dup2(f, fd)
+            os.close(f)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        status = (rank_make if a.cmd == "make" else rank_load)(a) or 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001: reported through stderr and the status
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def launch(a, timeout=600):
+    """Runs command `a` as a.world ranks forked from this process (torch and DeepSpeed imported
+    here first); returns (rank 0's stdout, exit codes). A failed rank's stderr is shown."""
     preload()
-    a = parse(args)
     port = free_port()
     sys.stdout.flush()
     sys.stderr.flush()
     with tempfile.TemporaryDirectory(prefix="ucp-dsrank-") as t:
-        pids = []
-        for r in range(world):
-            pid = os.fork()
-            if pid == 0:  # the rank: never returns
-                status = 1
-                try:
-                    for fd, name in ((1, "out"), (2, "err")):
-                        f = os.open(os.path.join(t, f"{name}{r}"), os.O_WRONLY | os.O_CREAT, 0o600)
-                        os.dup2(f, fd)
-                        os.close(f)
-                    os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                      OMP_NUM_THREADS="1")
-                    status = (rank_make if a.cmd == "make" else rank_load)(a) or 0
-                except SystemExit as e:
-                    status = e.code if isinstance(e.code, int) else 1
-                except BaseException:  # noqa: BLE001: reported through stderr and the status
-                    import traceback
-                    traceback.print_exc()
-                finally:
-                    # Leave without the interpreter's teardown, where DeepSpeed's shm comm
-                    # threads once aborted a rank ("terminate called without an active
-                    # exception").
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(status)
-            pids.append(pid)
-        codes = [None] * world
+        ctx = multiprocessing.get_context("fork")
+        procs = [ctx.Process(target=rank_process, args=(a, r, a.world, port, t))
+                 for r in range(a.world)]
+        for proc in procs:
+            proc.start()
         deadline = time.monotonic() + timeout
-        while None in codes:
-            for r, pid in enumerate(pids):
-                if codes[r] is None:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        codes[r] = os.waitstatus_to_exitcode(status)
-            if None in codes:
-                if time.monotonic() > deadline:
-                    for r, pid in enumerate(pids):
-                        if codes[r] is None:
-                            os.kill(pid, signal.SIGKILL)
-                            codes[r] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                    sys.stderr.write(f"ranks killed after {timeout} s\n")
-                    break
-                time.sleep(0.05)
-        if any(codes):
-            for r in range(world):
-                if codes[r] not in (0, NOT_FINITE):
-                    err = pathlib.Path(t, f"err{r}").read_text(errors="replace")
-                    sys.stderr.write(f"--- rank {r} (exit {codes[r]}):\n{err[-3000:]}\n")
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+                sys.stderr.write(f"a rank was killed after {timeout} s\n")
+        codes = [proc.exitcode for proc in procs]
+        for r, code in enumerate(codes):
+            if code not in (0, NOT_FINITE):
+                err = pathlib.Path(t, f"err{r}").read_text(errors="replace")
+                sys.stderr.write(f"--- rank {r} (exit {code}):\n{err[-3000:]}\n")
         return pathlib.Path(t, "out0").read_text(errors="replace"), codes
 
 
 def ds_to_universal(input_folder, output_folder):
     """DeepSpeed's own converter in this process (its main; one worker each: no child
     processes), its chatter kept off stdout. Returns None, or the failure's traceback."""
-    import contextlib
-    import traceback
     from deepspeed.checkpoint import ds_to_universal as d2u
     argv, sys.argv = sys.argv, [
         "ds_to_universal", "--input_folder", str(input_folder), "--output_folder",
@@ -413,7 +404,7 @@ def command(argv):
     forked from here. Returns (rank 0's stdout, every rank exited 0)."""
     a = parse(argv)
     for attempt in range(1, 4):
-        out, codes = launch(argv, a.world)
+        out, codes = launch(a)
         if a.cmd != "make" or any(c not in (0, NOT_FINITE) for c in codes) \
                 or NOT_FINITE not in codes:
             break

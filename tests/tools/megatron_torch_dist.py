@@ -553,7 +553,7 @@ def load_rank(rank, world, port, a):
     if f16 is not None:
         f16.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     common = dist_checkpointing.load_common_state_dict(str(iter_dir))
-    full = getattr(a, "full", None) or global_tensors(a.source)
+    full = a.full  # read by run() before the fork
     mismatches, checked = [], 0
     # The model's parameters now, as shards (factories applied).
     after = model_sd(models)
@@ -607,7 +607,6 @@ def load_rank(rank, world, port, a):
         mismatches.append(f"content_metadata {cm}")
     if common.get("iteration") != 10:
         mismatches.append(f"iteration {common.get('iteration')}")
-    # One write (atomic on a pipe below 4 KiB), so ranks' lines never mix.
     report(a, {"rank": rank, "ok": not mismatches, "checked": checked,
                "mismatches": [m[:150] for m in mismatches[:10]]})
     torch.distributed.barrier()
@@ -833,7 +832,7 @@ def run(a):
     preload()
     if a.mode == "hf":
         import transformers  # noqa: F401 (here once, not in the rank)
-    if a.mode == "load" and getattr(a, "full", None) is None:
+    if a.mode == "load":
         a.full = global_tensors(a.source)  # once here, inherited by every rank
     ctx = mp.start_processes(fn, args=(world, free_port(), a), nprocs=world, join=False,
                              start_method="fork")
