@@ -22,6 +22,7 @@
 #include "engine/core/progress.h"
 #include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
+#include "engine/formats/name_map.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -267,6 +268,17 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
       "without one, such as deepspeed-universal, take none)")(
       "no-optimizer", po::bool_switch(&no_optimizer),
       "model weights only (no optimizer state)");
+  std::string maps;
+  for (const std::string& n : formats::NameMapNames())
+    maps += (maps.empty() ? "" : ", ") + n;
+  d.add_options()("names", po::value<std::string>(&names)->value_name("MAP"),
+                  StrCat("write the model under another framework's param "
+                         "names, fused weights split, with every "
+                         "optimizer state (",
+                         maps,
+                         "; e.g. a Megatron-core LLaMA as MindFormers' "
+                         "LLaMA: --names mindformers-llama)")
+                      .c_str());
   if (with_vocab) {
     d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
                     "the tokenizer's true vocabulary size, when the "
@@ -277,6 +289,16 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
 
 void TargetArgs::Read(const po::variables_map& vm) {
   values = driver_options.Values(vm);
+  if (!names.empty()) {
+    const std::vector<std::string> maps = formats::NameMapNames();
+    if (std::find(maps.begin(), maps.end(), names) == maps.end()) {
+      std::string known;
+      for (const std::string& n : maps)
+        known += (known.empty() ? "" : ", ") + n;
+      throw UsageError("--names ", names, ": no such name map (known: ", known,
+                       ")");
+    }
+  }
 }
 
 formats::TargetOptions TargetArgs::Options(
@@ -520,10 +542,21 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
                     json::Value extra) {
   const formats::Driver& driver = TargetDriver(target.format, native);
   const formats::TargetOptions options = target.Options(driver);
+  std::unique_ptr<universal::UniversalInput> mapped;
+  if (!target.names.empty()) {
+    mapped = formats::MapNames(input, target.names);
+    extra["names"] = target.names;
+  }
+  const universal::UniversalInput& content = mapped ? *mapped : input;
   universal::StagedDirectory out(output);
-  CheckFreeSpace(output, MinimumTargetBytes(input, options.no_optimizer));
-  formats::TargetSummary s = formats::WriteTarget(driver, input, out.path(),
+  CheckFreeSpace(output, MinimumTargetBytes(content, options.no_optimizer));
+  formats::TargetSummary s = formats::WriteTarget(driver, content, out.path(),
                                                   options, executor, manifest);
+  if (mapped) {
+    s.notes.insert(s.notes.begin(),
+                   StrCat(mapped->params().size(),
+                          " params under the names of ", target.names));
+  }
   out.Commit();
   PrintTargetResult(command, output, driver, target, s, Since(start), run,
                     std::move(extra));

@@ -24,6 +24,7 @@
 #include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
 #include "engine/formats/emit.h"
+#include "engine/formats/name_map.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -354,7 +355,8 @@ int RunResume(const std::vector<std::string>& args) {
   const formats::CheckpointInfo& info = chosen->info;
   const layouts::Topology& want = options.topology;
   // A universal file never fits: the framework cannot load it.
-  const bool fits = chosen->source != nullptr &&
+  // Under other names (--names) it is always rewritten.
+  const bool fits = chosen->source != nullptr && target.names.empty() &&
                     driver.Name() == chosen->native &&
                     chosen->source->Fits(options);
 
@@ -378,16 +380,21 @@ int RunResume(const std::vector<std::string>& args) {
                                 driver.TargetOptionSpecs(), options.values),
                             driver.Name() != chosen->native
                                 ? StrCat("-", std::string(driver.Name()))
-                                : "")
+                                : "",
+                            target.names.empty() ? "" : "-" + target.names)
                : fs::path(output);
     load = out;
     reshaped = !fits;
     // Planned before anything is made, so that a target the model cannot
     // take fails without a trace.
-    std::unique_ptr<universal::UniversalInput> input;
+    std::unique_ptr<universal::UniversalInput> unmapped, input;
     std::unique_ptr<formats::TargetPlan> plan;
     if (!fits) {
       input = chosen->Input(executor);
+      if (!target.names.empty()) {
+        unmapped = std::move(input);
+        input = formats::MapNames(*unmapped, target.names);
+      }
       plan = driver.PlanTarget(*input, options);
     }
     // SAVE_DIR/ucp-resume made by this run goes again if the run fails.

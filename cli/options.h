@@ -80,6 +80,7 @@ struct SourceArgs {
   std::string from;
   std::string layout;
   int64_t vocab_size = 0;
+  std::string names;  // a name map (--names), "" for the source's names
   DriverOptionArgs driver_options;
   formats::OptionValues values;  // set by Read
 
@@ -100,6 +101,7 @@ struct TargetArgs {
   int64_t tp = 0, pp = 0, vpp = 0, dp = 0;  // 0: not given
   bool no_optimizer = false;
   int64_t vocab_size = 0;
+  std::string names;  // a name map (--names), "" for the source's names
   DriverOptionArgs driver_options;
   formats::OptionValues values;  // set by Read
 

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
+#include "engine/formats/name_map.h"
 
 namespace ucp::exporting {
 namespace {
@@ -41,22 +42,32 @@ Box Rows(int64_t begin, int64_t end, int64_t cols) {
   return b;
 }
 
+// The layout the source names: "" if none.
+std::string SourceLayout(const universal::UniversalInput& input) {
+  const json::Value source =
+      formats::ParseJsonAttr(input.root().source, "source", input.path());
+  return String(source, "layout").value_or("");
+}
+
+bool IsMcoreGpt(const std::string& layout) {
+  return layout == "mcore-llama" || layout == "mcore-gpt";
+}
+
 }  // namespace
 
-HfModel MapToHfLlama(const universal::UniversalInput& input) {
+HfModel MapToHfLlama(const universal::UniversalInput& input,
+                     std::string_view flag) {
   const atoms::RootInfo& root = input.root();
-  const std::string where = StrCat("--hf: ", input.path().string());
+  const std::string where = StrCat(flag, ": ", input.path().string());
   const layouts::Variables model =
       formats::ModelVariables(root.model, input.path());
   const json::Value args =
       formats::ParseJsonAttr(root.args, "args", input.path());
-  const json::Value source =
-      formats::ParseJsonAttr(root.source, "source", input.path());
-  const std::string layout = String(source, "layout").value_or("");
-  if (layout != "mcore-llama" && layout != "mcore-gpt") {
+  const std::string layout = SourceLayout(input);
+  if (!IsMcoreGpt(layout)) {
     throw UsageError(where, " is not a Megatron-core GPTModel (layout '",
-                     layout,
-                     "'; --hf exports mcore-llama / mcore-gpt models as "
+                     layout, "'; ", flag,
+                     " maps mcore-llama / mcore-gpt models as "
                      "LlamaForCausalLM)");
   }
   auto refuse = [&](const std::string& why) {
@@ -209,5 +220,29 @@ HfModel MapToHfLlama(const universal::UniversalInput& input) {
   m.config = std::move(c);
   return m;
 }
+
+std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
+    const universal::UniversalInput& input, std::string_view flag) {
+  if (!IsMcoreGpt(SourceLayout(input))) return std::nullopt;
+  std::vector<universal::MappedParam> out;
+  for (HfTensor& t : MapToHfLlama(input, flag).tensors) {
+    universal::MappedParam m;
+    m.info.fqn = std::move(t.name);
+    m.info.shape = std::move(t.shape);
+    for (auto& [src, dst] : t.pieces)
+      m.pieces.push_back({t.param, std::move(src), std::move(dst)});
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+UCP_REGISTER_NAME_MAP(hf_llama_from_mcore,
+                      {"hf-llama",
+                       "a Megatron-core GPTModel (layouts mcore-llama, "
+                       "mcore-gpt) with LLaMA's blocks",
+                       [](const universal::UniversalInput& input) {
+                         return HfLlamaParams(input, "--names hf-llama");
+                       },
+                       ""});
 
 }  // namespace ucp::exporting

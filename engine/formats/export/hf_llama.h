@@ -35,7 +35,9 @@
 // (rotary_base, default 10000), max_position_embeddings, tie_word_embeddings,
 // hidden_act silu, attention_bias / mlp_bias false, torch_dtype.
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,7 @@
 #include "engine/core/dtype.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
+#include "engine/universal/mapped_input.h"
 
 namespace ucp::exporting {
 
@@ -60,10 +63,19 @@ struct HfModel {
   json::Value config;             // config.json without torch_dtype
 };
 
-/// The LlamaForCausalLM of `input`. Throws UsageError naming the param or
-/// setting when the model is not one (another layout, biases, LayerNorm,
-/// learned positions, rope scaling, interleaved or partial rotary, QK norms,
-/// mixture of experts, a param with no place in it).
-HfModel MapToHfLlama(const universal::UniversalInput& input);
+/// The LlamaForCausalLM of `input`. Throws UsageError (starting with `flag`,
+/// the option asking for it) naming the param or setting when the model is not
+/// one (another layout, biases, LayerNorm, learned positions, rope scaling,
+/// interleaved or partial rotary, QK norms, mixture of experts, a param with no
+/// place in it).
+HfModel MapToHfLlama(const universal::UniversalInput& input,
+                     std::string_view flag = "--hf");
+
+/// The params of MapToHfLlama(input) under transformers' names, for a
+/// universal::MappedInput (registered as name map "hf-llama"); absent when
+/// `input` is not a Megatron-core GPTModel (layout mcore-llama / mcore-gpt).
+/// Throws what MapToHfLlama throws for one that is not LLaMA-like.
+std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
+    const universal::UniversalInput& input, std::string_view flag);
 
 }  // namespace ucp::exporting

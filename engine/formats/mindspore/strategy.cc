@@ -683,7 +683,9 @@ Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
           throw UsageError(where, ": ", x.name, " is cut by ", layout->name(),
                            " ", rule.Describe(), " in ", rule.tp.segments,
                            " segments, which a MindSpore tensor map cannot "
-                           "express: give a strategy file with --strategy");
+                           "express: give a strategy file with --strategy, or "
+                           "write the model under MindFormers' names "
+                           "(--names mindformers-llama)");
         }
         const auto d = static_cast<size_t>(rule.tp.dim);
         if (d >= l.dims.size() || x.shape[d] % t.tp != 0) {

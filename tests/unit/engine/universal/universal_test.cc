@@ -12,6 +12,7 @@
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
+#include "engine/universal/mapped_input.h"
 #include "engine/universal/output_dir.h"
 #include "engine/universal/sources.h"
 #include "engine/universal/write_universal.h"
@@ -214,6 +215,115 @@ TEST(PlanInputTest, ComposedJobsEqualJobsOnTheUniversalFile) {
   Fixture bad(/*corrupt_replica=*/true);
   EXPECT_THAT([&] { PlanInput(bad.plan, "src", {}); },
               ThrowsMessage<FormatError>(HasSubstr("replicas differ")));
+}
+
+// The whole of `fqn`'s fp32 atom read through `in`.
+std::vector<float> ReadParam(const UniversalInput& in, const std::string& fqn) {
+  const atoms::DatasetInfo* d = in.FindAtom(fqn, "fp32");
+  EXPECT_NE(d, nullptr) << fqn;
+  if (d == nullptr) return {};
+  VecSink sink(static_cast<size_t>(NumElements(d->shape)));
+  std::vector<reshape::Job> jobs(1);
+  jobs[0].tensor = reshape::TargetTensor{fqn, DType::kFloat32, d->shape, {}};
+  jobs[0].tensor.ops.push_back(reshape::CopyOp{
+      in.Tensor(*d), Box::Whole(d->shape), Box::Whole(d->shape), 0, {}});
+  jobs[0].sink = &sink;
+  in.Run(jobs, {});
+  return sink.v;
+}
+
+MappedParam Mapped(std::string fqn, Shape shape,
+                   std::vector<MappedPiece> pieces) {
+  MappedParam m;
+  m.info.fqn = std::move(fqn);
+  m.info.shape = std::move(shape);
+  m.pieces = std::move(pieces);
+  return m;
+}
+
+// w's dim-1 halves swapped ("swapped"), w's rows 2..3 ("bottom"), norm
+// renamed, over the universal file and over the source plan alike.
+TEST(MappedInputTest, MappedParamsReadTheirSourceBoxes) {
+  testutil::TempDir dir;
+  Fixture fx;
+  WriteUniversal(fx.plan, dir / "u.h5", {});
+  atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(dir / "u.h5");
+  std::unique_ptr<UniversalInput> from_store = StoreInput(store);
+  std::unique_ptr<UniversalInput> from_plan = PlanInput(fx.plan, "src", {});
+  for (const UniversalInput* in : {from_store.get(), from_plan.get()}) {
+    atoms::RootInfo root = in->root();
+    root.training = R"({"param_order": ["w", "norm"], "frozen": ["w"]})";
+    std::vector<MappedParam> params;
+    params.push_back(Mapped("swapped", {4, 6},
+                            {{"w", Box{{0, 3}, {4, 3}}, Box{{0, 0}, {4, 3}}},
+                             {"w", Box{{0, 0}, {4, 3}}, Box{{0, 3}, {4, 3}}}}));
+    params.push_back(
+        Mapped("bottom", {2, 6},
+               {{"w", Box{{2, 0}, {2, 6}}, Box::Whole(Shape{2, 6})}}));
+    params.push_back(Mapped(
+        "scale", {6}, {{"norm", Box::Whole(Shape{6}), Box::Whole(Shape{6})}}));
+    std::unique_ptr<UniversalInput> m =
+        MappedInput(*in, std::move(params), root);
+    ASSERT_EQ(m->params().size(), 3u);
+    EXPECT_EQ(m->params()[0].info.fqn, "swapped");
+    EXPECT_EQ(m->params()[2].info.group, 1);  // norm's
+    EXPECT_EQ(m->FindParam("w"), nullptr);
+    EXPECT_EQ(m->FindPadAtom("swapped", "fp32"), nullptr);
+    // full[i][j] = 6 i + j + 0.5 (the fixture's).
+    std::vector<float> swapped, bottom;
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 6; ++j)
+        swapped.push_back(6.0f * i + (j + 3) % 6 + 0.5f);
+    for (int i = 2; i < 4; ++i)
+      for (int j = 0; j < 6; ++j) bottom.push_back(6.0f * i + j + 0.5f);
+    EXPECT_EQ(ReadParam(*m, "swapped"), swapped);
+    EXPECT_EQ(ReadParam(*m, "bottom"), bottom);
+    EXPECT_EQ(ReadParam(*m, "scale"),
+              (std::vector<float>{100, 101, 102, 103, 104, 105}));
+    const atoms::DatasetInfo* blob = m->FindOpaque("args");
+    ASSERT_NE(blob, nullptr);
+    EXPECT_EQ(m->ReadBlob(*blob), "pickled-args");
+    EXPECT_THAT(
+        m->root().training,
+        AllOf(HasSubstr(R"("param_order":["swapped","bottom","scale"])"),
+              HasSubstr(R"("frozen":[])")));
+  }
+}
+
+TEST(MappedInputTest, PiecesThatDoNotTileTheParamAreRefused) {
+  Fixture fx;
+  std::unique_ptr<UniversalInput> in = PlanInput(fx.plan, "src", {});
+  auto map = [&](MappedParam p) {
+    std::vector<MappedParam> v;
+    v.push_back(std::move(p));
+    return MappedInput(*in, std::move(v), in->root());
+  };
+  EXPECT_THAT(
+      [&] {
+        map(Mapped("x", {4, 6},
+                   {{"w", Box{{0, 0}, {4, 4}}, Box{{0, 0}, {4, 4}}},
+                    {"w", Box{{0, 3}, {4, 3}}, Box{{0, 3}, {4, 3}}}}));
+      },
+      ThrowsMessage<UsageError>(
+          AllOf(HasSubstr("mapped param x"), HasSubstr("overlap"))));
+  EXPECT_THAT(
+      [&] {
+        map(Mapped("x", {4, 6},
+                   {{"w", Box{{0, 0}, {4, 3}}, Box{{0, 0}, {4, 3}}}}));
+      },
+      ThrowsMessage<UsageError>(HasSubstr("cover 12 of 24 elements")));
+  EXPECT_THAT(
+      [&] {
+        map(Mapped("x", {6},
+                   {{"nope", Box::Whole(Shape{6}), Box::Whole(Shape{6})}}));
+      },
+      ThrowsMessage<UsageError>(HasSubstr("has no param nope")));
+  EXPECT_THAT(
+      [&] {
+        map(Mapped("x", {4, 6},
+                   {{"w", Box{{1, 0}, {4, 6}}, Box::Whole(Shape{4, 6})}}));
+      },
+      ThrowsMessage<UsageError>(HasSubstr("does not fit")));
 }
 
 TEST(StagedDirectoryTest, AppearsOnlyOnCommitAndNeverOverwrites) {

@@ -1,0 +1,65 @@
+// Name maps registry (name_map.h).
+
+#include "engine/formats/name_map.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "engine/core/error.h"
+#include "engine/json/json.h"
+
+namespace ucp::formats {
+namespace {
+
+std::deque<NameMap>& Registry() {
+  static std::deque<NameMap> maps;
+  return maps;
+}
+
+}  // namespace
+
+namespace internal {
+NameMapRegistrar::NameMapRegistrar(NameMap map) {
+  Registry().push_back(std::move(map));
+}
+}  // namespace internal
+
+std::vector<std::string> NameMapNames() {
+  std::vector<std::string> names;
+  for (const NameMap& m : Registry()) names.push_back(m.name);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+std::unique_ptr<universal::UniversalInput> MapNames(
+    const universal::UniversalInput& input, std::string_view name) {
+  std::string from;
+  for (const NameMap& m : Registry()) {
+    if (m.name != name) continue;
+    from += from.empty() ? m.from : "; " + m.from;
+    std::optional<std::vector<universal::MappedParam>> params = m.map(input);
+    if (!params) continue;
+    atoms::RootInfo root = input.root();
+    json::Value source = root.source.empty() ? json::Value::Object()
+                                             : json::Value::Parse(root.source);
+    if (!source.is_object()) source = json::Value::Object();
+    source["layout"] = m.layout;
+    source["names"] = m.name;
+    root.source = source.Dump();
+    root.layout.clear();  // the descriptor of the source's names
+    if (m.root) m.root(root);
+    return universal::MappedInput(input, std::move(*params), std::move(root));
+  }
+  if (from.empty()) {
+    std::string known;
+    for (const std::string& n : NameMapNames())
+      known += (known.empty() ? "" : ", ") + n;
+    throw UsageError("--names ", name, ": no such name map (known: ", known,
+                     ")");
+  }
+  throw UsageError("--names ", name, ": ", input.path().string(),
+                   " is not a model it maps (it maps ", from, ")");
+}
+
+}  // namespace ucp::formats

@@ -1,0 +1,64 @@
+#pragma once
+// Name maps: the same model under another framework's param names
+// (`--names NAME` of convert, reshape and resume). A map turns universal
+// content whose names it knows into a universal::MappedInput under its names
+// (renames, fused weights split, every optimizer state with them).
+// Formats register the maps they know (UCP_REGISTER_NAME_MAP in their .cc);
+// several may register one name for different source models, and the first
+// that knows the source's names wins.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/universal/input.h"
+#include "engine/universal/mapped_input.h"
+
+namespace ucp::formats {
+
+struct NameMap {
+  /// What --names takes ("mindformers-llama").
+  std::string name;
+  /// For --help and errors: the source models it maps ("a Megatron-core
+  /// GPTModel (mcore-llama)").
+  std::string from;
+  /// The mapped params, or absent when the input is not a model this map
+  /// knows. Throws UsageError (starting "--names <name>") naming the param
+  /// when it is one but cannot be mapped (a shape or setting the target model
+  /// does not have).
+  std::function<std::optional<std::vector<universal::MappedParam>>(
+      const universal::UniversalInput&)>
+      map;
+  /// The built-in layout the mapped names follow ("" if none): the view's
+  /// root names it as the source's layout.
+  std::string layout;
+  /// What else of the root the target model's framework names its own way
+  /// (its optimizer's state names, say); may be empty.
+  std::function<void(atoms::RootInfo&)> root = nullptr;
+};
+
+/// `input` under the names of map `name`. `input` must outlive the result.
+/// Throws UsageError for an unknown name (listing the known ones) or a source
+/// no map of that name knows (naming what they map), and what the map throws.
+std::unique_ptr<universal::UniversalInput> MapNames(
+    const universal::UniversalInput& input, std::string_view name);
+
+/// The registered maps' names, sorted, once each.
+std::vector<std::string> NameMapNames();
+
+namespace internal {
+struct NameMapRegistrar {
+  explicit NameMapRegistrar(NameMap map);
+};
+}  // namespace internal
+
+}  // namespace ucp::formats
+
+/// In a format's .cc: registers a NameMap at start-up (`id` names the static).
+#define UCP_REGISTER_NAME_MAP(id, ...)                                  \
+  static ::ucp::formats::internal::NameMapRegistrar ucp_name_map_##id { \
+    __VA_ARGS__                                                         \
+  }

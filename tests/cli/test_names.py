@@ -1,0 +1,243 @@
+"""`--names`: a model written under another framework's param names, with every optimizer
+state, against the real frameworks (the tests' PyPI environment).
+
+The source is a LLaMA-style GPTModel saved by the real megatron-core under torch_dist with its
+distributed-optimizer state (tests/tools/megatron_torch_dist.py: GQA 4 heads / 2 groups, SwiGLU,
+RMSNorm, untied, true vocabulary 100). ucp writes it for MindSpore as MindFormers' LLaMA
+(`--names mindformers-llama`); MindSpore's own transform_checkpoints merges ucp's rank files, and
+every record must equal the reference this test computes from the source's tensors (read by
+torch's dcp_to_torch_save), mapped as written below from the two frameworks' sources:
+- Megatron's fused QKV rows are grouped per query group, [groups, heads/groups + 2, head dim,
+  hidden]: a group's query heads, then its key head, then its value head
+  (megatron/core/transformer/attention.py, get_query_key_value_tensors); SwiGLU's linear_fc1 is
+  [gate; up] (megatron/core/fused_kernels / mlp.py: glu chunks the output in two);
+- MindFormers' names are transformers' LLaMA names renamed by MindFormers' own table
+  (mindformers/models/llama/convert_weight.py, name_replace, copied in MF_RENAMES), weights not
+  permuted; AdamW's moments are adam_m. / adam_v. (mindformers/core/optim/adamw.py).
+The weights also equal `ucp export --hf` (whose split transformers' logits check against
+megatron-core's forward in test_torch_dist_cli), renamed by that table. Back the other way,
+`--names hf-llama` writes MindFormers' names as transformers' into a DCP checkpoint.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("GLOG_v", "3")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+import megatron_torch_dist as mtd  # noqa: E402
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron_torch_dist"
+SAVE = DATA / "tp2_pp2_dp1"  # fully_reshardable distributed-optimizer state
+ITER = "iter_0000010"
+# transformers' name part -> MindFormers' (convert_weight.py name_replace, in its order).
+MF_RENAMES = [("embed_tokens.weight", "tok_embeddings.embedding_weight"),
+              (".self_attn.q_proj.", ".attention.wq."), (".self_attn.k_proj.", ".attention.wk."),
+              (".self_attn.v_proj.", ".attention.wv."), (".self_attn.o_proj.", ".attention.wo."),
+              (".mlp.gate_proj.", ".feed_forward.w1."), (".mlp.down_proj.", ".feed_forward.w2."),
+              (".mlp.up_proj.", ".feed_forward.w3."), (".input_layernorm.", ".attention_norm."),
+              (".post_attention_layernorm.", ".ffn_norm."), (".norm.", ".norm_out.")]
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+def mf_name(hf):
+    for a, b in MF_RENAMES:
+        hf = hf.replace(a, b)
+    return hf
+
+
+def source_tensors(t):
+    """The source checkpoint's tensors as torch's dcp_to_torch_save reads them."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    dcp_to_torch_save(str(SAVE / ITER), str(t / "src.pt"))
+    return torch.load(t / "src.pt", weights_only=False)
+
+
+def mindformers_reference(src):
+    """{MindFormers record name: numpy} of the source's fp32 masters and Adam moments."""
+    size = mtd.SIZE
+    heads, groups, hidden = size["heads"], size["groups"], size["hidden"]
+    d = hidden // heads
+    r = heads // groups
+    out = {}
+    for state, prefix in (("param", ""), ("exp_avg", "adam_m."), ("exp_avg_sq", "adam_v.")):
+        def g(key):
+            return src[f"optimizer.state.{state}.{key}"].numpy()
+
+        def put(hf, a):
+            out[prefix + mf_name(hf)] = np.ascontiguousarray(a)
+
+        put("model.embed_tokens.weight", g("embedding.word_embeddings.weight")[:mtd.TRUE_VOCAB])
+        for i in range(size["layers"]):
+            def layer(rest):
+                return g("decoder.layers." + rest)[i]
+            h = f"model.layers.{i}."
+            put(h + "input_layernorm.weight", layer("self_attention.linear_qkv.layer_norm_weight"))
+            qkv = layer("self_attention.linear_qkv.weight").reshape(groups, r + 2, d, hidden)
+            put(h + "self_attn.q_proj.weight", qkv[:, :r].reshape(heads * d, hidden))
+            put(h + "self_attn.k_proj.weight", qkv[:, r].reshape(groups * d, hidden))
+            put(h + "self_attn.v_proj.weight", qkv[:, r + 1].reshape(groups * d, hidden))
+            put(h + "self_attn.o_proj.weight", layer("self_attention.linear_proj.weight"))
+            put(h + "post_attention_layernorm.weight",
+                layer("mlp.linear_fc1.layer_norm_weight"))
+            gate, up = np.split(layer("mlp.linear_fc1.weight"), 2)
+            put(h + "mlp.gate_proj.weight", gate)
+            put(h + "mlp.up_proj.weight", up)
+            put(h + "mlp.down_proj.weight", layer("mlp.linear_fc2.weight"))
+        put("model.norm.weight", g("decoder.final_layernorm.weight"))
+        put("lm_head.weight", g("output_layer.weight")[:mtd.TRUE_VOCAB])
+    return out
+
+
+def ms():
+    import mindspore
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+    return mindspore
+
+
+def load(path):
+    return {k: v.asnumpy() for k, v in ms().load_checkpoint(str(path)).items()}
+
+
+def merged_by_mindspore(out, t, tp, pp):
+    """ucp's rank files merged into one unsharded checkpoint by MindSpore."""
+    from mindspore.parallel import merge_pipeline_strategys, transform_checkpoints
+    strategy = out / "strategy.ckpt"
+    if pp > 1:
+        strategy = t / f"merged_strategy_{tp}{pp}.ckpt"
+        merge_pipeline_strategys(str(out / "strategy"), str(strategy))
+    transform_checkpoints(str(out), str(t / f"merged{tp}{pp}"), "m", str(strategy), None)
+    return load(t / f"merged{tp}{pp}" / "rank_0" / "m0.ckpt")
+
+
+def assert_same(got, want, what):
+    assert sorted(got) == sorted(want), (what, sorted(set(got) ^ set(want)))
+    for k, a in want.items():
+        assert got[k].dtype == a.dtype and got[k].shape == a.shape, (what, k)
+        assert np.array_equal(got[k].reshape(-1).view(np.uint8), a.reshape(-1).view(np.uint8)), \
+            (what, k)
+
+
+def test_megatron_llama_as_mindformers_llama():
+    """torch_dist (Megatron-core, TP 2 x PP 2) -> MindSpore rank files at TP 2 x DP 2 and at
+    TP 2 x PP 2 under MindFormers' LLaMA names: every weight and both Adam moments equal the
+    reference, merged by transform_checkpoints; the step is the iteration; the weights equal the
+    transformers export renamed; `ucp resume --names` writes the same rank files."""
+    with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
+        t = pathlib.Path(t)
+        want = mindformers_reference(source_tensors(t))
+        for tp, pp, dp in ((2, 1, 2), (2, 2, 1)):
+            out = t / f"t{tp}p{pp}d{dp}"
+            p = run("convert", SAVE, "-o", out, "--format", "mindspore", "--tp", tp, "--pp", pp,
+                    "--dp", dp, "--names", "mindformers-llama", "--json")
+            assert json.loads(p.stdout)["names"] == "mindformers-llama", p.stdout
+            got = merged_by_mindspore(out, t, tp, pp)
+            assert got.pop("global_step").tolist() == [10], (tp, pp)
+            for scalar in ("learning_rate", "beta1_power", "beta2_power"):
+                got.pop(scalar)
+            assert_same(got, want, (tp, pp, dp))
+        # The weights are transformers' LLaMA (checked by logits elsewhere), renamed.
+        run("export", SAVE, "-o", t / "hf", "--hf", "-q")
+        from safetensors.numpy import load_file
+        hf = load_file(str(t / "hf" / "model.safetensors"))
+        assert sorted(mf_name(k) for k in hf) == \
+            sorted(k for k in want if not k.startswith("adam_")), sorted(hf)
+        for k, v in hf.items():
+            assert np.array_equal(v, want[mf_name(k)]), k
+        # ucp resume on a new layout under the same names: the same rank files.
+        p = run("resume", SAVE, "-o", t / "resumed", "--format", "mindspore", "--tp", 2,
+                "--dp", 2, "--names", "mindformers-llama", "--json")
+        r = json.loads(p.stdout)
+        assert r["reshaped"], r
+        for rank in range(4):
+            mine = next((t / "resumed" / f"rank_{rank}").glob("*.ckpt"))
+            conv = next((t / "t2p1d2" / f"rank_{rank}").glob("*.ckpt"))
+            assert_same(load(mine), load(conv), ("resume", rank))
+
+
+def test_mindformers_llama_as_hf_llama_in_dcp():
+    """MindFormers' LLaMA names (a MindSpore save, TP 2) -> a PyTorch DCP checkpoint under
+    transformers' names (`--names hf-llama`): torch's dcp_to_torch_save reads the model tensors
+    equal to the transformers export of the same source, and the Adam moments to the source's."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
+        t = pathlib.Path(t)
+        want = mindformers_reference(source_tensors(t))
+        run("convert", SAVE, "-o", t / "ms", "--format", "mindspore", "--tp", 2, "--dp", 1,
+            "--names", "mindformers-llama", "-q")
+        run("convert", t / "ms", "-o", t / "dcp", "--format", "dcp", "--dp", 1,
+            "--names", "hf-llama", "-q")
+        dcp_to_torch_save(str(t / "dcp"), str(t / "all.pt"))
+        sd = torch.load(t / "all.pt", weights_only=False)
+        model = sd["model"]
+        run("export", SAVE, "-o", t / "hf", "--hf", "-q")
+        from safetensors.torch import load_file
+        hf = load_file(str(t / "hf" / "model.safetensors"))
+        assert sorted(model) == sorted(hf), sorted(set(model) ^ set(hf))
+        for k, v in hf.items():
+            assert torch.equal(model[k], v), k
+        state = sd["optimizer"]["state"]
+        assert sorted(state) == sorted(hf), sorted(state)
+        for k in hf:
+            assert state[k]["step"].item() == 10, (k, state[k]["step"])
+            for kind, prefix in (("exp_avg", "adam_m."), ("exp_avg_sq", "adam_v.")):
+                assert np.array_equal(state[k][kind].numpy(), want[prefix + mf_name(k)]), (k, kind)
+
+
+def test_names_refusals():
+    """An unknown map, or a model a map does not know, is one clear error line and nothing is
+    written; Megatron's fused weights laid out for MindSpore without --names point to it."""
+    with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
+        t = pathlib.Path(t)
+        p = run("convert", SAVE, "-o", t / "o1", "--format", "mindspore", "--names", "nope",
+                expect=2)
+        one_error_line(p, "--names nope", "mindformers-llama", "hf-llama")
+        assert not (t / "o1").exists()
+        # Megatron's names at --tp 2 without --names: the error says what to do.
+        p = run("convert", SAVE, "-o", t / "o0", "--format", "mindspore", "--tp", 2, "--dp", 1,
+                expect=2)
+        one_error_line(p, "linear_fc1.weight", "--names mindformers-llama")
+        assert not (t / "o0").exists()
+        fixture = pathlib.Path(os.environ["UCP_FIXTURES"]) / "dcp-torch-2.6" / "dtensor_shard0_w2"
+        p = run("convert", fixture, "-o", t / "o2", "--format", "mindspore",
+                "--names", "mindformers-llama", expect=2)
+        one_error_line(p, "--names mindformers-llama", "is not a model it maps")
+        assert not (t / "o2").exists()
+        # hf-llama knows Megatron's and MindFormers' names, not transformers' own.
+        run("convert", SAVE, "-o", t / "hfdcp", "--format", "dcp", "--dp", 1,
+            "--names", "hf-llama", "-q")
+        p = run("convert", t / "hfdcp", "-o", t / "o3", "--format", "dcp", "--dp", 1,
+                "--names", "hf-llama", expect=2)
+        one_error_line(p, "--names hf-llama", "is not a model it maps")
+        assert not (t / "o3").exists()
+
+
+if __name__ == "__main__":
+    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
+    only = sys.argv[1:]
+    unknown = [n for n in only if n not in tests]
+    assert not unknown, f"no such test: {unknown}"
+    for name, fn in tests.items():
+        if not only or name in only:
+            fn()
+            print("ok", name, flush=True)
