@@ -475,6 +475,7 @@ int RunResume(const std::vector<std::string>& args) {
     j["iteration"] = chosen->iteration;
     j["format"] = std::string(driver.Name());
     j["reshaped"] = reshaped;
+    if (!target.names.empty()) j["names"] = target.names;
     j["linked_files"] = linked;
     j["copied_files"] = copied;
     j["skipped"] = std::move(skipped);
@@ -488,7 +489,12 @@ int RunResume(const std::vector<std::string>& args) {
     std::fprintf(stderr, "ucp: resume from %s (iteration %lld)%s%s\n",
                  name.c_str(), static_cast<long long>(chosen->iteration),
                  reshaped ? ", reshaped for " : ", as saved",
-                 reshaped ? target.Describe(driver).c_str() : "");
+                 reshaped ? (target.Describe(driver) +
+                             (target.names.empty()
+                                  ? std::string()
+                                  : " under the names of " + target.names))
+                                .c_str()
+                          : "");
     if (linked + copied > 0) {
       std::fprintf(
           stderr,

@@ -271,6 +271,75 @@ def test_write_eight_ranks():
     read_case("w8")
 
 
+def load_st(path):
+    return {k: v.asnumpy() for k, v in
+            ms().load_checkpoint(str(path), format="safetensors").items()}
+
+
+def only_st(folder):
+    files = sorted(glob.glob(str(pathlib.Path(folder) / "*.safetensors")))
+    assert len(files) == 1, files
+    return files[0]
+
+
+def test_safetensors_rank_files():
+    """MindSpore's other container, save_checkpoint(format="safetensors"):
+    ucp reads an unsharded file, and a sharded save of such rank files
+    (MindSpore's own rank files for an optimizer-parallel strategy, made
+    safetensors by its ckpt_to_safetensors), to exactly the source; with
+    --file-format safetensors it writes rank files holding, record for record,
+    transform_checkpoints' .ckpt rank files, which MindSpore merges back; a
+    safetensors source is written as safetensors unless --file-format ckpt.
+    (transform_checkpoints(output_format="safetensors") is not the oracle:
+    MindSpore 2.10 writes there, for a weight split on a dim other than 0, the
+    flat first elements instead of the slice, and its own merge then gives
+    wrong weights back; ucp's files merge to the source.)"""
+    m = ms()
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        want = train_and_save(t / "src" / "rank_0" / "net.ckpt")
+        one = t / "one" / "rank_0" / "net.safetensors"
+        one.parent.mkdir(parents=True)
+        m.save_checkpoint([{"name": k, "data": m.Tensor(v)} for k, v in want.items()],
+                          str(one), format="safetensors")
+        assert_same(load_st(one), want, "MindSpore's own safetensors file")
+        run("to-universal", one, "-o", t / "one.h5", "-q")
+        assert_universal_is(t / "one.h5", want)
+        run("convert", t / "one", "-o", t / "same", "--format", "mindspore", "-q")
+        assert_same(load_st(only_st(t / "same" / "rank_0")), want, "safetensors kept")
+        run("convert", t / "one", "-o", t / "ckpt", "--format", "mindspore",
+            "--file-format", "ckpt", "-q")
+        assert_same(load(only_ckpt(t / "ckpt" / "rank_0")), want, "as .ckpt")
+        # MindSpore's sharded save, as safetensors rank files, read.
+        write_strategy(t / "opt.ckpt", LAYOUTS["opt"])
+        transform(t / "src", t / "theirs", "r", None, t / "opt.ckpt")
+        n = world(LAYOUTS["opt"])
+        for r in range(n):
+            m.ckpt_to_safetensors(only_ckpt(t / "theirs" / f"rank_{r}"),
+                                  str(t / "theirs_st" / f"rank_{r}"))
+            assert_same(load_st(only_st(t / "theirs_st" / f"rank_{r}")),
+                        load(only_ckpt(t / "theirs" / f"rank_{r}")), ("converted", r))
+        run("to-universal", t / "theirs_st", "--strategy", t / "opt.ckpt", "-o",
+            t / "u.h5", "-q")
+        assert_universal_is(t / "u.h5", want)
+        # Written for the strategy: MindSpore's rank files, merged back by it.
+        p = run("convert", t / "src", "-o", t / "ours", "--format", "mindspore",
+                "--target-strategy", t / "opt.ckpt", "--file-format", "safetensors")
+        assert 'format="safetensors"' in p.stdout, p.stdout
+        for r in range(n):
+            mine = only_st(t / "ours" / f"rank_{r}")
+            assert_same(load_st(mine), load(only_ckpt(t / "theirs" / f"rank_{r}")),
+                        f"rank {r}")
+            meta = json.loads((t / "ours" / f"rank_{r}" / "meta.json").read_text())
+            assert meta["last_ckpt_file"] == pathlib.Path(mine).name, meta
+        transform(t / "ours", t / "merged", "m", t / "ours" / "strategy.ckpt", None)
+        assert_same(load(t / "merged" / "rank_0" / "m0.ckpt"), want, "merged by MindSpore")
+        p = run("convert", t / "src", "-o", t / "bad", "--format", "mindspore",
+                "--file-format", "h5", expect=2)
+        one_error_line(p, "usage error", "--file-format h5", "ckpt or safetensors")
+        assert not (t / "bad").exists()
+
+
 def test_optimizer_shard_against_the_device_order():
     read_case("odd")
     write_case("odd")
@@ -626,10 +695,12 @@ def test_checkpoint2_written():
         assert_universal_is(t / "u4.h5", want)
 
 
-def mindformers_save(t, steps, layout="tp"):
+def mindformers_save(t, steps, layout="tp", ext="ckpt"):
     """A MindFormers-style save: output/checkpoint/rank_R/
-    llama_rank_R-1_<step>.ckpt for each step, meta.json per rank naming the
-    last, and output/strategy/ckpt_strategy_rank_R.ckpt per rank."""
+    llama_rank_R-1_<step>.<ext> for each step (ext "safetensors": MindSpore's
+    ckpt_to_safetensors of them, as CheckpointConfig(format="safetensors")
+    saves), meta.json per rank naming the last, and
+    output/strategy/ckpt_strategy_rank_R.ckpt per rank."""
     out = t / "output"
     write_strategy(t / "s.ckpt", LAYOUTS[layout])
     n = world(LAYOUTS[layout])
@@ -643,11 +714,15 @@ def mindformers_save(t, steps, layout="tp"):
         for r in range(n):
             d = out / "checkpoint" / f"rank_{r}"
             d.mkdir(parents=True, exist_ok=True)
-            shutil.copy(t / "cut" / str(step) / f"rank_{r}" / f"r{r}.ckpt",
-                        d / f"llama_rank_{r}-1_{step}.ckpt")
+            name = f"llama_rank_{r}-1_{step}.{ext}"
+            cut = t / "cut" / str(step) / f"rank_{r}" / f"r{r}.ckpt"
+            if ext == "ckpt":
+                shutil.copy(cut, d / name)
+            else:
+                ms().ckpt_to_safetensors(str(cut), str(t / "st" / str(step) / str(r)))
+                shutil.copy(t / "st" / str(step) / str(r) / f"r{r}.safetensors", d / name)
             (d / "meta.json").write_text(json.dumps(
-                {"last_epoch": 1, "last_step": step,
-                 "last_ckpt_file": f"llama_rank_{r}-1_{step}.ckpt"}))
+                {"last_epoch": 1, "last_step": step, "last_ckpt_file": name}))
     (out / "strategy").mkdir()
     for r in range(n):
         shutil.copy(t / "s.ckpt", out / "strategy" / f"ckpt_strategy_rank_{r}.ckpt")
@@ -674,6 +749,29 @@ def test_mindformers_folder_newest_step_on_every_rank():
         run("to-universal", ckpt, "--checkpoint", "llama_rank_0-1_2.ckpt", "-o",
             t / "d.h5", "-q")
         assert_universal_is(t / "d.h5", wants[2])
+
+
+def test_mindformers_safetensors_folder():
+    """A MindFormers folder of safetensors rank files: the newest step every
+    rank has, ucp resume falling back past a cut rank file and writing the
+    new layout as safetensors rank files (MindSpore loads each), --checkpoint
+    naming one."""
+    with tempfile.TemporaryDirectory(prefix="ucp-mss-") as t:
+        t = pathlib.Path(t)
+        ckpt, wants = mindformers_save(t, [1, 2], ext="safetensors")
+        run("to-universal", ckpt, "-o", t / "a.h5", "-q")
+        assert_universal_is(t / "a.h5", wants[2])
+        run("to-universal", ckpt, "--checkpoint", "llama_rank_0-1_1.safetensors", "-o",
+            t / "b.h5", "-q")
+        assert_universal_is(t / "b.h5", wants[1])
+        f = ckpt / "rank_3" / "llama_rank_3-1_2.safetensors"
+        f.write_bytes(f.read_bytes()[:-7])
+        r = json.loads(run("resume", ckpt, "-o", t / "load", "--format", "mindspore",
+                           "--json").stdout)
+        assert r["iteration"] == 1 and r["reshaped"], r
+        assert [s["name"] for s in r["skipped"]] == ["llama_rank_0-1_2.safetensors"], r
+        assert "llama_rank_3-1_2.safetensors" in r["skipped"][0]["reason"], r
+        assert_same(load_st(only_st(t / "load" / "rank_0")), wants[1], "resumed whole")
 
 
 def test_resume_falls_back_past_a_damaged_rank_file():

@@ -168,7 +168,7 @@ def test_megatron_llama_as_mindformers_llama():
         p = run("resume", SAVE, "-o", t / "resumed", "--format", "mindspore", "--tp", 2,
                 "--dp", 2, "--names", "mindformers-llama", "--json")
         r = json.loads(p.stdout)
-        assert r["reshaped"], r
+        assert r["reshaped"] and r["names"] == "mindformers-llama", r
         for rank in range(4):
             mine = next((t / "resumed" / f"rank_{rank}").glob("*.ckpt"))
             conv = next((t / "t2p1d2" / f"rank_{rank}").glob("*.ckpt"))

@@ -80,7 +80,7 @@ std::string SafetensorsHeader(std::span<const SafetensorsTensor> tensors,
 }
 
 std::vector<SafetensorsTensor> ReadSafetensorsHeader(
-    const std::filesystem::path& path) {
+    const std::filesystem::path& path, json::Value* metadata) {
   const File f = File::OpenRead(path);
   const uint64_t size = f.Size();
   const std::string where = StrCat("safetensors file ", path.string());
@@ -108,7 +108,10 @@ std::vector<SafetensorsTensor> ReadSafetensorsHeader(
   std::vector<SafetensorsTensor> out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, t] : header.members()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (metadata != nullptr) *metadata = t;
+      continue;
+    }
     const std::string tw = StrCat(where, " > ", name);
     const json::Value* dt = t.Find("dtype");
     if (dt == nullptr || !dt->is_string()) throw FormatError(tw, ": no dtype");

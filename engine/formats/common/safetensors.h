@@ -46,8 +46,9 @@ std::string SafetensorsHeader(std::span<const SafetensorsTensor> tensors,
 /// A safetensors file's tensors, in header order, with absolute offsets.
 /// Throws IoError; FormatError naming the file (and tensor) for a header
 /// that is no safetensors header, a dtype ucp does not read, data outside
-/// the file, sizes that do not match, overlapping data.
+/// the file, sizes that do not match, overlapping data. `metadata`, if
+/// given, receives "__metadata__" (null if absent).
 std::vector<SafetensorsTensor> ReadSafetensorsHeader(
-    const std::filesystem::path& path);
+    const std::filesystem::path& path, json::Value* metadata = nullptr);
 
 }  // namespace ucp::formats

@@ -44,6 +44,20 @@ namespace ucp::mindspore {
 /// that is no safetensors header, an unknown dtype, data outside the file.
 CkptIndex ReadSafetensorsIndex(const std::filesystem::path& path);
 
+/// Whether `path` is a safetensors file MindSpore wrote
+/// (save_checkpoint(format="safetensors"), CheckpointConfig(format=
+/// "safetensors"), transform_checkpoints(output_format="safetensors"):
+/// "__metadata__" {"format": "ms"}). Never throws.
+bool LooksLikeMsSafetensors(const std::filesystem::path& path) noexcept;
+
+/// Whether `path` is a checkpoint file MindSpore wrote in either of its
+/// formats: a .ckpt record stream or a .safetensors file. Never throws.
+bool LooksLikeCheckpointFile(const std::filesystem::path& path) noexcept;
+
+/// The records of a checkpoint file in either format (a .safetensors file's
+/// tensors, whole; else ReadCkptIndex). Throws what those throw.
+CkptIndex ReadCheckpointFile(const std::filesystem::path& path);
+
 /// Where a rank file's slice of a tensor lies.
 struct Placed {
   std::vector<int64_t> global_shape;

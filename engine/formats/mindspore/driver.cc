@@ -71,6 +71,11 @@ class MindSporeSource : public formats::Source {
   // folder, a Checkpoint 2.0 job of any layout.
   bool Fits(const formats::TargetOptions& options) const override {
     const auto s = options.values.String(kStrategyOption);
+    // Rank files of the other container are written.
+    if (const auto ff = options.values.String(kFileFormatOption);
+        ff && !c_.v2 &&
+        *ff != (c_.path.extension() == ".safetensors" ? "safetensors" : "ckpt"))
+      return false;
     // --tp/--pp/--dp: a sharded save laid out as ucp derives that layout.
     const layouts::Topology& t = options.topology;
     if (t.tp * t.pp * t.dp > 1)
@@ -111,8 +116,8 @@ class MindSporeDriver : public formats::Driver {
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
     if (fs::is_regular_file(path, ec))
-      return LooksLikeCkpt(path) ? formats::Confidence::kYes
-                                 : formats::Confidence::kNo;
+      return LooksLikeCheckpointFile(path) ? formats::Confidence::kYes
+                                           : formats::Confidence::kNo;
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
     // (A sharded save whose ranks share no step is still one: Open says
     // which rank lacks its file.)
@@ -160,7 +165,17 @@ class MindSporeDriver : public formats::Driver {
         "(iteration_N/ with model-R-W / opt-R-W.safetensors per rank, "
         "common.json, metadata.json for several ranks; the tracker last) "
         "instead of .ckpt files";
-    return {st, v2};
+    formats::OptionSpec ff;
+    ff.name = kFileFormatOption;
+    ff.type = formats::OptionSpec::Type::kString;
+    ff.layout = true;
+    ff.abbrev.append(2, 'f');  // (GCC 12 false positive on = "ff")
+    ff.help =
+        "MindSpore: the rank files' format, ckpt (.ckpt records) or "
+        "safetensors (save_checkpoint(format=\"safetensors\"), which "
+        "load_checkpoint(format=\"safetensors\") reads) (default: the "
+        "source's, else ckpt)";
+    return {st, v2, ff};
   }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {

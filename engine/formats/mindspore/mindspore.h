@@ -37,6 +37,9 @@ namespace ucp::mindspore {
 inline constexpr const char* kCheckpointOption = "checkpoint";
 inline constexpr const char* kStrategyOption = "strategy";
 inline constexpr const char* kCheckpoint2Option = "checkpoint2";
+/// The rank files' container: "ckpt" (a .ckpt record stream) or
+/// "safetensors" (save_checkpoint(format="safetensors")).
+inline constexpr const char* kFileFormatOption = "file-format";
 inline constexpr const char* kMetaAttr = "mindspore";
 /// The record-name prefixes of Adam's moments and the state kind each is:
 /// nn.Adam's moment1. / moment2., AdamWeightDecay's (MindFormers') adam_m. /

@@ -43,10 +43,12 @@ class CkptSource : public reshape::ByteSource {
   File file_;
 };
 
-// <prefix>-<epoch>_<step>.ckpt -> (epoch, step).
+// <prefix>-<epoch>_<step>.ckpt (or .safetensors) -> (epoch, step).
 std::optional<std::pair<int64_t, int64_t>> EpochStep(const std::string& name) {
-  if (!name.ends_with(".ckpt")) return std::nullopt;
-  const std::string stem = name.substr(0, name.size() - 5);
+  const fs::path p(name);
+  if (p.extension() != ".ckpt" && p.extension() != ".safetensors")
+    return std::nullopt;
+  const std::string stem = p.stem().string();
   const size_t dash = stem.rfind('-');
   const size_t under = stem.rfind('_');
   if (dash == std::string::npos || under == std::string::npos || under < dash)
@@ -72,7 +74,9 @@ std::vector<fs::path> CkptFiles(const fs::path& folder) {
   std::error_code ec;
   for (fs::directory_iterator it(folder, ec), end; !ec && it != end;
        it.increment(ec)) {
-    if (it->path().extension() == ".ckpt" && LooksLikeCkpt(it->path()))
+    const fs::path ext = it->path().extension();
+    if ((ext == ".ckpt" || ext == ".safetensors") &&
+        LooksLikeCheckpointFile(it->path()))
       out.push_back(it->path());
   }
   std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
@@ -378,7 +382,7 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
                           c.strategy->world(), " ranks (", c.strategy->stages,
                           " stage(s) of ", c.strategy->stage_devices, ")");
       }
-      for (const fs::path& f : files) c.ranks.push_back(ReadCkptIndex(f));
+      for (const fs::path& f : files) c.ranks.push_back(ReadCheckpointFile(f));
       c.index = c.ranks[0];
       c.path = files[0];
       const auto es = EpochStep(c.path.filename().string());
@@ -395,7 +399,7 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
         std::string have;
         for (const fs::path& f : files)
           have += (have.empty() ? "" : ", ") + f.filename().string();
-        throw UsageError("--checkpoint ", file, ": no such .ckpt file in ",
+        throw UsageError("--checkpoint ", file, ": no such checkpoint file in ",
                          folder.string(),
                          " (files: ", have.empty() ? "none" : have, ")");
       }
@@ -415,12 +419,28 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
     } else if (!files.empty()) {
       c.path = files.back();
     } else {
-      throw FormatError(path.string(), ": no MindSpore .ckpt file");
+      // Files of those names that are not MindSpore's: said, not skipped
+      // silently (a damaged file, or another framework's).
+      std::string foreign;
+      for (fs::directory_iterator it(folder, ec), end; !ec && it != end;
+           it.increment(ec)) {
+        const fs::path ext = it->path().extension();
+        if (ext == ".ckpt" || ext == ".safetensors") {
+          foreign = StrCat(" (", it->path().string(),
+                           ext == ".ckpt"
+                               ? " is no Checkpoint record stream)"
+                               : " has no MindSpore safetensors header: "
+                                 "__metadata__ format \"ms\")");
+          break;
+        }
+      }
+      throw FormatError(path.string(),
+                        ": no MindSpore .ckpt or .safetensors file", foreign);
     }
   } else {
     throw IoError("checkpoint ", path.string(), " does not exist");
   }
-  c.index = ReadCkptIndex(c.path);
+  c.index = ReadCheckpointFile(c.path);
   const auto es = EpochStep(c.path.filename().string());
   Counters(c, es ? es->second : 0);
   return c;
@@ -464,13 +484,17 @@ json::Value Inventory(const Checkpoint& c) {
   j["path"] = shown.string();
   j["ranks"] = c.v2 ? c.v2->world : static_cast<int64_t>(files.size());
   if (c.strategy) j["strategy"] = c.strategy->path.string();
-  if (c.v2) j["container"] = "Checkpoint 2.0";
+  j["container"] = c.v2                                   ? "Checkpoint 2.0"
+                   : c.path.extension() == ".safetensors" ? "safetensors"
+                                                          : "ckpt";
   j["iteration"] = c.iteration;
   std::string text =
       StrCat(shown.string(),
              c.v2 ? StrCat("  (MindFormers Checkpoint 2.0, ", files.size(),
                            " safetensors files of ", c.v2->world, " ranks, ")
-                  : std::string("  (MindSpore .ckpt, "),
+             : c.path.extension() == ".safetensors"
+                 ? std::string("  (MindSpore safetensors, ")
+                 : std::string("  (MindSpore .ckpt, "),
              order.size(), " records",
              c.strategy ? StrCat(", ", files.size(), " ranks laid out by ",
                                  c.strategy->path.string())

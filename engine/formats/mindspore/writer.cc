@@ -85,6 +85,17 @@ class MindSporePlan : public formats::TargetPlan {
     } else {
       file_ = StrCat("ucp_rank_0-1_", input.root().iteration, ".ckpt");
     }
+    // The container: --file-format, else the source file's, else .ckpt.
+    const auto ff = options.values.String(kFileFormatOption);
+    if (ff && *ff != "ckpt" && *ff != "safetensors") {
+      throw UsageError("--file-format ", *ff,
+                       ": MindSpore rank files are ckpt or safetensors");
+    }
+    safetensors_ = ff ? *ff == "safetensors"
+                      : fs::path(file_).extension() == ".safetensors";
+    file_ = fs::path(file_)
+                .replace_extension(safetensors_ ? ".safetensors" : ".ckpt")
+                .string();
     const json::Value* rf = meta_.Find("rank_folder");
     folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
     specs_ = Specs();  // the same records (sliced) in every rank's file
@@ -128,27 +139,36 @@ class MindSporePlan : public formats::TargetPlan {
         } else {
           n = StrCat("ucp_rank_", r, "-1_", input.root().iteration, ".ckpt");
         }
-        names_.push_back(std::move(n));
+        names_.push_back(
+            fs::path(n)
+                .replace_extension(safetensors_ ? ".safetensors" : ".ckpt")
+                .string());
       }
       CheckNames();
     } else {
       names_.push_back(file_);
     }
     v2_ = options.values.Flag(kCheckpoint2Option);
-    if (v2_) {
-      iter_folder_ = IterationFolderName(input.root().iteration);
+    if (v2_ && ff) {
+      throw UsageError(
+          "--checkpoint2 writes safetensors files of its own "
+          "names: --file-format is for rank files");
+    }
+    if (v2_ || safetensors_) {
+      const char* what = v2_ ? "--checkpoint2" : "--file-format safetensors";
       for (const Spec& s : specs_) {
         if (s.raw != nullptr) {
-          throw UsageError("--checkpoint2: ", input.path().string(),
+          throw UsageError(what, ": ", input.path().string(),
                            " holds a map tensor (", s.tag,
-                           "), which a Checkpoint 2.0 folder cannot");
+                           "), which a safetensors file cannot");
         }
         if (s.atom == nullptr && !DTypeOfTensorType(s.type)) {
-          throw UsageError("--checkpoint2: record ", s.tag, " of type ", s.type,
+          throw UsageError(what, ": record ", s.tag, " of type ", s.type,
                            " has no safetensors dtype");
         }
       }
     }
+    if (v2_) iter_folder_ = IterationFolderName(input.root().iteration);
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
@@ -195,7 +215,8 @@ class MindSporePlan : public formats::TargetPlan {
       s.resume_hint = StrCat(
           "MindSpore: rank R loads mindspore.load_checkpoint(\"<output>/"
           "rank_R/",
-          name, "\") in a job of ", world_, " devices laid out by ",
+          name, "\"", safetensors_ ? ", format=\"safetensors\"" : "",
+          ") in a job of ", world_, " devices laid out by ",
           !derived_.empty() ? StrCat("the strategy ucp wrote for ", derived_)
                             : strategy_->path.string(),
           !derived_.empty() ? " (in <output>)"
@@ -215,8 +236,9 @@ class MindSporePlan : public formats::TargetPlan {
     }
     s.resume_hint =
         StrCat("MindSpore: mindspore.load_checkpoint(\"<output>/",
-               (folder_ / file_).string(),
-               "\") into params, then load_param_into_net(net, params) and "
+               (folder_ / file_).string(), "\"",
+               safetensors_ ? ", format=\"safetensors\"" : "",
+               ") into params, then load_param_into_net(net, params) and "
                "load_param_into_net(optimizer, params)");
     return s;
   }
@@ -664,6 +686,12 @@ class MindSporePlan : public formats::TargetPlan {
 
   // Rank r's file: its slice of every record its stage holds.
   std::unique_ptr<formats::PlannedFile> File(int64_t r) const {
+    if (safetensors_) {  // every record in one safetensors file
+      std::vector<std::pair<const Spec*, Box>> held;
+      for (const Spec& s : specs_)
+        if (auto b = Region(s, r)) held.emplace_back(&s, *b);
+      return SafetensorsFile(Folder(r) / names_[static_cast<size_t>(r)], held);
+    }
     auto f = std::make_unique<formats::RawFile>(Folder(r) /
                                                 names_[static_cast<size_t>(r)]);
     for (const Spec& s : specs_) {
@@ -730,8 +758,9 @@ class MindSporePlan : public formats::TargetPlan {
   std::vector<Spec> specs_;
   std::vector<std::pair<fs::path, std::string>> strategy_bytes_;
   std::vector<std::string> notes_;
-  bool v2_ = false;          // --checkpoint2
-  std::string iter_folder_;  // iteration_N
+  bool v2_ = false;           // --checkpoint2
+  bool safetensors_ = false;  // rank files as safetensors (--file-format)
+  std::string iter_folder_;   // iteration_N
 };
 
 }  // namespace

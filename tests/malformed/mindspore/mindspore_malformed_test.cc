@@ -147,6 +147,51 @@ TEST(MindSporeCheckpoint2Malformed, CutShortOrDamaged) {
   EXPECT_GT(refused, 100);
 }
 
+// The same file as a rank file of MindSpore's own safetensors container
+// (save_checkpoint(format="safetensors") in rank_0/), cut and damaged: read
+// through the folder and as the file, it reads or the error names it.
+TEST(MindSporeSafetensorsMalformed, CutShortOrDamaged) {
+  const std::string good = testutil::ReadFile(
+      testutil::SourceDir() / "tests" / "fuzz" / "regressions" /
+      "mindspore_safetensors" / "adam-mindspore-2.10.safetensors");
+  testutil::TempDir dir;
+  const fs::path f = dir / "rank_0" / "net-1_4.safetensors";
+  fs::create_directories(f.parent_path());
+  testutil::WriteFile(f, good);
+  ASSERT_TRUE(LooksLikeMsSafetensors(f));
+  ASSERT_EQ(ReadAll(dir.path()), "");
+  ASSERT_EQ(ReadAll(f), "");
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string d = good;
+    if (i % 3 == 0) {
+      d.resize(rng() % d.size());
+    } else {
+      const size_t at = rng() % d.size();
+      if (i % 3 == 1) {
+        d[at] = static_cast<char>(d[at] ^ (1 << (rng() % 8)));
+      } else {
+        d.erase(at, 1 + rng() % 8);
+      }
+    }
+    testutil::WriteFile(f, d);
+    const std::string folder = ReadAll(dir.path());
+    const std::string file = ReadAll(f);
+    if (!file.empty()) {
+      ++refused;
+      EXPECT_THAT(file, ::testing::HasSubstr("net-1_4.safetensors")) << i;
+    }
+    if (!folder.empty()) {
+      EXPECT_THAT(folder, ::testing::HasSubstr("rank_0/net-1_4.safetensors"))
+          << i;
+    }
+  }
+  EXPECT_GT(refused, 100);
+}
+
 }  // namespace
 }  // namespace ucp::mindspore
 
