@@ -95,6 +95,38 @@ class Planner {
   void CollectParams();
   void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
   void PlanBuckets();
+  // PlanBuckets' steps.
+  // A buffer member: a param, or a tied copy's original (shared).
+  struct BufferMember {
+    Param* param;
+    bool shared = false;
+  };
+  // A run of a bucket's float32 state: `n` elements at bucket offset `o`.
+  struct BucketRun {
+    int64_t o = 0, n = 0;
+    reshape::SourceTensor src;
+    std::string where;
+  };
+  // dp_reshardable keys by (group, buffer, bucket, state).
+  using BucketKeys =
+      std::map<std::tuple<int64_t, int64_t, int64_t, std::string>,
+               const dcp::Entry*>;
+  BucketKeys CollectBucketKeys() const;
+  std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>>
+  BufferMembers();
+  std::vector<BucketRun> ZeroBucketRuns(
+      const std::shared_ptr<const torchfile::TorchFile>& zf, const Value* world,
+      const megatron::BufferLayout& lay, size_t b, int64_t world_at,
+      const std::string& skey, const std::string& bwhere);
+  std::vector<BucketRun> KeyBucketRuns(const BucketKeys& keys, int64_t group,
+                                       int64_t v,
+                                       const megatron::BufferLayout& lay,
+                                       size_t b, const std::string& skey,
+                                       const std::string& bwhere);
+  void PlaceBucket(const std::vector<BufferMember>& members,
+                   const std::vector<layouts::LocalShard>& shards,
+                   const megatron::BufferLayout& lay, size_t b,
+                   const std::string& kind, const std::vector<BucketRun>& runs);
   // dp_zero_gather_scatter: the param_state object of model-parallel group
   // `group`, opened, and its dict of model chunk `v`'s buffer ({param,
   // exp_avg, exp_avg_sq, numel_unpadded}). Throws FormatError naming it.
@@ -559,18 +591,73 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
 // buffer layout of the rank's params (megatron/buffer_layout.h), checked
 // against every key's (or tensor's) size.
 void Planner::PlanBuckets() {
-  const bool zero = c_.optimizer == "dp_zero_gather_scatter";
   if (!run_) {
     throw FormatError(c_.iter_dir.string(), ": ", c_.optimizer,
                       " optimizer state without args in the common state: "
                       "the bucket layout cannot be rebuilt");
   }
-  std::map<std::tuple<int64_t, int64_t, int64_t, std::string>,
-           const dcp::Entry*>
-      keys;
+  const bool zero = c_.optimizer == "dp_zero_gather_scatter";
+  const BucketKeys keys = zero ? BucketKeys{} : CollectBucketKeys();
+  std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks =
+      BufferMembers();
+  static constexpr std::pair<const char*, const char*> kStates[] = {
+      {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
+  const layouts::Topology& t = c_.topology;
+  for (int64_t pp = 0; pp < t.pp; ++pp) {
+    for (int64_t tp = 0; tp < t.tp; ++tp) {
+      const int64_t group = tp + t.tp * pp;
+      // Each member's local shard at this TP rank.
+      auto shard_of = [&](const Param& p) {
+        const size_t d = static_cast<size_t>(p.rule->tp.dim);
+        const int64_t padded = p.rule->tp.split && p.rule->tp.vocab
+                                   ? p.full_shape[d] + p.pad_rows
+                                   : 0;
+        return layouts::ShardFor(*p.rule, p.full_shape,
+                                 p.rule->tp.split ? t.tp : 1,
+                                 p.rule->tp.split ? tp : 0, padded, p.pad_rows);
+      };
+      int64_t local_params = 0;
+      for (int64_t v = 0; v < t.vpp; ++v)
+        for (const BufferMember& m : chunks[{pp, v}])
+          local_params += NumElements(shard_of(*m.param).local_shape);
+      for (int64_t v = 0; v < t.vpp; ++v) {
+        const std::vector<BufferMember>& members = chunks[{pp, v}];
+        if (members.empty()) continue;
+        std::vector<megatron::BufferParam> bparams;
+        std::vector<layouts::LocalShard> shards;
+        for (const BufferMember& m : members) {
+          shards.push_back(shard_of(*m.param));
+          bparams.push_back({m.param->name,
+                             NumElements(shards.back().local_shape), m.shared});
+        }
+        const megatron::BufferLayout lay = megatron::ComputeBufferLayout(
+            bparams, run_->DistributedBufferOptions(t.dp, pp, v, local_params));
+        const std::string bwhere = StrCat(
+            c_.iter_dir.string(), " > optimizer.distributed.dp_group_idx_",
+            group, ".gbuf_idx_", v);
+        std::shared_ptr<const torchfile::TorchFile> zf;
+        const Value* world = nullptr;
+        if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
+        int64_t world_at = 0;  // bucket b's start in the coalesced tensors
+        for (size_t b = 0; b < lay.buckets.size(); ++b) {
+          for (const auto& [skey, kind] : kStates) {
+            const std::vector<BucketRun> runs =
+                zero ? ZeroBucketRuns(zf, world, lay, b, world_at, skey, bwhere)
+                     : KeyBucketRuns(keys, group, v, lay, b, skey, bwhere);
+            PlaceBucket(members, shards, lay, b, kind, runs);
+          }
+          world_at += lay.buckets[b].numel_unpadded;
+        }
+      }
+    }
+  }
+}
+
+Planner::BucketKeys Planner::CollectBucketKeys() const {
+  BucketKeys keys;
   std::map<std::pair<int64_t, int64_t>, std::string> dtypes;
   for (const dcp::Entry& e : c_.dcp.metadata.entries) {
-    if (!e.tensor || zero) continue;
+    if (!e.tensor) continue;
     const auto k = ParseBucketKey(e.fqn);
     if (!k) {
       if (ClassifyKey(e.fqn, true).kind == KeyInfo::kBucket)
@@ -589,16 +676,17 @@ void Planner::PlanBuckets() {
     }
     keys[{k->group, k->gbuf, k->bucket, k->state}] = &e;
   }
+  return keys;
+}
+
+// The params of each (pp rank, chunk) in model order; where a tied copy
+// exists, the copy (last stage) as the original, both marked shared.
+std::map<std::pair<int64_t, int64_t>, std::vector<Planner::BufferMember>>
+Planner::BufferMembers() {
   const layouts::Topology& t = c_.topology;
   const Layout& layout = *layout_;
   const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
-  // Buffer members: the params of a (pp rank, chunk) in model order, and
-  // where a tied copy exists, the copy (last stage) as the original's.
-  struct Member {
-    Param* param;
-    bool shared = false;
-  };
-  std::map<std::pair<int64_t, int64_t>, std::vector<Member>> chunks;
+  std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks;
   for (Param& p : params_) {
     if (p.buffer) continue;
     const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
@@ -618,162 +706,125 @@ void Planner::PlanBuckets() {
         const layouts::Home h = layouts::HomeOf(layout, rule, name, placement);
         chunks[{h.pp_rank, h.vp_chunk}].push_back({&*orig, true});
         for (auto& [hk, members] : chunks)
-          for (Member& m : members)
+          for (BufferMember& m : members)
             if (m.param == &*orig) m.shared = true;
       }
     }
   }
-  static constexpr std::pair<const char*, const char*> kStates[] = {
-      {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
-  for (int64_t pp = 0; pp < t.pp; ++pp) {
-    for (int64_t tp = 0; tp < t.tp; ++tp) {
-      const int64_t group = tp + t.tp * pp;
-      // Each member's local shard at this TP rank.
-      auto shard_of = [&](const Param& p) {
-        const size_t d = static_cast<size_t>(p.rule->tp.dim);
-        const int64_t padded = p.rule->tp.split && p.rule->tp.vocab
-                                   ? p.full_shape[d] + p.pad_rows
-                                   : 0;
-        return layouts::ShardFor(*p.rule, p.full_shape,
-                                 p.rule->tp.split ? t.tp : 1,
-                                 p.rule->tp.split ? tp : 0, padded, p.pad_rows);
-      };
-      int64_t local_params = 0;
-      for (int64_t v = 0; v < t.vpp; ++v)
-        for (const Member& m : chunks[{pp, v}])
-          local_params += NumElements(shard_of(*m.param).local_shape);
-      for (int64_t v = 0; v < t.vpp; ++v) {
-        const std::vector<Member>& members = chunks[{pp, v}];
-        if (members.empty()) continue;
-        std::vector<megatron::BufferParam> bparams;
-        std::vector<layouts::LocalShard> shards;
-        for (const Member& m : members) {
-          shards.push_back(shard_of(*m.param));
-          bparams.push_back({m.param->name,
-                             NumElements(shards.back().local_shape), m.shared});
-        }
-        const megatron::BufferLayout lay = megatron::ComputeBufferLayout(
-            bparams, run_->DistributedBufferOptions(t.dp, pp, v, local_params));
-        const std::string bwhere = StrCat(
-            c_.iter_dir.string(), " > optimizer.distributed.dp_group_idx_",
-            group, ".gbuf_idx_", v);
-        // The state of each kind of bucket b: runs of float32 elements,
-        // each at its offset in the bucket.
-        struct Run {
-          int64_t o = 0, n = 0;
-          reshape::SourceTensor src;
-          std::string where;
-        };
-        std::shared_ptr<const torchfile::TorchFile> zf;
-        const Value* world = nullptr;
-        if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
-        int64_t world_at = 0;  // bucket b's start in the coalesced tensors
-        for (size_t b = 0; b < lay.buckets.size(); ++b) {
-          const megatron::Bucket& bucket = lay.buckets[b];
-          for (const auto& [skey, kind] : kStates) {
-            std::vector<Run> runs;
-            if (zero) {
-              const std::string zw = StrCat(bwhere, " > ", skey);
-              const Value* tv = DictGet(world, skey);
-              const torchfile::TensorInfo* ti =
-                  tv == nullptr ? nullptr : zf->FindTensor(tv);
-              int64_t total = 0;
-              for (const megatron::Bucket& x : lay.buckets)
-                total += x.numel_unpadded;
-              if (ti == nullptr || ti->dtype != DType::kFloat32 ||
-                  ti->shape != Shape{total}) {
-                throw FormatError(
-                    zw, ": not a float32 [", total,
-                    "] tensor (the buffer layout of this rank's params, "
-                    "Megatron-core v0.13+ rules, dp ",
-                    run_->OptimizerDp(t.dp), ", gives ", lay.buckets.size(),
-                    " buckets of ", total, " elements)");
-              }
-              Run r{0, bucket.numel_unpadded, sources_.Tensor(zf, *ti, zw), zw};
-              r.src.byte_offset += static_cast<uint64_t>(world_at) * 4;
-              r.src.shape = {bucket.numel_unpadded};
-              runs.push_back(std::move(r));
-            } else {
-              auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
-              if (kit == keys.end()) {
-                throw FormatError(bwhere, ": no bucket ", b, " '", skey,
-                                  "' key (the buffer layout of this rank's "
-                                  "params has ",
-                                  lay.buckets.size(), " buckets)");
-              }
-              const dcp::Entry& e = *kit->second;
-              // dp_reshardable: the unpadded bucket; fully_sharded_bucket_
-              // space (core <= 0.14): the padded one, the same offsets.
-              if (e.size[0] != bucket.numel_unpadded &&
-                  e.size[0] != bucket.end - bucket.start) {
-                throw FormatError(
-                    Where(e), ": ", e.size[0],
-                    " elements, but the buffer layout of this rank's params "
-                    "(Megatron-core v0.13+ rules, dp ",
-                    run_->OptimizerDp(t.dp), ") gives bucket ", b, " ",
-                    bucket.numel_unpadded, " (padded ",
-                    bucket.end - bucket.start, ")");
-              }
-              for (const dcp::Chunk& chunk : e.chunks) {
-                const dcp::ItemKey key{e.fqn, chunk.offsets};
-                const auto items = c_.dcp.items.find(key);
-                if (items == c_.dcp.items.end() || items->second.empty())
-                  throw FormatError(Where(e), ": no item for chunk ",
-                                    dcp::BoxString(chunk));
-                const dcp::Item& item = items->second.front();
-                const std::string iw =
-                    StrCat("rank file ", item.file.string(), " > ", e.fqn,
-                           " > chunk ", dcp::BoxString(chunk));
-                open_.push_back(dcp::OpenItem(item, key, files_));
-                const torchfile::TorchFile& f = *open_.back();
-                const torchfile::TensorInfo* ti = f.FindTensor(f.root());
-                if (ti == nullptr || ti->dtype != DType::kFloat32 ||
-                    ti->shape != chunk.sizes) {
-                  throw FormatError(iw, ": the item is not a float32 ",
-                                    ShapeString(chunk.sizes), " tensor");
-                }
-                runs.push_back({chunk.offsets[0], chunk.sizes[0],
-                                sources_.Tensor(open_.back(), *ti, iw), iw});
-              }
-            }
-            for (size_t i = 0; i < members.size(); ++i) {
-              const megatron::ParamRange& r = lay.ranges[i];
-              if (r.bucket != static_cast<int64_t>(b)) continue;
-              Param& p = *members[i].param;
-              universal::AtomPlan& atom = AtomFor(p, kind, runs.front().where);
-              const int64_t s0 = r.start - bucket.start;
-              const int64_t s1 = r.end - bucket.start;
-              const layouts::LocalShard& shard = shards[i];
-              for (const Run& run : runs) {
-                const int64_t o = run.o, n = run.n;
-                const int64_t lo = std::max(s0, o), hi = std::min(s1, o + n);
-                if (lo >= hi) continue;
-                const std::string iw = StrCat(run.where, " > param ", p.name);
-                const std::vector<FlatBox> boxes =
-                    FlatBoxes(shard.local_shape, lo - s0, hi - s0);
-                for (const FlatBox& fb : boxes) {
-                  reshape::SourceTensor src = run.src;
-                  src.byte_offset +=
-                      static_cast<uint64_t>(s0 + fb.first - o) * 4;
-                  src.shape = fb.box.size;
-                  for (const layouts::Piece& piece : shard.pieces) {
-                    std::optional<Box> in = Intersect(piece.local, fb.box);
-                    if (!in) continue;
-                    Box sb = *in, ab = *in;
-                    for (size_t d = 0; d < sb.offset.size(); ++d) {
-                      sb.offset[d] -= fb.box.offset[d];
-                      ab.offset[d] +=
-                          piece.global.offset[d] - piece.local.offset[d];
-                    }
-                    atom.fragments.push_back(
-                        {src, sb, ab, piece.region == layouts::Region::kPad,
-                         iw});
-                  }
-                }
-              }
-            }
+  return chunks;
+}
+
+// dp_zero_gather_scatter: bucket b's `skey` state, a range of the chunk's
+// coalesced tensor (buckets one after the other, from `world_at`).
+std::vector<Planner::BucketRun> Planner::ZeroBucketRuns(
+    const std::shared_ptr<const torchfile::TorchFile>& zf, const Value* world,
+    const megatron::BufferLayout& lay, size_t b, int64_t world_at,
+    const std::string& skey, const std::string& bwhere) {
+  const std::string zw = StrCat(bwhere, " > ", skey);
+  const Value* tv = DictGet(world, skey);
+  const torchfile::TensorInfo* ti =
+      tv == nullptr ? nullptr : zf->FindTensor(tv);
+  int64_t total = 0;
+  for (const megatron::Bucket& x : lay.buckets) total += x.numel_unpadded;
+  if (ti == nullptr || ti->dtype != DType::kFloat32 ||
+      ti->shape != Shape{total}) {
+    throw FormatError(zw, ": not a float32 [", total,
+                      "] tensor (the buffer layout of this rank's params, "
+                      "Megatron-core v0.13+ rules, dp ",
+                      run_->OptimizerDp(c_.topology.dp), ", gives ",
+                      lay.buckets.size(), " buckets of ", total, " elements)");
+  }
+  const megatron::Bucket& bucket = lay.buckets[b];
+  BucketRun r{0, bucket.numel_unpadded, sources_.Tensor(zf, *ti, zw), zw};
+  r.src.byte_offset += static_cast<uint64_t>(world_at) * 4;
+  r.src.shape = {bucket.numel_unpadded};
+  return {std::move(r)};
+}
+
+// dp_reshardable / fully_sharded_bucket_space: bucket b's `skey` key of
+// group `group`, buffer `v`, its chunks (one per DP rank) at their offsets.
+std::vector<Planner::BucketRun> Planner::KeyBucketRuns(
+    const BucketKeys& keys, int64_t group, int64_t v,
+    const megatron::BufferLayout& lay, size_t b, const std::string& skey,
+    const std::string& bwhere) {
+  const megatron::Bucket& bucket = lay.buckets[b];
+  auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
+  if (kit == keys.end()) {
+    throw FormatError(bwhere, ": no bucket ", b, " '", skey,
+                      "' key (the buffer layout of this rank's params has ",
+                      lay.buckets.size(), " buckets)");
+  }
+  const dcp::Entry& e = *kit->second;
+  // dp_reshardable: the unpadded bucket; fully_sharded_bucket_space (core
+  // <= 0.14): the padded one, the same offsets.
+  if (e.size[0] != bucket.numel_unpadded &&
+      e.size[0] != bucket.end - bucket.start) {
+    throw FormatError(Where(e), ": ", e.size[0],
+                      " elements, but the buffer layout of this rank's params "
+                      "(Megatron-core v0.13+ rules, dp ",
+                      run_->OptimizerDp(c_.topology.dp), ") gives bucket ", b,
+                      " ", bucket.numel_unpadded, " (padded ",
+                      bucket.end - bucket.start, ")");
+  }
+  std::vector<BucketRun> runs;
+  for (const dcp::Chunk& chunk : e.chunks) {
+    const dcp::ItemKey key{e.fqn, chunk.offsets};
+    const auto items = c_.dcp.items.find(key);
+    if (items == c_.dcp.items.end() || items->second.empty())
+      throw FormatError(Where(e), ": no item for chunk ",
+                        dcp::BoxString(chunk));
+    const dcp::Item& item = items->second.front();
+    const std::string iw = StrCat("rank file ", item.file.string(), " > ",
+                                  e.fqn, " > chunk ", dcp::BoxString(chunk));
+    open_.push_back(dcp::OpenItem(item, key, files_));
+    const torchfile::TorchFile& f = *open_.back();
+    const torchfile::TensorInfo* ti = f.FindTensor(f.root());
+    if (ti == nullptr || ti->dtype != DType::kFloat32 ||
+        ti->shape != chunk.sizes) {
+      throw FormatError(iw, ": the item is not a float32 ",
+                        ShapeString(chunk.sizes), " tensor");
+    }
+    runs.push_back({chunk.offsets[0], chunk.sizes[0],
+                    sources_.Tensor(open_.back(), *ti, iw), iw});
+  }
+  return runs;
+}
+
+// The fragments of state `kind` of bucket b's members: each member's range
+// of the bucket, cut by the runs that hold it, as boxes of its local shard
+// and so of its whole param.
+void Planner::PlaceBucket(const std::vector<BufferMember>& members,
+                          const std::vector<layouts::LocalShard>& shards,
+                          const megatron::BufferLayout& lay, size_t b,
+                          const std::string& kind,
+                          const std::vector<BucketRun>& runs) {
+  const megatron::Bucket& bucket = lay.buckets[b];
+  for (size_t i = 0; i < members.size(); ++i) {
+    const megatron::ParamRange& r = lay.ranges[i];
+    if (r.bucket != static_cast<int64_t>(b)) continue;
+    Param& p = *members[i].param;
+    universal::AtomPlan& atom = AtomFor(p, kind, runs.front().where);
+    const int64_t s0 = r.start - bucket.start;
+    const int64_t s1 = r.end - bucket.start;
+    const layouts::LocalShard& shard = shards[i];
+    for (const BucketRun& run : runs) {
+      const int64_t lo = std::max(s0, run.o), hi = std::min(s1, run.o + run.n);
+      if (lo >= hi) continue;
+      const std::string iw = StrCat(run.where, " > param ", p.name);
+      for (const FlatBox& fb : FlatBoxes(shard.local_shape, lo - s0, hi - s0)) {
+        reshape::SourceTensor src = run.src;
+        src.byte_offset += static_cast<uint64_t>(s0 + fb.first - run.o) * 4;
+        src.shape = fb.box.size;
+        for (const layouts::Piece& piece : shard.pieces) {
+          std::optional<Box> in = Intersect(piece.local, fb.box);
+          if (!in) continue;
+          Box sb = *in, ab = *in;
+          for (size_t d = 0; d < sb.offset.size(); ++d) {
+            sb.offset[d] -= fb.box.offset[d];
+            ab.offset[d] += piece.global.offset[d] - piece.local.offset[d];
           }
-          world_at += bucket.numel_unpadded;
+          atom.fragments.push_back(
+              {src, sb, ab, piece.region == layouts::Region::kPad, iw});
         }
       }
     }
