@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
 #include "engine/formats/name_map.h"
+#include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -279,16 +281,42 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
                          "; e.g. a Megatron-core LLaMA as MindFormers' "
                          "LLaMA: --names mindformers-llama)")
                       .c_str());
+  d.add_options()(
+      "model-var",
+      po::value<std::vector<std::string>>(&model_var_args)
+          ->composing()
+          ->value_name("NAME=N"),
+      "a model variable the source does not record, for a Megatron target "
+      "or --names (repeatable: --model-var num_attention_heads=32 "
+      "--model-var num_query_groups=8)");
   if (with_vocab) {
     d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
                     "the tokenizer's true vocabulary size, when the "
-                    "universal file lacks it");
+                    "universal file lacks it")(
+        "layout", po::value<std::string>(&layout),
+        "for a Megatron target, the layout of a universal file that holds "
+        "none (a built-in name or a YAML file; default: detected from the "
+        "names)");
   }
   driver_options.Add(d, /*target=*/true, rename, prefix);
 }
 
 void TargetArgs::Read(const po::variables_map& vm) {
   values = driver_options.Values(vm);
+  for (const std::string& a : model_var_args) {
+    const size_t eq = a.find('=');
+    int64_t v = 0;
+    const char* end = a.data() + a.size();
+    const auto r =
+        eq == std::string::npos
+            ? std::from_chars_result{a.data(), std::errc::invalid_argument}
+            : std::from_chars(a.data() + eq + 1, end, v);
+    if (eq == 0 || eq == std::string::npos || r.ec != std::errc() ||
+        r.ptr != end || eq + 1 == a.size()) {
+      throw UsageError("--model-var ", a, ": expected NAME=N (an integer)");
+    }
+    model_vars.Set(a.substr(0, eq), v);
+  }
   if (!names.empty()) {
     const std::vector<std::string> maps = formats::NameMapNames();
     if (std::find(maps.begin(), maps.end(), names) == maps.end()) {
@@ -530,6 +558,12 @@ int RunToUniversal(const std::vector<std::string>& args) {
 
 namespace {
 
+// The name of the layout a target_layout view gives.
+std::string LayoutName(const universal::UniversalInput& input) {
+  const json::Value* n = json::Value::Parse(input.root().source).Find("layout");
+  return n != nullptr && n->is_string() ? n->AsString() : "?";
+}
+
 // The second half of reshape and convert: the target checkpoint of `input`
 // (universal content made from a format named `native`) written into
 // `output` and reported.
@@ -544,14 +578,36 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
   const formats::TargetOptions options = target.Options(driver);
   std::unique_ptr<universal::UniversalInput> mapped;
   if (!target.names.empty()) {
-    mapped = formats::MapNames(input, target.names);
+    mapped = formats::MapNames(input, target.names, target.model_vars);
     extra["names"] = target.names;
   }
-  const universal::UniversalInput& content = mapped ? *mapped : input;
+  const universal::UniversalInput& named = mapped ? *mapped : input;
+  // A Megatron target of content without a layout: the built-in one its
+  // names match (or --layout's), with the model variables it needs.
+  std::unique_ptr<universal::UniversalInput> laid;
+  if (driver.PlacesByLayout())
+    laid = formats::WithTargetLayout(named, target.layout, target.model_vars);
+  const universal::UniversalInput& content = laid ? *laid : named;
   universal::StagedDirectory out(output);
   CheckFreeSpace(output, MinimumTargetBytes(content, options.no_optimizer));
-  formats::TargetSummary s = formats::WriteTarget(driver, content, out.path(),
-                                                  options, executor, manifest);
+  formats::TargetSummary s;
+  try {
+    s = formats::WriteTarget(driver, content, out.path(), options, executor,
+                             manifest);
+  } catch (LayoutError& e) {
+    if (laid) {
+      e.AddContext("layout ", LayoutName(*laid),
+                   " from the param names (--model-var NAME=N sets a model "
+                   "variable the source does not record)");
+    }
+    throw;
+  }
+  if (laid) {
+    s.notes.insert(s.notes.begin(),
+                   StrCat("laid out by ", LayoutName(*laid),
+                          " (the source has no layout; found from its param "
+                          "names)"));
+  }
   if (mapped) {
     s.notes.insert(s.notes.begin(),
                    StrCat(mapped->params().size(),
@@ -618,6 +674,7 @@ int RunConvert(const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   target.vocab_size = src.vocab_size;
+  target.layout = src.layout;
   std::unique_ptr<formats::Source> source =
       src.Open(vm["source"].as<std::string>());
   const formats::CheckpointInfo& c = source->info();

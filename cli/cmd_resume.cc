@@ -25,6 +25,7 @@
 #include "engine/formats/driver.h"
 #include "engine/formats/emit.h"
 #include "engine/formats/name_map.h"
+#include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -387,14 +388,24 @@ int RunResume(const std::vector<std::string>& args) {
     reshaped = !fits;
     // Planned before anything is made, so that a target the model cannot
     // take fails without a trace.
-    std::unique_ptr<universal::UniversalInput> unmapped, input;
+    // Views stack: the source, under --names, with a target layout (each
+    // refers to the one before; none touches it when destroyed).
+    std::vector<std::unique_ptr<universal::UniversalInput>> views;
     std::unique_ptr<formats::TargetPlan> plan;
     if (!fits) {
-      input = chosen->Input(executor);
-      if (!target.names.empty()) {
-        unmapped = std::move(input);
-        input = formats::MapNames(*unmapped, target.names);
+      views.push_back(chosen->Input(executor));
+      if (!target.names.empty())
+        views.push_back(formats::MapNames(*views.back(), target.names,
+                                                  target.model_vars));
+      if (driver.PlacesByLayout()) {
+        if (auto laid =
+                formats::WithTargetLayout(*views.back(), "", target.model_vars))
+          views.push_back(std::move(laid));
       }
+    }
+    const universal::UniversalInput* input =
+        views.empty() ? nullptr : views.back().get();
+    if (!fits) {
       plan = driver.PlanTarget(*input, options);
     }
     // SAVE_DIR/ucp-resume made by this run goes again if the run fails.

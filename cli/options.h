@@ -80,7 +80,6 @@ struct SourceArgs {
   std::string from;
   std::string layout;
   int64_t vocab_size = 0;
-  std::string names;  // a name map (--names), "" for the source's names
   DriverOptionArgs driver_options;
   formats::OptionValues values;  // set by Read
 
@@ -102,6 +101,11 @@ struct TargetArgs {
   bool no_optimizer = false;
   int64_t vocab_size = 0;
   std::string names;  // a name map (--names), "" for the source's names
+  /// The layout a layout-placed target gives content without one (convert:
+  /// the source's --layout; reshape: its own); "" detects it.
+  std::string layout;
+  std::vector<std::string> model_var_args;  // --model-var NAME=N, as given
+  layouts::Variables model_vars;            // set by Read
   DriverOptionArgs driver_options;
   formats::OptionValues values;  // set by Read
 

@@ -175,6 +175,10 @@ class Driver {
                             const CheckpointInfo& checkpoint) const;
 
   virtual bool CanWrite() const { return false; }
+  /// Whether a target places params by a layout descriptor (Megatron's
+  /// formats): content that holds none is given one first
+  /// (target_layout.h). False by default.
+  virtual bool PlacesByLayout() const { return false; }
   /// The topology sizes a target takes; none by default.
   virtual TopologyAxes TargetAxes() const { return {}; }
   /// The options a target takes (TargetOptions::values).

@@ -33,12 +33,14 @@ std::vector<std::string> NameMapNames() {
 }
 
 std::unique_ptr<universal::UniversalInput> MapNames(
-    const universal::UniversalInput& input, std::string_view name) {
+    const universal::UniversalInput& input, std::string_view name,
+    const layouts::Variables& given) {
   std::string from;
   for (const NameMap& m : Registry()) {
     if (m.name != name) continue;
     from += from.empty() ? m.from : "; " + m.from;
-    std::optional<std::vector<universal::MappedParam>> params = m.map(input);
+    std::optional<std::vector<universal::MappedParam>> params =
+        m.map(input, given);
     if (!params) continue;
     atoms::RootInfo root = input.root();
     json::Value source = root.source.empty() ? json::Value::Object()

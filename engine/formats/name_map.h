@@ -16,6 +16,7 @@
 
 #include "engine/universal/input.h"
 #include "engine/universal/mapped_input.h"
+#include "layouts/variables.h"
 
 namespace ucp::formats {
 
@@ -25,12 +26,13 @@ struct NameMap {
   /// For --help and errors: the source models it maps ("a Megatron-core
   /// GPTModel (mcore-llama)").
   std::string from;
-  /// The mapped params, or absent when the input is not a model this map
+  /// The mapped params (`given`: model variables the source does not
+  /// record, --model-var), or absent when the input is not a model this map
   /// knows. Throws UsageError (starting "--names <name>") naming the param
   /// when it is one but cannot be mapped (a shape or setting the target model
   /// does not have).
   std::function<std::optional<std::vector<universal::MappedParam>>(
-      const universal::UniversalInput&)>
+      const universal::UniversalInput&, const layouts::Variables& given)>
       map;
   /// The built-in layout the mapped names follow ("" if none): the view's
   /// root names it as the source's layout.
@@ -44,7 +46,8 @@ struct NameMap {
 /// Throws UsageError for an unknown name (listing the known ones) or a source
 /// no map of that name knows (naming what they map), and what the map throws.
 std::unique_ptr<universal::UniversalInput> MapNames(
-    const universal::UniversalInput& input, std::string_view name);
+    const universal::UniversalInput& input, std::string_view name,
+    const layouts::Variables& given = {});
 
 /// The registered maps' names, sorted, once each.
 std::vector<std::string> NameMapNames();

@@ -204,6 +204,38 @@ def test_mindformers_llama_as_hf_llama_in_dcp():
                 assert np.array_equal(state[k][kind].numpy(), want[prefix + mf_name(k)]), (k, kind)
 
 
+def test_mindformers_llama_back_to_megatron():
+    """The way back: MindSpore rank files under MindFormers' names (written from the
+    Megatron-core source above) -> torch_dist under Megatron's (`--names mcore-llama`: wq/wk/wv
+    joined per query group into linear_qkv, w1/w3 into linear_fc1, the layout from the names,
+    the query groups from --model-var). megatron-core loads it at TP 1 x PP 2 x DP 2 with every
+    optimizer shard equal to the source's and every model weight its fp32 master in bf16 (what
+    MindSpore keeps is the masters)."""
+    with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
+        t = pathlib.Path(t)
+        run("convert", SAVE, "-o", t / "ms", "--format", "mindspore", "--tp", 2, "--dp", 1,
+            "--names", "mindformers-llama", "-q")
+        p = run("convert", t / "ms", "-o", t / "td", "--format", "megatron-torch-dist",
+                "--tp", 1, "--pp", 2, "--dp", 2, "--distributed-optimizer",
+                "--names", "mcore-llama", "--model-var", "num_attention_heads=4",
+                "--model-var", "num_query_groups=2")
+        assert "under the names of mcore-llama" in p.stdout, p.stdout
+        ok, ranks = mtd.run_load(t / "td", SAVE / ITER, 1, 2, 2, log_all=True, masters=True)
+        assert ok and len(ranks) == 4 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
+            ranks
+        # Without the query groups: one line saying what to give.
+        p = run("convert", t / "ms", "-o", t / "bad", "--format", "megatron-torch-dist",
+                "--tp", 1, "--pp", 2, "--dp", 2, "--names", "mcore-llama", expect=2)
+        one_error_line(p, "--names mcore-llama", "--model-var num_query_groups")
+        assert not (t / "bad").exists()
+        # Megatron's legacy format carries Megatron's args, which MindSpore has not.
+        p = run("convert", t / "ms", "-o", t / "legacy", "--format", "megatron", "--tp", 1,
+                "--pp", 2, "--dp", 2, "--names", "mcore-llama", "--model-var",
+                "num_query_groups=2", expect=2)
+        one_error_line(p, "no Megatron args", "megatron-torch-dist")
+        assert not (t / "legacy").exists()
+
+
 def test_names_refusals():
     """An unknown map, or a model a map does not know, is one clear error line and nothing is
     written; Megatron's fused weights laid out for MindSpore without --names point to it."""

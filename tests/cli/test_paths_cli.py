@@ -118,8 +118,8 @@ def test_megatron_to_deepspeed_and_refused_back():
                     got = torch.from_numpy(f["params"][name][kind][()])
                     bits_equal(got, kinds[kind], (name, kind))
         p = run("convert", DS, "-o", t / "mg", "--format", "megatron", "--tp", 1, "--pp", 1,
-                "--dp", 1, expect=3)
-        one_error_line(p, "format error", "no layout descriptor")
+                "--dp", 1, expect=4)
+        one_error_line(p, "layout error", "no layout descriptor", "match no built-in layout")
         assert not (t / "mg").exists()
 
 

@@ -393,6 +393,29 @@ def test_real_fixture_matches_its_truth():
                    {k: v for k, v in u2.items() if not k[1].startswith("pad/")})
 
 
+def test_from_dcp_without_a_layout():
+    """torch_dist -> PyTorch DCP (no layout, no args kept) -> torch_dist at another layout:
+    ucp lays the params out by the built-in layout their names match (mcore-llama), with the
+    model variables DCP does not record given by --model-var, writes Megatron's two param
+    groups, and megatron-core loads every optimizer shard equal to the source's and every model
+    weight its fp32 master in bf16 (DCP keeps the masters as the model, as FSDP2 does), as
+    training loads a checkpoint without _extra_state or rng state (--dist-ckpt-strictness
+    log_all --no-load-rng). Without the query groups the error says what to give."""
+    with Tmp() as t:  # (torchtitan's step-N: the iteration is the name's)
+        run("convert", SRC, "-o", t / "step-10", "--format", "dcp", "--dp", 2, "-q")
+        p = run("convert", t / "step-10", "-o", t / "bad", "--format", "megatron-torch-dist",
+                "--tp", 2, "--pp", 1, "--dp", 1, "--distributed-optimizer", expect=4)
+        one_error_line(p, "mcore-llama", "--model-var", "num_query_groups")
+        assert not (t / "bad").exists()
+        p = run("convert", t / "step-10", "-o", t / "td", "--format", "megatron-torch-dist",
+                "--tp", 2, "--pp", 1, "--dp", 2, "--distributed-optimizer",
+                "--model-var", "num_attention_heads=4", "--model-var", "num_query_groups=2")
+        assert "laid out by mcore-llama" in p.stdout, p.stdout
+        ok, ranks = tool().run_load(t / "td", SRC / ITER, 2, 1, 2, log_all=True, masters=True)
+        assert ok and len(ranks) == 4 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
+            ranks
+
+
 def test_export_hf_is_a_transformers_llama():
     """ucp export --hf (the #1508 ask in full): a transformers model folder. LlamaForCausalLM.
     from_pretrained loads it with no key missing or left over, and its logits for a batch of

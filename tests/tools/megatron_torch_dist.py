@@ -514,8 +514,10 @@ def report(a, verdict):
         os.write(1, line)
 
 
-def check_shard(sh, full, mismatches, what):
-    g = full.get(sh.key)
+def check_shard(sh, full, mismatches, what, masters=False):
+    """masters: the shard is the source's fp32 master of its key in the shard's dtype (a
+    model weight written from a framework that keeps only the masters)."""
+    g = full.get(("optimizer.state.param." if masters else "") + sh.key)
     if g is None:
         mismatches.append(f"{what} {sh.key}: not in the source checkpoint")
         return
@@ -527,6 +529,8 @@ def check_shard(sh, full, mismatches, what):
         rows = max(0, min(TRUE_VOCAB, sl[0].stop) - sl[0].start)
         got, sl = got[:rows], (slice(sl[0].start, sl[0].start + rows),) + sl[1:]
     want = g[sl]
+    if masters:
+        want = want.to(got.dtype)
     if got.shape != want.shape or not torch.equal(got.to(want.dtype), want):
         mismatches.append(f"{what} {sh.key} at {tuple(sh.global_offset)}: differs")
 
@@ -547,20 +551,41 @@ def load_rank(rank, world, port, a):
     elif not a.no_optimizer:
         sd["optimizer"] = {"param_state": optimizer_sd(model_sd(models), None)}
     iter_dir = pathlib.Path(a.ckpt) / "iter_0000010"
+    mismatches, checked = [], 0
+    if getattr(a, "log_all", False):
+        # As training's --dist-ckpt-strictness log_all leaves the keys the
+        # checkpoint lacks out of the load: the _extra_state objects (and only
+        # those; megatron-core 0.16's own strictness handling fails on torch
+        # 2.15's TensorProperties, so they are dropped here).
+        def drop_extra(d):
+            for k in list(d):
+                v = d[k]
+                if isinstance(v, dict):
+                    drop_extra(v)
+                elif getattr(v, "key", "").endswith("_extra_state") or \
+                        str(k).endswith("_extra_state"):
+                    del d[k]
+        drop_extra(sd)
+        sd.pop("rng_state")  # and --no-load-rng: such a checkpoint has none
     loaded = dist_checkpointing.load(sd, str(iter_dir))
     for i, m in enumerate(models):
-        m.load_state_dict(loaded["model" if len(models) == 1 else f"model{i}"], strict=True)
+        msd = loaded["model" if len(models) == 1 else f"model{i}"]
+        if getattr(a, "log_all", False):
+            res = m.load_state_dict(msd, strict=False)
+            mismatches += [f"model key {k}: not loaded" for k in res.missing_keys
+                           if not k.endswith("_extra_state")]
+        else:
+            m.load_state_dict(msd, strict=True)
     if f16 is not None:
         f16.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     common = dist_checkpointing.load_common_state_dict(str(iter_dir))
     full = a.full  # read by run() before the fork
-    mismatches, checked = [], 0
     # The model's parameters now, as shards (factories applied).
     after = model_sd(models)
     apply_factories(after)
     for sh in nested_values(after):
         if isinstance(sh, ShardedTensor):
-            check_shard(sh, full, mismatches, "model")
+            check_shard(sh, full, mismatches, "model", getattr(a, "masters", False))
             checked += 1
     if f16 is not None:
         # What the optimizer holds after its load_state_dict: main params, moments, step.
@@ -858,11 +883,17 @@ def in_process(a):
 
 
 def run_load(ckpt, source, tp, pp, dp=1, vpp=1, no_optimizer=False,
-             optim="fully_reshardable"):
-    """`load` in the calling process: (every rank exited 0, the ranks' verdicts)."""
+             optim="fully_reshardable", log_all=False, masters=False):
+    """`load` in the calling process: (every rank exited 0, the ranks' verdicts).
+    log_all: a checkpoint made from another framework's, loaded as training's
+    --dist-ckpt-strictness log_all --no-load-rng do (it has no _extra_state entries and no rng
+    state; any other key missing is a mismatch). masters: its model weights are compared with
+    the source's fp32 masters rounded to the model's dtype (a framework that keeps only the
+    masters, as MindSpore)."""
     return in_process(argparse.Namespace(
         mode="load", ckpt=str(ckpt), source=str(source), tp=tp, pp=pp, dp=dp, vpp=vpp,
-        no_optimizer=no_optimizer, optim=optim, impl="local", seed=1))
+        no_optimizer=no_optimizer, optim=optim, impl="local", seed=1, log_all=log_all,
+        masters=masters))
 
 
 def run_hf(source, hf):

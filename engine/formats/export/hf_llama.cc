@@ -236,11 +236,136 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
   return out;
 }
 
+std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
+    const universal::UniversalInput& input,
+    const std::function<std::string(const std::string&)>& hf_name,
+    const layouts::Variables& given, std::string_view flag) {
+  const std::string where = StrCat(flag, ": ", input.path().string());
+  std::map<std::string, const atoms::StoredParam*, std::less<>> by_hf;
+  for (const atoms::StoredParam& p : input.params())
+    if (p.info.kind == atoms::ParamKind::kParam)
+      by_hf[hf_name(p.info.fqn)] = &p;
+  if (!by_hf.count("model.embed_tokens.weight") ||
+      !by_hf.count("model.layers.0.self_attn.q_proj.weight"))
+    return std::nullopt;
+  const std::optional<int64_t> groups = given.Find("num_query_groups")
+                                            ? given.Find("num_query_groups")
+                                            : given.Find("num_attention_heads");
+  if (!groups || *groups < 1) {
+    throw UsageError(where,
+                     ": the query groups of the attention are not recorded "
+                     "in the source: give --model-var num_query_groups=N "
+                     "(and num_attention_heads=N)");
+  }
+  const int64_t ng = *groups;
+  std::map<std::string, bool, std::less<>> used;
+  auto find = [&](const std::string& hf,
+                  size_t rank) -> const atoms::StoredParam& {
+    auto it = by_hf.find(hf);
+    if (it == by_hf.end())
+      throw UsageError(where, ": no ", hf, " (a LLaMA needs it)");
+    if (it->second->info.shape.size() != rank) {
+      throw UsageError(where, " > ", it->second->info.fqn, ": ",
+                       it->second->info.shape.size(), " dims, expected ", rank);
+    }
+    used[hf] = true;
+    return *it->second;
+  };
+  std::vector<universal::MappedParam> out;
+  auto whole = [&](std::string name, const atoms::StoredParam& p) {
+    universal::MappedParam m;
+    m.info.fqn = std::move(name);
+    m.info.shape = p.info.shape;
+    m.pieces.push_back(
+        {p.info.fqn, Box::Whole(p.info.shape), Box::Whole(p.info.shape)});
+    out.push_back(std::move(m));
+  };
+  whole("embedding.word_embeddings.weight",
+        find("model.embed_tokens.weight", 2));
+  for (int64_t i = 0;
+       by_hf.count(StrCat("model.layers.", i, ".self_attn.q_proj.weight"));
+       ++i) {
+    const std::string h = StrCat("model.layers.", i, ".");
+    const std::string l = StrCat(kLayers, i, ".");
+    whole(l + "self_attention.linear_qkv.layer_norm_weight",
+          find(h + "input_layernorm.weight", 1));
+    const atoms::StoredParam& q = find(h + "self_attn.q_proj.weight", 2);
+    const atoms::StoredParam& k = find(h + "self_attn.k_proj.weight", 2);
+    const atoms::StoredParam& v = find(h + "self_attn.v_proj.weight", 2);
+    const int64_t hidden = q.info.shape[1];
+    const int64_t nq = q.info.shape[0], nk = k.info.shape[0];
+    if (nq % ng != 0 || nk % ng != 0 || v.info.shape != k.info.shape ||
+        k.info.shape[1] != hidden) {
+      throw UsageError(where, " > ", q.info.fqn, " ", ShapeString(q.info.shape),
+                       ", ", k.info.fqn, " ", ShapeString(k.info.shape), ", ",
+                       v.info.fqn, " ", ShapeString(v.info.shape),
+                       ": not query / key / value rows of ", ng, " groups");
+    }
+    const int64_t qg = nq / ng, kg = nk / ng;  // rows per group
+    universal::MappedParam qkv;
+    qkv.info.fqn = l + "self_attention.linear_qkv.weight";
+    qkv.info.shape = {nq + 2 * nk, hidden};
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t at = g * (qg + 2 * kg);
+      qkv.pieces.push_back({q.info.fqn, Rows(g * qg, (g + 1) * qg, hidden),
+                            Rows(at, at + qg, hidden)});
+      qkv.pieces.push_back({k.info.fqn, Rows(g * kg, (g + 1) * kg, hidden),
+                            Rows(at + qg, at + qg + kg, hidden)});
+      qkv.pieces.push_back({v.info.fqn, Rows(g * kg, (g + 1) * kg, hidden),
+                            Rows(at + qg + kg, at + qg + 2 * kg, hidden)});
+    }
+    out.push_back(std::move(qkv));
+    whole(l + "self_attention.linear_proj.weight",
+          find(h + "self_attn.o_proj.weight", 2));
+    whole(l + "mlp.linear_fc1.layer_norm_weight",
+          find(h + "post_attention_layernorm.weight", 1));
+    const atoms::StoredParam& gate = find(h + "mlp.gate_proj.weight", 2);
+    const atoms::StoredParam& up = find(h + "mlp.up_proj.weight", 2);
+    if (gate.info.shape != up.info.shape) {
+      throw UsageError(where, " > ", gate.info.fqn, " ",
+                       ShapeString(gate.info.shape), " and ", up.info.fqn, " ",
+                       ShapeString(up.info.shape), " differ");
+    }
+    const int64_t ffn = gate.info.shape[0], cols = gate.info.shape[1];
+    universal::MappedParam fc1;
+    fc1.info.fqn = l + "mlp.linear_fc1.weight";
+    fc1.info.shape = {2 * ffn, cols};
+    fc1.pieces.push_back(
+        {gate.info.fqn, Rows(0, ffn, cols), Rows(0, ffn, cols)});
+    fc1.pieces.push_back(
+        {up.info.fqn, Rows(0, ffn, cols), Rows(ffn, 2 * ffn, cols)});
+    out.push_back(std::move(fc1));
+    whole(l + "mlp.linear_fc2.weight", find(h + "mlp.down_proj.weight", 2));
+  }
+  whole("decoder.final_layernorm.weight", find("model.norm.weight", 1));
+  if (by_hf.count("lm_head.weight"))
+    whole("output_layer.weight", find("lm_head.weight", 2));
+  for (const auto& [hf, p] : by_hf) {
+    if (!used.count(hf)) {
+      throw UsageError(where, " > ", p->info.fqn,
+                       ": a param with no place in a Megatron-core LLaMA "
+                       "(mcore-llama)");
+    }
+  }
+  return out;
+}
+
+UCP_REGISTER_NAME_MAP(mcore_llama_from_hf,
+                      {"mcore-llama", "transformers' LlamaForCausalLM names",
+                       [](const universal::UniversalInput& input,
+                          const layouts::Variables& given) {
+                         return McoreLlamaFromHf(
+                             input, [](const std::string& n) { return n; },
+                             given, "--names mcore-llama");
+                       },
+                       "mcore-llama"});
+
 UCP_REGISTER_NAME_MAP(hf_llama_from_mcore,
                       {"hf-llama",
                        "a Megatron-core GPTModel (layouts mcore-llama, "
                        "mcore-gpt) with LLaMA's blocks",
-                       [](const universal::UniversalInput& input) {
+                       [](const universal::UniversalInput& input,
+                          const layouts::Variables&) {
                          return HfLlamaParams(input, "--names hf-llama");
                        },
                        ""});

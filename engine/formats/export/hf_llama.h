@@ -35,6 +35,7 @@
 // (rotary_base, default 10000), max_position_embeddings, tie_word_embeddings,
 // hidden_act silu, attention_bias / mlp_bias false, torch_dtype.
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,6 +47,7 @@
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/mapped_input.h"
+#include "layouts/variables.h"
 
 namespace ucp::exporting {
 
@@ -77,5 +79,21 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
 /// Throws what MapToHfLlama throws for one that is not LLaMA-like.
 std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
     const universal::UniversalInput& input, std::string_view flag);
+
+/// The params of a Megatron-core GPTModel (layout mcore-llama, with the
+/// Transformer Engine names torch_dist keys carry: the norms fused into
+/// linear_qkv / linear_fc1) made of a LLaMA whose params are named as
+/// transformers' LlamaForCausalLM names them after `hf_name` (the identity
+/// for transformers' own names): q/k/v_proj joined per query group into
+/// linear_qkv and gate/up_proj into linear_fc1 ([gate; up]), the inverse of
+/// MapToHfLlama. The query groups are `given`'s num_query_groups, else its
+/// num_attention_heads (no GQA). Absent when the names are not LLaMA's.
+/// Throws UsageError (starting with `flag`) naming what is missing: the
+/// query groups, a param, a shape the groups do not divide, a param with no
+/// place in the model.
+std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
+    const universal::UniversalInput& input,
+    const std::function<std::string(const std::string&)>& hf_name,
+    const layouts::Variables& given, std::string_view flag);
 
 }  // namespace ucp::exporting

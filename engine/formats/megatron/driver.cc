@@ -130,6 +130,7 @@ class MegatronDriver : public formats::Driver {
                                                 : std::to_string(c.iteration));
   }
   bool CanWrite() const override { return true; }
+  bool PlacesByLayout() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {
     return {.tp = true, .pp = true, .vpp = true, .dp = true};
   }

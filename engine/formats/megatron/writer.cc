@@ -184,6 +184,13 @@ void MegatronPlan::ReadMetadata() {
                       " has no layout descriptor: cannot place params");
   }
   layout_ = Layout::ParseStored(root.layout, store_.path());
+  if (store_.FindOpaque("args") == nullptr) {
+    throw UsageError(
+        store_.path().string(),
+        " holds no Megatron args (another framework's checkpoint): the "
+        "legacy format's rank files carry them; --format megatron-torch-dist "
+        "writes it without them");
+  }
   layouts::Variables vars = formats::ModelVariables(root.model, store_.path());
   if (options_.true_vocab_size)
     vars.Set("vocab_size", *options_.true_vocab_size);
@@ -247,6 +254,20 @@ void MegatronPlan::ReadMetadata() {
       fmt != nullptr && fmt->is_string() && fmt->AsString() != "none" &&
       store_.FindOpaque("optimizer/param_groups") != nullptr;
   write_optimizer_ = has_optimizer && !options_.no_optimizer;
+  if (!has_optimizer && !options_.no_optimizer) {
+    // Another framework's Adam state: the legacy format's optimizer is
+    // Megatron's param groups' own, which such a source does not keep.
+    for (const atoms::DatasetInfo& d : store_.datasets()) {
+      if (d.kind == atoms::DatasetKind::kAtom && d.state_kind == "exp_avg") {
+        throw UsageError(
+            store_.path().string(),
+            " holds optimizer state (Adam moments) but not Megatron's param "
+            "groups, which the legacy format's optimizer needs: --format "
+            "megatron-torch-dist writes it (Megatron's groups laid out), or "
+            "--no-optimizer writes the weights only");
+      }
+    }
+  }
   if (!has_optimizer && !options_.no_optimizer &&
       options_.distributed_optimizer)
     notes_.insert(
@@ -269,8 +290,10 @@ void MegatronPlan::ReadMetadata() {
     }
   };
   in_attr("optimizer", [&] {
+    // Megatron's groups carry their key; another framework's do not (and
+    // are not written: see has_optimizer).
     if (const json::Value* groups = optimizer_.Find("groups");
-        groups != nullptr && groups->is_array()) {
+        has_optimizer && groups != nullptr && groups->is_array()) {
       for (const json::Value& g : groups->items())
         group_keys_.push_back(GroupKey::FromJson(g.At("key")));
     }

@@ -133,6 +133,7 @@ class TorchDistPlan : public formats::TargetPlan {
   std::vector<Value*> TargetGroups(
       pickle::Arena& arena,
       const std::function<Value*(const std::string&)>& import) const;
+  std::vector<Value*> DefaultGroups(pickle::Arena& arena) const;
   const char* Sharding() const {
     return non_distributed_  ? "non_distributed"
            : dp_reshardable_ ? "dp_reshardable"
@@ -274,6 +275,8 @@ std::vector<Value*> TorchDistPlan::TargetGroups(
   if (Value* list = import("optimizer/param_groups");
       list != nullptr && list->kind == Kind::kList)
     groups.assign(list->items.begin(), list->items.end());
+  else if (write_optimizer_)
+    groups = DefaultGroups(arena);
   for (Value*& g : groups) {
     if (g == nullptr || !g->IsDictLike()) continue;
     Value* copy = arena.Dict();
@@ -293,6 +296,94 @@ std::vector<Value*> TorchDistPlan::TargetGroups(
     g = copy;
   }
   return groups;
+}
+
+// Megatron's groups (param_groups.h) of the first stage's params, for
+// content from another framework (no stored groups): each group's
+// hyper-parameters those of the source's group holding its first param
+// (torch Adam's defaults where the source has none), 'params' numbered as
+// torch's state_dict numbers them (Megatron's load takes the group count and
+// hyper-parameters, and its own params).
+std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
+  const json::Value optimizer = formats::ParseJsonAttr(
+      input_.root().optimizer, "optimizer", input_.path());
+  std::map<std::string, const json::Value*> source_group;
+  if (const json::Value* gs = optimizer.Find("groups"); gs && gs->is_array()) {
+    for (const json::Value& g : gs->items())
+      if (const json::Value* ps = g.Find("params"); ps && ps->is_array())
+        for (const json::Value& p : ps->items())
+          if (p.is_string()) source_group.emplace(p.AsString(), &g);
+  }
+  std::vector<const atoms::StoredParam*> params;
+  std::vector<megatron::GroupKey> keys;
+  for (const atoms::StoredParam& p : input_.params()) {
+    if (p.info.kind != atoms::ParamKind::kParam || p.info.frozen) continue;
+    const Rule* r = layout_->Find(p.info.fqn, vars_);
+    if (r == nullptr ||
+        layouts::HomeOf(*layout_, *r, p.info.fqn, *placement_).pp_rank != 0)
+      continue;
+    params.push_back(&p);
+    keys.push_back(megatron::DefaultGroupKey(p.info.fqn, p.info.shape.size()));
+  }
+  const megatron::Grouping grouping = megatron::GroupParams(keys);
+  std::vector<Value*> out;
+  int64_t index = 0;
+  bool defaults = false;
+  for (size_t i = 0; i < grouping.keys.size(); ++i) {
+    const megatron::GroupKey& key = grouping.keys[i];
+    const auto it =
+        source_group.find(params[grouping.members[i].front()]->info.fqn);
+    const json::Value* src = it != source_group.end() ? it->second : nullptr;
+    auto number = [&](const char* k, double def) {
+      const json::Value* v = src != nullptr ? src->Find(k) : nullptr;
+      defaults = defaults || v == nullptr || !v->is_number();
+      return v != nullptr && v->is_number() ? v->AsDouble() : def;
+    };
+    auto flag = [&](const char* k) {
+      const json::Value* v = src != nullptr ? src->Find(k) : nullptr;
+      return v != nullptr && v->is_bool() && v->AsBool();
+    };
+    double b1 = 0.9, b2 = 0.999;
+    if (const json::Value* b = src != nullptr ? src->Find("betas") : nullptr;
+        b != nullptr && b->is_array() && b->size() == 2 &&
+        b->items()[0].is_number() && b->items()[1].is_number()) {
+      b1 = b->items()[0].AsDouble();
+      b2 = b->items()[1].AsDouble();
+    } else {
+      defaults = true;
+    }
+    std::vector<Value*> members;
+    for (size_t n = 0; n < grouping.members[i].size(); ++n)
+      members.push_back(arena.Int(index++));
+    Value* g = arena.Dict();
+    auto put = [&](const char* k, Value* v) {
+      g->entries.emplace_back(arena.Str(k), v);
+    };
+    put("lr", arena.Float(number("lr", 1e-3)));
+    put("betas", arena.Tuple({arena.Float(b1), arena.Float(b2)}));
+    put("eps", arena.Float(number("eps", 1e-8)));
+    put("weight_decay", arena.Float(number("weight_decay", 0.0)));
+    put("amsgrad", arena.Bool(flag("amsgrad")));
+    put("maximize", arena.Bool(flag("maximize")));
+    put("foreach", arena.None());
+    put("capturable", arena.Bool(false));
+    put("differentiable", arena.Bool(false));
+    put("fused", arena.None());
+    put("wd_mult", arena.Float(key.wd_mult));
+    put("lr_mult", arena.Float(key.lr_mult));
+    put("is_expert_parallel", arena.Bool(key.is_expert_parallel));
+    put("is_decoupled_lr", arena.Bool(key.is_decoupled_lr));
+    put("params", arena.List(std::move(members)));
+    out.push_back(g);
+  }
+  notes_.insert(StrCat(
+      "the source keeps no Megatron param groups: wrote Megatron's ",
+      out.size(), " (weight decay by its rule)",
+      defaults ? ", with torch Adam's defaults for the hyper-parameters the "
+                 "source does not record (Megatron's scheduler sets lr and "
+                 "weight decay at every step)"
+               : ""));
+  return out;
 }
 
 size_t TorchDistPlan::KeyIndex(const std::string& fqn, bool tensor, DType dtype,

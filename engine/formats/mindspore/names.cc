@@ -3,7 +3,9 @@
 //                      query group, linear_fc1 into w1 / w3: export's
 //                      transformers LLaMA, then renamed) or from transformers'
 //                      LlamaForCausalLM names (renamed);
-//   hf-llama           from MindFormers' LLaMA names (renamed back).
+//   hf-llama           from MindFormers' LLaMA names (renamed back);
+//   mcore-llama        from MindFormers' LLaMA names (renamed back, then
+//                      joined as export's McoreLlamaFromHf joins them).
 // Written as MindSpore records, the moments take MindFormers' AdamW names
 // (adam_m. / adam_v.).
 // The renames are MindFormers' own, both ways (mindformers/models/llama/
@@ -86,7 +88,7 @@ std::vector<universal::MappedParam> Renamed(
 }
 
 std::optional<std::vector<universal::MappedParam>> MindFormersParams(
-    const universal::UniversalInput& input) {
+    const universal::UniversalInput& input, const layouts::Variables&) {
   if (auto hf = exporting::HfLlamaParams(input, "--names mindformers-llama")) {
     for (universal::MappedParam& m : *hf)
       m.info.fqn = Rename(std::move(m.info.fqn), true);
@@ -99,7 +101,7 @@ std::optional<std::vector<universal::MappedParam>> MindFormersParams(
 }
 
 std::optional<std::vector<universal::MappedParam>> HfFromMindFormers(
-    const universal::UniversalInput& input) {
+    const universal::UniversalInput& input, const layouts::Variables&) {
   if (Has(input, "model.tok_embeddings.embedding_weight",
           "model.layers.0.attention.wq.weight"))
     return Renamed(input, false);
@@ -128,6 +130,19 @@ UCP_REGISTER_NAME_MAP(mindformers_llama,
                        "LLaMA's blocks, or transformers' LlamaForCausalLM "
                        "names",
                        MindFormersParams, "mindformers-llama", AdamWMoments});
+UCP_REGISTER_NAME_MAP(
+    mcore_llama_from_mindformers,
+    {"mcore-llama", "MindFormers' LLaMA names",
+     [](const universal::UniversalInput& input, const layouts::Variables& given)
+         -> std::optional<std::vector<universal::MappedParam>> {
+       if (!Has(input, "model.tok_embeddings.embedding_weight",
+                "model.layers.0.attention.wq.weight"))
+         return std::nullopt;
+       return exporting::McoreLlamaFromHf(
+           input, [](const std::string& n) { return Rename(n, false); }, given,
+           "--names mcore-llama");
+     },
+     "mcore-llama"});
 UCP_REGISTER_NAME_MAP(hf_llama_from_mindformers,
                       {"hf-llama", "MindFormers' LLaMA names",
                        HfFromMindFormers, ""});

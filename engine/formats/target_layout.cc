@@ -1,0 +1,73 @@
+// Layouts for layout-placed targets (target_layout.h).
+
+#include "engine/formats/target_layout.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/json/json.h"
+#include "engine/universal/mapped_input.h"
+#include "layouts/layout.h"
+
+namespace ucp::formats {
+
+std::unique_ptr<universal::UniversalInput> WithTargetLayout(
+    const universal::UniversalInput& input, std::string_view spec,
+    const layouts::Variables& given) {
+  const atoms::RootInfo& root = input.root();
+  if (!root.layout.empty()) return nullptr;
+  std::vector<std::string> names;
+  for (const atoms::StoredParam& p : input.params())
+    names.push_back(p.info.fqn);
+  if (spec.empty() && layouts::Layout::DetectBuiltins(names).empty()) {
+    throw LayoutError(
+        input.path().string(),
+        " holds no layout descriptor and its param names (first: ",
+        names.empty() ? std::string("none") : names[0],
+        ") match no built-in layout: a Megatron target needs one (give "
+        "--layout NAME|FILE; ucp layout list)");
+  }
+  const layouts::Layout layout = layouts::Layout::FromSpec(spec, names);
+  // The model variables: the content's, what the names tell, then --model.
+  layouts::Variables vars = ModelVariables(root.model, input.path());
+  int64_t layers = 0;
+  for (const std::string& n : names)
+    if (auto l = layout.SplitLayer(n)) layers = std::max(layers, l->index + 1);
+  if (!vars.Has("num_layers")) vars.Set("num_layers", layers);
+  if (!vars.Has("make_vocab_size_divisible_by"))
+    vars.Set("make_vocab_size_divisible_by", 128);
+  vars = vars.Merged(given);
+  for (const atoms::StoredParam& p : input.params()) {
+    const layouts::Rule* r = layout.Find(p.info.fqn, layout.Resolve(vars));
+    if (r != nullptr && r->tp.vocab && !vars.Has("vocab_size") &&
+        !p.info.shape.empty())
+      vars.Set("vocab_size", p.info.shape[0]);
+  }
+  atoms::RootInfo out = root;
+  out.layout = layout.yaml();
+  json::Value model = ParseJsonAttr(root.model, "model", input.path());
+  if (!model.is_object()) model = json::Value::Object();
+  for (const auto& [k, v] : vars.values()) model[k] = v;
+  out.model = model.Dump();
+  json::Value source = ParseJsonAttr(root.source, "source", input.path());
+  if (!source.is_object()) source = json::Value::Object();
+  source["layout"] = layout.name();
+  out.source = source.Dump();
+  std::vector<universal::MappedParam> params;
+  for (const atoms::StoredParam& p : input.params()) {
+    universal::MappedParam m;
+    m.info.fqn = p.info.fqn;
+    m.info.shape = p.info.shape;
+    m.info.rule = p.info.rule;
+    m.info.tied_copies = p.info.tied_copies;
+    m.pieces.push_back(
+        {p.info.fqn, Box::Whole(p.info.shape), Box::Whole(p.info.shape)});
+    params.push_back(std::move(m));
+  }
+  return universal::MappedInput(input, std::move(params), std::move(out));
+}
+
+}  // namespace ucp::formats
