@@ -395,8 +395,8 @@ int RunResume(const std::vector<std::string>& args) {
     if (!fits) {
       views.push_back(chosen->Input(executor));
       if (!target.names.empty())
-        views.push_back(formats::MapNames(*views.back(), target.names,
-                                                  target.model_vars));
+        views.push_back(
+            formats::MapNames(*views.back(), target.names, target.model_vars));
       if (driver.PlacesByLayout()) {
         if (auto laid =
                 formats::WithTargetLayout(*views.back(), "", target.model_vars))

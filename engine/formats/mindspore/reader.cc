@@ -426,11 +426,11 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
            it.increment(ec)) {
         const fs::path ext = it->path().extension();
         if (ext == ".ckpt" || ext == ".safetensors") {
-          foreign = StrCat(" (", it->path().string(),
-                           ext == ".ckpt"
-                               ? " is no Checkpoint record stream)"
-                               : " has no MindSpore safetensors header: "
-                                 "__metadata__ format \"ms\")");
+          foreign =
+              StrCat(" (", it->path().string(),
+                     ext == ".ckpt" ? " is no Checkpoint record stream)"
+                                    : " has no MindSpore safetensors header: "
+                                      "__metadata__ format \"ms\")");
           break;
         }
       }
