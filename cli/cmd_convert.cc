@@ -241,6 +241,24 @@ void SourceArgs::Read(const po::variables_map& vm) {
   values = driver_options.Values(vm);
 }
 
+layouts::Variables ParseModelVars(const std::vector<std::string>& args) {
+  layouts::Variables vars;
+  for (const std::string& a : args) {
+    const size_t eq = a.find('=');
+    int64_t v = 0;
+    const char* end = a.data() + a.size();
+    const bool ok =
+        eq != std::string::npos && eq > 0 && eq + 1 < a.size() && [&] {
+          const auto r = std::from_chars(a.data() + eq + 1, end, v);
+          return r.ec == std::errc() && r.ptr == end;
+        }();
+    if (!ok)
+      throw UsageError("--model-var ", a, ": expected NAME=N (an integer)");
+    vars.Set(a.substr(0, eq), v);
+  }
+  return vars;
+}
+
 formats::SourceOptions SourceArgs::Options() const {
   formats::SourceOptions o;
   o.layout = layout;
@@ -303,20 +321,7 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
 
 void TargetArgs::Read(const po::variables_map& vm) {
   values = driver_options.Values(vm);
-  for (const std::string& a : model_var_args) {
-    const size_t eq = a.find('=');
-    int64_t v = 0;
-    const char* end = a.data() + a.size();
-    const auto r =
-        eq == std::string::npos
-            ? std::from_chars_result{a.data(), std::errc::invalid_argument}
-            : std::from_chars(a.data() + eq + 1, end, v);
-    if (eq == 0 || eq == std::string::npos || r.ec != std::errc() ||
-        r.ptr != end || eq + 1 == a.size()) {
-      throw UsageError("--model-var ", a, ": expected NAME=N (an integer)");
-    }
-    model_vars.Set(a.substr(0, eq), v);
-  }
+  model_vars = ParseModelVars(model_var_args);
   if (!names.empty()) {
     const std::vector<std::string> maps = formats::NameMapNames();
     if (std::find(maps.begin(), maps.end(), names) == maps.end()) {

@@ -12,6 +12,8 @@
 #include "engine/core/error.h"
 #include "engine/core/progress.h"
 #include "engine/formats/export/export.h"
+#include "engine/formats/name_map.h"
+#include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
@@ -74,6 +76,22 @@ uint64_t ExportBytes(const universal::UniversalInput& input,
   return total;
 }
 
+// --hf of a LLaMA under another framework's names (MindFormers', or
+// transformers' own): first under Megatron-core's (name map mcore-llama,
+// with the layout its names match), which --hf maps; the input itself
+// otherwise (nullptr).
+std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
+    const universal::UniversalInput& input, const exporting::ExportOptions& o,
+    const layouts::Variables& given) {
+  std::vector<std::unique_ptr<universal::UniversalInput>> views;
+  if (!o.hf || !input.root().layout.empty()) return views;
+  if (auto mapped = formats::MapNamesIfKnown(input, "mcore-llama", given)) {
+    views.push_back(std::move(mapped));
+    views.push_back(formats::WithTargetLayout(*views.back(), "", given));
+  }
+  return views;
+}
+
 }  // namespace
 
 int RunExport(const std::vector<std::string>& args) {
@@ -95,13 +113,24 @@ int RunExport(const std::vector<std::string>& args) {
       "hf", po::bool_switch(&hf),
       "a transformers model folder: LlamaForCausalLM's names (q/k/v and "
       "gate/up split from Megatron's fused weights) and config.json, for "
-      "from_pretrained (Megatron-core LLaMA-style GPT models)");
+      "from_pretrained (Megatron-core LLaMA-style GPT models; MindFormers' "
+      "LLaMA too, given --model-var num_attention_heads=N and "
+      "num_query_groups=N)");
+  std::vector<std::string> model_var_args;
+  desc.add_options()(
+      "model-var",
+      po::value<std::vector<std::string>>(&model_var_args)
+          ->composing()
+          ->value_name("NAME=N"),
+      "a model variable the source does not record (--hf of a MindSpore "
+      "LLaMA: num_attention_heads, num_query_groups)");
   src.Add(desc);
   AddRunOptions(desc, run);
   po::variables_map vm;
   if (!Parse(args, desc, {"source"}, vm)) return 0;
   src.Read(vm);
   if (!vm.count("source")) throw UsageError("export needs a source");
+  const layouts::Variables given = ParseModelVars(model_var_args);
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   exporting::ExportOptions o;
   if (format == "safetensors") {
@@ -130,8 +159,11 @@ int RunExport(const std::vector<std::string>& args) {
     atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
     std::unique_ptr<universal::UniversalInput> input =
         universal::StoreInput(store);
-    CheckFreeSpace(output, ExportBytes(*input, o));
-    s = exporting::Export(*input, out.path(), o, executor);
+    const auto views = HfViews(*input, o, given);
+    const universal::UniversalInput& content =
+        views.empty() ? *input : *views.back();
+    CheckFreeSpace(output, ExportBytes(content, o));
+    s = exporting::Export(content, out.path(), o, executor);
     from["format"] = "universal";
     from["path"] = source.string();
   } else {
@@ -139,8 +171,11 @@ int RunExport(const std::vector<std::string>& args) {
     universal::SourcePlan plan = c->Plan();
     std::unique_ptr<universal::UniversalInput> input =
         universal::PlanInput(plan, c->info().path, executor);
-    CheckFreeSpace(output, ExportBytes(*input, o));
-    s = exporting::Export(*input, out.path(), o, executor);
+    const auto views = HfViews(*input, o, given);
+    const universal::UniversalInput& content =
+        views.empty() ? *input : *views.back();
+    CheckFreeSpace(output, ExportBytes(content, o));
+    s = exporting::Export(content, out.path(), o, executor);
     from = c->info().ToJson();
   }
   out.Commit();

@@ -126,6 +126,9 @@ struct TargetArgs {
   json::Value TopologyJson(const formats::Driver& driver) const;
 };
 
+/// The --model-var NAME=N values. Throws UsageError naming a malformed one.
+layouts::Variables ParseModelVars(const std::vector<std::string>& args);
+
 /// The driver a universal file was made from ("" if unknown).
 std::string NativeFormat(const atoms::RootInfo& root);
 /// `format`, else `native`: a writable driver. Throws UsageError naming the

@@ -35,10 +35,21 @@ std::vector<std::string> NameMapNames() {
 std::unique_ptr<universal::UniversalInput> MapNames(
     const universal::UniversalInput& input, std::string_view name,
     const layouts::Variables& given) {
+  if (auto mapped = MapNamesIfKnown(input, name, given)) return mapped;
   std::string from;
+  for (const NameMap& m : Registry())
+    if (m.name == name) from += from.empty() ? m.from : "; " + m.from;
+  throw UsageError("--names ", name, ": ", input.path().string(),
+                   " is not a model it maps (it maps ", from, ")");
+}
+
+std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
+    const universal::UniversalInput& input, std::string_view name,
+    const layouts::Variables& given) {
+  bool known = false;
   for (const NameMap& m : Registry()) {
     if (m.name != name) continue;
-    from += from.empty() ? m.from : "; " + m.from;
+    known = true;
     std::optional<std::vector<universal::MappedParam>> params =
         m.map(input, given);
     if (!params) continue;
@@ -53,15 +64,14 @@ std::unique_ptr<universal::UniversalInput> MapNames(
     if (m.root) m.root(root);
     return universal::MappedInput(input, std::move(*params), std::move(root));
   }
-  if (from.empty()) {
-    std::string known;
+  if (!known) {
+    std::string names;
     for (const std::string& n : NameMapNames())
-      known += (known.empty() ? "" : ", ") + n;
-    throw UsageError("--names ", name, ": no such name map (known: ", known,
+      names += (names.empty() ? "" : ", ") + n;
+    throw UsageError("--names ", name, ": no such name map (known: ", names,
                      ")");
   }
-  throw UsageError("--names ", name, ": ", input.path().string(),
-                   " is not a model it maps (it maps ", from, ")");
+  return nullptr;
 }
 
 }  // namespace ucp::formats

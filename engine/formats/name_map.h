@@ -49,6 +49,12 @@ std::unique_ptr<universal::UniversalInput> MapNames(
     const universal::UniversalInput& input, std::string_view name,
     const layouts::Variables& given = {});
 
+/// The same, or nullptr when no map of that name knows the source's names
+/// (MapNames' "not a model it maps"). Throws the rest as MapNames.
+std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
+    const universal::UniversalInput& input, std::string_view name,
+    const layouts::Variables& given = {});
+
 /// The registered maps' names, sorted, once each.
 std::vector<std::string> NameMapNames();
 

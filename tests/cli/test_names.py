@@ -236,6 +236,39 @@ def test_mindformers_llama_back_to_megatron():
         assert not (t / "legacy").exists()
 
 
+def test_mindformers_llama_exported_for_transformers():
+    """`ucp export --hf` of MindSpore rank files under MindFormers' names (given the heads it
+    does not record): transformers' LlamaForCausalLM loads the folder with no key missing or
+    left over, and its tensors are those of the Megatron-core source's own --hf export (whose
+    split transformers' logits check against megatron-core's forward elsewhere), bit for bit;
+    the model's sizes in config.json are the source's."""
+    from safetensors.numpy import load_file
+    with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
+        t = pathlib.Path(t)
+        run("convert", SAVE, "-o", t / "ms", "--format", "mindspore", "--tp", 2, "--dp", 1,
+            "--names", "mindformers-llama", "-q")
+        p = run("export", t / "ms", "-o", t / "bad", "--hf", expect=2)
+        one_error_line(p, "--model-var num_query_groups")
+        assert not (t / "bad").exists()
+        run("export", t / "ms", "-o", t / "hf", "--hf", "--model-var", "num_attention_heads=4",
+            "--model-var", "num_query_groups=2", "-q")
+        run("export", SAVE, "-o", t / "hf_src", "--hf", "-q")
+        got = load_file(str(t / "hf" / "model.safetensors"))
+        want = load_file(str(t / "hf_src" / "model.safetensors"))
+        assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and np.array_equal(got[k], v), k
+        c = json.loads((t / "hf" / "config.json").read_text())
+        c_src = json.loads((t / "hf_src" / "config.json").read_text())
+        for k in ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                  "tie_word_embeddings"):
+            assert c[k] == c_src[k], (k, c[k], c_src[k])
+        from transformers import LlamaForCausalLM
+        model, info = LlamaForCausalLM.from_pretrained(str(t / "hf"), output_loading_info=True)
+        assert not any(info.values()), info
+
+
 def test_names_refusals():
     """An unknown map, or a model a map does not know, is one clear error line and nothing is
     written; Megatron's fused weights laid out for MindSpore without --names point to it."""

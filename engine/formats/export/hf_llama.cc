@@ -236,6 +236,15 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
   return out;
 }
 
+void McoreLlamaRoot(atoms::RootInfo& root) {
+  json::Value model = root.model.empty() ? json::Value::Object()
+                                         : json::Value::Parse(root.model);
+  if (!model.is_object()) model = json::Value::Object();
+  model["swiglu"] = 1;
+  model["add_bias_linear"] = 0;
+  root.model = model.Dump();
+}
+
 std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const universal::UniversalInput& input,
     const std::function<std::string(const std::string&)>& hf_name,
@@ -358,7 +367,7 @@ UCP_REGISTER_NAME_MAP(mcore_llama_from_hf,
                              input, [](const std::string& n) { return n; },
                              given, "--names mcore-llama");
                        },
-                       "mcore-llama"});
+                       "mcore-llama", McoreLlamaRoot});
 
 UCP_REGISTER_NAME_MAP(hf_llama_from_mcore,
                       {"hf-llama",

@@ -142,7 +142,7 @@ UCP_REGISTER_NAME_MAP(
            input, [](const std::string& n) { return Rename(n, false); }, given,
            "--names mcore-llama");
      },
-     "mcore-llama"});
+     "mcore-llama", exporting::McoreLlamaRoot});
 UCP_REGISTER_NAME_MAP(hf_llama_from_mindformers,
                       {"hf-llama", "MindFormers' LLaMA names",
                        HfFromMindFormers, ""});
