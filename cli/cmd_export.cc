@@ -258,7 +258,13 @@ int RunFormats(const std::vector<std::string>& args) {
                   std::string(d->Summary()).c_str());
     }
   }
-  if (json_out) PrintJson(list);
+  if (json_out) {
+    PrintJson(list);
+  } else {
+    std::printf("\nname maps (--names MAP of convert, reshape, resume):\n");
+    for (const auto& [name, from] : formats::NameMapSources())
+      std::printf("%-22s from %s\n", name.c_str(), from.c_str());
+  }
   return 0;
 }
 

@@ -32,13 +32,24 @@ std::vector<std::string> NameMapNames() {
   return names;
 }
 
+std::vector<std::pair<std::string, std::string>> NameMapSources() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& n : NameMapNames()) {
+    std::string from;
+    for (const NameMap& m : Registry())
+      if (m.name == n) from += from.empty() ? m.from : "; " + m.from;
+    out.emplace_back(n, std::move(from));
+  }
+  return out;
+}
+
 std::unique_ptr<universal::UniversalInput> MapNames(
     const universal::UniversalInput& input, std::string_view name,
     const layouts::Variables& given) {
   if (auto mapped = MapNamesIfKnown(input, name, given)) return mapped;
   std::string from;
-  for (const NameMap& m : Registry())
-    if (m.name == name) from += from.empty() ? m.from : "; " + m.from;
+  for (const auto& [n, f] : NameMapSources())
+    if (n == name) from = f;
   throw UsageError("--names ", name, ": ", input.path().string(),
                    " is not a model it maps (it maps ", from, ")");
 }

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/universal/input.h"
@@ -57,6 +58,8 @@ std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
 
 /// The registered maps' names, sorted, once each.
 std::vector<std::string> NameMapNames();
+/// Each name with what it maps from (its maps' `from`, "; "-joined).
+std::vector<std::pair<std::string, std::string>> NameMapSources();
 
 namespace internal {
 struct NameMapRegistrar {

@@ -272,6 +272,9 @@ def test_mindformers_llama_exported_for_transformers():
 def test_names_refusals():
     """An unknown map, or a model a map does not know, is one clear error line and nothing is
     written; Megatron's fused weights laid out for MindSpore without --names point to it."""
+    listed = run("formats").stdout
+    for name in ("hf-llama", "mcore-llama", "mindformers-llama"):
+        assert f"\n{name} " in listed, listed  # `ucp formats` lists the maps
     with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
         t = pathlib.Path(t)
         p = run("convert", SAVE, "-o", t / "o1", "--format", "mindspore", "--names", "nope",
