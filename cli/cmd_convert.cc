@@ -148,6 +148,13 @@ const std::string& ConvertHelp() {
       "  ucp convert /ckpt/ds -o /ckpt/ds-uc --format deepspeed-universal\n"
       "  ucp convert llama.ckpt -o ms-tp2dp4/ --format mindspore --tp 2 --dp "
       "4\n"
+      "  ucp convert /ckpt/gpt-dist -o ms/ --format mindspore --tp 2 --dp 2 "
+      "--names mindformers-llama\n"
+      "  ucp convert output/checkpoint -o gpt/ --format megatron-torch-dist "
+      "--tp 2 --pp 1 --dp 4\n"
+      "      --distributed-optimizer --names mcore-llama "
+      "--model-var num_attention_heads=32\n"
+      "      --model-var num_query_groups=8\n"
       "\n"
       "options";
   return h;
@@ -293,7 +300,7 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
     maps += (maps.empty() ? "" : ", ") + n;
   d.add_options()("names", po::value<std::string>(&names)->value_name("MAP"),
                   StrCat("write the model under another framework's param "
-                         "names, fused weights split, with every "
+                         "names, fused weights split or joined, with every "
                          "optimizer state (",
                          maps,
                          "; e.g. a Megatron-core LLaMA as MindFormers' "

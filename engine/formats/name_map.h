@@ -2,7 +2,7 @@
 // Name maps: the same model under another framework's param names
 // (`--names NAME` of convert, reshape and resume). A map turns universal
 // content whose names it knows into a universal::MappedInput under its names
-// (renames, fused weights split, every optimizer state with them).
+// (renames, fused weights split or joined, every optimizer state with them).
 // Formats register the maps they know (UCP_REGISTER_NAME_MAP in their .cc);
 // several may register one name for different source models, and the first
 // that knows the source's names wins.

@@ -164,6 +164,14 @@ def test_megatron_llama_as_mindformers_llama():
             sorted(k for k in want if not k.startswith("adam_")), sorted(hf)
         for k, v in hf.items():
             assert np.array_equal(v, want[mf_name(k)]), k
+        # From the universal file, reshape writes the same rank files.
+        run("to-universal", SAVE, "-o", t / "u.h5", "-q")
+        run("reshape", t / "u.h5", "-o", t / "reshaped", "--format", "mindspore", "--tp", 2,
+            "--dp", 2, "--names", "mindformers-llama", "-q")
+        for rank in range(4):
+            mine = next((t / "reshaped" / f"rank_{rank}").glob("*.ckpt"))
+            conv = next((t / "t2p1d2" / f"rank_{rank}").glob("*.ckpt"))
+            assert_same(load(mine), load(conv), ("reshape", rank))
         # ucp resume on a new layout under the same names: the same rank files.
         p = run("resume", SAVE, "-o", t / "resumed", "--format", "mindspore", "--tp", 2,
                 "--dp", 2, "--names", "mindformers-llama", "--json")
