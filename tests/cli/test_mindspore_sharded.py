@@ -338,7 +338,7 @@ def test_safetensors_rank_files():
                 "--file-format", "h5", expect=2)
         one_error_line(p, "usage error", "--file-format h5", "ckpt or safetensors")
         assert not (t / "bad").exists()
-
+    mindformers_safetensors_folder()  # (in this process: MindSpore imported once)
 
 def test_optimizer_shard_against_the_device_order():
     read_case("odd")
@@ -751,7 +751,7 @@ def test_mindformers_folder_newest_step_on_every_rank():
         assert_universal_is(t / "d.h5", wants[2])
 
 
-def test_mindformers_safetensors_folder():
+def mindformers_safetensors_folder():
     """A MindFormers folder of safetensors rank files: the newest step every
     rank has, ucp resume falling back past a cut rank file and writing the
     new layout as safetensors rank files (MindSpore loads each), --checkpoint

@@ -138,7 +138,19 @@ def assert_same(got, want, what):
             (what, k)
 
 
-def test_megatron_llama_as_mindformers_llama():
+def test_megatron_llama_to_mindformers_llama_and_on_to_dcp():
+    """(One process for both: each imports torch and MindSpore.)"""
+    megatron_llama_as_mindformers_llama()
+    mindformers_llama_as_hf_llama_in_dcp()
+
+
+def test_mindformers_llama_back_to_megatron_and_to_transformers():
+    """(One process for both.)"""
+    mindformers_llama_back_to_megatron()
+    mindformers_llama_exported_for_transformers()
+
+
+def megatron_llama_as_mindformers_llama():
     """torch_dist (Megatron-core, TP 2 x PP 2) -> MindSpore rank files at TP 2 x DP 2 and at
     TP 2 x PP 2 under MindFormers' LLaMA names: every weight and both Adam moments equal the
     reference, merged by transform_checkpoints; the step is the iteration; the weights equal the
@@ -183,7 +195,7 @@ def test_megatron_llama_as_mindformers_llama():
             assert_same(load(mine), load(conv), ("resume", rank))
 
 
-def test_mindformers_llama_as_hf_llama_in_dcp():
+def mindformers_llama_as_hf_llama_in_dcp():
     """MindFormers' LLaMA names (a MindSpore save, TP 2) -> a PyTorch DCP checkpoint under
     transformers' names (`--names hf-llama`): torch's dcp_to_torch_save reads the model tensors
     equal to the transformers export of the same source, and the Adam moments to the source's."""
@@ -212,7 +224,7 @@ def test_mindformers_llama_as_hf_llama_in_dcp():
                 assert np.array_equal(state[k][kind].numpy(), want[prefix + mf_name(k)]), (k, kind)
 
 
-def test_mindformers_llama_back_to_megatron():
+def mindformers_llama_back_to_megatron():
     """The way back: MindSpore rank files under MindFormers' names (written from the
     Megatron-core source above) -> torch_dist under Megatron's (`--names mcore-llama`: wq/wk/wv
     joined per query group into linear_qkv, w1/w3 into linear_fc1, the layout from the names,
@@ -244,7 +256,7 @@ def test_mindformers_llama_back_to_megatron():
         assert not (t / "legacy").exists()
 
 
-def test_mindformers_llama_exported_for_transformers():
+def mindformers_llama_exported_for_transformers():
     """`ucp export --hf` of MindSpore rank files under MindFormers' names (given the heads it
     does not record): transformers' LlamaForCausalLM loads the folder with no key missing or
     left over, and its tensors are those of the Megatron-core source's own --hf export (whose
