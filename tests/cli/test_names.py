@@ -228,7 +228,7 @@ def mindformers_llama_back_to_megatron():
     """The way back: MindSpore rank files under MindFormers' names (written from the
     Megatron-core source above) -> torch_dist under Megatron's (`--names mcore-llama`: wq/wk/wv
     joined per query group into linear_qkv, w1/w3 into linear_fc1, the layout from the names,
-    the query groups from --model-var). megatron-core loads it at TP 1 x PP 2 x DP 2 with every
+    the query groups from --model-var). megatron-core loads it at TP 1 x PP 2 with every
     optimizer shard equal to the source's and every model weight its fp32 master in bf16 (what
     MindSpore keeps is the masters)."""
     with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
@@ -236,12 +236,12 @@ def mindformers_llama_back_to_megatron():
         run("convert", SAVE, "-o", t / "ms", "--format", "mindspore", "--tp", 2, "--dp", 1,
             "--names", "mindformers-llama", "-q")
         p = run("convert", t / "ms", "-o", t / "td", "--format", "megatron-torch-dist",
-                "--tp", 1, "--pp", 2, "--dp", 2, "--distributed-optimizer",
+                "--tp", 1, "--pp", 2, "--dp", 1, "--distributed-optimizer",
                 "--names", "mcore-llama", "--model-var", "num_attention_heads=4",
                 "--model-var", "num_query_groups=2")
         assert "under the names of mcore-llama" in p.stdout, p.stdout
-        ok, ranks = mtd.run_load(t / "td", SAVE / ITER, 1, 2, 2, log_all=True, masters=True)
-        assert ok and len(ranks) == 4 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
+        ok, ranks = mtd.run_load(t / "td", SAVE / ITER, 1, 2, 1, log_all=True, masters=True)
+        assert ok and len(ranks) == 2 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
             ranks
         # Without the query groups: one line saying what to give.
         p = run("convert", t / "ms", "-o", t / "bad", "--format", "megatron-torch-dist",
@@ -258,10 +258,9 @@ def mindformers_llama_back_to_megatron():
 
 def mindformers_llama_exported_for_transformers():
     """`ucp export --hf` of MindSpore rank files under MindFormers' names (given the heads it
-    does not record): transformers' LlamaForCausalLM loads the folder with no key missing or
-    left over, and its tensors are those of the Megatron-core source's own --hf export (whose
-    split transformers' logits check against megatron-core's forward elsewhere), bit for bit;
-    the model's sizes in config.json are the source's."""
+    does not record): its tensors are, name for name and bit for bit, those of the Megatron-core
+    source's own --hf export (which transformers loads and whose logits equal megatron-core's
+    forward: test_torch_dist_cli), and the model's sizes in config.json are the source's."""
     from safetensors.numpy import load_file
     with tempfile.TemporaryDirectory(prefix="ucp-names-") as t:
         t = pathlib.Path(t)
@@ -284,9 +283,6 @@ def mindformers_llama_exported_for_transformers():
                   "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
                   "tie_word_embeddings"):
             assert c[k] == c_src[k], (k, c[k], c_src[k])
-        from transformers import LlamaForCausalLM
-        model, info = LlamaForCausalLM.from_pretrained(str(t / "hf"), output_loading_info=True)
-        assert not any(info.values()), info
 
 
 def test_names_refusals():
