@@ -248,6 +248,18 @@ void SourceArgs::Read(const po::variables_map& vm) {
   values = driver_options.Values(vm);
 }
 
+void AddModelVarOption(po::options_description& d,
+                       std::vector<std::string>& args, const char* what) {
+  d.add_options()(
+      "model-var",
+      po::value<std::vector<std::string>>(&args)->composing()->value_name(
+          "NAME=N"),
+      StrCat("a model variable the source does not record, ", what,
+             " (repeatable: --model-var num_attention_heads=32 "
+             "--model-var num_query_groups=8)")
+          .c_str());
+}
+
 layouts::Variables ParseModelVars(const std::vector<std::string>& args) {
   layouts::Variables vars;
   for (const std::string& a : args) {
@@ -306,14 +318,7 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
                          "; e.g. a Megatron-core LLaMA as MindFormers' "
                          "LLaMA: --names mindformers-llama)")
                       .c_str());
-  d.add_options()(
-      "model-var",
-      po::value<std::vector<std::string>>(&model_var_args)
-          ->composing()
-          ->value_name("NAME=N"),
-      "a model variable the source does not record, for a Megatron target "
-      "or --names (repeatable: --model-var num_attention_heads=32 "
-      "--model-var num_query_groups=8)");
+  AddModelVarOption(d, model_var_args, "for a Megatron target or --names");
   if (with_vocab) {
     d.add_options()("vocab-size", po::value<int64_t>(&vocab_size),
                     "the tokenizer's true vocabulary size, when the "
@@ -329,16 +334,7 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
 void TargetArgs::Read(const po::variables_map& vm) {
   values = driver_options.Values(vm);
   model_vars = ParseModelVars(model_var_args);
-  if (!names.empty()) {
-    const std::vector<std::string> maps = formats::NameMapNames();
-    if (std::find(maps.begin(), maps.end(), names) == maps.end()) {
-      std::string known;
-      for (const std::string& n : maps)
-        known += (known.empty() ? "" : ", ") + n;
-      throw UsageError("--names ", names, ": no such name map (known: ", known,
-                       ")");
-    }
-  }
+  if (!names.empty()) formats::CheckNameMapName(names);  // before any reading
 }
 
 formats::TargetOptions TargetArgs::Options(

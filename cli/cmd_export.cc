@@ -17,6 +17,7 @@
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
+#include "layouts/layout.h"
 
 namespace ucp::cli {
 namespace {
@@ -76,19 +77,25 @@ uint64_t ExportBytes(const universal::UniversalInput& input,
   return total;
 }
 
-// --hf of a LLaMA under another framework's names (MindFormers', or
-// transformers' own): first under Megatron-core's (name map mcore-llama,
-// with the layout its names match), which --hf maps; the input itself
-// otherwise (nullptr).
+// --hf maps a Megatron-core GPTModel, placed by its layout. Content without
+// one is given the views a Megatron target gets (target_layout.h): a LLaMA
+// under another framework's names (MindFormers', transformers' own) read
+// under Megatron-core's first (name map mcore-llama), then the layout its
+// names match (a Megatron model read from DCP, say). None when it holds a
+// layout, or its names match none (--hf then says what it is not).
 std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
     const universal::UniversalInput& input, const exporting::ExportOptions& o,
     const layouts::Variables& given) {
   std::vector<std::unique_ptr<universal::UniversalInput>> views;
   if (!o.hf || !input.root().layout.empty()) return views;
-  if (auto mapped = formats::MapNamesIfKnown(input, "mcore-llama", given)) {
+  if (auto mapped = formats::MapNamesIfKnown(input, "mcore-llama", given))
     views.push_back(std::move(mapped));
-    views.push_back(formats::WithTargetLayout(*views.back(), "", given));
-  }
+  const universal::UniversalInput& named = views.empty() ? input : *views[0];
+  std::vector<std::string> names;
+  for (const atoms::StoredParam& p : named.params())
+    names.push_back(p.info.fqn);
+  if (!layouts::Layout::DetectBuiltins(names).empty())
+    views.push_back(formats::WithTargetLayout(named, "", given));
   return views;
 }
 
@@ -113,17 +120,12 @@ int RunExport(const std::vector<std::string>& args) {
       "hf", po::bool_switch(&hf),
       "a transformers model folder: LlamaForCausalLM's names (q/k/v and "
       "gate/up split from Megatron's fused weights) and config.json, for "
-      "from_pretrained (Megatron-core LLaMA-style GPT models; MindFormers' "
-      "LLaMA too, given --model-var num_attention_heads=N and "
+      "from_pretrained (Megatron-core LLaMA-style GPT models, also read "
+      "from DCP; MindFormers' LLaMA too; where the source does not record "
+      "the heads: --model-var num_attention_heads=N --model-var "
       "num_query_groups=N)");
   std::vector<std::string> model_var_args;
-  desc.add_options()(
-      "model-var",
-      po::value<std::vector<std::string>>(&model_var_args)
-          ->composing()
-          ->value_name("NAME=N"),
-      "a model variable the source does not record (--hf of a MindSpore "
-      "LLaMA: num_attention_heads, num_query_groups)");
+  AddModelVarOption(desc, model_var_args, "for --hf");
   src.Add(desc);
   AddRunOptions(desc, run);
   po::variables_map vm;

@@ -126,6 +126,9 @@ struct TargetArgs {
   json::Value TopologyJson(const formats::Driver& driver) const;
 };
 
+/// Adds --model-var NAME=N (repeatable) into `args`; `what` says what for.
+void AddModelVarOption(po::options_description& d,
+                       std::vector<std::string>& args, const char* what);
 /// The --model-var NAME=N values. Throws UsageError naming a malformed one.
 layouts::Variables ParseModelVars(const std::vector<std::string>& args);
 

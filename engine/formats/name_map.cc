@@ -32,6 +32,14 @@ std::vector<std::string> NameMapNames() {
   return names;
 }
 
+void CheckNameMapName(std::string_view name) {
+  const std::vector<std::string> names = NameMapNames();
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  std::string known;
+  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+  throw UsageError("--names ", name, ": no such name map (known: ", known, ")");
+}
+
 std::vector<std::pair<std::string, std::string>> NameMapSources() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const std::string& n : NameMapNames()) {
@@ -57,10 +65,9 @@ std::unique_ptr<universal::UniversalInput> MapNames(
 std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
     const universal::UniversalInput& input, std::string_view name,
     const layouts::Variables& given) {
-  bool known = false;
+  CheckNameMapName(name);
   for (const NameMap& m : Registry()) {
     if (m.name != name) continue;
-    known = true;
     std::optional<std::vector<universal::MappedParam>> params =
         m.map(input, given);
     if (!params) continue;
@@ -74,13 +81,6 @@ std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
     root.layout.clear();  // the descriptor of the source's names
     if (m.root) m.root(root);
     return universal::MappedInput(input, std::move(*params), std::move(root));
-  }
-  if (!known) {
-    std::string names;
-    for (const std::string& n : NameMapNames())
-      names += (names.empty() ? "" : ", ") + n;
-    throw UsageError("--names ", name, ": no such name map (known: ", names,
-                     ")");
   }
   return nullptr;
 }

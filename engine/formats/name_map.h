@@ -56,6 +56,10 @@ std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
     const universal::UniversalInput& input, std::string_view name,
     const layouts::Variables& given = {});
 
+/// Throws UsageError "--names <name>: no such name map (known: ...)" unless
+/// a map of that name is registered.
+void CheckNameMapName(std::string_view name);
+
 /// The registered maps' names, sorted, once each.
 std::vector<std::string> NameMapNames();
 /// Each name with what it maps from (its maps' `from`, "; "-joined).

@@ -40,11 +40,15 @@ std::unique_ptr<universal::UniversalInput> WithTargetLayout(
   if (!vars.Has("make_vocab_size_divisible_by"))
     vars.Set("make_vocab_size_divisible_by", 128);
   vars = vars.Merged(given);
-  for (const atoms::StoredParam& p : input.params()) {
-    const layouts::Rule* r = layout.Find(p.info.fqn, layout.Resolve(vars));
-    if (r != nullptr && r->tp.vocab && !vars.Has("vocab_size") &&
-        !p.info.shape.empty())
-      vars.Set("vocab_size", p.info.shape[0]);
+  if (!vars.Has("vocab_size")) {  // the rows of the vocabulary's param
+    const layouts::Variables resolved = layout.Resolve(vars);
+    for (const atoms::StoredParam& p : input.params()) {
+      const layouts::Rule* r = layout.Find(p.info.fqn, resolved);
+      if (r != nullptr && r->tp.vocab && !p.info.shape.empty()) {
+        vars.Set("vocab_size", p.info.shape[0]);
+        break;
+      }
+    }
   }
   atoms::RootInfo out = root;
   out.layout = layout.yaml();
@@ -57,16 +61,8 @@ std::unique_ptr<universal::UniversalInput> WithTargetLayout(
   source["layout"] = layout.name();
   out.source = source.Dump();
   std::vector<universal::MappedParam> params;
-  for (const atoms::StoredParam& p : input.params()) {
-    universal::MappedParam m;
-    m.info.fqn = p.info.fqn;
-    m.info.shape = p.info.shape;
-    m.info.rule = p.info.rule;
-    m.info.tied_copies = p.info.tied_copies;
-    m.pieces.push_back(
-        {p.info.fqn, Box::Whole(p.info.shape), Box::Whole(p.info.shape)});
-    params.push_back(std::move(m));
-  }
+  for (const atoms::StoredParam& p : input.params())
+    params.push_back(universal::WholeParam(p, p.info.fqn));
   return universal::MappedInput(input, std::move(params), std::move(out));
 }
 

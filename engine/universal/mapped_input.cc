@@ -238,6 +238,19 @@ class MappedInputImpl : public UniversalInput {
 
 }  // namespace
 
+MappedParam WholeParam(const atoms::StoredParam& p, std::string name) {
+  MappedParam m;
+  if (name == p.info.fqn) {
+    m.info.rule = p.info.rule;
+    m.info.tied_copies = p.info.tied_copies;
+  }
+  m.info.fqn = std::move(name);
+  m.info.shape = p.info.shape;
+  m.pieces.push_back(
+      {p.info.fqn, Box::Whole(p.info.shape), Box::Whole(p.info.shape)});
+  return m;
+}
+
 std::unique_ptr<UniversalInput> MappedInput(const UniversalInput& input,
                                             std::vector<MappedParam> params,
                                             atoms::RootInfo root) {

@@ -40,6 +40,10 @@ struct MappedParam {
   std::vector<MappedPiece> pieces;
 };
 
+/// `p` whole, named `name` (its rule and tied copies kept when the name is
+/// its own).
+MappedParam WholeParam(const atoms::StoredParam& p, std::string name);
+
 /// The view of `input` with exactly `params`, in that order, and `root`.
 /// `input` must outlive the view. A state kind held by the first piece's
 /// param and by every other piece's param (in the same dtype) is mapped; a

@@ -400,7 +400,8 @@ def test_from_dcp_without_a_layout():
     groups, and megatron-core loads every optimizer shard equal to the source's and every model
     weight its fp32 master in bf16 (DCP keeps the masters as the model, as FSDP2 does), as
     training loads a checkpoint without _extra_state or rng state (--dist-ckpt-strictness
-    log_all --no-load-rng). Without the query groups the error says what to give."""
+    log_all --no-load-rng). Without the query groups the error says what to give. `ucp export
+    --hf` of the DCP checkpoint gives the source's own --hf export."""
     with Tmp() as t:  # (torchtitan's step-N: the iteration is the name's)
         run("convert", SRC, "-o", t / "step-10", "--format", "dcp", "--dp", 2, "-q")
         p = run("convert", t / "step-10", "-o", t / "bad", "--format", "megatron-torch-dist",
@@ -414,6 +415,16 @@ def test_from_dcp_without_a_layout():
         ok, ranks = tool().run_load(t / "td", SRC / ITER, 2, 1, 1, log_all=True, masters=True)
         assert ok and len(ranks) == 2 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
             ranks
+        # `export --hf` of the DCP checkpoint: by the same layout from the names, the tensors
+        # of the source's own --hf export (DCP keeps the masters, export's default).
+        from safetensors.torch import load_file
+        run("export", t / "step-10", "-o", t / "hf", "--hf", "--model-var",
+            "num_attention_heads=4", "--model-var", "num_query_groups=2", "-q")
+        run("export", SRC, "-o", t / "hf_src", "--hf", "-q")
+        got = load_file(t / "hf" / "model.safetensors")
+        want = load_file(t / "hf_src" / "model.safetensors")
+        assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+        assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_export_hf_is_a_transformers_llama():

@@ -79,15 +79,16 @@ std::string SafetensorsHeader(std::span<const SafetensorsTensor> tensors,
   return out + text;
 }
 
-std::vector<SafetensorsTensor> ReadSafetensorsHeader(
-    const std::filesystem::path& path, json::Value* metadata) {
-  const File f = File::OpenRead(path);
+namespace {
+
+// A safetensors file's header, parsed; `n` its length. Throws FormatError
+// naming the file for a length or text that is no safetensors header.
+json::Value HeaderJson(const File& f, const std::string& where, uint64_t& n) {
   const uint64_t size = f.Size();
-  const std::string where = StrCat("safetensors file ", path.string());
   if (size < 8) throw FormatError(where, ": shorter than its 8-byte header");
   unsigned char n8[8];
   f.ReadExact(n8, 8, 0);
-  uint64_t n = 0;
+  n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
   if (n > kMaxHeader || n > size - 8) {
     throw FormatError(where, ": a header of ", n, " bytes in a file of ", size,
@@ -104,14 +105,31 @@ std::vector<SafetensorsTensor> ReadSafetensorsHeader(
   }
   if (!header.is_object())
     throw FormatError(where, ": the header is not a JSON object");
+  return header;
+}
+
+}  // namespace
+
+json::Value SafetensorsMetadata(const std::filesystem::path& path) {
+  uint64_t n = 0;
+  const json::Value header = HeaderJson(
+      File::OpenRead(path), StrCat("safetensors file ", path.string()), n);
+  const json::Value* meta = header.Find("__metadata__");
+  return meta != nullptr ? *meta : json::Value();
+}
+
+std::vector<SafetensorsTensor> ReadSafetensorsHeader(
+    const std::filesystem::path& path) {
+  const File f = File::OpenRead(path);
+  const uint64_t size = f.Size();
+  const std::string where = StrCat("safetensors file ", path.string());
+  uint64_t n = 0;
+  const json::Value header = HeaderJson(f, where, n);
   const uint64_t data = 8 + n, data_size = size - data;
   std::vector<SafetensorsTensor> out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, t] : header.members()) {
-    if (name == "__metadata__") {
-      if (metadata != nullptr) *metadata = t;
-      continue;
-    }
+    if (name == "__metadata__") continue;
     const std::string tw = StrCat(where, " > ", name);
     const json::Value* dt = t.Find("dtype");
     if (dt == nullptr || !dt->is_string()) throw FormatError(tw, ": no dtype");

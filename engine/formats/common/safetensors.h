@@ -46,9 +46,13 @@ std::string SafetensorsHeader(std::span<const SafetensorsTensor> tensors,
 /// A safetensors file's tensors, in header order, with absolute offsets.
 /// Throws IoError; FormatError naming the file (and tensor) for a header
 /// that is no safetensors header, a dtype ucp does not read, data outside
-/// the file, sizes that do not match, overlapping data. `metadata`, if
-/// given, receives "__metadata__" (null if absent).
+/// the file, sizes that do not match, overlapping data.
 std::vector<SafetensorsTensor> ReadSafetensorsHeader(
-    const std::filesystem::path& path, json::Value* metadata = nullptr);
+    const std::filesystem::path& path);
+
+/// A safetensors file's "__metadata__" (null if absent), the tensors not
+/// checked (a file cut short still shows whose it is). Throws IoError;
+/// FormatError naming the file for a header that is no safetensors header.
+json::Value SafetensorsMetadata(const std::filesystem::path& path);
 
 }  // namespace ucp::formats

@@ -74,8 +74,12 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
     throw UsageError(where, ": ", why,
                      ", which LlamaForCausalLM does not have");
   };
-  if (model.Find("swiglu").value_or(0) != 1) refuse("no SwiGLU (swiglu 0)");
-  if (model.Find("add_bias_linear").value_or(0) != 0)
+  // mcore-llama's names are SwiGLU's and bias-free by the layout itself; an
+  // mcore-gpt model says so in its variables.
+  const bool llama = layout == "mcore-llama";
+  if (!llama && model.Find("swiglu").value_or(0) != 1)
+    refuse("no SwiGLU (swiglu 0)");
+  if (!llama && model.Find("add_bias_linear").value_or(0) != 0)
     refuse("linear biases (add_bias_linear)");
   if (auto n = String(args, "normalization"); n && *n != "RMSNorm")
     refuse(StrCat("normalization ", *n));
@@ -236,15 +240,6 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
   return out;
 }
 
-void McoreLlamaRoot(atoms::RootInfo& root) {
-  json::Value model = root.model.empty() ? json::Value::Object()
-                                         : json::Value::Parse(root.model);
-  if (!model.is_object()) model = json::Value::Object();
-  model["swiglu"] = 1;
-  model["add_bias_linear"] = 0;
-  root.model = model.Dump();
-}
-
 std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const universal::UniversalInput& input,
     const std::function<std::string(const std::string&)>& hf_name,
@@ -282,12 +277,7 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
   };
   std::vector<universal::MappedParam> out;
   auto whole = [&](std::string name, const atoms::StoredParam& p) {
-    universal::MappedParam m;
-    m.info.fqn = std::move(name);
-    m.info.shape = p.info.shape;
-    m.pieces.push_back(
-        {p.info.fqn, Box::Whole(p.info.shape), Box::Whole(p.info.shape)});
-    out.push_back(std::move(m));
+    out.push_back(universal::WholeParam(p, std::move(name)));
   };
   whole("embedding.word_embeddings.weight",
         find("model.embed_tokens.weight", 2));
@@ -367,7 +357,7 @@ UCP_REGISTER_NAME_MAP(mcore_llama_from_hf,
                              input, [](const std::string& n) { return n; },
                              given, "--names mcore-llama");
                        },
-                       "mcore-llama", McoreLlamaRoot});
+                       "mcore-llama"});
 
 UCP_REGISTER_NAME_MAP(hf_llama_from_mcore,
                       {"hf-llama",

@@ -91,10 +91,6 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
 /// Throws UsageError (starting with `flag`) naming what is missing: the
 /// query groups, a param, a shape the groups do not divide, a param with no
 /// place in the model.
-/// The model variables a LLaMA joined by McoreLlamaFromHf has, set in its
-/// root's `model` (swiglu 1, add_bias_linear 0): its name maps' root hook.
-void McoreLlamaRoot(atoms::RootInfo& root);
-
 std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const universal::UniversalInput& input,
     const std::function<std::string(const std::string&)>& hf_name,

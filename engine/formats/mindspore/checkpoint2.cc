@@ -151,23 +151,8 @@ bool LooksLikeMsSafetensors(const fs::path& path) noexcept {
     std::error_code ec;
     if (path.extension() != ".safetensors" || !fs::is_regular_file(path, ec))
       return false;
-    // The header's metadata only: a file cut short is still one (reading
-    // it says what is wrong).
-    const File file = File::OpenRead(path);
-    const uint64_t size = file.Size();
-    unsigned char n8[8];
-    if (size < 8) return false;
-    file.ReadExact(n8, 8, 0);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
-    if (n < 2 || n > size - 8 || n > (100u << 20)) return false;
-    std::string text(n, '\0');
-    file.ReadExact(text.data(), n, 8);
-    const json::Value header = json::Value::Parse(text);
-    const json::Value* meta =
-        header.is_object() ? header.Find("__metadata__") : nullptr;
-    const json::Value* f =
-        meta != nullptr && meta->is_object() ? meta->Find("format") : nullptr;
+    const json::Value meta = formats::SafetensorsMetadata(path);
+    const json::Value* f = meta.is_object() ? meta.Find("format") : nullptr;
     return f != nullptr && f->is_string() && f->AsString() == "ms";
   } catch (...) {
     return false;

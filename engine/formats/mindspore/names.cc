@@ -76,14 +76,8 @@ bool Has(const universal::UniversalInput& input, std::string_view embedding,
 std::vector<universal::MappedParam> Renamed(
     const universal::UniversalInput& input, bool to_mindformers) {
   std::vector<universal::MappedParam> out;
-  for (const atoms::StoredParam& p : input.params()) {
-    universal::MappedParam m;
-    m.info.fqn = Rename(p.info.fqn, to_mindformers);
-    m.info.shape = p.info.shape;
-    m.pieces.push_back(
-        {p.info.fqn, Box::Whole(p.info.shape), Box::Whole(p.info.shape)});
-    out.push_back(std::move(m));
-  }
+  for (const atoms::StoredParam& p : input.params())
+    out.push_back(universal::WholeParam(p, Rename(p.info.fqn, to_mindformers)));
   return out;
 }
 
@@ -142,7 +136,7 @@ UCP_REGISTER_NAME_MAP(
            input, [](const std::string& n) { return Rename(n, false); }, given,
            "--names mcore-llama");
      },
-     "mcore-llama", exporting::McoreLlamaRoot});
+     "mcore-llama"});
 UCP_REGISTER_NAME_MAP(hf_llama_from_mindformers,
                       {"hf-llama", "MindFormers' LLaMA names",
                        HfFromMindFormers, ""});

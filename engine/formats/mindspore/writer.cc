@@ -93,9 +93,7 @@ class MindSporePlan : public formats::TargetPlan {
     }
     safetensors_ = ff ? *ff == "safetensors"
                       : fs::path(file_).extension() == ".safetensors";
-    file_ = fs::path(file_)
-                .replace_extension(safetensors_ ? ".safetensors" : ".ckpt")
-                .string();
+    file_ = InContainer(file_);
     const json::Value* rf = meta_.Find("rank_folder");
     folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
     specs_ = Specs();  // the same records (sliced) in every rank's file
@@ -139,10 +137,7 @@ class MindSporePlan : public formats::TargetPlan {
         } else {
           n = StrCat("ucp_rank_", r, "-1_", input.root().iteration, ".ckpt");
         }
-        names_.push_back(
-            fs::path(n)
-                .replace_extension(safetensors_ ? ".safetensors" : ".ckpt")
-                .string());
+        names_.push_back(InContainer(n));
       }
       CheckNames();
     } else {
@@ -333,6 +328,13 @@ class MindSporePlan : public formats::TargetPlan {
     return mindspore::DeriveStrategy(
         tensors, t, layouts::Layout::ParseStored(root.layout, input_.path()),
         formats::ModelVariables(root.model, input_.path()));
+  }
+
+  // A rank file name with the container's extension.
+  std::string InContainer(const std::string& name) const {
+    return fs::path(name)
+        .replace_extension(safetensors_ ? ".safetensors" : ".ckpt")
+        .string();
   }
 
   fs::path Folder(int64_t r) const {
