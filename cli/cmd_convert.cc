@@ -449,6 +449,11 @@ const formats::Driver& TargetDriver(const std::string& format,
     for (const formats::Driver* x : formats::Drivers())
       if (x->CanWrite())
         writable += (writable.empty() ? "" : ", ") + std::string(x->Name());
+    if (format.empty()) {
+      throw UsageError(
+          "the source's format '", name,
+          "' cannot be written: pass --format NAME (writable: ", writable, ")");
+    }
     throw UsageError("format '", name,
                      "' cannot be written (writable: ", writable, ")");
   }

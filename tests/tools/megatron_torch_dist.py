@@ -857,7 +857,7 @@ def run(a):
     preload()
     if a.mode == "hf":
         import transformers  # noqa: F401 (here once, not in the rank)
-    if a.mode == "load":
+    if a.mode == "load" and getattr(a, "full", None) is None:
         a.full = global_tensors(a.source)  # once here, inherited by every rank
     ctx = mp.start_processes(fn, args=(world, free_port(), a), nprocs=world, join=False,
                              start_method="fork")
@@ -883,17 +883,18 @@ def in_process(a):
 
 
 def run_load(ckpt, source, tp, pp, dp=1, vpp=1, no_optimizer=False,
-             optim="fully_reshardable", log_all=False, masters=False):
+             optim="fully_reshardable", log_all=False, masters=False, full=None):
     """`load` in the calling process: (every rank exited 0, the ranks' verdicts).
     log_all: a checkpoint made from another framework's, loaded as training's
     --dist-ckpt-strictness log_all --no-load-rng do (it has no _extra_state entries and no rng
     state; any other key missing is a mismatch). masters: its model weights are compared with
     the source's fp32 masters rounded to the model's dtype (a framework that keeps only the
-    masters, as MindSpore)."""
+    masters, as MindSpore). full: the source's global tensors by torch_dist key (global_tensors'
+    form), for a source that is no torch_dist checkpoint."""
     return in_process(argparse.Namespace(
         mode="load", ckpt=str(ckpt), source=str(source), tp=tp, pp=pp, dp=dp, vpp=vpp,
         no_optimizer=no_optimizer, optim=optim, impl="local", seed=1, log_all=log_all,
-        masters=masters))
+        masters=masters, full=full))
 
 
 def run_hf(source, hf):

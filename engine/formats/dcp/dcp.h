@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -118,9 +119,26 @@ std::shared_ptr<const torchfile::TorchFile> OpenItem(const Item& item,
 /// The verbatim bytes of a BYTE_IO item (decompressed). Throws like OpenItem.
 std::string ItemBytes(const Item& item, const ItemKey& key, FileCache& files);
 
+/// Where a format built on this container (Megatron-FSDP's fsdp_dtensor)
+/// puts a model or optimizer-state key's tensor: the param it is (part of),
+/// that param's shape, and the tensor's offset in it (empty: 0 in every
+/// dim). A 0-d state (a step) takes only the name.
+struct ParamPlace {
+  std::string param;
+  Shape shape;
+  Shape offset;
+};
+/// `name`: the param a key names (model.<name>, optimizer.state.<name>.<s>);
+/// `size`: its tensor's global shape. Never throws.
+using ParamNamer =
+    std::function<ParamPlace(const std::string& name, const Shape& size)>;
+
 /// Reads every item's archive index and pickle and plans the universal
-/// content (see above). Throws FormatError naming the file, key and problem.
-universal::SourcePlan PlanSource(const Checkpoint& checkpoint);
+/// content (see above), params placed by `namer` when given (tensors of one
+/// param from several keys: their atoms merged, overlapping 0-d states
+/// checked as replicas). Throws FormatError naming the file, key and problem.
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const ParamNamer& namer = nullptr);
 
 /// Keys, global shapes and dtypes, chunks and where each lies, for `ucp
 /// inspect`.

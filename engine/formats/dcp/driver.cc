@@ -74,7 +74,12 @@ class DcpDriver : public formats::Driver {
     // Megatron-core's torch_dist and Megatron's tracker: theirs.
     if (fs::exists(path / "latest_checkpointed_iteration.txt", ec))
       return formats::Confidence::kNo;
-    const bool own = fs::exists(path / "metadata.json", ec);
+    // An iteration folder of a Megatron save folder (torch_dist's, with
+    // metadata.json, or Megatron-FSDP's): theirs first.
+    const bool own =
+        fs::exists(path / "metadata.json", ec) ||
+        fs::exists(path.parent_path() / "latest_checkpointed_iteration.txt",
+                   ec);
     if (IsCheckpointFolder(path))
       return own ? formats::Confidence::kMaybe : formats::Confidence::kYes;
     for (const formats::SavedCheckpoint& c : dcp::ListCheckpoints(path)) {

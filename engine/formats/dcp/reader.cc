@@ -21,7 +21,7 @@ using pickle::Value;
 
 class Reader {
  public:
-  explicit Reader(const Checkpoint& c) : c_(c) {}
+  Reader(const Checkpoint& c, const ParamNamer& namer) : c_(c), namer_(namer) {}
   universal::SourcePlan Run();
 
  private:
@@ -35,12 +35,14 @@ class Reader {
   };
   void Classify();
   void ReadParamGroups();
-  Param& ParamOf(const std::string& name, const Entry& e);
+  Param& ParamOf(const std::string& name, const Shape& shape, const Entry& e);
   void PlanTensor(const Entry& e, const KeyClass& k);
   const Value* ItemValue(const ItemKey& key, const std::string& where);
 
   const Checkpoint& c_;
+  const ParamNamer& namer_;
   universal::SourcePlan plan_;
+  std::map<std::pair<std::string, std::string>, size_t> atom_of_;
   formats::SourceTable sources_{plan_};
   FileCache files_;
   std::vector<std::shared_ptr<const torchfile::TorchFile>> open_;
@@ -120,12 +122,13 @@ void Reader::ReadParamGroups() {
   }
 }
 
-Reader::Param& Reader::ParamOf(const std::string& name, const Entry& e) {
+Reader::Param& Reader::ParamOf(const std::string& name, const Shape& shape,
+                               const Entry& e) {
   auto it = index_.find(name);
   if (it != index_.end()) return params_[it->second];
   Param p;
   p.name = name;
-  p.shape = e.size;
+  p.shape = shape;
   p.dtype = e.dtype;
   p.buffer = !IsFloatingPoint(e.dtype);
   index_.emplace(name, params_.size());
@@ -135,10 +138,15 @@ Reader::Param& Reader::ParamOf(const std::string& name, const Entry& e) {
 
 void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
   const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
+  ParamPlace place{k.param, e.size, {}};
+  if (namer_ && (k.kind == KeyClass::kState || k.kind == KeyClass::kModel))
+    place = namer_(k.param, e.size);
+  if (!place.offset.empty() && place.offset.size() != e.size.size())
+    place.offset.clear();
   std::string kind;
   Param* p;
   if (k.kind == KeyClass::kState) {
-    p = &ParamOf(k.param, e);
+    p = &ParamOf(place.param, place.shape, e);
     kind = k.state;
     if (kind == "fp32" || kind == "param") {
       throw FormatError(where, ": optimizer state named '", kind,
@@ -146,14 +154,14 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
     }
     state_kinds_.insert(kind);
     has_optimizer_ = true;
-    if (kind != "step" && e.size != p->shape) {
-      throw FormatError(where, ": shape ", ShapeString(e.size), " but the ",
-                        "param's is ", ShapeString(p->shape));
+    if (kind != "step" && place.shape != p->shape) {
+      throw FormatError(where, ": shape ", ShapeString(place.shape),
+                        " but the ", "param's is ", ShapeString(p->shape));
     }
   } else {
-    p = &ParamOf(k.param, e);
-    if (e.size != p->shape) {
-      throw FormatError(where, ": shape ", ShapeString(e.size),
+    p = &ParamOf(place.param, place.shape, e);
+    if (place.shape != p->shape) {
+      throw FormatError(where, ": shape ", ShapeString(place.shape),
                         " but its optimizer state's is ",
                         ShapeString(p->shape));
     }
@@ -165,11 +173,25 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
       model_dtype_known_ = true;
     }
   }
-  universal::AtomPlan atom;
-  atom.param = p->name;
-  atom.state_kind = kind;
-  atom.dtype = e.dtype;
-  atom.shape = e.size;
+  // Several keys of one param (namer_): one atom, their fragments merged.
+  const auto [slot, fresh] =
+      atom_of_.try_emplace({p->name, kind}, plan_.atoms.size());
+  if (fresh) {
+    universal::AtomPlan a;
+    a.param = p->name;
+    a.state_kind = kind;
+    a.dtype = e.dtype;
+    a.shape = kind == "step" ? e.size : place.shape;
+    plan_.atoms.push_back(std::move(a));
+  }
+  universal::AtomPlan& atom = plan_.atoms[slot->second];
+  if (atom.dtype != e.dtype || (kind == "step" && atom.shape != e.size)) {
+    throw FormatError(where, ": a ", DTypeName(e.dtype), " ",
+                      ShapeString(e.size), " part of ", p->name, "'s ", kind,
+                      ", which is ", DTypeName(atom.dtype), " ",
+                      ShapeString(atom.shape));
+  }
+  const bool shifted = !place.offset.empty() && kind != "step";
   for (const Chunk& chunk : e.chunks) {
     int64_t volume = 1;
     for (int64_t d : chunk.sizes) volume *= d;
@@ -193,6 +215,9 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
         fr.src = sources_.Tensor(open_.back(), *t, iw);
         fr.src_box = Box::Whole(chunk.sizes);
         fr.atom_box = Box{chunk.offsets, chunk.sizes};
+        if (shifted)
+          for (size_t d = 0; d < place.offset.size(); ++d)
+            fr.atom_box.offset[d] += place.offset[d];
         fr.where = iw;
         atom.fragments.push_back(std::move(fr));
       } catch (Error& err) {
@@ -203,7 +228,6 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
       }
     }
   }
-  plan_.atoms.push_back(std::move(atom));
 }
 
 universal::SourcePlan Reader::Run() {
@@ -350,8 +374,9 @@ universal::SourcePlan Reader::Run() {
 
 }  // namespace
 
-universal::SourcePlan PlanSource(const Checkpoint& checkpoint) {
-  Reader r(checkpoint);
+universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
+                                 const ParamNamer& namer) {
+  Reader r(checkpoint, namer);
   return r.Run();
 }
 

@@ -1,0 +1,104 @@
+// The "megatron-fsdp" format driver: Megatron-FSDP's fsdp_dtensor
+// checkpoints, read (megatron_fsdp.h).
+
+#include "engine/formats/driver.h"
+
+#include "engine/core/error.h"
+#include "engine/formats/megatron_fsdp/megatron_fsdp.h"
+
+namespace ucp::megatron_fsdp {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FsdpSource : public formats::Source {
+ public:
+  FsdpSource(Checkpoint c, formats::SourceOptions o)
+      : c_(std::move(c)), o_(std::move(o)) {
+    info_.format = "megatron-fsdp";
+    info_.dir = c_.dir;
+    info_.path = c_.iter_dir;
+    info_.iteration = c_.iteration;
+    info_.topology = c_.topology;
+    info_.settings["optimizer_sharding"] = "fsdp_dtensor";
+    info_.files = c_.dcp.files;
+    for (const dcp::Entry& e : c_.dcp.metadata.entries) {
+      if (e.tensor && e.fqn.starts_with("model.")) {
+        info_.dtype = std::string(DTypeName(e.dtype));
+        break;
+      }
+    }
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override { return PlanSource(c_, o_); }
+  // Megatron-FSDP loads fsdp_dtensor at any layout (DCP reshards it).
+  bool Fits(const formats::TargetOptions&) const override { return true; }
+  std::vector<formats::ArchiveSpan> Archives(
+      const fs::path& file) const override {
+    std::vector<formats::ArchiveSpan> out;
+    const fs::path f = fs::absolute(file).lexically_normal();
+    for (const auto& [key, items] : c_.dcp.items)
+      for (const dcp::Item& it : items)
+        if (it.file == f && it.info.transforms.empty())
+          out.push_back({it.info.offset, it.info.length});
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    return out;
+  }
+  json::Value Inventory() const override {
+    json::Value j = dcp::Inventory(c_.dcp);
+    j["format"] = "megatron-fsdp";
+    std::string text = j["text"].AsString();
+    if (const size_t at = text.find("(PyTorch DCP,"); at != std::string::npos)
+      text.replace(at, 13, "(Megatron-FSDP fsdp_dtensor, DCP:");
+    j["text"] = text;
+    return j;
+  }
+
+ private:
+  Checkpoint c_;
+  formats::SourceOptions o_;
+  formats::CheckpointInfo info_;
+};
+
+class FsdpDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "megatron-fsdp"; }
+  std::string_view Summary() const override {
+    return "Megatron-FSDP (--use-megatron-fsdp --ckpt-format fsdp_dtensor): "
+           "iter_N/ DCP folders of module-path keys, fp32 main weights and "
+           "Adam state; read only (write megatron-torch-dist, megatron, dcp, "
+           "...)";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    return IsFsdpFolder(path) ? formats::Confidence::kYes
+                              : formats::Confidence::kNo;
+  }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    formats::OptionSpec it;
+    it.name = kIterationOption;
+    it.type = formats::OptionSpec::Type::kInt;
+    it.help = "Megatron-FSDP: the iteration to read (default: the tracker's)";
+    it.min = 0;
+    return {it};
+  }
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    return ListIterations(dir);
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    return std::make_unique<FsdpSource>(
+        Discover(path, options.values.Int(kIterationOption)), options);
+  }
+};
+
+UCP_REGISTER_DRIVER(FsdpDriver);
+
+}  // namespace
+}  // namespace ucp::megatron_fsdp

@@ -1,0 +1,139 @@
+"""Megatron-FSDP's fsdp_dtensor checkpoints read by ucp, against the real megatron-core (the
+tests' PyPI environment, run with its python): tests/tools/megatron_fsdp.py saves one as
+Megatron-LM's training does (FullyShardedDataParallel over the GPTModel, megatron-core's
+DistributedOptimizer, handle_swiglu_in_state_dict, dcp.save); ucp converts it to torch_dist at
+another TP/PP and megatron-core's dist_checkpointing.load gives every model and optimizer shard
+equal to the source's as torch's dcp_to_torch_save reads it (fc1's _w / _v halves joined by the
+rule written here from the format, not by ucp).
+"""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+TOOLS = HERE.parent / "tools"
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+ITER = "iter_0000010"
+
+
+def run(*args, expect=0):
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+def tool():
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    import megatron_torch_dist
+    return megatron_torch_dist
+
+
+def save_fsdp(out, dp=2):
+    p = subprocess.run([sys.executable, str(TOOLS / "megatron_fsdp.py"), "save", "--out",
+                        str(out), "--dp", str(dp)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-4000:]
+
+
+def torch_dist_view(fsdp_iter):
+    """The fsdp_dtensor checkpoint's tensors, as torch's dcp_to_torch_save reads them, under the
+    keys megatron_torch_dist.py's load compares shards with: names without the wrappers'
+    "module." prefixes, SwiGLU's fc1 = [weight_w; weight_v] (the gate rows, then the up rows),
+    the decoder layers stacked on a leading dim and the norms named as in torch_dist's keys
+    (the local spec's sharded_state_dict_keys_map), the fp32 main weights as
+    optimizer.state.param.<key>, the moments as optimizer.state.<exp_avg|exp_avg_sq>.<key>."""
+    def strip(n):
+        while n.startswith("module."):
+            n = n[len("module."):]
+        return n
+    def flat(d, prefix=""):  # torch rebuilds the nesting it saved: its keys again
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+    per = {}
+    for k, v in flat(tool().global_tensors(fsdp_iter, raw=True)):
+        if not torch.is_tensor(v):
+            continue
+        if k.startswith("model."):
+            kind, name = "param", strip(k[len("model."):])
+        elif k.startswith("optimizer.state."):
+            name, kind = k[len("optimizer.state."):].rsplit(".", 1)
+            name = strip(name)
+        else:
+            continue
+        if kind != "step":
+            per[(kind, name)] = v
+    for kind, name in [k for k in per if k[1].endswith("_w")]:
+        per[(kind, name[:-2])] = torch.cat([per.pop((kind, name)),
+                                            per.pop((kind, name[:-2] + "_v"))])
+    layers, out = {}, {}
+    for (kind, name), v in per.items():
+        m = re.fullmatch(r"decoder\.layers\.(\d+)\.(.*)", name)
+        if m:  # the local spec's norms under Transformer Engine's torch_dist keys
+            key = m[2].replace("input_layernorm.", "self_attention.linear_qkv.layer_norm_")
+            key = key.replace("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_")
+            layers.setdefault((kind, "decoder.layers." + key), {})[int(m[1])] = v
+        else:
+            out[f"optimizer.state.{kind}.{name}"] = v
+    for (kind, key), by_layer in layers.items():
+        out[f"optimizer.state.{kind}.{key}"] = torch.stack(
+            [by_layer[i] for i in range(len(by_layer))])
+    return out
+
+
+def test_fsdp_dtensor_to_torch_dist():
+    """A Megatron-FSDP save (TP 1 x DP 2: each main weight and moment unevenly sharded over DP,
+    fc1 in halves) converted to torch_dist at TP 2 x PP 2 with the distributed optimizer:
+    megatron-core loads it (as training loads a checkpoint without _extra_state or rng state),
+    every model weight the source's fp32 main weight in bf16, every optimizer shard (main
+    weight, both moments) the source's; the param groups keep the source's hyper-parameters
+    (Adam's betas 0.9 / 0.95, not torch's defaults), the iteration is the source's. The save
+    folder and its iteration folder are both detected; a torch_dist folder named as
+    Megatron-FSDP's is refused in one line."""
+    t = pathlib.Path(tempfile.mkdtemp(prefix="ucp-mfsdp-"))
+    try:
+        save_fsdp(t / "fsdp")
+        p = run("inspect", t / "fsdp", "--json")
+        assert '"megatron-fsdp"' in p.stdout, p.stdout[:500]
+        p = run("convert", t / "fsdp", "-o", t / "td", "--format", "megatron-torch-dist",
+                "--tp", 2, "--pp", 2, "--dp", 1, "--distributed-optimizer")
+        assert "megatron-fsdp" in p.stdout, p.stdout
+        want = torch_dist_view(t / "fsdp" / ITER)
+        ok, ranks = tool().run_load(t / "td", t / "fsdp" / ITER, 2, 2, 1, log_all=True,
+                                    masters=True, full=want)
+        assert ok and len(ranks) == 4 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
+            ranks
+        from megatron.core import dist_checkpointing
+        common = dist_checkpointing.load_common_state_dict(str(t / "td" / ITER))
+        groups = common["optimizer"]["optimizer"]["param_groups"]
+        assert len(groups) == 2 and all(
+            tuple(g["betas"]) == (0.9, 0.95) and g["lr"] == 1e-3 for g in groups), groups
+        assert common["iteration"] == 10
+        # The iteration folder itself reads the same.
+        run("convert", t / "fsdp" / ITER, "-o", t / "td2", "--format", "megatron-torch-dist",
+            "--tp", 2, "--pp", 2, "--dp", 1, "--distributed-optimizer", "-q")
+        a = sorted(p.name for p in (t / "td2" / ITER).iterdir())
+        assert a == sorted(p.name for p in (t / "td" / ITER).iterdir())
+        assert all((t / "td" / ITER / n).read_bytes() == (t / "td2" / ITER / n).read_bytes()
+                   for n in a if n.endswith(".distcp"))
+        # --from megatron-fsdp on torch_dist's folder: one line naming the format to use.
+        p = run("convert", t / "td", "-o", t / "bad", "--from", "megatron-fsdp",
+                "--format", "dcp", "--dp", 1, expect=3)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "megatron-torch-dist" in lines[0], p.stderr
+        assert not (t / "bad").exists()
+    finally:
+        shutil.rmtree(t)
+
+
+if __name__ == "__main__":
+    test_fsdp_dtensor_to_torch_dist()
