@@ -92,25 +92,25 @@ def torch_dist_view(fsdp_iter):
 
 def test_fsdp_dtensor_to_torch_dist():
     """A Megatron-FSDP save (TP 1 x DP 2: each main weight and moment unevenly sharded over DP,
-    fc1 in halves) converted to torch_dist at TP 2 x PP 2 with the distributed optimizer:
+    fc1 in halves) converted to torch_dist at TP 2 with the distributed optimizer:
     megatron-core loads it (as training loads a checkpoint without _extra_state or rng state),
     every model weight the source's fp32 main weight in bf16, every optimizer shard (main
     weight, both moments) the source's; the param groups keep the source's hyper-parameters
     (Adam's betas 0.9 / 0.95, not torch's defaults), the iteration is the source's. The save
     folder and its iteration folder are both detected; a torch_dist folder named as
-    Megatron-FSDP's is refused in one line."""
+    Megatron-FSDP's is refused in one line. ucp resume falls back past a cut rank file."""
     t = pathlib.Path(tempfile.mkdtemp(prefix="ucp-mfsdp-"))
     try:
         save_fsdp(t / "fsdp")
         p = run("inspect", t / "fsdp", "--json")
         assert '"megatron-fsdp"' in p.stdout, p.stdout[:500]
         p = run("convert", t / "fsdp", "-o", t / "td", "--format", "megatron-torch-dist",
-                "--tp", 2, "--pp", 2, "--dp", 1, "--distributed-optimizer")
+                "--tp", 2, "--pp", 1, "--dp", 1, "--distributed-optimizer")
         assert "megatron-fsdp" in p.stdout, p.stdout
         want = torch_dist_view(t / "fsdp" / ITER)
-        ok, ranks = tool().run_load(t / "td", t / "fsdp" / ITER, 2, 2, 1, log_all=True,
+        ok, ranks = tool().run_load(t / "td", t / "fsdp" / ITER, 2, 1, 1, log_all=True,
                                     masters=True, full=want)
-        assert ok and len(ranks) == 4 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
+        assert ok and len(ranks) == 2 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
             ranks
         from megatron.core import dist_checkpointing
         common = dist_checkpointing.load_common_state_dict(str(t / "td" / ITER))
@@ -120,7 +120,7 @@ def test_fsdp_dtensor_to_torch_dist():
         assert common["iteration"] == 10
         # The iteration folder itself reads the same.
         run("convert", t / "fsdp" / ITER, "-o", t / "td2", "--format", "megatron-torch-dist",
-            "--tp", 2, "--pp", 2, "--dp", 1, "--distributed-optimizer", "-q")
+            "--tp", 2, "--pp", 1, "--dp", 1, "--distributed-optimizer", "-q")
         a = sorted(p.name for p in (t / "td2" / ITER).iterdir())
         assert a == sorted(p.name for p in (t / "td" / ITER).iterdir())
         assert all((t / "td" / ITER / n).read_bytes() == (t / "td2" / ITER / n).read_bytes()
@@ -131,6 +131,18 @@ def test_fsdp_dtensor_to_torch_dist():
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and "megatron-torch-dist" in lines[0], p.stderr
         assert not (t / "bad").exists()
+        # ucp resume past a cut rank file: iteration 20 (a copy of 10 with __1_0.distcp cut)
+        # is skipped, iteration 10 reshaped; ucp resume without --format says to give one.
+        shutil.copytree(t / "fsdp" / ITER, t / "fsdp" / "iter_0000020")
+        cut = t / "fsdp" / "iter_0000020" / "__1_0.distcp"
+        os.truncate(cut, cut.stat().st_size // 2)
+        (t / "fsdp" / "latest_checkpointed_iteration.txt").write_text("20")
+        p = run("resume", t / "fsdp", "--format", "megatron-torch-dist", "--tp", 2, "--pp", 1,
+                "--dp", 1, "--distributed-optimizer")
+        out = p.stdout + p.stderr
+        assert "iter_0000020" in out and "from iter_0000010" in out, out
+        p = run("resume", t / "fsdp", expect=2)
+        assert "pass --format" in p.stderr, p.stderr
     finally:
         shutil.rmtree(t)
 

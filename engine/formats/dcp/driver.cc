@@ -112,6 +112,15 @@ class DcpDriver : public formats::Driver {
       const formats::SourceOptions& options) const override {
     formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
                           "sources");
+    // A Megatron save folder: its checkpoints are Megatron's (ListCheckpoints
+    // lists none of them either).
+    std::error_code ec;
+    if (fs::exists(path / "latest_checkpointed_iteration.txt", ec)) {
+      throw FormatError(path.string(),
+                        " is a Megatron save folder (latest_checkpointed_"
+                        "iteration.txt): read it as megatron-torch-dist or "
+                        "megatron-fsdp, or give one of its iter_N folders");
+    }
     return std::make_unique<DcpSource>(
         Discover(path, options.values.String(kCheckpointOption).value_or("")));
   }

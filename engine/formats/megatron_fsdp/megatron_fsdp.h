@@ -62,9 +62,10 @@ struct Checkpoint {
   layouts::Topology topology;
 };
 
-/// True if `dir` is a DCP checkpoint folder of Megatron's naming (iter_N)
-/// without torch_dist's metadata.json, or a save folder with Megatron's
-/// tracker holding one. Never throws.
+/// True if `dir` is a complete DCP checkpoint folder of Megatron's naming
+/// (iter_N, beside Megatron's tracker) without torch_dist's metadata.json or
+/// common.pt, or a save folder with the tracker holding one and no torch_dist
+/// iteration. Never throws.
 bool IsFsdpFolder(const std::filesystem::path& dir);
 
 /// The iter_N folders of save folder `dir` that are DCP folders without

@@ -40,10 +40,13 @@ std::optional<int64_t> IterationOf(std::string_view name) {
   return ParseNumber(name.substr(5));
 }
 
-// A DCP folder that is not torch_dist's (which writes metadata.json).
+// A complete DCP folder that is not torch_dist's (which writes common.pt
+// and, last, metadata.json).
 bool IsDcpIterFolder(const fs::path& dir) {
   std::error_code ec;
-  return dcp::IsCheckpointFolder(dir) && !fs::exists(dir / "metadata.json", ec);
+  return dcp::IsCheckpointFolder(dir) &&
+         !fs::exists(dir / "metadata.json", ec) &&
+         !fs::exists(dir / "common.pt", ec);
 }
 
 // SwiGLU's split halves: the canonical fc1 param, and whether this is the
@@ -347,8 +350,19 @@ std::string CanonicalName(std::string_view name) {
 bool IsFsdpFolder(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return false;
-  if (fs::exists(dir / megatron::kTrackerFile, ec))
-    return !ListIterations(dir).empty();
+  if (fs::exists(dir / megatron::kTrackerFile, ec)) {
+    // A complete fsdp_dtensor iteration, and none of torch_dist's (whose
+    // unfinished saves look alike until metadata.json is written).
+    bool complete = false;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (!IterationOf(it->path().filename().string())) continue;
+      std::error_code e2;
+      if (fs::exists(it->path() / "metadata.json", e2)) return false;
+      complete = complete || IsDcpIterFolder(it->path());
+    }
+    return complete;
+  }
   return IterationOf(dir.filename().string()) && IsDcpIterFolder(dir) &&
          fs::exists(dir.parent_path() / megatron::kTrackerFile, ec);
 }

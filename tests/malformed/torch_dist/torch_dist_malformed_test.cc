@@ -108,7 +108,7 @@ TEST_F(TorchDistMalformedTest, RankFilesCutAndFlipped) {
   for (const char* name : {"__0_0.distcp", "__1_0.distcp"}) {
     const fs::path f = iter_ / name;
     const std::string good = testutil::ReadFile(f);
-    for (int i = 0; i < 60; ++i) {
+    for (int i = 0; i < 40; ++i) {
       std::string d = good;
       if (i % 4 == 0) {
         d.resize(rng() % d.size());
