@@ -96,7 +96,8 @@ def test_fsdp_dtensor_to_torch_dist():
     megatron-core loads it (as training loads a checkpoint without _extra_state or rng state),
     every model weight the source's fp32 main weight in bf16, every optimizer shard (main
     weight, both moments) the source's; the param groups keep the source's hyper-parameters
-    (Adam's betas 0.9 / 0.95, not torch's defaults), the iteration is the source's. The save
+    (Adam's betas 0.9 / 0.95, not torch's defaults), the iteration is the source's; so do
+    the groups torch reads from a DCP conversion. The save
     folder and its iteration folder are both detected; a torch_dist folder named as
     Megatron-FSDP's is refused in one line. ucp resume falls back past a cut rank file."""
     t = pathlib.Path(tempfile.mkdtemp(prefix="ucp-mfsdp-"))
@@ -118,6 +119,17 @@ def test_fsdp_dtensor_to_torch_dist():
         assert len(groups) == 2 and all(
             tuple(g["betas"]) == (0.9, 0.95) and g["lr"] == 1e-3 for g in groups), groups
         assert common["iteration"] == 10
+        # To PyTorch DCP: torch reads the groups with the source's hyper-parameters (from
+        # the metas; no pickled groups to copy) and every param's fp32 main weight.
+        run("convert", t / "fsdp", "-o", t / "dcp", "--format", "dcp", "--dp", 1, "-q")
+        got = tool().global_tensors(t / "dcp", raw=True)
+        groups = got["optimizer"]["param_groups"]
+        assert len(groups) == 2 and all(
+            tuple(g["betas"]) == (0.9, 0.95) and g["eps"] == 1e-8 for g in groups), groups
+        assert sorted(g["wd_mult"] for g in groups) == [0.0, 1.0], groups
+        qkv = "decoder.layers.self_attention.linear_qkv.weight"
+        assert torch.equal(got["model"]["decoder.layers.1.self_attention.linear_qkv.weight"],
+                           want["optimizer.state.param." + qkv][1])
         # The iteration folder itself reads the same.
         run("convert", t / "fsdp" / ITER, "-o", t / "td2", "--format", "megatron-torch-dist",
             "--tp", 2, "--pp", 1, "--dp", 1, "--distributed-optimizer", "-q")

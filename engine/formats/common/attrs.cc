@@ -1,5 +1,7 @@
 #include "engine/formats/common/attrs.h"
 
+#include <algorithm>
+
 #include "engine/core/error.h"
 
 namespace ucp::formats {
@@ -71,6 +73,31 @@ void GroupHyperparamsJson(const pickle::Value* group, json::Value& out) {
   for (const auto& [k, v] : group->entries)
     if (k != nullptr && k->kind == pickle::Kind::kStr)
       GroupHyperparamJson(k->s, v, out);
+}
+
+pickle::Value* GroupHyperparamsDict(const json::Value& group,
+                                    pickle::Arena& arena) {
+  if (!group.is_object()) return nullptr;
+  pickle::Value* d = arena.Dict();
+  for (const auto& [k, v] : group.members()) {
+    pickle::Value* x = nullptr;
+    if (k == "params") continue;
+    if (v.is_bool()) {
+      x = arena.Bool(v.AsBool());
+    } else if (v.is_number()) {
+      x = arena.Float(v.AsDouble());
+    } else if (v.is_array() && !v.items().empty() &&
+               std::all_of(
+                   v.items().begin(), v.items().end(),
+                   [](const json::Value& y) { return y.is_number(); })) {
+      std::vector<pickle::Value*> items;
+      for (const json::Value& y : v.items())
+        items.push_back(arena.Float(y.AsDouble()));
+      x = arena.Tuple(std::move(items));
+    }
+    if (x != nullptr) d->entries.emplace_back(arena.Str(k), x);
+  }
+  return d->entries.empty() ? nullptr : d;
 }
 
 }  // namespace ucp::formats

@@ -47,5 +47,12 @@ void GroupHyperparamsJson(const pickle::Value* group, json::Value& out);
 /// One entry of such a dict (`key`: `v`). Never throws.
 void GroupHyperparamJson(const std::string& key, const pickle::Value* v,
                          json::Value& out);
+/// The inverse for a target that keeps no pickled groups of the source: the
+/// torch param group dict of the optimizer attribute's group object `group`
+/// (numbers as floats, booleans, arrays of numbers as tuples), "params" and
+/// any other member left out; nullptr if it holds no hyper-parameter. Never
+/// throws.
+pickle::Value* GroupHyperparamsDict(const json::Value& group,
+                                    pickle::Arena& arena);
 
 }  // namespace ucp::formats

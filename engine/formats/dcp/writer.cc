@@ -275,11 +275,25 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
   if (const atoms::DatasetInfo* d = input_.FindOpaque("optimizer/param_groups"))
     templates = input_.OpenBlob(*d);
   const Value* list = templates != nullptr ? templates->root() : nullptr;
+  // Without the source's pickled groups (MindSpore, Megatron-FSDP): the
+  // hyper-parameters its optimizer attribute keeps.
+  pickle::Arena json_groups;
   if (list == nullptr || list->kind != Kind::kList) {
-    list = nullptr;
+    templates = nullptr;
+    std::vector<Value*> made;
+    const json::Value opt = formats::ParseJsonAttr(input_.root().optimizer,
+                                                   "optimizer", input_.path());
+    if (const json::Value* gs = opt.Find("groups"); gs && gs->is_array())
+      for (const json::Value& g : gs->items())
+        made.push_back(formats::GroupHyperparamsDict(g, json_groups));
+    const bool any = std::any_of(made.begin(), made.end(),
+                                 [](const Value* v) { return v != nullptr; });
+    list = any ? json_groups.List(std::move(made)) : nullptr;
     notes_.insert(
-        "no optimizer param groups in the universal content: wrote groups "
-        "of params without hyper-parameters");
+        any ? "no pickled optimizer param groups in the universal content: "
+              "wrote its groups' hyper-parameters (numbers as floats)"
+            : "no optimizer param groups in the universal content: wrote "
+              "groups of params without hyper-parameters");
   }
   for (size_t g = 0; g < members.size(); ++g) {
     auto add_bytes = [&](const std::string& name, std::string bytes) {
