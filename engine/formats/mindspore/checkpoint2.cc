@@ -149,7 +149,7 @@ CkptIndex ReadSafetensorsIndex(const fs::path& path) {
 bool LooksLikeMsSafetensors(const fs::path& path) noexcept {
   try {
     std::error_code ec;
-    if (path.extension() != ".safetensors" || !fs::is_regular_file(path, ec))
+    if (!IsSafetensorsName(path) || !fs::is_regular_file(path, ec))
       return false;
     const json::Value meta = formats::SafetensorsMetadata(path);
     const json::Value* f = meta.is_object() ? meta.Find("format") : nullptr;
@@ -160,13 +160,13 @@ bool LooksLikeMsSafetensors(const fs::path& path) noexcept {
 }
 
 bool LooksLikeCheckpointFile(const fs::path& path) noexcept {
-  return path.extension() == ".safetensors" ? LooksLikeMsSafetensors(path)
-                                            : LooksLikeCkpt(path);
+  return IsSafetensorsName(path) ? LooksLikeMsSafetensors(path)
+                                 : LooksLikeCkpt(path);
 }
 
 CkptIndex ReadCheckpointFile(const fs::path& path) {
-  return path.extension() == ".safetensors" ? ReadSafetensorsIndex(path)
-                                            : ReadCkptIndex(path);
+  return IsSafetensorsName(path) ? ReadSafetensorsIndex(path)
+                                 : ReadCkptIndex(path);
 }
 
 std::vector<std::pair<int64_t, fs::path>> Checkpoint2Iterations(

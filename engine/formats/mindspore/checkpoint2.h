@@ -44,6 +44,15 @@ namespace ucp::mindspore {
 /// that is no safetensors header, an unknown dtype, data outside the file.
 CkptIndex ReadSafetensorsIndex(const std::filesystem::path& path);
 
+/// Whether `path` is named as MindSpore's safetensors container (by its
+/// extension, nothing read), or as a checkpoint file of either container.
+inline bool IsSafetensorsName(const std::filesystem::path& path) {
+  return path.extension() == ".safetensors";
+}
+inline bool IsCheckpointFileName(const std::filesystem::path& path) {
+  return path.extension() == ".ckpt" || IsSafetensorsName(path);
+}
+
 /// Whether `path` is a safetensors file MindSpore wrote
 /// (save_checkpoint(format="safetensors"), CheckpointConfig(format=
 /// "safetensors"), transform_checkpoints(output_format="safetensors"):

@@ -74,7 +74,7 @@ class MindSporeSource : public formats::Source {
     // Rank files of the other container are written.
     if (const auto ff = options.values.String(kFileFormatOption);
         ff && !c_.v2 &&
-        *ff != (c_.path.extension() == ".safetensors" ? "safetensors" : "ckpt"))
+        *ff != (IsSafetensorsName(c_.path) ? "safetensors" : "ckpt"))
       return false;
     // --tp/--pp/--dp: a sharded save laid out as ucp derives that layout.
     const layouts::Topology& t = options.topology;

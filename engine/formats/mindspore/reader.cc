@@ -46,8 +46,7 @@ class CkptSource : public reshape::ByteSource {
 // <prefix>-<epoch>_<step>.ckpt (or .safetensors) -> (epoch, step).
 std::optional<std::pair<int64_t, int64_t>> EpochStep(const std::string& name) {
   const fs::path p(name);
-  if (p.extension() != ".ckpt" && p.extension() != ".safetensors")
-    return std::nullopt;
+  if (!IsCheckpointFileName(p)) return std::nullopt;
   const std::string stem = p.stem().string();
   const size_t dash = stem.rfind('-');
   const size_t under = stem.rfind('_');
@@ -74,9 +73,7 @@ std::vector<fs::path> CkptFiles(const fs::path& folder) {
   std::error_code ec;
   for (fs::directory_iterator it(folder, ec), end; !ec && it != end;
        it.increment(ec)) {
-    const fs::path ext = it->path().extension();
-    if ((ext == ".ckpt" || ext == ".safetensors") &&
-        LooksLikeCheckpointFile(it->path()))
+    if (IsCheckpointFileName(it->path()) && LooksLikeCheckpointFile(it->path()))
       out.push_back(it->path());
   }
   std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
@@ -424,13 +421,12 @@ Checkpoint Discover(const fs::path& path, const std::string& file,
       std::string foreign;
       for (fs::directory_iterator it(folder, ec), end; !ec && it != end;
            it.increment(ec)) {
-        const fs::path ext = it->path().extension();
-        if (ext == ".ckpt" || ext == ".safetensors") {
-          foreign =
-              StrCat(" (", it->path().string(),
-                     ext == ".ckpt" ? " is no Checkpoint record stream)"
-                                    : " has no MindSpore safetensors header: "
-                                      "__metadata__ format \"ms\")");
+        if (IsCheckpointFileName(it->path())) {
+          foreign = StrCat(" (", it->path().string(),
+                           !IsSafetensorsName(it->path())
+                               ? " is no Checkpoint record stream)"
+                               : " has no MindSpore safetensors header: "
+                                 "__metadata__ format \"ms\")");
           break;
         }
       }
@@ -484,22 +480,21 @@ json::Value Inventory(const Checkpoint& c) {
   j["path"] = shown.string();
   j["ranks"] = c.v2 ? c.v2->world : static_cast<int64_t>(files.size());
   if (c.strategy) j["strategy"] = c.strategy->path.string();
-  j["container"] = c.v2                                   ? "Checkpoint 2.0"
-                   : c.path.extension() == ".safetensors" ? "safetensors"
-                                                          : "ckpt";
+  j["container"] = c.v2                        ? "Checkpoint 2.0"
+                   : IsSafetensorsName(c.path) ? "safetensors"
+                                               : "ckpt";
   j["iteration"] = c.iteration;
-  std::string text =
-      StrCat(shown.string(),
-             c.v2 ? StrCat("  (MindFormers Checkpoint 2.0, ", files.size(),
-                           " safetensors files of ", c.v2->world, " ranks, ")
-             : c.path.extension() == ".safetensors"
-                 ? std::string("  (MindSpore safetensors, ")
-                 : std::string("  (MindSpore .ckpt, "),
-             order.size(), " records",
-             c.strategy ? StrCat(", ", files.size(), " ranks laid out by ",
-                                 c.strategy->path.string())
-                        : std::string(),
-             c.index.crc ? ", CRC trailer checked" : "", ")\n");
+  std::string text = StrCat(
+      shown.string(),
+      c.v2 ? StrCat("  (MindFormers Checkpoint 2.0, ", files.size(),
+                    " safetensors files of ", c.v2->world, " ranks, ")
+      : IsSafetensorsName(c.path) ? std::string("  (MindSpore safetensors, ")
+                                  : std::string("  (MindSpore .ckpt, "),
+      order.size(), " records",
+      c.strategy ? StrCat(", ", files.size(), " ranks laid out by ",
+                          c.strategy->path.string())
+                 : std::string(),
+      c.index.crc ? ", CRC trailer checked" : "", ")\n");
   json::Value records = json::Value::Array();
   for (const std::string& tag : order) {
     const Row& row = rows.at(tag);

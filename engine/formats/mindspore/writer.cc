@@ -91,8 +91,7 @@ class MindSporePlan : public formats::TargetPlan {
       throw UsageError("--file-format ", *ff,
                        ": MindSpore rank files are ckpt or safetensors");
     }
-    safetensors_ = ff ? *ff == "safetensors"
-                      : fs::path(file_).extension() == ".safetensors";
+    safetensors_ = ff ? *ff == "safetensors" : IsSafetensorsName(file_);
     file_ = InContainer(file_);
     const json::Value* rf = meta_.Find("rank_folder");
     folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
