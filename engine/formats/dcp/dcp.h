@@ -140,6 +140,12 @@ using ParamNamer =
 universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const ParamNamer& namer = nullptr);
 
+/// The torch.save archives (items) file `file` of the checkpoint holds, in
+/// file order; compressed items are none (formats::Source::Archives).
+/// Never throws.
+std::vector<formats::ArchiveSpan> Archives(const Checkpoint& checkpoint,
+                                           const std::filesystem::path& file);
+
 /// Keys, global shapes and dtypes, chunks and where each lies, for `ucp
 /// inspect`.
 json::Value Inventory(const Checkpoint& checkpoint);

@@ -36,22 +36,7 @@ class DcpSource : public formats::Source {
   bool Fits(const formats::TargetOptions&) const override { return true; }
   std::vector<formats::ArchiveSpan> Archives(
       const fs::path& file) const override {
-    std::vector<formats::ArchiveSpan> out;
-    const fs::path f = fs::absolute(file).lexically_normal();
-    for (const auto& [key, items] : c_.items) {
-      for (const Item& it : items) {
-        // Compressed items are no archives until decompressed.
-        if (it.file == f && it.info.transforms.empty())
-          out.push_back({it.info.offset, it.info.length});
-      }
-    }
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.offset < b.offset; });
-    // A metadata file (not a zip) has none: the default says so.
-    if (out.empty() && file.extension() == ".distcp") out.push_back({0, 0});
-    return out.size() == 1 && out[0].length == 0
-               ? std::vector<formats::ArchiveSpan>()
-               : out;
+    return dcp::Archives(c_, file);
   }
   json::Value Inventory() const override { return dcp::Inventory(c_); }
 

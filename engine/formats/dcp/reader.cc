@@ -380,6 +380,22 @@ universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
   return r.Run();
 }
 
+std::vector<formats::ArchiveSpan> Archives(const Checkpoint& c,
+                                           const fs::path& file) {
+  std::vector<formats::ArchiveSpan> out;
+  const fs::path f = fs::absolute(file).lexically_normal();
+  for (const auto& [key, items] : c.items) {
+    for (const Item& it : items) {
+      // Compressed items are no archives until decompressed.
+      if (it.file == f && it.info.transforms.empty())
+        out.push_back({it.info.offset, it.info.length});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  return out;
+}
+
 json::Value Inventory(const Checkpoint& c) {
   json::Value j;
   j["format"] = "dcp";

@@ -37,15 +37,7 @@ class FsdpSource : public formats::Source {
   bool Fits(const formats::TargetOptions&) const override { return true; }
   std::vector<formats::ArchiveSpan> Archives(
       const fs::path& file) const override {
-    std::vector<formats::ArchiveSpan> out;
-    const fs::path f = fs::absolute(file).lexically_normal();
-    for (const auto& [key, items] : c_.dcp.items)
-      for (const dcp::Item& it : items)
-        if (it.file == f && it.info.transforms.empty())
-          out.push_back({it.info.offset, it.info.length});
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.offset < b.offset; });
-    return out;
+    return dcp::Archives(c_.dcp, file);
   }
   json::Value Inventory() const override {
     json::Value j = dcp::Inventory(c_.dcp);

@@ -61,14 +61,8 @@ class TorchDistSource : public formats::Source {
   }
   std::vector<formats::ArchiveSpan> Archives(
       const fs::path& file) const override {
-    std::vector<formats::ArchiveSpan> out;
-    const fs::path f = fs::absolute(file).lexically_normal();
-    for (const auto& [key, items] : c_.dcp.items)
-      for (const dcp::Item& it : items)
-        if (it.file == f && it.info.transforms.empty())
-          out.push_back({it.info.offset, it.info.length});
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    // One archive at the start: the file is that archive.
+    std::vector<formats::ArchiveSpan> out = dcp::Archives(c_.dcp, file);
     return out.size() == 1 && out[0].offset == 0 ? decltype(out)() : out;
   }
   json::Value Inventory() const override { return dcp::Inventory(c_.dcp); }
