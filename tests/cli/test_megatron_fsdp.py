@@ -130,6 +130,18 @@ def test_fsdp_dtensor_to_torch_dist():
         qkv = "decoder.layers.self_attention.linear_qkv.weight"
         assert torch.equal(got["model"]["decoder.layers.1.self_attention.linear_qkv.weight"],
                            want["optimizer.state.param." + qkv][1])
+        # The universal file keeps the objects: the rng states torch flattened into uint8
+        # tensors come back as torch.load reads them, args as the Megatron blob.
+        import h5py
+        import io
+        run("to-universal", t / "fsdp", "-o", t / "u.h5", "-q")
+        src = tool().global_tensors(t / "fsdp" / ITER, raw=True)
+        with h5py.File(t / "u.h5") as f:
+            blob = f["opaque/megatron_fsdp/rng_state.0.torch_rng_state"][()].tobytes()
+            assert torch.equal(torch.load(io.BytesIO(blob)),
+                               src["rng_state"][0]["torch_rng_state"])
+            args = torch.load(io.BytesIO(f["opaque/args"][()].tobytes()), weights_only=False)
+            assert args.ckpt_format == "fsdp_dtensor"
         # The iteration folder itself reads the same.
         run("convert", t / "fsdp" / ITER, "-o", t / "td2", "--format", "megatron-torch-dist",
             "--tp", 2, "--pp", 1, "--dp", 1, "--distributed-optimizer", "-q")

@@ -14,7 +14,8 @@ save: the state Megatron-LM's training saves with --ckpt-format fsdp_dtensor (tr
 checkpointing.py: generate_state_dict, preprocess_fsdp_dtensor_state_dict, torch's dcp.save with
 a FileSystemWriter): "model" the wrapper's state_dict(), "optimizer" the optimizer's
 sharded_state_dict with distrib_optim_sharding_type fsdp_dtensor, args, checkpoint_version,
-iteration 10, the scheduler's state; megatron-core's handle_fp8_extra_state_case,
+iteration 10, the scheduler's state, the rng states (get_rng_state's list) and the rerun state;
+megatron-core's handle_fp8_extra_state_case,
 handle_swiglu_in_state_dict (linear_fc1 as weight_w / weight_v) and
 preprocess_state_dict_for_uneven_dtensor; then the tracker. The optimizer's state is set to
 known values after torch's AdamW created it: exp_avg = 0.5 * w + 1, exp_avg_sq = w * w + 0.25
@@ -191,6 +192,17 @@ def save_rank(rank, world, port, a):
         use_distributed_optimizer=True, optimizer="adam", iteration=ITERATION,
         consumed_train_samples=640, rank=rank, local_rank=rank % 8)
     sd = state_dict(wrapped, opt, args)
+    # get_rng_state("fsdp_dtensor"): a list of each rank's generators (no ShardedObject for
+    # this format), which dcp.save flattens into uint8 tensor keys; the rerun state machine's.
+    import random
+    import numpy as np
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    sd["rng_state"] = [{"random_rng_state": random.getstate(),
+                        "np_rng_state": np.random.get_state(),
+                        "torch_rng_state": torch.get_rng_state(),
+                        "cuda_rng_state": torch.get_rng_state(),  # (no CUDA here)
+                        "rng_tracker_states": get_cuda_rng_tracker().get_states()}]
+    sd["rerun_state_machine"] = {"mode": "disabled", "rerun_requested": False}
     iter_dir = pathlib.Path(a.out) / f"iter_{ITERATION:07d}"
     if rank == 0:
         iter_dir.mkdir(parents=True, exist_ok=True)

@@ -120,18 +120,20 @@ std::shared_ptr<const torchfile::TorchFile> OpenItem(const Item& item,
 std::string ItemBytes(const Item& item, const ItemKey& key, FileCache& files);
 
 /// Where a format built on this container (Megatron-FSDP's fsdp_dtensor)
-/// puts a model or optimizer-state key's tensor: the param it is (part of),
-/// that param's shape, and the tensor's offset in it (empty: 0 in every
-/// dim). A 0-d state (a step) takes only the name.
+/// puts a tensor key: the param it is (part of), that param's shape, and the
+/// tensor's offset in it (empty: 0 in every dim); a 0-d state (a step) takes
+/// only the name. An empty `param`: no param's (an rng state), kept as an
+/// object (its item's bytes, like a BYTE_IO item's; one chunk).
 struct ParamPlace {
   std::string param;
   Shape shape;
   Shape offset;
 };
-/// `name`: the param a key names (model.<name>, optimizer.state.<name>.<s>);
-/// `size`: its tensor's global shape. Never throws.
-using ParamNamer =
-    std::function<ParamPlace(const std::string& name, const Shape& size)>;
+/// `key`: the DCP key; `name`: the param it names (model.<name>,
+/// optimizer.state.<name>.<s>, else the key); `size`: its global shape.
+/// Never throws.
+using ParamNamer = std::function<ParamPlace(
+    const std::string& key, const std::string& name, const Shape& size)>;
 
 /// Reads every item's archive index and pickle and plans the universal
 /// content (see above), params placed by `namer` when given (tensors of one

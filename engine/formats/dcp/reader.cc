@@ -139,8 +139,17 @@ Reader::Param& Reader::ParamOf(const std::string& name, const Shape& shape,
 void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
   const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
   ParamPlace place{k.param, e.size, {}};
-  if (namer_ && (k.kind == KeyClass::kState || k.kind == KeyClass::kModel))
-    place = namer_(k.param, e.size);
+  if (namer_) place = namer_(e.fqn, k.param, e.size);
+  if (place.param.empty()) {  // an object in a tensor
+    if (e.chunks.size() != 1) {
+      throw FormatError(where, ": ", e.chunks.size(), " chunks of a tensor ",
+                        "that is no param's (one expected)");
+    }
+    const ItemKey key{e.fqn, e.chunks[0].offsets};
+    plan_.opaque.push_back({StrCat("dcp/bytes/", e.fqn),
+                            ItemBytes(c_.items.at(key).front(), key, files_)});
+    return;
+  }
   if (!place.offset.empty() && place.offset.size() != e.size.size())
     place.offset.clear();
   std::string kind;

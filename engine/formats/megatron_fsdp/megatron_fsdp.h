@@ -26,7 +26,8 @@
 //                                       AdamW's), fc1 split the same way
 //   optimizer.param_to_group_meta.[module.]*<name>.<key>
 //                                       each param's group hyper-parameters
-//   args, iteration, checkpoint_version, opt_param_scheduler.*, ...
+//   args, iteration, checkpoint_version, opt_param_scheduler.*,
+//   rng_state.<i>.* (uint8 tensors and objects), ...
 //                                       objects
 // Names lose their wrappers' "module." prefixes (the model keys and the
 // optimizer's carry different numbers of them). In the universal file: the
@@ -34,7 +35,8 @@
 // model variables from args), vocabulary padding rows as pad atoms, the
 // param groups the metas make, args and the top-level scalars as a Megatron
 // source keeps them (args, top_level/<key>), other objects under
-// megatron_fsdp/<key>.
+// megatron_fsdp/<key> (the rng states' uint8 tensors, flattened by torch from
+// get_rng_state's list, among them).
 // Not read: pipeline parallelism (each stage numbers its layers from 0),
 // mixture-of-experts models.
 

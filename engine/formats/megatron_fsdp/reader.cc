@@ -314,8 +314,13 @@ void Planner::PlanRoot() {
 
 universal::SourcePlan Planner::Run() {
   ReadArgs();
-  plan_ =
-      dcp::PlanSource(c_.dcp, [](const std::string& name, const Shape& size) {
+  plan_ = dcp::PlanSource(
+      c_.dcp,
+      [](const std::string& key, const std::string& name, const Shape& size) {
+        // Model and optimizer tensors only: the rest (get_rng_state's
+        // generators, flattened by torch) are objects.
+        if (!key.starts_with("model.") && !key.starts_with("optimizer.state."))
+          return dcp::ParamPlace{};
         dcp::ParamPlace place{CanonicalName(name), size, {}};
         if (auto half = SwigluHalf(place.param)) {
           place.param = half->first;
