@@ -1,7 +1,7 @@
 """Megatron-FSDP `fsdp_dtensor` checkpoints saved by the real megatron-core (the tests'
 PyPI environment: run with its python), on CPU with gloo, one process per rank.
 
-  megatron_fsdp.py save --out SAVE_DIR [--dp D] [--seed S]
+  megatron_fsdp.py save --out SAVE_DIR [--dp D] [--seed S] [--size hidden,layers,ffn,heads,groups]
 
 The model is megatron_torch_dist.py's GPTModel (GQA, SwiGLU, RMSNorm, bf16, untied), wrapped as
 training's --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params wraps it
@@ -220,8 +220,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--size", help="hidden,layers,ffn,heads,groups (default 32,4,48,4,2)")
     a = ap.parse_args()
     a.tp = 1
+    if a.size:
+        mtd.SIZE.update(zip(("hidden", "layers", "ffn", "heads", "groups"),
+                            map(int, a.size.split(","))))
     import torch.multiprocessing as mp
     mtd.preload()
     world = a.tp * a.dp
