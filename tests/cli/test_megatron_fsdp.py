@@ -99,7 +99,8 @@ def test_fsdp_dtensor_to_torch_dist():
     (Adam's betas 0.9 / 0.95, not torch's defaults), the iteration is the source's; so do
     the groups torch reads from a DCP conversion. The save
     folder and its iteration folder are both detected; a torch_dist folder named as
-    Megatron-FSDP's is refused in one line. ucp resume falls back past a cut rank file."""
+    Megatron-FSDP's is refused in one line, so is Megatron's torch_dcp. ucp resume falls back
+    past a cut rank file."""
     t = pathlib.Path(tempfile.mkdtemp(prefix="ucp-mfsdp-"))
     try:
         save_fsdp(t / "fsdp")
@@ -155,6 +156,17 @@ def test_fsdp_dtensor_to_torch_dist():
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and "megatron-torch-dist" in lines[0], p.stderr
         assert not (t / "bad").exists()
+        # Megatron's other DCP format, torch_dcp, looks alike: refused by its args.
+        import argparse
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"model": {"module.decoder.final_layernorm.weight": torch.ones(4)},
+                  "args": argparse.Namespace(ckpt_format="torch_dcp",
+                                             tensor_model_parallel_size=1)},
+                 checkpoint_id=t / "tdcp" / "iter_0000001", no_dist=True)
+        (t / "tdcp" / "latest_checkpointed_iteration.txt").write_text("1")
+        p = run("convert", t / "tdcp", "-o", t / "bad", "--format", "dcp", "--dp", 1, expect=3)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "ckpt_format 'torch_dcp'" in lines[0], p.stderr
         # ucp resume past a cut rank file: iteration 20 (a copy of 10 with __1_0.distcp cut)
         # is skipped, iteration 10 reshaped; ucp resume without --format says to give one.
         shutil.copytree(t / "fsdp" / ITER, t / "fsdp" / "iter_0000020")

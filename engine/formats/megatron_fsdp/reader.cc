@@ -453,10 +453,15 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
       it != c.dcp.items.end() && !it->second.empty()) {
     dcp::FileCache files;
     const auto f = dcp::OpenItem(it->second.front(), args, files);
-    c.topology = megatron::ReadRunConfig(
-                     megatron::ArgsView(f->root(),
-                                        StrCat(c.iter_dir.string(), " > args")))
-                     .topology;
+    const megatron::ArgsView view(f->root(),
+                                  StrCat(c.iter_dir.string(), " > args"));
+    if (auto format = view.Str("ckpt_format");
+        format && *format != "fsdp_dtensor") {
+      throw FormatError(view.where(), ": ckpt_format '", *format,
+                        "' (Megatron's torch_dcp keys its optimizer state by "
+                        "param index: not read; only fsdp_dtensor is)");
+    }
+    c.topology = megatron::ReadRunConfig(view).topology;
   }
   return c;
 }
