@@ -41,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/formats/dcp/metadata.h"
@@ -149,8 +150,10 @@ std::vector<formats::ArchiveSpan> Archives(const Checkpoint& checkpoint,
                                            const std::filesystem::path& file);
 
 /// Keys, global shapes and dtypes, chunks and where each lies, for `ucp
-/// inspect`.
-json::Value Inventory(const Checkpoint& checkpoint);
+/// inspect`, as `format` (a driver name) titled `title`.
+json::Value Inventory(const Checkpoint& checkpoint,
+                      std::string_view format = "dcp",
+                      std::string_view title = "PyTorch DCP");
 
 /// The target: N files __R_0.distcp, every tensor chunked along dim 0 over
 /// N ranks as FSDP2 / DTensor Shard(0) chunks it (torch.chunk sizes; 0-d

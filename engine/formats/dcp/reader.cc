@@ -405,15 +405,16 @@ std::vector<formats::ArchiveSpan> Archives(const Checkpoint& c,
   return out;
 }
 
-json::Value Inventory(const Checkpoint& c) {
+json::Value Inventory(const Checkpoint& c, std::string_view format,
+                      std::string_view title) {
   json::Value j;
-  j["format"] = "dcp";
+  j["format"] = format;
   j["path"] = c.path.string();
   j["version"] = c.metadata.version;
   j["rank_local"] = c.rank_local;
   j["world"] = c.world;
   std::string text =
-      StrCat(c.path.string(), "  (PyTorch DCP, ", c.metadata.entries.size(),
+      StrCat(c.path.string(), "  (", title, ", ", c.metadata.entries.size(),
              " keys, ", c.files.size(), " files",
              c.rank_local ? ", rank-local metadata" : "", ")\n");
   json::Value keys = json::Value::Array();

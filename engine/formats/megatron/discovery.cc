@@ -65,6 +65,53 @@ bool IsIterDirName(std::string_view name) {
 
 }  // namespace
 
+std::optional<int64_t> ParseIterDirName(std::string_view name) {
+  if (!name.starts_with("iter_")) return std::nullopt;
+  return ParseNumber(name.substr(5));
+}
+
+IterationFolder LocateIteration(const fs::path& path,
+                                std::optional<int64_t> iteration) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw IoError("checkpoint folder ", path.string(),
+                  " does not exist or is not a folder");
+  }
+  IterationFolder f;
+  const fs::path tracker = path / kTrackerFile;
+  const auto own = ParseIterDirName(path.filename().string());
+  if (iteration) {
+    f.dir = own && !fs::exists(tracker, ec) ? path.parent_path() : path;
+    f.iteration = *iteration;
+    f.iter_dir = f.dir / IterDirName(*iteration, false);
+    if (!fs::is_directory(f.iter_dir, ec)) {
+      throw UsageError("iteration ", *iteration, " is not in ", f.dir.string(),
+                       " (no ", f.iter_dir.filename().string(), ")");
+    }
+  } else if (fs::exists(tracker, ec)) {
+    f.dir = path;
+    const std::string text = ReadSmallFile(tracker, 1024);
+    const auto n = ParseNumber(TrimWhitespace(text));
+    if (!n) {
+      throw FormatError(tracker.string(), ": not an iteration number: '",
+                        std::string(TrimWhitespace(text)).substr(0, 40), "'");
+    }
+    f.iteration = *n;
+    f.iter_dir = path / IterDirName(*n, false);
+    if (!fs::is_directory(f.iter_dir, ec)) {
+      throw FormatError(tracker.string(), " names iteration ", *n, " but ",
+                        f.iter_dir.string(), " does not exist");
+    }
+  } else {
+    f.dir = path.parent_path();
+    f.iter_dir = path;
+    f.iteration = own.value_or(0);
+    f.named = own.has_value();
+  }
+  f.iter_dir = f.iter_dir.lexically_normal();
+  return f;
+}
+
 std::vector<formats::SavedCheckpoint> ListIterations(
     const std::filesystem::path& dir) {
   std::vector<formats::SavedCheckpoint> out;

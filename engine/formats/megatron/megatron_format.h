@@ -109,6 +109,7 @@
 //   every stored row (the source's padded size) counts as a real row}.
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -134,6 +135,25 @@ inline constexpr WorldTensor kWorldTensors[] = {
 
 /// "iter_0000100", or "release".
 std::string IterDirName(int64_t iteration, bool release);
+/// N of "iter_N" (digits only); absent for any other name.
+std::optional<int64_t> ParseIterDirName(std::string_view name);
+
+/// Where the DCP-container formats' (torch_dist, Megatron-FSDP) iteration
+/// folder of `path` lies: `iteration`'s in the save folder (`path`, or its
+/// parent when `path` is an iter_N folder without a tracker); else the
+/// tracker's; else `path` itself, `named` telling whether its name is iter_N
+/// (its iteration, else 0).
+struct IterationFolder {
+  std::filesystem::path dir;       // the save folder
+  std::filesystem::path iter_dir;  // lexically normal
+  int64_t iteration = 0;
+  bool named = true;
+};
+/// Throws IoError if `path` is not a folder, FormatError naming a tracker
+/// that holds no number or names a missing folder, UsageError for an
+/// `iteration` the save folder lacks.
+IterationFolder LocateIteration(const std::filesystem::path& path,
+                                std::optional<int64_t> iteration);
 /// The universal file's opaque key of a rank's rng state:
 /// "rng_state/tp01_pp003".
 std::string RngStateKey(int64_t tp_rank, int64_t pp_rank);

@@ -40,13 +40,8 @@ class FsdpSource : public formats::Source {
     return dcp::Archives(c_.dcp, file);
   }
   json::Value Inventory() const override {
-    json::Value j = dcp::Inventory(c_.dcp);
-    j["format"] = "megatron-fsdp";
-    std::string text = j["text"].AsString();
-    if (const size_t at = text.find("(PyTorch DCP,"); at != std::string::npos)
-      text.replace(at, 13, "(Megatron-FSDP fsdp_dtensor, DCP:");
-    j["text"] = text;
-    return j;
+    return dcp::Inventory(c_.dcp, "megatron-fsdp",
+                          "Megatron-FSDP fsdp_dtensor");
   }
 
  private:

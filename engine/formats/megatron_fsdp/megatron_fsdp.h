@@ -42,12 +42,15 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "engine/formats/dcp/dcp.h"
 #include "engine/formats/driver.h"
+#include "engine/formats/megatron/args.h"
+#include "engine/torchfile/torch_file.h"
 #include "engine/universal/source_plan.h"
 #include "layouts/variables.h"
 
@@ -62,6 +65,9 @@ struct Checkpoint {
   dcp::Checkpoint dcp;
   /// As saved: args' sizes, else DP = the writing ranks.
   layouts::Topology topology;
+  /// The args object (its item) and what it says; null / absent without.
+  std::shared_ptr<const torchfile::TorchFile> args;
+  std::optional<megatron::RunConfig> run;
 };
 
 /// True if `dir` is a complete DCP checkpoint folder of Megatron's naming
@@ -77,8 +83,9 @@ std::vector<formats::SavedCheckpoint> ListIterations(
 
 /// Finds the checkpoint (a save folder: `iteration`, else the tracker's; or
 /// an iteration folder) and reads its DCP metadata and args. Throws IoError,
-/// FormatError naming the tracker, folder or args field, UsageError for an
-/// iteration the save folder lacks, and what dcp::Discover throws.
+/// FormatError naming the tracker, folder or args field (another ckpt_format,
+/// pipeline parallelism), UsageError for an iteration the save folder lacks,
+/// and what dcp::Discover throws.
 Checkpoint Discover(const std::filesystem::path& path,
                     std::optional<int64_t> iteration);
 

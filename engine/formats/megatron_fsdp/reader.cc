@@ -2,15 +2,11 @@
 // (megatron_fsdp.h).
 
 #include <algorithm>
-#include <charconv>
 #include <map>
-#include <set>
 #include <system_error>
 
 #include "engine/core/error.h"
-#include "engine/core/file.h"
 #include "engine/formats/common/attrs.h"
-#include "engine/formats/common/torch_blob.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron_fsdp/megatron_fsdp.h"
@@ -26,19 +22,6 @@ using pickle::Value;
 
 constexpr std::string_view kModule = "module.";
 constexpr std::string_view kGroupMeta = "optimizer.param_to_group_meta.";
-
-std::optional<int64_t> ParseNumber(std::string_view s) {
-  int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size() || v < 0)
-    return std::nullopt;
-  return v;
-}
-
-std::optional<int64_t> IterationOf(std::string_view name) {
-  if (!name.starts_with("iter_")) return std::nullopt;
-  return ParseNumber(name.substr(5));
-}
 
 // A complete DCP folder that is not torch_dist's (which writes common.pt
 // and, last, metadata.json).
@@ -70,7 +53,6 @@ class Planner {
 
  private:
   const Value* Object(const std::string& fqn);
-  void ReadArgs();
   void PlanLayout();
   void PadVocabulary(const std::string& param, int64_t rows);
   void PlanGroups();
@@ -82,8 +64,7 @@ class Planner {
   universal::SourcePlan plan_;
   dcp::FileCache files_;
   std::map<std::string, std::shared_ptr<const torchfile::TorchFile>> objects_;
-  const Value* args_ = nullptr;
-  std::optional<megatron::RunConfig> run_;
+  const std::optional<megatron::RunConfig>& run_ = c_.run;
   std::optional<layouts::Layout> layout_;
   layouts::Variables vars_;
   std::string vocab_source_;
@@ -97,19 +78,6 @@ const Value* Planner::Object(const std::string& fqn) {
   auto& f = objects_[fqn];
   if (!f) f = dcp::OpenItem(it->second.front(), key, files_);
   return f->root();
-}
-
-void Planner::ReadArgs() {
-  args_ = Object("args");
-  if (args_ == nullptr) return;
-  run_ = megatron::ReadRunConfig(
-      megatron::ArgsView(args_, StrCat(c_.iter_dir.string(), " > args")));
-  if (run_->topology.pp > 1) {
-    throw FormatError(c_.iter_dir.string(), " > args: pipeline_model_parallel_",
-                      "size ", run_->topology.pp,
-                      " (Megatron-FSDP's stages each number their layers from "
-                      "0 in the model keys: not read)");
-  }
 }
 
 void Planner::PlanLayout() {
@@ -293,8 +261,9 @@ void Planner::PlanRoot() {
   root.model = model.Dump();
   root.layout = layout_->yaml();
   root.args =
-      args_ != nullptr
-          ? megatron::ArgsToJson(megatron::ArgsView(args_, "args")).Dump()
+      c_.args != nullptr
+          ? megatron::ArgsToJson(megatron::ArgsView(c_.args->root(), "args"))
+                .Dump()
           : std::string("{}");
   json::Value opt =
       formats::ParseJsonAttr(root.optimizer, "optimizer", c_.iter_dir);
@@ -313,7 +282,6 @@ void Planner::PlanRoot() {
 }
 
 universal::SourcePlan Planner::Run() {
-  ReadArgs();
   plan_ = dcp::PlanSource(
       c_.dcp,
       [](const std::string& key, const std::string& name, const Shape& size) {
@@ -361,14 +329,15 @@ bool IsFsdpFolder(const fs::path& dir) {
     bool complete = false;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
          it.increment(ec)) {
-      if (!IterationOf(it->path().filename().string())) continue;
+      if (!megatron::ParseIterDirName(it->path().filename().string())) continue;
       std::error_code e2;
       if (fs::exists(it->path() / "metadata.json", e2)) return false;
       complete = complete || IsDcpIterFolder(it->path());
     }
     return complete;
   }
-  return IterationOf(dir.filename().string()) && IsDcpIterFolder(dir) &&
+  return megatron::ParseIterDirName(dir.filename().string()) &&
+         IsDcpIterFolder(dir) &&
          fs::exists(dir.parent_path() / megatron::kTrackerFile, ec);
 }
 
@@ -378,7 +347,7 @@ std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    const auto n = IterationOf(name);
+    const auto n = megatron::ParseIterDirName(name);
     std::error_code e2;
     if (!n || !it->is_directory(e2)) continue;
     // An unfinished save (no .metadata yet) is listed: Open says so.
@@ -400,45 +369,16 @@ std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
 }
 
 Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
-    throw IoError("checkpoint folder ", path.string(),
-                  " does not exist or is not a folder");
-  }
   Checkpoint c;
-  const fs::path tracker = path / megatron::kTrackerFile;
-  const auto own = IterationOf(path.filename().string());
-  if (iteration) {
-    c.dir = own && !fs::exists(tracker, ec) ? path.parent_path() : path;
-    c.iteration = *iteration;
-    c.iter_dir = c.dir / megatron::IterDirName(*iteration, false);
-    if (!fs::is_directory(c.iter_dir, ec)) {
-      throw UsageError("iteration ", *iteration, " is not in ", c.dir.string(),
-                       " (no ", c.iter_dir.filename().string(), ")");
-    }
-  } else if (fs::exists(tracker, ec)) {
-    c.dir = path;
-    const std::string text = ReadSmallFile(tracker, 1024);
-    const auto n = ParseNumber(TrimWhitespace(text));
-    if (!n) {
-      throw FormatError(tracker.string(), ": not an iteration number: '",
-                        std::string(TrimWhitespace(text)).substr(0, 40), "'");
-    }
-    c.iteration = *n;
-    c.iter_dir = path / megatron::IterDirName(*n, false);
-    if (!fs::is_directory(c.iter_dir, ec)) {
-      throw FormatError(tracker.string(), " names iteration ", *n, " but ",
-                        c.iter_dir.string(), " does not exist");
-    }
-  } else if (own) {
-    c.dir = path.parent_path();
-    c.iter_dir = path;
-    c.iteration = *own;
-  } else {
+  megatron::IterationFolder f = megatron::LocateIteration(path, iteration);
+  if (!f.named) {
     throw FormatError(path.string(), ": neither a Megatron save folder (no ",
                       megatron::kTrackerFile, ") nor an iter_N folder");
   }
-  c.iter_dir = c.iter_dir.lexically_normal();
+  c.dir = std::move(f.dir);
+  c.iter_dir = std::move(f.iter_dir);
+  c.iteration = f.iteration;
+  std::error_code ec;
   if (fs::exists(c.iter_dir / "metadata.json", ec)) {
     throw FormatError(c.iter_dir.string(),
                       ": a torch_dist checkpoint (metadata.json), not "
@@ -452,8 +392,8 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   if (auto it = c.dcp.items.find(args);
       it != c.dcp.items.end() && !it->second.empty()) {
     dcp::FileCache files;
-    const auto f = dcp::OpenItem(it->second.front(), args, files);
-    const megatron::ArgsView view(f->root(),
+    c.args = dcp::OpenItem(it->second.front(), args, files);
+    const megatron::ArgsView view(c.args->root(),
                                   StrCat(c.iter_dir.string(), " > args"));
     if (auto format = view.Str("ckpt_format");
         format && *format != "fsdp_dtensor") {
@@ -461,7 +401,14 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
                         "' (Megatron's torch_dcp keys its optimizer state by "
                         "param index: not read; only fsdp_dtensor is)");
     }
-    c.topology = megatron::ReadRunConfig(view).topology;
+    c.run = megatron::ReadRunConfig(view);
+    if (c.run->topology.pp > 1) {
+      throw FormatError(view.where(), ": pipeline_model_parallel_size ",
+                        c.run->topology.pp,
+                        " (Megatron-FSDP's stages each number their layers "
+                        "from 0 in the model keys: not read)");
+    }
+    c.topology = c.run->topology;
   }
   return c;
 }

@@ -2,7 +2,6 @@
 // metadata.json, the DCP container and the common state.
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <set>
 #include <system_error>
@@ -21,19 +20,6 @@ using pickle::Kind;
 using pickle::Value;
 
 namespace {
-
-std::optional<int64_t> ParseNumber(std::string_view s) {
-  int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size() || v < 0)
-    return std::nullopt;
-  return v;
-}
-
-std::optional<int64_t> IterationOf(std::string_view name) {
-  if (!name.starts_with("iter_")) return std::nullopt;
-  return ParseNumber(name.substr(5));
-}
 
 // metadata.json, parsed; throws FormatError naming it.
 json::Value ReadMetadataJson(const fs::path& path) {
@@ -83,7 +69,7 @@ std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    const auto n = IterationOf(name);
+    const auto n = megatron::ParseIterDirName(name);
     if (!n || !it->is_directory(ec)) continue;
     std::error_code e2;
     if (!fs::exists(it->path() / kMetadataJson, e2) &&
@@ -101,44 +87,11 @@ std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
 
 Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
-    throw IoError("checkpoint folder ", path.string(),
-                  " does not exist or is not a folder");
-  }
   Checkpoint c;
-  const fs::path tracker = path / megatron::kTrackerFile;
-  const auto own = IterationOf(path.filename().string());
-  if (iteration) {
-    c.dir = own && !fs::exists(tracker, ec) ? path.parent_path() : path;
-    c.iteration = *iteration;
-    c.iter_dir = c.dir / megatron::IterDirName(*iteration, false);
-    if (!fs::is_directory(c.iter_dir, ec)) {
-      throw UsageError("iteration ", *iteration, " is not in ", c.dir.string(),
-                       " (no ", c.iter_dir.filename().string(), ")");
-    }
-  } else if (fs::exists(tracker, ec)) {
-    c.dir = path;
-    const std::string text = ReadSmallFile(tracker, 1024);
-    const auto n = ParseNumber(TrimWhitespace(text));
-    if (!n) {
-      throw FormatError(tracker.string(), ": not an iteration number: '",
-                        std::string(TrimWhitespace(text)).substr(0, 40), "'");
-    }
-    c.iteration = *n;
-    c.iter_dir = path / megatron::IterDirName(*n, false);
-    if (!fs::is_directory(c.iter_dir, ec)) {
-      throw FormatError(tracker.string(), " names iteration ", *n, " but ",
-                        c.iter_dir.string(), " does not exist");
-    }
-  } else if (own) {
-    c.dir = path.parent_path();
-    c.iter_dir = path;
-    c.iteration = *own;
-  } else {
-    c.dir = path.parent_path();
-    c.iter_dir = path;
-  }
-  c.iter_dir = c.iter_dir.lexically_normal();
+  megatron::IterationFolder f = megatron::LocateIteration(path, iteration);
+  c.dir = std::move(f.dir);
+  c.iter_dir = std::move(f.iter_dir);
+  c.iteration = f.iteration;
   const fs::path mj = c.iter_dir / kMetadataJson;
   if (!fs::exists(mj, ec)) {
     throw FormatError(c.iter_dir.string(),

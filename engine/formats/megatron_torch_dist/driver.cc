@@ -65,7 +65,10 @@ class TorchDistSource : public formats::Source {
     std::vector<formats::ArchiveSpan> out = dcp::Archives(c_.dcp, file);
     return out.size() == 1 && out[0].offset == 0 ? decltype(out)() : out;
   }
-  json::Value Inventory() const override { return dcp::Inventory(c_.dcp); }
+  json::Value Inventory() const override {
+    return dcp::Inventory(c_.dcp, "megatron-torch-dist",
+                          "Megatron-core torch_dist");
+  }
 
  private:
   Checkpoint c_;
