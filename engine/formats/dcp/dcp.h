@@ -70,7 +70,8 @@ struct Checkpoint {
   std::filesystem::path dir;   // the save folder (parent)
   std::filesystem::path path;  // the checkpoint folder
   std::string name;            // its folder name
-  int64_t iteration = 0;       // the name's trailing number, else 0
+  int64_t iteration = 0;       // the name's trailing number, else the step of
+                               // optimizer.state.*.step, else 0
   bool rank_local = false;
   std::vector<std::filesystem::path> metadata_files;
   /// Merged metadata: every chunk once (the first rank's), every key.

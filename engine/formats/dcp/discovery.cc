@@ -188,6 +188,45 @@ void Merge(Checkpoint& c, Metadata m, const fs::path& file, int64_t rank) {
   }
 }
 
+// The optimizer step a checkpoint's state holds: the first 0-d
+// optimizer.state.<fqn>.step tensor's value (torch's Adam keeps the same
+// step for every param); absent if it has none.
+std::optional<int64_t> StateStep(const Checkpoint& c) {
+  for (const Entry& e : c.metadata.entries) {
+    if (!e.tensor || !e.size.empty() || e.chunks.empty() ||
+        !e.fqn.starts_with("optimizer.state.") || !e.fqn.ends_with(".step"))
+      continue;
+    const ItemKey key{e.fqn, e.chunks.front().offsets};
+    const auto it = c.items.find(key);
+    if (it == c.items.end() || it->second.empty()) continue;
+    FileCache files;
+    const std::shared_ptr<const torchfile::TorchFile> f =
+        OpenItem(it->second.front(), key, files);
+    const torchfile::TensorInfo* t = f->FindTensor(f->root());
+    if (t == nullptr || !t->shape.empty()) continue;
+    std::byte bytes[8] = {};
+    if (t->dtype == DType::kFloat32) {
+      f->ReadTensor(*t, std::span(bytes, 4));
+      float v = 0;
+      std::memcpy(&v, bytes, 4);
+      return static_cast<int64_t>(v);
+    }
+    if (t->dtype == DType::kFloat64 || t->dtype == DType::kInt64) {
+      f->ReadTensor(*t, std::span(bytes, 8));
+      if (t->dtype == DType::kInt64) {
+        int64_t v = 0;
+        std::memcpy(&v, bytes, 8);
+        return v;
+      }
+      double v = 0;
+      std::memcpy(&v, bytes, 8);
+      return static_cast<int64_t>(v);
+    }
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 bool IsCheckpointFolder(const fs::path& dir) {
@@ -318,6 +357,9 @@ Checkpoint Discover(const fs::path& path, const std::string& name) {
   c.files = c.metadata_files;
   c.files.insert(c.files.end(), files.begin(), files.end());
   c.world = std::max<int64_t>(1, static_cast<int64_t>(ranks.size()));
+  // A folder whose name tells no step (ucp's output, say): the optimizer's.
+  if (TrailingNumber(c.name) < 0)
+    if (std::optional<int64_t> step = StateStep(c)) c.iteration = *step;
   return c;
 }
 

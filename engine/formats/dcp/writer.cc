@@ -22,6 +22,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/sinks.h"
 #include "engine/formats/common/torch_blob.h"
+#include "engine/formats/common/train_state.h"
 #include "engine/formats/dcp/dcp.h"
 #include "engine/formats/dcp/items.h"
 #include "engine/formats/dcp/keys.h"
@@ -224,11 +225,13 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
   if (!any_state) return;
   std::vector<std::string> kinds = {"exp_avg", "exp_avg_sq"};
   kinds.insert(kinds.end(), other.begin(), other.end());
-  double step = static_cast<double>(input_.root().iteration);
+  const int64_t optimizer_step =
+      formats::OptimizerStep(input_.root(), input_.path());
+  const auto step = static_cast<double>(optimizer_step);
   if (!step_atoms) {
     notes_.insert(
         StrCat("the source kept no per-param optimizer step: wrote step ",
-               input_.root().iteration, " (its iteration) for every param"));
+               optimizer_step, " (its optimizer's step) for every param"));
   }
   for (const atoms::StoredParam& p : input_.params()) {
     if (p.info.kind == atoms::ParamKind::kBuffer || p.info.frozen) continue;
@@ -281,11 +284,11 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
   if (list == nullptr || list->kind != Kind::kList) {
     templates = nullptr;
     std::vector<Value*> made;
-    const json::Value opt = formats::ParseJsonAttr(input_.root().optimizer,
-                                                   "optimizer", input_.path());
-    if (const json::Value* gs = opt.Find("groups"); gs && gs->is_array())
-      for (const json::Value& g : gs->items())
-        made.push_back(formats::GroupHyperparamsDict(g, json_groups));
+    // (torch.optim.Adam's load needs lr, betas, eps and weight_decay.)
+    const json::Value groups =
+        formats::AdamGroups(input_.root(), input_.path(), notes_);
+    for (const json::Value& g : groups.items())
+      made.push_back(formats::GroupHyperparamsDict(g, json_groups));
     const bool any = std::any_of(made.begin(), made.end(),
                                  [](const Value* v) { return v != nullptr; });
     list = any ? json_groups.List(std::move(made)) : nullptr;

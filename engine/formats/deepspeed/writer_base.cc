@@ -9,6 +9,7 @@
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
+#include "engine/formats/common/train_state.h"
 #include "engine/reshape/target_plan.h"
 #include "layouts/placement.h"
 
@@ -311,9 +312,26 @@ void WriterBase::Prepare(bool tensor_parallel) {
     if (list != nullptr && list->kind == Kind::kList) group_templates_ = list;
   }
   if (group_templates_ == nullptr && !options_.no_optimizer) {
-    notes_.insert(
-        "no optimizer param groups in the universal content: "
-        "wrote groups without hyper-parameters");
+    // No pickled groups (a MindSpore or DCP-less source): the groups the
+    // optimizer attribute keeps, with torch Adam's defaults for what the
+    // source does not record (torch's load_state_dict takes them whole).
+    std::vector<pickle::Value*> made;
+    if (any_state) {
+      const json::Value groups =
+          formats::AdamGroups(input_.root(), input_.path(), notes_);
+      for (const json::Value& g : groups.items())
+        made.push_back(formats::GroupHyperparamsDict(g, json_groups_));
+    }
+    if (std::any_of(made.begin(), made.end(),
+                    [](const pickle::Value* v) { return v != nullptr; })) {
+      for (pickle::Value*& v : made)
+        if (v == nullptr) v = json_groups_.Dict();
+      group_templates_ = json_groups_.List(std::move(made));
+    } else {
+      notes_.insert(
+          "no optimizer param groups in the universal content: "
+          "wrote groups without hyper-parameters");
+    }
   }
 }
 
@@ -450,7 +468,7 @@ Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
     t.ops.push_back(std::move(op));
     return f.AddTensor(std::move(t));
   }
-  int64_t step = input_.root().iteration;
+  int64_t step = formats::OptimizerStep(input_.root(), input_.path());
   if (const json::Value* v = meta_.Find("step_value"); v && v->is_number()) {
     if (step_kind_ == "float") return a.Float(v->AsDouble());
     step = static_cast<int64_t>(v->AsDouble());

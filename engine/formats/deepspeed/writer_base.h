@@ -160,7 +160,10 @@ class WriterBase {
   /// sub_group_size, else DeepSpeed's default 1e9.
   int64_t sub_group_size_ = 1'000'000'000;
   std::shared_ptr<const torchfile::TorchFile> group_file_;
+  /// The source's pickled groups, else those made from the optimizer
+  /// attribute (in json_groups_; group_file_ null).
   const pickle::Value* group_templates_ = nullptr;
+  pickle::Arena json_groups_;
   std::set<std::string> notes_;
 };
 

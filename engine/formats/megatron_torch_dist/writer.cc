@@ -36,6 +36,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/torch_blob.h"
+#include "engine/formats/common/train_state.h"
 #include "engine/formats/dcp/items.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/megatron_format.h"
@@ -259,11 +260,12 @@ void TorchDistPlan::ReadMetadata() {
             megatron::FindTorchStep(input_, true, reshape::ExecutorOptions{})) {
       step_ = *step;
     } else {
-      step_.value = static_cast<double>(root.iteration);
+      const int64_t source_step = formats::OptimizerStep(root, input_.path());
+      step_.value = static_cast<double>(source_step);
       notes_.insert(StrCat(
           "the universal content holds no Adam step: the optimizer's step "
-          "is set to the iteration, ",
-          root.iteration));
+          "is set to the source optimizer's (else the iteration), ",
+          source_step));
     }
   }
 }

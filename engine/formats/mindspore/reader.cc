@@ -12,6 +12,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/common/attrs.h"
+#include "engine/formats/common/train_state.h"
 #include "engine/formats/mindspore/mindspore.h"
 #include "engine/json/json.h"
 
@@ -309,6 +310,41 @@ void Counters(Checkpoint& c, int64_t fallback) {
   c.consumed_samples = step_num && batch && *step_num >= 0 && *batch > 0
                            ? *step_num * *batch
                            : -1;
+}
+
+// A float32 scalar record of `index` (nn.Adam's learning_rate, beta1_power,
+// beta2_power: 0-d, or of one element), read from `f`; absent if none.
+std::optional<float> FloatRecord(const CkptIndex& index, const File& f,
+                                 std::string_view tag) {
+  for (const CkptEntry& e : index.entries) {
+    if (e.tag != tag || e.slices.size() != 1 || e.map_tensor) continue;
+    if (e.tensor_type != "Float32" || e.nbytes != 4) return std::nullopt;
+    float x = 0;
+    f.ReadExact(&x, 4, e.slices[0].offset);
+    return x;
+  }
+  return std::nullopt;
+}
+
+// The hyper-parameters of nn.Adam that its records tell, into its group
+// object `g`: lr (a fixed learning_rate, as the shortest decimal of its
+// float32) and the betas, derived from
+// beta1_power / beta2_power (beta^step in float32) and the step. eps and
+// weight_decay are not saved.
+void AdamHyperparams(const CkptIndex& index, int64_t step, json::Value& g) {
+  const File f = File::OpenRead(index.path);
+  if (auto lr = FloatRecord(index, f, "learning_rate"))
+    g["lr"] = formats::ShortestDecimal(*lr);
+  const auto p1 = FloatRecord(index, f, "beta1_power");
+  const auto p2 = FloatRecord(index, f, "beta2_power");
+  const auto b1 = p1 ? formats::BetaOfPower(*p1, step) : std::nullopt;
+  const auto b2 = p2 ? formats::BetaOfPower(*p2, step) : std::nullopt;
+  if (b1 && b2) {
+    json::Value betas = json::Value::Array();
+    betas.Append(*b1);
+    betas.Append(*b2);
+    g["betas"] = std::move(betas);
+  }
 }
 
 }  // namespace
@@ -827,6 +863,14 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   json::Value groups = json::Value::Array();
   json::Value g = json::Value::Object();
   g["params"] = std::move(group_params);
+  for (const CkptIndex* f : files) {  // (the file holding the records)
+    if (std::any_of(
+            f->entries.begin(), f->entries.end(),
+            [](const CkptEntry& e) { return e.tag == "beta1_power"; })) {
+      AdamHyperparams(*f, root.iteration, g);
+      break;
+    }
+  }
   groups.Append(std::move(g));
   opt["groups"] = std::move(groups);
   json::Value kinds = json::Value::Array();

@@ -13,6 +13,7 @@
 #include "engine/core/strided.h"
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/safetensors.h"
+#include "engine/formats/common/train_state.h"
 #include "engine/formats/mindspore/mindspore.h"
 #include "engine/json/json.h"
 #include "layouts/layout.h"
@@ -369,7 +370,7 @@ class MindSporePlan : public formats::TargetPlan {
     return v != nullptr && v->is_string() ? v->AsString() : fallback;
   }
 
-  std::vector<Spec> Specs() const {
+  std::vector<Spec> Specs() {
     std::vector<Spec> specs;
     const std::string m1 = Prefix("exp_avg_prefix", "moment1.");
     const std::string m2 = Prefix("exp_avg_sq_prefix", "moment2.");
@@ -420,8 +421,9 @@ class MindSporePlan : public formats::TargetPlan {
     // A MindSpore source keeps exactly its records; others get nn.Adam's.
     const bool from_mindspore = meta_.Find("order") != nullptr;
     if (!has_step && !from_mindspore && !input_.params().empty()) {
-      // nn.Adam's step counter, from the iteration.
-      const int32_t step = static_cast<int32_t>(input_.root().iteration);
+      // nn.Adam's step counter: the optimizer's step (else the iteration).
+      const auto step = static_cast<int32_t>(
+          formats::OptimizerStep(input_.root(), input_.path()));
       specs.push_back({nullptr, nullptr, "", "global_step", "Int32", Shape{1},
                        std::string(reinterpret_cast<const char*>(&step), 4)});
     }
@@ -463,8 +465,10 @@ class MindSporePlan : public formats::TargetPlan {
   // nn.Adam's learning_rate, beta1_power and beta2_power (float32 scalars)
   // when the source had Adam's moments but not these records (a torch
   // optimizer's state): the first group's lr, and beta^step multiplied up
-  // in float32 step by step, as nn.Adam updates them.
-  std::vector<Spec> AdamScalars(const std::vector<Spec>& have) const {
+  // in float32 step by step, as nn.Adam updates them (torch Adam's default
+  // betas, said in a note, when the source records none; without an lr, no
+  // learning_rate: nn.Adam keeps the one it is built with).
+  std::vector<Spec> AdamScalars(const std::vector<Spec>& have) {
     std::vector<Spec> out;
     auto has = [&](const char* tag) {
       return std::any_of(have.begin(), have.end(),
@@ -473,40 +477,46 @@ class MindSporePlan : public formats::TargetPlan {
     bool moments = false;
     for (const atoms::StoredParam& p : input_.params())
       moments = moments || input_.FindAtom(p.info.fqn, "exp_avg") != nullptr;
+    if (!moments) return out;
     const json::Value opt = formats::ParseJsonAttr(input_.root().optimizer,
                                                    "optimizer", input_.path());
-    const json::Value* groups = opt.Find("groups");
-    if (!moments || groups == nullptr || !groups->is_array() ||
-        groups->size() == 0)
-      return out;
-    const json::Value& g = groups->items()[0];
-    auto scalar = [](const char* tag, float x) {
+    const json::Value* groups = opt.is_object() ? opt.Find("groups") : nullptr;
+    json::Value g =
+        groups != nullptr && groups->is_array() && groups->size() > 0
+            ? groups->items()[0]
+            : json::Value::Object();
+    std::set<std::string> notes;
+    static constexpr const char* kBetas[] = {"betas"};
+    formats::CompleteAdamGroup(g, kBetas, notes);
+    auto scalar = [](const char* tag, Shape shape, float x) {
       return Spec{nullptr,
                   nullptr,
                   "",
                   tag,
                   "Float32",
-                  Shape{},
+                  std::move(shape),
                   std::string(reinterpret_cast<const char*>(&x), 4)};
     };
     if (const json::Value* lr = g.Find("lr");
-        lr != nullptr && lr->is_number() && !has("learning_rate"))
+        lr != nullptr && lr->is_number() && !has("learning_rate")) {
       out.push_back(
-          scalar("learning_rate", static_cast<float>(lr->AsDouble())));
-    const json::Value* betas = g.Find("betas");
-    if (betas == nullptr || !betas->is_array() || betas->size() != 2 ||
-        has("beta1_power") || has("beta2_power"))
-      return out;
-    int64_t step = input_.root().iteration;
-    if (const json::Value* st = opt.Find("step"); st && st->is_number())
-      step = st->AsInt();
-    const char* tags[] = {"beta1_power", "beta2_power"};
-    for (size_t i = 0; i < 2; ++i) {
-      const auto beta = static_cast<float>(betas->items()[i].AsDouble());
-      float power = 1.0f;
-      for (int64_t k = 0; k < step && power != 0.0f; ++k) power *= beta;
-      out.push_back(scalar(tags[i], power));
+          scalar("learning_rate", {}, static_cast<float>(lr->AsDouble())));
+    } else if (!has("learning_rate")) {
+      notes.insert(
+          "the source records no learning rate: no learning_rate record "
+          "written (nn.Adam keeps the one it is built with)");
     }
+    const json::Value& betas = *g.Find("betas");
+    if (!has("beta1_power") && !has("beta2_power")) {
+      const int64_t step = formats::OptimizerStep(input_.root(), input_.path());
+      const char* tags[] = {"beta1_power", "beta2_power"};
+      for (size_t i = 0; i < 2; ++i) {
+        out.push_back(
+            scalar(tags[i], Shape{},
+                   formats::BetaPower(betas.items()[i].AsDouble(), step)));
+      }
+    }
+    notes_.insert(notes_.end(), notes.begin(), notes.end());
     return out;
   }
 
