@@ -82,6 +82,33 @@ def cpu_shims():
         return "torch.cuda." + t[len("torch."):]
     type_._ucp_cpu = True
     torch.Tensor.type = type_
+    keep_step()
+
+
+def keep_step():
+    """Without Apex or Transformer Engine (so on CPU) megatron-core 0.16's DistributedOptimizer
+    runs torch's Adam, whose per-param state holds a 'step': its load_state_dict puts the
+    checkpoint's step there, then load_parameter_state asks the file's tensors for every state
+    key ('param', 'exp_avg', 'exp_avg_sq' only) and fails with KeyError 'step', on its own saves
+    too. Training on GPUs runs FusedAdam (no per-param step). Here the state keys the file does
+    not hold keep what load_state_dict set; the others are copied as megatron-core copies them."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    plain = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(plain, "_ucp_keep_step", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main = self.optimizer.param_groups[group_index]["params"][group_order]
+            state = self.optimizer.state[main]
+            tensors = dict(tensors)
+            for k in set(state) - set(tensors):
+                assert k == "step", k
+                tensors[k] = state[k]
+        return plain(self, model_param, tensors)
+    set_states._ucp_keep_step = True
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
 def init(rank, world, port, tp, pp, vpp):
@@ -257,11 +284,15 @@ def write_view(a, models, opt, rank):
         msd = {"model": models[0].sharded_state_dict()}
     else:
         msd = {f"model{c}": m.sharded_state_dict() for c, m in enumerate(models)}
-    osd = distributed_view(opt, msd) if a.optim == "distributed" else opt.sharded_state_dict(msd)
+    chain = getattr(opt, "chained_optimizers", [opt])
+    if a.optim == "distributed":
+        osd = [distributed_view(o, msd) for o in chain]
+    else:
+        osd = [o.sharded_state_dict(msd) for o in chain]
     entries = []
-    for kind, sd in (("model", msd), ("optimizer", osd)):
+    for kind, sd in [("model", msd)] + [("optimizer", o) for o in osd]:
         if sd is None:
-            continue  # the distributed optimizer's gather returns on DP rank 0 only
+            continue  # the distributed optimizer's view is on DP rank 0 only
         apply_factories(sd)
         for sh in nested_values(sd):
             if not isinstance(sh, ShardedTensor):
@@ -269,11 +300,14 @@ def write_view(a, models, opt, rank):
             assert sh.flattened_range is None, sh.key
             entries.append((kind, sh.key, tuple(sh.global_shape), tuple(sh.global_offset),
                             sh.data.detach().clone()))
-    inner = opt.optimizer
-    steps = [float(s["step"]) for s in inner.state.values() if "step" in s]
-    steps += [float(g["step"]) for g in inner.param_groups if "step" in g]
-    groups = sorted({(round(g["lr"], 12), tuple(g["betas"]), g["eps"], g["weight_decay"],
-                      g.get("wd_mult"), g.get("lr_mult")) for g in inner.param_groups})
+    steps, groups = [], set()
+    for o in chain:
+        inner = o.optimizer
+        steps += [float(s["step"]) for s in inner.state.values() if "step" in s]
+        steps += [float(g["step"]) for g in inner.param_groups if "step" in g]
+        groups |= {(round(g["lr"], 12), tuple(g["betas"]), g["eps"], g["weight_decay"],
+                    g.get("wd_mult"), g.get("lr_mult")) for g in inner.param_groups}
+    groups = sorted(groups)
     pathlib.Path(a.view).mkdir(parents=True, exist_ok=True)
     torch.save({"entries": entries, "steps": steps, "groups": groups},
                pathlib.Path(a.view) / f"rank_{rank}.pt")
@@ -290,12 +324,12 @@ def distributed_view(opt, msd):
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+    mine = {p for buf in opt.buffers for p in buf.param_index_map}  # the same on every DP rank
     shs = [sh for sh in nested_values(msd) if isinstance(sh, (ShardedTensor, ShardedTensorFactory))
-           and sh.data in opt.model_param_gbuf_map]
+           and sh.data in mine]
     pieces = []
     for sh in shs:
-        g, dtype, b = opt.model_param_gbuf_map[sh.data]
-        if sh.data not in opt.gbuf_ranges[g][dtype][b]["param_map"]:
+        if sh.data not in opt.model_param_gbuf_map:
             pieces.append(None)  # no element of it on this DP rank
             continue
         r = opt._get_model_param_range_map(sh.data)["param"]
@@ -355,9 +389,11 @@ def run(a, deadline_s=120):
 
 def options(mode, tp, pp, vpp=1, dp=1, optim="float16", variant="gqa_swiglu_untied", seed=1,
             **paths):
-    return argparse.Namespace(mode=mode, tp=tp, pp=pp, vpp=vpp, dp=dp, optim=optim,
-                              variant=variant, seed=seed, out=None, ckpt=None, view=None,
-                              **{k: str(v) for k, v in paths.items()})
+    a = argparse.Namespace(mode=mode, tp=tp, pp=pp, vpp=vpp, dp=dp, optim=optim,
+                           variant=variant, seed=seed, out=None, ckpt=None, view=None)
+    for k, v in paths.items():
+        setattr(a, k, str(v))
+    return a
 
 
 def assemble(view):
