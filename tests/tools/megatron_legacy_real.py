@@ -25,6 +25,10 @@ get_checkpoint_name): iter_0000002/mp_rank_TT[_PPP]/model_optim_rng.pt from DP r
 state_dict(), opt_param_scheduler, rng_state, num_floating_point_operations_so_far; with the
 distributed optimizer its save_parameter_state's distrib_optim.pt beside it; the tracker last.
 
+CPU shims (cpu_shims): megatron_fsdp.py's, Tensor.type() naming CPU tensors as CUDA ones (the
+optimizers' constructors check it), and keep_step (megatron-core 0.16 without Apex / Transformer
+Engine fails to load_parameter_state its own distrib_optim.pt: KeyError 'step').
+
 load: builds the same at the target layout and loads as Megatron-LM's load_checkpoint does:
 each rank's model_optim_rng.pt, the args' TP / PP checked (check_checkpoint_args), every model
 chunk's GPTModel.load_state_dict(strict=True), the optimizer's load_state_dict of the "optimizer"
@@ -33,9 +37,9 @@ entry and, with the distributed optimizer, load_parameter_state of distrib_optim
 save and load then write the VIEW: what the real framework holds, in global coordinates given by
 megatron-core's own sharded_state_dict metadata (keys, global shapes and offsets; factories
 applied): every model tensor of every rank, the fp32 main params and Adam moments from the
-optimizer's own sharded_state_dict (Float16OptimizerWithFloat16Params', or the
-DistributedOptimizer's own per-param shard map, gathered over DP), every Adam step, the param groups'
-hyper-parameters. compare assembles both views into global tensors (replicas that disagree are a
+optimizer itself (Float16OptimizerWithFloat16Params' sharded_state_dict, or the
+DistributedOptimizer's own per-param shard map, gathered over DP), every Adam step, the param
+groups' hyper-parameters. compare assembles both views into global tensors (replicas that disagree are a
 failure) and requires every source value below the true vocabulary equal bit for bit in the
 target. No ucp code and no tests/tools/megatron_spec.py is involved.
 """
