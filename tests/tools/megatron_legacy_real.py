@@ -39,9 +39,9 @@ megatron-core's own sharded_state_dict metadata (keys, global shapes and offsets
 applied): every model tensor of every rank, the fp32 main params and Adam moments from the
 optimizer itself (Float16OptimizerWithFloat16Params' sharded_state_dict, or the
 DistributedOptimizer's own per-param shard map, gathered over DP), every Adam step, the param
-groups' hyper-parameters. compare assembles both views into global tensors (replicas that disagree are a
-failure) and requires every source value below the true vocabulary equal bit for bit in the
-target. No ucp code and no tests/tools/megatron_spec.py is involved.
+groups' hyper-parameters. compare assembles both views into global tensors (replicas that
+disagree are a failure) and requires every source value below the true vocabulary equal bit for
+bit in the target. No ucp code and no tests/tools/megatron_spec.py is involved.
 """
 import argparse
 import json
