@@ -6,9 +6,13 @@
 #   examples/megatron-reshape/run.sh [BUILD_DIR]        (default: <repo>/build)
 #
 # The starting checkpoint is written by tests/tools/make_megatron_ckpts.py,
-# an independent Python re-implementation of what Megatron-core v0.13 saves
-# (tiny GPT: GQA, SwiGLU, biases, RoPE, untied output layer, bf16 with fp32
-# master weights and Adam moments).
+# the project's Python model of the files Megatron-core v0.13 saves (tiny GPT:
+# GQA, SwiGLU, biases, RoPE, untied output layer, bf16 with fp32 master weights
+# and Adam moments), and the TP1 x PP4 result is compared with that model's
+# files: a check against the project's reading of the format, not against
+# Megatron. That the real megatron-core loads ucp's files (strict model load,
+# its optimizers' loaders, state equal to the source's) is checked by
+# tests/cli/test_megatron_legacy_real.py.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -39,7 +43,7 @@ step ucp reshape gpt.ucp.h5 -o gpt-tp1pp4 --tp 1 --pp 4 --dp 4 --distributed-opt
   --distributed-optimizer --quiet
 
 echo
-echo "== the TP1 x PP4 files equal what Megatron itself saves for TP1 x PP4:"
+echo "== the TP1 x PP4 files equal the Python model's files for TP1 x PP4 (make_megatron_ckpts.py):"
 $py "$root/tests/tools/compare_megatron_ckpt.py" \
   "$work/gen/gqa_swiglu_bias_untied/tp1_pp4_vpp1_dp4_do" "$work/gpt-tp1pp4" --ignore-rng \
   && echo "identical (tensors, optimizer state, distrib_optim.pt, args that matter)"

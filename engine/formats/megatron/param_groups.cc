@@ -1,7 +1,9 @@
 #include "engine/formats/megatron/param_groups.h"
 
 #include <algorithm>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "engine/core/error.h"
 
@@ -88,16 +90,32 @@ Grouping GroupParams(std::span<const GroupKey> keys, GroupOrder order) {
     g.members[gi].push_back(i);
     g.group_of.push_back(gi);
   }
-  if (order == GroupOrder::kLegacyFixed) {
-    // Weight decay first, then lr_mult 1 first, then dense first.
-    auto rank = [](const GroupKey& k) {
-      return std::make_tuple(k.wd_mult == 0.0, k.lr_mult != 1.0,
-                             k.is_expert_parallel, k.is_decoupled_lr);
+  if (order != GroupOrder::kFirstAppearance) {
+    // kLegacyFixed: weight decay first, then lr_mult 1 first, then dense
+    // first. kOverridesSorted: no override first, then the overrides'
+    // (name, value) pairs in name order, compared as Python compares tuples.
+    using Pairs = std::vector<std::pair<std::string, double>>;
+    auto overrides = [](const GroupKey& k) {
+      Pairs p;
+      if (k.lr_mult != 1.0) p.emplace_back("lr_mult", k.lr_mult);
+      if (k.wd_mult != 1.0) p.emplace_back("wd_mult", k.wd_mult);
+      return p;
+    };
+    auto before = [&](const GroupKey& a, const GroupKey& b) {
+      if (order == GroupOrder::kLegacyFixed) {
+        auto rank = [](const GroupKey& k) {
+          return std::make_tuple(k.wd_mult == 0.0, k.lr_mult != 1.0,
+                                 k.is_expert_parallel, k.is_decoupled_lr);
+        };
+        return rank(a) < rank(b);
+      }
+      const Pairs pa = overrides(a), pb = overrides(b);
+      return std::make_pair(!pa.empty(), pa) < std::make_pair(!pb.empty(), pb);
     };
     std::vector<size_t> perm(g.keys.size());
     for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
     std::stable_sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
-      return rank(g.keys[a]) < rank(g.keys[b]);
+      return before(g.keys[a], g.keys[b]);
     });
     Grouping sorted;
     std::vector<size_t> new_index(perm.size());

@@ -13,7 +13,17 @@
 // get_param_groups) used a fixed group order instead: weight-decayed groups
 // first, then the others; within each, lr_mult 1 before a scaled lr_mult
 // (and, v0.5, dense before expert-parallel). Empty groups are dropped in both.
-// Readers accept either order; writers use the first-appearance order.
+//
+// Megatron-core v0.16+ (config overrides; its group dicts carry
+// 'default_config') sorts the groups instead: the group without overrides
+// (wd_mult 1, lr_mult 1) first, then the overridden ones by their override
+// pairs ((name, value) sorted by name: lr_mult before wd_mult); dense and
+// expert-parallel groups of one override keep their first-appearance order.
+// Readers accept any of the three orders; writers use v0.16's when the
+// source's group dicts carry 'default_config', else the first-appearance
+// order. (v0.16 also keeps a group that is empty on a rank when another rank
+// has it; the writers drop empty groups, which none of the supported models
+// has: every pipeline stage holds 1-D norms and 2-D weights.)
 
 #include <cstdint>
 #include <optional>
@@ -60,6 +70,7 @@ struct Grouping {
 enum class GroupOrder {
   kFirstAppearance,  // Megatron-core v0.6+
   kLegacyFixed,      // Megatron-core <= v0.5, Megatron-LM 23.x
+  kOverridesSorted,  // Megatron-core v0.16+
 };
 
 /// Groups params (their keys in named_parameters() order) by key, groups in

@@ -611,7 +611,8 @@ const Value* StoredGroups(const Value* opt) {
 
 // Megatron's grouping of a rank's params in the order the stored groups
 // follow: first appearance (v0.6+), or the fixed order of Megatron-core <=
-// v0.5 / Megatron-LM 23.x when the stored keys say so (NoteGroups reports a
+// v0.5 / Megatron-LM 23.x or v0.16's sorted order when the stored keys say
+// so (NoteGroups reports a
 // mismatch against the first-appearance rule).
 Grouping MatchGrouping(const Value* groups, std::span<const GroupKey> keys) {
   Grouping first = GroupParams(keys);
@@ -625,7 +626,9 @@ Grouping MatchGrouping(const Value* groups, std::span<const GroupKey> keys) {
   }
   if (stored == first.keys) return first;
   Grouping legacy = GroupParams(keys, GroupOrder::kLegacyFixed);
-  return stored == legacy.keys ? legacy : first;
+  if (stored == legacy.keys) return legacy;
+  Grouping sorted = GroupParams(keys, GroupOrder::kOverridesSorted);
+  return stored == sorted.keys ? sorted : first;
 }
 
 void Planner::NoteGroups(const Value* groups, const Grouping& g,

@@ -586,7 +586,6 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
               ? group_keys_[static_cast<size_t>(stored)]
               : DefaultGroupKey(rp.local_name, rp.local_shape.size()));
     }
-    const Grouping g = GroupParams(keys);
     std::shared_ptr<const torchfile::TorchFile> gfile =
         blobs.Get("optimizer/param_groups");
     const Value* templates = gfile->root();
@@ -596,6 +595,16 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
                         " > opaque optimizer/param_groups does not hold one "
                         "dict per optimizer group");
     }
+    // Megatron-core v0.16+ (its groups carry 'default_config') sorts the
+    // groups; earlier versions keep their first appearance (param_groups.h).
+    bool sorted_groups = false;
+    for (const Value* d : templates->items) {
+      sorted_groups = sorted_groups || (d != nullptr && d->IsDictLike() &&
+                                        d->Get("default_config") != nullptr);
+    }
+    const Grouping g =
+        GroupParams(keys, sorted_groups ? GroupOrder::kOverridesSorted
+                                        : GroupOrder::kFirstAppearance);
     // Which groups hold an element of DP rank 0's shard (distributed only).
     std::vector<bool> stepped(g.keys.size(), true);
     std::vector<BufferLayout> buffers;

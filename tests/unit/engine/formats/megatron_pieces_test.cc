@@ -88,6 +88,26 @@ TEST(MegatronGroups, LegacyFixedOrder) {
   EXPECT_EQ(g.group_of, (std::vector<size_t>{2, 1, 0, 2}));
 }
 
+TEST(MegatronGroups, OverridesSortedOrder) {
+  // Megatron-core v0.16 _get_param_groups: sorted(params_key, key=lambda x:
+  // (x[0] is not None, x[0])) over the override tuples: no override first,
+  // then (("lr_mult", 2.0),) < (("lr_mult", 2.0), ("wd_mult", 0.0)) <
+  // (("wd_mult", 0.0),). A later stage starting with a norm still puts the
+  // weight-decayed group first (megatron-core 0.16 saves checked in
+  // tests/cli/test_megatron_legacy_real.py).
+  const GroupKey wd{1.0, 1.0, false, false}, nowd{0.0, 1.0, false, false},
+      wd_scaled{1.0, 2.0, false, false}, nowd_scaled{0.0, 2.0, false, false};
+  const std::vector<GroupKey> keys = {nowd, wd, nowd_scaled, wd_scaled, nowd};
+  Grouping g = GroupParams(keys, GroupOrder::kOverridesSorted);
+  ASSERT_EQ(g.keys.size(), 4u);
+  EXPECT_EQ(g.keys[0], wd);
+  EXPECT_EQ(g.keys[1], wd_scaled);
+  EXPECT_EQ(g.keys[2], nowd_scaled);
+  EXPECT_EQ(g.keys[3], nowd);
+  EXPECT_EQ(g.members[3], (std::vector<size_t>{0, 4}));
+  EXPECT_EQ(g.group_of, (std::vector<size_t>{3, 0, 2, 1, 3}));
+}
+
 TEST(MegatronGroups, StoredKey) {
   Arena a;
   Value* d = a.Dict();
