@@ -26,7 +26,9 @@ megatron-core), megatron/training/checkpointing.py:
     passes --no-load-rng or --finetune (lines 1845, 1873, 1887).
 The states Megatron restores are compared, by the numbers they draw, with
 the source's state under numpy 1: Debian's python (numpy 1.24, torch 1.13)
-loads the source rank files and draws the same way.
+loads the source rank files and draws the same way. A torch_dist target,
+which keeps the states as they are, is loaded by megatron-core's
+dist_checkpointing.load and compared the same way.
 """
 import json
 import os
@@ -265,7 +267,37 @@ def test_reshape_numpy2_then_numpy1():
             assert_same_draws(exp, got, r)
 
 
-def test_drop_and_bad_value():
+def test_torch_dist_drop_and_bad_value():
+    # torch_dist keeps the states as they are (README): megatron-core reads
+    # its rng_state ShardedObjects through DCP's DefaultLoadPlanner.load_bytes,
+    # torch.load(weights_only=False), where numpy 2 still resolves numpy 1's
+    # path. dist_checkpointing.load of the four objects restores the source's
+    # states. (getattr for the common state's args: megatron_load.)
+    import socket
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    src_draws = numpy1_draws(SRC)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with Tmp() as t:
+            doc = json.loads(run("convert", SRC, "-o", t / "td", "--format",
+                                 "megatron-torch-dist", *TOPO, "--json", "-q").stdout)
+            assert not any("rng-state" in n for n in doc["notes"]), doc["notes"]
+            sd = {r: ShardedObject("rng_state", None, (2, 2), (int(r[-3:]), int(r[8:10])),
+                                   replica_id=0) for r in RANKS}
+            with torch.serialization.safe_globals([getattr]):
+                loaded = dist_checkpointing.load(sd, str(t / "td" / "iter_0000100"),
+                                                 strict="assume_ok_unexpected")
+            for r, exp in zip(RANKS, src_draws):
+                assert_same_draws(exp, draw(loaded[r][0]), ("torch_dist", r))
+    finally:
+        torch.distributed.destroy_process_group()
+
+    # --rng-state drop (legacy): no state, --no-load-rng in the flags.
     with Tmp() as t:
         doc = json.loads(run("convert", SRC, "-o", t / "out", *TOPO, "--rng-state", "drop",
                              "--json", "-q").stdout)

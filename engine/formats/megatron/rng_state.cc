@@ -2,6 +2,7 @@
 
 #include "engine/formats/megatron/rng_state.h"
 
+#include <optional>
 #include <unordered_set>
 #include <vector>
 

@@ -1,7 +1,9 @@
 #pragma once
 // numpy's module path in Megatron's RNG states (`rng_state` of
-// model_optim_rng.pt, the `rng_state` ShardedObjects of torch_dist), and the
-// target option `--rng-state` that chooses how a target writes them.
+// model_optim_rng.pt), and the legacy target option `--rng-state` that
+// chooses how a target writes them. (torch_dist's `rng_state` ShardedObjects
+// are read by DCP with weights_only=False, where numpy 2 still resolves numpy
+// 1's path: that writer keeps them as they are.)
 //
 // Megatron saves `np.random.get_state()` in each rank's RNG state: a tuple
 // ('MT19937', uint32 ndarray of 624 keys, pos, has_gauss, cached_gaussian).
