@@ -45,10 +45,12 @@ class MegatronSource : public formats::Source {
     return {std::move(n.names), std::move(n.variables),
             std::move(n.layout_name), std::move(n.layout_yaml)};
   }
-  // Megatron loads a legacy checkpoint only at the layout it was saved for.
+  // Megatron loads a legacy checkpoint only at the layout it was saved for;
+  // an --rng-state other than keep rewrites the rank files.
   bool Fits(const formats::TargetOptions& o) const override {
     const layouts::Topology& t = checkpoint_.topology;
-    return t.tp == o.topology.tp && t.pp == o.topology.pp &&
+    return ParseRngStateMode(o.values) == RngStateMode::kKeep &&
+           t.tp == o.topology.tp && t.pp == o.topology.pp &&
            t.vpp == o.topology.vpp && t.dp == o.topology.dp &&
            checkpoint_.distributed_optimizer ==
                o.values.Flag(kDistributedOptimizerOption);
@@ -141,7 +143,7 @@ class MegatronDriver : public formats::Driver {
     d.help = "Megatron: write distrib_optim.pt (--use-distributed-optimizer)";
     d.layout = true;
     d.abbrev = "do";
-    return {d};
+    return {d, RngStateOptionSpec("Megatron")};
   }
   std::unique_ptr<formats::TargetPlan> PlanTarget(
       const universal::UniversalInput& input,
@@ -151,6 +153,7 @@ class MegatronDriver : public formats::Driver {
     o.distributed_optimizer = options.values.Flag(kDistributedOptimizerOption);
     o.true_vocab_size = options.true_vocab_size;
     o.no_optimizer = options.no_optimizer;
+    o.rng_state = ParseRngStateMode(options.values);
     return megatron::PlanTarget(input, o, {});
   }
 };

@@ -16,6 +16,7 @@
 
 #include "engine/atoms/atom_store.h"
 #include "engine/formats/driver.h"
+#include "engine/formats/megatron/rng_state.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
 #include "engine/universal/source_plan.h"
@@ -109,6 +110,8 @@ struct TargetOptions {
   /// Model weights only (no optimizer, no distrib_optim.pt). Implied when
   /// the universal file holds no optimizer state.
   bool no_optimizer = false;
+  /// How the rank files' rng_state is written (rng_state.h).
+  RngStateMode rng_state = RngStateMode::kKeep;
 };
 
 struct TargetSummary {

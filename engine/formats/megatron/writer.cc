@@ -874,16 +874,29 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       AppendEntry(arena, root, key, args);
     } else if (key == "rng_state") {
       std::string rk = RngStateKey(tp_rank, pp_rank);
-      if (store_.FindOpaque(rk) == nullptr) {
+      const bool own = store_.FindOpaque(rk) != nullptr;
+      if (!own) {
         rk = RngStateKey(tp_rank % source_tp_, pp_rank % source_pp_);
         if (store_.FindOpaque(rk) == nullptr) continue;
+      }
+      if (options_.rng_state == RngStateMode::kDrop) {
+        // Not imported: its tensors would be written without an entry.
+        notes_.insert(RngStateNote(options_.rng_state, {}, true));
+        continue;
+      }
+      if (!own) {
         notes_.insert(
             StrCat("rng states: target ranks without a source rank of the same "
                    "(tp, pp) got the state of source rank (tp_rank % ",
                    source_tp_, ", pp_rank % ", source_pp_,
                    "); their random streams repeat another rank's"));
       }
-      AppendEntry(arena, root, key, Import(model, blobs, rk));
+      Value* rng = Import(model, blobs, rk);
+      const NumpyPaths found = ApplyRngStateMode(rng, options_.rng_state);
+      if (std::string note = RngStateNote(options_.rng_state, found, true);
+          !note.empty())
+        notes_.insert(std::move(note));
+      AppendEntry(arena, root, key, rng);
     } else if (key == "opt_param_scheduler" && !write_optimizer_) {
       // checkpointing.py:generate_state_dict: no scheduler without the
       // optimizer (--no-save-optim).
@@ -961,6 +974,7 @@ formats::TargetSummary MegatronPlan::Summary() const {
     flags += StrCat(" --num-virtual-stages-per-pipeline-rank ", t.vpp);
   if (options_.distributed_optimizer) flags += " --use-distributed-optimizer";
   if (options_.no_optimizer) flags += " --no-load-optim";
+  if (options_.rng_state == RngStateMode::kDrop) flags += " --no-load-rng";
   out.details["megatron_flags"] = flags;
   out.resume_hint = "Megatron-LM: --load <output> " + flags;
   return out;
