@@ -400,7 +400,7 @@ def report(a, verdict):
         os.write(1, line)
 
 
-def check_shard(sh, full, mismatches, what, masters=False):
+def check_shard(sh, full, mismatches, what, masters=False, kept_rows=None):
     """Compares one local shard with the source's global tensor of its key; returns the number
     of values compared. masters: the shard is the source's fp32 master of its key in the
     shard's dtype (a model weight written from a framework that keeps only the masters).
@@ -409,7 +409,8 @@ def check_shard(sh, full, mismatches, what, masters=False):
     padded global shape) and its optimizer keeps state for them like any other row, so a
     conversion must carry the source's: the source's padding rows where the source has that
     row (the same padded size: all of them; a smaller one: its first rows, as Megatron-LM's
-    tools/checkpoint cut them), zeros past the source's padded size (Adam's fresh state)."""
+    tools/checkpoint cut them), zeros past the source's padded size (Adam's fresh state).
+    kept_rows: the rows a conversion through a smaller padded size kept (zeros past them)."""
     g = full.get(("optimizer.state.param." if masters else "") + sh.key)
     if g is None:
         mismatches.append(f"{what} {sh.key}: not in the source checkpoint")
@@ -420,6 +421,8 @@ def check_shard(sh, full, mismatches, what, masters=False):
     if sh.key.endswith(("word_embeddings.weight", "output_layer.weight")):
         # the source's rows, zeros past them, up to the end of this shard's rows
         end = sl[0].stop
+        if kept_rows is not None and kept_rows < g.shape[0]:
+            g = g[:kept_rows]
         if end > g.shape[0]:
             g = torch.cat([g, g.new_zeros((end - g.shape[0],) + tuple(g.shape[1:]))])
     want = g[sl]
@@ -519,7 +522,8 @@ def load_rank(rank, world, port, a):
     apply_factories(after)
     for sh in nested_values(after):
         if isinstance(sh, ShardedTensor):
-            values += check_shard(sh, full, mismatches, "model", getattr(a, "masters", False))
+            values += check_shard(sh, full, mismatches, "model", getattr(a, "masters", False),
+                                  getattr(a, "kept_rows", None))
             checked += 1
     if f16 is not None or opt is not None:
         if f16 is not None:
@@ -561,7 +565,8 @@ def load_rank(rank, world, port, a):
         apply_factories(osd)
         for sh in nested_values(osd):
             if isinstance(sh, ShardedTensor):
-                values += check_shard(sh, full, mismatches, "optimizer")
+                values += check_shard(sh, full, mismatches, "optimizer",
+                                      kept_rows=getattr(a, "kept_rows", None))
                 checked += 1
         for g in inner_groups:
             got = (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])
@@ -851,7 +856,7 @@ def in_process(a):
 
 def run_load(ckpt, source, tp, pp, dp=1, vpp=1, no_optimizer=False,
              optim="fully_reshardable", log_all=False, masters=False, full=None, step=None,
-             deadline=None):
+             deadline=None, kept_rows=None):
     """`load` in the calling process: (every rank exited 0, the ranks' verdicts).
     log_all: a checkpoint made from another framework's, loaded as training's
     --dist-ckpt-strictness log_all --no-load-rng do (it has no _extra_state entries and no rng
@@ -863,11 +868,12 @@ def run_load(ckpt, source, tp, pp, dp=1, vpp=1, no_optimizer=False,
     DistributedOptimizer in that form; non_distributed: into its
     Float16OptimizerWithFloat16Params). step: the Adam step the optimizer must hold after the
     load (default: the source's, from its common state). deadline: seconds the ranks may take
-    (DEADLINE); a rank still running then fails the run."""
+    (DEADLINE); a rank still running then fails the run. kept_rows: the vocabulary rows a
+    conversion chain through a smaller padded size kept of the source's (zeros past them)."""
     return in_process(argparse.Namespace(
         mode="load", ckpt=str(ckpt), source=str(source), tp=tp, pp=pp, dp=dp, vpp=vpp,
         no_optimizer=no_optimizer, optim=optim, impl="local", seed=1, log_all=log_all,
-        masters=masters, full=full, step=step, deadline=deadline))
+        masters=masters, full=full, step=step, deadline=deadline, kept_rows=kept_rows))
 
 
 def run_hf(source, hf):
