@@ -127,7 +127,7 @@ def _adam_step_shim():
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
-def ddp_and_optimizer(models, lr=1e-2):
+def ddp_and_optimizer(models, lr=1e-3):
     """Training's objects for `models` (the model chunks of this rank, bf16): each wrapped in
     megatron-core's DistributedDataParallel (--use-distributed-optimizer, grads in fp32, no
     overlap: one bucket per chunk, bucketing off for chunks after the first as training's
@@ -154,8 +154,9 @@ def train_steps(chunks, opt, steps=2):
     """`steps` real optimizer steps of the distributed optimizer (its own step(): grads copied
     from the DDP buffers to the fp32 main shards, torch's AdamW on those, the updated main
     params copied back to the bf16 model params and all-gathered over DP). The gradient of each
-    param is a fixed function of the param's own values (sin(37 w + step) / 100 + w / 50), so
-    every DP rank and every TP rank holding a replica computes the same one: what DDP's
+    param is a fixed function of the param's own values, sin(1000 w + step) / 100 (its sign
+    as good as random for weights of Megatron's init, so the steps keep the model's structure),
+    so every DP rank and every TP rank holding a replica computes the same one: what DDP's
     reduce-scatter would give them."""
     for s in range(steps):
         for c in chunks:
@@ -163,7 +164,7 @@ def train_steps(chunks, opt, steps=2):
             for p in c.module.parameters():
                 if p.requires_grad:
                     w = p.detach().float()
-                    p.main_grad.copy_(torch.sin(37 * w + s) / 100 + w / 50)
+                    p.main_grad.copy_(torch.sin(1000 * w + s) / 100)
         ok, _, _ = opt.step()
         assert ok, "the optimizer step was skipped"
 
