@@ -170,9 +170,15 @@ def test_megatron_loads_every_layout():
         keys = ("embedding.word_embeddings.weight", "optimizer.state.exp_avg.output_layer.weight")
         for fqn in keys:
             flip_in_chunk(t / "pad" / ITER, fqn, [128, 0])
+        # ... and the step in the groups of the common state (the step Adam takes from them).
+        common = torch.load(t / "pad" / ITER / "common.pt", weights_only=False)
+        for g in common["optimizer"]["optimizer"]["param_groups"]:
+            g["step"] = 3.0
+        torch.save(common, t / "pad" / ITER / "common.pt")
         ranks = megatron_loads(t / "pad", SRC / ITER, 2, 1, expect_ok=False)
         found = [m for r in ranks for m in r["mismatches"]]
         assert all(any(k + " at (128, 0)" in m for m in found) for k in keys), ranks
+        assert all(any("Adam steps [3.0]" in m for m in r["mismatches"]) for r in ranks), ranks
 
 
 def dcp_view(iter_dir):
@@ -499,7 +505,7 @@ def test_from_dcp_without_a_layout():
         assert "laid out by mcore-llama" in p.stdout, p.stdout
         # (DCP keeps the true vocabulary's 100 rows: the padding rows zeros)
         ok, ranks = tool().run_load(t / "td", SRC / ITER, 2, 1, 1, log_all=True, masters=True,
-                                    kept_rows=100)
+                                    kept_rows=100, step=2.0)
         assert ok and len(ranks) == 2 and all(r["ok"] and r["checked"] > 0 for r in ranks), \
             ranks
         # `export --hf` of the DCP checkpoint: by the same layout from the names, the tensors
