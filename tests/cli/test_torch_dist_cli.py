@@ -626,18 +626,23 @@ def _sleeping_rank(rank):
     time.sleep(120)
 
 
+def _quick_rank(rank):
+    pass
+
+
 def test_oracle_deadline_is_a_failure():
-    """The oracle's launcher: a rank still running at the deadline is killed and the run fails
-    (it never passes for want of a verdict); a load given too little time fails with no
-    verdict."""
+    """The oracle's launcher (megatron_torch_dist.join, which every load, save and hf run
+    waits with): a rank still running at the deadline is killed and the run fails (it never
+    passes for want of a verdict)."""
     import time
     import torch.multiprocessing as mp
     ctx = mp.start_processes(_sleeping_rank, nprocs=2, join=False, start_method="fork")
     t0 = time.monotonic()
     assert tool().join(ctx, t0 + 1, "test") is False
     assert time.monotonic() - t0 < 30 and not any(p.is_alive() for p in ctx.processes)
-    ok, ranks = tool().run_load(NOOPT, NOOPT / ITER, 1, 1, no_optimizer=True, deadline=0.01)
-    assert not ok and ranks == [], ranks
+    # and ranks that exit 0 in time pass
+    ctx = mp.start_processes(_quick_rank, nprocs=2, join=False, start_method="fork")
+    assert tool().join(ctx, time.monotonic() + 60, "test") is True
 
 
 if __name__ == "__main__":
