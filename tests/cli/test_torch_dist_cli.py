@@ -331,8 +331,9 @@ def test_model_only_with_vpp_and_dp():
 def test_non_distributed_optimizer_in_and_out():
     """Megatron's optimizer without --use-distributed-optimizer (bf16:
     Float16OptimizerWithFloat16Params; fp32 masters and Adam moments by model key, the step
-    shared as common_step): read; written at another TP/PP/DP, Megatron's own load_state_dict
-    takes it with every main param, moment and the step equal to the source's; converted to the
+    shared as common_step), saved by the real one after two real Adam steps: read; written at
+    another TP/PP/DP, the real one's load_state_dict takes it with every main param, moment
+    and the step equal to the source's; converted to the
     distributed optimizer (its groups then carry the step) and back from it; the universal
     content survives the round trips; the oracle fails on a wrong step."""
     with Tmp() as t:
@@ -351,7 +352,7 @@ def test_non_distributed_optimizer_in_and_out():
         megatron_loads(t / "b", NONDIST / ITER, 2, 1)
         groups = torch.load(t / "b" / ITER / "common.pt",
                             weights_only=False)["optimizer"]["optimizer"]["param_groups"]
-        assert [g["step"] for g in groups] == [10.0, 10.0], groups
+        assert [g["step"] for g in groups] == [2.0, 2.0], groups
         # From the distributed optimizer to the non-distributed one: SRC's groups carry the
         # step (2.0: the real DistributedOptimizer over torch's AdamW keeps it there); torch
         # Adam's own groups have none, common_step gives it the step.
@@ -371,7 +372,7 @@ def test_non_distributed_optimizer_in_and_out():
         run("to-universal", NONDIST, "-o", t / "u1.h5", "-q")
         u1 = atoms(t / "u1.h5")
         steps = {k: v for k, v in u1.items() if k[1] == "step"}
-        assert len(steps) == 27 and all(v.shape == () and v == 10.0 for v in steps.values())
+        assert len(steps) == 27 and all(v.shape == () and v == 2.0 for v in steps.values())
         def unpadded(a):  # the vocabulary's padding rows depend on the TP
             return {k: v for k, v in a.items() if not k[1].startswith("pad/")}
         run("to-universal", t / "a", "-o", t / "u2.h5", "-q")
@@ -381,7 +382,7 @@ def test_non_distributed_optimizer_in_and_out():
         run("to-universal", t / "legacy", "-o", t / "u3.h5", "-q")
         same_atoms(unpadded(u1), unpadded(atoms(t / "u3.h5")))
         # The oracle can fail: the step changed in the common state.
-        common["optimizer"]["optimizer"]["state"]["common_step"] = torch.tensor(9.0)
+        common["optimizer"]["optimizer"]["state"]["common_step"] = torch.tensor(3.0)
         torch.save(common, t / "a" / ITER / "common.pt")
         megatron_loads(t / "a", NONDIST / ITER, 1, 2, 2, optim="non_distributed",
                        expect_ok=False)

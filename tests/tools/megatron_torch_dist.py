@@ -23,9 +23,9 @@ sharded_state_dict in the form --optim names (fully_reshardable, dp_reshardable,
 dp_zero_gather_scatter: training's metadata, distrib_optim_sharding_type), rng_state
 ShardedObjects, args, iteration 10, content_metadata; dist_checkpointing.save, then the tracker.
 A case in TWINS saves the same trained state in other forms too. --optim non_distributed: the
-optimizer without --use-distributed-optimizer, Megatron's Float16OptimizerWithFloat16Params.
-sharded_state_dict (float16_optimizer, its state set by hand: its __init__ wants CUDA tensors),
-which `load --optim non_distributed` loads back through its load_state_dict.
+optimizer without --use-distributed-optimizer, the real Float16OptimizerWithFloat16Params (after
+the same real steps) and its own sharded_state_dict, which `load --optim non_distributed` loads
+back into the real one through its load_state_dict.
 
 load: builds the model at the given layout (with the real DDP and DistributedOptimizer for a
 distributed optimizer's state), loads model + optimizer + rng with dist_checkpointing.load into
@@ -157,21 +157,6 @@ def model_sd(models):
     return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
 
 
-def param_states(models, tp_rank, pp_rank, seed):
-    """{id(param): {state: fp32 tensor of the param's local shape}}: the distributed optimizer's
-    main params and Adam moments of this (tp, pp) rank, the same on every DP rank."""
-    out = {}
-    for v, m in enumerate(models):
-        for i, (name, param) in enumerate(m.named_parameters()):
-            # A TP-replicated param (a norm) has the same state on every TP rank.
-            tp = tp_rank if getattr(param, "tensor_model_parallel", False) else 0
-            gen = torch.Generator().manual_seed(
-                seed * 100003 + ((tp * 31 + pp_rank) * 17 + v) * 1009 + i)
-            out[id(param)] = {s: torch.randn(param.shape, generator=gen, dtype=torch.float32)
-                              for s in STATES}
-    return out
-
-
 def optimizer_sd(msd, states):
     """The non-distributed optimizer's held state (`states`, {id(param): {state: tensor}}) by
     model ShardedTensor / factory under the fully_reshardable keys
@@ -190,52 +175,6 @@ def optimizer_sd(msd, states):
             out[f"{state}.{i}.{sh.key}"] = make_sharded_optimizer_tensor(
                 sh, data, prefix=f"optimizer.state.{state}")
     return out
-
-
-def float16_optimizer(models, states):
-    """Megatron's optimizer without --use-distributed-optimizer for bf16 training,
-    Float16OptimizerWithFloat16Params (no grad scaler), over a torch Adam of Megatron's own param
-    groups (_get_param_groups). Its __init__ takes CUDA tensors only (it asks param.type() for
-    'torch.cuda.BFloat16Tensor'), so the object is assembled as __init__ assembles it: an fp32
-    main copy of each bf16 param replaces the param in its group. sharded_state_dict and
-    load_state_dict are Megatron's own. `states` ({id(param): {state: fp32}}, as param_states
-    makes them) sets the main params and Adam moments, step 10; None: a fresh optimizer."""
-    from megatron.core.optimizer import OptimizerConfig, _get_param_groups
-    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
-    config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.1,
-                             adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=True,
-                             params_dtype=torch.bfloat16)
-    adam = torch.optim.Adam(_get_param_groups(models, config, None), lr=config.lr,
-                            weight_decay=config.weight_decay, betas=(0.9, 0.95), eps=1e-8)
-
-    def init_state_fn(opt, config=None):  # megatron.core.optimizer's, for Adam
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if len(opt.state[p]) == 0:
-                    opt.state[p]["exp_avg"] = torch.zeros_like(p.data)
-                    opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
-
-    opt = Float16OptimizerWithFloat16Params.__new__(Float16OptimizerWithFloat16Params)
-    opt.optimizer, opt.config, opt.grad_scaler = adam, config, None
-    opt.init_state_fn, opt.is_stub_optimizer = init_state_fn, False
-    opt.float16_groups, opt.fp32_from_float16_groups, opt.fp32_from_fp32_groups = [], [], []
-    for group in adam.param_groups:
-        low, main = [], []
-        for i, p in enumerate(group["params"]):
-            m = p.detach().clone().float()
-            group["params"][i] = m
-            p.main_param = m
-            low.append(p)
-            main.append(m)
-            if states is not None:
-                m.data.copy_(states[id(p)]["param"])
-                adam.state[m] = {"step": torch.tensor(10.0),
-                                 "exp_avg": states[id(p)]["exp_avg"].clone(),
-                                 "exp_avg_sq": states[id(p)]["exp_avg_sq"].clone()}
-        opt.float16_groups.append(low)
-        opt.fp32_from_float16_groups.append(main)
-        opt.fp32_from_fp32_groups.append([])
-    return opt
 
 
 def rng_object(tp, pp, dp_rank):
@@ -276,12 +215,12 @@ def save_rank(rank, world, port, a):
     torch.manual_seed(a.seed)  # the same global model on every rank (CPU initialization)
     models = build(a.tp, a.pp, a.vpp)
     dp_rank = parallel_state.get_data_parallel_rank()
-    distributed = not a.no_optimizer and a.optim != "non_distributed"
     opt = None
-    if distributed:
-        # Training's DDP and distributed optimizer, REAL_STEPS real Adam steps.
+    if not a.no_optimizer:
+        # Training's DDP and optimizer, REAL_STEPS real Adam steps.
         import mcore_cpu
-        chunks, opt = mcore_cpu.ddp_and_optimizer(models)
+        chunks, opt = mcore_cpu.ddp_and_optimizer(
+            models, distributed=a.optim != "non_distributed")
         mcore_cpu.train_steps(chunks, opt, REAL_STEPS)
     # this form to a.out, then the same state in each of a.twins' forms ({form: out})
     for optim, out in [(a.optim, a.out)] + sorted((getattr(a, "twins", None) or {}).items()):
@@ -292,9 +231,8 @@ def save_rank(rank, world, port, a):
 def save_one(a, rank, world, models, opt, optim, out, dp_rank):
     """One save of the rank's state, as training's save_checkpoint makes it with
     --ckpt-format torch_dist: model.sharded_state_dict(), the optimizer's sharded_state_dict in
-    the form `optim` (the real DistributedOptimizer's; or Megatron's
-    Float16OptimizerWithFloat16Params with the hand-set state of param_states for
-    non_distributed), args, rng state, iteration 10, content_metadata."""
+    the form `optim` (the real DistributedOptimizer's; non_distributed: the real
+    Float16OptimizerWithFloat16Params's), args, rng state, iteration 10, content_metadata."""
     from megatron.core import dist_checkpointing
     sd = model_sd(models)
     args = argparse.Namespace(
@@ -310,7 +248,7 @@ def save_one(a, rank, world, models, opt, optim, out, dp_rank):
         tokenizer_type="NullTokenizer", padded_vocab_size=padded_vocab(a.tp),
         max_position_embeddings=64, seq_length=64, bf16=True, fp16=False,
         params_dtype=torch.bfloat16, transformer_impl=a.impl, ckpt_format="torch_dist",
-        use_distributed_optimizer=opt is not None,
+        use_distributed_optimizer=opt is not None and optim != "non_distributed",
         dist_ckpt_optim_fully_reshardable=optim == "fully_reshardable", optimizer="adam",
         iteration=10, consumed_train_samples=640, rank=rank, local_rank=rank % 8)
     sd.update({"args": args, "checkpoint_version": 3.0, "iteration": 10,
@@ -322,20 +260,13 @@ def save_one(a, rank, world, models, opt, optim, out, dp_rank):
                "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if optim == "non_distributed":  # training names no sharding type then
         content = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if not a.no_optimizer:
-        if opt is not None:
-            sd["optimizer"] = opt.sharded_state_dict(sd, metadata=content)
-        else:
-            from megatron.core import parallel_state
-            states = param_states(models, parallel_state.get_tensor_model_parallel_rank(),
-                                  parallel_state.get_pipeline_model_parallel_rank(), a.seed)
-            sd["optimizer"] = float16_optimizer(models, states).sharded_state_dict(
-                model_sd(models))
+    if opt is not None:
+        sd["optimizer"] = opt.sharded_state_dict(sd, metadata=content)
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
     iter_dir = pathlib.Path(out) / "iter_0000010"
     if rank == 0:
         iter_dir.mkdir(parents=True, exist_ok=True)
-    if opt is not None and optim == "dp_reshardable":
+    if opt is not None and optim == "dp_reshardable":  # (only the distributed one's)
         padding_pieces(sd["optimizer"]["param_state"], rank, pathlib.Path(out))
     torch.distributed.barrier()
     dist_checkpointing.save(sd, str(iter_dir), content_metadata=content)
@@ -470,7 +401,9 @@ def load_rank(rank, world, port, a):
     iter_dir = pathlib.Path(a.ckpt) / "iter_0000010"
     f16 = opt = None
     if a.optim == "non_distributed" and not a.no_optimizer:
-        f16 = float16_optimizer(models, None)
+        # Training's DDP and optimizer without --use-distributed-optimizer
+        import mcore_cpu
+        _, f16 = mcore_cpu.ddp_and_optimizer(models, distributed=False)
     elif not a.no_optimizer:
         # Training's DDP and distributed optimizer, state allocated as a run with torch's Adam
         # must (mcore_cpu.allocate_state); its sharded_state_dict(is_loading=True) in the form
@@ -529,14 +462,15 @@ def load_rank(rank, world, port, a):
         if f16 is not None:
             # What the optimizer holds after its load_state_dict: main params, moments, step.
             held, steps = {}, set()
-            for group in f16.float16_groups:
+            inner = f16.chained_optimizers[0]
+            for group in inner.float16_groups:
                 for p in group:
-                    st = f16.optimizer.state[p.main_param]
+                    st = inner.optimizer.state[p.main_param]
                     held[id(p)] = {"param": p.main_param, "exp_avg": st["exp_avg"],
                                    "exp_avg_sq": st["exp_avg_sq"]}
                     if "step" in st:
                         steps.add(float(st["step"]))
-            inner_groups = f16.optimizer.param_groups
+            inner_groups = inner.optimizer.param_groups
             # torch Adam's per-param step (from common_step), or, from a FusedAdam run (a step
             # on the groups, none per param), the groups' own.
             group_steps = {float(g["step"]) for g in
@@ -902,9 +836,10 @@ def main():
     ap.add_argument("--optim", default="fully_reshardable",
                     choices=("fully_reshardable", "dp_reshardable", "dp_zero_gather_scatter",
                              "non_distributed"),
-                    help="save: the optimizer's form; load: non_distributed loads into "
-                         "Megatron's Float16OptimizerWithFloat16Params, else the distributed "
-                         "optimizer's fully_reshardable keys")
+                    help="save: the optimizer's form; load: the form the checkpoint must "
+                         "hold (non_distributed loads into Megatron's "
+                         "Float16OptimizerWithFloat16Params, the others into its real "
+                         "DistributedOptimizer)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--size", help="hidden,layers,ffn,heads,groups (default 32,4,48,4,2)")
     a = ap.parse_args()
