@@ -16,25 +16,29 @@ linear biases, bf16, untied output layer, rotary embeddings, 4 layers, hidden 32
 vocabulary 100 = NullTokenizer --vocab-size 99, padded for the TP as Megatron pads it).
 
 save: the state Megatron's training saves with --ckpt-format torch_dist
---use-distributed-optimizer --dist-ckpt-optim-fully-reshardable: model.sharded_state_dict(), the
-distributed optimizer's fully_reshardable state built as DistributedOptimizer.
-sharded_param_state_fully_reshardable builds it (make_sharded_optimizer_tensor of every model
-ShardedTensor / factory with the 'optimizer.state.{param,exp_avg,exp_avg_sq}' prefixes; fp32 data
-drawn from a seeded generator: Megatron's DistributedOptimizer needs CUDA), the optimizer's
-param_groups and param_state_sharding_type, rng_state ShardedObjects, args, iteration 10,
-content_metadata; dist_checkpointing.save, then the tracker. --optim dp_reshardable: the DDP
-buckets' state (dp_reshardable_sd); --optim dp_zero_gather_scatter: the buckets gathered on DP
-rank 0 (dp_zero_sd); --optim non_distributed: the optimizer without
---use-distributed-optimizer, Megatron's Float16OptimizerWithFloat16Params.sharded_state_dict
-(float16_optimizer), which `load --optim non_distributed` loads back through its load_state_dict.
+--use-distributed-optimizer: the model wrapped in megatron-core's real DistributedDataParallel,
+get_megatron_optimizer's real DistributedOptimizer over it (on CPU: tests/tools/mcore_cpu.py),
+REAL_STEPS real Adam steps, then model.sharded_state_dict() and the optimizer's own
+sharded_state_dict in the form --optim names (fully_reshardable, dp_reshardable,
+dp_zero_gather_scatter: training's metadata, distrib_optim_sharding_type), rng_state
+ShardedObjects, args, iteration 10, content_metadata; dist_checkpointing.save, then the tracker.
+A case in TWINS saves the same trained state in other forms too. --optim non_distributed: the
+optimizer without --use-distributed-optimizer, the real Float16OptimizerWithFloat16Params (after
+the same real steps) and its own sharded_state_dict, which `load --optim non_distributed` loads
+back into the real one through its load_state_dict.
 
-load: builds the model at the given layout, loads model + optimizer + rng with
-dist_checkpointing.load into model.sharded_state_dict() (factories and all), then
-model.load_state_dict(strict=True); then checks every local shard of every model and optimizer
-ShardedTensor (factories applied) against the global tensors torch's own dcp_to_torch_save reads
-from SRC_ITER_DIR (rows below the true vocabulary; padding rows must be zero or the source's).
-Prints one JSON line {"ok": bool, "checked": n, "mismatches": [...]} per rank; exits 1 on any
-mismatch.
+load: builds the model at the given layout (with the real DDP and DistributedOptimizer for a
+distributed optimizer's state), loads model + optimizer + rng with dist_checkpointing.load into
+model.sharded_state_dict() and the optimizer's sharded_state_dict(is_loading=True) in the form the
+checkpoint's content_metadata names (as training's load_checkpoint does), then
+model.load_state_dict(strict=True) and optimizer.load_state_dict; then checks every local shard of
+every model ShardedTensor, and every fp32 main param, exp_avg and exp_avg_sq the optimizer holds
+then (rendered by its own fully_reshardable sharded_state_dict, gathered over DP), against the
+global tensors torch's own dcp_to_torch_save reads from SRC_ITER_DIR (the vocabulary's padding
+rows too: the source's where it has the row, zeros past it), and the Adam step it holds against
+the source's. Prints one JSON line {"ok": bool, "checked": shards, "values": n, "steps": [...],
+"mismatches": [...]} per rank; exits 1 on any mismatch. A rank still running at the deadline
+(DEADLINE seconds) is killed and fails the run.
 """
 import argparse
 import json
@@ -43,7 +47,6 @@ import pathlib
 import socket
 import sys
 import tempfile
-import types
 import warnings
 
 import torch
@@ -52,15 +55,19 @@ import torch.multiprocessing as mp
 warnings.filterwarnings("ignore")
 TRUE_VOCAB = 100
 STATES = ("param", "exp_avg", "exp_avg_sq")
-# case: (tp, pp, dp, vpp, optimizer); a dp_reshardable case's twin "<case>_twin" holds the same
-# state as fully_reshardable (the oracle for what it converts to).
+# case: (tp, pp, dp, vpp, optimizer). The distributed optimizer's forms are saved by megatron-core's
+# real DistributedOptimizer after real Adam steps (mcore_cpu.py); a case in TWINS saves the same
+# trained state once more in each form named there, as another case (the fully_reshardable twin
+# of the dp_reshardable case is the oracle of what that converts to).
 CASES = {"tp2_pp2_dp1": (2, 2, 1, 1, "fully_reshardable"),
          "tp1_pp2_dp2_vpp2_noopt": (1, 2, 2, 2, None),
          "tp2_pp1_dp2_dpr": (2, 1, 2, 1, "dp_reshardable"),
-         "tp2_pp1_dp2_dpr_twin": (2, 1, 2, 1, "fully_reshardable"),
-         # the twin's state in the distributed optimizer's dp_zero_gather_scatter form
-         "tp2_pp1_dp2_dpz": (2, 1, 2, 1, "dp_zero_gather_scatter"),
          "tp2_pp2_dp1_nondist": (2, 2, 1, 1, "non_distributed")}
+# the dp_zero_gather_scatter form: core v0.7 - v0.15's default without a fully parallel save
+# (0.16 still saves it)
+TWINS = {"tp2_pp1_dp2_dpr": {"fully_reshardable": "tp2_pp1_dp2_dpr_twin",
+                             "dp_zero_gather_scatter": "tp2_pp1_dp2_dpz"}}
+REAL_STEPS = 2  # the Adam steps the real optimizer takes before the save
 # Written from the format (no megatron-core since 0.16 saves it, and none loads it): the
 # tp2_pp2_dp1 case's state in the distributed optimizer's pre-0.15 fully_sharded_model_space form.
 FSMS_CASE = ("tp2_pp2_dp1_fsms", "tp2_pp2_dp1")
@@ -81,6 +88,8 @@ def preload():
     import megatron.core.dist_checkpointing.dict_utils  # noqa: F401
     import megatron.core.dist_checkpointing.mapping  # noqa: F401
     import megatron.core.dist_checkpointing.optimizer  # noqa: F401
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.distributed.distributed_data_parallel  # noqa: F401
     import megatron.core.distributed.distributed_data_parallel_config  # noqa: F401
     import megatron.core.distributed.param_and_grad_buffer  # noqa: F401
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
@@ -148,25 +157,10 @@ def model_sd(models):
     return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
 
 
-def param_states(models, tp_rank, pp_rank, seed):
-    """{id(param): {state: fp32 tensor of the param's local shape}}: the distributed optimizer's
-    main params and Adam moments of this (tp, pp) rank, the same on every DP rank."""
-    out = {}
-    for v, m in enumerate(models):
-        for i, (name, param) in enumerate(m.named_parameters()):
-            # A TP-replicated param (a norm) has the same state on every TP rank.
-            tp = tp_rank if getattr(param, "tensor_model_parallel", False) else 0
-            gen = torch.Generator().manual_seed(
-                seed * 100003 + ((tp * 31 + pp_rank) * 17 + v) * 1009 + i)
-            out[id(param)] = {s: torch.randn(param.shape, generator=gen, dtype=torch.float32)
-                              for s in STATES}
-    return out
-
-
 def optimizer_sd(msd, states):
-    """The fully_reshardable optimizer state of every model ShardedTensor / factory
-    (DistributedOptimizer.sharded_param_state_fully_reshardable's keys); empty tensors to load
-    into when `states` is None."""
+    """The non-distributed optimizer's held state (`states`, {id(param): {state: tensor}}) by
+    model ShardedTensor / factory under the fully_reshardable keys
+    (optimizer.state.{param,exp_avg,exp_avg_sq}.<key>), to compare with a source's."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
@@ -181,209 +175,6 @@ def optimizer_sd(msd, states):
             out[f"{state}.{i}.{sh.key}"] = make_sharded_optimizer_tensor(
                 sh, data, prefix=f"optimizer.state.{state}")
     return out
-
-
-def float16_optimizer(models, states):
-    """Megatron's optimizer without --use-distributed-optimizer for bf16 training,
-    Float16OptimizerWithFloat16Params (no grad scaler), over a torch Adam of Megatron's own param
-    groups (_get_param_groups). Its __init__ takes CUDA tensors only (it asks param.type() for
-    'torch.cuda.BFloat16Tensor'), so the object is assembled as __init__ assembles it: an fp32
-    main copy of each bf16 param replaces the param in its group. sharded_state_dict and
-    load_state_dict are Megatron's own. `states` ({id(param): {state: fp32}}, as param_states
-    makes them) sets the main params and Adam moments, step 10; None: a fresh optimizer."""
-    from megatron.core.optimizer import OptimizerConfig, _get_param_groups
-    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
-    config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.1,
-                             adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=True,
-                             params_dtype=torch.bfloat16)
-    adam = torch.optim.Adam(_get_param_groups(models, config, None), lr=config.lr,
-                            weight_decay=config.weight_decay, betas=(0.9, 0.95), eps=1e-8)
-
-    def init_state_fn(opt, config=None):  # megatron.core.optimizer's, for Adam
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if len(opt.state[p]) == 0:
-                    opt.state[p]["exp_avg"] = torch.zeros_like(p.data)
-                    opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
-
-    opt = Float16OptimizerWithFloat16Params.__new__(Float16OptimizerWithFloat16Params)
-    opt.optimizer, opt.config, opt.grad_scaler = adam, config, None
-    opt.init_state_fn, opt.is_stub_optimizer = init_state_fn, False
-    opt.float16_groups, opt.fp32_from_float16_groups, opt.fp32_from_fp32_groups = [], [], []
-    for group in adam.param_groups:
-        low, main = [], []
-        for i, p in enumerate(group["params"]):
-            m = p.detach().clone().float()
-            group["params"][i] = m
-            p.main_param = m
-            low.append(p)
-            main.append(m)
-            if states is not None:
-                m.data.copy_(states[id(p)]["param"])
-                adam.state[m] = {"step": torch.tensor(10.0),
-                                 "exp_avg": states[id(p)]["exp_avg"].clone(),
-                                 "exp_avg_sq": states[id(p)]["exp_avg_sq"].clone()}
-        opt.float16_groups.append(low)
-        opt.fp32_from_float16_groups.append(main)
-        opt.fp32_from_fp32_groups.append([])
-    return opt
-
-
-def bucket_layout(numels, shared, dp):
-    """Our reading of _ParamAndGradBuffer (distributed/param_and_grad_buffer.py) with the
-    distributed optimizer and one bucket (no --overlap-grad-reduce): params in reverse order,
-    each start 64-aligned, a shared-embedding param in its own bucket, every bucket's end padded
-    to lcm(dp, 128). Returns ([(start, end, bucket)] per param, [(start, end, numel_unpadded)])."""
-    import math
-    pad = lambda x, d: -(-x // d) * d
-    ranges, buckets = [None] * len(numels), []
-    start = bucket_start = 0
-    members = 0
-
-    def close(end):
-        nonlocal bucket_start, members
-        padded = pad(end, math.lcm(dp, 128))
-        buckets.append((bucket_start, padded, end - bucket_start))
-        bucket_start, members = padded, 0
-        return padded
-
-    for i in reversed(range(len(numels))):
-        start = pad(start, 64)
-        if shared[i] and members:
-            start = close(start)
-        end = start + numels[i]
-        ranges[i] = (start, end, len(buckets))
-        members += 1
-        start = close(end) if shared[i] else end
-    if members:
-        close(end)
-    return ranges, buckets
-
-
-def checked_layout(m, dp):
-    """The trainable params of model chunk `m` and our bucket_layout of them, asserted equal to
-    Megatron's own _ParamAndGradBuffer of the same params (param ranges and buckets); returns
-    (params, ranges, buckets, Megatron's buffer)."""
-    from megatron.core import parallel_state
-    from megatron.core.distributed.distributed_data_parallel_config import \
-        DistributedDataParallelConfig
-    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
-    params = [p for _, p in m.named_parameters() if p.requires_grad]
-    shared = [bool(getattr(p, "shared_embedding", False)) for p in params]
-    ranges, buckets = bucket_layout([p.numel() for p in params], shared, dp)
-    buf = _ParamAndGradBuffer(
-        DistributedDataParallelConfig(use_distributed_optimizer=True,
-                                      grad_reduce_in_fp32=True),
-        torch.bfloat16, torch.float32, params, parallel_state.get_data_parallel_group(), None,
-        {p: n for n, p in m.named_parameters()}, 1.0, list(range(len(params))), False,
-        pg_collection=types.SimpleNamespace(
-            tp=parallel_state.get_tensor_model_parallel_group(),
-            dp_cp=parallel_state.get_data_parallel_group(with_context_parallel=True)))
-    assert [buf.param_index_map[p] for p in params] == ranges, "param ranges differ"
-    assert [(b.offset, b.offset + b.grad_data.numel()) for b in buf.buckets] == \
-        [(s, e) for s, e, _ in buckets], "buckets differ"
-    return params, ranges, buckets, buf
-
-
-def dp_zero_sd(models, states, tp, dp):
-    """The dp_zero_gather_scatter optimizer state (Megatron-core v0.7 - v0.15's default without a
-    fully parallel save), built the way DistributedOptimizer.sharded_param_state_dp_zero builds
-    it: on DP rank 0 one ShardedObject per model-parallel group holding what
-    get_parameter_state_dp_zero gathers, {"buckets_coalesced": True, chunk: {(param dtype, grad
-    dtype): {"param", "exp_avg", "exp_avg_sq": fp32 1-D, "numel_unpadded": n}}}: each bucket's
-    state, unpadded, one bucket after the other (the buffer layout checked against Megatron's
-    own _ParamAndGradBuffer); None on the other DP ranks."""
-    from megatron.core import parallel_state
-    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedObject
-    group_idx = parallel_state.get_tensor_model_parallel_rank() + \
-        tp * parallel_state.get_pipeline_model_parallel_rank()
-    prefix = f"optimizer.distributed.dp_group_idx_{group_idx}"
-    if parallel_state.get_data_parallel_rank() != 0:
-        return LocalNonpersistentObject(None), prefix
-    state = {"buckets_coalesced": True}
-    for gbuf, m in enumerate(models):
-        params, ranges, buckets, buf = checked_layout(m, dp)
-        world = {s: [] for s in STATES}
-        for b, (bs, be, unpadded) in enumerate(buckets):
-            for st in STATES:
-                t = torch.zeros(unpadded)
-                for i, p in enumerate(params):
-                    ps, pe, pb = ranges[i]
-                    if pb == b:
-                        t[ps - bs:pe - bs] = states[id(p)][st].reshape(-1)
-                world[st].append(t)
-        numel = sum(n for _, _, n in buckets)
-        assert numel == buf.numel_unpadded, (numel, buf.numel_unpadded)
-        state[gbuf] = {(torch.bfloat16, torch.float32): dict(
-            {st: torch.cat(world[st]) for st in STATES}, numel_unpadded=numel)}
-    return ShardedObject(f"{prefix}.param_state", state, (1,), (0,)), prefix
-
-
-def dp_reshardable_sd(models, states, tp, pp, dp):
-    """The dp_reshardable optimizer state of this rank, built the way
-    DistributedOptimizer.sharded_param_state_dp_reshardable builds it: per model chunk (gbuf
-    index) and bucket, 1-D keys of the bucket's unpadded size, this DP rank's slice of each
-    param's state at dp_rank * (bucket size / dp) + its start in the slice, the gaps as zero
-    padding shards. Our layout is checked against Megatron's own _ParamAndGradBuffer and
-    DistributedOptimizer._build_model_gbuf_range on the real params."""
-    from megatron.core import parallel_state
-    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-    dp_rank = parallel_state.get_data_parallel_rank()
-    group_idx = parallel_state.get_tensor_model_parallel_rank() + \
-        tp * parallel_state.get_pipeline_model_parallel_rank()
-    dp_group = parallel_state.get_data_parallel_group()
-    prefix = f"optimizer.distributed.dp_group_idx_{group_idx}"
-    dtype_key = (torch.bfloat16, torch.float32)
-    state = {}
-    per_bucket, per_bucket_unpadded = [], []
-    for gbuf, m in enumerate(models):
-        params, ranges, buckets, buf = checked_layout(m, dp)
-        per_bucket.append({dtype_key: [e - s for s, e, _ in buckets]})
-        per_bucket_unpadded.append({dtype_key: [n for _, _, n in buckets]})
-        bucket_states = []
-        for b, (bs, be, unpadded) in enumerate(buckets):
-            local = (be - bs) // dp
-            lo, hi = dp_rank * local, (dp_rank + 1) * local   # bucket-relative slice
-            theirs = DistributedOptimizer._build_model_gbuf_range(buf, b)["param_map"]
-            pieces = []  # (gbuf_local start, {state: flat tensor})
-            for i, p in enumerate(params):
-                ps, pe, pb = ranges[i]
-                if pb != b:
-                    continue
-                a, z = max(ps - bs, lo), min(pe - bs, hi)
-                if a >= z:
-                    assert p not in theirs
-                    continue
-                r = theirs[p]["gbuf_local"]
-                assert (r.start, r.end) == (a - lo, z - lo), "DP ranges differ"
-                flat = {s: states[id(p)][s].reshape(-1)[a - (ps - bs):z - (ps - bs)]
-                        for s in STATES}
-                pieces.append((a - lo, z - lo, flat))
-            pieces.sort(key=lambda x: x[0])
-            # Zero padding where no param lies, up to the unpadded size.
-            full, at = [], 0
-            for a, z, flat in pieces + [(local, local, None)]:
-                end = min(a, unpadded - lo)
-                if end > at:
-                    full.append((at, end, {s: torch.zeros(end - at) for s in STATES}))
-                if flat is not None:
-                    full.append((a, z, flat))
-                at = max(at, z)
-            bucket_state = []
-            for a, z, flat in full:
-                key = f"{prefix}.gbuf_idx_{gbuf}.dtype_{dtype_key}.bucket_idx_{b}"
-                bucket_state.append({s: ShardedTensor(
-                    f"{key}.{s}", flat[s].clone(), torch.float32, (z - a,), (unpadded,),
-                    (lo + a,), axis_fragmentations=None, replica_id=(0, 0, 0))
-                    for s in STATES})
-            bucket_states.append(bucket_state)
-        state[gbuf] = {dtype_key: bucket_states}
-    for name, value in (("per_bucket_numel", per_bucket),
-                        ("per_bucket_numel_unpadded", per_bucket_unpadded)):
-        state[name] = ShardedObject(f"{prefix}.{name}", value, (1,), (0,),
-                                    replica_id=(0, 0, dp_rank))
-    return state, prefix
 
 
 def rng_object(tp, pp, dp_rank):
@@ -423,10 +214,27 @@ def save_rank(rank, world, port, a):
     from megatron.core import dist_checkpointing, parallel_state
     torch.manual_seed(a.seed)  # the same global model on every rank (CPU initialization)
     models = build(a.tp, a.pp, a.vpp)
-    sd = model_sd(models)
     dp_rank = parallel_state.get_data_parallel_rank()
-    states = param_states(models, parallel_state.get_tensor_model_parallel_rank(),
-                          parallel_state.get_pipeline_model_parallel_rank(), a.seed)
+    opt = None
+    if not a.no_optimizer:
+        # Training's DDP and optimizer, REAL_STEPS real Adam steps.
+        import mcore_cpu
+        chunks, opt = mcore_cpu.ddp_and_optimizer(
+            models, distributed=a.optim != "non_distributed")
+        mcore_cpu.train_steps(chunks, opt, REAL_STEPS)
+    # this form to a.out, then the same state in each of a.twins' forms ({form: out})
+    for optim, out in [(a.optim, a.out)] + sorted((getattr(a, "twins", None) or {}).items()):
+        save_one(a, rank, world, models, opt, optim, out, dp_rank)
+    torch.distributed.destroy_process_group()
+
+
+def save_one(a, rank, world, models, opt, optim, out, dp_rank):
+    """One save of the rank's state, as training's save_checkpoint makes it with
+    --ckpt-format torch_dist: model.sharded_state_dict(), the optimizer's sharded_state_dict in
+    the form `optim` (the real DistributedOptimizer's; non_distributed: the real
+    Float16OptimizerWithFloat16Params's), args, rng state, iteration 10, content_metadata."""
+    from megatron.core import dist_checkpointing
+    sd = model_sd(models)
     args = argparse.Namespace(
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
         virtual_pipeline_model_parallel_size=a.vpp if a.vpp > 1 else None,
@@ -440,52 +248,61 @@ def save_rank(rank, world, port, a):
         tokenizer_type="NullTokenizer", padded_vocab_size=padded_vocab(a.tp),
         max_position_embeddings=64, seq_length=64, bf16=True, fp16=False,
         params_dtype=torch.bfloat16, transformer_impl=a.impl, ckpt_format="torch_dist",
-        use_distributed_optimizer=not a.no_optimizer and a.optim != "non_distributed",
-        dist_ckpt_optim_fully_reshardable=a.optim == "fully_reshardable", optimizer="adam",
+        use_distributed_optimizer=opt is not None and optim != "non_distributed",
+        dist_ckpt_optim_fully_reshardable=optim == "fully_reshardable", optimizer="adam",
         iteration=10, consumed_train_samples=640, rank=rank, local_rank=rank % 8)
     sd.update({"args": args, "checkpoint_version": 3.0, "iteration": 10,
                "rng_state": rng_object(a.tp, a.pp, dp_rank),
                "num_floating_point_operations_so_far": 12345})
-    content = {"distrib_optim_sharding_type": a.optim,
+    # training's _build_sharded_state_dict_metadata
+    content = {"distrib_optim_sharding_type": optim,
                "distrib_optim_fully_reshardable_mem_efficient": False,
                "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if a.optim == "non_distributed":  # training names no sharding type then
+    if optim == "non_distributed":  # training names no sharding type then
         content = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    if not a.no_optimizer:
-        group = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1,
-                 "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
-                 "differentiable": False, "fused": None, "step": 10}
-        groups = [dict(group, wd_mult=1.0, lr_mult=1.0, is_expert_parallel=False,
-                       is_decoupled_lr=False),
-                  dict(group, wd_mult=0.0, lr_mult=1.0, is_expert_parallel=False,
-                       is_decoupled_lr=False)]
-        if a.optim == "non_distributed":
-            sd["optimizer"] = float16_optimizer(models, states).sharded_state_dict(
-                model_sd(models))
-        elif a.optim == "fully_reshardable":
-            sd["optimizer"] = {"optimizer": {"param_groups": groups},
-                               "param_state": optimizer_sd(sd, states),
-                               "param_state_sharding_type": "fully_reshardable"}
-        else:
-            from megatron.core.dist_checkpointing.mapping import ShardedObject
-            if a.optim == "dp_zero_gather_scatter":
-                param_state, prefix = dp_zero_sd(models, states, a.tp, a.dp)
-            else:
-                param_state, prefix = dp_reshardable_sd(models, states, a.tp, a.pp, a.dp)
-            sd["optimizer"] = {
-                "optimizer": ShardedObject(f"{prefix}.optimizer", {"param_groups": groups},
-                                           (1,), (0,), replica_id=(0, 0, dp_rank)),
-                "param_state": param_state, "param_state_sharding_type": a.optim}
+    if opt is not None:
+        sd["optimizer"] = opt.sharded_state_dict(sd, metadata=content)
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
-    iter_dir = pathlib.Path(a.out) / "iter_0000010"
+    iter_dir = pathlib.Path(out) / "iter_0000010"
     if rank == 0:
         iter_dir.mkdir(parents=True, exist_ok=True)
+    if opt is not None and optim == "dp_reshardable":  # (only the distributed one's)
+        padding_pieces(sd["optimizer"]["param_state"], rank, pathlib.Path(out))
     torch.distributed.barrier()
     dist_checkpointing.save(sd, str(iter_dir), content_metadata=content)
     torch.distributed.barrier()
     if rank == 0:
-        (pathlib.Path(a.out) / "latest_checkpointed_iteration.txt").write_text("10")
-    torch.distributed.destroy_process_group()
+        (pathlib.Path(out) / "latest_checkpointed_iteration.txt").write_text("10")
+
+
+def padding_pieces(param_state, rank, out):
+    """The pieces of the dp_reshardable buckets the real optimizer marks as padding (between
+    params, and up to the unpadded bucket end: torch.empty, whatever memory held, discarded at
+    load), gathered from every rank into OUT.padding.json: {key: [[start, length], ...]}, so
+    that a comparison with another writer's buckets can leave them out."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    mine = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            pad = x.get("padding")
+            if pad is not None and getattr(pad, "obj", False) is True:
+                for v in x.values():
+                    if isinstance(v, ShardedTensor):
+                        mine.append((v.key, v.global_offset[0], v.local_shape[0]))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+    walk(param_state)
+    every = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, mine)
+    if rank == 0:
+        pieces = {}
+        for key, start, n in sorted(set(x for r in every for x in r)):
+            pieces.setdefault(key, []).append([start, n])
+        out.with_name(out.name + ".padding.json").write_text(json.dumps(pieces, indent=0))
 
 
 def global_tensors(src_iter_dir, raw=False):
@@ -514,25 +331,64 @@ def report(a, verdict):
         os.write(1, line)
 
 
-def check_shard(sh, full, mismatches, what, masters=False):
-    """masters: the shard is the source's fp32 master of its key in the shard's dtype (a
-    model weight written from a framework that keeps only the masters)."""
+def check_shard(sh, full, mismatches, what, masters=False, kept_rows=None):
+    """Compares one local shard with the source's global tensor of its key; returns the number
+    of values compared. masters: the shard is the source's fp32 master of its key in the
+    shard's dtype (a model weight written from a framework that keeps only the masters).
+    A vocabulary key's rows past the true vocabulary (Megatron's padding for the TP) are
+    compared too: megatron-core loads them as stored (dist_checkpointing asks only for the
+    padded global shape) and its optimizer keeps state for them like any other row, so a
+    conversion must carry the source's: the source's padding rows where the source has that
+    row (the same padded size: all of them; a smaller one: its first rows, as Megatron-LM's
+    tools/checkpoint cut them), zeros past the source's padded size (Adam's fresh state).
+    kept_rows: the rows a conversion through a smaller padded size kept (zeros past them)."""
     g = full.get(("optimizer.state.param." if masters else "") + sh.key)
     if g is None:
         mismatches.append(f"{what} {sh.key}: not in the source checkpoint")
-        return
+        return 0
     shape = (1,) * sh.prepend_axis_num + tuple(sh.local_shape)
     sl = tuple(slice(o, o + s) for o, s in zip(sh.global_offset, shape))
     got = sh.data.reshape(shape)
-    vocab = sh.key.endswith(("word_embeddings.weight", "output_layer.weight"))
-    if vocab:  # rows below the true vocabulary are the model's; the rest padding
-        rows = max(0, min(TRUE_VOCAB, sl[0].stop) - sl[0].start)
-        got, sl = got[:rows], (slice(sl[0].start, sl[0].start + rows),) + sl[1:]
+    if sh.key.endswith(("word_embeddings.weight", "output_layer.weight")):
+        # the source's rows, zeros past them, up to the end of this shard's rows
+        end = sl[0].stop
+        if kept_rows is not None and kept_rows < g.shape[0]:
+            g = g[:kept_rows]
+        if end > g.shape[0]:
+            g = torch.cat([g, g.new_zeros((end - g.shape[0],) + tuple(g.shape[1:]))])
     want = g[sl]
     if masters:
         want = want.to(got.dtype)
     if got.shape != want.shape or not torch.equal(got.to(want.dtype), want):
         mismatches.append(f"{what} {sh.key} at {tuple(sh.global_offset)}: differs")
+    return got.numel()
+
+
+def source_optimizer(source_iter):
+    """(step, {group identifier: (lr, betas, eps, weight_decay)}) of a torch_dist source's
+    optimizer as its common state keeps them (the distributed optimizer's: the groups' step;
+    the non-distributed one's: common_step, else the groups'); (None, None) for another
+    source or one without an optimizer."""
+    path = pathlib.Path(source_iter) / "common.pt"
+    if not path.exists():
+        return None, None
+    opt = torch.load(path, weights_only=False).get("optimizer")
+    if not isinstance(opt, dict) or "optimizer" not in opt or \
+            not isinstance(opt["optimizer"], dict):
+        return None, None
+    inner = opt["optimizer"]
+    groups = inner.get("param_groups", [])
+    steps = {float(g["step"]) for g in groups if "step" in g}
+    if "common_step" in inner.get("state", {}):
+        steps = {float(inner["state"]["common_step"])}
+    hyper = {group_id(g): (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])
+             for g in groups}
+    return (steps.pop() if len(steps) == 1 else None), hyper
+
+
+def group_id(g):
+    from megatron.core.optimizer.optimizer import param_group_identifier_keys
+    return tuple(g.get(k) for k in param_group_identifier_keys)
 
 
 def load_rank(rank, world, port, a):
@@ -542,16 +398,28 @@ def load_rank(rank, world, port, a):
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
     torch.manual_seed(999)  # other values than the checkpoint's
     models = build(a.tp, a.pp, a.vpp)
+    iter_dir = pathlib.Path(a.ckpt) / "iter_0000010"
+    f16 = opt = None
+    if a.optim == "non_distributed" and not a.no_optimizer:
+        # Training's DDP and optimizer without --use-distributed-optimizer
+        import mcore_cpu
+        _, f16 = mcore_cpu.ddp_and_optimizer(models, distributed=False)
+    elif not a.no_optimizer:
+        # Training's DDP and distributed optimizer, state allocated as a run with torch's Adam
+        # must (mcore_cpu.allocate_state); its sharded_state_dict(is_loading=True) in the form
+        # the checkpoint's content_metadata names, as training's load_checkpoint asks for it.
+        import mcore_cpu
+        _, opt = mcore_cpu.ddp_and_optimizer(models)
+        mcore_cpu.allocate_state(opt)
     sd = model_sd(models)
     sd["rng_state"] = rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())
-    f16 = None
-    if a.optim == "non_distributed" and not a.no_optimizer:
-        f16 = float16_optimizer(models, None)
+    content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
+    if f16 is not None:
         sd["optimizer"] = f16.sharded_state_dict(model_sd(models), is_loading=True)
-    elif not a.no_optimizer:
-        sd["optimizer"] = {"param_state": optimizer_sd(model_sd(models), None)}
-    iter_dir = pathlib.Path(a.ckpt) / "iter_0000010"
-    mismatches, checked = [], 0
+    elif opt is not None:
+        sd["optimizer"] = opt.sharded_state_dict(model_sd(models), is_loading=True,
+                                                 metadata=content)
+    mismatches, checked, values = [], 0, 0
     if getattr(a, "log_all", False):
         # As training's --dist-ckpt-strictness log_all leaves the keys the
         # checkpoint lacks out of the load: the _extra_state objects (and only
@@ -576,63 +444,77 @@ def load_rank(rank, world, port, a):
                            if not k.endswith("_extra_state")]
         else:
             m.load_state_dict(msd, strict=True)
-    if f16 is not None:
-        f16.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
+    for o in (f16, opt):
+        if o is not None:
+            o.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     common = dist_checkpointing.load_common_state_dict(str(iter_dir))
     full = a.full  # read by run() before the fork
+    want_step, want_groups = a.source_step, a.source_groups
     # The model's parameters now, as shards (factories applied).
     after = model_sd(models)
     apply_factories(after)
     for sh in nested_values(after):
         if isinstance(sh, ShardedTensor):
-            check_shard(sh, full, mismatches, "model", getattr(a, "masters", False))
+            values += check_shard(sh, full, mismatches, "model", getattr(a, "masters", False),
+                                  getattr(a, "kept_rows", None))
             checked += 1
-    if f16 is not None:
-        # What the optimizer holds after its load_state_dict: main params, moments, step.
-        held, steps = {}, set()
-        for group in f16.float16_groups:
-            for p in group:
-                st = f16.optimizer.state[p.main_param]
-                held[id(p)] = {"param": p.main_param, "exp_avg": st["exp_avg"],
-                               "exp_avg_sq": st["exp_avg_sq"]}
-                if "step" in st:
-                    steps.add(float(st["step"]))
-        # torch Adam's per-param step (from common_step), or, from a FusedAdam run (an int
-        # step on the groups, none per param), the groups' own.
-        group_steps = [g.get("step") for g in common["optimizer"]["optimizer"]["param_groups"]]
-        if steps != {10.0} and not (not steps and group_steps == [10] * len(group_steps)):
-            mismatches.append(f"Adam steps {sorted(steps)}, groups' {group_steps}, expected 10")
-        osd = optimizer_sd(model_sd(models), held)
+    if f16 is not None or opt is not None:
+        if f16 is not None:
+            # What the optimizer holds after its load_state_dict: main params, moments, step.
+            held, steps = {}, set()
+            inner = f16.chained_optimizers[0]
+            for group in inner.float16_groups:
+                for p in group:
+                    st = inner.optimizer.state[p.main_param]
+                    held[id(p)] = {"param": p.main_param, "exp_avg": st["exp_avg"],
+                                   "exp_avg_sq": st["exp_avg_sq"]}
+                    if "step" in st:
+                        steps.add(float(st["step"]))
+            inner_groups = inner.optimizer.param_groups
+            # torch Adam's per-param step (from common_step), or, from a FusedAdam run (a step
+            # on the groups, none per param), the groups' own.
+            group_steps = {float(g["step"]) for g in
+                           common["optimizer"]["optimizer"]["param_groups"] if "step" in g}
+            if not steps:
+                steps = group_steps
+            osd = optimizer_sd(model_sd(models), held)
+            if "param_state_sharding_type" in common.get("optimizer", {}):
+                mismatches.append(f"optimizer common state: {common['optimizer']}")
+        else:
+            # What the real optimizer holds after its load_state_dict, gathered over DP by its
+            # own fully_reshardable sharded_state_dict: each model param's fp32 main param and
+            # Adam moments by the model's key and offsets.
+            import mcore_cpu
+            steps = mcore_cpu.held_steps(opt)
+            inner_groups = [g for o in opt.chained_optimizers for g in o.optimizer.param_groups]
+            osd = opt.sharded_state_dict(model_sd(models), metadata={
+                "distrib_optim_sharding_type": "fully_reshardable",
+                "chained_optim_avoid_prefix": True})["param_state"]
+            if common.get("optimizer", {}).get("param_state_sharding_type") != a.optim:
+                mismatches.append(f"optimizer common state: {common.get('optimizer')}")
+        if want_step is not None and steps != {want_step}:
+            mismatches.append(f"Adam steps {sorted(steps)}, the source's {want_step}")
+        if not steps:
+            mismatches.append("no Adam step held")
         apply_factories(osd)
         for sh in nested_values(osd):
             if isinstance(sh, ShardedTensor):
-                check_shard(sh, full, mismatches, "optimizer")
+                values += check_shard(sh, full, mismatches, "optimizer",
+                                      kept_rows=getattr(a, "kept_rows", None))
                 checked += 1
-        for g in f16.optimizer.param_groups:
-            want = (1e-3, (0.9, 0.95), 1e-8, 0.1)  # the scheduler scales by wd_mult
-            if (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]) != want:
-                mismatches.append(f"param group {dict(g, params=len(g['params']))}")
-        if "param_state_sharding_type" in common.get("optimizer", {}):
-            mismatches.append(f"optimizer common state: {common['optimizer']}")
-    elif not a.no_optimizer:
-        osd = {"optimizer": {"param_state": optimizer_sd(model_sd(models), None)}}
-        apply_factories(osd)
-        dist_checkpointing.load(osd, str(iter_dir))
-        for sh in nested_values(osd):
-            if isinstance(sh, ShardedTensor):
-                check_shard(sh, full, mismatches, "optimizer")
-                checked += 1
-        groups = common["optimizer"]["optimizer"]["param_groups"]
-        if len(groups) != 2 or common["optimizer"]["param_state_sharding_type"] != \
-                "fully_reshardable":
-            mismatches.append(f"optimizer common state: {common['optimizer']}")
+        for g in inner_groups if want_groups is not None else []:
+            got = (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])
+            want = want_groups.get(group_id(g))
+            if got != want:
+                mismatches.append(f"param group {dict(g, params=len(g['params']))}: {want}")
     cm = common.get("content_metadata", {})
-    want_type = None if a.optim == "non_distributed" else "fully_reshardable"
+    want_type = None if a.optim == "non_distributed" else a.optim
     if not a.no_optimizer and cm.get("distrib_optim_sharding_type") != want_type:
         mismatches.append(f"content_metadata {cm}")
     if common.get("iteration") != 10:
         mismatches.append(f"iteration {common.get('iteration')}")
-    report(a, {"rank": rank, "ok": not mismatches, "checked": checked,
+    report(a, {"rank": rank, "ok": not mismatches, "checked": checked, "values": values,
+               "steps": sorted(steps) if not a.no_optimizer else None,
                "mismatches": [m[:150] for m in mismatches[:10]]})
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -789,21 +671,19 @@ def fsbs_rank(rank, world, port, src, out, seed):
 def fully_sharded_bucket_space(src, out, seed=11):
     import shutil
     shutil.rmtree(out, ignore_errors=True)  # a leftover of an interrupted run
+    import time
     ctx = mp.start_processes(fsbs_rank, args=(1, free_port(), src, out, seed), nprocs=1,
                              join=False, start_method="fork")
-    while not ctx.join():
-        pass
-    return ctx.processes[0].exitcode == 0
+    return join(ctx, time.monotonic() + DEADLINE, "fully_sharded_bucket_space")
 
 
 def fully_sharded_model_space(src, out, seed=7):
     import shutil
     shutil.rmtree(out, ignore_errors=True)  # a leftover of an interrupted run
+    import time
     ctx = mp.start_processes(fsms_rank, args=(1, free_port(), src, out, seed), nprocs=1,
                              join=False, start_method="fork")
-    while not ctx.join():
-        pass
-    return ctx.processes[0].exitcode == 0
+    return join(ctx, time.monotonic() + DEADLINE, "fully_sharded_model_space")
 
 
 def hf_rank(rank, world, port, a):
@@ -851,24 +731,53 @@ def hf_rank(rank, world, port, a):
         sys.exit(1)
 
 
+# Seconds the ranks of one run may take (the deadline of an oracle: a rank still running then is
+# a failure, its verdict missing).
+DEADLINE = 120
+
+
+def join(ctx, deadline, what):
+    """Waits for the forked ranks of `ctx` until `deadline` (time.monotonic()); True when all
+    exited 0. A rank that failed (torch stops the others) or one still running at the deadline
+    (all are killed then) is a verdict, False, said on stderr."""
+    import time
+    try:
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                for p in ctx.processes:
+                    p.join()
+                print(f"megatron_torch_dist {what}: ranks still running at the deadline, "
+                      "killed", file=sys.stderr, flush=True)
+                return False
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        print(f"megatron_torch_dist {what}: {e}", file=sys.stderr, flush=True)
+        return False
+    return all(p.exitcode == 0 for p in ctx.processes)
+
+
 def run(a):
+    import time
     world = a.tp * a.pp * a.dp
     fn = {"save": save_rank, "load": load_rank, "hf": hf_rank}[a.mode]
     preload()
     if a.mode == "hf":
         import transformers  # noqa: F401 (here once, not in the rank)
-    if a.mode == "load" and getattr(a, "full", None) is None:
-        a.full = global_tensors(a.source)  # once here, inherited by every rank
+    if a.mode == "load":  # once here, inherited by every rank
+        if getattr(a, "full", None) is None:
+            a.full = global_tensors(a.source)
+        a.source_step, a.source_groups = source_optimizer(a.source)
+        if getattr(a, "log_all", False) and getattr(a, "step", None) is None:
+            # a chain through another framework: its step and groups only when asked for
+            a.source_step, a.source_groups = None, None
+        if getattr(a, "step", None) is not None:
+            a.source_step = a.step
+    deadline = time.monotonic() + (getattr(a, "deadline", None) or DEADLINE)
     ctx = mp.start_processes(fn, args=(world, free_port(), a), nprocs=world, join=False,
                              start_method="fork")
-    try:
-        while not ctx.join():
-            pass
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        # a rank failed (torch stops the others): a verdict, not an error here
-        print(f"megatron_torch_dist {a.mode}: {e}", file=sys.stderr, flush=True)
-        return False
-    return all(p.exitcode == 0 for p in ctx.processes)
+    return join(ctx, deadline, a.mode)
 
 
 def in_process(a):
@@ -883,18 +792,26 @@ def in_process(a):
 
 
 def run_load(ckpt, source, tp, pp, dp=1, vpp=1, no_optimizer=False,
-             optim="fully_reshardable", log_all=False, masters=False, full=None):
+             optim="fully_reshardable", log_all=False, masters=False, full=None, step=None,
+             deadline=None, kept_rows=None):
     """`load` in the calling process: (every rank exited 0, the ranks' verdicts).
     log_all: a checkpoint made from another framework's, loaded as training's
     --dist-ckpt-strictness log_all --no-load-rng do (it has no _extra_state entries and no rng
     state; any other key missing is a mismatch). masters: its model weights are compared with
     the source's fp32 masters rounded to the model's dtype (a framework that keeps only the
     masters, as MindSpore). full: the source's global tensors by torch_dist key (global_tensors'
-    form), for a source that is no torch_dist checkpoint."""
+    form), for a source that is no torch_dist checkpoint. optim: the optimizer's form the
+    checkpoint must name (fully_reshardable, dp_reshardable: loaded into megatron-core's real
+    DistributedOptimizer in that form; non_distributed: into its
+    Float16OptimizerWithFloat16Params). step: the Adam step the optimizer must hold after the
+    load (default: the source's, from its common state; with log_all only when given, then
+    the optimizer's groups are compared with the source's too). deadline: seconds the ranks may take
+    (DEADLINE); a rank still running then fails the run. kept_rows: the vocabulary rows a
+    conversion chain through a smaller padded size kept of the source's (zeros past them)."""
     return in_process(argparse.Namespace(
         mode="load", ckpt=str(ckpt), source=str(source), tp=tp, pp=pp, dp=dp, vpp=vpp,
         no_optimizer=no_optimizer, optim=optim, impl="local", seed=1, log_all=log_all,
-        masters=masters, full=full))
+        masters=masters, full=full, step=step, deadline=deadline, kept_rows=kept_rows))
 
 
 def run_hf(source, hf):
@@ -919,9 +836,10 @@ def main():
     ap.add_argument("--optim", default="fully_reshardable",
                     choices=("fully_reshardable", "dp_reshardable", "dp_zero_gather_scatter",
                              "non_distributed"),
-                    help="save: the optimizer's form; load: non_distributed loads into "
-                         "Megatron's Float16OptimizerWithFloat16Params, else the distributed "
-                         "optimizer's fully_reshardable keys")
+                    help="save: the optimizer's form; load: the form the checkpoint must "
+                         "hold (non_distributed loads into Megatron's "
+                         "Float16OptimizerWithFloat16Params, the others into its real "
+                         "DistributedOptimizer)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--size", help="hidden,layers,ffn,heads,groups (default 32,4,48,4,2)")
     a = ap.parse_args()
@@ -936,9 +854,10 @@ def main():
         c.mode, c.out, c.tp, c.pp, c.dp, c.vpp = "save", str(out / name), tp, pp, dp, vpp
         c.no_optimizer = opt is None
         c.optim = opt or "fully_reshardable"
+        c.twins = {form: str(out / twin) for form, twin in TWINS.get(name, {}).items()}
         if not run(c):
             sys.exit(f"saving {name} failed")
-        print("saved", name, flush=True)
+        print("saved", name, *TWINS.get(name, {}).values(), flush=True)
     if not fully_sharded_model_space(str(out / FSMS_CASE[1]), str(out / FSMS_CASE[0])):
         sys.exit(f"writing {FSMS_CASE[0]} failed")
     print("wrote", FSMS_CASE[0], flush=True)
