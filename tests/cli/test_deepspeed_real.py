@@ -12,8 +12,12 @@ version that must run in UCP_DEEPSPEED_VERSION.
    universal folder: a fresh DeepSpeed engine at that size and stage loads each
    (engine.load_checkpoint; load_universal for the folder) and holds the
    source's numbers bit for bit (tests/tools/deepspeed_real.py load);
-4. the universal folder holds what DeepSpeed's own ds_to_universal makes of
-   the same checkpoint (ZeRO 1-3: it converts no other).
+4. DeepSpeed's own ds_to_universal converts the source (ZeRO 1-3: it
+   converts no other): ucp's universal folder (ucp's writer, step 3) holds the
+   same tensors as DeepSpeed's folder, and ucp reads DeepSpeed's folder
+   (--from deepspeed-universal): to-universal holds the engine's in-memory
+   state, and converted to native files at another world size and stage it
+   loads in a fresh engine with the source's numbers bit for bit.
 """
 import json
 import os

@@ -14,8 +14,10 @@
       from the spec), and hold the reference values; when N and S are the
       fixture's own, every tensor equals DeepSpeed's file.
   check_deepspeed.py dsuniversal DIR FIXTURE
-      a DeepSpeed universal folder: zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt
-      hold the references (what ds_to_universal writes).
+      a DeepSpeed universal folder (the layout DeepSpeed's ds_to_universal
+      writes; the folders checked here are ucp's, DeepSpeed's own are read in
+      tests/cli/test_deepspeed_real.py): zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt
+      hold the references.
 Exit status 0 when every check holds; the first failure is printed.
 """
 import argparse

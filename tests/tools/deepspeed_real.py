@@ -100,6 +100,8 @@ def rank_process(a, rank, world, port, folder):
             f = os.open(os.path.join(folder, f"{name}{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
             os.dup2(f, fd)
             os.close(f)
+        # The interpreter's own streams (fds 1 and 2), whatever the launcher had in their place.
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         status = (rank_make if a.cmd == "make" else rank_load)(a) or 0
@@ -129,12 +131,17 @@ def launch(a, timeout=600):
         deadline = time.monotonic() + timeout
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in procs:
+        # A rank still running at the deadline is a failure, whatever it would have
+        # reported: killed, its status is KILLED (never 0 nor NOT_FINITE).
+        codes = []
+        for r, proc in enumerate(procs):
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-                sys.stderr.write(f"a rank was killed after {timeout} s\n")
-        codes = [proc.exitcode for proc in procs]
+                sys.stderr.write(f"rank {r} was still running after {timeout} s: killed\n")
+                codes.append(KILLED)
+            else:
+                codes.append(proc.exitcode)
         for r, code in enumerate(codes):
             if code not in (0, NOT_FINITE):
                 err = pathlib.Path(t, f"err{r}").read_text(errors="replace")
@@ -291,6 +298,7 @@ def rank_make(a):
 
 
 NOT_FINITE = 3  # a rank process's exit status: the trained state is not finite
+KILLED = "killed"  # launch()'s status of a rank still running at the deadline
 
 
 def rank_load(a):
@@ -399,19 +407,20 @@ def parse(argv):
     return ap.parse_args([str(x) for x in argv])
 
 
-def command(argv):
+def command(argv, timeout=600):
     """One `make` or `load` (the arguments as on the command line) in this process: its ranks
-    forked from here. Returns (rank 0's stdout, every rank exited 0)."""
+    forked from here, killed at `timeout` seconds. Returns (rank 0's stdout, every rank exited
+    0 before the deadline)."""
     a = parse(argv)
     for attempt in range(1, 4):
-        out, codes = launch(a)
+        out, codes = launch(a, timeout)
         if a.cmd != "make" or any(c not in (0, NOT_FINITE) for c in codes) \
                 or NOT_FINITE not in codes:
             break
         print(f"DeepSpeed trained to a non-finite state (attempt {attempt}); training again",
               flush=True)
         shutil.rmtree(a.out, ignore_errors=True)
-    return out, not any(codes)
+    return out, all(c == 0 for c in codes)
 
 
 def main():
