@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
@@ -130,6 +131,12 @@ void WriterBase::Prepare(bool tensor_parallel) {
   }
   if (stage_ >= 1) {
     wrapper_ = Wrapper::kZero;
+  } else if (lp_ == DType::kBFloat16 && !pipeline_ && UnfusedBf16()) {
+    // DeepSpeed >= 0.17.6 trains bf16 at stage 0 without a pipeline with
+    // FP16_UnfusedOptimizer (its PR 7515; BF16_Optimizer is for pipelines
+    // there), and loads nothing else there.
+    wrapper_ = Wrapper::kFp16;
+    fp16_unfused_ = true;
   } else if (lp_ == DType::kBFloat16) {
     wrapper_ = Wrapper::kBf16;
   } else if (lp_ == DType::kFloat32) {
@@ -388,6 +395,32 @@ const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
                     p.name, ": no weights");
 }
 
+bool WriterBase::UnfusedBf16() const {
+  const json::Value* w = meta_.Find("wrapper");
+  if (w != nullptr && w->is_string() && w->AsString() == "fp16_unfused")
+    return true;  // the source was trained so
+  const json::Value source =
+      formats::ParseJsonAttr(input_.root().source, "source", input_.path());
+  const json::Value* fw =
+      source.is_object() ? source.Find("framework") : nullptr;
+  const json::Value* v =
+      source.is_object() ? source.Find("framework_version") : nullptr;
+  if (fw == nullptr || !fw->is_string() || fw->AsString() != "deepspeed" ||
+      v == nullptr || !v->is_string())
+    return false;
+  // "major.minor.patch[...]" >= 0.17.6
+  int64_t part[3] = {0, 0, 0};
+  const std::string& text = v->AsString();
+  size_t i = 0;
+  for (int k = 0; k < 3 && i < text.size(); ++k) {
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9')
+      part[k] = part[k] * 10 + (text[i++] - '0');
+    if (i < text.size() && text[i] == '.') ++i;
+  }
+  return std::make_tuple(part[0], part[1], part[2]) >=
+         std::make_tuple(int64_t{0}, int64_t{17}, int64_t{6});
+}
+
 Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
   pickle::Arena& a = f.arena();
   if (Value* v = ImportBlob(f, "optim/" + name)) return v;
@@ -400,8 +433,10 @@ Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
       if (const Value* v = ls->state->Get(attr)) return f.Import(b, v);
     }
   }
-  if (name == "dynamic_loss_scale") return a.Bool(true);
-  if (name == "cur_scale") return a.Float(65536.0);
+  // bf16 scales no loss (DeepSpeed's LossScaleConfig: static, 1.0).
+  const bool bf16 = lp_ == DType::kBFloat16;
+  if (name == "dynamic_loss_scale") return a.Bool(!bf16);
+  if (name == "cur_scale") return a.Float(bf16 ? 1.0 : 65536.0);
   if (name == "cur_iter") return a.Int(input_.root().iteration);
   if (name == "last_overflow_iter") return a.Int(-1);
   if (name == "scale_factor") return a.Float(2.0);
