@@ -148,6 +148,19 @@ void WriterBase::Prepare(bool tensor_parallel) {
     throw UsageError("ZeRO stage 0 with ", DTypeName(lp_),
                      " training: DeepSpeed trains in fp32, fp16 or bf16");
   }
+  if (const std::optional<std::string> o =
+          options_.values.String(kFp16OptimizerOption)) {
+    if (*o != "fused" && *o != "unfused") {
+      throw UsageError("--", kFp16OptimizerOption, " ", *o,
+                       ": fused (FP16_Optimizer) or unfused "
+                       "(FP16_UnfusedOptimizer)");
+    }
+    if (wrapper_ != Wrapper::kFp16 || lp_ != DType::kFloat16) {
+      throw UsageError("--", kFp16OptimizerOption,
+                       ": only for a ZeRO stage 0 fp16 target");
+    }
+    fp16_unfused_ = *o == "unfused";
+  }
   if (!pipeline_ && pp_ != 1) {
     throw UsageError("--pp ", pp_,
                      ": the source has no pipeline (Megatron-DeepSpeed "
@@ -877,9 +890,51 @@ void WriterBase::PatchTpArgs(pickle::Arena& a, Value* root) const {
   set(ns, "data_parallel_size", W_);
   set(ns, "world_size", tp_ * pp_ * W_);
   if (padded_vocab_ > 0) set(ns, "padded_vocab_size", padded_vocab_);
-  if (padded_vocab_ > 0)
-    set(root->Get("universal_checkpoint_info"), "padded_vocab_size",
-        padded_vocab_);
+  Value* info = root->Get("universal_checkpoint_info");
+  if (padded_vocab_ > 0) set(info, "padded_vocab_size", padded_vocab_);
+  if (info != nullptr && info->IsDictLike() && tp_ > 1) AddTpPatterns(a, info);
+}
+
+// DeepSpeed's ds_to_universal merges TP shards by the pattern lists of
+// universal_checkpoint_info (deepspeed/checkpoint/ds_to_universal.py,
+// merge_tp_slices): slices of a TP-replicated param are one copy, of a
+// row-parallel one concatenated on dim 1, of a two-sub-param one (SwiGLU) cut
+// in halves first, all others concatenated on dim 0. Megatron-DeepSpeed
+// writes the TP lists only at TP > 1, so a source saved at TP 1 has none: the
+// lists it lacks are written here from the layout's placements, one exact
+// name per param (re.match, the dots escaped).
+void WriterBase::AddTpPatterns(pickle::Arena& a, Value* info) const {
+  std::vector<Value*> replicated, row, halves;
+  for (const TParam& p : params_) {
+    // Only params of the optimizer (ds_to_universal asserts that every
+    // pattern matches one).
+    if (p.rule == nullptr || p.buffer || p.frozen) continue;
+    std::string re;
+    for (char c : p.name) {
+      if (std::string_view(".^$*+?()[]{}|\\").find(c) != std::string::npos)
+        re += '\\';
+      re += c;
+    }
+    re += '$';
+    const layouts::TpPlacement& tp = p.rule->tp;
+    if (!tp.split) {
+      replicated.push_back(a.Str(re));
+    } else if (tp.vocab) {
+      continue;  // the source's vocabulary patterns (Megatron writes them
+                 // at every TP size, with original_vocab_size)
+    } else if (tp.dim == 1 && tp.segments == 1) {
+      row.push_back(a.Str(re));
+    } else if (tp.dim == 0 && tp.segments == 2) {
+      halves.push_back(a.Str(re));
+    }
+  }
+  auto add = [&](const char* key, std::vector<Value*> names) {
+    if (names.empty() || info->Get(key) != nullptr) return;
+    formats::AppendEntry(a, info, key, a.List(std::move(names)));
+  };
+  add("tp_replicated_parameter_patterns", std::move(replicated));
+  add("parameter_with_row_parallelism_patterns", std::move(row));
+  add("parameter_with_2_sub_params_cat_dim_0", std::move(halves));
 }
 
 }  // namespace ucp::deepspeed::internal

@@ -80,6 +80,7 @@ class WriterBase {
   /// Sets p's rule, stored shape and local (TP shard) shape.
   void PlaceOnTp(TParam& p);
   void PatchTpArgs(pickle::Arena& a, pickle::Value* root) const;
+  void AddTpPatterns(pickle::Arena& a, pickle::Value* info) const;
 
   /// The atom (converted to `dtype`) as a whole tensor of `shape`.
   reshape::TargetTensor WholeTensor(const atoms::DatasetInfo& atom,
