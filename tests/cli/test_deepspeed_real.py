@@ -54,7 +54,7 @@ TARGETS = {
     (3, "fp16", 1, "mlp"): ([(2, 3)], (2, 3), (2, 2)),
     (1, "bf16", 2, "rich"): ([(3, 2), (1, 0)], (2, 1), (1, 2)),
     (0, "fp16", 1, "rich"): ([(2, 2)], (2, 1), None),
-    (2, "fp16", 2, "rich"): ([(1, 0), (3, 1)], (1, 2), (3, 2)),
+    (2, "fp16", 2, "rich"): ([(1, 0)], (1, 2), (1, 1)),
 }
 
 
@@ -148,7 +148,7 @@ def main():
             ds("load", "--world", n, "--stage", s, "--dtype", dtype, "--dir", out, "--truth", src,
                "--scratch", t / f"scratch-{n}-{s}", *m)
             print(f"ok DeepSpeed loads ucp's ZeRO {s} files at world {n}", flush=True)
-            if model == "rich" and (n, s) == natives[0] and s in (1, 2):
+            if model == "rich" and dtype == "bf16" and (n, s) == natives[0]:
                 change_one_master_byte(out)
                 (t / f"scratch-{n}-{s}-changed").mkdir()
                 verdict = ds("load", "--world", n, "--stage", s, "--dtype", dtype, "--dir", out,
