@@ -203,6 +203,15 @@ def main():
                 same_tensor(a, b, (name, kind))
                 compared += a.numel()
         assert len(names) >= 4 and compared >= 300, (names, compared)
+        # Negative control of the comparison: one changed byte is seen.
+        changed = a.clone()
+        changed.reshape(-1).view(torch.uint8)[0] ^= 1
+        try:
+            same_tensor(changed, b, "changed")
+        except AssertionError:
+            pass
+        else:
+            raise AssertionError("a changed byte compared equal")
         print(f"ok ucp's universal folder equals ds_to_universal's ({len(names)} params, "
               f"{compared} values)", flush=True)
 
