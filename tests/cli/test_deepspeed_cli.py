@@ -457,7 +457,16 @@ def same_files(a, b, where):
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir()), (where, names, sorted(p.name for p in b.iterdir()))
 
+    # universal_checkpoint_info's TP pattern lists: a TP 1 source has none (Megatron-DeepSpeed
+    # writes them at TP > 1 only) and ucp adds them at TP > 1, where they then stay; what
+    # they say is judged by DeepSpeed's own merge (test_deepspeed_megatron_real.py).
+    tp_lists = {"tp_replicated_parameter_patterns", "parameter_with_row_parallelism_patterns",
+                "parameter_with_2_sub_params_cat_dim_0"}
+
     def cmp(x, y, path):
+        if path.endswith("/universal_checkpoint_info"):
+            x = {k: v for k, v in x.items() if k not in tp_lists}
+            y = {k: v for k, v in y.items() if k not in tp_lists}
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), path
             assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), path

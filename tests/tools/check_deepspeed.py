@@ -1,10 +1,10 @@
 """Oracle checks for ucp's DeepSpeed driver, written from the format spec
 (../shared/reference/deepspeed.md) and DeepSpeed's own files, never from ucp.
 
-  check_deepspeed.py universal H5 FIXTURE
+  check_deepspeed.py universal H5 FIXTURE [--min-values N]
       the universal file's atoms equal DeepSpeed's in-memory references taken
       at training time (reference_fp32_master.pt, reference_optim_state.pt,
-      reference_module_params.pt) bit for bit.
+      reference_module_params.pt) bit for bit, at least N values compared.
   check_deepspeed.py export DIR FIXTURE [--dtype fp32|bf16] [--format safetensors|torch]
       every exported tensor (safetensors parsed by hand, from the spec) equals
       the reference master weights (rounded to bf16 with torch for bf16).
@@ -14,8 +14,10 @@
       from the spec), and hold the reference values; when N and S are the
       fixture's own, every tensor equals DeepSpeed's file.
   check_deepspeed.py dsuniversal DIR FIXTURE
-      a DeepSpeed universal folder: zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt
-      hold the references (what ds_to_universal writes).
+      a DeepSpeed universal folder (the layout DeepSpeed's ds_to_universal
+      writes; the folders checked here are ucp's, DeepSpeed's own are read in
+      tests/cli/test_deepspeed_real.py): zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt
+      hold the references.
 Exit status 0 when every check holds; the first failure is printed.
 """
 import argparse
@@ -62,7 +64,9 @@ def references(fixture):
     for n, t in module.items():
         if master.get(n) is None:
             master[n] = t
-    if any(v is None for v in optim.values()):
+    # A frozen param (requires_grad=False) has no moments.
+    frozen = set(meta.get("frozen", []))
+    if any(v is None for k, v in optim.items() if k.split("::")[0] not in frozen):
         m = load(os.path.join(fixture, meta["tag"], "mp_rank_00_model_states.pt"))
         for i, n in enumerate(meta["param_shapes"]):
             for k in ("exp_avg", "exp_avg_sq"):
@@ -71,10 +75,18 @@ def references(fixture):
     return meta, master, optim, module
 
 
-def cmd_universal(h5path, fixture):
+def cmd_universal(h5path, fixture, min_values=0):
     import h5py
     import numpy as np
     meta, master, optim, module = references(fixture)
+    frozen = set(meta.get("frozen", []))
+    compared = 0
+
+    def check(a, b, what):
+        nonlocal compared
+        same(a, b, what)
+        compared += b.numel()
+
     with h5py.File(h5path, "r") as f:
         if f.attrs["ucp_version"] != 2:
             raise Bad("ucp_version != 2")
@@ -90,12 +102,17 @@ def cmd_universal(h5path, fixture):
             g = f["params"][n]
             if list(g.attrs["shape"]) != meta["param_shapes"][n]:
                 raise Bad(f"{n}: shape {list(g.attrs['shape'])}")
-            same(torch.from_numpy(g["fp32"][()]), master[n], f"{n}/fp32")
+            if n in frozen:
+                # Frozen (requires_grad=False): no master, no moments; its weights below.
+                if int(g.attrs["frozen"]) != 1 or "param" not in g:
+                    raise Bad(f"{n}: frozen {g.attrs['frozen']}, atoms {list(g)}")
+            else:
+                check(torch.from_numpy(g["fp32"][()]), master[n], f"{n}/fp32")
             for k in ("exp_avg", "exp_avg_sq"):
                 ref = optim.get(f"{n}::{k}")
                 if ref is None:
                     continue
-                same(torch.from_numpy(g[k][()]), ref, f"{n}/{k}")
+                check(torch.from_numpy(g[k][()]), ref, f"{n}/{k}")
             if "param" in g:  # training-dtype weights
                 raw = g["param"][()]
                 # bf16 / fp16 are their bits as uint16 (engine/atoms/README.md)
@@ -105,7 +122,7 @@ def cmd_universal(h5path, fixture):
                     t = torch.from_numpy(raw.astype(np.int16)).view(torch.float16).float()
                 else:
                     t = torch.from_numpy(raw).float()
-                same(t, module[n], f"{n}/param")
+                check(t, module[n], f"{n}/param")
             if "step" in g:
                 # The optimizer's own step where the maker saw it (DeepSpeed
                 # 0.19's FP16_UnfusedOptimizer counts one more), else the
@@ -113,7 +130,26 @@ def cmd_universal(h5path, fixture):
                 want = meta.get("adam_steps", {}).get(n, meta["steps"])
                 if float(g["step"][()]) != float(want):
                     raise Bad(f"{n}/step = {g['step'][()]}, expected {want}")
-    print(f"universal ok: {h5path}")
+        # The param groups (params, lr, weight decay, betas, eps) and the tied params as
+        # the engine held them (deepspeed_real.py's optimizer_facts, tied).
+        facts = meta.get("optimizer_facts")
+        if facts is not None:
+            groups = json.loads(f.attrs["optimizer"])["groups"]
+            if len(groups) != len(facts["groups"]):
+                raise Bad(f"{len(groups)} param groups, expected {len(facts['groups'])}")
+            for i, (g, want) in enumerate(zip(groups, facts["groups"])):
+                for k, v in want.items():
+                    got = sorted(g.get(k, [])) if k == "params" else g.get(k)
+                    compared += 1
+                    if got != v:
+                        raise Bad(f"param group {i} {k}: {got!r}, expected {v!r}")
+        if meta.get("tied"):
+            shared = json.loads(f.attrs["training"]).get("shared")
+            if shared != meta["tied"]:
+                raise Bad(f"shared params {shared}, expected {meta['tied']}")
+    if compared < min_values:
+        raise Bad(f"{compared} values compared, expected at least {min_values}")
+    print(f"universal ok: {h5path} ({compared} values)")
 
 
 ST_DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
@@ -380,6 +416,7 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("universal"); u.add_argument("h5"); u.add_argument("fixture")
+    u.add_argument("--min-values", type=int, default=0)
     e = sub.add_parser("export"); e.add_argument("dir"); e.add_argument("fixture")
     e.add_argument("--dtype", default="fp32"); e.add_argument("--format", default="safetensors")
     n = sub.add_parser("native"); n.add_argument("dir"); n.add_argument("fixture")
@@ -388,7 +425,7 @@ def main():
     a = ap.parse_args()
     try:
         if a.cmd == "universal":
-            cmd_universal(a.h5, a.fixture)
+            cmd_universal(a.h5, a.fixture, a.min_values)
         elif a.cmd == "export":
             cmd_export(a.dir, a.fixture, a.dtype, a.format)
         elif a.cmd == "native":

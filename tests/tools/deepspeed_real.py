@@ -9,7 +9,12 @@ ucp's DeepSpeed driver: it makes checkpoints and loads ucp's.
       params gathered at stage 3): DIR/reference_module_params.pt,
       reference_fp32_master.pt, reference_optim_state.pt and meta.json (the
       layout of ../shared/fixtures/deepspeed-0.14.5, so check_deepspeed.py
-      reads both).
+      reads both; meta.json's optimizer_facts: each param group's params, lr,
+      weight decay, betas and eps, the fp16 loss scaler's state, the engine's
+      step counters).
+      --model rich (ZeRO 0-2): an embedding tied to the output head, a frozen
+      weight and two param groups of their own lr and weight decay (AdamW),
+      trained on token ids.
   deepspeed_real.py load --world W --stage S --dtype fp32|bf16|fp16 --dir DIR
                          --truth TRAINED_DIR --scratch TMP [--universal]
       a fresh engine at W ranks and stage S loads DIR (engine.load_checkpoint;
@@ -18,7 +23,9 @@ ucp's DeepSpeed driver: it makes checkpoints and loads ucp's.
       references bit for bit, and so are its Adam moments, as DeepSpeed's
       ds_to_universal finds them in a re-save of the engine (after a native
       ZeRO 1/2 load DeepSpeed's safe_get_full_optimizer_state fails on some
-      ranks). Prints one JSON line
+      ranks); the engine is made with other groups' hyper-parameters (rich
+      model), and its param groups, loss scaler and step counters must then
+      equal the source's optimizer_facts. Prints one JSON line
       {"ok": bool, "checked": n, "failures": [...]}; exit status 0 iff ok.
 
 fp16: DeepSpeed's CPU accelerator reports fp16 unsupported ("Type fp16 is not
@@ -100,6 +107,8 @@ def rank_process(a, rank, world, port, folder):
             f = os.open(os.path.join(folder, f"{name}{rank}"), os.O_WRONLY | os.O_CREAT, 0o600)
             os.dup2(f, fd)
             os.close(f)
+        # The interpreter's own streams (fds 1 and 2), whatever the launcher had in their place.
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         status = (rank_make if a.cmd == "make" else rank_load)(a) or 0
@@ -129,12 +138,17 @@ def launch(a, timeout=600):
         deadline = time.monotonic() + timeout
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in procs:
+        # A rank still running at the deadline is a failure, whatever it would have
+        # reported: killed, its status is KILLED (never 0 nor NOT_FINITE).
+        codes = []
+        for r, proc in enumerate(procs):
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-                sys.stderr.write(f"a rank was killed after {timeout} s\n")
-        codes = [proc.exitcode for proc in procs]
+                sys.stderr.write(f"rank {r} was still running after {timeout} s: killed\n")
+                codes.append(KILLED)
+            else:
+                codes.append(proc.exitcode)
         for r, code in enumerate(codes):
             if code not in (0, NOT_FINITE):
                 err = pathlib.Path(t, f"err{r}").read_text(errors="replace")
@@ -162,7 +176,13 @@ def ds_to_universal(input_folder, output_folder):
 
 # --- in a rank process ---------------------------------------------------------
 
-def model_and_engine(stage, dtype, extra=None):
+VOCAB = 11  # the rich model's vocabulary
+
+
+def model_and_engine(stage, dtype, extra=None, model="mlp", perturb=False):
+    """The engine of `model` at ZeRO `stage`. perturb: every param group's lr, weight decay,
+    betas and eps differ from the ones the source trained with (a load must bring the
+    source's back from the checkpoint)."""
     import deepspeed
     import torch
     import torch.nn as nn
@@ -177,6 +197,25 @@ def model_and_engine(stage, dtype, extra=None):
         def forward(self, x, y):
             return nn.functional.mse_loss(self.fc2(torch.relu(self.fc1(x))).float(), y.float())
 
+    class Rich(nn.Module):
+        """An embedding tied to the output head (one Parameter in two modules: DeepSpeed's
+        shared_params), a frozen weight (requires_grad=False, its module's bias trained),
+        odd sizes."""
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, 6)
+            self.fc1 = nn.Linear(6, 9)
+            self.proj = nn.Linear(9, 6)
+            self.norm = nn.LayerNorm(6)
+            self.head = nn.Linear(6, VOCAB, bias=False)
+            self.head.weight = self.embed.weight
+            self.proj.weight.requires_grad_(False)
+
+        def forward(self, x, y):
+            h = self.proj(torch.relu(self.fc1(self.embed(x))))
+            logits = self.head(self.norm(h)).float()
+            return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
     if dtype == "fp16":  # the module docstring: the CPU accelerator's fp16 flag only
         from deepspeed.accelerator import get_accelerator
         acc = get_accelerator()
@@ -184,18 +223,111 @@ def model_and_engine(stage, dtype, extra=None):
         acc.supported_dtypes = lambda: [torch.float, torch.half, torch.bfloat16]
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(1234)
-    model = MLP()
+    net = MLP() if model == "mlp" else Rich()
+    params = net.parameters()
+    opt = {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}
+    if model == "rich":
+        # Two param groups (the weights with decay, the rest without; each its own lr);
+        # the frozen weight in none.
+        k = 3 if perturb else 1
+        decay = [p for n, p in net.named_parameters() if p.requires_grad and n.endswith("weight")
+                 and not n.startswith("norm")]
+        rest = [p for n, p in net.named_parameters() if p.requires_grad
+                and all(p is not q for q in decay)]
+        params = [{"params": decay, "lr": 1e-2 * k, "weight_decay": 0.1 * k},
+                  {"params": rest, "lr": 5e-3 * k, "weight_decay": 0.0 + 0.05 * (k - 1)}]
+        opt = {"type": "AdamW", "params": {"lr": 1e-2 * k, "torch_adam": True,
+                                           "betas": [0.8, 0.9] if perturb else [0.9, 0.999],
+                                           "eps": 1e-6 if perturb else 1e-8}}
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-           "zero_optimization": {"stage": stage}, "steps_per_print": 1000}
+           "optimizer": opt, "zero_optimization": {"stage": stage}, "steps_per_print": 1000}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     if dtype == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
     cfg.update(extra or {})
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=cfg)
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=params, config=cfg)
     return engine
+
+
+def batch(model, dtype, g):
+    import torch
+    if model == "rich":
+        return (torch.randint(0, VOCAB, (2, 5), generator=g),
+                torch.randint(0, VOCAB, (2, 5), generator=g))
+    x = torch.randn(2, 7, generator=g)
+    y = torch.randn(2, 5, generator=g)
+    if dtype in ("bf16", "fp16"):
+        x = x.to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+    return x, y
+
+
+SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "scale_factor", "scale_window")
+
+
+def optimizer_facts(engine):
+    """What the engine's optimizer keeps beside the tensors: each param group's params (by
+    name), lr, weight decay, betas and eps; the loss scaler's state (fp16: DeepSpeed's
+    DynamicLossScaler at ZeRO 1-3, the unfused optimizer's loss_scale_config at ZeRO 0);
+    the engine's step counters."""
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", opt)  # the torch optimizer under DeepSpeed's wrapper
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    lists = None
+    for attr in ("bit16_groups", "bf16_groups", "fp16_groups"):
+        if isinstance(getattr(opt, attr, None), list):
+            lists = getattr(opt, attr)
+            break
+    if lists is None:
+        lists = [g["params"] for g in inner.param_groups]
+    groups = []
+    for i, g in enumerate(inner.param_groups):
+        groups.append({"params": sorted(names.get(id(p), "?") for p in lists[i]),
+                       **{k: list(g[k]) if k == "betas" else g[k]
+                          for k in ("lr", "weight_decay", "betas", "eps")}})
+    scaler = getattr(opt, "loss_scaler", None) or getattr(opt, "loss_scale_config", None)
+    facts = {"groups": groups, "global_steps": engine.global_steps,
+             "skipped_steps": engine.skipped_steps}
+    if engine.fp16_enabled() and scaler is not None:
+        facts["loss_scaler"] = {k: getattr(scaler, k, None) for k in SCALER_KEYS}
+        facts["loss_scaler"]["dynamic"] = getattr(scaler, "dynamic",
+                                                  getattr(scaler, "dynamic_loss_scale", None))
+    return facts
+
+
+def full_state(engine, p, key):
+    """Optimizer state `key` of ZeRO 1/2 (or BF16_Optimizer) param p, whole: DeepSpeed's
+    safe_get_full_optimizer_state (each rank's fragment placed, summed over the data-parallel
+    group), except that every rank takes part in the all-reduce. DeepSpeed's raises on a rank
+    whose fragment has no linked optimizer view (seen with two param groups), and that rank
+    then skips the collective the others are in; here the fragment is then read from the
+    optimizer state of the flat fp32 partition the param's fp32 fragment lies in. None on
+    every rank when some rank finds none."""
+    import torch
+    from deepspeed import comm as dist
+    buf = torch.zeros(p.numel(), dtype=torch.float32)
+    missing = torch.zeros(1)
+    m = p._hp_mapping
+    if m is not None:
+        frag = None
+        try:
+            frag = m.get_hp_fragment(key)
+        except Exception as e:  # noqa: BLE001: the fragment is looked for below
+            api_note("get_hp_fragment", key, e)
+            inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+            where = m.hp_fragment.untyped_storage().data_ptr()
+            for flat, st in inner.state.items():
+                if key in st and flat.untyped_storage().data_ptr() == where:
+                    a = m.hp_fragment_address
+                    frag = st[key].narrow(0, a.start, a.numel)
+        if frag is None:
+            missing += 1
+        else:
+            a = m.lp_fragment_address
+            buf.narrow(0, a.start, a.numel).copy_(frag.reshape(-1))
+    dist.all_reduce(buf, group=p._dp_group)
+    dist.all_reduce(missing, group=p._dp_group)
+    return None if missing.item() else buf.reshape(p.shape)
 
 
 def in_memory(engine, stage, with_optimizer=True):
@@ -220,6 +352,11 @@ def in_memory(engine, stage, with_optimizer=True):
     master, optim = {}, {}
     engine.ucp_adam_steps = {}  # where the inner torch Adam's state is at hand
     for n, p in named:
+        if not p.requires_grad:  # frozen: no master, no moments (and no collective)
+            master[n] = None
+            for k in ("exp_avg", "exp_avg_sq") if with_optimizer else ():
+                optim[f"{n}::{k}"] = None
+            continue
         if id(p) in copies:
             p32 = copies[id(p)]
             master[n] = p32.detach().clone()
@@ -235,7 +372,10 @@ def in_memory(engine, stage, with_optimizer=True):
         master[n] = None if t is None else t.detach().clone()
         for k in ("exp_avg", "exp_avg_sq") if with_optimizer else ():
             try:
-                t = safe_get_full_optimizer_state(p, k)
+                if hasattr(p, "_hp_mapping") and not hasattr(p, "ds_id"):
+                    t = full_state(engine, p, k)
+                else:
+                    t = safe_get_full_optimizer_state(p, k)
             except Exception as e:
                 api_note("safe_get_full_optimizer_state", n, k, e)
                 t = None
@@ -249,14 +389,11 @@ def in_memory(engine, stage, with_optimizer=True):
 def rank_make(a):
     import deepspeed
     import torch
-    engine = model_and_engine(a.stage, a.dtype)
+    engine = model_and_engine(a.stage, a.dtype, model=a.model)
     rank = torch.distributed.get_rank()
     g = torch.Generator().manual_seed(99 + rank)
     for _ in range(2):
-        x = torch.randn(2, 7, generator=g)
-        y = torch.randn(2, 5, generator=g)
-        if a.dtype in ("bf16", "fp16"):
-            x = x.to(torch.bfloat16 if a.dtype == "bf16" else torch.float16)
+        x, y = batch(a.model, a.dtype, g)
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
@@ -283,21 +420,26 @@ def rank_make(a):
                   for n, p in engine.module.named_parameters()}
         meta = dict(deepspeed_version=deepspeed.__version__, torch_version=torch.__version__,
                     zero_stage=a.stage, dtype=a.dtype, world_size=torch.distributed.get_world_size(),
-                    model="mlp", steps=2, tag="global_step2", param_shapes=shapes,
+                    model=a.model, steps=2, tag="global_step2", param_shapes=shapes,
                     adam_steps=engine.ucp_adam_steps,
-                    optimizer_wrapper=type(engine.optimizer).__name__)
+                    optimizer_wrapper=type(engine.optimizer).__name__,
+                    frozen=[n for n, p in engine.module.named_parameters()
+                            if not p.requires_grad],
+                    tied={"head.weight": "embed.weight"} if a.model == "rich" else {},
+                    optimizer_facts=optimizer_facts(engine))
         (out / "meta.json").write_text(json.dumps(meta, indent=1))
     torch.distributed.barrier()
 
 
 NOT_FINITE = 3  # a rank process's exit status: the trained state is not finite
+KILLED = "killed"  # launch()'s status of a rank still running at the deadline
 
 
 def rank_load(a):
     import deepspeed
     import torch
     extra = {"checkpoint": {"load_universal": True}} if a.universal else None
-    engine = model_and_engine(a.stage, a.dtype, extra)
+    engine = model_and_engine(a.stage, a.dtype, extra, model=a.model, perturb=True)
     path, _ = engine.load_checkpoint(a.dir)
     failures = []
     if path is None:
@@ -329,6 +471,8 @@ def rank_load(a):
             else:
                 for n in want_module:
                     for k in ("exp_avg", "exp_avg_sq"):
+                        if want_optim.get(f"{n}::{k}") is None:
+                            continue  # a frozen param: no moments
                         d = torch.load(universal / "zero" / n / f"{k}.pt", weights_only=False)
                         # {'param': t, 'cat_dim': ...}, or t alone and flat
                         # at ZeRO 3
@@ -346,6 +490,9 @@ def rank_load(a):
                      and tuple(map(int, deepspeed.__version__.split(".")[:2])) < (0, 15))
     checked = 0
 
+    def bits(t):
+        return t.contiguous().reshape(-1).view(torch.uint8)
+
     def same(got, want, what):
         nonlocal checked
         if want is None:
@@ -356,8 +503,14 @@ def rank_load(a):
         elif got.dtype != want.dtype or got.shape != want.shape:
             failures.append(f"{what}: {got.dtype} {tuple(got.shape)}, expected {want.dtype} "
                             f"{tuple(want.shape)}")
-        elif not torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+        elif not torch.equal(bits(got), bits(want)):
             failures.append(f"{what}: values differ")
+        elif checked == 1 and want.numel() > 0:
+            # The comparison's own negative control: one changed byte is seen.
+            changed = bits(want).clone()
+            changed[-1] ^= 1
+            if torch.equal(bits(got), changed):
+                failures.append(f"{what}: a changed byte compares equal")
 
     for n, t in want_module.items():
         same(module.get(n), t, f"module {n}")
@@ -371,6 +524,31 @@ def rank_load(a):
     if a.stage == 0 or rank == 0:
         for k, t in want_optim.items():
             same(optim.get(k), t, f"optimizer state {k}")
+    # The param groups (membership and hyper-parameters; the engine was made with other
+    # ones), the loss scaler and the step counters.
+    want_facts = json.loads((truth / "meta.json").read_text()).get("optimizer_facts")
+    if want_facts is not None:
+        got_facts = optimizer_facts(engine)
+        for key, want in want_facts.items():
+            if key == "groups":
+                if len(got_facts["groups"]) != len(want):
+                    failures.append(f"{len(got_facts['groups'])} param groups, expected "
+                                    f"{len(want)}")
+                for i, (g, w) in enumerate(zip(got_facts["groups"], want)):
+                    for k, v in w.items():
+                        checked += 1
+                        if g.get(k) != v:
+                            failures.append(f"param group {i} {k}: {g.get(k)!r}, expected {v!r}")
+            elif key == "loss_scaler":
+                for k, v in want.items():
+                    checked += 1
+                    got = (got_facts.get("loss_scaler") or {}).get(k)
+                    if got != v:
+                        failures.append(f"loss scaler {k}: {got!r}, expected {v!r}")
+            else:
+                checked += 1
+                if got_facts.get(key) != want:
+                    failures.append(f"{key}: {got_facts.get(key)!r}, expected {want!r}")
     # Every rank's verdict, decided together.
     bad = torch.tensor([len(failures)])
     torch.distributed.all_reduce(bad)
@@ -396,22 +574,25 @@ def parse(argv):
         p.add_argument("--world", type=int, required=True)
         p.add_argument("--stage", type=int, required=True, choices=[0, 1, 2, 3])
         p.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
+        p.add_argument("--model", default="mlp", choices=["mlp", "rich"],
+                       help="rich: two param groups, a frozen weight, tied weights")
     return ap.parse_args([str(x) for x in argv])
 
 
-def command(argv):
+def command(argv, timeout=600):
     """One `make` or `load` (the arguments as on the command line) in this process: its ranks
-    forked from here. Returns (rank 0's stdout, every rank exited 0)."""
+    forked from here, killed at `timeout` seconds. Returns (rank 0's stdout, every rank exited
+    0 before the deadline)."""
     a = parse(argv)
     for attempt in range(1, 4):
-        out, codes = launch(a)
+        out, codes = launch(a, timeout)
         if a.cmd != "make" or any(c not in (0, NOT_FINITE) for c in codes) \
                 or NOT_FINITE not in codes:
             break
         print(f"DeepSpeed trained to a non-finite state (attempt {attempt}); training again",
               flush=True)
         shutil.rmtree(a.out, ignore_errors=True)
-    return out, not any(codes)
+    return out, all(c == 0 for c in codes)
 
 
 def main():

@@ -44,6 +44,34 @@ HYPER = [dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd, amsgrad=Fal
               foreach=None, maximize=False, capturable=False) for wd in (0.1, 0.0)]
 
 
+def ucp_patterns(pipe, tp, swiglu):
+    """The parameter patterns of universal_checkpoint_info as Megatron-DeepSpeed's
+    UniversalCheckpointInfo makes them (../shared/reference/deepspeed.md 7.1), for this
+    model's names (DeepSpeed's ds_to_universal asserts that every pattern matches some
+    param): the vocabulary (padding rows cut), pipeline-replicated (the tied embedding),
+    and at TP > 1 the TP-replicated params and those split on dim 1; SwiGLU's two sub-params
+    of dense_h_to_4h."""
+    pre = r"\d+." if pipe else r"language_model.encoder.layers.\d+."
+    vocab = (r"tied_modules.embed.word_embeddings.weight" if pipe
+             else r"language_model.embedding.word_embeddings.weight")
+    info = {"vocabulary_parameter_patterns": [vocab],
+            "pipeline_replicated_parameter_patterns": [vocab]}
+    if tp > 1:
+        final = ([r"\d+.weight", r"\d+.bias"] if pipe else
+                 [r"language_model.encoder.final_layernorm.weight",
+                  r"language_model.encoder.final_layernorm.bias"])
+        info["tp_replicated_parameter_patterns"] = [
+            pre + n for n in ("input_layernorm.weight", "input_layernorm.bias",
+                              "post_attention_layernorm.weight", "post_attention_layernorm.bias",
+                              "self_attention.dense.bias", "mlp.dense_4h_to_h.bias")] + final
+        info["parameter_with_row_parallelism_patterns"] = [
+            pre + "mlp.dense_4h_to_h.weight", pre + "self_attention.dense.weight"]
+    if swiglu:
+        info["parameter_with_2_sub_params_cat_dim_0"] = [
+            pre + "mlp.dense_h_to_4h.weight", pre + "mlp.dense_h_to_4h.bias"]
+    return info
+
+
 def padded_vocab(tp):
     m = DIV * tp
     return -(-VOCAB // m) * m
@@ -173,7 +201,7 @@ def write_case(out, *, pipe, tp, pp, dp, layers, swiglu, dtype, stage):
                      untie_embeddings_and_output_weights=False, iteration=STEP,
                      bf16=dtype == "bf16", deepspeed=True, no_pipeline_parallel=not pipe)
     info = {"universal_checkpoint_version": 0.2, "original_vocab_size": VOCAB,
-            "padded_vocab_size": padded_vocab(tp)}
+            "padded_vocab_size": padded_vocab(tp), **ucp_patterns(pipe, tp, swiglu)}
     step = torch.tensor(float(STEP))
     stages = range(pp) if pipe else [0]
     for p in stages:

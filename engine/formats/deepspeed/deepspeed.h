@@ -20,6 +20,9 @@ namespace ucp::deepspeed {
 /// The options the drivers declare (driver.cc).
 inline constexpr const char* kTagOption = "tag";
 inline constexpr const char* kZeroStageOption = "zero-stage";
+/// Stage 0 fp16 targets: "fused" (FP16_Optimizer, which DeepSpeed uses with
+/// FusedAdam) or "unfused" (FP16_UnfusedOptimizer, any other optimizer).
+inline constexpr const char* kFp16OptimizerOption = "fp16-optimizer";
 
 struct Checkpoint {
   std::filesystem::path dir;      // the save folder (holds `latest`)

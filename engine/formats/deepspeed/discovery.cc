@@ -331,7 +331,8 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
         if (!optims[mp].count(d)) {
           throw FormatError(c.tag_dir.string(), ": missing ", zprefix, d,
                             MpPart(mp), "_optim_states.pt (dp_world_size ",
-                            c.dp, ", mp_world_size ", mp_world, ")");
+                            c.dp, ", mp_world_size ", mp_world, " in ",
+                            first_model.string(), ")");
         }
         rank.optim_files.push_back(optims[mp][d]);
       }

@@ -132,11 +132,22 @@ class DeepSpeedDriver : public formats::Driver {
     return {.tp = true, .pp = true, .vpp = false, .dp = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
+    formats::OptionSpec fp16;
+    fp16.name = kFp16OptimizerOption;
+    fp16.type = formats::OptionSpec::Type::kString;
+    fp16.help =
+        "DeepSpeed: the optimizer of a stage 0 fp16 target: fused "
+        "(FP16_Optimizer, DeepSpeed's with FusedAdam) or unfused "
+        "(FP16_UnfusedOptimizer: any other optimizer, e.g. on CPU); default: "
+        "the source's, else fused";
     return {ZeroStageSpec(
                 "the ZeRO stage 0-3 of the target (default: the source's); "
                 "at stage 0 the training dtype picks the optimizer: the "
-                "torch optimizer (fp32) or FP16_Optimizer (fp16) in the "
-                "model states, BF16_Optimizer files (bf16)"),
+                "torch optimizer (fp32), FP16_Optimizer or "
+                "FP16_UnfusedOptimizer (fp16: --fp16-optimizer) in the model "
+                "states, BF16_Optimizer files (bf16; FP16_UnfusedOptimizer "
+                "for a DeepSpeed >= 0.17.6 source without a pipeline)"),
+            std::move(fp16),
             TagSpec("the target's tag (default: the source's, or "
                     "global_step<N>)")};
   }

@@ -98,10 +98,11 @@ void Planner::PlanFlat() {
         const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : layout.Real(r);
         if (ft.numel != want || ft.dtype != DType::kFloat32 ||
             ft.shape.size() != 1) {
-          throw FormatError("group ", g, ": fp32 partition of ", ft.numel, " ",
-                            DTypeName(ft.dtype), " elements, expected ", want,
-                            " float32 (", layout.numel, " elements over ", W,
-                            " ranks, partition ", ps, ")");
+          throw FormatError(
+              "group ", g, ": fp32 partition of ", ft.numel, " ",
+              DTypeName(ft.dtype), " elements, expected ", want, " float32 (",
+              layout.numel, " elements over ", W, " ranks, partition ", ps,
+              ", as the param_shapes of ", c_.model_files[0].string(), " say)");
         }
         FlatGroup(f, groups_[g], ZeroWindows(numels, layout, r),
                   Tensor(f, ft, gw), "fp32 partition",

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
@@ -131,6 +132,12 @@ void WriterBase::Prepare(bool tensor_parallel) {
   }
   if (stage_ >= 1) {
     wrapper_ = Wrapper::kZero;
+  } else if (lp_ == DType::kBFloat16 && !pipeline_ && UnfusedBf16()) {
+    // DeepSpeed >= 0.17.6 trains bf16 at stage 0 without a pipeline with
+    // FP16_UnfusedOptimizer (its PR 7515; BF16_Optimizer is for pipelines
+    // there), and loads nothing else there.
+    wrapper_ = Wrapper::kFp16;
+    fp16_unfused_ = true;
   } else if (lp_ == DType::kBFloat16) {
     wrapper_ = Wrapper::kBf16;
   } else if (lp_ == DType::kFloat32) {
@@ -141,6 +148,19 @@ void WriterBase::Prepare(bool tensor_parallel) {
   } else {
     throw UsageError("ZeRO stage 0 with ", DTypeName(lp_),
                      " training: DeepSpeed trains in fp32, fp16 or bf16");
+  }
+  if (const std::optional<std::string> o =
+          options_.values.String(kFp16OptimizerOption)) {
+    if (*o != "fused" && *o != "unfused") {
+      throw UsageError("--", kFp16OptimizerOption, " ", *o,
+                       ": fused (FP16_Optimizer) or unfused "
+                       "(FP16_UnfusedOptimizer)");
+    }
+    if (wrapper_ != Wrapper::kFp16 || lp_ != DType::kFloat16) {
+      throw UsageError("--", kFp16OptimizerOption,
+                       ": only for a ZeRO stage 0 fp16 target");
+    }
+    fp16_unfused_ = *o == "unfused";
   }
   if (!pipeline_ && pp_ != 1) {
     throw UsageError("--pp ", pp_,
@@ -406,6 +426,32 @@ const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
                     p.name, ": no weights");
 }
 
+bool WriterBase::UnfusedBf16() const {
+  const json::Value* w = meta_.Find("wrapper");
+  if (w != nullptr && w->is_string() && w->AsString() == "fp16_unfused")
+    return true;  // the source was trained so
+  const json::Value source =
+      formats::ParseJsonAttr(input_.root().source, "source", input_.path());
+  const json::Value* fw =
+      source.is_object() ? source.Find("framework") : nullptr;
+  const json::Value* v =
+      source.is_object() ? source.Find("framework_version") : nullptr;
+  if (fw == nullptr || !fw->is_string() || fw->AsString() != "deepspeed" ||
+      v == nullptr || !v->is_string())
+    return false;
+  // "major.minor.patch[...]" >= 0.17.6
+  int64_t part[3] = {0, 0, 0};
+  const std::string& text = v->AsString();
+  size_t i = 0;
+  for (int k = 0; k < 3 && i < text.size(); ++k) {
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9')
+      part[k] = part[k] * 10 + (text[i++] - '0');
+    if (i < text.size() && text[i] == '.') ++i;
+  }
+  return std::make_tuple(part[0], part[1], part[2]) >=
+         std::make_tuple(int64_t{0}, int64_t{17}, int64_t{6});
+}
+
 Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
   pickle::Arena& a = f.arena();
   if (Value* v = ImportBlob(f, "optim/" + name)) return v;
@@ -418,8 +464,10 @@ Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
       if (const Value* v = ls->state->Get(attr)) return f.Import(b, v);
     }
   }
-  if (name == "dynamic_loss_scale") return a.Bool(true);
-  if (name == "cur_scale") return a.Float(65536.0);
+  // bf16 scales no loss (DeepSpeed's LossScaleConfig: static, 1.0).
+  const bool bf16 = lp_ == DType::kBFloat16;
+  if (name == "dynamic_loss_scale") return a.Bool(!bf16);
+  if (name == "cur_scale") return a.Float(bf16 ? 1.0 : 65536.0);
   if (name == "cur_iter") return a.Int(input_.root().iteration);
   if (name == "last_overflow_iter") return a.Int(-1);
   if (name == "scale_factor") return a.Float(2.0);
@@ -860,9 +908,51 @@ void WriterBase::PatchTpArgs(pickle::Arena& a, Value* root) const {
   set(ns, "data_parallel_size", W_);
   set(ns, "world_size", tp_ * pp_ * W_);
   if (padded_vocab_ > 0) set(ns, "padded_vocab_size", padded_vocab_);
-  if (padded_vocab_ > 0)
-    set(root->Get("universal_checkpoint_info"), "padded_vocab_size",
-        padded_vocab_);
+  Value* info = root->Get("universal_checkpoint_info");
+  if (padded_vocab_ > 0) set(info, "padded_vocab_size", padded_vocab_);
+  if (info != nullptr && info->IsDictLike() && tp_ > 1) AddTpPatterns(a, info);
+}
+
+// DeepSpeed's ds_to_universal merges TP shards by the pattern lists of
+// universal_checkpoint_info (deepspeed/checkpoint/ds_to_universal.py,
+// merge_tp_slices): slices of a TP-replicated param are one copy, of a
+// row-parallel one concatenated on dim 1, of a two-sub-param one (SwiGLU) cut
+// in halves first, all others concatenated on dim 0. Megatron-DeepSpeed
+// writes the TP lists only at TP > 1, so a source saved at TP 1 has none: the
+// lists it lacks are written here from the layout's placements, one exact
+// name per param (re.match, the dots escaped).
+void WriterBase::AddTpPatterns(pickle::Arena& a, Value* info) const {
+  std::vector<Value*> replicated, row, halves;
+  for (const TParam& p : params_) {
+    // Only params of the optimizer (ds_to_universal asserts that every
+    // pattern matches one).
+    if (p.rule == nullptr || p.buffer || p.frozen) continue;
+    std::string re;
+    for (char c : p.name) {
+      if (std::string_view(".^$*+?()[]{}|\\").find(c) != std::string::npos)
+        re += '\\';
+      re += c;
+    }
+    re += '$';
+    const layouts::TpPlacement& tp = p.rule->tp;
+    if (!tp.split) {
+      replicated.push_back(a.Str(re));
+    } else if (tp.vocab) {
+      continue;  // the source's vocabulary patterns (Megatron writes them
+                 // at every TP size, with original_vocab_size)
+    } else if (tp.dim == 1 && tp.segments == 1) {
+      row.push_back(a.Str(re));
+    } else if (tp.dim == 0 && tp.segments == 2) {
+      halves.push_back(a.Str(re));
+    }
+  }
+  auto add = [&](const char* key, std::vector<Value*> names) {
+    if (names.empty() || info->Get(key) != nullptr) return;
+    formats::AppendEntry(a, info, key, a.List(std::move(names)));
+  };
+  add("tp_replicated_parameter_patterns", std::move(replicated));
+  add("parameter_with_row_parallelism_patterns", std::move(row));
+  add("parameter_with_2_sub_params_cat_dim_0", std::move(halves));
 }
 
 }  // namespace ucp::deepspeed::internal

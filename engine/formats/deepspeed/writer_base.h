@@ -80,6 +80,7 @@ class WriterBase {
   /// Sets p's rule, stored shape and local (TP shard) shape.
   void PlaceOnTp(TParam& p);
   void PatchTpArgs(pickle::Arena& a, pickle::Value* root) const;
+  void AddTpPatterns(pickle::Arena& a, pickle::Value* info) const;
 
   /// The atom (converted to `dtype`) as a whole tensor of `shape`.
   reshape::TargetTensor WholeTensor(const atoms::DatasetInfo& atom,
@@ -105,6 +106,9 @@ class WriterBase {
   /// the source's own, else its loss_scaler's attribute, else DeepSpeed's
   /// fp16 default (dynamic, 2^16, window 1000, factor 2).
   pickle::Value* LossScaleField(FileBuild& f, const std::string& name);
+  // Stage 0 bf16 without a pipeline as FP16_UnfusedOptimizer (DeepSpeed
+  // >= 0.17.6, or a source trained so) rather than BF16_Optimizer.
+  bool UnfusedBf16() const;
   /// ZeRO's loss_scaler object: the source's, else a (Dynamic)LossScaler
   /// made of an FP16_Optimizer source's fields, else a static 1.0.
   pickle::Value* LossScalerNode(FileBuild& f);
@@ -138,7 +142,7 @@ class WriterBase {
   DType lp_ = DType::kFloat32;
   int stage_ = 0;
   Wrapper wrapper_ = Wrapper::kZero;
-  bool fp16_unfused_ = false;  // kFp16: FP16_UnfusedOptimizer
+  bool fp16_unfused_ = false;  // kFp16: FP16_UnfusedOptimizer (fp16 or bf16)
   int64_t W_ = 1;
   int64_t tp_ = 1;       // target tensor-parallel size
   int64_t tp_rank_ = 0;  // the TP rank whose files are being built

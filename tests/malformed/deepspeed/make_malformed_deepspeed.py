@@ -3,8 +3,8 @@
 DeepSpeed 0.14.5 fixtures with one entry broken each (wrong types, shapes,
 sizes, counts, classes), saved with torch.save so the containers stay valid
 and the damage reaches ucp's DeepSpeed reader. Writes OUT/<case>/ and
-OUT/manifest.json ([{"case", "what"}]); every case must be refused with a
-ucp error (never a crash)."""
+OUT/manifest.json ([{"case", "what", "file"}]); every case must be refused
+with a ucp error naming "file", the one file damaged (never a crash)."""
 import argparse
 import json
 import os
@@ -161,7 +161,9 @@ def main():
             fp16_states(obj, fp16[0])
         mutate(obj)
         torch.save(obj, path)
-        manifest.append({"case": case, "what": f"{base}/{name}: {what}"})
+        # "file": the damaged file, relative to OUT; the error must name it.
+        manifest.append({"case": case, "what": f"{base}/{name}: {what}",
+                         "file": f"{case}/{TAG}/{name}"})
     with open(os.path.join(a.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     print(f"{len(manifest)} malformed DeepSpeed checkpoints in {a.out}")

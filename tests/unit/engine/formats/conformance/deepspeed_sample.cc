@@ -1,6 +1,8 @@
 // The DeepSpeed samples of the conformance suite: real DeepSpeed 0.14.5
 // files (ZeRO-2, bf16, world 2; ../shared/fixtures), ZeRO-1 on 3 ranks as the
-// other layout; and the universal folder ucp writes from them.
+// other layout; and a DeepSpeed universal folder that ucp itself writes from
+// them (ucp's deepspeed-universal writer, not DeepSpeed's ds_to_universal:
+// tests/cli/test_deepspeed_real.py compares the two, and reads DeepSpeed's).
 
 #include <filesystem>
 
@@ -46,7 +48,9 @@ const bool kNative = RegisterSample({
     .not_reproduced = {},
 });
 
-// The universal folder of the fixture (what ds_to_universal makes of it).
+// ucp's own universal folder of the fixture (written by ucp's
+// deepspeed-universal driver in the layout of ds_to_universal's folders; not
+// DeepSpeed's output, which tests/cli/test_deepspeed_real.py checks against).
 const bool kUniversal = RegisterSample({
     .driver = "deepspeed-universal",
     .make =
