@@ -35,6 +35,22 @@ def tool():
     return megatron_torch_dist
 
 
+def dcp_model_is_masters(model, want):
+    """The DCP model tensors against the source's fp32 main weights (torch_dist_view's
+    optimizer.state.param.<name>, layers stacked on the first dim); returns the number of values
+    compared (tensors the view has no main weight for are not counted)."""
+    n = 0
+    for k, v in model.items():
+        m = re.match(r"decoder\.layers\.(\d+)\.(.*)$", k)
+        key = "optimizer.state.param." + (f"decoder.layers.{m.group(2)}" if m else k)
+        if not isinstance(v, torch.Tensor) or key not in want:
+            continue
+        w = want[key][int(m.group(1))] if m else want[key]
+        assert v.dtype == w.dtype and torch.equal(v, w), k
+        n += v.numel()
+    return n
+
+
 def save_fsdp(out, dp=2):
     p = subprocess.run([sys.executable, str(TOOLS / "megatron_fsdp.py"), "save", "--out",
                         str(out), "--dp", str(dp)],
@@ -131,6 +147,11 @@ def test_fsdp_dtensor_to_torch_dist():
         qkv = "decoder.layers.self_attention.linear_qkv.weight"
         assert torch.equal(got["model"]["decoder.layers.1.self_attention.linear_qkv.weight"],
                            want["optimizer.state.param." + qkv][1])
+        # Every model tensor with a main weight in the source; at least every layer's qkv.
+        sys.path.insert(0, str(TOOLS))
+        import oracle_checks
+        oracle_checks.checked(lambda g: dcp_model_is_masters(g, want), got["model"],
+                              want["optimizer.state.param." + qkv].numel(), "DCP model")
         # The universal file keeps the objects: the rng states torch flattened into uint8
         # tensors come back as torch.load reads them, args as the Megatron blob.
         import h5py
