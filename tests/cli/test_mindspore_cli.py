@@ -105,7 +105,9 @@ NET_VALUES = 160
 
 
 def assert_bytes(got, want, what, min_count):
-    """same_bytes with the count rule and a negative control (oracle_checks.checked)."""
+    """same_bytes with the count rule and a negative control (oracle_checks.checked) on the
+    records `want` names (the control changes one of them)."""
+    got = {k: v for k, v in got.items() if k in want}
     oracle_checks.checked(lambda g: same_bytes(g, want, what), got, min_count, what)
 
 
