@@ -2,17 +2,18 @@
 --output-junit) against its TIMEOUT (tests/test_times.txt, read by
 cmake/ucp_test_times.cmake: TIMEOUT = max(30, 3 x measured seconds)).
 
-  test_times.py summary JUNIT [--slowest N]
+  test_times.py summary JUNIT... [--slowest N]
       the N slowest tests, the sum of the tests' times, counts by outcome
       (.ci/dev test prints it after ctest, then ctest's closing lines again)
-  test_times.py limits JUNIT BUILD_DIR
+  test_times.py limits BUILD_DIR JUNIT...
       every test: measured seconds, TIMEOUT, PROCESSORS, and a flag when the
       measured time is above half its limit or the limit is over 3x what a
       fresh table would give (recalibrate then)
-  test_times.py table JUNIT BUILD_DIR [--table tests/test_times.txt]
+  test_times.py table BUILD_DIR JUNIT... [--table tests/test_times.txt]
       the table again from the run's times (stdout): one line per test, one
       "<binary>.*" line per GoogleTest binary (its slowest case), PROCESSORS
-      kept from the current table; review and copy over tests/test_times.txt
+      kept from the current table, lines matching no test that ran kept as they
+      are; review and copy over tests/test_times.txt
 
 Run the suite alone on the machine for the times (ctest -j1 measures each
 test without the others' load; with -jN they are N-fold inflated).
@@ -59,8 +60,16 @@ def limit_of(secs):
     return max(MIN_TIMEOUT, 3 * secs)
 
 
-def read_junit(path):
-    """{test name: (seconds, outcome)}; outcome: passed, failed, skipped, notrun."""
+def read_junit(paths):
+    """{test name: (seconds, outcome)} of one or more JUnit files (a later file's entry for a
+    test replaces an earlier one's); outcome: passed, failed, skipped, notrun."""
+    out = {}
+    for path in [paths] if isinstance(paths, str) else paths:
+        out.update(_read_one(path))
+    return out
+
+
+def _read_one(path):
     out = {}
     for tc in ET.parse(path).getroot().iter("testcase"):
         status = tc.get("status", "run")
@@ -88,7 +97,7 @@ def listing(build):
 def summary(a):
     times = read_junit(a.junit)
     if not times:
-        print("test times: no tests in", a.junit)
+        print("test times: no tests in", " ".join(a.junit))
         return 0
     total = sum(s for s, _ in times.values())
     by = {}
@@ -147,6 +156,10 @@ def table(a):
         secs, p = lines.get(key, (0, 1))
         lines[key] = (max(secs, math.ceil(s)), max(p, procs))
     print("# <test name or prefix*> <measured seconds> [<processors>]  (tests/README.md)")
+    # Lines of the current table no measured test matched are kept (tests not run this time).
+    for key, secs, procs in rows:
+        if not any(lookup([(key, secs, procs)], n) for n in times if n in tests):
+            lines.setdefault(key, (secs, procs))
     for key, (secs, procs) in sorted(lines.items()):
         print(f"{key} {secs}" + (f" {procs}" if procs > 1 else ""))
     return 0
@@ -156,13 +169,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary")
-    s.add_argument("junit")
+    s.add_argument("junit", nargs="+")
     s.add_argument("--slowest", type=int, default=15)
     s.set_defaults(fn=summary)
     for name, fn in (("limits", limits), ("table", table)):
         s = sub.add_parser(name)
-        s.add_argument("junit")
         s.add_argument("build")
+        s.add_argument("junit", nargs="+")
         s.add_argument("--table", default=str(TABLE))
         s.set_defaults(fn=fn)
     a = ap.parse_args()
