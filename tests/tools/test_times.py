@@ -11,7 +11,8 @@ cmake/ucp_test_times.cmake: TIMEOUT = max(30, 3 x measured seconds)).
       fresh table would give (recalibrate then)
   test_times.py table BUILD_DIR JUNIT... [--table tests/test_times.txt]
       the table again from the run's times (stdout): one line per test, one
-      "<binary>.*" line per GoogleTest binary (its slowest case), PROCESSORS
+      "<binary>.*" line per GoogleTest binary whose cases all take under 20 s
+      (its slowest case; a line per case otherwise), PROCESSORS
       kept from the current table, lines matching no test that ran kept as they
       are; review and copy over tests/test_times.txt
 
@@ -33,6 +34,7 @@ MIN_TIMEOUT = 30
 # A test's TIMEOUT above this needs a line in the table measured at a third
 # of it or more (check_suite.py).
 UNMEASURED_BOUND = 300
+GROUP_SECONDS = 20
 
 
 def read_table(path=TABLE):
@@ -61,11 +63,12 @@ def limit_of(secs):
 
 
 def read_junit(paths):
-    """{test name: (seconds, outcome)} of one or more JUnit files (a later file's entry for a
-    test replaces an earlier one's); outcome: passed, failed, skipped, notrun."""
+    """{test name: (seconds, outcome)} of one or more JUnit files (a test in several: its
+    longest run, the last run's outcome); outcome: passed, failed, skipped, notrun."""
     out = {}
     for path in [paths] if isinstance(paths, str) else paths:
-        out.update(_read_one(path))
+        for name, (secs, outcome) in _read_one(path).items():
+            out[name] = (max(secs, out.get(name, (0, ""))[0]), outcome)
     return out
 
 
@@ -144,13 +147,20 @@ def table(a):
     times = read_junit(a.junit)
     tests = listing(a.build)
     rows = read_table(a.table)
+    # A GoogleTest binary whose cases all take under GROUP_SECONDS gets one "<binary>.*" line
+    # (its slowest case), one with slower cases a line per case.
+    slowest = {}
+    for name, (props, command) in tests.items():
+        if name in times and any(c.startswith("--gtest_filter=") for c in command):
+            b = name.split(".", 1)[0]
+            slowest[b] = max(slowest.get(b, 0), times[name][0])
     lines = {}
     for name, (props, command) in tests.items():
         if name not in times:
             continue
         s = times[name][0]
-        gtest = any(c.startswith("--gtest_filter=") for c in command)
-        key = name.split(".", 1)[0] + ".*" if gtest else name
+        b = name.split(".", 1)[0]
+        key = b + ".*" if slowest.get(b, GROUP_SECONDS) < GROUP_SECONDS else name
         old = lookup(rows, name)
         procs = old[1] if old else 1
         secs, p = lines.get(key, (0, 1))
