@@ -135,7 +135,7 @@ macro(_ucp_discover name)
   string(REPLACE ";" "\\;" _env "${_env}")
   # Skipped cases (GTEST_SKIP) are reported as skipped, not passed; every
   # case has a time limit.
-  set(_props "ENVIRONMENT;${_env};SKIP_REGULAR_EXPRESSION;\\[  SKIPPED \\];TIMEOUT;${UCP_TEST_TIMEOUT}")
+  set(_props "ENVIRONMENT;${_env};SKIP_REGULAR_EXPRESSION;\\[  SKIPPED \\];TIMEOUT;${UCP_UNMEASURED_TIMEOUT}")
   foreach(_prop LABELS FIXTURES_REQUIRED FIXTURES_SETUP)
     if(ARG_${_prop})
       string(REPLACE ";" "\\;" _value "${ARG_${_prop}}")
@@ -147,6 +147,8 @@ macro(_ucp_discover name)
 "set(UCP_CASE_EXE [==[$<TARGET_FILE:${name}>]==])
 set(UCP_CASE_PREFIX [==[${name}.]==])
 set(UCP_CASE_PROPS [==[${_props}]==])
+set(UCP_CASE_TIMES [==[${UCP_TEST_TIMES}]==])
+include([==[${PROJECT_SOURCE_DIR}/cmake/ucp_test_times.cmake]==])
 include([==[${PROJECT_SOURCE_DIR}/cmake/ucp_gtest_cases.cmake]==])
 ")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_include}")
@@ -221,15 +223,26 @@ macro(_ucp_test_properties name)
 endmacro()
 
 # Every test gets a time limit: at the end of each directory that registers
-# tests, those without a TIMEOUT get UCP_TEST_TIMEOUT seconds (GoogleTest
-# cases get it when ctest lists them: _ucp_discover).
-set(UCP_TEST_TIMEOUT 600 CACHE STRING "Seconds a test may run (ctest TIMEOUT)")
+# tests, those without a TIMEOUT get about three times their measured time
+# from tests/test_times.txt (and their PROCESSORS: the ranks they fork), or
+# UCP_UNMEASURED_TIMEOUT seconds when the table has no line for them (GoogleTest
+# cases get theirs when ctest lists them: _ucp_discover).
+set(UCP_UNMEASURED_TIMEOUT 300 CACHE STRING "Seconds a test not in tests/test_times.txt may run (ctest TIMEOUT)")
+set(UCP_TEST_TIMES ${PROJECT_SOURCE_DIR}/tests/test_times.txt)
+set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${UCP_TEST_TIMES})
+include(${CMAKE_CURRENT_LIST_DIR}/ucp_test_times.cmake)
 function(_ucp_apply_timeouts)
+  _ucp_read_test_times(${UCP_TEST_TIMES})
   get_property(_tests DIRECTORY PROPERTY TESTS)
   foreach(_t IN LISTS _tests)
-    get_test_property(${_t} TIMEOUT _limit)
-    if(NOT _limit)
-      set_tests_properties(${_t} PROPERTIES TIMEOUT ${UCP_TEST_TIMEOUT})
+    _ucp_test_limit(${_t} ${UCP_UNMEASURED_TIMEOUT} _limit _procs)
+    get_test_property(${_t} TIMEOUT _set)
+    if(NOT _set)
+      set_tests_properties(${_t} PROPERTIES TIMEOUT ${_limit})
+    endif()
+    get_test_property(${_t} PROCESSORS _set)
+    if(NOT _set AND _procs GREATER 1)
+      set_tests_properties(${_t} PROPERTIES PROCESSORS ${_procs})
     endif()
   endforeach()
 endfunction()

@@ -2,7 +2,7 @@
 # test case of one GoogleTest binary as its own ctest test, so `ctest -j`
 # spreads them. Written by ucp_add_test() into <binary>_cases.cmake as
 #   set(UCP_CASE_EXE ...) set(UCP_CASE_PREFIX ...) set(UCP_CASE_PROPS ...)
-#   include(<this file>)
+#   set(UCP_CASE_TIMES ...) include(ucp_test_times.cmake) include(<this file>)
 # UCP_CASE_PROPS is a list of property names and values, where list-valued
 # values (ENVIRONMENT) keep their separators escaped as "\;".
 # (CMake 3.25's gtest_discover_tests splits such values into several
@@ -33,7 +33,14 @@ if(NOT EXISTS "${_cache}" OR "${UCP_CASE_EXE}" IS_NEWER_THAN "${_cache}")
   file(WRITE "${_cache}" "${_cases}")
 endif()
 file(READ "${_cache}" _cases)
+_ucp_read_test_times("${UCP_CASE_TIMES}")
 foreach(_case IN LISTS _cases)
-  add_test("${UCP_CASE_PREFIX}${_case}" "${UCP_CASE_EXE}" "--gtest_filter=${_case}")
-  set_tests_properties("${UCP_CASE_PREFIX}${_case}" PROPERTIES ${UCP_CASE_PROPS})
+  set(_name "${UCP_CASE_PREFIX}${_case}")
+  add_test("${_name}" "${UCP_CASE_EXE}" "--gtest_filter=${_case}")
+  set_tests_properties("${_name}" PROPERTIES ${UCP_CASE_PROPS})
+  # tests/test_times.txt's limit for the case, if it has one (cmake/ucp_test_times.cmake)
+  _ucp_test_limit("${_name}" "" _limit _procs)
+  if(_limit)
+    set_tests_properties("${_name}" PROPERTIES TIMEOUT ${_limit})
+  endif()
 endforeach()

@@ -31,6 +31,8 @@ def key(path):
 
 
 def check_against(description, report, label):
+    """The report of one file against torch's own description of it (tensors' fields, leaves,
+    objects, records); returns the number of values compared."""
     want = {key(t["path"]): t for t in description["tensors"]}
     got = {key(t["path"]): t for t in report["tensors"]}
     assert set(want) == set(got), (label, sorted(set(want) ^ set(got))[:5])
@@ -63,6 +65,22 @@ def check_against(description, report, label):
         assert description["records"] == report["records"], label
         assert description["archive_name"] == report["archive_name"], label
     assert report["suspicious_globals"] == [], (label, report["suspicious_globals"])
+    return 10 * len(want) + len(wl) + len(set(wo) | set(go))
+
+
+def negative_control(description, report, label):
+    """check_against fails on a copy of `report` with one tensor's storage offset changed (or,
+    without tensors, one leaf's repr)."""
+    bad = json.loads(json.dumps(report))
+    if bad["tensors"]:
+        bad["tensors"][len(bad["tensors"]) // 2]["storage_offset"] += 1
+    else:
+        bad["leaves"][0]["repr"] += "x"
+    try:
+        check_against(description, bad, label)
+    except AssertionError:
+        return
+    raise AssertionError(f"{label}: negative control: a changed field went unnoticed")
 
 
 def test_generated_fixtures():
@@ -71,9 +89,12 @@ def test_generated_fixtures():
     report = json.loads(run("inspect", "--json", *files).stdout)
     assert report["errors"] == []
     by_path = {pathlib.Path(f["path"]).name: f for f in report["files"]}
+    compared = 0
     for f in files:
         desc = json.loads(f.with_suffix(".expected.json").read_text())
-        check_against(desc, by_path[f.name], f.name)
+        compared += check_against(desc, by_path[f.name], f.name)
+        negative_control(desc, by_path[f.name], f.name)
+    assert compared >= 10 * len(files), compared
 
 
 def test_shared_fixtures_folder():
@@ -85,7 +106,9 @@ def test_shared_fixtures_folder():
         rel = pathlib.Path(f["path"]).relative_to(FIXTURES)
         desc_path = TESTDATA / "shared" / (str(rel) + ".expected.json")
         assert desc_path.exists(), desc_path
-        check_against(json.loads(desc_path.read_text()), f, str(rel))
+        desc = json.loads(desc_path.read_text())
+        assert check_against(desc, f, str(rel)) > 0, rel
+        negative_control(desc, f, str(rel))
         seen += 1
     want = len(list((TESTDATA / "shared").rglob("*.pt.expected.json"))) + \
         len(list((TESTDATA / "shared").rglob("*.distcp@*.expected.json")))

@@ -35,6 +35,29 @@ def tool():
     return megatron_torch_dist
 
 
+def masters_of(model, want):
+    """{DCP model key: the source's fp32 main weight} (torch_dist_view's
+    optimizer.state.param.<name>, layers stacked on the first dim) for every model tensor that
+    has one of its shape (a padded vocabulary has not)."""
+    out = {}
+    for k, v in model.items():
+        m = re.match(r"decoder\.layers\.(\d+)\.(.*)$", k)
+        key = "optimizer.state.param." + (f"decoder.layers.{m.group(2)}" if m else k)
+        if not isinstance(v, torch.Tensor) or key not in want:
+            continue
+        w = want[key][int(m.group(1))] if m else want[key]
+        if isinstance(w, torch.Tensor) and w.shape == v.shape:
+            out[k] = w
+    return out
+
+
+def equal_tensors(got, want, what):
+    """torch.equal for every key of `want`; returns the number of elements compared."""
+    for k, w in want.items():
+        assert torch.equal(got[k], w), (what, k)
+    return sum(w.numel() for w in want.values())
+
+
 def save_fsdp(out, dp=2):
     p = subprocess.run([sys.executable, str(TOOLS / "megatron_fsdp.py"), "save", "--out",
                         str(out), "--dp", str(dp)],
@@ -131,6 +154,13 @@ def test_fsdp_dtensor_to_torch_dist():
         qkv = "decoder.layers.self_attention.linear_qkv.weight"
         assert torch.equal(got["model"]["decoder.layers.1.self_attention.linear_qkv.weight"],
                            want["optimizer.state.param." + qkv][1])
+        # Every model tensor with a main weight in the source; at least every layer's qkv.
+        sys.path.insert(0, str(TOOLS))
+        import oracle_checks
+        masters = masters_of(got["model"], want)
+        oracle_checks.checked(lambda g: equal_tensors(g, masters, "DCP model"),
+                              {k: got["model"][k] for k in masters},
+                              want["optimizer.state.param." + qkv].numel(), "DCP model")
         # The universal file keeps the objects: the rng states torch flattened into uint8
         # tensors come back as torch.load reads them, args as the Megatron blob.
         import h5py

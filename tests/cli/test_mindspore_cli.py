@@ -18,6 +18,9 @@ os.environ.setdefault("GLOG_v", "3")
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
+import oracle_checks  # noqa: E402
+
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 
 
@@ -85,6 +88,29 @@ def atoms(h5):
     return out, iteration
 
 
+def same_bytes(got, want, what):
+    """got[k] has the dtype and bytes of want[k] (arrays) for every key of `want`; returns the
+    number of elements compared."""
+    n = 0
+    for k, w in want.items():
+        assert k in got, (what, k, sorted(got))
+        a, b = np.asarray(got[k]), np.asarray(w)
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (what, k, a.dtype, b.dtype)
+        n += int(b.size)
+    return n
+
+
+# The net: fc1 8 -> 12, fc2 12 -> 4, 160 weights (and as many of each Adam moment).
+NET_VALUES = 160
+
+
+def assert_bytes(got, want, what, min_count):
+    """same_bytes with the count rule and a negative control (oracle_checks.checked) on the
+    records `want` names (the control changes one of them)."""
+    got = {k: v for k, v in got.items() if k in want}
+    oracle_checks.checked(lambda g: same_bytes(g, want, what), got, min_count, what)
+
+
 def test_universal_holds_what_mindspore_loads():
     with tempfile.TemporaryDirectory(prefix="ucp-ms-") as t:
         t = pathlib.Path(t)
@@ -95,12 +121,10 @@ def test_universal_holds_what_mindspore_loads():
         assert iteration == int(want["global_step"][0]) == 2, iteration
         names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
         assert sorted({p for p, _ in got}) == sorted(names), sorted(got)
-        for n in names:
-            for kind, key in (("fp32", n), ("exp_avg", f"moment1.{n}"),
-                              ("exp_avg_sq", f"moment2.{n}")):
-                a, b = got[(n, kind)], want[key]
-                assert a.dtype == b.dtype and a.shape == b.shape, (n, kind, a.shape, b.shape)
-                assert a.tobytes() == b.tobytes(), (n, kind)
+        expected = {(n, kind): want[key] for n in names
+                    for kind, key in (("fp32", n), ("exp_avg", f"moment1.{n}"),
+                                      ("exp_avg_sq", f"moment2.{n}"))}
+        assert_bytes(got, expected, "universal atoms", 3 * NET_VALUES)
 
 
 def test_bf16_and_crc():
@@ -148,8 +172,7 @@ def test_folder_export_and_dcp_round_trip():
         from safetensors.numpy import load_file
         hf = load_file(str(t / "hf" / "model.safetensors"))
         assert sorted(hf) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"], sorted(hf)
-        for n, a in hf.items():
-            assert a.tobytes() == want[n].tobytes(), n
+        assert_bytes(hf, {n: want[n] for n in hf}, "export", NET_VALUES)
         run("convert", t / "save", "-o", t / "dcp", "--format", "dcp", "--dp", 2, "-q")
         r = subprocess.run(
             [sys.executable, "-c",
@@ -201,7 +224,8 @@ def test_written_files_are_what_mindspore_loads():
         got = ms.load_checkpoint(str(t / "back" / "rank_0" / "ucp_rank_0-1_2.ckpt"))
         for k in want:  # (lr and betas through DCP's param groups: test_train_state)
             assert k in got, (k, sorted(got))
-            assert got[k].asnumpy().tobytes() == want[k].tobytes(), k
+        assert_bytes({k: v.asnumpy() for k, v in got.items()}, want,
+                     "MindSpore -> DCP -> MindSpore", 3 * NET_VALUES)
         net_params = {k: v for k, v in got.items() if k.startswith("fc")}
         assert sorted(net_params) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
 
@@ -223,11 +247,11 @@ def test_from_a_real_deepspeed_checkpoint():
         assert len(files) == 1, files
         got = ms.load_checkpoint(str(files[0]))
         assert int(got["global_step"].asnumpy()[0]) == 2
-        for n, w in master.items():
-            assert got[n].asnumpy().tobytes() == w.numpy().tobytes(), n
-            for k, prefix in (("exp_avg", "moment1."), ("exp_avg_sq", "moment2.")):
-                assert got[prefix + n].asnumpy().tobytes() == \
-                    optim[f"{n}::{k}"].numpy().tobytes(), (n, k)
+        expected = {n: w.numpy() for n, w in master.items()}
+        expected.update({prefix + n: optim[f"{n}::{k}"].numpy() for n in master
+                         for k, prefix in (("exp_avg", "moment1."), ("exp_avg_sq", "moment2."))})
+        assert_bytes({k: v.asnumpy() for k, v in got.items()}, expected, "DeepSpeed -> MindSpore",
+                     3 * 174)  # DeepSpeed's MLP: 174 values
         # nn.Adam's bias-correction state after as many steps with the
         # source's betas (DeepSpeed's param group: 0.9, 0.999), as MindSpore's
         # own nn.Adam holds it, and the group's learning rate.

@@ -26,6 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 TOOLS = HERE.parent / "tools"
 sys.path.insert(0, str(TOOLS))
 from check_deepspeed import read_safetensors  # noqa: E402
+import oracle_checks  # noqa: E402
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron" / "gqa_swiglu_bias_untied"
@@ -69,6 +70,27 @@ def bits_equal(a, b, what):
     assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), what
 
 
+def all_bits_equal(got, want, what):
+    """bits_equal for every key of `want` (got may hold more); returns the number of values
+    compared."""
+    for k, w in want.items():
+        assert k in got, (what, k)
+        bits_equal(got[k], w, (what, k))
+    return sum(w.numel() for w in want.values())
+
+
+# The generator's Megatron model (tests/tools/make_megatron_ckpts.py's small variant) holds
+# thousands of values; a comparison reaching fewer compared too little.
+MIN_VALUES = 1000
+
+
+def assert_bits_equal(got, want, what):
+    """all_bits_equal with the count rule and a negative control (oracle_checks.checked) on the
+    tensors `want` names (the control changes one of them)."""
+    got = {k: v for k, v in got.items() if k in want}
+    oracle_checks.checked(lambda g: all_bits_equal(g, want, what), got, MIN_VALUES, what)
+
+
 def test_megatron_export_holds_the_truth():
     """fp32 = the masters; bf16 = the generator's bf16 weights; fp16 = the
     masters rounded by torch (nearest even); names are the canonical ones,
@@ -80,10 +102,10 @@ def test_megatron_export_holds_the_truth():
             run("export", SRC, "-o", t / dtype, "--dtype", dtype, "-q")
             got = exported(t / dtype)
             assert sorted(got) == sorted(params), (sorted(got), sorted(params))
-            for name, kinds in params.items():
-                want = {"fp32": kinds["fp32"], "bf16": kinds["model"],
-                        "fp16": kinds["fp32"].to(torch.float16)}[dtype]
-                bits_equal(got[name], want, (dtype, name))
+            want = {name: {"fp32": kinds["fp32"], "bf16": kinds["model"],
+                           "fp16": kinds["fp32"].to(torch.float16)}[dtype]
+                    for name, kinds in params.items()}
+            assert_bits_equal(got, want, f"export {dtype}")
 
 
 def test_export_hf_refuses_what_is_not_a_llama():
@@ -113,10 +135,10 @@ def test_megatron_to_deepspeed_and_refused_back():
         params = truth()["params"]
         with h5py.File(t / "u.h5", "r") as f:
             assert sorted(f["params"]) == sorted(params)
-            for name, kinds in params.items():
-                for kind in ("fp32", "exp_avg", "exp_avg_sq"):
-                    got = torch.from_numpy(f["params"][name][kind][()])
-                    bits_equal(got, kinds[kind], (name, kind))
+            got = {(name, kind): torch.from_numpy(f["params"][name][kind][()])
+                   for name in params for kind in ("fp32", "exp_avg", "exp_avg_sq")}
+        assert_bits_equal(got, {(name, kind): kinds[kind] for name, kinds in params.items()
+                                for kind in ("fp32", "exp_avg", "exp_avg_sq")}, "DeepSpeed's universal")
         p = run("convert", DS, "-o", t / "mg", "--format", "megatron", "--tp", 1, "--pp", 1,
                 "--dp", 1, expect=4)
         one_error_line(p, "layout error", "no layout descriptor", "match no built-in layout")
@@ -150,8 +172,8 @@ def test_no_optimizer_writes_model_weights_only():
         # (the names are local: compare through the exported model).
         run("export", t / "m", "-o", t / "e", "--dtype", "bf16", "-q")
         got = exported(t / "e")
-        for name, kinds in params.items():
-            bits_equal(got[name], kinds["model"], name)
+        assert_bits_equal(got, {name: kinds["model"] for name, kinds in params.items()},
+                          "--no-optimizer export")
 
 
 def test_to_universal_force_replaces_only_when_asked():

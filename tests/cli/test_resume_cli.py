@@ -168,7 +168,13 @@ def test_concurrent_runs_agree():
         procs = [subprocess.Popen([str(UCP), "resume", str(save), "--dp", "1", "--json"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(4)]
-        outs = [p.communicate() for p in procs]
+        try:
+            outs = [p.communicate(timeout=120) for p in procs]
+        finally:  # one still running at the deadline: killed, and the test fails
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         assert all(p.returncode == 0 for p in procs), outs
         loads = {json.loads(o)["load"] for o, _ in outs}
         assert len(loads) == 1, loads

@@ -125,6 +125,13 @@ def main():
     # refuses by default, and they are found.
     assert "argparse.Namespace" in mg_allowed, mg_allowed
     assert any("LossScaler" in n for n in ds_allowed), ds_allowed
+    # Negative control: check() refuses the frameworks' own files when told nothing is allowed.
+    try:
+        check(FIX / "megatron-23.06" / "synth_tp2", set(), "negative control")
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("check() passed Megatron's files with no global allowed")
 
     with tempfile.TemporaryDirectory(prefix="ucp-wo-") as t:
         t = pathlib.Path(t)

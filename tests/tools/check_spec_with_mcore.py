@@ -229,6 +229,7 @@ def main():
     seed = int(os.environ.get("UCP_TEST_SEED", random.randrange(1 << 30)))
     print(f"UCP_TEST_SEED={seed}", flush=True)
     import torch.multiprocessing as mp
+    import oracle_checks
     # Imported here once; the ranks are forked from this process (no import of their own).
     import megatron_spec  # noqa: F401
     import megatron_torch_dist
@@ -243,10 +244,12 @@ def main():
                      for r in range(world)]
             for p in procs:
                 p.start()
-            for p in procs:
-                p.join(600)
+            # A rank still running at the deadline is killed and a failure, never a pass.
+            try:
+                oracle_checks.join_ranks(procs, 600, f"dp {world}")
+            except AssertionError as e:
+                failures.append(str(e))
             failures += list(errors)
-            failures += [f"dp {world} rank exit {p.exitcode}" for p in procs if p.exitcode]
     for f in failures[:20]:
         print("FAIL", f)
     sys.exit(1 if failures else 0)

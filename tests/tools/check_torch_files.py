@@ -100,6 +100,7 @@ class Comparer:
         self.b_to_a: Dict[int, Any] = {}
         self.visited: set = set()
         self.keep: List[Any] = []  # keeps transient objects alive so ids stay unique
+        self.count = 0  # values compared: tensor elements, scalars, arrays' elements, other leaves
 
     def fail(self, path: List[str], message: str) -> None:
         raise Mismatch(f"at {_fmt(path)}: {message}")
@@ -107,8 +108,10 @@ class Comparer:
     def compare(self, a: Any, b: Any, path: List[str]) -> None:
         if type(a) is not type(b):
             self.fail(path, f"type {_qualified(type(a))} != {_qualified(type(b))}")
+        self.count += 1 if not isinstance(a, (torch.Tensor, np.ndarray)) else 0
         if isinstance(a, torch.Tensor):
             self._tensor(a, b, path)
+            self.count += a.numel()
             return
         if isinstance(a, enum.Enum):
             if a.name != b.name or a.value != b.value:
@@ -141,6 +144,7 @@ class Comparer:
                 self.fail(path, f"set {sorted(map(repr, a))} != {sorted(map(repr, b))}")
         elif isinstance(a, np.ndarray):
             self._ndarray(a, b, path)
+            self.count += a.size
         elif isinstance(a, np.generic):
             if a.dtype != b.dtype or a.tobytes() != b.tobytes():
                 self.fail(path, f"numpy scalar {a!r} != {b!r}")
@@ -234,10 +238,14 @@ class Comparer:
                 self.compare(x, y, path + [name])
 
 
-def compare_files(orig: str, ours: str) -> None:
+def compare_files(orig: str, ours: str) -> int:
+    """Returns the number of values compared (every object counts one, tensors and arrays
+    their elements)."""
     a = _load(orig)
     b = _load(ours)
-    Comparer().compare(a, b, [])
+    c = Comparer()
+    c.compare(a, b, [])
+    return c.count
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -619,7 +627,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("a sub-command or --self-test is required")
     try:
         if args.command == "compare":
-            compare_files(args.orig, args.ours)
+            print(f"compare: OK ({compare_files(args.orig, args.ours)} values)")
+            return 0
         elif args.command == "expect":
             expect_file(args.spec, args.file)
         elif zipcheck(args.file, args.like):

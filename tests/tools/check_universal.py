@@ -190,8 +190,8 @@ def _check_xxh3(ds, where: str, verify: bool) -> None:
             raise Bad(f"{where}: xxh3 attribute {int(arr):#018x} != XXH3_64 of the data {got:#018x}")
 
 
-def _expect_data(ds, want: np.ndarray, dtype_name: str, where: str) -> None:
-    """Stored dtype and values of a state dataset."""
+def _expect_data(ds, want: np.ndarray, dtype_name: str, where: str) -> int:
+    """Stored dtype and values of a state dataset; returns the number of values compared."""
     attr = _str_attr(ds, "dtype", where)
     if attr != dtype_name:
         raise Bad(f"{where}: attribute dtype {attr!r}, expected {dtype_name!r}")
@@ -205,6 +205,7 @@ def _expect_data(ds, want: np.ndarray, dtype_name: str, where: str) -> None:
         g, wv = got.reshape(-1), want.reshape(-1)
         i = int(np.nonzero(g.view(uint[g.itemsize]) != wv.view(uint[wv.itemsize]))[0][0])
         raise Bad(f"{where}: values differ from truth (first at flat index {i}: {g[i]!r} vs {wv[i]!r})")
+    return int(want.size)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -238,7 +239,10 @@ def source_topology(topo_dir: str):
 
 
 def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: bool = True,
-          allow_extra_kinds: bool = False, verify_xxh3: bool = True, log=None) -> None:
+          allow_extra_kinds: bool = False, verify_xxh3: bool = True, log=None) -> int:
+    """Raises Bad at the first difference; returns the number of values compared (every
+    state kind of every param of the truth, at least: fewer is a failure too)."""
+    compared = 0
     cfg = truth["model_config"]
     V = cfg["vocab_size"]
     src_args = source_topology(padding_from) if padding_from else None
@@ -361,12 +365,12 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
                 if kind not in g:
                     raise Bad(f"{wn}/{kind}: missing")
                 ds = g[kind]
-                _expect_data(ds, _np(tp[kind]), "float32", f"{wn}/{kind}")
+                compared += _expect_data(ds, _np(tp[kind]), "float32", f"{wn}/{kind}")
                 _check_dataset_storage(ds, f"{wn}/{kind}", align)
                 _check_xxh3(ds, f"{wn}/{kind}", verify_xxh3)
             for wk in WEIGHT_KINDS:
                 if wk in g:
-                    _expect_data(g[wk], _np(tp["model"]), "bfloat16", f"{wn}/{wk}")
+                    compared += _expect_data(g[wk], _np(tp["model"]), "bfloat16", f"{wn}/{wk}")
                     _check_dataset_storage(g[wk], f"{wn}/{wk}", align)
                     _check_xxh3(g[wk], f"{wn}/{wk}", verify_xxh3)
             if "step" in g:
@@ -400,7 +404,7 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
                     block = truth["padding"][name]["model" if kind in WEIGHT_KINDS else kind]
                     if rows < 0 or rows > block.shape[0]:
                         raise Bad(f"{wn}/pad/{kind}: {rows} rows, at most {block.shape[0]} possible")
-                    _expect_data(ds, _np(block[:rows]), "bfloat16" if kind in WEIGHT_KINDS else "float32",
+                    compared += _expect_data(ds, _np(block[:rows]), "bfloat16" if kind in WEIGHT_KINDS else "float32",
                                  f"{wn}/pad/{kind}")
                     _check_dataset_storage(ds, f"{wn}/pad/{kind}", align)
                     _check_xxh3(ds, f"{wn}/pad/{kind}", verify_xxh3)
@@ -417,8 +421,13 @@ def check(h5path: str, truth: dict, padding_from: Optional[str] = None, align: b
                         _str_attr(obj, "dtype", wn)
                     _check_xxh3(obj, wn, verify_xxh3)
             f[top].visititems(visit)
+        least = sum(int(truth["params"][n]["fp32"].numel()) for n in order) * len(KINDS)
+        if compared < max(least, 1):
+            raise Bad(f"/params: {compared} values compared, fewer than the truth's {least}")
         if log:
-            log(f"ok: {len(order)} params, xxh3 {'verified' if verify_xxh3 and xxh3_func() else 'present'}")
+            log(f"ok: {len(order)} params, {compared} values compared, "
+                f"xxh3 {'verified' if verify_xxh3 and xxh3_func() else 'present'}")
+    return compared
 
 
 # ----------------------------------------------------------------------------------------------------

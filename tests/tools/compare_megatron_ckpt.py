@@ -37,6 +37,10 @@ What must match:
 Deep equality: same Python types (dict vs OrderedDict, list vs tuple, int vs float, enum classes by
 module and name), tensors bitwise (NaN payloads and -0.0 count), floats bitwise, numpy arrays by
 dtype/shape/bytes, io.BytesIO by content, enum members by identity.
+Honesty: a folder pair comparing no tensor value is a difference ("no tensor values compared"; --batch
+prints each pair's count), and on the first model_optim_rng.pt of each pair the model comparison runs
+again on the actual model with one value changed in memory (oracle_checks.perturbed), which must report
+a difference ("negative control").
 Files are read with torch.load(map_location='cpu'); Megatron classes come from tests/tools/stubs.
 """
 
@@ -87,8 +91,13 @@ def _tensor_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
 
 
+# Tensor and numpy elements deep_diff compared (compare_dirs: a pair comparing none fails).
+_COMPARED = [0]
+
+
 def deep_diff(a: Any, b: Any, path: List[Any], strict_order: bool = True) -> None:
-    """Raises Diff at the first difference between expected `a` and actual `b`."""
+    """Raises Diff at the first difference between expected `a` and actual `b` (counts the
+    tensor elements compared in _COMPARED)."""
     if type(a) is not type(b):
         raise Diff(f"{_fmt(path)}: type {type(a).__module__}.{type(a).__qualname__} expected, got "
                    f"{type(b).__module__}.{type(b).__qualname__}")
@@ -120,10 +129,12 @@ def deep_diff(a: Any, b: Any, path: List[Any], strict_order: bool = True) -> Non
             idx = int((ba != bb).nonzero()[0])
             raise Diff(f"{_fmt(path)}: tensor values differ (first at flat index {idx}: "
                        f"{a.reshape(-1)[idx].item()!r} expected, got {b.reshape(-1)[idx].item()!r})")
+        _COMPARED[0] += a.numel()
         return
     if isinstance(a, np.ndarray):
         if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
             raise Diff(f"{_fmt(path)}: numpy array differs ({a.dtype}{a.shape} vs {b.dtype}{b.shape})")
+        _COMPARED[0] += a.size
         return
     if isinstance(a, io.BytesIO):
         if a.getvalue() != b.getvalue():
@@ -206,12 +217,31 @@ def compare_rank_file(exp_path: str, act_path: str, args_fields: Sequence[str], 
             deep_diff(ea[k], aa[k], [k], strict_order)
         else:
             deep_diff(ea[k], aa[k], [k])
+    return ea, aa
+
+
+def negative_control(ea: Any, aa: Any) -> None:
+    """compare_model on a copy of the actual file's first model with one value changed must
+    report a difference (the comparison can fail); raises Diff if it does not."""
+    import oracle_checks
+    key = next((k for k in ea if k == "model" or (k.startswith("model") and k[5:].isdigit())),
+               None)
+    if key is None or not any(isinstance(v, torch.Tensor) and v.numel() for v in aa[key].values()):
+        return
+    bad, where = oracle_checks.perturbed(aa[key])
+    try:
+        compare_model(ea[key], bad, key, False)
+    except Diff:
+        return
+    raise Diff(f"negative control: [{key!r}] {where} changed and no difference was found")
 
 
 def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD_RELEVANT_ARGS,
                  ignore_rng: bool = False, check_metadata: bool = False, strict_order: bool = True,
-                 ignore_rerun: bool = False) -> None:
-    """Raises Diff (message prefixed with the file) at the first difference."""
+                 ignore_rerun: bool = False) -> int:
+    """Raises Diff (message prefixed with the file) at the first difference; returns the number
+    of tensor elements compared (none compared is a Diff too)."""
+    start = _COMPARED[0]
     def rel(p: str) -> str:
         return os.path.relpath(p, actual)
 
@@ -232,6 +262,7 @@ def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD
     re_, ra = sorted(os.listdir(ie)), sorted(os.listdir(ia))
     if re_ != ra:
         raise Diff(f"{it_name}: rank folders {re_} expected, got {ra}")
+    controlled = False
     for rd in re_:
         fe, fa = sorted(os.listdir(os.path.join(ie, rd))), sorted(os.listdir(os.path.join(ia, rd)))
         if fe != fa:
@@ -240,8 +271,11 @@ def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD
             pe, pa = os.path.join(ie, rd, f), os.path.join(ia, rd, f)
             try:
                 if f == "model_optim_rng.pt":
-                    compare_rank_file(pe, pa, args_fields, ignore_rng, check_metadata, strict_order,
-                                      ignore_rerun)
+                    ea, aa = compare_rank_file(pe, pa, args_fields, ignore_rng, check_metadata,
+                                               strict_order, ignore_rerun)
+                    if not controlled:  # once per folder, on data already loaded
+                        negative_control(ea, aa)
+                        controlled = True
                 elif f.endswith(".pt"):
                     deep_diff(_load(pe), _load(pa), [], strict_order=True)
                 else:
@@ -249,6 +283,9 @@ def compare_dirs(expected: str, actual: str, args_fields: Sequence[str] = S.LOAD
                         raise Diff("content differs")
             except Diff as e:
                 raise Diff(f"{rel(pa)}: {e}") from None
+    if _COMPARED[0] == start:
+        raise Diff(f"{it_name}: no tensor values compared")
+    return _COMPARED[0] - start
 
 
 def run_batch(pairs_file: str, fields: Sequence[str], ignore_rng: bool, check_metadata: bool,
@@ -269,8 +306,9 @@ def run_batch(pairs_file: str, fields: Sequence[str], ignore_rng: bool, check_me
             continue
         n += 1
         try:
-            compare_dirs(parts[0], parts[1], fields, ignore_rng, check_metadata, strict_order, ignore_rerun)
-            print(f"OK {parts[1]}", file=out)
+            count = compare_dirs(parts[0], parts[1], fields, ignore_rng, check_metadata, strict_order,
+                                 ignore_rerun)
+            print(f"OK {parts[1]} ({count} tensor values compared)", file=out)
         except Diff as e:
             bad += 1
             print(f"DIFF {parts[1]}: " + str(e).replace("\n", " "), file=out)

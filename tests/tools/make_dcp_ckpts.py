@@ -196,8 +196,10 @@ def make(out, case):
     if world == 1:
         run_rank(0, 1, 0, case, out)
     else:
-        mp.start_processes(run_rank, args=(world, free_port(), case, out), nprocs=world,
-                           start_method="fork")
+        import oracle_checks
+        ctx = mp.start_processes(run_rank, args=(world, free_port(), case, out), nprocs=world,
+                                 join=False, start_method="fork")
+        oracle_checks.join_context(ctx, 300, case)  # a rank still running then: killed, failed
 
 
 def main(argv=None):

@@ -229,8 +229,10 @@ def main():
     import torch.multiprocessing as mp
     mtd.preload()
     world = a.tp * a.dp
-    mp.start_processes(save_rank, args=(world, mtd.free_port(), a), nprocs=world,
-                       start_method="fork")
+    import oracle_checks
+    ctx = mp.start_processes(save_rank, args=(world, mtd.free_port(), a), nprocs=world,
+                             join=False, start_method="fork")
+    oracle_checks.join_context(ctx, 300, "Megatron-FSDP save")  # a rank still running: killed, failed
 
 
 if __name__ == "__main__":
