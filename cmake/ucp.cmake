@@ -101,8 +101,16 @@ function(ucp_add_sanitized_modules)
     target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
     target_link_options(${target} INTERFACE ${UCP_SAN_FLAGS})
     target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
-    # ucp::<dep> -> its sanitized library (created earlier in ARGN).
-    list(TRANSFORM deps REPLACE "^ucp::" "ucp_san_")
+    # ucp::<dep> -> its sanitized library (created earlier in ARGN), also
+    # inside $<LINK_LIBRARY:WHOLE_ARCHIVE,ucp::<dep>> (the drivers
+    # megatron_torch_dist and megatron_fsdp link whole: before, their
+    # sanitized copies linked the unsanitized dcp and megatron).
+    foreach(dep IN LISTS deps)
+      if(dep MATCHES "WHOLE_ARCHIVE,ucp::([a-z_]+)>")
+        set_property(GLOBAL APPEND PROPERTY UCP_SAN_WHOLE_MODULES ${CMAKE_MATCH_1})
+      endif()
+    endforeach()
+    list(TRANSFORM deps REPLACE "ucp::" "ucp_san_")
     target_link_libraries(${target} PUBLIC ${deps} ${private_deps})
   endforeach()
 endfunction()
@@ -113,8 +121,18 @@ endfunction()
 function(ucp_add_sanitized_executable name sources modules)
   add_executable(${name} ${sources})
   target_compile_options(${name} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
-  list(TRANSFORM modules PREPEND "ucp_san_")
-  target_link_libraries(${name} PRIVATE ${modules})
+  # A module another links whole is linked whole here too (a link item may
+  # not appear with two link features).
+  get_property(whole GLOBAL PROPERTY UCP_SAN_WHOLE_MODULES)
+  set(libs "")
+  foreach(module IN LISTS modules)
+    if(module IN_LIST whole)
+      list(APPEND libs "$<LINK_LIBRARY:WHOLE_ARCHIVE,ucp_san_${module}>")
+    else()
+      list(APPEND libs ucp_san_${module})
+    endif()
+  endforeach()
+  target_link_libraries(${name} PRIVATE ${libs})
 endfunction()
 
 function(ucp_add_sanitized_test name)
