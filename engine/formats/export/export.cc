@@ -270,10 +270,11 @@ uint64_t ParseShardSize(std::string_view text) {
     if (__builtin_mul_overflow(value, 10u, &value) ||
         __builtin_add_overflow(value, static_cast<uint64_t>(text[i] - '0'),
                                &value))
-      throw UsageError("shard size too large: ", text);
+      throw UsageError("--max-shard-size ", text, ": too large");
     ++i;
   }
-  if (i == 0) throw UsageError("not a shard size: '", text, "' (e.g. 5GB)");
+  if (i == 0)
+    throw UsageError("--max-shard-size ", text, ": not a size (e.g. 5GB)");
   std::string unit;
   for (char c : text.substr(i))
     unit += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -290,10 +291,11 @@ uint64_t ParseShardSize(std::string_view text) {
       {"TIB", 1ull << 40}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end())
-    throw UsageError("not a shard size: '", text, "' (e.g. 5GB, 500MB, 1GiB)");
+    throw UsageError("--max-shard-size ", text,
+                     ": not a size (e.g. 5GB, 500MB, 1GiB)");
   uint64_t out;
   if (__builtin_mul_overflow(value, it->second, &out) || out == 0)
-    throw UsageError("shard size out of range: ", text);
+    throw UsageError("--max-shard-size ", text, ": out of range");
   return out;
 }
 
