@@ -60,11 +60,12 @@ const Shape& DstShape(const TargetTensor& t, const CopyOp& op) {
 
 std::vector<Run> OpRuns(const TargetTensor& t, const CopyOp& op) {
   std::vector<Run> runs;
-  ForEachRunPair(op.src_box, op.src.shape, op.dst_box, DstShape(t, op),
-                 [&](int64_t s, int64_t d, int64_t n) {
-                   runs.push_back({s, op.dst_offset + d, n});
-                 },
-                 op.src.stride);
+  ForEachRunPair(
+      op.src_box, op.src.shape, op.dst_box, DstShape(t, op),
+      [&](int64_t s, int64_t d, int64_t n) {
+        runs.push_back({s, op.dst_offset + d, n});
+      },
+      op.src.stride);
   return runs;
 }
 

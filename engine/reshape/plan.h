@@ -4,10 +4,10 @@
 // row-major contiguous tensor assembled from boxes of source tensors, each a
 // tensor at a byte offset of some byte source (a storage record of a torch
 // file, an HDF5 dataset), row-major contiguous or with any element strides
-// torch writes (transposed, sliced, sharing a storage, stride 0). Elements that no op covers are
-// zero (e.g. vocab padding beyond the stored padding rows, alignment gaps of a
-// flat optimizer buffer). Plans are pure data: format drivers build them,
-// the executor runs them.
+// torch writes (transposed, sliced, sharing a storage, stride 0). Elements that
+// no op covers are zero (e.g. vocab padding beyond the stored padding rows,
+// alignment gaps of a flat optimizer buffer). Plans are pure data: format
+// drivers build them, the executor runs them.
 
 #include <cstdint>
 #include <string>

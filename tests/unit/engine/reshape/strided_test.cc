@@ -95,8 +95,8 @@ std::vector<float> Floats(const std::string& bytes) {
 
 // Runs one job of `t` over `sources`; returns the target's bytes.
 std::string RunJob(const TargetTensor& t,
-                const std::vector<const ByteSource*>& sources,
-                uint64_t chunk_bytes, int threads = 1, bool hash = false) {
+                   const std::vector<const ByteSource*>& sources,
+                   uint64_t chunk_bytes, int threads = 1, bool hash = false) {
   MemSink sink(static_cast<size_t>(NumBytes(t)));
   std::vector<Job> jobs(1);
   jobs[0].tensor = t;
@@ -138,15 +138,20 @@ TEST(StridedSourceTest, SlicedViewWithOffsetAndSharedStorage) {
   MemSource src(Iota(30, 8));
   TargetTensor t{"two views", DType::kFloat32, {2, 15}, {}};
   t.ops.push_back({SourceTensor{0, 8 + 8 * 4, DType::kFloat32, {3, 3}, {6, 1}},
-                   Box::Whole(Shape{3, 3}), Box::Whole(Shape{3, 3}), 0, {3, 3}});
+                   Box::Whole(Shape{3, 3}),
+                   Box::Whole(Shape{3, 3}),
+                   0,
+                   {3, 3}});
   t.ops.push_back({SourceTensor{0, 8, DType::kFloat32, {5, 3}, {6, 2}},
-                   Box::Whole(Shape{5, 3}), Box::Whole(Shape{5, 3}), 15, {5, 3}});
+                   Box::Whole(Shape{5, 3}),
+                   Box::Whole(Shape{5, 3}),
+                   15,
+                   {5, 3}});
   for (uint64_t chunk : {4u, 28u, 4096u}) {
     const std::vector<float> got = Floats(RunJob(t, {&src}, chunk));
-    std::vector<float> want = {9, 10, 11, 15, 16, 17, 21, 22, 23,
-                               0, 0,  0,  0,  0,  0,  1,  3,  5,
-                               7, 9,  11, 13, 15, 17, 19, 21, 23,
-                               25, 27, 29};
+    std::vector<float> want = {9,  10, 11, 15, 16, 17, 21, 22, 23, 0,
+                               0,  0,  0,  0,  0,  1,  3,  5,  7,  9,
+                               11, 13, 15, 17, 19, 21, 23, 25, 27, 29};
     EXPECT_EQ(got, want) << "chunk " << chunk;
   }
 }
@@ -233,14 +238,16 @@ TEST(StridedSourceProperty, AssemblesLikeNaiveStrideLoop) {
     for (size_t d = 0; d < rank; ++d) {
       if (shape[d] == 0) continue;
       box.offset[d] = static_cast<int64_t>(rng() % shape[d]);
-      box.size[d] = 1 + static_cast<int64_t>(rng() % (shape[d] - box.offset[d]));
+      box.size[d] =
+          1 + static_cast<int64_t>(rng() % (shape[d] - box.offset[d]));
     }
     const DType tdt = rng() % 3 == 0 ? DType::kBFloat16 : DType::kFloat32;
     TargetTensor t{"t", tdt, shape, {}};
     const SourceTensor st{0, lead + static_cast<uint64_t>(offset) * 4,
                           DType::kFloat32, shape, stride};
     t.ops.push_back({st, box, box});
-    const std::vector<float> vals = Naive(src.bytes(), st.byte_offset, stride, box);
+    const std::vector<float> vals =
+        Naive(src.bytes(), st.byte_offset, stride, box);
     // The expected target: zeros outside the box.
     std::vector<float> want(static_cast<size_t>(NumElements(shape)), 0.0f);
     {
@@ -259,7 +266,7 @@ TEST(StridedSourceProperty, AssemblesLikeNaiveStrideLoop) {
     }
     const std::string got =
         RunJob(t, {&src}, 1 + rng() % 64, 1 + static_cast<int>(rng() % 2),
-            rng() % 2 == 0);
+               rng() % 2 == 0);
     if (tdt == DType::kFloat32) {
       ASSERT_EQ(Floats(got), want) << "iteration " << iter;
     } else {
@@ -294,9 +301,9 @@ TEST(FlatViewTest, ViewsContiguousAndEquallySpacedTensors) {
 TEST(FlatViewTest, RefusesTransposedAndOutOfRange) {
   const SourceTensor tr{0, 0, DType::kFloat32, {4, 3}, {1, 4}};
   EXPECT_THAT([&] { FlatView(tr, 0, {12}, "rank file r > exp_avg"); },
-              ThrowsMessage<FormatError>(AllOf(
-                  HasSubstr("rank file r > exp_avg"), HasSubstr("[1, 4]"),
-                  HasSubstr("flat buffer"))));
+              ThrowsMessage<FormatError>(
+                  AllOf(HasSubstr("rank file r > exp_avg"), HasSubstr("[1, 4]"),
+                        HasSubstr("flat buffer"))));
   const SourceTensor flat{0, 0, DType::kFloat32, {12}, {}};
   EXPECT_THAT([&] { FlatView(flat, 10, {3}, "buf"); },
               ThrowsMessage<FormatError>(HasSubstr("outside")));
