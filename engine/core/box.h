@@ -44,11 +44,16 @@ struct Runs {
 Runs ContiguousRuns(const Box& box, std::span<const int64_t> shape);
 
 /// Calls fn(src_start, dst_start, length) for matching runs of two boxes of
-/// equal size inside two tensors (the longest runs contiguous in both).
+/// equal size inside two tensors (the longest runs contiguous in both), in
+/// row-major order of the boxes. The destination is row-major contiguous; the
+/// source too if `src_stride` is empty, else its element (i0, i1, ...) is at
+/// sum(i_d * src_stride[d]) (then src_start need not increase, and a run
+/// spans more than one element only where the source's strides are those of
+/// a contiguous tensor).
 template <typename Fn>
 void ForEachRunPair(const Box& src_box, std::span<const int64_t> src_shape,
                     const Box& dst_box, std::span<const int64_t> dst_shape,
-                    Fn&& fn);
+                    Fn&& fn, std::span<const int64_t> src_stride = {});
 
 }  // namespace ucp
 

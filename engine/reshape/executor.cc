@@ -163,6 +163,10 @@ class Runner {
   // Copies runs (dst relative to the chunk) of one op into `out`.
   void CopyRuns(const CopyOp& op, const std::vector<Run>& runs, DType dst_dtype,
                 std::byte* out, WorkerBuffers& buf) {
+    if (!op.src.stride.empty()) {
+      CopyStridedRuns(op, runs, dst_dtype, out, buf);
+      return;
+    }
     const ByteSource* source = sources_[op.src.source];
     const size_t src_es = ElementSize(op.src.dtype);
     const size_t dst_es = ElementSize(dst_dtype);
@@ -212,6 +216,84 @@ class Runner {
       }
       bytes_read_.fetch_add(run_bytes, std::memory_order_relaxed);
     }
+  }
+
+  // CopyRuns for a strided source, whose runs (often one element each) do
+  // not lie in increasing source order: the runs, taken in source order, are
+  // grouped into windows that one read covers (as ReadCovering decides for
+  // contiguous sources, each at most a chunk), and each window is read once
+  // and gathered (a transposed tensor costs a read per stretch of storage,
+  // not one per element).
+  void CopyStridedRuns(const CopyOp& op, const std::vector<Run>& runs,
+                       DType dst_dtype, std::byte* out, WorkerBuffers& buf) {
+    const ByteSource* source = sources_[op.src.source];
+    const uint64_t src_es = ElementSize(op.src.dtype);
+    const size_t dst_es = ElementSize(dst_dtype);
+    const uint64_t max_elems = std::max<uint64_t>(1, chunk_bytes_ / src_es);
+    std::vector<uint32_t> order(runs.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      order[i] = static_cast<uint32_t>(i);
+    }
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return runs[a].src < runs[b].src;
+    });
+    size_t i = 0;
+    while (i < order.size()) {
+      if (static_cast<uint64_t>(runs[order[i]].n) > max_elems) {
+        // One long run: read it in chunk-sized pieces.
+        const Run& r = runs[order[i]];
+        for (int64_t done = 0; done < r.n;) {
+          const int64_t n =
+              std::min<int64_t>(static_cast<int64_t>(max_elems), r.n - done);
+          ReadWindow(op, source, r.src + done, n, buf);
+          ConvertElements(op.src.dtype, buf.staging.data(), dst_dtype,
+                          out + static_cast<uint64_t>(r.dst + done) * dst_es,
+                          static_cast<size_t>(n));
+          done += n;
+        }
+        ++i;
+        continue;
+      }
+      // The window [lo, hi) of elements: runs i..j-1 in source order.
+      const int64_t lo = runs[order[i]].src;
+      int64_t hi = lo + runs[order[i]].n;
+      int64_t needed = runs[order[i]].n;
+      size_t j = i + 1;
+      for (; j < order.size(); ++j) {
+        const Run& r = runs[order[j]];
+        const int64_t new_hi = std::max(hi, r.src + r.n);
+        if (static_cast<uint64_t>(new_hi - lo) > max_elems ||
+            !ReadCovering(static_cast<uint64_t>(needed + r.n) * src_es,
+                          static_cast<uint64_t>(new_hi - lo) * src_es,
+                          j - i + 1)) {
+          // Overlapping runs (views sharing elements) cost nothing more.
+          if (r.src + r.n > hi) break;
+        }
+        hi = new_hi;
+        needed += r.n;
+      }
+      ReadWindow(op, source, lo, hi - lo, buf);
+      for (size_t k = i; k < j; ++k) {
+        const Run& r = runs[order[k]];
+        ConvertElements(
+            op.src.dtype,
+            buf.staging.data() + static_cast<uint64_t>(r.src - lo) * src_es,
+            dst_dtype, out + static_cast<uint64_t>(r.dst) * dst_es,
+            static_cast<size_t>(r.n));
+      }
+      i = j;
+    }
+  }
+
+  // Reads `n` elements from element `at` of a source tensor into staging.
+  void ReadWindow(const CopyOp& op, const ByteSource* source, int64_t at,
+                  int64_t n, WorkerBuffers& buf) {
+    const uint64_t es = ElementSize(op.src.dtype);
+    const uint64_t bytes = static_cast<uint64_t>(n) * es;
+    buf.staging.Reserve(bytes);
+    source->Read(op.src.byte_offset + static_cast<uint64_t>(at) * es,
+                 std::span<std::byte>(buf.staging.data(), bytes));
+    bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
   }
 
   std::span<const ByteSource* const> sources_;

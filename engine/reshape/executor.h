@@ -4,7 +4,9 @@
 // (flat, row-major; a chunk may start and end inside a row); each chunk reads
 // only the source bytes it needs (a pread per contiguous run; runs are read
 // with one pread of their covering range only when that reads at most 1/16
-// more, or when they are too short for a read each), converts dtypes,
+// more, or when they are too short for a read each; a strided source's runs,
+// in no particular source order, are read in windows of its storage chosen
+// by the same rule, each window once), converts dtypes,
 // zero-fills what no op covers, and is handed to the target's sink (a chunk
 // that is one run of a file-backed source in the target's dtype is offered
 // to the sink as an in-kernel copy first: ByteSink::Copy). Threads take

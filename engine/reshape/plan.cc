@@ -7,6 +7,49 @@
 
 namespace ucp::reshape {
 
+SourceTensor FlatView(const SourceTensor& t, int64_t at, Shape shape,
+                      std::string_view what) {
+  const std::optional<int64_t> numel = CheckedNumElements(t.shape);
+  const std::optional<int64_t> count = CheckedNumElements(shape);
+  if (!numel || !count || at < 0 || at > *numel || *count > *numel - at) {
+    throw FormatError(what, ": elements [", at, ", +",
+                      count ? *count : int64_t{-1}, ") lie outside the ",
+                      ShapeString(t.shape), " tensor");
+  }
+  const size_t es = ElementSize(t.dtype);
+  SourceTensor v = t;
+  v.shape = std::move(shape);
+  v.stride.clear();
+  if (t.stride.empty() || *count == 0) {
+    v.byte_offset += static_cast<uint64_t>(at) * es;
+    return v;
+  }
+  // The step between consecutive elements in row-major order, if it is the
+  // same everywhere: a dim of more than one index must step by it times the
+  // elements of the dims after it.
+  int64_t step = 1;
+  int64_t inner = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] == 1) continue;
+    if (inner == 1) step = t.stride[d];
+    if (t.stride[d] != step * inner) {
+      throw FormatError(what, ": a ", ShapeString(t.shape),
+                        " tensor of strides ", ShapeString(t.stride),
+                        " cannot be read as a flat buffer (only one whose "
+                        "elements are equally spaced can)");
+    }
+    inner *= t.shape[d];
+  }
+  if (step == 1) {
+    v.byte_offset += static_cast<uint64_t>(at) * es;
+    return v;
+  }
+  v.byte_offset += static_cast<uint64_t>(at) * static_cast<uint64_t>(step) * es;
+  v.stride = ContiguousStrides(v.shape);
+  for (int64_t& s : v.stride) s *= step;
+  return v;
+}
+
 uint64_t NumBytes(const TargetTensor& t) {
   return static_cast<uint64_t>(NumElements(t.shape)) * ElementSize(t.dtype);
 }
@@ -17,10 +60,12 @@ const Shape& DstShape(const TargetTensor& t, const CopyOp& op) {
 
 std::vector<Run> OpRuns(const TargetTensor& t, const CopyOp& op) {
   std::vector<Run> runs;
-  ForEachRunPair(op.src_box, op.src.shape, op.dst_box, DstShape(t, op),
-                 [&](int64_t s, int64_t d, int64_t n) {
-                   runs.push_back({s, op.dst_offset + d, n});
-                 });
+  ForEachRunPair(
+      op.src_box, op.src.shape, op.dst_box, DstShape(t, op),
+      [&](int64_t s, int64_t d, int64_t n) {
+        runs.push_back({s, op.dst_offset + d, n});
+      },
+      op.src.stride);
   return runs;
 }
 
@@ -39,6 +84,13 @@ void ValidateTarget(const TargetTensor& t) {
               op.dst_box.ToString(), " outside its view");
     UCP_CHECK(BoxInside(op.src_box, op.src.shape), t.name, ": op ", i,
               " source box ", op.src_box.ToString(), " outside its tensor");
+    UCP_CHECK(op.src.stride.empty() ||
+                  (op.src.stride.size() == op.src.shape.size() &&
+                   std::ranges::all_of(op.src.stride,
+                                       [](int64_t s) { return s >= 0; })),
+              t.name, ": op ", i, " source strides ",
+              ShapeString(op.src.stride), " for shape ",
+              ShapeString(op.src.shape));
     UCP_CHECK(op.src_box.size == op.dst_box.size, t.name, ": op ", i,
               " box sizes differ");
     UCP_CHECK(CanConvert(op.src.dtype, t.dtype), t.name, ": cannot convert ",

@@ -894,8 +894,7 @@ struct Checkpointer::Impl {
         if (k < 0) continue;
         const int64_t vlo = std::max(sb, param->offset);
         const int64_t vhi = std::min(se, param->offset + param->numel);
-        if (t.dtype != DType::kFloat32 || !t.contiguous ||
-            t.numel != vhi - vlo) {
+        if (t.dtype != DType::kFloat32 || t.numel != vhi - vlo) {
           throw FormatError(path.string(), ": ", param->name, "'s ",
                             k == 0   ? "weights"
                             : k == 1 ? "exp_avg"
@@ -908,9 +907,8 @@ struct Checkpointer::Impl {
         if (lo >= hi) continue;
         const uint64_t n = static_cast<uint64_t>(hi - lo) * 4;
         float* to = out[static_cast<size_t>(k)].data_ptr<float>() + (lo - b);
-        f.ReadStorage(
-            *t.storage,
-            static_cast<uint64_t>(t.storage_offset + (lo - vlo)) * 4,
+        f.ReadTensorRange(
+            t, lo - vlo, hi - lo,
             std::span<std::byte>(reinterpret_cast<std::byte*>(to), n));
         *bytes += n;
       }

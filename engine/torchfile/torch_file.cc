@@ -590,10 +590,6 @@ void TorchFile::ReadTensor(const TensorInfo& t,
 void TorchFile::ReadTensorRange(const TensorInfo& t, int64_t element_offset,
                                 int64_t element_count,
                                 std::span<std::byte> dst) const {
-  if (!t.contiguous) {
-    throw UsageError("tensor ", TensorLabel(t),
-                     " is not contiguous; use ReadTensor");
-  }
   if (element_offset < 0 || element_count < 0 || element_offset > t.numel ||
       element_count > t.numel - element_offset) {
     throw UsageError("elements [", element_offset, ", +", element_count,
@@ -606,9 +602,25 @@ void TorchFile::ReadTensorRange(const TensorInfo& t, int64_t element_offset,
                      element_count, " elements of ", DTypeName(t.dtype));
   }
   try {
-    ReadStorage(
-        *t.storage,
-        static_cast<uint64_t>(t.storage_offset + element_offset) * esize, dst);
+    if (t.contiguous) {
+      ReadStorage(
+          *t.storage,
+          static_cast<uint64_t>(t.storage_offset + element_offset) * esize,
+          dst);
+      return;
+    }
+    // A strided view: each element where its strides put it (Open checked
+    // that the view lies inside its storage).
+    for (int64_t k = 0; k < element_count; ++k) {
+      int64_t rest = element_offset + k;
+      int64_t at = t.storage_offset;
+      for (size_t d = t.shape.size(); d-- > 0;) {
+        at += rest % t.shape[d] * t.stride[d];
+        rest /= t.shape[d];
+      }
+      ReadStorage(*t.storage, static_cast<uint64_t>(at) * esize,
+                  dst.subspan(static_cast<size_t>(k) * esize, esize));
+    }
   } catch (Error& e) {
     e.AddContext("tensor ", TensorLabel(t));
     throw;

@@ -191,9 +191,10 @@ class TorchFile {
   void ReadTensor(const TensorInfo& tensor, std::span<std::byte> dst) const;
 
   /// Reads elements [element_offset, element_offset + element_count) of a
-  /// contiguous tensor (row-major order) into `dst` (element_count * element
-  /// size bytes) with one pread. Thread-safe. Throws UsageError if the tensor
-  /// is not contiguous, the range is outside it or dst has the wrong size;
+  /// tensor (row-major order) into `dst` (element_count * element size
+  /// bytes): one pread for a contiguous tensor, one per element for a
+  /// strided one (meant for samples). Thread-safe. Throws UsageError if the
+  /// range is outside it or dst has the wrong size;
   /// FormatError / IoError on read failures.
   void ReadTensorRange(const TensorInfo& tensor, int64_t element_offset,
                        int64_t element_count, std::span<std::byte> dst) const;

@@ -21,16 +21,14 @@ uint32_t SourceTable::Index(
 reshape::SourceTensor SourceTable::Tensor(
     const std::shared_ptr<const torchfile::TorchFile>& file,
     const torchfile::TensorInfo& t, const std::string& what) {
-  if (!t.contiguous) {
-    throw FormatError(what, ": tensor is not contiguous (stride ",
-                      ShapeString(t.stride), ")");
-  }
+  (void)what;  // TorchFile::Open checked that the view lies in its storage
   reshape::SourceTensor s;
   s.source = Index(file, t.storage);
   s.byte_offset =
       static_cast<uint64_t>(t.storage_offset) * ElementSize(t.dtype);
   s.dtype = t.dtype;
   s.shape = t.shape;
+  if (!t.contiguous) s.stride = t.stride;
   return s;
 }
 

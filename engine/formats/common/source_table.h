@@ -24,8 +24,11 @@ class SourceTable {
   /// The index of the storage's source (created on first use).
   uint32_t Index(const std::shared_ptr<const torchfile::TorchFile>& file,
                  const torchfile::StorageInfo* storage);
-  /// The tensor as a contiguous source tensor. Throws FormatError naming
-  /// `what` if it is not contiguous.
+  /// The tensor as a source tensor: any layout torch writes (strides, a
+  /// storage offset, a storage shared with other tensors or larger than the
+  /// view; TorchFile::Open has checked that the view lies inside its
+  /// storage); strided only if it is not contiguous. `what` names it in
+  /// messages.
   reshape::SourceTensor Tensor(
       const std::shared_ptr<const torchfile::TorchFile>& file,
       const torchfile::TensorInfo& tensor, const std::string& what);

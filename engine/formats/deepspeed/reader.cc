@@ -102,13 +102,10 @@ void Planner::AddFlat(universal::AtomPlan& atom, const Param& p,
                       src_elem + (end - begin), ") of param ", p.name,
                       " lie outside the flat tensor of ", numel, " elements");
   }
-  const size_t es = ElementSize(flat.dtype);
   int64_t at = src_elem;
   for (const Box& box : reshape::FlatRangeBoxes(p.shape, begin, end)) {
     universal::Fragment f;
-    f.src = flat;
-    f.src.byte_offset += static_cast<uint64_t>(at) * es;
-    f.src.shape = box.size;
+    f.src = reshape::FlatView(flat, at, box.size, where);
     f.src_box = Box::Whole(box.size);
     f.atom_box = box;
     f.where = where;
@@ -385,8 +382,8 @@ void Planner::PlanFrozen() {
         } else {
           const int64_t num = NumElements(p.shape);
           const int64_t part = Zero3Piece(num, W);
-          reshape::SourceTensor src = Tensor(f, t, where);
-          src.shape = {t.numel};
+          const reshape::SourceTensor src =
+              reshape::FlatView(Tensor(f, t, where), 0, {t.numel}, where);
           AddFlat(a, p, src, 0, std::min(num, r * part),
                   std::min(num, (r + 1) * part), where);
         }

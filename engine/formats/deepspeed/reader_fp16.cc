@@ -133,12 +133,12 @@ void Planner::PlanFp16Optimizer() {
       for (size_t j = 0; j < tensors.size(); ++j) {
         const std::string tw = flat ? gw : StrCat(gw, "[", j, "]");
         const TensorInfo& mt = TensorAt(f, tensors[j], tw);
-        if (mt.dtype != DType::kFloat32 || !mt.contiguous) {
+        if (mt.dtype != DType::kFloat32) {
           throw FormatError(tw, ": ", DTypeName(mt.dtype),
-                            ", expected contiguous float32 master weights");
+                            ", expected float32 master weights");
         }
-        reshape::SourceTensor msrc = Tensor(f, mt, tw);
-        msrc.shape = {mt.numel};
+        const reshape::SourceTensor msrc =
+            reshape::FlatView(Tensor(f, mt, tw), 0, {mt.numel}, tw);
         const int64_t id = Int(ids[j], "param id");
         const Value* st = GetIndex(state, id);
         const std::string sw =
@@ -153,8 +153,8 @@ void Planner::PlanFp16Optimizer() {
                                 DTypeName(t.dtype), " elements, expected ",
                                 mt.numel, " float32");
             }
-            reshape::SourceTensor src = Tensor(f, t, sw + " > " + k);
-            src.shape = {t.numel};
+            const reshape::SourceTensor src = reshape::FlatView(
+                Tensor(f, t, sw + " > " + k), 0, {t.numel}, sw + " > " + k);
             kinds.emplace_back(k, src);
             state_kinds_.insert(k);
           }

@@ -431,8 +431,8 @@ void Planner::PlanZeroFolder() {
                 "param ", n, ": ", t.numel, " ", DTypeName(t.dtype),
                 " elements, expected float32 ", ShapeString(p.shape));
           }
-          reshape::SourceTensor src = Tensor(f, t, where);
-          src.shape = p.shape;
+          const reshape::SourceTensor src =
+              reshape::FlatView(Tensor(f, t, where), 0, p.shape, where);
           if (kind != "fp32") state_kinds_.insert(kind);
           Whole(Atom(p, kind, DType::kFloat32, false), src, where + " > param");
         } catch (Error& e) {

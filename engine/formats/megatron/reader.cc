@@ -893,8 +893,8 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
             AddFragments(Atom(ps, k->s, t->dtype, false),
                          Tensor(sr.file, *t, where), shard, where);
           } else if (t->numel == 1) {
-            reshape::SourceTensor src = Tensor(sr.file, *t, where);
-            src.shape = {};
+            const reshape::SourceTensor src =
+                reshape::FlatView(Tensor(sr.file, *t, where), 0, {}, where);
             universal::AtomPlan& a = Atom(ps, k->s, t->dtype, true);
             universal::Fragment f;
             f.src = src;
@@ -1053,9 +1053,8 @@ void Planner::PlanDistributed(SourceRank& sr,
           const RankParam& rp = *members[k];
           const ChunkLeaf& leaf = ch.leaves[rp.leaf];
           const Rule& rule = *ch.rules[rp.leaf];
-          reshape::SourceTensor src = whole;
-          src.byte_offset += static_cast<uint64_t>(layout.WorldOffset(k)) * 4;
-          src.shape = leaf.tensor->shape;
+          const reshape::SourceTensor src = reshape::FlatView(
+              whole, layout.WorldOffset(k), leaf.tensor->shape, what);
           try {
             AddFragments(Atom(*rp.state, kind, DType::kFloat32, false), src,
                          ShardOf(*rp.state, rule, sr.tp_rank),

@@ -519,10 +519,8 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
           const int64_t start = chunk.offsets[n];
           for (const FlatBox& fb :
                FlatBoxes(*flat, start, start + chunk.sizes[n])) {
-            reshape::SourceTensor piece = whole;
-            piece.byte_offset +=
-                static_cast<uint64_t>(fb.first - start) * ElementSize(e.dtype);
-            piece.shape = fb.box.size;
+            const reshape::SourceTensor piece =
+                reshape::FlatView(whole, fb.first - start, fb.box.size, iw);
             Shape at(n);
             for (size_t d = 0; d < n; ++d)
               at[d] = chunk.offsets[d] * (*flat)[d] + fb.box.offset[d];
@@ -543,7 +541,13 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
                       : ParamAt(k.model_key, stacked ? first + i : -1, where);
             universal::AtomPlan& atom = atom_of(p);
             reshape::SourceTensor src = bsrc;
-            src.byte_offset += static_cast<uint64_t>(i) * slice_bytes;
+            if (!stacked || src.stride.empty()) {
+              src.byte_offset += static_cast<uint64_t>(i) * slice_bytes;
+            } else {  // layer i of a strided stack: index i of dim 0
+              src.byte_offset += static_cast<uint64_t>(i * src.stride[0]) *
+                                 ElementSize(e.dtype);
+              src.stride.erase(src.stride.begin());
+            }
             src.shape = sub;
             if (p.pad_rows == 0) {
               atom.fragments.push_back(
@@ -736,8 +740,7 @@ std::vector<Planner::BucketRun> Planner::ZeroBucketRuns(
   }
   const megatron::Bucket& bucket = lay.buckets[b];
   BucketRun r{0, bucket.numel_unpadded, sources_.Tensor(zf, *ti, zw), zw};
-  r.src.byte_offset += static_cast<uint64_t>(world_at) * 4;
-  r.src.shape = {bucket.numel_unpadded};
+  r.src = reshape::FlatView(r.src, world_at, {bucket.numel_unpadded}, zw);
   return {std::move(r)};
 }
 
@@ -812,9 +815,8 @@ void Planner::PlaceBucket(const std::vector<BufferMember>& members,
       if (lo >= hi) continue;
       const std::string iw = StrCat(run.where, " > param ", p.name);
       for (const FlatBox& fb : FlatBoxes(shard.local_shape, lo - s0, hi - s0)) {
-        reshape::SourceTensor src = run.src;
-        src.byte_offset += static_cast<uint64_t>(s0 + fb.first - run.o) * 4;
-        src.shape = fb.box.size;
+        const reshape::SourceTensor src =
+            reshape::FlatView(run.src, s0 + fb.first - run.o, fb.box.size, iw);
         for (const layouts::Piece& piece : shard.pieces) {
           std::optional<Box> in = Intersect(piece.local, fb.box);
           if (!in) continue;
