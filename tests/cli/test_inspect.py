@@ -308,11 +308,5 @@ def test_errors_are_one_line_and_json_stays_json():
 
 
 if __name__ == "__main__":
-    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
-    only = sys.argv[1:]
-    unknown = [n for n in only if n not in tests]
-    assert not unknown, f"no such test: {unknown}"
-    for name, fn in tests.items():
-        if not only or name in only:
-            fn()
-            print("ok", name, flush=True)
+    import testmain
+    testmain.run_tests(globals())

@@ -138,5 +138,5 @@ def test_distributed_tp2_dp2_tied_bias_to_float16_tp1_pp2():
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or [n for n in dict(globals()) if n.startswith("test_")]:
-        globals()[name]()
+    import testmain
+    testmain.run_tests(globals())

@@ -38,7 +38,6 @@ import pickletools
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 
@@ -340,11 +339,5 @@ def test_torch_dist_drop_and_bad_value():
 
 
 if __name__ == "__main__":
-    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
-    only = sys.argv[1:]
-    unknown = [n for n in only if n not in tests]
-    assert not unknown, f"no such test: {unknown}"
-    for name, fn in tests.items():
-        if not only or name in only:
-            fn()
-            print("ok", name, flush=True)
+    import testmain
+    testmain.run_tests(globals())

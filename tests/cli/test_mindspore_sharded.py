@@ -1065,12 +1065,5 @@ def test_tp_pp_dp_refusals():
 
 
 if __name__ == "__main__":
-    import sys
-    tests = {k: v for k, v in sorted(globals().items()) if k.startswith("test_")}
-    only = sys.argv[1:]
-    unknown = [n for n in only if n not in tests]
-    assert not unknown, f"no such test: {unknown}"
-    for name, fn in tests.items():
-        if not only or name in only:
-            fn()
-            print("ok", name, flush=True)
+    import testmain
+    testmain.run_tests(globals())

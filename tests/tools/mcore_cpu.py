@@ -4,12 +4,17 @@ chunks), their own sharded_state_dict / load_state_dict, a few real Adam steps.
 
 Both are CUDA-bound: they allocate on torch.cuda.current_device(), ask param.type() for
 'torch.cuda.BFloat16Tensor', make their flag buffers with device='cuda', create CUDA streams.
-shims() lets them run on CPU from the outside (nothing of megatron-core is copied or changed):
+shims() lets them run on CPU from the outside (nothing of megatron-core is copied or changed);
+it is the one CPU shim of the tools that run megatron-core's optimizers (megatron_torch_dist.py
+through ddp_and_optimizer, megatron_legacy_real.py, megatron_fsdp.py):
 
-* torch.cuda.current_device() is "cpu"; tensors asked for on "cuda" are made on the CPU;
+* torch.cuda.current_device() is "cpu" (Megatron-FSDP's callers: 0, it builds
+  torch.device("cuda", current_device())); tensors asked for on "cuda" (or a device index) are
+  made on the CPU; DeviceMesh.from_group's "cuda" meshes are CPU ones;
 * Tensor.type() without arguments names a CPU tensor as its CUDA type (the only use megatron's
-  optimizers make of it is that check);
-* CUDA streams, synchronize and empty_cache are no-ops.
+  optimizers make of it is that check; Megatron-FSDP's callers leave it off);
+* CUDA streams, synchronize and empty_cache are no-ops;
+* the distributed optimizer's load keeps the Adam step load_state_dict set (_adam_step_shim).
 
 Call shims() in each rank (after init_process_group). megatron's optimizers choose their Adam at
 import: without Transformer Engine or apex, torch's AdamW (per-param `step` tensors; the
@@ -54,20 +59,27 @@ def _on_cpu(device):
     return device
 
 
-def shims():
-    """Patches torch (in this process only) so that megatron-core's DDP and distributed
-    optimizer run on CPU. Idempotent; a no-op on a machine with CUDA."""
+def shims(current_device="cpu", cuda_type=True):
+    """Patches torch (in this process only) so that megatron-core's DDP, Megatron-FSDP and
+    distributed optimizer run on CPU. current_device: what torch.cuda.current_device() returns
+    ("cpu"; Megatron-FSDP needs an index, 0). cuda_type: Tensor.type() names CPU tensors as
+    CUDA ones (the optimizers' constructors accept only 'torch.cuda.*Tensor' params).
+    Idempotent (called again, with the same arguments only); a no-op on a machine with CUDA."""
     global _DONE
-    if _DONE or torch.cuda.is_available():
+    if _DONE:
+        assert _DONE == (current_device, cuda_type), \
+            f"shims{(current_device, cuda_type)} after shims{_DONE}"
         return
-    _DONE = True
+    if torch.cuda.is_available():
+        return
+    _DONE = (current_device, cuda_type)
     torch.cuda.Stream = _NoStream
     torch.cuda.stream = lambda s=None: contextlib.nullcontext()
     torch.cuda.current_stream = lambda *a, **k: _NoStream()
     torch.cuda.default_stream = lambda *a, **k: _NoStream()
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_device = lambda: current_device
     torch.Tensor.cuda = lambda self, *a, **k: self
 
     def cpu(fn):
@@ -81,15 +93,23 @@ def shims():
                  "empty_like", "ones_like"):
         setattr(torch, name, cpu(getattr(torch, name)))
 
-    tensor_type = torch.Tensor.type
+    from torch.distributed.device_mesh import DeviceMesh
+    from_group = DeviceMesh.from_group
 
-    def cuda_type(self, *a, **k):
-        t = tensor_type(self, *a, **k)
-        if not a and not k and isinstance(t, str) and t.startswith("torch.") and \
-                not t.startswith("torch.cuda."):
-            return "torch.cuda." + t[len("torch."):]
-        return t
-    torch.Tensor.type = cuda_type
+    def cpu_mesh(group, device_type, *a, **k):
+        return from_group(group, "cpu", *a, **k)
+    DeviceMesh.from_group = staticmethod(cpu_mesh)
+
+    if cuda_type:
+        tensor_type = torch.Tensor.type
+
+        def cuda_type_(self, *a, **k):
+            t = tensor_type(self, *a, **k)
+            if not a and not k and isinstance(t, str) and t.startswith("torch.") and \
+                    not t.startswith("torch.cuda."):
+                return "torch.cuda." + t[len("torch."):]
+            return t
+        torch.Tensor.type = cuda_type_
     _adam_step_shim()
 
 
@@ -100,11 +120,13 @@ def _adam_step_shim():
     _set_main_param_and_optimizer_states copies each key the param's state holds, `step`
     included, from the loaded tensors, which have none in the fully_reshardable form (KeyError
     'step') and the loading optimizer's own pre-load step in the dp_reshardable form (a
-    LocalNonpersistentObject). With Transformer Engine's FusedAdam, training's Adam on GPUs,
-    no param state has a `step`. The shim hides `step` from that copy, so the step stays the
-    one load_state_dict took from the checkpoint's groups (what the code means to do: "the
-    optimizer state of STEP is handled specifically and is read from param_groups"); the
-    main param and moments are copied by megatron-core's own method."""
+    LocalNonpersistentObject); load_parameter_state of a --ckpt-format torch distrib_optim.pt
+    fails the same way (its tensors: param, exp_avg, exp_avg_sq). With Transformer Engine's
+    FusedAdam, training's Adam on GPUs, no param state has a `step`. The shim hides `step`
+    from that copy, so the step stays the one load_state_dict took from the checkpoint's
+    groups (what the code means to do: "the optimizer state of STEP is handled specifically and
+    is read from param_groups"); the main param and moments are copied by megatron-core's own
+    method."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     real = DistributedOptimizer._set_main_param_and_optimizer_states
     if getattr(real, "_ucp_shim", False):

@@ -7,8 +7,9 @@ The model is megatron_torch_dist.py's GPTModel (GQA, SwiGLU, RMSNorm, bf16, unti
 training's --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params wraps it
 (megatron.core.distributed.fsdp's FullyShardedDataParallel: fp32 main weights as DTensors,
 unevenly sharded over DP, TP-split as Megatron splits them), with megatron-core's own
-DistributedOptimizer over it (get_megatron_optimizer). Megatron-FSDP is CUDA-bound; cpu_shims()
-lets it run on CPU (streams as no-ops, "cuda" tensors made on the CPU, CPU device meshes).
+DistributedOptimizer over it (get_megatron_optimizer). Megatron-FSDP is CUDA-bound;
+mcore_cpu.shims() lets it run on CPU (streams as no-ops, "cuda" tensors made on the CPU, CPU
+device meshes; the current device 0, as Megatron-FSDP builds torch.device("cuda", index)).
 
 save: the state Megatron-LM's training saves with --ckpt-format fsdp_dtensor (training/
 checkpointing.py: generate_state_dict, preprocess_fsdp_dtensor_state_dict, torch's dcp.save with
@@ -25,8 +26,6 @@ TP stays 1: the adapter's TP path needs Transformer Engine (it names TELinear); 
 global tensors whatever the TP.
 """
 import argparse
-import contextlib
-import functools
 import os
 import pathlib
 import sys
@@ -34,57 +33,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mcore_cpu  # noqa: E402
 import megatron_torch_dist as mtd  # noqa: E402
 
 ITERATION = 10
-
-
-class _NoStream:
-    def __init__(self, *a, **k):
-        pass
-
-    def wait_stream(self, *a, **k):
-        pass
-
-    def record_event(self, *a, **k):
-        return None
-
-    def wait_event(self, *a, **k):
-        pass
-
-    def synchronize(self):
-        pass
-
-
-def cpu_shims():
-    """Megatron-FSDP and the distributed optimizer on CPU: CUDA streams as no-ops, tensors
-    asked for on "cuda" made on the CPU, DeviceMesh.from_group's "cuda" meshes CPU ones."""
-    if torch.cuda.is_available():
-        return
-    torch.cuda.Stream = _NoStream
-    torch.cuda.stream = lambda s=None: contextlib.nullcontext()
-    torch.cuda.current_stream = lambda *a, **k: _NoStream()
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.empty_cache = lambda: None
-    torch.cuda.current_device = lambda: 0
-    torch.Tensor.cuda = lambda self, *a, **k: self
-
-    def cpu(fn):
-        @functools.wraps(fn)
-        def wrapped(*a, **k):
-            if str(k.get("device", "")).startswith("cuda"):
-                k["device"] = "cpu"
-            return fn(*a, **k)
-        return wrapped
-    for name in ("tensor", "zeros", "empty", "ones", "full", "arange", "zeros_like",
-                 "empty_like", "ones_like"):
-        setattr(torch, name, cpu(getattr(torch, name)))
-    from torch.distributed.device_mesh import DeviceMesh
-    from_group = DeviceMesh.from_group
-
-    def cpu_mesh(group, device_type, *a, **k):
-        return from_group(group, "cpu", *a, **k)
-    DeviceMesh.from_group = staticmethod(cpu_mesh)
 
 
 def build(tp):
@@ -166,7 +118,8 @@ def set_states(opt):
 
 def init(rank, world, port, tp):
     mtd.init(rank, world, port, tp, 1, 1)
-    cpu_shims()
+    # Tensor.type() left as torch has it: Megatron-FSDP's optimizer never asks it for CUDA.
+    mcore_cpu.shims(current_device=0, cuda_type=False)
 
 
 def save_rank(rank, world, port, a):

@@ -25,9 +25,10 @@ get_checkpoint_name): iter_0000002/mp_rank_TT[_PPP]/model_optim_rng.pt from DP r
 state_dict(), opt_param_scheduler, rng_state, num_floating_point_operations_so_far; with the
 distributed optimizer its save_parameter_state's distrib_optim.pt beside it; the tracker last.
 
-CPU shims (cpu_shims): megatron_fsdp.py's, Tensor.type() naming CPU tensors as CUDA ones (the
-optimizers' constructors check it), and keep_step (megatron-core 0.16 without Apex / Transformer
-Engine fails to load_parameter_state its own distrib_optim.pt: KeyError 'step').
+CPU shims: mcore_cpu.shims() (CUDA streams as no-ops, "cuda" tensors made on the CPU, the current
+device "cpu", Tensor.type() naming CPU tensors as CUDA ones: the optimizers' constructors check it;
+and the Adam step kept on load: megatron-core 0.16 without Apex / Transformer Engine fails to
+load_parameter_state its own distrib_optim.pt, KeyError 'step').
 
 load: builds the same at the target layout and loads as Megatron-LM's load_checkpoint does:
 each rank's model_optim_rng.pt, the args' TP / PP checked (check_checkpoint_args), every model
@@ -57,7 +58,7 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import megatron_fsdp as mfs  # noqa: E402
+import mcore_cpu  # noqa: E402
 import megatron_torch_dist as mtd  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -67,58 +68,10 @@ VARIANTS = {"gqa_swiglu_untied": {"bias": False, "tied": False},
             "gqa_swiglu_bias_tied": {"bias": True, "tied": True}}
 
 
-def cpu_shims():
-    """megatron_fsdp's CPU shims (CUDA streams as no-ops, tensors asked for on "cuda" made on the
-    CPU), the current device "cpu" (buffers are allocated there), and Tensor.type() naming CPU
-    tensors as CUDA ones: the optimizers' constructors accept only 'torch.cuda.*Tensor' params."""
-    if torch.cuda.is_available():
-        return
-    mfs.cpu_shims()
-    torch.cuda.current_device = lambda: "cpu"
-    if getattr(torch.Tensor.type, "_ucp_cpu", False):
-        return
-    plain = torch.Tensor.type
-
-    def type_(self, *a, **k):
-        t = plain(self, *a, **k)
-        if a or k or not isinstance(t, str) or not t.startswith("torch.") or ".cuda." in t:
-            return t
-        return "torch.cuda." + t[len("torch."):]
-    type_._ucp_cpu = True
-    torch.Tensor.type = type_
-    keep_step()
-
-
-def keep_step():
-    """Without Apex or Transformer Engine (so on CPU) megatron-core 0.16's DistributedOptimizer
-    runs torch's Adam, whose per-param state holds a 'step': its load_state_dict puts the
-    checkpoint's step there, then load_parameter_state asks the file's tensors for every state
-    key ('param', 'exp_avg', 'exp_avg_sq' only) and fails with KeyError 'step', on its own saves
-    too. Training on GPUs runs FusedAdam (no per-param step). Here the state keys the file does
-    not hold keep what load_state_dict set; the others are copied as megatron-core copies them."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-    plain = DistributedOptimizer._set_main_param_and_optimizer_states
-    if getattr(plain, "_ucp_keep_step", False):
-        return
-
-    def set_states(self, model_param, tensors):
-        if not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
-            group_index, group_order = self.model_param_group_index_map[model_param]
-            main = self.optimizer.param_groups[group_index]["params"][group_order]
-            state = self.optimizer.state[main]
-            tensors = dict(tensors)
-            for k in set(state) - set(tensors):
-                assert k == "step", k
-                tensors[k] = state[k]
-        return plain(self, model_param, tensors)
-    set_states._ucp_keep_step = True
-    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
-
-
 def init(rank, world, port, tp, pp, vpp):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    cpu_shims()
+    mcore_cpu.shims()
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(
         tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
