@@ -3,7 +3,7 @@
 # first matching line wins): TIMEOUT = max(UCP_TIMEOUT_MIN, 3 x measured);
 # tests no line names get UCP_UNMEASURED_TIMEOUT. Included by cmake/ucp.cmake at
 # configure time and by cmake/ucp_gtest_cases.cmake when ctest lists the
-# GoogleTest cases. tests/tools/test_times.py prints measured time against
+# GoogleTest cases. tests/tools/suite_times.py prints measured time against
 # TIMEOUT from a ctest JUnit file and writes the table again (tests/README.md).
 if(NOT DEFINED UCP_TIMEOUT_MIN)
   set(UCP_TIMEOUT_MIN 30)

@@ -1,7 +1,7 @@
 """The test suite's own rules, read from `ctest --show-only=json-v1` of the
 build folder (so a test added without them fails here):
 
-* every test has a TIMEOUT, and a TIMEOUT above test_times.UNMEASURED_BOUND
+* every test has a TIMEOUT, and a TIMEOUT above suite_times.UNMEASURED_BOUND
   (300 s) only with a line in tests/test_times.txt that measured the test at
   a third of it or more; every line of that table names a test, and a test
   it gives several processors has them as PROCESSORS;
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_times  # noqa: E402
+import suite_times  # noqa: E402
 
 
 def main():
@@ -31,12 +31,12 @@ def main():
     tests = json.loads(out)["tests"]
     assert len(tests) > 100, len(tests)
     bad = []
-    rows = test_times.read_table()
+    rows = suite_times.read_table()
     used = set()
     for t in tests:
         props = {p["name"]: p["value"] for p in t.get("properties", [])}
         name = t["name"]
-        row = test_times.lookup(rows, name)
+        row = suite_times.lookup(rows, name)
         if row:
             used.add(next(k for k, _, _ in rows if k == name or
                           (k.endswith("*") and name.startswith(k[:-1]))))
@@ -44,9 +44,9 @@ def main():
             bad.append(f"{name}: no TIMEOUT")
         else:
             limit = float(props["TIMEOUT"])
-            justified = row is not None and limit <= test_times.limit_of(row[0])
-            if limit > test_times.UNMEASURED_BOUND and not justified:
-                bad.append(f"{name}: TIMEOUT {limit:.0f} s above {test_times.UNMEASURED_BOUND} s "
+            justified = row is not None and limit <= suite_times.limit_of(row[0])
+            if limit > suite_times.UNMEASURED_BOUND and not justified:
+                bad.append(f"{name}: TIMEOUT {limit:.0f} s above {suite_times.UNMEASURED_BOUND} s "
                            f"without a measured time of a third of it in tests/test_times.txt")
         if row and row[1] > 1 and int(props.get("PROCESSORS", 1)) != row[1]:
             bad.append(f"{name}: PROCESSORS {props.get('PROCESSORS', 1)}, the table says {row[1]}")

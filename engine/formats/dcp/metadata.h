@@ -4,7 +4,7 @@
 // torch's FileSystemWriter writes it.
 //
 // Format (torch/distributed/checkpoint/metadata.py, filesystem.py; every
-// torch from 2.0 to the newest; ../shared/reference/dcp.md §2-3):
+// torch from 2.0 to the newest):
 //   Metadata (NEWOBJ + BUILD of its __dict__)
 //     state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata}
 //       TensorStorageMetadata: properties = TensorProperties (BUILD of the

@@ -1,6 +1,6 @@
 #pragma once
-// DeepSpeed checkpoints (DeepSpeed 0.14-0.16 engine.save_checkpoint; see
-// ../shared/reference/deepspeed.md for the sources), as this driver reads and
+// DeepSpeed checkpoints (DeepSpeed 0.14-0.19 runtime/engine.py save_checkpoint,
+// checkpoint/constants.py, runtime/zero/stage_1_and_2.py), as this driver reads and
 // writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
 // files are refused.
 //

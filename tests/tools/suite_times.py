@@ -2,14 +2,14 @@
 --output-junit) against its TIMEOUT (tests/test_times.txt, read by
 cmake/ucp_test_times.cmake: TIMEOUT = max(30, 3 x measured seconds)).
 
-  test_times.py summary JUNIT... [--slowest N]
+  suite_times.py summary JUNIT... [--slowest N]
       the N slowest tests, the sum of the tests' times, counts by outcome
       (.ci/dev test prints it after ctest, then ctest's closing lines again)
-  test_times.py limits BUILD_DIR JUNIT...
+  suite_times.py limits BUILD_DIR JUNIT...
       every test: measured seconds, TIMEOUT, PROCESSORS, and a flag when the
       measured time is above half its limit or the limit is over 3x what a
       fresh table would give (recalibrate then)
-  test_times.py table BUILD_DIR JUNIT... [--table tests/test_times.txt]
+  suite_times.py table BUILD_DIR JUNIT... [--table tests/test_times.txt]
       the table again from the run's times (stdout): one line per test, one
       "<binary>.*" line per GoogleTest binary whose cases all take under 20 s
       (its slowest case; a line per case otherwise), PROCESSORS
