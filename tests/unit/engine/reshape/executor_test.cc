@@ -14,6 +14,7 @@
 #include "engine/core/error.h"
 #include "engine/core/hash.h"
 #include "tests/testutil/testutil.h"
+#include "tests/unit/engine/reshape/mem_io_testutil.h"
 
 namespace ucp::reshape {
 namespace {
@@ -21,35 +22,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-class MemSource : public ByteSource {
- public:
-  explicit MemSource(std::string bytes) : bytes_(std::move(bytes)) {}
-  void Read(uint64_t offset, std::span<std::byte> dst) const override {
-    if (offset + dst.size() > bytes_.size()) throw FormatError("read past end");
-    std::memcpy(dst.data(), bytes_.data() + offset, dst.size());
-    reads_ += 1;
-  }
-  std::string Describe() const override { return "memory"; }
-  const std::string& bytes() const { return bytes_; }
-  mutable std::atomic<int> reads_{0};
-
- private:
-  std::string bytes_;
-};
-
-class MemSink : public ByteSink {
- public:
-  explicit MemSink(size_t size) : bytes_(size, '\xAB') {}
-  void Write(uint64_t offset, std::span<const std::byte> data) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ASSERT_LE(offset + data.size(), bytes_.size());
-    std::memcpy(bytes_.data() + offset, data.data(), data.size());
-    offsets_.push_back(offset);
-  }
-  std::string bytes_;
-  std::vector<uint64_t> offsets_;
-  std::mutex mu_;
-};
+using testutil::MemSink;
+using testutil::MemSource;
 
 Shape RandomShape(std::mt19937_64& rng, size_t rank) {
   Shape s(rank);
