@@ -12,7 +12,6 @@ import os
 import pathlib
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 
@@ -26,15 +25,10 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 import make_dcp_ckpts as gen  # noqa: E402
 import oracle_checks  # noqa: E402
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "dcp"
 DS = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5"
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def one_error_line(p, *needles):
@@ -44,13 +38,8 @@ def one_error_line(p, *needles):
         assert str(n) in lines[0], (n, lines[0])
 
 
-class Tmp:
-    def __enter__(self):
-        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-dcp-"))
-        return self.path
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path)
+def Tmp():
+    return testmain.Tmp("ucp-dcp-")
 
 
 def truth(case):

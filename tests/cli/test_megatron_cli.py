@@ -13,7 +13,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 
@@ -21,18 +20,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
 sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron"
 TOOLS = HERE.parent / "tools"
 PY = os.environ.get("UCP_PYTHON", "/usr/bin/python3")
 VARIANT = "gqa_swiglu_bias_untied"
 SRC = DATA / VARIANT / "tp2_pp2_vpp1_dp2_do"
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def one_error_line(p, kind, *needles):
@@ -58,13 +52,8 @@ def compare(expected, actual, *extra):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-class Tmp:
-    def __enter__(self):
-        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-cli-"))
-        return self.path
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path)
+def Tmp():
+    return testmain.Tmp("ucp-cli-")
 
 
 def test_help_teaches_every_command():

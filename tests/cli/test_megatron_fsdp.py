@@ -18,14 +18,9 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 TOOLS = HERE.parent / "tools"
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 ITER = "iter_0000010"
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def tool():

@@ -38,13 +38,13 @@ import pickletools
 import random
 import shutil
 import subprocess
-import tempfile
 import zipfile
 
 import numpy as np
 import torch
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron"
 PY1 = os.environ.get("UCP_PYTHON", "/usr/bin/python3")  # numpy 1.x
 STUBS = pathlib.Path(__file__).resolve().parent.parent / "tools" / "stubs"
@@ -71,19 +71,8 @@ def draw(st):
 exec(DRAW)
 
 
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
-
-
-class Tmp:
-    def __enter__(self):
-        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-rng-"))
-        return self.path
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path)
+def Tmp():
+    return testmain.Tmp("ucp-rng-")
 
 
 def rank_file(ckpt, rank):

@@ -21,13 +21,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
 import oracle_checks  # noqa: E402
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 
 
 def one_error_line(p, kind, *needles):

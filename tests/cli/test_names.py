@@ -21,8 +21,6 @@ megatron-core's forward in test_torch_dist_cli), renamed by that table. Back the
 import json
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -35,7 +33,8 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 import megatron_torch_dist as mtd  # noqa: E402
 import oracle_checks  # noqa: E402
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron_torch_dist"
 SAVE = DATA / "tp2_pp2_dp1"  # fully_reshardable distributed-optimizer state
 ITER = "iter_0000010"
@@ -46,12 +45,6 @@ MF_RENAMES = [("embed_tokens.weight", "tok_embeddings.embedding_weight"),
               (".mlp.gate_proj.", ".feed_forward.w1."), (".mlp.down_proj.", ".feed_forward.w2."),
               (".mlp.up_proj.", ".feed_forward.w3."), (".input_layernorm.", ".attention_norm."),
               (".post_attention_layernorm.", ".ffn_norm."), (".norm.", ".norm_out.")]
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def one_error_line(p, *needles):

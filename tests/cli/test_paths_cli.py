@@ -14,7 +14,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -28,17 +27,12 @@ sys.path.insert(0, str(TOOLS))
 from check_deepspeed import read_safetensors  # noqa: E402
 import oracle_checks  # noqa: E402
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron" / "gqa_swiglu_bias_untied"
 SRC = DATA / "tp2_pp2_vpp1_dp2_do"
 DS = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5" / "ds0145_z1_fp32_w2_mlp"
 PY = os.environ.get("UCP_PYTHON", "/usr/bin/python3")
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def one_error_line(p, kind, *needles):

@@ -14,7 +14,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 
@@ -22,18 +21,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
 sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron"
 DS = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5"
 TOOLS = HERE.parent / "tools"
 PY = os.environ.get("UCP_PYTHON", "/usr/bin/python3")
 VARIANT = DATA / "gqa_swiglu_bias_untied"
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def tool(script, *args, expect=0):
@@ -42,13 +36,8 @@ def tool(script, *args, expect=0):
     return p
 
 
-class Tmp:
-    def __enter__(self):
-        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-strided-"))
-        return self.path
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path)
+def Tmp():
+    return testmain.Tmp("ucp-strided-")
 
 
 def tensor_slots(obj):

@@ -7,32 +7,18 @@ ranks loads back in torch (dcp.load) with the saved values, its items written co
 export` gives the same values to torch.load.
 """
 import io
-import os
 import pathlib
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.distributed.checkpoint as dcp
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 
 
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
-
-
-class Tmp:
-    def __enter__(self):
-        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-strided-dcp-"))
-        return self.path
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path)
+def Tmp():
+    return testmain.Tmp("ucp-strided-dcp-")
 
 
 def state():

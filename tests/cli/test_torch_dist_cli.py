@@ -15,7 +15,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -25,7 +24,8 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 TOOL = HERE.parent / "tools" / "megatron_torch_dist.py"
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron_torch_dist"
 FIXTURE = pathlib.Path(os.environ["UCP_FIXTURES"]) / "megatron-core-torch-dist" / "tp2pp1dp1"
 SRC = DATA / "tp2_pp2_dp1"                # fully_reshardable optimizer state
@@ -38,12 +38,6 @@ FSBS = DATA / "tp2_pp1_dp2_fsbs"          # DPR's state as core <= 0.14's fully_
 NONDIST = DATA / "tp2_pp2_dp1_nondist"     # the non-distributed optimizer's state
 FSMS = DATA / "tp2_pp2_dp1_fsms"           # SRC's state as core <= 0.14 saved it
 ITER = "iter_0000010"
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def one_error_line(p, *needles):
@@ -96,13 +90,8 @@ def tool():
     return megatron_torch_dist
 
 
-class Tmp:
-    def __enter__(self):
-        self.path = pathlib.Path(tempfile.mkdtemp(prefix="ucp-tdist-"))
-        return self.path
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.path)
+def Tmp():
+    return testmain.Tmp("ucp-tdist-")
 
 
 def atoms(h5):

@@ -19,14 +19,14 @@ PyPI environment, CPU, one process for both: each imports MindSpore and torch).
 import json
 import os
 import pathlib
-import subprocess
 import tempfile
 
 os.environ.setdefault("GLOG_v", "3")
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+from testmain import UCP, run  # noqa: E402
+import testmain  # noqa: E402
 
 # A one-layer Megatron-core GPT under its own names (so that Megatron's layout places it).
 SHAPES = [("embedding.word_embeddings.weight", (128, 8)),
@@ -40,12 +40,6 @@ SHAPES = [("embedding.word_embeddings.weight", (128, 8)),
           ("output_layer.weight", (128, 8))]
 LR, BETAS = 0.02, (0.85, 0.995)
 SCALARS = ("global_step", "learning_rate", "beta1_power", "beta2_power")
-
-
-def run(*args, expect=0):
-    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
-    return p
 
 
 def mindspore_adam(params, steps, lr, betas, seed):

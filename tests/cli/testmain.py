@@ -1,5 +1,6 @@
-"""The runner at the end of each tests/cli/test_*.py script (it runs with the script's folder
-first on sys.path: `import testmain`):
+"""What the tests/cli/test_*.py scripts share (each runs with its own folder first on sys.path:
+`import testmain`): UCP (the binary under test), run (ucp with arguments, asserting its exit
+code), Tmp (a temporary folder removed on exit), and the runner at the end of each script:
 
   if __name__ == "__main__":
       import testmain
@@ -10,7 +11,35 @@ named), in name order, printing "ok NAME" after each; a name the script does not
 before any test runs. ctest runs one function per entry (ucp_add_python_cases in
 cmake/ucp.cmake, which requires the `if __name__ == "__main__":` line).
 """
+import os
+import pathlib
+import shutil
+import subprocess
 import sys
+import tempfile
+
+UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+
+
+def run(*args, expect=0):
+    """ucp ARGS...; asserts the exit code is `expect` (showing the ends of its output if not)."""
+    p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    return p
+
+
+class Tmp:
+    """`with Tmp("ucp-x-") as t:` a new folder (pathlib.Path), removed with what it holds."""
+
+    def __init__(self, prefix="ucp-"):
+        self.prefix = prefix
+
+    def __enter__(self):
+        self.path = pathlib.Path(tempfile.mkdtemp(prefix=self.prefix))
+        return self.path
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path)
 
 
 def run_tests(namespace, argv=None):
