@@ -507,6 +507,10 @@ class MindSporePlan : public formats::TargetPlan {
           "written (nn.Adam keeps the one it is built with)");
     }
     const json::Value& betas = *g.Find("betas");
+    if (!betas.is_array() || betas.size() != 2) {
+      throw FormatError(input_.path().string(),
+                        " > optimizer > betas: not a pair of numbers");
+    }
     if (!has("beta1_power") && !has("beta2_power")) {
       const int64_t step = formats::OptimizerStep(input_.root(), input_.path());
       const char* tags[] = {"beta1_power", "beta2_power"};
