@@ -25,13 +25,32 @@
 
 set_property(GLOBAL PROPERTY UCP_MODULES "")
 
+# Modules build as unity TUs (up to 8 sources each: headers parsed once per
+# batch; a fresh build of the modules and their sanitized copies takes less
+# than half the CPU time). So the sources of one module must not define two
+# file-local names alike (anonymous namespaces share the TU). GCC's
+# -Wsubobject-linkage (a type of an anonymous namespace used in a class
+# declared in a header) is off for them: in a unity TU every source counts as
+# a header. A generated source (in the build tree) compiles on its own, after
+# the rule of its own directory made it.
+function(_ucp_unity target sources)
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON)
+  foreach(src IN LISTS sources)
+    get_filename_component(abs "${src}" ABSOLUTE)
+    if(abs MATCHES "^${PROJECT_BINARY_DIR}/")
+      set_source_files_properties(${src} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+    endif()
+  endforeach()
+endfunction()
+
 function(ucp_add_module name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   set(target ucp_${name})
   add_library(${target} STATIC ${ARG_SOURCES})
   add_library(ucp::${name} ALIAS ${target})
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
-  target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS})
+  target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} -Wno-subobject-linkage)
+  _ucp_unity(${target} "${ARG_SOURCES}")
   if(ARG_DEPS)
     target_link_libraries(${target} PUBLIC ${ARG_DEPS})
   endif()
@@ -98,7 +117,9 @@ function(ucp_add_sanitized_modules)
     get_property(private_deps GLOBAL PROPERTY UCP_MODULE_${module}_PRIVATE_DEPS)
     get_property(deps GLOBAL PROPERTY UCP_MODULE_${module}_DEPS)
     add_library(${target} STATIC ${srcs})
-    target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS})
+    _ucp_unity(${target} "${srcs}")
+    target_compile_options(${target} PRIVATE ${UCP_WARNING_FLAGS} ${UCP_SAN_COMPILE_FLAGS}
+                                             -Wno-subobject-linkage)
     target_link_options(${target} INTERFACE ${UCP_SAN_FLAGS})
     target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
     # ucp::<dep> -> its sanitized library (created earlier in ARGN), also

@@ -11,7 +11,7 @@
 namespace ucp::formats {
 namespace {
 
-std::deque<NameMap>& Registry() {
+std::deque<NameMap>& NameMaps() {
   static std::deque<NameMap> maps;
   return maps;
 }
@@ -20,13 +20,13 @@ std::deque<NameMap>& Registry() {
 
 namespace internal {
 NameMapRegistrar::NameMapRegistrar(NameMap map) {
-  Registry().push_back(std::move(map));
+  NameMaps().push_back(std::move(map));
 }
 }  // namespace internal
 
 std::vector<std::string> NameMapNames() {
   std::vector<std::string> names;
-  for (const NameMap& m : Registry()) names.push_back(m.name);
+  for (const NameMap& m : NameMaps()) names.push_back(m.name);
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   return names;
@@ -44,7 +44,7 @@ std::vector<std::pair<std::string, std::string>> NameMapSources() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const std::string& n : NameMapNames()) {
     std::string from;
-    for (const NameMap& m : Registry())
+    for (const NameMap& m : NameMaps())
       if (m.name == n) from += from.empty() ? m.from : "; " + m.from;
     out.emplace_back(n, std::move(from));
   }
@@ -66,7 +66,7 @@ std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
     const universal::UniversalInput& input, std::string_view name,
     const layouts::Variables& given) {
   CheckNameMapName(name);
-  for (const NameMap& m : Registry()) {
+  for (const NameMap& m : NameMaps()) {
     if (m.name != name) continue;
     std::optional<std::vector<universal::MappedParam>> params =
         m.map(input, given);

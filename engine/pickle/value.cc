@@ -206,6 +206,10 @@ Value* Value::Get(std::string_view key) noexcept {
   return FindStrKey(entries, key);
 }
 
+const Value* DictGet(const Value* dict, std::string_view key) noexcept {
+  return dict != nullptr ? dict->Get(key) : nullptr;
+}
+
 const Value* Value::Attr(std::string_view attribute) const noexcept {
   return AttrOf(this, attribute);
 }

@@ -124,6 +124,10 @@ struct Value {
   Value* Attr(std::string_view attribute) noexcept;
 };
 
+/// The value of str key `key` of `dict` if `dict` is a dict-like holding it,
+/// nullptr otherwise (also when `dict` is nullptr or not a dict-like).
+const Value* DictGet(const Value* dict, std::string_view key) noexcept;
+
 /// Owns every Value of one graph. Nodes never move (deque; moving the Arena
 /// keeps them in place too) and are freed all at once with the arena.
 class Arena {

@@ -8,7 +8,7 @@ using pickle::Kind;
 using pickle::Value;
 
 const Value* Get(const Value* d, std::string_view key) {
-  return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
+  return pickle::DictGet(d, key);
 }
 
 const Value* Require(const Value* d, std::string_view key) {

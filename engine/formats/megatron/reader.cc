@@ -99,10 +99,6 @@ bool IsModelKey(std::string_view key) {
                      [](char c) { return c >= '0' && c <= '9'; });
 }
 
-const Value* TopGet(const Value* root, std::string_view key) {
-  return root != nullptr && root->IsDictLike() ? root->Get(key) : nullptr;
-}
-
 // Opens every rank file, flattens its chunks, reads the args, chooses the
 // layout and computes canonical names.
 Loaded Load(const Checkpoint& c, const SourceOptions& options) {
@@ -121,7 +117,7 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
         sr.root = sr.file->root();
         if (sr.root == nullptr || !sr.root->IsDictLike())
           throw FormatError("the file does not hold a dict");
-        const ArgsView args(TopGet(sr.root, "args"), "args");
+        const ArgsView args(pickle::DictGet(sr.root, "args"), "args");
         RunConfig run = ReadRunConfig(args);
         if (p == 0 && r == 0) {
           L.run = run;
@@ -143,7 +139,7 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
         for (int64_t v = 0; v < vpp; ++v) {
           RankChunk chunk;
           chunk.key = vpp == 1 ? std::string("model") : StrCat("model", v);
-          const Value* m = TopGet(sr.root, chunk.key);
+          const Value* m = pickle::DictGet(sr.root, chunk.key);
           if (m == nullptr) {
             throw FormatError("no '", chunk.key, "' entry (",
                               vpp == 1 ? "no virtual pipeline"
@@ -177,7 +173,8 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
   // (checkpointing.py:fix_query_key_value_ordering); their rows are not in
   // the order the layouts describe.
   {
-    const Value* cv = TopGet(L.ranks.front().root, "checkpoint_version");
+    const Value* cv =
+        pickle::DictGet(L.ranks.front().root, "checkpoint_version");
     const double version = cv != nullptr ? cv->AsFloat().value_or(0) : 0;
     if (version < 2.0) {
       for (const SourceRank& sr : L.ranks)
@@ -695,10 +692,10 @@ void Planner::NoteGroups(const Value* groups, const Grouping& g,
 
 // Whether the rank files hold optimizer state: all of them or none.
 void Planner::FindOptimizer() {
-  const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
+  const Value* opt0 = pickle::DictGet(L_.ranks.front().root, "optimizer");
   has_optimizer_ = opt0 != nullptr && opt0->kind != Kind::kNone;
   for (SourceRank& sr : L_.ranks) {
-    const Value* o = TopGet(sr.root, "optimizer");
+    const Value* o = pickle::DictGet(sr.root, "optimizer");
     if ((o != nullptr && o->kind != Kind::kNone) != has_optimizer_) {
       throw FormatError(sr.Where(), ": has ", has_optimizer_ ? "no " : "",
                         "'optimizer' entry, unlike rank (0, 0)");
@@ -708,7 +705,7 @@ void Planner::FindOptimizer() {
 
 void Planner::PlanOptimizer() {
   if (!has_optimizer_) return;
-  const Value* opt0 = TopGet(L_.ranks.front().root, "optimizer");
+  const Value* opt0 = pickle::DictGet(L_.ranks.front().root, "optimizer");
   if (opt0->kind == Kind::kList) {
     throw FormatError(L_.ranks.front().Where(),
                       ": 'optimizer' is a list (a ChainedOptimizer of "
@@ -726,7 +723,7 @@ void Planner::PlanOptimizer() {
   }
   std::vector<const Value*> stored;
   for (const SourceRank& sr : L_.ranks)
-    stored.push_back(StoredGroups(TopGet(sr.root, "optimizer")));
+    stored.push_back(StoredGroups(pickle::DictGet(sr.root, "optimizer")));
   if (auto one = SingleStoredGroup(stored, GroupParams(keys).keys.size())) {
     single_group_ = one;
     std::fill(keys.begin(), keys.end(), *one);
@@ -760,7 +757,7 @@ void Planner::PlanRankOptimizer(SourceRank& sr) {
 
 std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
     SourceRank& sr) {
-  const Value* opt = TopGet(sr.root, "optimizer");
+  const Value* opt = pickle::DictGet(sr.root, "optimizer");
   if (!opt->IsDictLike()) throw FormatError("'optimizer' is not a dict");
   // Params in named_parameters() order (tied copies are real params here).
   std::vector<RankParam> params;
@@ -1110,12 +1107,12 @@ void Planner::PlanOpaque() {
     }
   }
   for (SourceRank& sr : L_.ranks) {
-    const Value* rng = TopGet(sr.root, "rng_state");
+    const Value* rng = pickle::DictGet(sr.root, "rng_state");
     if (rng == nullptr) continue;
     add(RngStateKey(sr.tp_rank, sr.pp_rank), Blob(sr.file.get(), rng));
   }
   if (has_optimizer_) {
-    const Value* opt = TopGet(r0.root, "optimizer");
+    const Value* opt = pickle::DictGet(r0.root, "optimizer");
     if (const Value* gs = opt->Get("grad_scaler"))
       add("grad_scaler", Blob(f0, gs));
     // The canonical groups without 'params'.
@@ -1139,7 +1136,7 @@ void Planner::PlanRoot() {
   const RunConfig& run = L_.run;
   const layouts::Topology& t = run.topology;
   atoms::RootInfo& root = plan_.root;
-  const Value* it = TopGet(r0.root, "iteration");
+  const Value* it = pickle::DictGet(r0.root, "iteration");
   root.iteration =
       it != nullptr && it->kind == Kind::kInt ? it->i : c_.iteration;
   root.consumed_samples = run.consumed_train_samples.value_or(-1);
@@ -1150,7 +1147,7 @@ void Planner::PlanRoot() {
   {
     std::vector<std::pair<int64_t, int64_t>> seen;
     for (const SourceRank& sr : L_.ranks) {
-      const ArgsView a(TopGet(sr.root, "args"), "args");
+      const ArgsView a(pickle::DictGet(sr.root, "args"), "args");
       auto rank = a.Int("rank");
       auto local = a.Int("local_rank");
       if (rank && local) seen.emplace_back(*rank, *local);
@@ -1167,9 +1164,9 @@ void Planner::PlanRoot() {
   std::set<std::string> dtypes;
   for (const auto& [n, ps] : params_)
     dtypes.insert(std::string(DTypeName(ps.dtype)));
-  const ArgsView args(TopGet(r0.root, "args"), "args");
+  const ArgsView args(pickle::DictGet(r0.root, "args"), "args");
   std::string version = "unknown";
-  if (TopGet(r0.root, "rerun_state_machine") != nullptr) {
+  if (pickle::DictGet(r0.root, "rerun_state_machine") != nullptr) {
     version = "core_v0.10+ (likely v0.13)";
   } else if (args.Find("use_legacy_models") != nullptr) {
     version = "core_v0.5-v0.9";
@@ -1225,7 +1222,7 @@ void Planner::PlanRoot() {
   }
   opt["state_kinds"] = std::move(kinds);
   root.optimizer = opt.Dump();
-  const Value* sched = TopGet(r0.root, "opt_param_scheduler");
+  const Value* sched = pickle::DictGet(r0.root, "opt_param_scheduler");
   root.scheduler =
       sched != nullptr ? ValueToJson(sched).Dump() : std::string("{}");
   root.args = ArgsToJson(args).Dump();

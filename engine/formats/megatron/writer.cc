@@ -62,7 +62,7 @@ using formats::BuildChunk;
 using formats::MemorySink;
 
 // How the target keeps its optimizer state (megatron_format.h).
-enum class OptimizerFormat { kFp32, kFloat16, kDistributed };
+enum class TargetOptimizer { kFp32, kFloat16, kDistributed };
 
 // A param (or tied copy) as the target sees it.
 struct TargetParam {
@@ -140,7 +140,7 @@ class MegatronPlan : public formats::TargetPlan {
   // chunk_entries_[pp][vp] = indices into entries_
   std::vector<std::vector<std::vector<size_t>>> chunk_entries_;
   bool write_optimizer_ = false;
-  OptimizerFormat target_format_ = OptimizerFormat::kFp32;
+  TargetOptimizer target_format_ = TargetOptimizer::kFp32;
   std::vector<GroupKey> group_keys_;
   std::vector<std::string> state_keys_;
   std::vector<std::string> top_level_keys_;  // of a rank file, in order
@@ -277,9 +277,9 @@ void MegatronPlan::ReadMetadata() {
   for (const atoms::StoredParam& p : store_.params())
     low_precision = low_precision || p.info.dtype != DType::kFloat32;
   target_format_ = options_.distributed_optimizer
-                       ? OptimizerFormat::kDistributed
-                       : (low_precision ? OptimizerFormat::kFloat16
-                                        : OptimizerFormat::kFp32);
+                       ? TargetOptimizer::kDistributed
+                       : (low_precision ? TargetOptimizer::kFloat16
+                                        : TargetOptimizer::kFp32);
   auto in_attr = [&](const char* attr, auto&& fn) {
     try {
       fn();
@@ -531,13 +531,13 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
   pickle::Arena& arena = model.arena();
   const Layout& layout = *layout_;
   // The rank's params in named_parameters() order (chunk 0 first).
-  struct RankParam {
+  struct RankEntry {
     size_t entry;
     int64_t chunk;
     Shape local_shape;
     std::string local_name;
   };
-  std::vector<RankParam> params;
+  std::vector<RankEntry> params;
   std::vector<Value*> chunk_nodes;
   for (int64_t v = 0; v < topo_.vpp; ++v) {
     std::vector<std::pair<std::vector<std::string>, Value*>> leaves;
@@ -558,7 +558,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
         value = TensorFor(model, e, has_param_atom ? "param" : "fp32",
                           p.info.dtype, tp_rank, where);
         if (e.kind != Entry::kBuffer) {
-          RankParam rp;
+          RankEntry rp;
           rp.entry = i;
           rp.chunk = v;
           rp.local_shape = model.archive().SpecOf(value)->shape;
@@ -578,7 +578,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
     // group otherwise than Megatron's default rule, e.g. one group for all);
     // the default rule where it records none.
     std::vector<GroupKey> keys;
-    for (const RankParam& rp : params) {
+    for (const RankEntry& rp : params) {
       const atoms::StoredParam* sp = entries_[rp.entry].param;
       const int64_t stored = sp != nullptr ? sp->info.group : -1;
       keys.push_back(
@@ -608,9 +608,9 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
     // Which groups hold an element of DP rank 0's shard (distributed only).
     std::vector<bool> stepped(g.keys.size(), true);
     std::vector<BufferLayout> buffers;
-    if (target_format_ == OptimizerFormat::kDistributed) {
+    if (target_format_ == TargetOptimizer::kDistributed) {
       int64_t local_params = 0;
-      for (const RankParam& rp : params)
+      for (const RankEntry& rp : params)
         local_params += NumElements(rp.local_shape);
       std::fill(stepped.begin(), stepped.end(), false);
       for (int64_t v = 0; v < topo_.vpp; ++v) {
@@ -664,7 +664,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
         // torch Adam: the step lives in the state (non-distributed); the
         // distributed optimizer without apex / TE stores its value on every
         // group (distrib_optimizer.py:state_dict, `.item()` of the tensor).
-        if (target_format_ != OptimizerFormat::kDistributed) {
+        if (target_format_ != TargetOptimizer::kDistributed) {
           if (step_it != entries.end()) entries.erase(step_it);
         } else {
           Value* v = torch_step_integral_
@@ -700,7 +700,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
                                store_.root().iteration));
         }
       }
-      if (target_format_ != OptimizerFormat::kDistributed) {
+      if (target_format_ != TargetOptimizer::kDistributed) {
         std::vector<Value*> id_nodes;
         for (size_t j = 0; j < g.members[gi].size(); ++j) {
           ids[gi].push_back(next_id);
@@ -710,7 +710,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       }
       group_nodes.push_back(d);
     }
-    if (target_format_ == OptimizerFormat::kDistributed) {
+    if (target_format_ == TargetOptimizer::kDistributed) {
       Value* inner = arena.Dict();
       AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
       optimizer = arena.Dict();
@@ -748,7 +748,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
           t.dtype = DType::kFloat32;
           t.shape = {n};
           for (size_t j = 0; j < members.size(); ++j) {
-            const RankParam& rp = params[members[j]];
+            const RankEntry& rp = params[members[j]];
             Shape local;
             for (reshape::CopyOp& op :
                  OpsFor(entries_[rp.entry], kind, tp_rank, &local)) {
@@ -774,7 +774,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       for (size_t gi = 0; gi < g.keys.size(); ++gi) {
         std::vector<Value*> fp32_list;
         for (size_t j = 0; j < g.members[gi].size(); ++j) {
-          const RankParam& rp = params[g.members[gi][j]];
+          const RankEntry& rp = params[g.members[gi][j]];
           const Entry& e = entries_[rp.entry];
           const int64_t id = ids[gi][j];
           Value* st = arena.Dict();
@@ -810,7 +810,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
             AppendEntry(arena, st, k, node);
           }
           state->entries.emplace_back(arena.Int(id), st);
-          if (target_format_ == OptimizerFormat::kFloat16) {
+          if (target_format_ == TargetOptimizer::kFloat16) {
             fp32_list.push_back(TensorFor(
                 model, e, "fp32", DType::kFloat32, tp_rank,
                 StrCat(Where(model), " > optimizer > fp32_from_fp16_params[",
@@ -822,7 +822,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       Value* inner = arena.Dict();
       AppendEntry(arena, inner, "state", state);
       AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
-      if (target_format_ == OptimizerFormat::kFp32) {
+      if (target_format_ == TargetOptimizer::kFp32) {
         optimizer = inner;
       } else {
         optimizer = arena.Dict();
@@ -945,7 +945,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
   const int64_t tp = static_cast<int64_t>(i) % topo_.tp;
   const fs::path dir = IterDir() / RankDirName(tp, pp, topo_.pp);
   File* distrib = nullptr;
-  if (target_format_ == OptimizerFormat::kDistributed && write_optimizer_) {
+  if (target_format_ == TargetOptimizer::kDistributed && write_optimizer_) {
     auto d = std::make_unique<File>(dir / kDistribOptimFile);
     distrib = d.get();
     files.push_back(std::move(d));

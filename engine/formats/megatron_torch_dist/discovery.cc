@@ -44,10 +44,6 @@ json::Value ReadMetadataJson(const fs::path& path) {
   return v;
 }
 
-const Value* DictGet(const Value* d, std::string_view key) {
-  return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
-}
-
 }  // namespace
 
 bool IsTorchDistFolder(const fs::path& dir) {
@@ -135,7 +131,7 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
       break;
     }
   }
-  if (const Value* cm = DictGet(c.common, "content_metadata");
+  if (const Value* cm = pickle::DictGet(c.common, "content_metadata");
       cm != nullptr && cm->IsDictLike())
     c.content_metadata = megatron::ValueToJson(cm);
 
@@ -183,7 +179,7 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
     c.optimizer = flattened ? "fully_sharded_model_space" : "non_distributed";
 
   // The topology: args, else TP x PP of the rng states' grid.
-  if (const Value* args = DictGet(c.common, "args")) {
+  if (const Value* args = pickle::DictGet(c.common, "args")) {
     const megatron::RunConfig run = megatron::ReadRunConfig(megatron::ArgsView(
         args, StrCat(c.iter_dir.string(), " > ", c.common_in, " > args")));
     c.topology = run.topology;

@@ -41,10 +41,6 @@ struct Param {
   bool buffer = false;
 };
 
-const Value* DictGet(const Value* d, std::string_view key) {
-  return d != nullptr && d->IsDictLike() ? d->Get(key) : nullptr;
-}
-
 // The object a ShardedObject's item holds (saved as torch.save([object])).
 const Value* ObjectRoot(const torchfile::TorchFile& f) {
   const Value* v = f.root();
@@ -175,7 +171,7 @@ class Planner {
 };
 
 void Planner::ReadSettings() {
-  args_ = DictGet(c_.common, "args");
+  args_ = pickle::DictGet(c_.common, "args");
   if (args_ != nullptr) {
     run_ = megatron::ReadRunConfig(megatron::ArgsView(
         args_, StrCat(c_.iter_dir.string(), " > ", c_.common_in, " > args")));
@@ -725,7 +721,7 @@ std::vector<Planner::BucketRun> Planner::ZeroBucketRuns(
     const megatron::BufferLayout& lay, size_t b, int64_t world_at,
     const std::string& skey, const std::string& bwhere) {
   const std::string zw = StrCat(bwhere, " > ", skey);
-  const Value* tv = DictGet(world, skey);
+  const Value* tv = pickle::DictGet(world, skey);
   const torchfile::TensorInfo* ti =
       tv == nullptr ? nullptr : zf->FindTensor(tv);
   int64_t total = 0;
@@ -855,7 +851,7 @@ Planner::ZeroBuffer(int64_t group, int64_t v, const std::string& where) {
   const std::string ow =
       StrCat("rank file ", it->second.front().file.string(), " > ", name);
   const Value* root = ObjectRoot(*f);
-  const Value* coalesced = DictGet(root, "buckets_coalesced");
+  const Value* coalesced = pickle::DictGet(root, "buckets_coalesced");
   if (coalesced == nullptr || coalesced->kind != Kind::kBool || !coalesced->b) {
     throw FormatError(ow,
                       ": no 'buckets_coalesced': True (the per-bucket form "
@@ -877,9 +873,9 @@ Planner::ZeroBuffer(int64_t group, int64_t v, const std::string& where) {
 // Megatron's groups (param_groups.h) in named_parameters() order; the
 // stored group dicts (without params) from the common state.
 void Planner::PlanGroups() {
-  const Value* opt = DictGet(c_.common, "optimizer");
-  const Value* inner = DictGet(opt, "optimizer");
-  const Value* groups = DictGet(inner, "param_groups");
+  const Value* opt = pickle::DictGet(c_.common, "optimizer");
+  const Value* inner = pickle::DictGet(opt, "optimizer");
+  const Value* groups = pickle::DictGet(inner, "param_groups");
   if (groups == nullptr) {
     // dp_reshardable keeps the optimizer's own state dict as an object of
     // each model-parallel group (all equal): group 0's.
@@ -890,7 +886,7 @@ void Planner::PlanGroups() {
     if (auto it = c_.dcp.items.find(key);
         it != c_.dcp.items.end() && !it->second.empty()) {
       open_.push_back(dcp::OpenItem(it->second.front(), key, files_));
-      groups = DictGet(ObjectRoot(*open_.back()), "param_groups");
+      groups = pickle::DictGet(ObjectRoot(*open_.back()), "param_groups");
       groups_file_ = open_.back().get();
     }
   }
@@ -938,9 +934,10 @@ void Planner::PlanGroups() {
 // A python number there (an optimizer of another kind) stays in the common
 // state's opaque copy.
 void Planner::PlanCommonStep() {
-  const Value* state =
-      DictGet(DictGet(DictGet(c_.common, "optimizer"), "optimizer"), "state");
-  const Value* step = DictGet(state, "common_step");
+  const Value* state = pickle::DictGet(
+      pickle::DictGet(pickle::DictGet(c_.common, "optimizer"), "optimizer"),
+      "state");
+  const Value* step = pickle::DictGet(state, "common_step");
   if (step == nullptr || c_.common_file == nullptr) return;
   const torchfile::TensorInfo* t = c_.common_file->FindTensor(step);
   if (t == nullptr) return;
@@ -999,7 +996,7 @@ void Planner::PlanOpaque() {
     if (key == "args") {
       add("args", formats::SaveBlob(cf, v));
     } else if (key == "optimizer") {
-      if (const Value* gs = DictGet(v, "grad_scaler"))
+      if (const Value* gs = pickle::DictGet(v, "grad_scaler"))
         add("grad_scaler", formats::SaveBlob(cf, gs));
     } else if (key == "rerun_state_machine") {
       add(key, formats::SaveBlob(cf, v));
@@ -1030,7 +1027,7 @@ void Planner::PlanOpaque() {
 
 void Planner::PlanRoot() {
   atoms::RootInfo& root = plan_.root;
-  const Value* it = DictGet(c_.common, "iteration");
+  const Value* it = pickle::DictGet(c_.common, "iteration");
   root.iteration =
       it != nullptr && it->kind == Kind::kInt ? it->i : c_.iteration;
   root.consumed_samples = run_ ? run_->consumed_train_samples.value_or(-1) : -1;
@@ -1092,7 +1089,7 @@ void Planner::PlanRoot() {
   }
   opt["state_kinds"] = std::move(kinds);
   root.optimizer = opt.Dump();
-  const Value* sched = DictGet(c_.common, "opt_param_scheduler");
+  const Value* sched = pickle::DictGet(c_.common, "opt_param_scheduler");
   root.scheduler = sched != nullptr ? megatron::ValueToJson(sched).Dump()
                                     : std::string("{}");
   root.args =
