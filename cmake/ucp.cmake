@@ -222,8 +222,12 @@ endfunction()
 # One ctest entry per `def test_*` function of a Python test script (its
 # main runs the functions named on its command line), so that ctest -j runs
 # them in parallel: <prefix>.<function>. Options as ucp_add_python_test.
+# ONE_PROCESS: one entry <prefix> running every function in turn, for the
+# scripts whose functions would each spend seconds importing the frameworks
+# (megatron-core alone takes 5 s of CPU; torch 2): a function's time is on its
+# "ok <function> (<seconds> s)" line, which tests/tools/suite_times.py lists.
 function(ucp_add_python_cases prefix)
-  cmake_parse_arguments(ARG "VENV" "SCRIPT" "LABELS;ENV;FIXTURES_REQUIRED" ${ARGN})
+  cmake_parse_arguments(ARG "VENV;ONE_PROCESS" "SCRIPT" "LABELS;ENV;FIXTURES_REQUIRED" ${ARGN})
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${ARG_SCRIPT})
   file(STRINGS ${ARG_SCRIPT} _defs REGEX "^def test_[A-Za-z0-9_]+\\(")
   if(NOT _defs)
@@ -239,6 +243,13 @@ function(ucp_add_python_cases prefix)
   set(_venv "")
   if(ARG_VENV)
     set(_venv VENV)
+  endif()
+  if(ARG_ONE_PROCESS)
+    # One entry running every function in turn in one process (the
+    # frameworks imported once; testmain prints each function's time).
+    ucp_add_python_test(${prefix} ${_venv} SCRIPT ${ARG_SCRIPT}
+      LABELS ${ARG_LABELS} ENV ${ARG_ENV} FIXTURES_REQUIRED ${ARG_FIXTURES_REQUIRED})
+    return()
   endif()
   foreach(_def IN LISTS _defs)
     string(REGEX REPLACE "^def (test_[A-Za-z0-9_]+)\\(.*" "\\1" _fn "${_def}")

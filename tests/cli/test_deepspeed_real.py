@@ -1,8 +1,8 @@
 """ucp against the real DeepSpeed (the tests' PyPI environment, CPU, gloo):
-the newest, and 0.14.5 (its entries put it first on PYTHONPATH); one source
-case per run, `test_deepspeed_real.py STAGE DTYPE WORLD [MODEL]` (MODEL
-mlp, or rich: two param groups, a frozen weight, tied weights), the DeepSpeed
-version that must run in UCP_DEEPSPEED_VERSION.
+the newest, and 0.14.5 (its entries put it first on PYTHONPATH); the source
+cases named, in turn, `test_deepspeed_real.py STAGE,DTYPE,WORLD[,MODEL] ...`
+(MODEL mlp, or rich: two param groups, a frozen weight, tied weights), the
+DeepSpeed version that must run in UCP_DEEPSPEED_VERSION. Per case:
 
 1. DeepSpeed trains and saves at ZeRO STAGE, DTYPE, WORLD ranks, and reports
    its masters, Adam moments and module params in memory
@@ -26,12 +26,12 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 TOOLS = pathlib.Path(os.environ["UCP_SOURCE_DIR"]) / "tests" / "tools"
-PY = sys.executable
 sys.path.insert(0, str(TOOLS))
 import deepspeed_real  # noqa: E402 (imports DeepSpeed only when a command runs)
 
@@ -97,11 +97,12 @@ def unfused(dtype, stage):
 
 
 def check_universal(h5, src):
-    """tests/tools/check_deepspeed.py universal on ucp's universal file H5 (at least 300
-    values compared), and its negative control: H5 with one byte of one fp32 master
-    changed fails it."""
-    run(PY, TOOLS / "check_deepspeed.py", "universal", h5, src, "--min-values", 300)
+    """tests/tools/check_deepspeed.py's universal check, in this process (torch imported once),
+    on ucp's universal file H5 (at least 300 values compared), and its negative control: H5 with
+    one byte of one fp32 master changed fails it."""
+    import check_deepspeed as ck
     import h5py
+    ck.cmd_universal(str(h5), str(src), 300)
     bad = h5.with_name(h5.stem + "-changed.h5")
     bad.write_bytes(h5.read_bytes())
     with h5py.File(bad, "r+") as f:
@@ -109,9 +110,12 @@ def check_universal(h5, src):
         v = d[()]
         v.reshape(-1).view("uint8")[0] ^= 1
         d[...] = v
-    r = subprocess.run([PY, TOOLS / "check_deepspeed.py", "universal", bad, src],
-                       capture_output=True, text=True)
-    assert r.returncode == 1 and "fp32: values differ" in r.stdout, (r.stdout, r.stderr)
+    try:
+        ck.cmd_universal(str(bad), str(src))
+    except ck.Bad as e:
+        assert "fp32: values differ" in str(e), e
+    else:
+        raise AssertionError(f"check_deepspeed universal passed {bad} (one master byte changed)")
     bad.unlink()
 
 
@@ -120,9 +124,7 @@ def same_tensor(a, b, what):
     assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), what
 
 
-def main():
-    stage, dtype, world = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    model = sys.argv[4] if len(sys.argv) > 4 else "mlp"
+def run_case(stage, dtype, world, model):
     natives, (universal_world, universal_stage), from_theirs = \
         TARGETS[(stage, dtype, world, model)]
     m = ["--model", model]
@@ -230,6 +232,25 @@ def main():
            "--scratch", t / "scratch-theirs", *m)
         print(f"ok ucp reads ds_to_universal's folder: DeepSpeed loads the ZeRO {s} files ucp "
               f"writes from it at world {n}", flush=True)
+
+
+def main():
+    """Runs each case of the command line (STAGE,DTYPE,WORLD[,MODEL]) in turn, in this one
+    process (torch and DeepSpeed imported once), printing each case's time."""
+    cases = []
+    for arg in sys.argv[1:]:
+        f = arg.split(",")
+        assert len(f) in (3, 4), f"a case is STAGE,DTYPE,WORLD[,MODEL], not {arg!r}"
+        case = (int(f[0]), f[1], int(f[2]), f[3] if len(f) == 4 else "mlp")
+        assert case in TARGETS, f"no such case: {case} (TARGETS lists them)"
+        cases.append(case)
+    assert cases, "no case named"
+    for case in cases:
+        start = time.monotonic()
+        print(f"case ZeRO {case[0]} {case[1]} world {case[2]} {case[3]}", flush=True)
+        run_case(*case)
+        print(f"ok case ZeRO {case[0]} {case[1]} world {case[2]} {case[3]} "
+              f"({time.monotonic() - start:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

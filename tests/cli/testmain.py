@@ -7,9 +7,10 @@ code), Tmp (a temporary folder removed on exit), and the runner at the end of ea
       testmain.run_tests(globals())
 
 `SCRIPT [test_name ...]` runs the named test functions (every test_* function when none is
-named), in name order, printing "ok NAME" after each; a name the script does not define fails
-before any test runs. ctest runs one function per entry (ucp_add_python_cases in
-cmake/ucp.cmake, which requires the `if __name__ == "__main__":` line).
+named), in name order, printing "ok NAME (SECONDS s)" after each; a name the script does not
+define fails before any test runs. ctest runs one function per entry, or with ONE_PROCESS every
+function in one entry (ucp_add_python_cases in cmake/ucp.cmake, which requires the
+`if __name__ == "__main__":` line).
 """
 import os
 import pathlib
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 
@@ -51,5 +53,6 @@ def run_tests(namespace, argv=None):
     assert not unknown, f"no such test: {unknown}"
     for name, fn in tests.items():
         if not only or name in only:
+            start = time.monotonic()
             fn()
-            print("ok", name, flush=True)
+            print(f"ok {name} ({time.monotonic() - start:.1f} s)", flush=True)

@@ -21,6 +21,7 @@
 Exit status 0 when every check holds; the first failure is printed.
 """
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -30,7 +31,11 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "stubs"))  # DeepSpeed classes for torch.load
+# DeepSpeed's classes for torch.load: the stand-ins where DeepSpeed is not installed (Debian's
+# python); the real ones in the tests' venv (whose tests import this module beside the real
+# DeepSpeed, which the stand-ins must not shadow).
+if importlib.util.find_spec("deepspeed") is None:
+    sys.path.insert(0, os.path.join(HERE, "stubs"))
 
 
 class Bad(Exception):

@@ -3,7 +3,9 @@
 cmake/ucp_test_times.cmake: TIMEOUT = max(30, 3 x measured seconds)).
 
   suite_times.py summary JUNIT... [--slowest N]
-      the N slowest tests, the sum of the tests' times, counts by outcome
+      the N slowest tests, the sum of the tests' times, counts by outcome, and
+      the N slowest functions (cases) of the tests that run several in one
+      process (their "ok NAME (S s)" lines)
       (.ci/dev test prints it after ctest, then ctest's closing lines again)
   suite_times.py limits BUILD_DIR JUNIT...
       every test: measured seconds, TIMEOUT, PROCESSORS, and a flag when the
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -86,6 +89,24 @@ def _read_one(path):
     return out
 
 
+PART = re.compile(r"^ok (.+) \((\d+(?:\.\d+)?) s\)$")
+
+
+def read_parts(paths):
+    """{"<test> / <part>": seconds} of the tests that run several functions or cases in one
+    process (ONE_PROCESS scripts print "ok <function> (<seconds> s)" after each, the DeepSpeed
+    entries "ok case ... (<seconds> s)"), from the output the JUnit file keeps."""
+    out = {}
+    for path in [paths] if isinstance(paths, str) else paths:
+        for tc in ET.parse(path).getroot().iter("testcase"):
+            text = "".join(e.text or "" for e in tc.iter("system-out"))
+            for line in text.splitlines():
+                m = PART.match(line.strip())
+                if m:
+                    out[f"{tc.get('name')} / {m.group(1)}"] = float(m.group(2))
+    return out
+
+
 def listing(build):
     ctest = os.environ.get("UCP_CTEST", "ctest")
     out = subprocess.run([ctest, "--show-only=json-v1"], cwd=build, capture_output=True,
@@ -111,6 +132,12 @@ def summary(a):
           + ", ".join(f"{n} {o}" for o, n in sorted(by.items())) + ")")
     for name, (s, o) in sorted(times.items(), key=lambda kv: -kv[1][0])[:a.slowest]:
         print(f"  {s:8.1f} s  {name}" + ("" if o == "passed" else f"  [{o}]"))
+    parts = read_parts(a.junit)
+    if parts:
+        print(f"the {min(a.slowest, len(parts))} slowest of the {len(parts)} functions and cases "
+              "that one-process tests ran:")
+        for name, s in sorted(parts.items(), key=lambda kv: -kv[1])[:a.slowest]:
+            print(f"  {s:8.1f} s  {name}")
     return 0
 
 

@@ -187,7 +187,7 @@ def test_kill9_in_saves():
             port = free_port()
             procs = [subprocess.Popen(
                 [str(TRAIN), "--dir", str(d), "--steps", str(target), "--save-every", "1", "--keep", "2",
-                 "--timeout-ms", "5000"],
+                 "--timeout-ms", "2500"],
                 env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(port)),
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(n)]
