@@ -57,6 +57,76 @@ Box Shifted(const Box& box, std::span<const int64_t> delta) {
   return r;
 }
 
+namespace {
+
+// Appends the boxes of elements [begin, end) of the block that fixes dims
+// [0, d) at `prefix` and spans dims [d, rank) whole (row-major flat offsets
+// relative to the block's first element).
+void AppendFlatRange(std::span<const int64_t> shape, size_t d, Shape& prefix,
+                     int64_t begin, int64_t end, std::vector<Box>& out) {
+  const size_t rank = shape.size();
+  if (begin >= end) return;
+  int64_t inner = 1;  // elements of one index of dim d
+  for (size_t k = d + 1; k < rank; ++k) inner *= shape[k];
+  const auto box_of = [&](int64_t lo, int64_t n) {
+    Box b;
+    b.offset = prefix;
+    b.size.assign(d, 1);
+    b.offset.push_back(lo);
+    b.size.push_back(n);
+    for (size_t k = d + 1; k < rank; ++k) {
+      b.offset.push_back(0);
+      b.size.push_back(shape[k]);
+    }
+    return b;
+  };
+  const int64_t first = begin / inner, last = (end - 1) / inner;
+  if (begin % inner == 0 && end % inner == 0) {
+    out.push_back(box_of(first, last - first + 1));  // whole indices of dim d
+    return;
+  }
+  if (first == last) {  // inside one index of dim d
+    prefix.push_back(first);
+    AppendFlatRange(shape, d + 1, prefix, begin - first * inner,
+                    end - first * inner, out);
+    prefix.pop_back();
+    return;
+  }
+  // A head within index `first`, whole indices between, a tail in `last`.
+  int64_t mid_lo = first, mid_hi = last + 1;
+  if (begin % inner != 0) {
+    prefix.push_back(first);
+    AppendFlatRange(shape, d + 1, prefix, begin - first * inner, inner, out);
+    prefix.pop_back();
+    mid_lo = first + 1;
+  }
+  if (end % inner != 0) mid_hi = last;
+  if (mid_lo < mid_hi) out.push_back(box_of(mid_lo, mid_hi - mid_lo));
+  if (end % inner != 0) {
+    prefix.push_back(last);
+    AppendFlatRange(shape, d + 1, prefix, 0, end - last * inner, out);
+    prefix.pop_back();
+  }
+}
+
+}  // namespace
+
+std::vector<Box> FlatRangeBoxes(std::span<const int64_t> shape, int64_t begin,
+                                int64_t end) {
+  const int64_t numel = NumElements(shape);
+  UCP_CHECK(0 <= begin && begin <= end && end <= numel, "flat range [", begin,
+            ", ", end, ") of ", numel, " elements");
+  std::vector<Box> out;
+  if (begin == end) return out;
+  if (shape.empty()) {
+    out.push_back(Box{});
+    return out;
+  }
+  Shape prefix;
+  AppendFlatRange(shape, 0, prefix, begin, end, out);
+  return out;
+}
+
 Runs ContiguousRuns(const Box& box, std::span<const int64_t> shape) {
   Runs runs;
   ForEachRunPair(box, shape, box, shape,

@@ -43,6 +43,14 @@ struct Runs {
 };
 Runs ContiguousRuns(const Box& box, std::span<const int64_t> shape);
 
+/// The boxes that hold elements [begin, end) (flat, row-major) of a tensor of
+/// `shape`, in row-major order: each holds a consecutive range of elements and
+/// each begins where the one before ends; at most 2 * rank - 1 of them (one
+/// for a 0-d tensor holding its element). Empty if the range is. Throws
+/// InternalError unless 0 <= begin <= end <= the tensor's elements.
+std::vector<Box> FlatRangeBoxes(std::span<const int64_t> shape, int64_t begin,
+                                int64_t end);
+
 /// Calls fn(src_start, dst_start, length) for matching runs of two boxes of
 /// equal size inside two tensors (the longest runs contiguous in both), in
 /// row-major order of the boxes. The destination is row-major contiguous; the

@@ -50,10 +50,14 @@ struct WorkerBuffers {
   AlignedBuffer staging;
 };
 
-// A job with its ops' runs computed once (shared by all its chunks).
+// A job with its ops' runs computed once (shared by all its chunks), except a
+// strided source's: its runs (one element each unless the innermost stride is
+// 1) are computed per chunk, so that they take memory per chunk, not per
+// element of the tensor.
 struct Prepared {
   Job* job = nullptr;
   std::vector<std::vector<Run>> runs;  // per op, increasing target order
+  std::vector<bool> per_chunk;         // per op: runs computed per chunk
   int64_t numel = 0;
 };
 
@@ -112,8 +116,13 @@ class Runner {
 
     // Clip every op's runs to the chunk.
     std::vector<std::pair<size_t, std::vector<Run>>> parts;
+    std::vector<size_t> strided;  // ops whose runs are computed here
     int64_t covered = 0;
     for (size_t i = 0; i < t.ops.size(); ++i) {
+      if (p.per_chunk[i]) {
+        strided.push_back(i);
+        continue;
+      }
       const std::vector<Run>& runs = p.runs[i];
       auto it =
           std::partition_point(runs.begin(), runs.end(),
@@ -129,8 +138,8 @@ class Runner {
     }
     const uint64_t at = static_cast<uint64_t>(e0) * esize;
     const std::span<std::byte> chunk(out, bytes);
-    if (hasher == nullptr && parts.size() == 1 && covered == e1 - e0 &&
-        parts[0].second.size() == 1 &&
+    if (hasher == nullptr && strided.empty() && parts.size() == 1 &&
+        covered == e1 - e0 && parts[0].second.size() == 1 &&
         t.ops[parts[0].first].src.dtype == t.dtype) {
       // One run of the target's dtype: a sink that stores bytes as they are
       // may copy them from the source's file in the kernel.
@@ -146,9 +155,24 @@ class Runner {
         return;
       }
     }
-    if (covered != e1 - e0) std::memset(out, 0, bytes);
+    if (covered != e1 - e0 || !strided.empty()) std::memset(out, 0, bytes);
     for (const auto& [i, runs] : parts) {
       CopyRuns(t.ops[i], runs, t.dtype, out, buf);
+    }
+    // A strided op's runs (24 bytes each, often one element long) for a
+    // slice of the chunk at a time: they take at most twice what the chunk
+    // does (a transposed tensor's slice of k target rows reads stretches of k
+    // elements of its storage).
+    const int64_t slice = std::max<int64_t>(
+        1, static_cast<int64_t>(2 * chunk_bytes_ / sizeof(Run)));
+    for (size_t i : strided) {
+      for (int64_t s0 = e0; s0 < e1; s0 += slice) {
+        std::vector<Run> runs =
+            OpRunsIn(t, t.ops[i], s0, std::min(e1, s0 + slice));
+        if (runs.empty()) continue;
+        for (Run& r : runs) r.dst -= e0;
+        CopyRuns(t.ops[i], runs, t.dtype, out, buf);
+      }
     }
     p.job->sink->Write(at, chunk);
     Finish(bytes, out, hasher);
@@ -405,7 +429,10 @@ ExecutorStats Execute(std::span<Job> jobs,
     prepared[j].job = &jobs[j];
     prepared[j].numel = NumElements(jobs[j].tensor.shape);
     for (const CopyOp& op : jobs[j].tensor.ops) {
-      prepared[j].runs.push_back(OpRuns(jobs[j].tensor, op));
+      const bool per_chunk = !op.src.stride.empty();
+      prepared[j].per_chunk.push_back(per_chunk);
+      prepared[j].runs.push_back(per_chunk ? std::vector<Run>{}
+                                           : OpRuns(jobs[j].tensor, op));
     }
   }
   Runner runner(sources, chunk, options.progress);

@@ -6,15 +6,16 @@
 // with one pread of their covering range only when that reads at most 1/16
 // more, or when they are too short for a read each; a strided source's runs,
 // in no particular source order, are read in windows of its storage chosen
-// by the same rule, each window once), converts dtypes,
+// by the same rule, each window once, and are computed for a slice of the
+// chunk at a time: at most 2 x the chunk size of them), converts dtypes,
 // zero-fills what no op covers, and is handed to the target's sink (a chunk
 // that is one run of a file-backed source in the target's dtype is offered
 // to the sink as an in-kernel copy first: ByteSink::Copy). Threads take
 // chunks of different files (Job::stream) while there are enough. Chunk size
 // = memory_budget / (2 x threads), clamped to [1 MiB, 4 MiB] (cache-sized:
 // faster than larger chunks); peak buffer memory is about 2 x threads x chunk
-// size (at most memory_budget unless the 1 MiB floor applies), independent of
-// checkpoint size.
+// size (at most memory_budget unless the 1 MiB floor applies; twice that with
+// strided sources), independent of checkpoint size.
 
 #include <cstdint>
 #include <functional>

@@ -69,6 +69,30 @@ std::vector<Run> OpRuns(const TargetTensor& t, const CopyOp& op) {
   return runs;
 }
 
+std::vector<Run> OpRunsIn(const TargetTensor& t, const CopyOp& op,
+                          int64_t begin, int64_t end) {
+  std::vector<Run> runs;
+  const Shape& view = DstShape(t, op);
+  const int64_t lo = std::max<int64_t>(begin - op.dst_offset, 0);
+  const int64_t hi = std::min(end - op.dst_offset, NumElements(view));
+  if (lo >= hi) return runs;
+  Shape delta(op.src_box.offset.size());
+  for (size_t d = 0; d < delta.size(); ++d) {
+    delta[d] = op.src_box.offset[d] - op.dst_box.offset[d];
+  }
+  for (const Box& range : FlatRangeBoxes(view, lo, hi)) {
+    const std::optional<Box> dst = Intersect(range, op.dst_box);
+    if (!dst) continue;
+    ForEachRunPair(
+        Shifted(*dst, delta), op.src.shape, *dst, view,
+        [&](int64_t s, int64_t d, int64_t n) {
+          runs.push_back({s, op.dst_offset + d, n});
+        },
+        op.src.stride);
+  }
+  return runs;
+}
+
 void ValidateTarget(const TargetTensor& t) {
   const int64_t numel = NumElements(t.shape);
   std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -95,7 +119,13 @@ void ValidateTarget(const TargetTensor& t) {
               " box sizes differ");
     UCP_CHECK(CanConvert(op.src.dtype, t.dtype), t.name, ": cannot convert ",
               DTypeName(op.src.dtype), " to ", DTypeName(t.dtype));
-    for (const Run& r : OpRuns(t, op)) ranges.emplace_back(r.dst, r.dst + r.n);
+    // The elements it writes (the target's side alone: a strided source's
+    // one-element runs would cost memory per element).
+    const Runs written = ContiguousRuns(op.dst_box, view);
+    for (int64_t start : written.starts) {
+      ranges.emplace_back(op.dst_offset + start,
+                          op.dst_offset + start + written.length);
+    }
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {

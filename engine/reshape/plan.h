@@ -78,6 +78,13 @@ struct Run {
 /// long unless the source's innermost stride is 1).
 std::vector<Run> OpRuns(const TargetTensor& t, const CopyOp& op);
 
+/// The op's runs that write target elements [begin, end), clipped to them,
+/// in increasing target order: OpRuns(t, op) restricted to the range,
+/// computed from the range's boxes (work and memory follow the range, not the
+/// op: the executor takes a strided source's one-element runs chunk by chunk).
+std::vector<Run> OpRunsIn(const TargetTensor& t, const CopyOp& op,
+                          int64_t begin, int64_t end);
+
 /// The shape of the view an op writes into.
 const Shape& DstShape(const TargetTensor& t, const CopyOp& op);
 

@@ -211,6 +211,9 @@ class RegionStream {
     std::optional<std::pair<std::string, std::string>> record =
         ZipRecordOf(plan.sources[f.src.source].get());
     if (!record) return std::nullopt;
+    // A strided region whose elements are not consecutive in the record is
+    // read instead (its runs would be one per element).
+    if (!f.src.stride.empty() && f.src.stride.back() != 1) return std::nullopt;
     RegionStream r;
     r.record_ = *std::move(record);
     const reshape::TargetTensor t = RegionTensor(atom, f);

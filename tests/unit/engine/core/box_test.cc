@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 
+#include "engine/core/error.h"
 #include "tests/testutil/testutil.h"
 
 namespace ucp {
@@ -74,6 +75,51 @@ TEST(BoxProperty, RunPairsVisitExactlyTheBoxElementsInOrder) {
     ASSERT_EQ(got, want) << "src " << src.ToString() << " dst "
                          << dst.ToString();
   }
+}
+
+// Oracle: the boxes' elements, enumerated naively in row-major order of each
+// box, are exactly begin, begin + 1, ..., end - 1.
+TEST(BoxProperty, FlatRangeBoxesHoldExactlyTheRangeInOrder) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  int multi = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const size_t rank = rng() % 5;
+    Shape shape(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      shape[d] = static_cast<int64_t>(rng() % 5) + (iter % 20 == 0 ? 0 : 1);
+    }
+    int64_t numel = 1;
+    for (int64_t n : shape) numel *= n;
+    const int64_t begin = static_cast<int64_t>(rng() % (numel + 1));
+    const int64_t end =
+        begin + static_cast<int64_t>(rng() % (numel - begin + 1));
+    const std::vector<Box> boxes = FlatRangeBoxes(shape, begin, end);
+    ASSERT_LE(boxes.size(), std::max<size_t>(1, 2 * rank - (rank > 0)));
+    std::vector<int64_t> got;
+    for (const Box& b : boxes) {
+      ASSERT_TRUE(BoxInside(b, shape)) << b.ToString();
+      ASSERT_FALSE(b.empty()) << b.ToString();
+      std::vector<int64_t> idx(rank, 0);
+      for (int64_t k = 0; k < b.NumElements(); ++k) {
+        std::vector<int64_t> at(rank);
+        for (size_t d = 0; d < rank; ++d) at[d] = b.offset[d] + idx[d];
+        got.push_back(Flat(shape, at));
+        for (size_t d = rank; d-- > 0;) {
+          if (++idx[d] < b.size[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+    std::vector<int64_t> want(static_cast<size_t>(end - begin));
+    for (int64_t k = begin; k < end; ++k) want[k - begin] = k;
+    ASSERT_EQ(got, want) << "shape " << ShapeString(shape) << " [" << begin
+                         << ", " << end << ")";
+    if (boxes.size() > 2) ++multi;
+  }
+  EXPECT_GE(multi, 100);  // ranges that start and end inside rows were drawn
+  EXPECT_THROW(FlatRangeBoxes(Shape{2, 3}, 4, 7), InternalError);
 }
 
 TEST(BoxTest, IntersectAndInside) {
