@@ -3,7 +3,9 @@
 // - pickles written here opcode by opcode from the format (torch/distributed/
 //   checkpoint/metadata.py, filesystem.py: which classes, which attributes,
 //   how dataclasses, torch.Size, dtypes and enums pickle), not by ucp's
-//   pickler;
+//   pickler (checked once by hand: torch 2.15's pickle.load of MdParts'
+//   bytes gives torch's Metadata classes with exactly the values expected
+//   below);
 // - real files whose content torch itself reports: the shared fixtures
 //   (torch 2.6 under Python 3.13; Megatron-core 0.20's torch_dist save with
 //   its saved plans) and data/dcp_torch2.15_*.metadata (written by
@@ -158,17 +160,28 @@ struct MdParts {
                   ? w_chunks_list
                   : pk::List({Chunk(w_chunk0_offsets, w_chunk0_sizes),
                               Chunk(pk::Size({3, 0}), pk::Size({1, 3}))})}}));
-    // torch 2.0-2.2: TensorProperties of torch.distributed._shard, here with
-    // its attributes as a dict.
+    // TensorProperties of torch.distributed._shard (torch 2.0-2.2 pickled
+    // it from there): the 6-tuple with strides, the enum member as
+    // getattr(class, name) as Python >= 3.11 pickles it.
+    const std::string shard =
+        "torch.distributed._shard.sharded_tensor.metadata";
     const std::string step = pk::Obj(
         kMd, "TensorStorageMetadata",
         pk::Dict(
             {{pk::Str("properties"),
               pk::Obj(
-                  "torch.distributed._shard.sharded_tensor.metadata",
-                  "TensorProperties",
-                  pk::Dict({{pk::Str("dtype"), pk::Global("torch", "float32")},
-                            {pk::Str("requires_grad"), pk::Bool(false)}}))},
+                  shard, "TensorProperties",
+                  pk::Tuple(
+                      {pk::Global("torch", "float32"),
+                       pk::Reduce(
+                           pk::Global("torch.serialization", "_get_layout"),
+                           pk::Tuple({pk::Str("torch.strided")})),
+                       pk::Bool(false),
+                       pk::Reduce(
+                           pk::Global("builtins", "getattr"),
+                           pk::Tuple({pk::Global(shard, "MEM_FORMAT_ENCODING"),
+                                      pk::Str("TORCH_CONTIGUOUS_FORMAT")})),
+                       pk::Bool(false), pk::None()}))},
              {pk::Str("size"), pk::Size({})},
              {pk::Str("chunks"),
               pk::List({Chunk(pk::Size({}), pk::Size({}))})}}));
@@ -238,8 +251,8 @@ TEST(DcpMetadataTest, EveryEntryKindOfAHandWrittenPickle) {
   eq(w.chunks[0].sizes, Shape({3, 3}));
   eq(w.chunks[1].offsets, Shape({3, 0}));
   eq(w.chunks[1].sizes, Shape({1, 3}));
-  // A 0-d tensor: one chunk with empty offsets and sizes (torch 2.0's
-  // TensorProperties with its attributes).
+  // A 0-d tensor: one chunk with empty offsets and sizes (torch._shard's
+  // TensorProperties).
   const Entry& step = m.entries[1];
   eq(step.fqn, std::string("optimizer.state.w.step"));
   eq(step.tensor, true);

@@ -1,7 +1,9 @@
 // MindSpore strategy files (engine/formats/mindspore/strategy.h): files
 // written here byte by byte from the spec (mindspore/ccsrc/utils/
 // node_strategy.proto, package mindspore.straspb, proto2; the field numbers
-// are in ../shared/reference/mindspore_safetensors.md §2), and each rank's
+// are in ../shared/reference/mindspore_safetensors.md §2; checked once by
+// hand: MindSpore's own node_strategy_pb2.ParallelStrategyMap parses
+// pb::File's bytes to the layouts written), and each rank's
 // box against MindSpore itself: the kBoxes table is what
 // dump_mindspore_boxes.py prints (mindspore.parallel._tensor's
 // _construct_tensor_layout_for_opt_shard and _load_tensor, the code
