@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -251,6 +252,64 @@ TEST(TorchDistKeysTest, EveryKeyOfARealSave) {
   EXPECT_EQ(kinds[KeyInfo::kObject], 18);
   EXPECT_EQ(kinds[KeyInfo::kCommonState], 1);
   EXPECT_EQ(kinds[KeyInfo::kBucket], 0);
+}
+
+// dp_reshardable bucket keys: megatron-core 0.16's f-strings
+// (distrib_optimizer.py, sharded_param_state_dp_reshardable:
+// f'optimizer.distributed.dp_group_idx_{g}.gbuf_idx_{b}.dtype_{dtype}'
+// f'.bucket_idx_{k}' + f'.{state}', dtype the (param, grad) dtype tuple)
+// evaluated by Python for these values.
+TEST(TorchDistKeysTest, BucketKeysOfDpReshardable) {
+  struct BucketCase {
+    const char* fqn;
+    int64_t group, gbuf, bucket;
+    const char* dtype;
+    const char* state;
+  };
+  const BucketCase cases[] = {
+      {"optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, "
+       "torch.float32).bucket_idx_0.exp_avg",
+       0, 0, 0, "(torch.bfloat16, torch.float32)", "exp_avg"},
+      {"optimizer.distributed.dp_group_idx_12.gbuf_idx_3.dtype_(torch.float32, "
+       "torch.float32).bucket_idx_7.param",
+       12, 3, 7, "(torch.float32, torch.float32)", "param"},
+      {"optimizer.distributed.dp_group_idx_1.gbuf_idx_0.dtype_(torch.float16, "
+       "torch.float32).bucket_idx_2.exp_avg_sq",
+       1, 0, 2, "(torch.float16, torch.float32)", "exp_avg_sq"},
+  };
+  for (const BucketCase& c : cases) {
+    SCOPED_TRACE(c.fqn);
+    EXPECT_EQ(ClassifyKey(c.fqn, true).kind, KeyInfo::kBucket);
+    const std::optional<BucketKey> k = ParseBucketKey(c.fqn);
+    ASSERT_TRUE(k.has_value());
+    EXPECT_EQ(k->group, c.group);
+    EXPECT_EQ(k->gbuf, c.gbuf);
+    EXPECT_EQ(k->bucket, c.bucket);
+    EXPECT_EQ(k->dtype, c.dtype);
+    EXPECT_EQ(k->state, c.state);
+  }
+  // Not bucket tensors: the bucket group's objects, dp_zero_gather_scatter's
+  // state, damaged numbers and parts.
+  for (const char* fqn : {
+           "optimizer.distributed.dp_group_idx_0.per_bucket_numel",
+           "optimizer.distributed.dp_group_idx_0.param_state",
+           "optimizer.distributed.dp_group_idx_x.gbuf_idx_0.dtype_(a, "
+           "b).bucket_idx_0.param",
+           "optimizer.distributed.dp_group_idx_.gbuf_idx_0.dtype_(a, "
+           "b).bucket_idx_0.param",
+           "optimizer.distributed.dp_group_idx_0.gbuf_idx_-1.dtype_(a, "
+           "b).bucket_idx_0.param",
+           "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(a, "
+           "b).bucket_idx_0.",
+           "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(a, "
+           "b).bucket_idx_0",
+           "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(a, b).param",
+           "optimizer.distributed.dp_group_idx_99999999999999999999.gbuf_idx_0."
+           "dtype_(a, b).bucket_idx_0.param",
+           "optimizer.state.exp_avg.output_layer.weight",
+       }) {
+    EXPECT_EQ(ParseBucketKey(fqn), std::nullopt) << fqn;
+  }
 }
 
 TEST(TorchDistKeysTest, FlattenedStateOfCoreUpTo014) {
