@@ -24,7 +24,8 @@ constexpr SpecName kLocalSpec[] = {
     {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"},
 };
 
-// "1.2" -> {1, 2}; nullopt unless digits separated by dots.
+// "1.2" -> {1, 2}; nullopt unless digits separated by dots (Megatron's
+// offsets and grid sizes are never negative).
 std::optional<std::vector<int64_t>> Numbers(std::string_view s) {
   std::vector<int64_t> out;
   while (!s.empty()) {
@@ -32,7 +33,8 @@ std::optional<std::vector<int64_t>> Numbers(std::string_view s) {
     const std::string_view part = s.substr(0, dot);
     int64_t v = 0;
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
-    if (part.empty() || ec != std::errc() || p != part.data() + part.size())
+    if (part.empty() || part[0] == '-' || ec != std::errc() ||
+        p != part.data() + part.size())
       return std::nullopt;
     out.push_back(v);
     if (dot == std::string_view::npos) break;

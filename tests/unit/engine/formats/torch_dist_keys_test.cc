@@ -184,6 +184,8 @@ TEST(TorchDistKeysTest, ClassifiesMegatronsKeyForms) {
       {"x/shard_0_", false, KeyInfo::kObject, "x/shard_0_", "", {}, {}},
       {"x/shard__1", false, KeyInfo::kObject, "x/shard__1", "", {}, {}},
       {"x/shard_01", false, KeyInfo::kObject, "x/shard_01", "", {}, {}},
+      {"x/shard_-1_2", false, KeyInfo::kObject, "x/shard_-1_2", "", {}, {}},
+      {"x/shard_0_-2", false, KeyInfo::kObject, "x/shard_0_-2", "", {}, {}},
       // Not an optimizer state: no kind, or an empty one.
       {"optimizer.state.nodot",
        true,
@@ -211,7 +213,7 @@ TEST(TorchDistKeysTest, ClassifiesMegatronsKeyForms) {
     EXPECT_EQ(k.grid, c.grid);
     ++checked;
   }
-  EXPECT_EQ(checked, 23);
+  EXPECT_EQ(checked, 25);
 }
 
 // Every key of Megatron-core 0.20's real save, as torch's own view of its
