@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <cstdint>
 
 #include "engine/core/error.h"
 
@@ -23,7 +24,8 @@ constexpr SpecName kLocalSpec[] = {
     {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"},
 };
 
-// "1.2" -> {1, 2}; nullopt unless digits separated by dots.
+// "1.2" -> {1, 2}; nullopt unless digits separated by dots (Megatron's
+// offsets and grid sizes are never negative).
 std::optional<std::vector<int64_t>> Numbers(std::string_view s) {
   std::vector<int64_t> out;
   while (!s.empty()) {
@@ -31,7 +33,8 @@ std::optional<std::vector<int64_t>> Numbers(std::string_view s) {
     const std::string_view part = s.substr(0, dot);
     int64_t v = 0;
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
-    if (part.empty() || ec != std::errc() || p != part.data() + part.size())
+    if (part.empty() || part[0] == '-' || ec != std::errc() ||
+        p != part.data() + part.size())
       return std::nullopt;
     out.push_back(v);
     if (dot == std::string_view::npos) break;
@@ -175,6 +178,33 @@ KeyOfName ModelKeyOf(std::string_view canonical) {
     }
   }
   k.key = StrCat(kLayers, rest);
+  return k;
+}
+
+std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
+  constexpr std::string_view kPrefix = "optimizer.distributed.dp_group_idx_";
+  if (!fqn.starts_with(kPrefix)) return std::nullopt;
+  fqn.remove_prefix(kPrefix.size());
+  auto number = [&](std::string_view stop, int64_t& v) {
+    const size_t at = fqn.find(stop);
+    if (at == std::string_view::npos || at == 0) return false;
+    v = 0;
+    for (char ch : fqn.substr(0, at)) {
+      if (ch < '0' || ch > '9' || v > (INT64_MAX - 9) / 10) return false;
+      v = v * 10 + (ch - '0');
+    }
+    fqn.remove_prefix(at + stop.size());
+    return true;
+  };
+  BucketKey k;
+  if (!number(".gbuf_idx_", k.group)) return std::nullopt;
+  if (!number(".dtype_", k.gbuf)) return std::nullopt;
+  const size_t b = fqn.find(".bucket_idx_");
+  if (b == std::string_view::npos) return std::nullopt;
+  k.dtype = std::string(fqn.substr(0, b));
+  fqn.remove_prefix(b + 12);
+  if (!number(".", k.bucket) || fqn.empty()) return std::nullopt;
+  k.state = std::string(fqn);
   return k;
 }
 

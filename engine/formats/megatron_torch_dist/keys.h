@@ -55,6 +55,16 @@ struct KeyOfName {
 };
 KeyOfName ModelKeyOf(std::string_view canonical);
 
+/// A dp_reshardable bucket key (distrib_optimizer.py,
+/// sharded_param_state_dp_reshardable): optimizer.distributed.dp_group_idx_G
+/// .gbuf_idx_B.dtype_(<param dtype>, <grad dtype>).bucket_idx_K.<state>.
+struct BucketKey {
+  int64_t group = 0, gbuf = 0, bucket = 0;
+  std::string dtype, state;  // dtype: "(torch.bfloat16, torch.float32)"
+};
+/// The parts of a bucket key; absent if `fqn` is not one.
+std::optional<BucketKey> ParseBucketKey(std::string_view fqn);
+
 /// "rng_state/shard_0.1_2.4": Megatron's ShardedObject unique key.
 std::string ObjectKey(std::string_view key, std::span<const int64_t> offsets,
                       std::span<const int64_t> grid);

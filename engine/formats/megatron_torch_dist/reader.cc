@@ -49,38 +49,6 @@ const Value* ObjectRoot(const torchfile::TorchFile& f) {
   return v;
 }
 
-// optimizer.distributed.dp_group_idx_G.gbuf_idx_B.dtype_(...).bucket_idx_K.S
-struct BucketKey {
-  int64_t group = 0, gbuf = 0, bucket = 0;
-  std::string dtype, state;
-};
-std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
-  constexpr std::string_view kPrefix = "optimizer.distributed.dp_group_idx_";
-  if (!fqn.starts_with(kPrefix)) return std::nullopt;
-  fqn.remove_prefix(kPrefix.size());
-  auto number = [&](std::string_view stop, int64_t& v) {
-    const size_t at = fqn.find(stop);
-    if (at == std::string_view::npos || at == 0) return false;
-    v = 0;
-    for (char ch : fqn.substr(0, at)) {
-      if (ch < '0' || ch > '9') return false;
-      v = v * 10 + (ch - '0');
-    }
-    fqn.remove_prefix(at + stop.size());
-    return true;
-  };
-  BucketKey k;
-  if (!number(".gbuf_idx_", k.group)) return std::nullopt;
-  if (!number(".dtype_", k.gbuf)) return std::nullopt;
-  const size_t b = fqn.find(".bucket_idx_");
-  if (b == std::string_view::npos) return std::nullopt;
-  k.dtype = std::string(fqn.substr(0, b));
-  fqn.remove_prefix(b + 12);
-  if (!number(".", k.bucket) || fqn.empty()) return std::nullopt;
-  k.state = std::string(fqn);
-  return k;
-}
-
 class Planner {
  public:
   Planner(const Checkpoint& c, const SourceOptions& o) : c_(c), o_(o) {}

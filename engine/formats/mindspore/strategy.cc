@@ -282,23 +282,23 @@ void ReadJson(Strategy& s, const fs::path& file) {
     const std::string& name = member.first;
     const json::Value& v = member.second;
     const std::string here = StrCat(where, " > ", name);
+    TensorLayout l;
     try {
-      TensorLayout l;
       for (const json::Value& d : v.At("dev_matrix").items())
         l.dev_matrix.push_back(d.AsInt());
-      std::vector<std::vector<int64_t>> maps(1);
+      // One entry per tensor dim: a device axis (-1: none), or a list of
+      // them (the extend form; the two may mix).
       for (const json::Value& t : v.At("tensor_map").items()) {
+        std::vector<int64_t> axes;
         if (t.is_array()) {
-          std::vector<int64_t> axes;
           for (const json::Value& a : t.items())
             if (a.AsInt() >= 0) axes.push_back(a.AsInt());
-          l.dims.push_back(std::move(axes));
           l.extend = true;
-        } else {
-          maps[0].push_back(t.AsInt());
+        } else if (t.AsInt() >= 0) {
+          axes.push_back(t.AsInt());
         }
+        l.dims.push_back(std::move(axes));
       }
-      if (l.dims.empty()) l.dims = DimsOfMaps(maps);
       auto num = [&](const char* k) {
         const json::Value* x = v.Find(k);
         return x != nullptr && x->is_number() ? x->AsInt() : int64_t{0};
@@ -309,13 +309,11 @@ void ReadJson(Strategy& s, const fs::path& file) {
       if (const json::Value* ps = v.Find("param_split_shape"))
         for (const json::Value& d : ps->items())
           l.split_shape.push_back(d.AsInt());
-      auto [stage, bare] = StageName(name, current_stage);
-      Add(s, bare, stage, std::move(l), where);
-    } catch (const FormatError&) {
-      throw;
-    } catch (const Error& e) {
+    } catch (const Error& e) {  // the JSON's own errors name no file
       throw FormatError(here, ": ", e.what());
     }
+    auto [stage, bare] = StageName(name, current_stage);
+    Add(s, bare, stage, std::move(l), where);
   }
 }
 
