@@ -97,12 +97,15 @@ struct ResumeDecision {
   std::optional<int64_t> data_skip_steps;  // none when unknown
 
   bool reshaped() const { return action == LoadAction::kReshape; }
+  /// Whether Run makes a load folder (kLinkTracked, kReshape).
   bool writes() const {
     return action == LoadAction::kLinkTracked || action == LoadAction::kReshape;
   }
 
-  std::unique_ptr<internal::Chosen> chosen;  // for Run
-  std::function<void(const std::string&)> on_note;
+  /// Run's state: the opened checkpoint, the planned rewrite, the save
+  /// folder's lock (released when the decision is destroyed).
+  std::unique_ptr<internal::Chosen> chosen;
+  std::function<void(const std::string&)> on_note;  // the request's
 
   ResumeDecision();
   ResumeDecision(ResumeDecision&&) noexcept;
