@@ -87,7 +87,8 @@ void AddResumeOptions(po::options_description& desc, ResumeArgs& a) {
 }
 
 // The engine's request from the parsed flags (checked here first, so that
-// errors name the flags). Throws UsageError.
+// errors name the flags); its target callback refers to `a`, which must
+// outlive it. Throws UsageError.
 resume::ResumeRequest MakeRequest(const po::variables_map& vm,
                                   const ResumeArgs& a) {
   if (!vm.count("save_dir")) throw UsageError("resume needs a SAVE_DIR");
