@@ -26,6 +26,7 @@
 #include "engine/formats/name_map.h"
 #include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
+#include "engine/resume/resume.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
 #include "engine/universal/write_universal.h"
@@ -416,27 +417,6 @@ json::Value TargetArgs::TopologyJson(const formats::Driver& driver) const {
   return j;
 }
 
-// The driver a universal file was made from: the source JSON's "driver", or
-// the driver whose name starts its "framework" ("megatron-lm").
-std::string NativeFormat(const atoms::RootInfo& root) {
-  json::Value src;
-  try {
-    src = json::Value::Parse(root.source.empty() ? "{}" : root.source);
-  } catch (const Error&) {
-    return "";
-  }
-  if (!src.is_object()) return "";
-  if (const json::Value* d = src.Find("driver"); d && d->is_string())
-    return d->AsString();
-  if (const json::Value* f = src.Find("framework"); f && f->is_string()) {
-    for (const formats::Driver* d : formats::Drivers()) {
-      if (d->CanWrite() && f->AsString().rfind(std::string(d->Name()), 0) == 0)
-        return std::string(d->Name());
-    }
-  }
-  return "";
-}
-
 const formats::Driver& TargetDriver(const std::string& format,
                                     const std::string& native) {
   const std::string name = format.empty() ? native : format;
@@ -540,7 +520,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
       src.Open(vm["source"].as<std::string>());
   const formats::CheckpointInfo& c = source->info();
   universal::SourcePlan plan = source->Plan();
-  CheckFreeSpace(output, UniversalBytes(plan));
+  universal::CheckFreeSpace(output, UniversalBytes(plan));
   universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
   if (run.json) {
     json::Value j;
@@ -602,7 +582,8 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
     laid = formats::WithTargetLayout(named, target.layout, target.model_vars);
   const universal::UniversalInput& content = laid ? *laid : named;
   universal::StagedDirectory out(output);
-  CheckFreeSpace(output, MinimumTargetBytes(content, options.no_optimizer));
+  universal::CheckFreeSpace(
+      output, universal::MinimumTargetBytes(content, options.no_optimizer));
   formats::TargetSummary s;
   try {
     s = formats::WriteTarget(driver, content, out.path(), options, executor,
@@ -658,8 +639,8 @@ int RunReshape(const std::vector<std::string>& args) {
   json::Value extra;
   extra["universal"] = file;
   WriteAndReport("reshape", *universal::StoreInput(store),
-                 NativeFormat(store.root()), output, target, manifest, run,
-                 executor, start, std::move(extra));
+                 resume::NativeFormat(store.root()), output, target, manifest,
+                 run, executor, start, std::move(extra));
   return 0;
 }
 

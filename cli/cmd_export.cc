@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
+#include "engine/atoms/signature.h"
 #include "engine/core/error.h"
 #include "engine/core/progress.h"
 #include "engine/formats/export/export.h"
@@ -157,14 +158,14 @@ int RunExport(const std::vector<std::string>& args) {
   universal::StagedDirectory out(output);
   exporting::ExportSummary s;
   json::Value from;
-  if (!fs::is_directory(source, ec) && IsHdf5File(source)) {
+  if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
     atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
     std::unique_ptr<universal::UniversalInput> input =
         universal::StoreInput(store);
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
-    CheckFreeSpace(output, ExportBytes(content, o));
+    universal::CheckFreeSpace(output, ExportBytes(content, o));
     s = exporting::Export(content, out.path(), o, executor);
     from["format"] = "universal";
     from["path"] = source.string();
@@ -176,7 +177,7 @@ int RunExport(const std::vector<std::string>& args) {
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
-    CheckFreeSpace(output, ExportBytes(content, o));
+    universal::CheckFreeSpace(output, ExportBytes(content, o));
     s = exporting::Export(content, out.path(), o, executor);
     from = c->info().ToJson();
   }

@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
+#include "engine/atoms/signature.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
@@ -168,7 +169,7 @@ class Checkpoints {
   bool Visit(const fs::path& path) {
     std::error_code ec;
     if (fs::is_regular_file(path, ec) &&
-        (LooksLikeTorchFile(path) || IsHdf5File(path)))
+        (LooksLikeTorchFile(path) || atoms::IsHdf5File(path)))
       return false;
     shown_ = false;
     open_error_ = nullptr;
@@ -743,12 +744,14 @@ int RunInspect(const std::vector<std::string>& args) {
     }
     std::error_code arg_ec;
     if (!indexed && fs::is_regular_file(arg, arg_ec) &&
-        !LooksLikeTorchFile(arg) && !IsHdf5File(arg) && report_open_error())
+        !LooksLikeTorchFile(arg) && !atoms::IsHdf5File(arg) &&
+        report_open_error())
       continue;
     for (const fs::path& path : files) {
-      if (indexed && !LooksLikeTorchFile(path) && !IsHdf5File(path)) continue;
+      if (indexed && !LooksLikeTorchFile(path) && !atoms::IsHdf5File(path))
+        continue;
       try {
-        if (IsHdf5File(path)) {
+        if (atoms::IsHdf5File(path)) {
           json::Value doc = InspectUniversal(path, !json_out);
           if (json_out) all_docs.Append(std::move(doc));
           continue;

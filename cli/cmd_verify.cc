@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
+#include "engine/atoms/signature.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
@@ -168,7 +169,7 @@ int RunVerify(const std::vector<std::string>& args) {
   Report report;
   std::string kind = "universal";
   const bool directory = fs::is_directory(path, ec);
-  const bool universal = !directory && IsHdf5File(path);
+  const bool universal = !directory && atoms::IsHdf5File(path);
   if (universal) {
     VerifyUniversal(path, report);
   } else if (directory) {

@@ -85,29 +85,6 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   return true;
 }
 
-uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
-                            bool weights_only) {
-  uint64_t total = 0;
-  if (!weights_only) {
-    for (const atoms::DatasetInfo& d : input.datasets()) {
-      if (d.kind == atoms::DatasetKind::kAtom && d.state_kind != "param" &&
-          d.state_kind != "step")
-        total += d.nbytes;
-    }
-    return total;
-  }
-  // Weights only: each param at the smallest of its stored atoms.
-  std::map<std::string, uint64_t> least;
-  for (const atoms::DatasetInfo& d : input.datasets()) {
-    if (d.kind != atoms::DatasetKind::kAtom || d.state_kind == "step") continue;
-    if (d.state_kind != "param" && d.state_kind != "fp32") continue;
-    auto [it, fresh] = least.emplace(d.fqn, d.nbytes);
-    if (!fresh) it->second = std::min(it->second, d.nbytes);
-  }
-  for (const auto& [name, n] : least) total += n;
-  return total;
-}
-
 uint64_t UniversalBytes(const universal::SourcePlan& plan) {
   uint64_t bytes = 0;
   for (const universal::AtomPlan& a : plan.atoms) {
@@ -116,14 +93,6 @@ uint64_t UniversalBytes(const universal::SourcePlan& plan) {
     bytes += static_cast<uint64_t>(n) * ElementSize(a.dtype);
   }
   return bytes;
-}
-
-void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed) {
-  const std::filesystem::path dir = OutputName(output).parent_path();
-  std::error_code ec;
-  // A missing folder is the writer's error to report ("does not exist").
-  if (!std::filesystem::is_directory(dir.empty() ? "." : dir, ec)) return;
-  RequireFreeSpace(dir, needed, output.string());
 }
 
 json::Value ReportLeftovers(const std::filesystem::path& path) {
@@ -155,17 +124,6 @@ json::Value ReportLeftovers(const std::filesystem::path& path) {
     out.Append(std::move(j));
   }
   return out;
-}
-
-bool IsHdf5File(const std::filesystem::path& path) {
-  try {
-    File f = File::OpenRead(path);
-    char sig[8] = {};
-    return f.ReadSome(sig, 8, 0) == 8 &&
-           std::string_view(sig, 8) == std::string_view("\x89HDF\r\n\x1a\n", 8);
-  } catch (const Error&) {
-    return false;
-  }
 }
 
 namespace {

@@ -132,8 +132,6 @@ void AddModelVarOption(po::options_description& d,
 /// The --model-var NAME=N values. Throws UsageError naming a malformed one.
 layouts::Variables ParseModelVars(const std::vector<std::string>& args);
 
-/// The driver a universal file was made from ("" if unknown).
-std::string NativeFormat(const atoms::RootInfo& root);
 /// `format`, else `native`: a writable driver. Throws UsageError naming the
 /// writable formats.
 const formats::Driver& TargetDriver(const std::string& format,
@@ -141,26 +139,13 @@ const formats::Driver& TargetDriver(const std::string& format,
 /// Seconds since `t`.
 double Since(std::chrono::steady_clock::time_point t);
 
-/// A lower bound of the bytes a checkpoint written from `input` takes: every
-/// master weight and optimizer state (atoms other than training-dtype
-/// copies and steps) once; with `weights_only`, the weights at their
-/// smallest stored size.
-uint64_t MinimumTargetBytes(const universal::UniversalInput& input,
-                            bool weights_only);
 /// The atom bytes a universal file written from `plan` holds (pad rows
 /// included).
 uint64_t UniversalBytes(const universal::SourcePlan& plan);
-/// Fails early, naming both numbers, when the filesystem that will hold
-/// `output` has less free space than `needed` (core/staging.h).
-void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed);
-
 /// Staging left by crashed runs in folder `path` and beside it
 /// (core/staging.h): one "ucp: note: ..." line each on stderr; returned as a
 /// JSON array of {path, pid, running, bytes}.
 json::Value ReportLeftovers(const std::filesystem::path& path);
-
-/// True if the file starts with the HDF5 signature (a universal file).
-bool IsHdf5File(const std::filesystem::path& path);
 
 /// Prints a JSON document on stdout (and remembers that one was printed).
 void PrintJson(const json::Value& doc);

@@ -265,4 +265,26 @@ std::unique_ptr<UniversalInput> PlanInput(
   return std::make_unique<PlanInputImpl>(plan, path, options);
 }
 
+uint64_t MinimumTargetBytes(const UniversalInput& input, bool weights_only) {
+  uint64_t total = 0;
+  if (!weights_only) {
+    for (const atoms::DatasetInfo& d : input.datasets()) {
+      if (d.kind == atoms::DatasetKind::kAtom && d.state_kind != "param" &&
+          d.state_kind != "step")
+        total += d.nbytes;
+    }
+    return total;
+  }
+  // Weights only: each param at the smallest of its stored atoms.
+  std::map<std::string, uint64_t> least;
+  for (const atoms::DatasetInfo& d : input.datasets()) {
+    if (d.kind != atoms::DatasetKind::kAtom || d.state_kind == "step") continue;
+    if (d.state_kind != "param" && d.state_kind != "fp32") continue;
+    auto [it, fresh] = least.emplace(d.fqn, d.nbytes);
+    if (!fresh) it->second = std::min(it->second, d.nbytes);
+  }
+  for (const auto& [name, n] : least) total += n;
+  return total;
+}
+
 }  // namespace ucp::universal

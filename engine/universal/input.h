@@ -67,4 +67,10 @@ std::unique_ptr<UniversalInput> PlanInput(
     const SourcePlan& plan, const std::filesystem::path& path,
     const reshape::ExecutorOptions& options);
 
+/// A lower bound of the bytes a checkpoint written from `input` takes: every
+/// master weight and optimizer state (atoms other than training-dtype
+/// copies and steps) once; with `weights_only`, the weights at their
+/// smallest stored size.
+uint64_t MinimumTargetBytes(const UniversalInput& input, bool weights_only);
+
 }  // namespace ucp::universal

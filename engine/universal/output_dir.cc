@@ -68,4 +68,12 @@ void StagedDirectory::Commit() {
   committed_ = true;
 }
 
+void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed) {
+  const std::filesystem::path dir = OutputName(output).parent_path();
+  std::error_code ec;
+  // A missing folder is the writer's error to report ("does not exist").
+  if (!std::filesystem::is_directory(dir.empty() ? "." : dir, ec)) return;
+  RequireFreeSpace(dir, needed, output.string());
+}
+
 }  // namespace ucp::universal

@@ -4,6 +4,7 @@
 // the output name and never touches an existing folder. Staging of the same
 // name left by runs that no longer exist is removed first (core/staging.h).
 
+#include <cstdint>
 #include <filesystem>
 
 namespace ucp::universal {
@@ -29,5 +30,11 @@ class StagedDirectory {
   std::filesystem::path staging_;
   bool committed_ = false;
 };
+
+/// Fails early, naming both numbers, when the filesystem that will hold
+/// `output` has less free space than `needed` (core/staging.h
+/// RequireFreeSpace: IoError); nothing to check when the folder that would
+/// hold it does not exist (its writer reports that).
+void CheckFreeSpace(const std::filesystem::path& output, uint64_t needed);
 
 }  // namespace ucp::universal
