@@ -418,23 +418,24 @@ json::Value TargetArgs::TopologyJson(const formats::Driver& driver) const {
 
 // The driver a universal file was made from: the source JSON's "driver", or
 // the driver whose name starts its "framework" ("megatron-lm").
-std::string NativeFormat(const atoms::RootInfo& root) {
-  json::Value src;
-  try {
-    src = json::Value::Parse(root.source.empty() ? "{}" : root.source);
-  } catch (const Error&) {
-    return "";
-  }
-  if (!src.is_object()) return "";
-  if (const json::Value* d = src.Find("driver"); d && d->is_string())
-    return d->AsString();
-  if (const json::Value* f = src.Find("framework"); f && f->is_string()) {
+std::string NativeFormat(const universal::Model& model) {
+  const universal::SourceInfo& src = model.source;
+  if (src.driver) return *src.driver;
+  if (src.framework) {
     for (const formats::Driver* d : formats::Drivers()) {
-      if (d->CanWrite() && f->AsString().rfind(std::string(d->Name()), 0) == 0)
+      if (d->CanWrite() && src.framework->starts_with(d->Name()))
         return std::string(d->Name());
     }
   }
   return "";
+}
+
+std::string NativeFormat(const atoms::RootInfo& root) {
+  try {
+    return NativeFormat(universal::ModelFromRoot(root, ""));
+  } catch (const Error&) {
+    return "";  // malformed attributes: no native format
+  }
 }
 
 const formats::Driver& TargetDriver(const std::string& format,
@@ -573,8 +574,7 @@ namespace {
 
 // The name of the layout a target_layout view gives.
 std::string LayoutName(const universal::UniversalInput& input) {
-  const json::Value* n = json::Value::Parse(input.root().source).Find("layout");
-  return n != nullptr && n->is_string() ? n->AsString() : "?";
+  return input.model().source.layout.value_or("?");
 }
 
 // The second half of reshape and convert: the target checkpoint of `input`
@@ -657,9 +657,10 @@ int RunReshape(const std::vector<std::string>& args) {
   const atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(file);
   json::Value extra;
   extra["universal"] = file;
-  WriteAndReport("reshape", *universal::StoreInput(store),
-                 NativeFormat(store.root()), output, target, manifest, run,
-                 executor, start, std::move(extra));
+  const std::unique_ptr<universal::UniversalInput> input =
+      universal::StoreInput(store);
+  WriteAndReport("reshape", *input, NativeFormat(input->model()), output,
+                 target, manifest, run, executor, start, std::move(extra));
   return 0;
 }
 

@@ -187,7 +187,7 @@ Chosen Check(Candidate& c, const fs::path& save,
           [source](const fs::path& f) { return source->Archives(f); }));
   out.info = out.source->info();
   out.iteration = out.info.iteration;
-  out.consumed_samples = out.plan->root.consumed_samples;
+  out.consumed_samples = out.plan->model.consumed_samples;
   out.native = std::string(c.driver->Name());
   return out;
 }

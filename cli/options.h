@@ -17,6 +17,9 @@
 namespace ucp::json {
 class Value;
 }
+namespace ucp::universal {
+struct Model;
+}
 namespace ucp::atoms {
 struct RootInfo;
 }
@@ -134,6 +137,8 @@ layouts::Variables ParseModelVars(const std::vector<std::string>& args);
 
 /// The driver a universal file was made from ("" if unknown).
 std::string NativeFormat(const atoms::RootInfo& root);
+/// The same for a model.
+std::string NativeFormat(const universal::Model& model);
 /// `format`, else `native`: a writable driver. Throws UsageError naming the
 /// writable formats.
 const formats::Driver& TargetDriver(const std::string& format,

@@ -260,16 +260,16 @@ universal::SourcePlan Reader::Run() {
     for (const std::string& n : group_params_[g])
       group_of.emplace(n, static_cast<int64_t>(g));
   int64_t order = 0;
-  json::Value frozen = json::Value::Array();
-  json::Value param_order = json::Value::Array();
+  std::vector<std::string> frozen;
+  std::vector<std::string> param_order;
   for (Param& p : params_) {
     if (auto it = group_of.find(p.name); it != group_of.end()) {
       p.group = it->second;
     } else if (!group_of.empty() && !p.buffer) {
       p.frozen = true;
-      frozen.Append(p.name);
+      frozen.push_back(p.name);
     }
-    param_order.Append(p.name);
+    param_order.push_back(p.name);
     plan_.params.push_back(formats::ParamRow({.fqn = p.name,
                                               .shape = p.shape,
                                               .dtype = p.dtype,
@@ -317,49 +317,40 @@ universal::SourcePlan Reader::Run() {
     plan_.opaque.push_back(
         {"dcp/metadata_extra", formats::SaveBlob(nullptr, d)});
   }
-  // The root.
-  atoms::RootInfo& root = plan_.root;
-  root.iteration = c_.iteration;
-  root.consumed_samples = -1;
-  json::Value src = json::Value::Object();
-  src["framework"] = "pytorch-dcp";
-  src["driver"] = "dcp";
-  src["framework_version"] = c_.metadata.version;
-  src["tp"] = 1;
-  src["pp"] = 1;
-  src["vpp"] = 1;
-  src["dp"] = c_.world;
-  src["dtype"] = std::string(DTypeName(model_dtype_));
-  src["checkpoint"] = c_.name;
-  root.source = src.Dump();
-  root.model = "{}";
-  root.layout = "";
-  root.args = "{}";
-  json::Value opt = json::Value::Object();
-  opt["type"] = "torch.optim";
-  json::Value groups = json::Value::Array();
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    json::Value j = json::Value::Object();
-    json::Value names = json::Value::Array();
-    for (const std::string& n : group_params_[g]) names.Append(n);
-    j["params"] = std::move(names);
-    for (const auto& [k, v] : groups_[g]) formats::GroupHyperparamJson(k, v, j);
-    groups.Append(std::move(j));
+  // The model.
+  universal::Model& model = plan_.model;
+  model.iteration = c_.iteration;
+  model.consumed_samples = -1;
+  universal::SourceInfo& src = model.source;
+  src.framework = "pytorch-dcp";
+  src.driver = "dcp";
+  src.framework_version = c_.metadata.version;
+  src.tp = 1;
+  src.pp = 1;
+  src.vpp = 1;
+  src.dp = c_.world;
+  src.dtype = std::string(DTypeName(model_dtype_));
+  src.other["checkpoint"] = c_.name;
+  if (has_optimizer_) {
+    universal::OptimizerInfo& opt = model.optimizer;
+    opt.type = "torch.optim";
+    opt.groups.emplace();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      universal::ParamGroup& j = opt.groups->emplace_back();
+      j.params = group_params_[g];
+      for (const auto& [k, v] : groups_[g])
+        formats::AddGroupHyperparam(k, v, j);
+    }
+    opt.state_kinds =
+        std::vector<std::string>(state_kinds_.begin(), state_kinds_.end());
+    opt.step = model.iteration;
   }
-  opt["groups"] = std::move(groups);
-  json::Value kinds = json::Value::Array();
-  for (const std::string& k : state_kinds_) kinds.Append(k);
-  opt["state_kinds"] = std::move(kinds);
-  opt["step"] = root.iteration;
-  root.optimizer = has_optimizer_ ? opt.Dump() : std::string("{}");
-  root.scheduler = "{}";
-  json::Value training = json::Value::Object();
-  training["dtype"] = std::string(DTypeName(model_dtype_));
-  training["step"] = root.iteration;
-  training["frozen"] = std::move(frozen);
-  training["shared"] = json::Value::Object();
-  training["param_order"] = std::move(param_order);
-  root.training = training.Dump();
+  universal::TrainingInfo& training = model.training.emplace();
+  training.dtype = std::string(DTypeName(model_dtype_));
+  training.step = model.iteration;
+  training.frozen = std::move(frozen);
+  training.shared.emplace();
+  training.param_order = std::move(param_order);
   json::Value meta = json::Value::Object();
   meta["keys"] = std::move(keys);
   std::vector<std::pair<std::string, json::Value>> pd;
@@ -377,7 +368,7 @@ universal::SourcePlan Reader::Run() {
   meta["planner_data"] = json::Value::FromMembers(std::move(pd));
   meta["version"] = c_.metadata.version;
   meta["world"] = c_.world;
-  root.extra_strings[kMetaAttr] = meta.Dump();
+  model.extras[kMetaAttr] = std::move(meta);
   return std::move(plan_);
 }
 

@@ -225,8 +225,7 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
   if (!any_state) return;
   std::vector<std::string> kinds = {"exp_avg", "exp_avg_sq"};
   kinds.insert(kinds.end(), other.begin(), other.end());
-  const int64_t optimizer_step =
-      formats::OptimizerStep(input_.root(), input_.path());
+  const int64_t optimizer_step = formats::OptimizerStep(input_.model());
   const auto step = static_cast<double>(optimizer_step);
   if (!step_atoms) {
     notes_.insert(
@@ -285,9 +284,8 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     templates = nullptr;
     std::vector<Value*> made;
     // (torch.optim.Adam's load needs lr, betas, eps and weight_decay.)
-    const json::Value groups =
-        formats::AdamGroups(input_.root(), input_.path(), notes_);
-    for (const json::Value& g : groups.items())
+    for (const universal::ParamGroup& g :
+         formats::AdamGroups(input_.model(), notes_))
       made.push_back(formats::GroupHyperparamsDict(g, json_groups));
     const bool any = std::any_of(made.begin(), made.end(),
                                  [](const Value* v) { return v != nullptr; });
@@ -325,12 +323,9 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
 }
 
 void DcpPlan::BuildKeys(const formats::TargetOptions& options) {
-  const auto it = input_.root().extra_strings.find(kMetaAttr);
-  if (it != input_.root().extra_strings.end()) {
+  if (const json::Value* meta = input_.model().FindExtra(kMetaAttr)) {
     try {
-      const json::Value meta =
-          formats::ParseJsonAttr(it->second, kMetaAttr, input_.path());
-      KeysFromDcp(meta);
+      KeysFromDcp(*meta);
     } catch (Error& e) {
       e.AddContext("universal input ", input_.path().string(), " > attribute ",
                    kMetaAttr);
