@@ -281,16 +281,12 @@ universal::SourcePlan Reader::Run() {
                                               .tied_copies = {}}));
   }
   // BYTE_IO items verbatim; the param groups for other formats.
-  json::Value keys = json::Value::Array();
+  DcpExtras meta;
   for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
     const Entry& e = c_.metadata.entries[i];
     const KeyClass& k = classes_[i];
-    json::Value j;
-    j["key"] = e.fqn;
-    j["class"] = std::string(KeyClassName(k.kind));
-    if (!k.param.empty()) j["param"] = k.param;
-    if (!k.state.empty()) j["state"] = k.state;
-    keys.Append(std::move(j));
+    meta.keys.push_back(
+        {e.fqn, std::string(KeyClassName(k.kind)), k.param, k.state});
     if (e.tensor) continue;
     const ItemKey key{e.fqn, std::nullopt};
     plan_.opaque.push_back({StrCat("dcp/bytes/", e.fqn),
@@ -351,24 +347,10 @@ universal::SourcePlan Reader::Run() {
   training.frozen = std::move(frozen);
   training.shared.emplace();
   training.param_order = std::move(param_order);
-  json::Value meta = json::Value::Object();
-  meta["keys"] = std::move(keys);
-  std::vector<std::pair<std::string, json::Value>> pd;
-  for (const auto& [fqn, path] : c_.metadata.planner_data) {
-    json::Value a = json::Value::Array();
-    for (const PathComponent& x : path) {
-      if (std::holds_alternative<std::string>(x)) {
-        a.Append(std::get<std::string>(x));
-      } else {
-        a.Append(std::get<int64_t>(x));
-      }
-    }
-    pd.emplace_back(fqn, std::move(a));
-  }
-  meta["planner_data"] = json::Value::FromMembers(std::move(pd));
-  meta["version"] = c_.metadata.version;
-  meta["world"] = c_.world;
-  model.extras[kMetaAttr] = std::move(meta);
+  meta.planner_data = c_.metadata.planner_data;
+  meta.version = c_.metadata.version;
+  meta.world = c_.world;
+  WriteDcpExtras(meta, model);
   return std::move(plan_);
 }
 
