@@ -553,8 +553,7 @@ namespace {
 
 // The name of the layout a target_layout view gives.
 std::string LayoutName(const universal::UniversalInput& input) {
-  const json::Value* n = json::Value::Parse(input.root().source).Find("layout");
-  return n != nullptr && n->is_string() ? n->AsString() : "?";
+  return input.model().source.layout.value_or("?");
 }
 
 // The second half of reshape and convert: the target checkpoint of `input`
@@ -638,9 +637,11 @@ int RunReshape(const std::vector<std::string>& args) {
   const atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(file);
   json::Value extra;
   extra["universal"] = file;
-  WriteAndReport("reshape", *universal::StoreInput(store),
-                 resume::NativeFormat(store.root()), output, target, manifest,
-                 run, executor, start, std::move(extra));
+  const std::unique_ptr<universal::UniversalInput> input =
+      universal::StoreInput(store);
+  WriteAndReport("reshape", *input, resume::NativeFormat(input->model()),
+                 output, target, manifest, run, executor, start,
+                 std::move(extra));
   return 0;
 }
 

@@ -88,7 +88,7 @@ std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
     const universal::UniversalInput& input, const exporting::ExportOptions& o,
     const layouts::Variables& given) {
   std::vector<std::unique_ptr<universal::UniversalInput>> views;
-  if (!o.hf || !input.root().layout.empty()) return views;
+  if (!o.hf || !input.model().layout_yaml.empty()) return views;
   if (auto mapped = formats::MapNamesIfKnown(input, "mcore-llama", given))
     views.push_back(std::move(mapped));
   const universal::UniversalInput& named = views.empty() ? input : *views[0];

@@ -25,6 +25,7 @@
 #include "engine/pickle/value.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/zip.h"
+#include "engine/universal/model.h"
 
 namespace ucp::cli {
 namespace {
@@ -72,22 +73,16 @@ constexpr const char* kHelp =
 json::Value InspectUniversal(const fs::path& path, bool print) {
   atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(path);
   const atoms::RootInfo& root = store.root();
+  const universal::Model model = universal::ModelFromRoot(root, path);
   json::Value doc;
   doc["path"] = path.string();
   doc["format"] = "universal";
   doc["iteration"] = root.iteration;
   doc["consumed_samples"] = root.consumed_samples;
-  auto parse = [&](const std::string& text, const char* attribute) {
-    try {
-      return text.empty() ? json::Value() : json::Value::Parse(text);
-    } catch (Error& e) {
-      e.AddContext("attribute ", attribute);
-      e.AddContext("universal file ", path.string());
-      throw;
-    }
-  };
-  doc["source"] = parse(root.source, "source");
-  doc["model"] = parse(root.model, "model");
+  doc["source"] =
+      root.source.empty() ? json::Value() : universal::SourceJson(model.source);
+  doc["model"] = root.model.empty() ? json::Value()
+                                    : universal::VariablesJson(model.variables);
   json::Value params = json::Value::Array();
   uint64_t total = 0;
   if (print) {
@@ -95,7 +90,8 @@ json::Value InspectUniversal(const fs::path& path, bool print) {
                 OneLine(path.string()).c_str(),
                 static_cast<long long>(root.iteration));
     if (!root.source.empty())
-      std::printf("  source: %s\n", OneLine(root.source).c_str());
+      std::printf("  source: %s\n",
+                  OneLine(universal::SourceJson(model.source).Dump()).c_str());
   }
   for (const atoms::StoredParam& p : store.params()) {
     json::Value j;

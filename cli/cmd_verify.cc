@@ -13,6 +13,7 @@
 #include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
+#include "engine/universal/model.h"
 #include "engine/universal/write_universal.h"
 #include "layouts/layout.h"
 
@@ -61,18 +62,6 @@ struct Report {
   }
 };
 
-layouts::Variables VariablesFromJson(const std::string& text) {
-  layouts::Variables vars;
-  if (text.empty()) return vars;
-  json::Value v = json::Value::Parse(text);
-  if (!v.is_object()) return vars;
-  for (const auto& [k, val] : v.members()) {
-    if (val.is_int()) vars.Set(k, val.AsInt());
-    if (val.is_bool()) vars.Set(k, val.AsBool() ? 1 : 0);
-  }
-  return vars;
-}
-
 void VerifyUniversal(const fs::path& path, Report& report) {
   atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(path);
   report.Add("structure",
@@ -91,17 +80,13 @@ void VerifyUniversal(const fs::path& path, Report& report) {
   }
   report.Add("checksums", StrCat("xxh3 of ", store.datasets().size(),
                                  " datasets (", HumanBytes(total), ") match"));
-  if (!store.root().layout.empty()) {
+  const universal::Model model = universal::ModelFromRoot(store.root(), path);
+  if (!model.layout_yaml.empty()) {
     layouts::Layout layout =
-        layouts::Layout::ParseStored(store.root().layout, path);
+        layouts::Layout::ParseStored(model.layout_yaml, path);
     layouts::Variables vars;
-    try {
-      vars = VariablesFromJson(store.root().model);
-    } catch (Error& e) {
-      e.AddContext("attribute model");
-      e.AddContext("universal file ", path.string());
-      throw;
-    }
+    for (const universal::ModelVariable& v : model.variables.variables)
+      vars.Set(v.name, v.value);
     for (const atoms::StoredParam& p : store.params()) {
       const layouts::Rule& rule = layout.Match(p.info.fqn, vars);
       if (rule.name != p.info.rule) {

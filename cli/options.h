@@ -17,9 +17,6 @@
 namespace ucp::json {
 class Value;
 }
-namespace ucp::atoms {
-struct RootInfo;
-}
 
 namespace ucp::cli {
 

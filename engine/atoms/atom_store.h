@@ -20,7 +20,8 @@
 //                          rule (str), kind ("param" | "buffer"),
 //                          group (int64, optimizer group, -1 none),
 //                          order (int64, canonical position),
-//                          tied_copies (str, JSON list of names),
+//                          tied_copies (str, JSON list of names;
+//                          ParamInfo keeps the names),
 //                          frozen (int64 0/1: no optimizer state; v2)
 // /params/<fqn>/<state kind>      dataset: the full logical tensor, of the
 //                          group's shape (or 0-d for per-param scalars
@@ -126,7 +127,8 @@ struct ParamInfo {
   ParamKind kind = ParamKind::kParam;
   int64_t group = -1;
   int64_t order = 0;
-  std::string tied_copies = "[]";  // JSON text
+  /// Names of this param's tied / shared copies (stored as a JSON list).
+  std::vector<std::string> tied_copies;
   /// A param without optimizer state (requires_grad False); version 2.
   bool frozen = false;
 };

@@ -31,6 +31,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/hash.h"
+#include "engine/json/json.h"
 
 namespace ucp::atoms {
 
@@ -272,8 +273,16 @@ class Scanner {
     }
     p.group = Require(attrs_.Int64(group, kAttrGroup), path, kAttrGroup);
     p.order = Require(attrs_.Int64(group, kAttrOrder), path, kAttrOrder);
-    p.tied_copies =
+    const std::string copies =
         Require(attrs_.String(group, kAttrTiedCopies), path, kAttrTiedCopies);
+    try {
+      const json::Value list = json::Value::Parse(copies);
+      for (const json::Value& c : list.items())
+        p.tied_copies.push_back(c.AsString());
+    } catch (const Error& e) {
+      throw FormatError(path, ": attribute ", kAttrTiedCopies,
+                        " is not a JSON list of names: ", e.what());
+    }
     // Version 1 has no frozen params.
     p.frozen = version_ >= 2 && Require(attrs_.Int64(group, kAttrFrozen), path,
                                         kAttrFrozen) != 0;
@@ -479,7 +488,8 @@ void Encode(const ScanResult& r, Encoder& e) {
     e.U64(static_cast<uint64_t>(p.kind));
     e.I64(p.group);
     e.I64(p.order);
-    e.Str(p.tied_copies);
+    e.U64(p.tied_copies.size());
+    for (const std::string& c : p.tied_copies) e.Str(c);
     e.U64(p.frozen ? 1 : 0);
   }
   e.U64(r.datasets.size());
@@ -524,7 +534,7 @@ ScanResult Decode(Decoder& d) {
     p.kind = d.Small<ParamKind>(2);
     p.group = d.I64();
     p.order = d.I64();
-    p.tied_copies = d.Str();
+    for (uint64_t c = d.U64(); c > 0; --c) p.tied_copies.push_back(d.Str());
     p.frozen = d.Small<uint8_t>(2) != 0;
     r.params.push_back(std::move(sp));
   }

@@ -15,6 +15,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/hash.h"
+#include "engine/json/json.h"
 
 namespace ucp::atoms {
 
@@ -103,7 +104,9 @@ struct AtomStoreWriter::Impl {
     h5::WriteStringAttr(g.get(), kAttrKind, ParamKindName(p.kind));
     h5::WriteInt64Attr(g.get(), kAttrGroup, p.group);
     h5::WriteInt64Attr(g.get(), kAttrOrder, p.order);
-    h5::WriteStringAttr(g.get(), kAttrTiedCopies, p.tied_copies);
+    json::Value copies = json::Value::Array();
+    for (const std::string& c : p.tied_copies) copies.Append(c);
+    h5::WriteStringAttr(g.get(), kAttrTiedCopies, copies.Dump());
     h5::WriteInt64Attr(g.get(), kAttrFrozen, p.frozen ? 1 : 0);
     g.Close("close group", path);
   }

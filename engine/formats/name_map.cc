@@ -71,16 +71,12 @@ std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
     std::optional<std::vector<universal::MappedParam>> params =
         m.map(input, given);
     if (!params) continue;
-    atoms::RootInfo root = input.root();
-    json::Value source = root.source.empty() ? json::Value::Object()
-                                             : json::Value::Parse(root.source);
-    if (!source.is_object()) source = json::Value::Object();
-    source["layout"] = m.layout;
-    source["names"] = m.name;
-    root.source = source.Dump();
-    root.layout.clear();  // the descriptor of the source's names
-    if (m.root) m.root(root);
-    return universal::MappedInput(input, std::move(*params), std::move(root));
+    universal::Model model = input.model();
+    model.source.layout = m.layout;
+    model.source.names = m.name;
+    model.layout_yaml.clear();  // the descriptor of the source's names
+    if (m.root) m.root(model);
+    return universal::MappedInput(input, std::move(*params), std::move(model));
   }
   return nullptr;
 }

@@ -38,9 +38,9 @@ struct NameMap {
   /// The built-in layout the mapped names follow ("" if none): the view's
   /// root names it as the source's layout.
   std::string layout;
-  /// What else of the root the target model's framework names its own way
+  /// What else of the model the target model's framework names its own way
   /// (its optimizer's state names, say); may be empty.
-  std::function<void(atoms::RootInfo&)> root = nullptr;
+  std::function<void(universal::Model&)> root = nullptr;
 };
 
 /// `input` under the names of map `name`. `input` must outlive the result.

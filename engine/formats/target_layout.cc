@@ -8,7 +8,6 @@
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
-#include "engine/json/json.h"
 #include "engine/universal/mapped_input.h"
 #include "layouts/layout.h"
 
@@ -17,8 +16,8 @@ namespace ucp::formats {
 std::unique_ptr<universal::UniversalInput> WithTargetLayout(
     const universal::UniversalInput& input, std::string_view spec,
     const layouts::Variables& given) {
-  const atoms::RootInfo& root = input.root();
-  if (!root.layout.empty()) return nullptr;
+  const universal::Model& model = input.model();
+  if (!model.layout_yaml.empty()) return nullptr;
   std::vector<std::string> names;
   for (const atoms::StoredParam& p : input.params())
     names.push_back(p.info.fqn);
@@ -32,7 +31,7 @@ std::unique_ptr<universal::UniversalInput> WithTargetLayout(
   }
   const layouts::Layout layout = layouts::Layout::FromSpec(spec, names);
   // The model variables: the content's, what the names tell, then --model.
-  layouts::Variables vars = ModelVariables(root.model, input.path());
+  layouts::Variables vars = ModelVariables(model.variables);
   int64_t layers = 0;
   for (const std::string& n : names)
     if (auto l = layout.SplitLayer(n)) layers = std::max(layers, l->index + 1);
@@ -50,16 +49,10 @@ std::unique_ptr<universal::UniversalInput> WithTargetLayout(
       }
     }
   }
-  atoms::RootInfo out = root;
-  out.layout = layout.yaml();
-  json::Value model = ParseJsonAttr(root.model, "model", input.path());
-  if (!model.is_object()) model = json::Value::Object();
-  for (const auto& [k, v] : vars.values()) model[k] = v;
-  out.model = model.Dump();
-  json::Value source = ParseJsonAttr(root.source, "source", input.path());
-  if (!source.is_object()) source = json::Value::Object();
-  source["layout"] = layout.name();
-  out.source = source.Dump();
+  universal::Model out = model;
+  out.layout_yaml = layout.yaml();
+  for (const auto& [k, v] : vars.values()) out.variables.Set(k, v);
+  out.source.layout = layout.name();
   std::vector<universal::MappedParam> params;
   for (const atoms::StoredParam& p : input.params())
     params.push_back(universal::WholeParam(p, p.info.fqn));

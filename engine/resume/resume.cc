@@ -19,6 +19,7 @@
 #include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
+#include "engine/universal/model.h"
 #include "engine/universal/output_dir.h"
 #include "engine/universal/write_universal.h"
 
@@ -229,7 +230,7 @@ void CheckCandidate(Candidate& c, const fs::path& save, Chosen& out,
           [s](const fs::path& f) { return s->Archives(f); }));
   out.info = source->info();
   d.iteration = out.info.iteration;
-  d.consumed_samples = plan.root.consumed_samples;
+  d.consumed_samples = plan.model.consumed_samples;
   d.source_format = std::string(c.driver->Name());
   out.source = std::move(source);
   out.plan.emplace(std::move(plan));
@@ -444,23 +445,24 @@ ResumeOutcome Run(ResumeDecision& d) {
   }
 }
 
-std::string NativeFormat(const atoms::RootInfo& root) {
-  json::Value src;
-  try {
-    src = json::Value::Parse(root.source.empty() ? "{}" : root.source);
-  } catch (const Error&) {
-    return "";
-  }
-  if (!src.is_object()) return "";
-  if (const json::Value* d = src.Find("driver"); d && d->is_string())
-    return d->AsString();
-  if (const json::Value* f = src.Find("framework"); f && f->is_string()) {
+std::string NativeFormat(const universal::Model& model) {
+  const universal::SourceInfo& src = model.source;
+  if (src.driver) return *src.driver;
+  if (src.framework) {
     for (const formats::Driver* d : formats::Drivers()) {
-      if (d->CanWrite() && f->AsString().rfind(std::string(d->Name()), 0) == 0)
+      if (d->CanWrite() && src.framework->starts_with(d->Name()))
         return std::string(d->Name());
     }
   }
   return "";
+}
+
+std::string NativeFormat(const atoms::RootInfo& root) {
+  try {
+    return NativeFormat(universal::ModelFromRoot(root, ""));
+  } catch (const Error&) {
+    return "";  // malformed attributes: no native format
+  }
 }
 
 }  // namespace ucp::resume

@@ -140,9 +140,12 @@ struct ResumeOutcome {
 /// as output is there but damaged; what the target's writer throws.
 ResumeOutcome Run(ResumeDecision& decision);
 
-/// The format a universal file was made from: the source attribute's
-/// "driver", else the writable driver whose name starts its "framework"
-/// ("megatron-lm"); "" if neither says.
+/// The format a universal file was made from: the source's "driver", else
+/// the writable driver whose name starts its "framework" ("megatron-lm"); ""
+/// if neither says. Never throws.
+std::string NativeFormat(const universal::Model& model);
+/// The same from a universal file's root attributes ("" if they are
+/// malformed). Never throws.
 std::string NativeFormat(const atoms::RootInfo& root);
 
 }  // namespace ucp::resume

@@ -19,12 +19,12 @@ namespace fs = std::filesystem;
 class StoreInputImpl : public UniversalInput {
  public:
   explicit StoreInputImpl(const atoms::AtomStoreReader& store)
-      : store_(store), sources_(store) {}
+      : store_(store),
+        sources_(store),
+        model_(ModelFromRoot(store.root(), store.path())) {}
 
   const fs::path& path() const noexcept override { return store_.path(); }
-  const atoms::RootInfo& root() const noexcept override {
-    return store_.root();
-  }
+  const Model& model() const noexcept override { return model_; }
   std::span<const atoms::StoredParam> params() const noexcept override {
     return store_.params();
   }
@@ -87,6 +87,7 @@ class StoreInputImpl : public UniversalInput {
  private:
   const atoms::AtomStoreReader& store_;
   StoreSources sources_;
+  Model model_;
 };
 
 class PlanInputImpl : public UniversalInput {
@@ -138,7 +139,7 @@ class PlanInputImpl : public UniversalInput {
   }
 
   const fs::path& path() const noexcept override { return path_; }
-  const atoms::RootInfo& root() const noexcept override { return plan_.root; }
+  const Model& model() const noexcept override { return plan_.model; }
   std::span<const atoms::StoredParam> params() const noexcept override {
     return params_;
   }

@@ -13,6 +13,7 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/reshape/executor.h"
 #include "engine/reshape/plan.h"
+#include "engine/universal/model.h"
 #include "engine/universal/source_plan.h"
 
 namespace ucp::torchfile {
@@ -27,7 +28,8 @@ class UniversalInput {
 
   /// For messages: the universal file, or the source checkpoint.
   virtual const std::filesystem::path& path() const noexcept = 0;
-  virtual const atoms::RootInfo& root() const noexcept = 0;
+  /// The universal content's typed model (what the root attributes hold).
+  virtual const Model& model() const noexcept = 0;
   /// Params sorted by their order attribute (then name).
   virtual std::span<const atoms::StoredParam> params() const noexcept = 0;
   virtual std::span<const atoms::DatasetInfo> datasets() const noexcept = 0;

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "engine/core/error.h"
-#include "engine/json/json.h"
 
 namespace ucp::universal {
 namespace {
@@ -26,8 +25,8 @@ struct Part {
 class MappedInputImpl : public UniversalInput {
  public:
   MappedInputImpl(const UniversalInput& input, std::vector<MappedParam> params,
-                  atoms::RootInfo root)
-      : input_(input), root_(std::move(root)) {
+                  Model model)
+      : input_(input), model_(std::move(model)) {
     std::set<std::string> frozen;
     for (size_t i = 0; i < params.size(); ++i) {
       MappedParam& m = params[i];
@@ -84,7 +83,7 @@ class MappedInputImpl : public UniversalInput {
   }
 
   const fs::path& path() const noexcept override { return input_.path(); }
-  const atoms::RootInfo& root() const noexcept override { return root_; }
+  const Model& model() const noexcept override { return model_; }
   std::span<const atoms::StoredParam> params() const noexcept override {
     return params_;
   }
@@ -213,20 +212,17 @@ class MappedInputImpl : public UniversalInput {
 
   // The training record under the mapped names.
   void RenameTraining(const std::set<std::string>& frozen) {
-    if (root_.training.empty()) return;
-    json::Value t = json::Value::Parse(root_.training);
-    json::Value order = json::Value::Array();
-    for (const atoms::StoredParam& p : params_) order.Append(p.info.fqn);
-    json::Value f = json::Value::Array();
-    for (const std::string& n : frozen) f.Append(n);
-    t["param_order"] = std::move(order);
-    t["frozen"] = std::move(f);
-    t["shared"] = json::Value::Object();
-    root_.training = t.Dump();
+    if (!model_.training) return;
+    TrainingInfo& t = *model_.training;
+    t.param_order.emplace();
+    for (const atoms::StoredParam& p : params_)
+      t.param_order->push_back(p.info.fqn);
+    t.frozen = std::vector<std::string>(frozen.begin(), frozen.end());
+    t.shared.emplace();
   }
 
   const UniversalInput& input_;
-  atoms::RootInfo root_;
+  Model model_;
   std::vector<atoms::StoredParam> params_;
   std::vector<atoms::DatasetInfo> datasets_;
   std::vector<std::vector<Part>> parts_;  // per dataset id
@@ -253,9 +249,9 @@ MappedParam WholeParam(const atoms::StoredParam& p, std::string name) {
 
 std::unique_ptr<UniversalInput> MappedInput(const UniversalInput& input,
                                             std::vector<MappedParam> params,
-                                            atoms::RootInfo root) {
+                                            Model model) {
   return std::make_unique<MappedInputImpl>(input, std::move(params),
-                                           std::move(root));
+                                           std::move(model));
 }
 
 }  // namespace ucp::universal

@@ -10,8 +10,8 @@
 // covers, which the input composes further (down to the source rank files
 // for a convert).
 //
-// The view keeps the input's root (the caller rewrites what names the model's
-// layout), opaque blobs and buffers; its training record's param_order,
+// The view keeps the input's model (the caller rewrites what names the
+// model's layout), opaque blobs and buffers; its training record's param_order,
 // frozen and shared list the mapped names. Padding rows (pad atoms) are not
 // carried: a mapped param holds the true vocabulary.
 
@@ -44,7 +44,7 @@ struct MappedParam {
 /// its own).
 MappedParam WholeParam(const atoms::StoredParam& p, std::string name);
 
-/// The view of `input` with exactly `params`, in that order, and `root`.
+/// The view of `input` with exactly `params`, in that order, and `model`.
 /// `input` must outlive the view. A state kind held by the first piece's
 /// param and by every other piece's param (in the same dtype) is mapped; a
 /// state of another shape than its param's (a scalar step) is taken whole from
@@ -53,6 +53,6 @@ MappedParam WholeParam(const atoms::StoredParam& p, std::string name);
 /// shape, pieces that overlap or leave part of it uncovered.
 std::unique_ptr<UniversalInput> MappedInput(const UniversalInput& input,
                                             std::vector<MappedParam> params,
-                                            atoms::RootInfo root);
+                                            Model model);
 
 }  // namespace ucp::universal

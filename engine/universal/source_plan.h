@@ -15,6 +15,7 @@
 #include "engine/core/box.h"
 #include "engine/reshape/executor.h"
 #include "engine/reshape/plan.h"
+#include "engine/universal/model.h"
 
 namespace ucp::universal {
 
@@ -42,7 +43,7 @@ struct OpaqueBlob {
 };
 
 struct SourcePlan {
-  atoms::RootInfo root;
+  Model model;  // what the universal file's root attributes hold
   std::vector<atoms::ParamInfo> params;
   std::vector<AtomPlan> atoms;
   std::vector<OpaqueBlob> opaque;

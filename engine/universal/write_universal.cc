@@ -436,7 +436,7 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
   std::vector<Classified> classified = ClassifyAll(plan);
 
   atoms::AtomStoreWriter writer = atoms::AtomStoreWriter::Create(path);
-  writer.SetRoot(plan.root);
+  writer.SetRoot(RootFromModel(plan.model));
   for (const atoms::ParamInfo& p : plan.params) writer.AddParam(p);
   std::vector<atoms::DatasetId> atom_ids;
   std::vector<std::optional<atoms::DatasetId>> pad_ids;

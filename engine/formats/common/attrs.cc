@@ -6,27 +6,10 @@
 
 namespace ucp::formats {
 
-json::Value ParseJsonAttr(const std::string& text, const char* what,
-                          const std::filesystem::path& path) {
-  if (text.empty()) return json::Value::Object();
-  try {
-    return json::Value::Parse(text);
-  } catch (Error& e) {
-    e.AddContext("universal file ", path.string(), " > attribute ", what);
-    throw;
-  }
-}
-
-layouts::Variables ModelVariables(const std::string& text,
-                                  const std::filesystem::path& path) {
-  const json::Value model = ParseJsonAttr(text, "model", path);
+layouts::Variables ModelVariables(const universal::ModelInfo& model) {
   layouts::Variables vars;
-  if (model.is_object()) {
-    for (const auto& [k, v] : model.members()) {
-      if (v.is_int()) vars.Set(k, v.AsInt());
-      if (v.is_bool()) vars.Set(k, v.AsBool() ? 1 : 0);
-    }
-  }
+  for (const universal::ModelVariable& v : model.variables)
+    vars.Set(v.name, v.value);
   return vars;
 }
 
@@ -41,9 +24,7 @@ atoms::ParamInfo ParamRow(const ParamRowSpec& spec) {
   info.group = spec.group;
   info.order = spec.order;
   info.frozen = spec.frozen;
-  json::Value tc = json::Value::Array();
-  for (const std::string& c : spec.tied_copies) tc.Append(c);
-  info.tied_copies = tc.Dump();
+  info.tied_copies = spec.tied_copies;
   return info;
 }
 
@@ -68,6 +49,13 @@ void GroupHyperparamJson(const std::string& key, const pickle::Value* v,
   }
 }
 
+void AddGroupHyperparam(const std::string& key, const pickle::Value* v,
+                        universal::ParamGroup& group) {
+  json::Value one = json::Value::Object();
+  GroupHyperparamJson(key, v, one);
+  if (const json::Value* x = one.Find(key)) group.Set(key, *x);
+}
+
 void GroupHyperparamsJson(const pickle::Value* group, json::Value& out) {
   if (group == nullptr || !group->IsDictLike()) return;
   for (const auto& [k, v] : group->entries)
@@ -75,11 +63,24 @@ void GroupHyperparamsJson(const pickle::Value* group, json::Value& out) {
       GroupHyperparamJson(k->s, v, out);
 }
 
-pickle::Value* GroupHyperparamsDict(const json::Value& group,
+pickle::Value* GroupHyperparamsDict(const universal::ParamGroup& group,
                                     pickle::Arena& arena) {
-  if (!group.is_object()) return nullptr;
   pickle::Value* d = arena.Dict();
-  for (const auto& [k, v] : group.members()) {
+  if (group.lr)
+    d->entries.emplace_back(arena.Str("lr"), arena.Float(*group.lr));
+  if (group.betas) {
+    d->entries.emplace_back(arena.Str("betas"),
+                            arena.Tuple({arena.Float((*group.betas)[0]),
+                                         arena.Float((*group.betas)[1])}));
+  }
+  if (group.eps)
+    d->entries.emplace_back(arena.Str("eps"), arena.Float(*group.eps));
+  if (group.weight_decay) {
+    d->entries.emplace_back(arena.Str("weight_decay"),
+                            arena.Float(*group.weight_decay));
+  }
+  if (!group.other.is_object()) return d->entries.empty() ? nullptr : d;
+  for (const auto& [k, v] : group.other.members()) {
     pickle::Value* x = nullptr;
     if (k == "params") continue;
     if (v.is_bool()) {

@@ -1,6 +1,7 @@
 #pragma once
-// The JSON attributes of universal content (atom_store.h RootInfo,
-// ParamInfo::tied_copies): read in a driver's writer, written in its reader.
+// What drivers share for universal content (universal::Model, atoms::
+// ParamInfo): model variables, param rows, and torch param groups to and from
+// typed param groups.
 
 #include <cstdint>
 #include <filesystem>
@@ -10,19 +11,13 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/json/json.h"
 #include "engine/pickle/value.h"
+#include "engine/universal/model.h"
 #include "layouts/variables.h"
 
 namespace ucp::formats {
 
-/// The attribute's JSON; an empty object for empty text. Throws FormatError
-/// "universal file <path> > attribute <what> > ..." if it does not parse.
-json::Value ParseJsonAttr(const std::string& text, const char* what,
-                          const std::filesystem::path& path);
-
-/// The model variables of the `model` attribute (`text`): its integers,
-/// and its booleans as 0/1. Throws like ParseJsonAttr.
-layouts::Variables ModelVariables(const std::string& text,
-                                  const std::filesystem::path& path);
+/// The model variables (`model`): its integers, and its booleans as 0/1.
+layouts::Variables ModelVariables(const universal::ModelInfo& model);
 
 /// A param's row of a universal::SourcePlan, its tied copies as the JSON
 /// list the schema keeps.
@@ -47,12 +42,18 @@ void GroupHyperparamsJson(const pickle::Value* group, json::Value& out);
 /// One entry of such a dict (`key`: `v`). Never throws.
 void GroupHyperparamJson(const std::string& key, const pickle::Value* v,
                          json::Value& out);
+/// Hyper-parameter `key` = `v` of a torch param group into `group`: lr,
+/// eps, weight_decay (numbers) and betas (a pair of numbers) typed, others
+/// as GroupHyperparamJson keeps them into `group.other`. Never throws.
+void AddGroupHyperparam(const std::string& key, const pickle::Value* v,
+                        universal::ParamGroup& group);
+
 /// The inverse for a target that keeps no pickled groups of the source: the
-/// torch param group dict of the optimizer attribute's group object `group`
-/// (numbers as floats, booleans, arrays of numbers as tuples), "params" and
-/// any other member left out; nullptr if it holds no hyper-parameter. Never
-/// throws.
-pickle::Value* GroupHyperparamsDict(const json::Value& group,
+/// torch param group dict of param group `group` (lr, betas, eps,
+/// weight_decay, then its other members that are numbers (as floats),
+/// booleans or arrays of numbers (as tuples)), "params" left out; nullptr if
+/// it holds no hyper-parameter. Never throws.
+pickle::Value* GroupHyperparamsDict(const universal::ParamGroup& group,
                                     pickle::Arena& arena);
 
 }  // namespace ucp::formats

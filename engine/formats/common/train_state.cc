@@ -4,22 +4,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "engine/core/error.h"
-#include "engine/formats/common/attrs.h"
 
 namespace ucp::formats {
 
-int64_t OptimizerStep(const atoms::RootInfo& root,
-                      const std::filesystem::path& path) {
-  for (const auto& [text, what] : {std::pair{&root.optimizer, "optimizer"},
-                                   std::pair{&root.training, "training"}}) {
-    const json::Value v = ParseJsonAttr(*text, what, path);
-    if (const json::Value* s = v.is_object() ? v.Find("step") : nullptr;
-        s != nullptr && s->is_number())
-      return static_cast<int64_t>(s->AsDouble());
-  }
-  return root.iteration;
+int64_t OptimizerStep(const universal::Model& model) noexcept {
+  if (model.optimizer.step) return *model.optimizer.step;
+  if (model.training && model.training->step) return *model.training->step;
+  return model.iteration;
 }
 
 float BetaPower(double beta, int64_t step) noexcept {
@@ -57,49 +51,48 @@ std::optional<double> BetaOfPower(float power, int64_t step) noexcept {
   return ShortestDecimal(*found);
 }
 
-void CompleteAdamGroup(json::Value& group, std::span<const char* const> keys,
+void CompleteAdamGroup(universal::ParamGroup& group,
+                       std::span<const char* const> keys,
                        std::set<std::string>& notes) {
-  if (!group.is_object()) return;
   for (const char* key : keys) {
-    const std::string k = key;
-    const json::Value* have = group.Find(k);
+    const std::string_view k = key;
     if (k == "betas") {
-      if (have != nullptr && have->is_array() && have->size() == 2 &&
-          have->items()[0].is_number() && have->items()[1].is_number())
-        continue;
-      json::Value b = json::Value::Array();
-      b.Append(kAdamBeta1);
-      b.Append(kAdamBeta2);
-      group[k] = std::move(b);
+      if (group.betas) continue;
+      group.betas = {kAdamBeta1, kAdamBeta2};
+      group.int_mask = static_cast<uint8_t>(group.int_mask & ~(8 | 16));
+      // A betas member that is not a pair of numbers is replaced.
+      if (group.other.Find("betas") != nullptr) {
+        std::vector<std::pair<std::string, json::Value>> keep;
+        for (const auto& m : group.other.members())
+          if (m.first != "betas") keep.push_back(m);
+        group.other = json::Value::FromMembers(std::move(keep));
+      }
       notes.insert(StrCat("the source records no Adam betas: wrote (",
                           kAdamBeta1, ", ", kAdamBeta2,
                           "), torch.optim.Adam's default"));
       continue;
     }
-    if (have != nullptr && have->is_number()) continue;
+    std::optional<double>* have = k == "lr"             ? &group.lr
+                                  : k == "eps"          ? &group.eps
+                                  : k == "weight_decay" ? &group.weight_decay
+                                                        : nullptr;
+    if (have == nullptr || have->has_value()) continue;
     const double def = k == "lr"    ? kAdamLr
                        : k == "eps" ? kAdamEps
-                       : k == "weight_decay"
-                           ? kAdamWeightDecay
-                           : std::numeric_limits<double>::quiet_NaN();
-    if (std::isnan(def)) continue;
-    group[k] = def;
+                                    : kAdamWeightDecay;
+    *have = def;
     notes.insert(StrCat("the source records no Adam ", k, ": wrote ", k, " ",
                         def, ", torch.optim.Adam's default"));
   }
 }
 
-json::Value AdamGroups(const atoms::RootInfo& root,
-                       const std::filesystem::path& path,
-                       std::set<std::string>& notes) {
-  const json::Value opt = ParseJsonAttr(root.optimizer, "optimizer", path);
-  json::Value out = json::Value::Array();
-  const json::Value* gs = opt.is_object() ? opt.Find("groups") : nullptr;
-  if (gs == nullptr || !gs->is_array()) return out;
-  for (const json::Value& g : gs->items()) {
-    json::Value c = g;
-    CompleteAdamGroup(c, kAdamHyperparams, notes);
-    out.Append(std::move(c));
+std::vector<universal::ParamGroup> AdamGroups(const universal::Model& model,
+                                              std::set<std::string>& notes) {
+  std::vector<universal::ParamGroup> out;
+  if (!model.optimizer.groups) return out;
+  for (const universal::ParamGroup& g : *model.optimizer.groups) {
+    out.push_back(g);
+    CompleteAdamGroup(out.back(), kAdamHyperparams, notes);
   }
   return out;
 }

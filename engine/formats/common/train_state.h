@@ -1,8 +1,8 @@
 #pragma once
 // The training state every format keeps in its own form (the optimizer
 // step, Adam's hyper-parameters, MindSpore's beta powers), read from and
-// completed for universal content (atom_store.h RootInfo's `optimizer` and
-// `training` attributes) by the drivers' readers and writers.
+// completed for universal content (universal::Model's optimizer and training
+// record) by the drivers' readers and writers.
 
 #include <cstdint>
 #include <filesystem>
@@ -10,9 +10,9 @@
 #include <set>
 #include <span>
 #include <string>
+#include <vector>
 
-#include "engine/atoms/atom_store.h"
-#include "engine/json/json.h"
+#include "engine/universal/model.h"
 
 namespace ucp::formats {
 
@@ -24,11 +24,9 @@ inline constexpr double kAdamBeta2 = 0.999;
 inline constexpr double kAdamEps = 1e-8;
 inline constexpr double kAdamWeightDecay = 0.0;
 
-/// The optimizer step of universal content: the optimizer attribute's
-/// "step", else the training attribute's, else the iteration. Throws
-/// FormatError (naming `path`) if an attribute does not parse.
-int64_t OptimizerStep(const atoms::RootInfo& root,
-                      const std::filesystem::path& path);
+/// The optimizer step of universal content: the optimizer's step, else the
+/// training record's, else the iteration.
+int64_t OptimizerStep(const universal::Model& model) noexcept;
 
 /// β^step as MindSpore's nn.Adam keeps it (beta1_power, beta2_power):
 /// 1.0 multiplied by float32(β) `step` times in float32.
@@ -49,18 +47,16 @@ std::optional<double> BetaOfPower(float power, int64_t step) noexcept;
 inline constexpr const char* kAdamHyperparams[] = {"lr", "betas", "eps",
                                                    "weight_decay"};
 
-/// Completes the optimizer attribute's group object `group` with each of
-/// `keys` (of kAdamHyperparams) it lacks, from the defaults above; for each
-/// one filled, one note into `notes` naming it and the value written.
-/// Never throws for a group that is not an object (left as is).
-void CompleteAdamGroup(json::Value& group, std::span<const char* const> keys,
+/// Completes param group `group` with each of `keys` (of kAdamHyperparams)
+/// it lacks, from the defaults above; for each one filled, one note into
+/// `notes` naming it and the value written.
+void CompleteAdamGroup(universal::ParamGroup& group,
+                       std::span<const char* const> keys,
                        std::set<std::string>& notes);
 
-/// The optimizer attribute's groups (an empty array if it has none), each
-/// completed by CompleteAdamGroup with every key of kAdamHyperparams.
-/// Throws like OptimizerStep.
-json::Value AdamGroups(const atoms::RootInfo& root,
-                       const std::filesystem::path& path,
-                       std::set<std::string>& notes);
+/// The optimizer's groups (none if it has none), each completed by
+/// CompleteAdamGroup with every key of kAdamHyperparams.
+std::vector<universal::ParamGroup> AdamGroups(const universal::Model& model,
+                                              std::set<std::string>& notes);
 
 }  // namespace ucp::formats

@@ -33,19 +33,23 @@
 // In the universal file: atoms as above, every BYTE_IO item verbatim under
 // /opaque/dcp/bytes/<key>, the param groups also as optimizer/param_groups
 // (for other formats), the key order, kinds and planner_data in the root
-// attribute "dcp".
+// attribute "dcp" (DcpExtras below): {"keys": [{"key", "class", "param"?,
+// "state"?}...] in the metadata's order, "planner_data": {fqn: [path
+// component (str | int)...]} in state-dict order, "version", "world"}.
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/formats/dcp/metadata.h"
 #include "engine/formats/driver.h"
+#include "engine/json/json.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/universal/source_plan.h"
 
@@ -58,6 +62,32 @@ namespace ucp::dcp {
 inline constexpr const char* kMetadataFile = ".metadata";
 inline constexpr const char* kCheckpointOption = "checkpoint";
 inline constexpr const char* kMetaAttr = "dcp";
+
+/// One key of the source as the "dcp" attribute records it.
+struct DcpKeyRecord {
+  std::string key;
+  std::string cls;           // KeyClassName
+  std::string param, state;  // empty if none
+};
+
+/// The "dcp" root attribute, typed. Unknown members stay in `other`.
+struct DcpExtras {
+  std::vector<DcpKeyRecord> keys;
+  /// fqn -> its path in the state dict, in state-dict order; absent if the
+  /// record has none.
+  std::optional<std::vector<std::pair<std::string, std::vector<PathComponent>>>>
+      planner_data;
+  std::optional<std::string> version;
+  std::optional<int64_t> world;
+  json::Value other = json::Value::Object();
+};
+
+/// The model's "dcp" record; absent if it has none. Throws FormatError
+/// "universal file <file> > attribute dcp > ..." if it is malformed.
+std::optional<DcpExtras> ReadDcpExtras(const universal::Model& model,
+                                       const std::filesystem::path& file);
+/// Stores `extras` as the model's "dcp" record.
+void WriteDcpExtras(const DcpExtras& extras, universal::Model& model);
 
 /// One item of a checkpoint: where it lies.
 struct Item {

@@ -260,16 +260,16 @@ universal::SourcePlan Reader::Run() {
     for (const std::string& n : group_params_[g])
       group_of.emplace(n, static_cast<int64_t>(g));
   int64_t order = 0;
-  json::Value frozen = json::Value::Array();
-  json::Value param_order = json::Value::Array();
+  std::vector<std::string> frozen;
+  std::vector<std::string> param_order;
   for (Param& p : params_) {
     if (auto it = group_of.find(p.name); it != group_of.end()) {
       p.group = it->second;
     } else if (!group_of.empty() && !p.buffer) {
       p.frozen = true;
-      frozen.Append(p.name);
+      frozen.push_back(p.name);
     }
-    param_order.Append(p.name);
+    param_order.push_back(p.name);
     plan_.params.push_back(formats::ParamRow({.fqn = p.name,
                                               .shape = p.shape,
                                               .dtype = p.dtype,
@@ -281,16 +281,12 @@ universal::SourcePlan Reader::Run() {
                                               .tied_copies = {}}));
   }
   // BYTE_IO items verbatim; the param groups for other formats.
-  json::Value keys = json::Value::Array();
+  DcpExtras meta;
   for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
     const Entry& e = c_.metadata.entries[i];
     const KeyClass& k = classes_[i];
-    json::Value j;
-    j["key"] = e.fqn;
-    j["class"] = std::string(KeyClassName(k.kind));
-    if (!k.param.empty()) j["param"] = k.param;
-    if (!k.state.empty()) j["state"] = k.state;
-    keys.Append(std::move(j));
+    meta.keys.push_back(
+        {e.fqn, std::string(KeyClassName(k.kind)), k.param, k.state});
     if (e.tensor) continue;
     const ItemKey key{e.fqn, std::nullopt};
     plan_.opaque.push_back({StrCat("dcp/bytes/", e.fqn),
@@ -317,67 +313,44 @@ universal::SourcePlan Reader::Run() {
     plan_.opaque.push_back(
         {"dcp/metadata_extra", formats::SaveBlob(nullptr, d)});
   }
-  // The root.
-  atoms::RootInfo& root = plan_.root;
-  root.iteration = c_.iteration;
-  root.consumed_samples = -1;
-  json::Value src = json::Value::Object();
-  src["framework"] = "pytorch-dcp";
-  src["driver"] = "dcp";
-  src["framework_version"] = c_.metadata.version;
-  src["tp"] = 1;
-  src["pp"] = 1;
-  src["vpp"] = 1;
-  src["dp"] = c_.world;
-  src["dtype"] = std::string(DTypeName(model_dtype_));
-  src["checkpoint"] = c_.name;
-  root.source = src.Dump();
-  root.model = "{}";
-  root.layout = "";
-  root.args = "{}";
-  json::Value opt = json::Value::Object();
-  opt["type"] = "torch.optim";
-  json::Value groups = json::Value::Array();
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    json::Value j = json::Value::Object();
-    json::Value names = json::Value::Array();
-    for (const std::string& n : group_params_[g]) names.Append(n);
-    j["params"] = std::move(names);
-    for (const auto& [k, v] : groups_[g]) formats::GroupHyperparamJson(k, v, j);
-    groups.Append(std::move(j));
-  }
-  opt["groups"] = std::move(groups);
-  json::Value kinds = json::Value::Array();
-  for (const std::string& k : state_kinds_) kinds.Append(k);
-  opt["state_kinds"] = std::move(kinds);
-  opt["step"] = root.iteration;
-  root.optimizer = has_optimizer_ ? opt.Dump() : std::string("{}");
-  root.scheduler = "{}";
-  json::Value training = json::Value::Object();
-  training["dtype"] = std::string(DTypeName(model_dtype_));
-  training["step"] = root.iteration;
-  training["frozen"] = std::move(frozen);
-  training["shared"] = json::Value::Object();
-  training["param_order"] = std::move(param_order);
-  root.training = training.Dump();
-  json::Value meta = json::Value::Object();
-  meta["keys"] = std::move(keys);
-  std::vector<std::pair<std::string, json::Value>> pd;
-  for (const auto& [fqn, path] : c_.metadata.planner_data) {
-    json::Value a = json::Value::Array();
-    for (const PathComponent& x : path) {
-      if (std::holds_alternative<std::string>(x)) {
-        a.Append(std::get<std::string>(x));
-      } else {
-        a.Append(std::get<int64_t>(x));
-      }
+  // The model.
+  universal::Model& model = plan_.model;
+  model.iteration = c_.iteration;
+  model.consumed_samples = -1;
+  universal::SourceInfo& src = model.source;
+  src.framework = "pytorch-dcp";
+  src.driver = "dcp";
+  src.framework_version = c_.metadata.version;
+  src.tp = 1;
+  src.pp = 1;
+  src.vpp = 1;
+  src.dp = c_.world;
+  src.dtype = std::string(DTypeName(model_dtype_));
+  src.other["checkpoint"] = c_.name;
+  if (has_optimizer_) {
+    universal::OptimizerInfo& opt = model.optimizer;
+    opt.type = "torch.optim";
+    opt.groups.emplace();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      universal::ParamGroup& j = opt.groups->emplace_back();
+      j.params = group_params_[g];
+      for (const auto& [k, v] : groups_[g])
+        formats::AddGroupHyperparam(k, v, j);
     }
-    pd.emplace_back(fqn, std::move(a));
+    opt.state_kinds =
+        std::vector<std::string>(state_kinds_.begin(), state_kinds_.end());
+    opt.step = model.iteration;
   }
-  meta["planner_data"] = json::Value::FromMembers(std::move(pd));
-  meta["version"] = c_.metadata.version;
-  meta["world"] = c_.world;
-  root.extra_strings[kMetaAttr] = meta.Dump();
+  universal::TrainingInfo& training = model.training.emplace();
+  training.dtype = std::string(DTypeName(model_dtype_));
+  training.step = model.iteration;
+  training.frozen = std::move(frozen);
+  training.shared.emplace();
+  training.param_order = std::move(param_order);
+  meta.planner_data = c_.metadata.planner_data;
+  meta.version = c_.metadata.version;
+  meta.world = c_.world;
+  WriteDcpExtras(meta, model);
   return std::move(plan_);
 }
 

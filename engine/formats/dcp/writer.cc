@@ -73,7 +73,7 @@ class DcpPlan : public formats::TargetPlan {
 
  private:
   void BuildKeys(const formats::TargetOptions& options);
-  void KeysFromDcp(const json::Value& meta);
+  void KeysFromDcp(const DcpExtras& meta);
   void KeysFromOtherFormats(const formats::TargetOptions& options);
   void PlaceItems();
   std::string OpaqueBytes(const atoms::DatasetInfo& d) const;
@@ -112,33 +112,20 @@ std::string DcpPlan::OpaqueBytes(const atoms::DatasetInfo& d) const {
 
 // The source was DCP: its keys in its order, its objects verbatim, its
 // planner_data.
-void DcpPlan::KeysFromDcp(const json::Value& meta) {
+void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
   std::map<std::string, std::vector<PathComponent>> paths;
-  if (const json::Value* pd = meta.Find("planner_data");
-      pd != nullptr && pd->is_object()) {
-    for (const auto& [fqn, p] : pd->members()) {
-      std::vector<PathComponent> path;
-      for (const json::Value& x : p.items()) {
-        if (x.is_string()) {
-          path.emplace_back(x.AsString());
-        } else {
-          path.emplace_back(x.AsInt());
-        }
-      }
-      paths[fqn] = std::move(path);
-    }
-  }
-  for (const json::Value& j : meta.At("keys").items()) {
+  if (meta.planner_data)
+    for (const auto& [fqn, path] : *meta.planner_data) paths[fqn] = path;
+  for (const DcpKeyRecord& j : meta.keys) {
     Key k;
-    k.fqn = j.At("key").AsString();
-    const std::string cls = j.At("class").AsString();
+    k.fqn = j.key;
     for (KeyClass::Kind kind :
          {KeyClass::kModel, KeyClass::kState, KeyClass::kParamGroup,
           KeyClass::kParamGroups, KeyClass::kTensor, KeyClass::kBytes}) {
-      if (KeyClassName(kind) == cls) k.cls.kind = kind;
+      if (KeyClassName(kind) == j.cls) k.cls.kind = kind;
     }
-    if (const json::Value* p = j.Find("param")) k.cls.param = p->AsString();
-    if (const json::Value* s = j.Find("state")) k.cls.state = s->AsString();
+    k.cls.param = j.param;
+    k.cls.state = j.state;
     k.tensor = k.cls.kind == KeyClass::kModel ||
                k.cls.kind == KeyClass::kState ||
                k.cls.kind == KeyClass::kTensor;
@@ -165,10 +152,9 @@ void DcpPlan::KeysFromDcp(const json::Value& meta) {
   }
   // The state dict's order (planner_data keeps it; the metadata lists keys
   // as the save's plans met them), which torch's dedup walks.
-  if (const json::Value* pd = meta.Find("planner_data");
-      pd != nullptr && pd->is_object()) {
+  if (meta.planner_data) {
     std::map<std::string, size_t> rank_of;
-    for (const auto& [fqn, p] : pd->members())
+    for (const auto& [fqn, p] : *meta.planner_data)
       rank_of.emplace(fqn, rank_of.size());
     std::stable_sort(
         keys_.begin(), keys_.end(), [&](const Key& a, const Key& b) {
@@ -225,8 +211,7 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
   if (!any_state) return;
   std::vector<std::string> kinds = {"exp_avg", "exp_avg_sq"};
   kinds.insert(kinds.end(), other.begin(), other.end());
-  const int64_t optimizer_step =
-      formats::OptimizerStep(input_.root(), input_.path());
+  const int64_t optimizer_step = formats::OptimizerStep(input_.model());
   const auto step = static_cast<double>(optimizer_step);
   if (!step_atoms) {
     notes_.insert(
@@ -285,9 +270,8 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     templates = nullptr;
     std::vector<Value*> made;
     // (torch.optim.Adam's load needs lr, betas, eps and weight_decay.)
-    const json::Value groups =
-        formats::AdamGroups(input_.root(), input_.path(), notes_);
-    for (const json::Value& g : groups.items())
+    for (const universal::ParamGroup& g :
+         formats::AdamGroups(input_.model(), notes_))
       made.push_back(formats::GroupHyperparamsDict(g, json_groups));
     const bool any = std::any_of(made.begin(), made.end(),
                                  [](const Value* v) { return v != nullptr; });
@@ -325,12 +309,10 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
 }
 
 void DcpPlan::BuildKeys(const formats::TargetOptions& options) {
-  const auto it = input_.root().extra_strings.find(kMetaAttr);
-  if (it != input_.root().extra_strings.end()) {
+  if (const std::optional<DcpExtras> meta =
+          ReadDcpExtras(input_.model(), input_.path())) {
     try {
-      const json::Value meta =
-          formats::ParseJsonAttr(it->second, kMetaAttr, input_.path());
-      KeysFromDcp(meta);
+      KeysFromDcp(*meta);
     } catch (Error& e) {
       e.AddContext("universal input ", input_.path().string(), " > attribute ",
                    kMetaAttr);

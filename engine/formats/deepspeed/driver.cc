@@ -59,7 +59,7 @@ class NativeSource : public formats::Source {
   }
   universal::SourcePlan Plan() const override {
     universal::SourcePlan plan = PlanSource(c_, options_);
-    info_.iteration = plan.root.iteration;
+    info_.iteration = plan.model.iteration;
     return plan;
   }
   NameListing ListNames() const override {
@@ -174,7 +174,7 @@ class UniversalSource : public formats::Source {
   }
   universal::SourcePlan Plan() const override {
     universal::SourcePlan plan = PlanSource(f_);
-    info_.iteration = plan.root.iteration;
+    info_.iteration = plan.model.iteration;
     return plan;
   }
   // load_universal reads a universal folder at any world size.

@@ -25,9 +25,14 @@ struct Global {
 
 std::string Mp(int64_t mp) { return StrCat(mp < 10 ? "0" : "", mp); }
 
-json::Value ParseOr(const std::string& text) {
-  if (text.empty()) return json::Value::Object();
-  return json::Value::Parse(text);
+// Appends the names of `from` missing in `into`.
+void UnionNames(std::optional<std::vector<std::string>>& into,
+                const std::optional<std::vector<std::string>>& from) {
+  if (!from) return;
+  if (!into) into.emplace();
+  std::set<std::string> have(into->begin(), into->end());
+  for (const std::string& n : *from)
+    if (have.insert(n).second) into->push_back(n);
 }
 
 // Appends the names of `from` missing in `into` (arrays of strings).
@@ -75,7 +80,7 @@ universal::SourcePlan MergeModelParallel(
   };
 
   universal::SourcePlan out;
-  out.root = ranks[0].root;
+  out.model = ranks[0].model;
   std::vector<uint32_t> offset(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
     offset[i] = static_cast<uint32_t>(out.sources.size());
@@ -229,29 +234,34 @@ universal::SourcePlan MergeModelParallel(
   }
 
   // Root metadata: the stages' name lists joined; the topology.
-  json::Value source = ParseOr(out.root.source);
-  source["tp"] = tp;
-  source["pp"] = m.pp;
-  out.root.source = source.Dump();
-  json::Value training = ParseOr(out.root.training);
-  json::Value optimizer = ParseOr(out.root.optimizer);
+  universal::Model& model = out.model;
+  model.source.tp = tp;
+  model.source.pp = m.pp;
+  universal::TrainingInfo& training =
+      model.training ? *model.training : model.training.emplace();
   const std::string meta_key(kMetaAttr);
-  json::Value meta = ParseOr(out.root.extra_strings[meta_key]);
+  json::Value& meta = model.extras[meta_key];
+  if (!meta.is_object()) meta = json::Value::Object();
   for (int64_t p = 1; p < m.pp; ++p) {
-    const atoms::RootInfo& r = ranks[static_cast<size_t>(p * tp)].root;
-    const json::Value tr = ParseOr(r.training);
-    if (const json::Value* o = tr.Find("param_order"))
-      Union(training["param_order"], *o);
-    if (const json::Value* f = tr.Find("frozen")) Union(training["frozen"], *f);
-    const json::Value op = ParseOr(r.optimizer);
-    if (const json::Value* g = op.Find("groups"))
-      UnionGroups(optimizer["groups"], *g, "params");
-    auto mit = r.extra_strings.find(meta_key);
-    if (mit != r.extra_strings.end()) {
-      const json::Value mt = ParseOr(mit->second);
-      if (const json::Value* g = mt.Find("groups"))
+    const universal::Model& r = ranks[static_cast<size_t>(p * tp)].model;
+    if (r.training) {
+      UnionNames(training.param_order, r.training->param_order);
+      UnionNames(training.frozen, r.training->frozen);
+    }
+    if (r.optimizer.groups) {
+      std::optional<std::vector<universal::ParamGroup>>& into =
+          model.optimizer.groups;
+      if (!into) into.emplace();
+      for (size_t g = 0; g < r.optimizer.groups->size(); ++g) {
+        const universal::ParamGroup& src = (*r.optimizer.groups)[g];
+        if (g >= into->size()) into->push_back(src);
+        UnionNames((*into)[g].params, src.params);
+      }
+    }
+    if (const json::Value* mt = r.FindExtra(meta_key)) {
+      if (const json::Value* g = mt->Find("groups"))
         UnionGroups(meta["groups"], *g, nullptr);
-      if (const json::Value* k = mt.Find("module_keys"))
+      if (const json::Value* k = mt->Find("module_keys"))
         Union(meta["module_keys"], *k);
     }
   }
@@ -277,9 +287,6 @@ universal::SourcePlan MergeModelParallel(
     mpj["vocab_size_from"] = m.vocab_source;
   }
   meta["model_parallel"] = std::move(mpj);
-  out.root.training = training.Dump();
-  out.root.optimizer = optimizer.Dump();
-  out.root.extra_strings[meta_key] = meta.Dump();
   return out;
 }
 

@@ -7,6 +7,8 @@
 // FP16_Optimizer), reader_zero.cc (ZeRO 1-3, BF16_Optimizer),
 // universal_folder.cc (universal folders).
 
+#include "engine/formats/deepspeed/reader.h"
+
 #include <algorithm>
 #include <array>
 #include <map>
@@ -24,7 +26,6 @@
 #include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/model_parallel.h"
 #include "engine/formats/deepspeed/pickled.h"
-#include "engine/formats/deepspeed/reader.h"
 #include "engine/json/json.h"
 #include "engine/reshape/target_plan.h"
 #include "engine/universal/sources.h"
@@ -452,69 +453,55 @@ void Planner::PlanOpaque() {
 }
 
 void Planner::PlanRoot() {
-  atoms::RootInfo& root = plan_.root;
+  universal::Model& model = plan_.model;
   const Value* gs = Get(model_, "global_steps");
-  root.iteration = gs != nullptr && gs->AsInt() ? *gs->AsInt() : 0;
+  model.iteration = gs != nullptr && gs->AsInt() ? *gs->AsInt() : 0;
   const Value* samples = Get(model_, "global_samples");
-  root.consumed_samples =
+  model.consumed_samples =
       samples != nullptr && samples->AsInt() ? *samples->AsInt() : -1;
-  json::Value src = json::Value::Object();
-  src["framework"] = "deepspeed";
-  src["driver"] = "deepspeed";
+  universal::SourceInfo& src = model.source;
+  src.framework = "deepspeed";
+  src.driver = "deepspeed";
   const Value* ver = Get(model_, "ds_version");
-  src["framework_version"] = ver != nullptr && ver->kind == Kind::kStr
-                                 ? ver->s
-                                 : std::string("unknown");
-  src["tp"] = 1;
-  src["pp"] = 1;
-  src["vpp"] = 1;
-  src["dp"] = c_.dp;
-  src["ep"] = 1;
-  src["zero_stage"] = c_.stage;
-  src["distributed_optimizer"] = false;
-  src["dtype"] = std::string(DTypeName(lp_));
-  src["tag"] = c_.tag;
-  root.source = src.Dump();
-  root.model = "{}";
-  root.layout = "";
-  root.args = "{}";
-  json::Value opt = json::Value::Object();
-  opt["type"] = "torch.optim";
-  json::Value groups = json::Value::Array();
+  src.framework_version = ver != nullptr && ver->kind == Kind::kStr
+                              ? ver->s
+                              : std::string("unknown");
+  src.tp = 1;
+  src.pp = 1;
+  src.vpp = 1;
+  src.dp = c_.dp;
+  src.ep = 1;
+  src.zero_stage = c_.stage;
+  src.distributed_optimizer = false;
+  src.dtype = std::string(DTypeName(lp_));
+  src.other["tag"] = c_.tag;
+  universal::OptimizerInfo& opt = model.optimizer;
+  opt.type = "torch.optim";
+  opt.groups.emplace();
   for (size_t g = 0; g < groups_.size(); ++g) {
-    json::Value j = json::Value::Object();
-    json::Value names = json::Value::Array();
-    for (const std::string& n : groups_[g]) names.Append(n);
-    j["params"] = std::move(names);
+    universal::ParamGroup& j = opt.groups->emplace_back();
+    j.params = groups_[g];
     const Value* d = g < group_dicts_.size() ? group_dicts_[g] : nullptr;
-    formats::GroupHyperparamsJson(d, j);
-    groups.Append(std::move(j));
+    if (d != nullptr && d->IsDictLike())
+      for (const auto& [k, v] : d->entries)
+        if (k != nullptr && k->kind == Kind::kStr)
+          formats::AddGroupHyperparam(k->s, v, j);
   }
-  opt["groups"] = std::move(groups);
-  json::Value kinds = json::Value::Array();
-  kinds.Append("fp32");
-  for (const std::string& k : state_kinds_) kinds.Append(k);
-  opt["state_kinds"] = std::move(kinds);
-  opt["step"] = root.iteration;
-  root.optimizer = opt.Dump();
-  root.scheduler = "{}";
+  opt.state_kinds = std::vector<std::string>{"fp32"};
+  for (const std::string& k : state_kinds_) opt.state_kinds->push_back(k);
+  opt.step = model.iteration;
 
-  json::Value training = json::Value::Object();
-  training["dtype"] = std::string(DTypeName(lp_));
-  training["step"] = root.iteration;
-  training["global_samples"] = root.consumed_samples;
-  json::Value frozen = json::Value::Array();
-  json::Value order = json::Value::Array();
-  for (const Param& p : params_) {
-    if (p.frozen) frozen.Append(p.name);
-  }
-  for (const std::string& k : module_keys_) order.Append(k);
-  training["frozen"] = std::move(frozen);
-  json::Value shared = json::Value::Object();
-  for (const auto& [a, s] : shared_) shared[a] = s;
-  training["shared"] = std::move(shared);
-  training["param_order"] = std::move(order);
-  root.training = training.Dump();
+  universal::TrainingInfo& training = model.training.emplace();
+  training.dtype = std::string(DTypeName(lp_));
+  training.step = model.iteration;
+  training.global_samples = model.consumed_samples;
+  training.frozen.emplace();
+  for (const Param& p : params_)
+    if (p.frozen) training.frozen->push_back(p.name);
+  training.shared.emplace();
+  for (const auto& [a, s] : shared_) (*training.shared)[a] = s;
+  training.param_order =
+      std::vector<std::string>(module_keys_.begin(), module_keys_.end());
 
   json::Value meta = json::Value::Object();
   meta["tag"] = c_.tag;
@@ -542,7 +529,7 @@ void Planner::PlanRoot() {
   if (step_value_) meta["step_value"] = *step_value_;
   if (sub_groups_ > 0) meta["zero3_sub_groups"] = sub_groups_;
   meta["lp_dtype"] = std::string(DTypeName(lp_));
-  root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
+  model.extras[std::string(kMetaAttr)] = std::move(meta);
 }
 
 universal::SourcePlan Planner::Run() {

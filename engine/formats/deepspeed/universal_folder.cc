@@ -42,11 +42,7 @@ using pickle::Value;
 formats::TargetOptions FolderOptions(const universal::UniversalInput& input,
                                      formats::TargetOptions options) {
   options.topology = layouts::Topology{};
-  const json::Value source =
-      formats::ParseJsonAttr(input.root().source, "source", input.path());
-  const json::Value* dp = source.is_object() ? source.Find("dp") : nullptr;
-  options.topology.dp =
-      dp != nullptr && dp->is_int() && dp->AsInt() > 0 ? dp->AsInt() : 1;
+  options.topology.dp = universal::SourceInfo::SizeOr1(input.model().source.dp);
   return options;
 }
 

@@ -63,10 +63,8 @@ void WriterBase::Prepare(bool tensor_parallel) {
   W_ = t.dp;
   tp_ = t.tp;
   pp_ = t.pp;
-  const atoms::RootInfo& root = input_.root();
-  if (auto it = root.extra_strings.find(std::string(kMetaAttr));
-      it != root.extra_strings.end())
-    meta_ = formats::ParseJsonAttr(it->second, "deepspeed", input_.path());
+  const universal::Model& model = input_.model();
+  if (const json::Value* meta = model.FindExtra(kMetaAttr)) meta_ = *meta;
   const json::Value* mp = meta_.Find("model_parallel");
   if (mp != nullptr && !mp->is_object()) mp = nullptr;
   if (mp != nullptr) {
@@ -98,15 +96,14 @@ void WriterBase::Prepare(bool tensor_parallel) {
         ": a DeepSpeed target is model-parallel only for a Megatron-DeepSpeed "
         "source (whose layout places the params); pass --tp 1 --pp 1");
   }
-  const json::Value training =
-      formats::ParseJsonAttr(root.training, "training", input_.path());
   auto str = [](const json::Value& o, const char* k) -> std::string {
     const json::Value* v = o.is_object() ? o.Find(k) : nullptr;
     return v != nullptr && v->is_string() ? v->AsString() : std::string();
   };
   // Training dtype.
   std::string lp = str(meta_, "lp_dtype");
-  if (lp.empty()) lp = str(training, "dtype");
+  if (lp.empty() && model.training && model.training->dtype)
+    lp = *model.training->dtype;
   if (!lp.empty()) {
     if (auto d = DTypeFromName(lp)) lp_ = *d;
   } else {
@@ -177,7 +174,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
   }
   tag_ = options_.values.String(kTagOption).value_or("");
   if (tag_.empty()) tag_ = str(meta_, "tag");
-  if (tag_.empty()) tag_ = StrCat("global_step", root.iteration);
+  if (tag_.empty()) tag_ = StrCat("global_step", model.iteration);
   if (tag_.find('/') != std::string::npos || tag_ == "." || tag_ == "..")
     throw UsageError("--tag ", tag_, ": not a folder name");
   tag_dir_ = tag_;
@@ -194,13 +191,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
     p.group = std::max<int64_t>(sp.info.group, 0);
     p.frozen = sp.info.frozen;
     p.buffer = sp.info.kind == atoms::ParamKind::kBuffer;
-    if (from_deepspeed) {
-      json::Value tc = formats::ParseJsonAttr(sp.info.tied_copies,
-                                              "tied_copies", input_.path());
-      if (tc.is_array())
-        for (const json::Value& a : tc.items())
-          if (a.is_string()) p.aliases.push_back(a.AsString());
-    }
+    if (from_deepspeed) p.aliases = sp.info.tied_copies;
     if (!p.buffer && !p.frozen && input_.FindAtom(p.name, "fp32") == nullptr &&
         input_.FindAtom(p.name, "param") == nullptr) {
       throw FormatError("universal input ", input_.path().string(), " > param ",
@@ -337,9 +328,8 @@ void WriterBase::Prepare(bool tensor_parallel) {
     // source does not record (torch's load_state_dict takes them whole).
     std::vector<pickle::Value*> made;
     if (any_state) {
-      const json::Value groups =
-          formats::AdamGroups(input_.root(), input_.path(), notes_);
-      for (const json::Value& g : groups.items())
+      for (const universal::ParamGroup& g :
+           formats::AdamGroups(input_.model(), notes_))
         made.push_back(formats::GroupHyperparamsDict(g, json_groups_));
     }
     if (std::any_of(made.begin(), made.end(),
@@ -430,18 +420,12 @@ bool WriterBase::UnfusedBf16() const {
   const json::Value* w = meta_.Find("wrapper");
   if (w != nullptr && w->is_string() && w->AsString() == "fp16_unfused")
     return true;  // the source was trained so
-  const json::Value source =
-      formats::ParseJsonAttr(input_.root().source, "source", input_.path());
-  const json::Value* fw =
-      source.is_object() ? source.Find("framework") : nullptr;
-  const json::Value* v =
-      source.is_object() ? source.Find("framework_version") : nullptr;
-  if (fw == nullptr || !fw->is_string() || fw->AsString() != "deepspeed" ||
-      v == nullptr || !v->is_string())
+  const universal::SourceInfo& source = input_.model().source;
+  if (source.framework != "deepspeed" || !source.framework_version)
     return false;
   // "major.minor.patch[...]" >= 0.17.6
   int64_t part[3] = {0, 0, 0};
-  const std::string& text = v->AsString();
+  const std::string& text = *source.framework_version;
   size_t i = 0;
   for (int k = 0; k < 3 && i < text.size(); ++k) {
     while (i < text.size() && text[i] >= '0' && text[i] <= '9')
@@ -468,7 +452,7 @@ Value* WriterBase::LossScaleField(FileBuild& f, const std::string& name) {
   const bool bf16 = lp_ == DType::kBFloat16;
   if (name == "dynamic_loss_scale") return a.Bool(!bf16);
   if (name == "cur_scale") return a.Float(bf16 ? 1.0 : 65536.0);
-  if (name == "cur_iter") return a.Int(input_.root().iteration);
+  if (name == "cur_iter") return a.Int(input_.model().iteration);
   if (name == "last_overflow_iter") return a.Int(-1);
   if (name == "scale_factor") return a.Float(2.0);
   if (name == "scale_window") return a.Int(1000);
@@ -516,7 +500,7 @@ Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
     t.ops.push_back(std::move(op));
     return f.AddTensor(std::move(t));
   }
-  int64_t step = formats::OptimizerStep(input_.root(), input_.path());
+  int64_t step = formats::OptimizerStep(input_.model());
   if (const json::Value* v = meta_.Find("step_value"); v && v->is_number()) {
     if (step_kind_ == "float") return a.Float(v->AsDouble());
     step = static_cast<int64_t>(v->AsDouble());
@@ -730,9 +714,9 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     } else if (Value* b = ImportBlob(f, "top_level/" + key)) {
       v = b;
     } else if (key == "global_steps") {
-      v = a.Int(input_.root().iteration);
+      v = a.Int(input_.model().iteration);
     } else if (key == "global_samples") {
-      v = a.Int(std::max<int64_t>(input_.root().consumed_samples, 0));
+      v = a.Int(std::max<int64_t>(input_.model().consumed_samples, 0));
     } else if (key == "skipped_steps") {
       v = a.Int(0);
     } else if (key == "sparse_tensor_module_names") {

@@ -44,9 +44,7 @@ Box Rows(int64_t begin, int64_t end, int64_t cols) {
 
 // The layout the source names: "" if none.
 std::string SourceLayout(const universal::UniversalInput& input) {
-  const json::Value source =
-      formats::ParseJsonAttr(input.root().source, "source", input.path());
-  return String(source, "layout").value_or("");
+  return input.model().source.layout.value_or("");
 }
 
 bool IsMcoreGpt(const std::string& layout) {
@@ -57,12 +55,11 @@ bool IsMcoreGpt(const std::string& layout) {
 
 HfModel MapToHfLlama(const universal::UniversalInput& input,
                      std::string_view flag) {
-  const atoms::RootInfo& root = input.root();
   const std::string where = StrCat(flag, ": ", input.path().string());
   const layouts::Variables model =
-      formats::ModelVariables(root.model, input.path());
-  const json::Value args =
-      formats::ParseJsonAttr(root.args, "args", input.path());
+      formats::ModelVariables(input.model().variables);
+  // The Megatron args object, as the source's reader recorded it.
+  const json::Value& args = input.model().args;
   const std::string layout = SourceLayout(input);
   if (!IsMcoreGpt(layout)) {
     throw UsageError(where, " is not a Megatron-core GPTModel (layout '",

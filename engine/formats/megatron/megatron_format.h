@@ -107,12 +107,22 @@
 //   "none", "state_keys": per-param state keys in order, "grad_dtype",
 //   "vocab_size_known": false when the true vocabulary size was unknown and
 //   every stored row (the source's padded size) counts as a real row}.
+//   Both Megatron readers (legacy, torch_dist) write it and both Megatron
+//   writers read it: the family's record, typed as MegatronExtras below.
 
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/json/json.h"
+
+namespace ucp::universal {
+struct Model;
+}  // namespace ucp::universal
 
 namespace ucp::megatron {
 
@@ -123,6 +133,35 @@ inline constexpr std::string_view kDistribOptimFile = "distrib_optim.pt";
 inline constexpr std::string_view kReleaseDir = "release";
 /// The root attribute of the universal file holding the driver's metadata.
 inline constexpr std::string_view kMetaAttr = "megatron";
+
+/// The "megatron" root attribute, typed (the family's record, see above).
+/// An absent member is an empty optional; unknown members stay in `other`.
+struct MegatronExtras {
+  std::optional<std::vector<std::string>> top_level_keys;
+  /// (canonical name, "param" | "buffer" | "opaque") in state-dict order.
+  std::optional<std::vector<std::pair<std::string, std::string>>> entries;
+  std::optional<bool> release;
+  std::optional<int64_t> gpus_per_node;
+  /// "float16" | "fp32" | "distributed" | "none".
+  std::optional<std::string> optimizer_format;
+  std::optional<std::vector<std::string>> state_keys;
+  std::optional<std::string> grad_dtype;
+  std::optional<bool> vocab_size_known;
+  json::Value other = json::Value::Object();
+
+  /// False only when the record says the true vocabulary size was unknown.
+  bool VocabSizeKnown() const noexcept {
+    return vocab_size_known.value_or(true);
+  }
+};
+
+/// The model's "megatron" record; absent if it has none. Throws FormatError
+/// "universal file <file> > attribute megatron > ..." if a member has the
+/// wrong type (an entry that is not [name, kind]).
+std::optional<MegatronExtras> ReadMegatronExtras(
+    const universal::Model& model, const std::filesystem::path& file);
+/// Stores `extras` as the model's "megatron" record.
+void WriteMegatronExtras(const MegatronExtras& extras, universal::Model& model);
 
 /// The world tensors of a distrib_optim.pt buffer and the state kinds of the
 /// universal file they hold.

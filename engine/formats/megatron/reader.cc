@@ -332,7 +332,7 @@ class Planner {
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::map<std::string, ParamState> params_;
   std::vector<std::string> param_order_;
-  json::Value entries_ = json::Value::Array();
+  std::vector<std::pair<std::string, std::string>> entries_;
   bool has_optimizer_ = false;
   OptimizerFormat optimizer_format_ = OptimizerFormat::kNone;
   std::vector<std::string> state_keys_;
@@ -490,15 +490,12 @@ void Planner::CollectParams() {
         throw FormatError(sr.Where(), " > ", ch.key, " > param ", name,
                           ": appears in two model chunks");
       }
-      json::Value entry = json::Value::Array();
-      entry.Append(name);
       if (rule.entry == EntryKind::kOpaque) {
-        entry.Append("opaque");
-        entries_.Append(std::move(entry));
+        entries_.emplace_back(name, "opaque");
         continue;
       }
-      entry.Append(rule.entry == EntryKind::kBuffer ? "buffer" : "param");
-      entries_.Append(std::move(entry));
+      entries_.emplace_back(
+          name, rule.entry == EntryKind::kBuffer ? "buffer" : "param");
       const TensorInfo& t = *ch.leaves[i].tensor;
       ParamState ps;
       ps.name = name;
@@ -1135,11 +1132,11 @@ void Planner::PlanRoot() {
   const SourceRank& r0 = L_.ranks.front();
   const RunConfig& run = L_.run;
   const layouts::Topology& t = run.topology;
-  atoms::RootInfo& root = plan_.root;
+  universal::Model& model = plan_.model;
   const Value* it = pickle::DictGet(r0.root, "iteration");
-  root.iteration =
+  model.iteration =
       it != nullptr && it->kind == Kind::kInt ? it->i : c_.iteration;
-  root.consumed_samples = run.consumed_train_samples.value_or(-1);
+  model.consumed_samples = run.consumed_train_samples.value_or(-1);
 
   // Ranks per node: the smallest common node size that explains every
   // rank's local_rank (torchrun: local_rank = rank % ranks per node).
@@ -1174,99 +1171,84 @@ void Planner::PlanRoot() {
     version = "Megatron-LM <= 23.x";
   }
 
-  json::Value src = json::Value::Object();
-  src["framework"] = "megatron-lm";
-  src["framework_version"] = version;
-  src["format"] = "legacy";
-  src["tp"] = t.tp;
-  src["pp"] = t.pp;
-  src["vpp"] = t.vpp;
-  src["dp"] = t.dp;
-  src["cp"] = run.cp;
-  src["ep"] = 1;
-  if (t.first_stage_layers) src["first_stage_layers"] = *t.first_stage_layers;
-  if (t.last_stage_layers) src["last_stage_layers"] = *t.last_stage_layers;
-  src["distributed_optimizer"] = run.distributed_optimizer;
-  if (run.padded_vocab_size) src["padded_vocab_size"] = *run.padded_vocab_size;
-  src["vocab_size_from"] = L_.vocab_source;
-  json::Value dt = json::Value::Array();
-  for (const std::string& d : dtypes) dt.Append(d);
-  src["dtypes"] = std::move(dt);
-  src["layout"] = L_.layout->name();
-  src["iteration_dir"] = c_.iter_dir.filename().string();
-  root.source = src.Dump();
+  universal::SourceInfo& src = model.source;
+  src.framework = "megatron-lm";
+  src.framework_version = version;
+  src.format = "legacy";
+  src.tp = t.tp;
+  src.pp = t.pp;
+  src.vpp = t.vpp;
+  src.dp = t.dp;
+  src.cp = run.cp;
+  src.ep = 1;
+  src.first_stage_layers = t.first_stage_layers;
+  src.last_stage_layers = t.last_stage_layers;
+  src.distributed_optimizer = run.distributed_optimizer;
+  src.padded_vocab_size = run.padded_vocab_size;
+  src.other["vocab_size_from"] = L_.vocab_source;
+  src.dtypes = std::vector<std::string>(dtypes.begin(), dtypes.end());
+  src.layout = L_.layout->name();
+  src.other["iteration_dir"] = c_.iter_dir.filename().string();
 
-  json::Value model = json::Value::Object();
-  for (const auto& [k, v] : L_.vars.values()) model[k] = v;
-  model["true_vocab_size"] = L_.vars.Get("vocab_size");
-  root.model = model.Dump();
-  root.layout = L_.layout->yaml();
+  for (const auto& [k, v] : L_.vars.values()) model.variables.Set(k, v);
+  model.variables.Set("true_vocab_size", L_.vars.Get("vocab_size"));
+  model.layout_yaml = L_.layout->yaml();
 
-  json::Value opt = json::Value::Object();
-  opt["type"] = run.optimizer;
-  json::Value groups = json::Value::Array();
+  universal::OptimizerInfo& opt = model.optimizer;
+  opt.type = run.optimizer;
+  opt.groups.emplace();
   for (size_t i = 0; i < group_keys_.size(); ++i) {
-    json::Value g = json::Value::Object();
-    g["key"] = group_keys_[i].ToJson();
+    universal::ParamGroup& g = opt.groups->emplace_back();
+    g.other["key"] = group_keys_[i].ToJson();
     for (const auto& [k, v] : group_dicts_[i]->entries) {
       if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
-      g[k->s] = ValueToJson(v);
+      g.Set(k->s, ValueToJson(v));
     }
-    groups.Append(std::move(g));
   }
-  opt["groups"] = std::move(groups);
-  json::Value kinds = json::Value::Array();
+  opt.state_kinds.emplace();
   if (has_optimizer_) {
-    kinds.Append("fp32");
-    for (const std::string& k : state_keys_) kinds.Append(k);
+    opt.state_kinds->push_back("fp32");
+    for (const std::string& k : state_keys_) opt.state_kinds->push_back(k);
   }
-  opt["state_kinds"] = std::move(kinds);
-  root.optimizer = opt.Dump();
   const Value* sched = pickle::DictGet(r0.root, "opt_param_scheduler");
-  root.scheduler =
-      sched != nullptr ? ValueToJson(sched).Dump() : std::string("{}");
-  root.args = ArgsToJson(args).Dump();
+  model.scheduler =
+      sched != nullptr ? ValueToJson(sched) : json::Value::Object();
+  model.args = ArgsToJson(args);
 
-  json::Value meta = json::Value::Object();
-  json::Value top = json::Value::Array();
+  MegatronExtras meta;
+  meta.top_level_keys.emplace();
   bool model_seen = false;
   for (const auto& [k, v] : r0.root->entries) {
     if (k == nullptr || k->kind != Kind::kStr) continue;
     if (IsModelKey(k->s)) {
-      if (!model_seen) top.Append("model");
+      if (!model_seen) meta.top_level_keys->push_back("model");
       model_seen = true;
     } else {
-      top.Append(k->s);
+      meta.top_level_keys->push_back(k->s);
     }
   }
-  meta["top_level_keys"] = std::move(top);
-  meta["entries"] = entries_;
-  meta["release"] = c_.release;
-  meta["gpus_per_node"] = gpus_per_node;
-  meta["optimizer_format"] = OptimizerFormatName(optimizer_format_);
-  json::Value sk = json::Value::Array();
-  for (const std::string& k : state_keys_) sk.Append(k);
-  meta["state_keys"] = std::move(sk);
-  meta["grad_dtype"] = grad_dtype_;
-  meta["vocab_size_known"] = L_.true_vocab_known;
-  root.extra_strings[std::string(kMetaAttr)] = meta.Dump();
+  meta.entries = entries_;
+  meta.release = c_.release;
+  meta.gpus_per_node = gpus_per_node;
+  meta.optimizer_format = OptimizerFormatName(optimizer_format_);
+  meta.state_keys = state_keys_;
+  meta.grad_dtype = grad_dtype_;
+  meta.vocab_size_known = L_.true_vocab_known;
+  WriteMegatronExtras(meta, model);
 
-  // Framework-neutral run state (atom_store.h RootInfo::training).
-  json::Value training = json::Value::Object();
-  training["dtype"] =
-      dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
-  training["step"] = root.iteration;
-  training["global_samples"] = root.consumed_samples;
-  training["frozen"] = json::Value::Array();
-  json::Value shared = json::Value::Object();
-  json::Value order = json::Value::Array();
+  // Framework-neutral run state.
+  universal::TrainingInfo& training = model.training.emplace();
+  training.dtype = dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
+  training.step = model.iteration;
+  training.global_samples = model.consumed_samples;
+  training.frozen.emplace();
+  training.shared.emplace();
+  training.param_order.emplace();
   for (const std::string& n : param_order_) {
-    order.Append(n);
-    for (const std::string& c : params_.at(n).tied_copies) shared[c] = n;
+    training.param_order->push_back(n);
+    for (const std::string& c : params_.at(n).tied_copies)
+      (*training.shared)[c] = n;
   }
-  training["shared"] = std::move(shared);
-  training["param_order"] = std::move(order);
-  root.training = training.Dump();
 }
 
 universal::SourcePlan Planner::Run() {

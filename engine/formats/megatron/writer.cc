@@ -40,6 +40,7 @@
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
 #include "engine/formats/megatron/torch_step.h"
+#include "engine/formats/placed_target.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_writer.h"
 #include "engine/universal/input.h"
@@ -108,7 +109,7 @@ class MegatronPlan : public formats::TargetPlan {
   void ReadTorchStep();
   void NoteUnknownVocab();
   fs::path IterDir() const {
-    return IterDirName(store_.root().iteration, release_);
+    return IterDirName(store_.model().iteration, release_);
   }
 
   const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, File& model,
@@ -133,9 +134,7 @@ class MegatronPlan : public formats::TargetPlan {
   layouts::Variables vars_;
   layouts::Topology topo_;
   std::optional<layouts::LayerPlacement> placement_;
-  json::Value meta_;
-  json::Value source_;
-  json::Value optimizer_;
+  MegatronExtras meta_;
   std::vector<Entry> entries_;
   // chunk_entries_[pp][vp] = indices into entries_
   std::vector<std::vector<std::vector<size_t>>> chunk_entries_;
@@ -178,80 +177,36 @@ const atoms::DatasetInfo& MegatronPlan::AtomOf(const atoms::StoredParam& p,
 }
 
 void MegatronPlan::ReadMetadata() {
-  const atoms::RootInfo& root = store_.root();
-  if (root.layout.empty()) {
-    throw FormatError("universal file ", store_.path().string(),
-                      " has no layout descriptor: cannot place params");
-  }
-  layout_ = Layout::ParseStored(root.layout, store_.path());
-  if (store_.FindOpaque("args") == nullptr) {
+  const universal::Model& model = store_.model();
+  if (!model.layout_yaml.empty() && store_.FindOpaque("args") == nullptr) {
     throw UsageError(
         store_.path().string(),
         " holds no Megatron args (another framework's checkpoint): the "
         "legacy format's rank files carry them; --format megatron-torch-dist "
         "writes it without them");
   }
-  layouts::Variables vars = formats::ModelVariables(root.model, store_.path());
-  if (options_.true_vocab_size)
-    vars.Set("vocab_size", *options_.true_vocab_size);
-  vars_ = layout_->Resolve(vars);
-  auto it = root.extra_strings.find(std::string(kMetaAttr));
-  meta_ = it != root.extra_strings.end()
-              ? formats::ParseJsonAttr(it->second, "megatron", store_.path())
-              : json::Value::Object();
-  source_ = formats::ParseJsonAttr(root.source, "source", store_.path());
-  optimizer_ =
-      formats::ParseJsonAttr(root.optimizer, "optimizer", store_.path());
-  auto int_of = [](const json::Value& o, const char* k, int64_t def) {
-    const json::Value* v = o.Find(k);
-    return v != nullptr && v->is_int() ? v->AsInt() : def;
-  };
-  source_tp_ = int_of(source_, "tp", 1);
-  source_pp_ = int_of(source_, "pp", 1);
-  source_vpp_ = int_of(source_, "vpp", 1);
-  cp_ = int_of(source_, "cp", 1);
-  gpus_per_node_ = std::max<int64_t>(int_of(meta_, "gpus_per_node", 8), 1);
-  if (const json::Value* r = meta_.Find("release"); r && r->is_bool())
-    release_ = r->AsBool();
-  if (const json::Value* g = meta_.Find("grad_dtype"); g && g->is_string())
-    grad_dtype_ = g->AsString();
-
-  topo_ = options_.topology;
-  if (topo_.tp < 1 || topo_.pp < 1 || topo_.vpp < 1 || topo_.dp < 1) {
-    throw LayoutError("target topology ", topo_.ToString(),
-                      ": sizes must be >= 1");
-  }
-  if (topo_.vpp > 1 && topo_.pp == 1) {
-    throw LayoutError("target topology ", topo_.ToString(),
-                      ": a virtual pipeline (vpp ", topo_.vpp,
-                      ") needs pp > 1 (Megatron builds model chunks only "
-                      "with pipeline parallelism)");
-  }
-  // A universal file that did not know the true vocabulary size holds the
-  // source's padded rows as real rows; a given size below them marks the
-  // rest as padding again.
-  const json::Value* vocab_known = meta_.Find("vocab_size_known");
-  if (options_.true_vocab_size && vocab_known != nullptr &&
-      vocab_known->is_bool() && !vocab_known->AsBool())
-    vocab_rows_ = *options_.true_vocab_size;
-  std::vector<layouts::ParamShape> shapes;
-  for (const atoms::StoredParam& p : store_.params()) {
-    Shape shape = p.info.shape;
-    const Rule* r = layout_->Find(p.info.fqn, vars_);
-    const size_t dim = r != nullptr ? static_cast<size_t>(r->tp.dim) : 0;
-    if (vocab_rows_ && r != nullptr && r->tp.split && r->tp.vocab &&
-        dim < shape.size())
-      shape[dim] = std::min(shape[dim], *vocab_rows_);
-    shapes.push_back({p.info.fqn, std::move(shape)});
-  }
-  layouts::ValidateTopology(*layout_, shapes, vars_, topo_);
-  placement_.emplace(layout_->NumLayers(vars_), topo_);
+  meta_ = ReadMegatronExtras(model, store_.path()).value_or(MegatronExtras{});
+  formats::PlacedTarget placed = formats::PlaceTarget(
+      store_,
+      {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
+  layout_ = std::move(placed.layout);
+  vars_ = std::move(placed.vars);
+  vocab_rows_ = placed.vocab_rows;
+  topo_ = placed.topology;
+  placement_.emplace(std::move(placed.placement));
+  const universal::SourceInfo& source = model.source;
+  source_tp_ = source.tp.value_or(1);
+  source_pp_ = source.pp.value_or(1);
+  source_vpp_ = source.vpp.value_or(1);
+  cp_ = source.cp.value_or(1);
+  gpus_per_node_ = std::max<int64_t>(meta_.gpus_per_node.value_or(8), 1);
+  release_ = meta_.release.value_or(release_);
+  grad_dtype_ = meta_.grad_dtype.value_or(grad_dtype_);
   NoteUnknownVocab();
 
   // Optimizer: written when the universal file has one and it is wanted.
-  const json::Value* fmt = meta_.Find("optimizer_format");
   const bool has_optimizer =
-      fmt != nullptr && fmt->is_string() && fmt->AsString() != "none" &&
+      meta_.optimizer_format && *meta_.optimizer_format != "none" &&
       store_.FindOpaque("optimizer/param_groups") != nullptr;
   write_optimizer_ = has_optimizer && !options_.no_optimizer;
   if (!has_optimizer && !options_.no_optimizer) {
@@ -280,38 +235,31 @@ void MegatronPlan::ReadMetadata() {
                        ? TargetOptimizer::kDistributed
                        : (low_precision ? TargetOptimizer::kFloat16
                                         : TargetOptimizer::kFp32);
-  auto in_attr = [&](const char* attr, auto&& fn) {
+  // Megatron's groups carry their key; another framework's do not (and
+  // are not written: see has_optimizer).
+  const universal::OptimizerInfo& optimizer = model.optimizer;
+  if (has_optimizer && optimizer.groups) {
     try {
-      fn();
+      for (const universal::ParamGroup& g : *optimizer.groups) {
+        const json::Value* key = universal::FindMember(g.other, "key");
+        if (key == nullptr) throw FormatError("a param group has no key");
+        group_keys_.push_back(GroupKey::FromJson(*key));
+      }
     } catch (Error& e) {
-      e.AddContext("universal file ", store_.path().string(), " > attribute ",
-                   attr);
+      e.AddContext("universal file ", store_.path().string(),
+                   " > attribute optimizer");
       throw;
     }
-  };
-  in_attr("optimizer", [&] {
-    // Megatron's groups carry their key; another framework's do not (and
-    // are not written: see has_optimizer).
-    if (const json::Value* groups = optimizer_.Find("groups");
-        has_optimizer && groups != nullptr && groups->is_array()) {
-      for (const json::Value& g : groups->items())
-        group_keys_.push_back(GroupKey::FromJson(g.At("key")));
+  }
+  {
+    if (meta_.state_keys) {
+      state_keys_ = *meta_.state_keys;
+    } else if (optimizer.state_kinds) {
+      for (const std::string& k : *optimizer.state_kinds)
+        if (k != "fp32") state_keys_.push_back(k);
     }
-  });
-  in_attr(kMetaAttr.data(), [&] {
-    if (const json::Value* sk = meta_.Find("state_keys");
-        sk && sk->is_array()) {
-      for (const json::Value& k : sk->items())
-        state_keys_.push_back(k.AsString());
-    } else if (const json::Value* kinds = optimizer_.Find("state_kinds");
-               kinds && kinds->is_array()) {
-      for (const json::Value& k : kinds->items())
-        if (k.AsString() != "fp32") state_keys_.push_back(k.AsString());
-    }
-    if (const json::Value* t = meta_.Find("top_level_keys");
-        t && t->is_array()) {
-      for (const json::Value& k : t->items())
-        top_level_keys_.push_back(k.AsString());
+    if (meta_.top_level_keys) {
+      top_level_keys_ = *meta_.top_level_keys;
     } else {
       top_level_keys_ = {"args",
                          "checkpoint_version",
@@ -323,18 +271,8 @@ void MegatronPlan::ReadMetadata() {
                          "rng_state",
                          "num_floating_point_operations_so_far"};
     }
-    if (const json::Value* e = meta_.Find("entries"); e && e->is_array()) {
-      for (const json::Value& x : e->items()) {
-        if (!x.is_array() || x.size() != 2 || !x.items()[0].is_string() ||
-            !x.items()[1].is_string()) {
-          throw FormatError("entry ", x.Dump(),
-                            " is not [name, \"param\"|\"buffer\"|\"opaque\"]");
-        }
-        meta_entries_.emplace_back(x.items()[0].AsString(),
-                                   x.items()[1].AsString());
-      }
-    }
-  });
+    if (meta_.entries) meta_entries_ = *meta_.entries;
+  }
 }
 
 // Without the true vocabulary size the stored rows (the source's padded
@@ -342,10 +280,7 @@ void MegatronPlan::ReadMetadata() {
 // That is what Megatron computes for every true size in (P - div*T, P] when
 // the target tp is a multiple of T, but not for every other tp: say so.
 void MegatronPlan::NoteUnknownVocab() {
-  const json::Value* known = meta_.Find("vocab_size_known");
-  if (options_.true_vocab_size || known == nullptr || !known->is_bool() ||
-      known->AsBool())
-    return;
+  if (options_.true_vocab_size || meta_.VocabSizeKnown()) return;
   for (const Rule& r : layout_->rules()) {
     if (!r.tp.split || !r.tp.vocab) continue;
     const int64_t rows = r.tp.vocab->true_size.Evaluate(vars_);
@@ -693,11 +628,11 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
           entries.emplace_back(arena.Str("step"), model.Import(gfile, known));
         } else {
           entries.emplace_back(arena.Str("step"),
-                               arena.Int(store_.root().iteration));
+                               arena.Int(store_.model().iteration));
           notes_.insert(StrCat("optimizer group ", g.keys[gi].ToString(),
                                " had no 'step' in the source; set to the "
                                "iteration ",
-                               store_.root().iteration));
+                               store_.model().iteration));
         }
       }
       if (target_format_ != TargetOptimizer::kDistributed) {
@@ -938,7 +873,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
   if (i + 1 == units()) {  // the tracker, last
     files.push_back(formats::TextFile(
         kTrackerFile, release_ ? std::string(kReleaseDir)
-                               : std::to_string(store_.root().iteration)));
+                               : std::to_string(store_.model().iteration)));
     return files;
   }
   const int64_t pp = static_cast<int64_t>(i) / topo_.tp;

@@ -68,7 +68,7 @@ class Planner {
   std::optional<layouts::Layout> layout_;
   layouts::Variables vars_;
   std::string vocab_source_;
-  json::Value groups_ = json::Value::Array();
+  std::vector<universal::ParamGroup> groups_;
 };
 
 const Value* Planner::Object(const std::string& fqn) {
@@ -192,15 +192,16 @@ void Planner::PlanGroups() {
     const std::string text = hp.Dump();
     auto [it, fresh] = group_of.try_emplace(text, groups_.size());
     if (fresh) {
-      hp["params"] = json::Value::Array();
-      groups_.Append(std::move(hp));
+      universal::ParamGroup& g = groups_.emplace_back();
+      for (const auto& [k, v] : entries) formats::AddGroupHyperparam(k, v, g);
+      g.params.emplace();
     }
-    groups_.items()[it->second]["params"].Append(name);
+    groups_[it->second].params->push_back(name);
   }
   std::map<std::string, int64_t> index;
   for (size_t g = 0; g < groups_.size(); ++g)
-    for (const json::Value& n : groups_.items()[g]["params"].items())
-      index.emplace(n.AsString(), static_cast<int64_t>(g));
+    for (const std::string& n : *groups_[g].params)
+      index.emplace(n, static_cast<int64_t>(g));
   for (atoms::ParamInfo& p : plan_.params)
     if (auto it = index.find(p.fqn); it != index.end()) p.group = it->second;
 }
@@ -230,55 +231,51 @@ void Planner::PlanObjects() {
 }
 
 void Planner::PlanRoot() {
-  atoms::RootInfo& root = plan_.root;
+  universal::Model& model = plan_.model;
   if (const Value* it = Object("iteration"); it && it->kind == Kind::kInt)
-    root.iteration = it->i;
+    model.iteration = it->i;
   else
-    root.iteration = c_.iteration;
-  root.consumed_samples = run_ ? run_->consumed_train_samples.value_or(-1) : -1;
-  const json::Value dcp_source =
-      formats::ParseJsonAttr(root.source, "source", c_.iter_dir);
-  json::Value src = json::Value::Object();
-  src["framework"] = "megatron-lm";
-  src["framework_version"] = "megatron-core (Megatron-FSDP fsdp_dtensor)";
-  src["format"] = "fsdp_dtensor";
+    model.iteration = c_.iteration;
+  model.consumed_samples =
+      run_ ? run_->consumed_train_samples.value_or(-1) : -1;
+  const universal::SourceInfo dcp_source = std::move(model.source);
+  universal::SourceInfo& src = model.source;
+  src = universal::SourceInfo{};
+  src.framework = "megatron-lm";
+  src.framework_version = "megatron-core (Megatron-FSDP fsdp_dtensor)";
+  src.format = "fsdp_dtensor";
   const layouts::Topology t = run_ ? run_->topology : layouts::Topology{};
-  src["tp"] = t.tp;
-  src["pp"] = 1;
-  src["vpp"] = 1;
-  src["dp"] = run_ ? t.dp : c_.dcp.world;
-  src["cp"] = run_ ? run_->cp : 1;
-  src["distributed_optimizer"] = true;
-  src["optimizer_sharding"] = "fsdp_dtensor";
-  src["vocab_size_from"] = vocab_source_;
-  if (const json::Value* d = dcp_source.Find("dtype")) src["dtype"] = *d;
-  src["layout"] = layout_->name();
-  src["iteration_dir"] = c_.iter_dir.filename().string();
-  root.source = src.Dump();
-  json::Value model = json::Value::Object();
-  for (const auto& [k, v] : vars_.values()) model[k] = v;
-  if (auto v = vars_.Find("vocab_size")) model["true_vocab_size"] = *v;
-  root.model = model.Dump();
-  root.layout = layout_->yaml();
-  root.args =
+  src.tp = t.tp;
+  src.pp = 1;
+  src.vpp = 1;
+  src.dp = run_ ? t.dp : c_.dcp.world;
+  src.cp = run_ ? run_->cp : 1;
+  src.distributed_optimizer = true;
+  src.other["optimizer_sharding"] = "fsdp_dtensor";
+  src.other["vocab_size_from"] = vocab_source_;
+  src.dtype = dcp_source.dtype;
+  src.layout = layout_->name();
+  src.other["iteration_dir"] = c_.iter_dir.filename().string();
+  model.variables = universal::ModelInfo{};
+  for (const auto& [k, v] : vars_.values()) model.variables.Set(k, v);
+  if (auto v = vars_.Find("vocab_size"))
+    model.variables.Set("true_vocab_size", *v);
+  model.layout_yaml = layout_->yaml();
+  model.args =
       c_.args != nullptr
           ? megatron::ArgsToJson(megatron::ArgsView(c_.args->root(), "args"))
-                .Dump()
-          : std::string("{}");
-  json::Value opt =
-      formats::ParseJsonAttr(root.optimizer, "optimizer", c_.iter_dir);
-  if (opt.is_object() && opt.Find("state_kinds") != nullptr) {
-    opt["type"] = run_ ? run_->optimizer : std::string("adam");
-    opt["groups"] = groups_;
-    root.optimizer = opt.Dump();
+          : json::Value::Object();
+  universal::OptimizerInfo& opt = model.optimizer;
+  if (opt.state_kinds) {
+    opt.type = run_ ? run_->optimizer : std::string("adam");
+    opt.groups = groups_;
   }
   // The DCP key list names the source's keys: this content is Megatron's.
-  root.extra_strings.erase(dcp::kMetaAttr);
-  json::Value training =
-      formats::ParseJsonAttr(root.training, "training", c_.iter_dir);
-  training["step"] = root.iteration;
-  training["global_samples"] = root.consumed_samples;
-  root.training = training.Dump();
+  model.extras.erase(dcp::kMetaAttr);
+  universal::TrainingInfo& training =
+      model.training ? *model.training : model.training.emplace();
+  training.step = model.iteration;
+  training.global_samples = model.consumed_samples;
 }
 
 universal::SourcePlan Planner::Run() {

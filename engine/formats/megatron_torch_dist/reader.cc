@@ -129,7 +129,7 @@ class Planner {
 
   std::vector<Param> params_;
   std::map<std::pair<std::string, int64_t>, size_t> param_of_;
-  json::Value entries_ = json::Value::Array();
+  std::vector<std::pair<std::string, std::string>> entries_;
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::map<std::string, const dcp::Entry*> entry_of_;  // tensor keys
   std::vector<int64_t> group_of_;
@@ -308,16 +308,12 @@ void Planner::CollectParams() {
       e.AddContext(Where(*n.entry), " > param ", n.name);
       throw;
     }
-    json::Value entry = json::Value::Array();
-    entry.Append(n.name);
     if (n.opaque) {
-      entry.Append("opaque");
-      entries_.Append(std::move(entry));
+      entries_.emplace_back(n.name, "opaque");
       continue;
     }
     const bool buffer = rule->entry == layouts::EntryKind::kBuffer;
-    entry.Append(buffer ? "buffer" : "param");
-    entries_.Append(std::move(entry));
+    entries_.emplace_back(n.name, buffer ? "buffer" : "param");
     Param p;
     p.name = n.name;
     p.key = n.key;
@@ -994,125 +990,113 @@ void Planner::PlanOpaque() {
 }
 
 void Planner::PlanRoot() {
-  atoms::RootInfo& root = plan_.root;
+  universal::Model& model = plan_.model;
   const Value* it = pickle::DictGet(c_.common, "iteration");
-  root.iteration =
+  model.iteration =
       it != nullptr && it->kind == Kind::kInt ? it->i : c_.iteration;
-  root.consumed_samples = run_ ? run_->consumed_train_samples.value_or(-1) : -1;
+  model.consumed_samples =
+      run_ ? run_->consumed_train_samples.value_or(-1) : -1;
   const layouts::Topology& t = c_.topology;
   std::set<std::string> dtypes;
   for (const Param& p : params_) dtypes.insert(std::string(DTypeName(p.dtype)));
 
-  json::Value src = json::Value::Object();
-  src["framework"] = "megatron-lm";
-  src["framework_version"] = "megatron-core (torch_dist)";
-  src["format"] = "torch_dist";
-  src["tp"] = t.tp;
-  src["pp"] = t.pp;
-  src["vpp"] = t.vpp;
-  src["dp"] = t.dp;
-  src["cp"] = run_ ? run_->cp : 1;
-  src["ep"] = 1;
-  src["distributed_optimizer"] = c_.optimizer == "fully_reshardable" ||
-                                 c_.optimizer == "dp_reshardable" ||
-                                 c_.optimizer == "dp_zero_gather_scatter" ||
-                                 c_.optimizer == "fully_sharded_bucket_space" ||
-                                 c_.optimizer == "fully_sharded_model_space";
-  src["optimizer_sharding"] = c_.optimizer;
-  src["vocab_size_from"] = vocab_source_;
-  json::Value dt = json::Value::Array();
-  for (const std::string& d : dtypes) dt.Append(d);
-  src["dtypes"] = std::move(dt);
-  src["layout"] = layout_->name();
-  src["iteration_dir"] = c_.iter_dir.filename().string();
-  src["transformer_impl"] = local_spec_ ? "local" : "transformer_engine";
-  root.source = src.Dump();
+  universal::SourceInfo& src = model.source;
+  src.framework = "megatron-lm";
+  src.framework_version = "megatron-core (torch_dist)";
+  src.format = "torch_dist";
+  src.tp = t.tp;
+  src.pp = t.pp;
+  src.vpp = t.vpp;
+  src.dp = t.dp;
+  src.cp = run_ ? run_->cp : 1;
+  src.ep = 1;
+  src.distributed_optimizer = c_.optimizer == "fully_reshardable" ||
+                              c_.optimizer == "dp_reshardable" ||
+                              c_.optimizer == "dp_zero_gather_scatter" ||
+                              c_.optimizer == "fully_sharded_bucket_space" ||
+                              c_.optimizer == "fully_sharded_model_space";
+  src.other["optimizer_sharding"] = c_.optimizer;
+  src.other["vocab_size_from"] = vocab_source_;
+  src.dtypes = std::vector<std::string>(dtypes.begin(), dtypes.end());
+  src.layout = layout_->name();
+  src.other["iteration_dir"] = c_.iter_dir.filename().string();
+  src.other["transformer_impl"] = local_spec_ ? "local" : "transformer_engine";
 
-  json::Value model = json::Value::Object();
-  for (const auto& [k, v] : vars_.values()) model[k] = v;
-  if (auto v = vars_.Find("vocab_size")) model["true_vocab_size"] = *v;
-  root.model = model.Dump();
-  root.layout = layout_->yaml();
+  for (const auto& [k, v] : vars_.values()) model.variables.Set(k, v);
+  if (auto v = vars_.Find("vocab_size"))
+    model.variables.Set("true_vocab_size", *v);
+  model.layout_yaml = layout_->yaml();
 
-  json::Value opt = json::Value::Object();
-  opt["type"] = run_ ? run_->optimizer : std::string("adam");
-  json::Value groups = json::Value::Array();
+  universal::OptimizerInfo& opt = model.optimizer;
+  opt.type = run_ ? run_->optimizer : std::string("adam");
+  opt.groups.emplace();
   for (size_t i = 0; i < group_keys_.size(); ++i) {
-    json::Value g = json::Value::Object();
-    g["key"] = group_keys_[i].ToJson();
+    universal::ParamGroup& g = opt.groups->emplace_back();
+    g.other["key"] = group_keys_[i].ToJson();
     if (i < group_dicts_.size() && group_dicts_[i]->IsDictLike()) {
       for (const auto& [k, v] : group_dicts_[i]->entries) {
         if (k == nullptr || k->kind != Kind::kStr || k->s == "params") continue;
-        g[k->s] = megatron::ValueToJson(v);
+        g.Set(k->s, megatron::ValueToJson(v));
       }
     }
-    groups.Append(std::move(g));
   }
-  opt["groups"] = std::move(groups);
-  json::Value kinds = json::Value::Array();
-  if (has_optimizer_) {
-    kinds.Append("fp32");
-    kinds.Append("exp_avg");
-    kinds.Append("exp_avg_sq");
-  }
-  opt["state_kinds"] = std::move(kinds);
-  root.optimizer = opt.Dump();
+  opt.state_kinds.emplace();
+  if (has_optimizer_)
+    opt.state_kinds = std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"};
   const Value* sched = pickle::DictGet(c_.common, "opt_param_scheduler");
-  root.scheduler = sched != nullptr ? megatron::ValueToJson(sched).Dump()
-                                    : std::string("{}");
-  root.args =
-      args_ != nullptr
-          ? megatron::ArgsToJson(megatron::ArgsView(args_, "args")).Dump()
-          : std::string("{}");
+  model.scheduler =
+      sched != nullptr ? megatron::ValueToJson(sched) : json::Value::Object();
+  model.args = args_ != nullptr
+                   ? megatron::ArgsToJson(megatron::ArgsView(args_, "args"))
+                   : json::Value::Object();
 
-  // What the "megatron" driver keeps (megatron_format.h), so that either
+  // The Megatron family's record (megatron_format.h), so that either
   // Megatron format can be written.
-  json::Value meta = json::Value::Object();
-  json::Value top = json::Value::Array();
-  for (const char* k :
-       {"args", "checkpoint_version", "iteration", "model", "optimizer",
-        "opt_param_scheduler", "rerun_state_machine", "rng_state",
-        "num_floating_point_operations_so_far"})
-    top.Append(k);
-  meta["top_level_keys"] = std::move(top);
-  meta["entries"] = entries_;
-  meta["release"] = false;
-  meta["gpus_per_node"] = 8;
+  megatron::MegatronExtras meta;
+  meta.top_level_keys =
+      std::vector<std::string>{"args",
+                               "checkpoint_version",
+                               "iteration",
+                               "model",
+                               "optimizer",
+                               "opt_param_scheduler",
+                               "rerun_state_machine",
+                               "rng_state",
+                               "num_floating_point_operations_so_far"};
+  meta.entries = entries_;
+  meta.release = false;
+  meta.gpus_per_node = 8;
   const bool float16 = std::any_of(
       params_.begin(), params_.end(),
       [](const Param& p) { return !p.buffer && p.dtype != DType::kFloat32; });
-  meta["optimizer_format"] = !has_optimizer_ ? "none"
-                             : c_.optimizer == "non_distributed"
-                                 ? (float16 ? "float16" : "fp32")
-                                 : "distributed";
-  json::Value sk = json::Value::Array();
-  if (has_step_) sk.Append("step");  // torch Adam's order
+  meta.optimizer_format = !has_optimizer_ ? "none"
+                          : c_.optimizer == "non_distributed"
+                              ? (float16 ? "float16" : "fp32")
+                              : "distributed";
+  meta.state_keys.emplace();
+  if (has_step_) meta.state_keys->push_back("step");  // torch Adam's order
   if (has_optimizer_) {
-    sk.Append("exp_avg");
-    sk.Append("exp_avg_sq");
+    meta.state_keys->push_back("exp_avg");
+    meta.state_keys->push_back("exp_avg_sq");
   }
-  meta["state_keys"] = std::move(sk);
-  meta["grad_dtype"] = "float32";
-  meta["vocab_size_known"] = true_vocab_known_;
-  root.extra_strings[megatron::kMetaAttr.data()] = meta.Dump();
+  meta.grad_dtype = "float32";
+  meta.vocab_size_known = true_vocab_known_;
+  megatron::WriteMegatronExtras(meta, model);
 
   json::Value own = json::Value::Object();
   own["content_metadata"] = c_.content_metadata;
   own["common_in"] = c_.common_in;
   own["optimizer"] = c_.optimizer;
-  root.extra_strings[kMetaAttr] = own.Dump();
+  model.extras[kMetaAttr] = std::move(own);
 
-  json::Value training = json::Value::Object();
-  training["dtype"] =
-      dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
-  training["step"] = root.iteration;
-  training["global_samples"] = root.consumed_samples;
-  training["frozen"] = json::Value::Array();
-  training["shared"] = json::Value::Object();
-  json::Value order = json::Value::Array();
-  for (const Param& p : params_) order.Append(p.name);
-  training["param_order"] = std::move(order);
-  root.training = training.Dump();
+  universal::TrainingInfo& training = model.training.emplace();
+  training.dtype = dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
+  training.step = model.iteration;
+  training.global_samples = model.consumed_samples;
+  training.frozen.emplace();
+  training.shared.emplace();
+  training.param_order.emplace();
+  for (const Param& p : params_) training.param_order->push_back(p.name);
 }
 
 universal::SourcePlan Planner::Run() {

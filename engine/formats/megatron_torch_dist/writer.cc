@@ -44,6 +44,7 @@
 #include "engine/formats/megatron/torch_step.h"
 #include "engine/formats/megatron_torch_dist/keys.h"
 #include "engine/formats/megatron_torch_dist/torch_dist.h"
+#include "engine/formats/placed_target.h"
 #include "layouts/layout.h"
 #include "layouts/placement.h"
 
@@ -151,8 +152,7 @@ class TorchDistPlan : public formats::TargetPlan {
   layouts::Variables vars_;
   layouts::Topology topo_;
   std::optional<layouts::LayerPlacement> placement_;
-  json::Value meta_ = json::Value::Object();
-  json::Value own_ = json::Value::Object();
+  megatron::MegatronExtras meta_;  // the Megatron family's record
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1, cp_ = 1;
   std::optional<int64_t> vocab_rows_;  // --true-vocab-size over unknown rows
   bool write_optimizer_ = false;
@@ -176,64 +176,24 @@ class TorchDistPlan : public formats::TargetPlan {
 };
 
 void TorchDistPlan::ReadMetadata() {
-  const atoms::RootInfo& root = input_.root();
-  if (root.layout.empty()) {
-    throw FormatError("universal input ", input_.path().string(),
-                      " has no layout descriptor: cannot place params (a "
-                      "Megatron target needs one: convert from a Megatron "
-                      "checkpoint or give --layout when reading the source)");
-  }
-  layout_ = Layout::ParseStored(root.layout, input_.path());
-  layouts::Variables vars = formats::ModelVariables(root.model, input_.path());
-  if (options_.true_vocab_size)
-    vars.Set("vocab_size", *options_.true_vocab_size);
-  vars_ = layout_->Resolve(vars);
-  auto attr = [&](const char* name) {
-    auto it = root.extra_strings.find(name);
-    return it != root.extra_strings.end()
-               ? formats::ParseJsonAttr(it->second, name, input_.path())
-               : json::Value::Object();
-  };
-  meta_ = attr(megatron::kMetaAttr.data());
-  own_ = attr(kMetaAttr);
-  const json::Value source =
-      formats::ParseJsonAttr(root.source, "source", input_.path());
-  auto int_of = [](const json::Value& o, const char* k, int64_t def) {
-    const json::Value* v = o.Find(k);
-    return v != nullptr && v->is_int() ? v->AsInt() : def;
-  };
-  source_tp_ = std::max<int64_t>(1, int_of(source, "tp", 1));
-  source_pp_ = std::max<int64_t>(1, int_of(source, "pp", 1));
-  source_vpp_ = std::max<int64_t>(1, int_of(source, "vpp", 1));
-  cp_ = std::max<int64_t>(1, int_of(source, "cp", 1));
-  topo_ = options_.topology;
-  if (topo_.tp < 1 || topo_.pp < 1 || topo_.vpp < 1 || topo_.dp < 1) {
-    throw LayoutError("target topology ", topo_.ToString(),
-                      ": sizes must be >= 1");
-  }
-  if (topo_.vpp > 1 && topo_.pp == 1) {
-    throw LayoutError("target topology ", topo_.ToString(),
-                      ": a virtual pipeline (vpp ", topo_.vpp,
-                      ") needs pp > 1");
-  }
-  const json::Value* known = meta_.Find("vocab_size_known");
-  if (options_.true_vocab_size && known != nullptr && known->is_bool() &&
-      !known->AsBool())
-    vocab_rows_ = *options_.true_vocab_size;
-  std::vector<layouts::ParamShape> shapes;
-  for (const atoms::StoredParam& p : input_.params()) {
-    Shape shape = p.info.shape;
-    const Rule* r = layout_->Find(p.info.fqn, vars_);
-    const size_t dim = r != nullptr ? static_cast<size_t>(r->tp.dim) : 0;
-    if (vocab_rows_ && r != nullptr && r->tp.split && r->tp.vocab &&
-        dim < shape.size())
-      shape[dim] = std::min(shape[dim], *vocab_rows_);
-    shapes.push_back({p.info.fqn, std::move(shape)});
-  }
-  layouts::ValidateTopology(*layout_, shapes, vars_, topo_);
-  placement_.emplace(layout_->NumLayers(vars_), topo_);
+  const universal::Model& model = input_.model();
+  meta_ = megatron::ReadMegatronExtras(model, input_.path())
+              .value_or(megatron::MegatronExtras{});
+  formats::PlacedTarget placed = formats::PlaceTarget(
+      input_,
+      {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
+  layout_ = std::move(placed.layout);
+  vars_ = std::move(placed.vars);
+  vocab_rows_ = placed.vocab_rows;
+  topo_ = placed.topology;
+  placement_.emplace(std::move(placed.placement));
+  const universal::SourceInfo& source = model.source;
+  source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
+  source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
+  source_vpp_ = universal::SourceInfo::SizeOr1(source.vpp);
+  cp_ = universal::SourceInfo::SizeOr1(source.cp);
   world_ = topo_.tp * topo_.pp * topo_.dp;
-  iter_dir_ = megatron::IterDirName(root.iteration, false);
+  iter_dir_ = megatron::IterDirName(model.iteration, false);
 
   bool any_state = false;
   for (const atoms::DatasetInfo& d : input_.datasets())
@@ -260,7 +220,7 @@ void TorchDistPlan::ReadMetadata() {
             megatron::FindTorchStep(input_, true, reshape::ExecutorOptions{})) {
       step_ = *step;
     } else {
-      const int64_t source_step = formats::OptimizerStep(root, input_.path());
+      const int64_t source_step = formats::OptimizerStep(model);
       step_.value = static_cast<double>(source_step);
       notes_.insert(StrCat(
           "the universal content holds no Adam step: the optimizer's step "
@@ -307,14 +267,12 @@ std::vector<Value*> TorchDistPlan::TargetGroups(
 // torch's state_dict numbers them (Megatron's load takes the group count and
 // hyper-parameters, and its own params).
 std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
-  const json::Value optimizer = formats::ParseJsonAttr(
-      input_.root().optimizer, "optimizer", input_.path());
-  std::map<std::string, const json::Value*> source_group;
-  if (const json::Value* gs = optimizer.Find("groups"); gs && gs->is_array()) {
-    for (const json::Value& g : gs->items())
-      if (const json::Value* ps = g.Find("params"); ps && ps->is_array())
-        for (const json::Value& p : ps->items())
-          if (p.is_string()) source_group.emplace(p.AsString(), &g);
+  const universal::OptimizerInfo& optimizer = input_.model().optimizer;
+  std::map<std::string, const universal::ParamGroup*> source_group;
+  if (optimizer.groups) {
+    for (const universal::ParamGroup& g : *optimizer.groups)
+      if (g.params)
+        for (const std::string& p : *g.params) source_group.emplace(p, &g);
   }
   std::vector<const atoms::StoredParam*> params;
   std::vector<megatron::GroupKey> keys;
@@ -335,22 +293,23 @@ std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
     const megatron::GroupKey& key = grouping.keys[i];
     const auto it =
         source_group.find(params[grouping.members[i].front()]->info.fqn);
-    const json::Value* src = it != source_group.end() ? it->second : nullptr;
-    auto number = [&](const char* k, double def) {
-      const json::Value* v = src != nullptr ? src->Find(k) : nullptr;
-      defaults = defaults || v == nullptr || !v->is_number();
-      return v != nullptr && v->is_number() ? v->AsDouble() : def;
+    const universal::ParamGroup* src =
+        it != source_group.end() ? it->second : nullptr;
+    auto number = [&](std::optional<double> universal::ParamGroup::*k,
+                      double def) {
+      const bool have = src != nullptr && (src->*k).has_value();
+      defaults = defaults || !have;
+      return have ? *(src->*k) : def;
     };
     auto flag = [&](const char* k) {
-      const json::Value* v = src != nullptr ? src->Find(k) : nullptr;
+      const json::Value* v =
+          src != nullptr ? universal::FindMember(src->other, k) : nullptr;
       return v != nullptr && v->is_bool() && v->AsBool();
     };
     double b1 = 0.9, b2 = 0.999;
-    if (const json::Value* b = src != nullptr ? src->Find("betas") : nullptr;
-        b != nullptr && b->is_array() && b->size() == 2 &&
-        b->items()[0].is_number() && b->items()[1].is_number()) {
-      b1 = b->items()[0].AsDouble();
-      b2 = b->items()[1].AsDouble();
+    if (src != nullptr && src->betas) {
+      b1 = (*src->betas)[0];
+      b2 = (*src->betas)[1];
     } else {
       defaults = true;
     }
@@ -361,10 +320,11 @@ std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
     auto put = [&](const char* k, Value* v) {
       g->entries.emplace_back(arena.Str(k), v);
     };
-    put("lr", arena.Float(number("lr", 1e-3)));
+    put("lr", arena.Float(number(&universal::ParamGroup::lr, 1e-3)));
     put("betas", arena.Tuple({arena.Float(b1), arena.Float(b2)}));
-    put("eps", arena.Float(number("eps", 1e-8)));
-    put("weight_decay", arena.Float(number("weight_decay", 0.0)));
+    put("eps", arena.Float(number(&universal::ParamGroup::eps, 1e-8)));
+    put("weight_decay",
+        arena.Float(number(&universal::ParamGroup::weight_decay, 0.0)));
     put("amsgrad", arena.Bool(flag("amsgrad")));
     put("maximize", arena.Bool(flag("maximize")));
     put("foreach", arena.None());
@@ -536,12 +496,7 @@ void TorchDistPlan::PlanKeys() {
 
   // Entries in canonical order: the source's list, else the params.
   std::vector<std::pair<std::string, std::string>> entries;
-  if (const json::Value* e = meta_.Find("entries"); e && e->is_array()) {
-    for (const json::Value& x : e->items())
-      if (x.is_array() && x.size() == 2 && x.items()[0].is_string() &&
-          x.items()[1].is_string())
-        entries.emplace_back(x.items()[0].AsString(), x.items()[1].AsString());
-  }
+  if (meta_.entries) entries = *meta_.entries;
   if (entries.empty()) {
     for (const atoms::StoredParam& p : input_.params())
       entries.emplace_back(p.info.fqn, p.info.kind == atoms::ParamKind::kBuffer
@@ -754,9 +709,7 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
     }
   }
   run.cp = cp_;
-  std::string grad = "float32";
-  if (const json::Value* g = meta_.Find("grad_dtype"); g && g->is_string())
-    grad = g->AsString();
+  const std::string grad = meta_.grad_dtype.value_or("float32");
   static constexpr std::pair<const char*, const char*> kStates[] = {
       {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
   for (int64_t pp = 0; pp < topo_.pp; ++pp) {
@@ -961,7 +914,7 @@ pickle::Value* TorchDistPlan::BuildCommon(
   }
   Value* version = import("top_level/checkpoint_version");
   add("checkpoint_version", version != nullptr ? version : arena.Float(3.0));
-  add("iteration", arena.Int(input_.root().iteration));
+  add("iteration", arena.Int(input_.model().iteration));
   if (write_optimizer_) {
     // The optimizer's own state dict without its per-param state (the
     // groups' 'params' are not saved: each rank's own at load); the
@@ -1040,7 +993,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> TorchDistPlan::Plan(
         "1, \"common_backend\": \"torch\", \"common_backend_version\": 1}"));
   } else {
     out.push_back(formats::TextFile(std::string(megatron::kTrackerFile),
-                                    std::to_string(input_.root().iteration)));
+                                    std::to_string(input_.model().iteration)));
   }
   return out;
 }

@@ -104,16 +104,15 @@ std::optional<std::vector<universal::MappedParam>> HfFromMindFormers(
 
 // MindFormers' AdamW names its moments adam_m. / adam_v. (mindformers/core/
 // optim/adamw.py, clone_state): written so unless the source says otherwise.
-void AdamWMoments(atoms::RootInfo& root) {
+void AdamWMoments(universal::Model& model) {
   json::Value meta = json::Value::Object();
-  if (auto it = root.extra_strings.find(kMetaAttr);
-      it != root.extra_strings.end())
-    meta = json::Value::Parse(it->second);
+  if (const json::Value* m = model.FindExtra(kMetaAttr); m && m->is_object())
+    meta = *m;
   if (meta.Find("exp_avg_prefix") == nullptr)
     meta["exp_avg_prefix"] = "adam_m.";
   if (meta.Find("exp_avg_sq_prefix") == nullptr)
     meta["exp_avg_sq_prefix"] = "adam_v.";
-  root.extra_strings[kMetaAttr] = meta.Dump();
+  model.extras[kMetaAttr] = std::move(meta);
 }
 
 }  // namespace

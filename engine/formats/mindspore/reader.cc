@@ -331,20 +331,16 @@ std::optional<float> FloatRecord(const CkptIndex& index, const File& f,
 // float32) and the betas, derived from
 // beta1_power / beta2_power (beta^step in float32) and the step. eps and
 // weight_decay are not saved.
-void AdamHyperparams(const CkptIndex& index, int64_t step, json::Value& g) {
+void AdamHyperparams(const CkptIndex& index, int64_t step,
+                     universal::ParamGroup& g) {
   const File f = File::OpenRead(index.path);
   if (auto lr = FloatRecord(index, f, "learning_rate"))
-    g["lr"] = formats::ShortestDecimal(*lr);
+    g.lr = formats::ShortestDecimal(*lr);
   const auto p1 = FloatRecord(index, f, "beta1_power");
   const auto p2 = FloatRecord(index, f, "beta2_power");
   const auto b1 = p1 ? formats::BetaOfPower(*p1, step) : std::nullopt;
   const auto b2 = p2 ? formats::BetaOfPower(*p2, step) : std::nullopt;
-  if (b1 && b2) {
-    json::Value betas = json::Value::Array();
-    betas.Append(*b1);
-    betas.Append(*b2);
-    g["betas"] = std::move(betas);
-  }
+  if (b1 && b2) g.betas = {*b1, *b2};
 }
 
 }  // namespace
@@ -612,8 +608,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       "global_batch_size"};
 
   json::Value others = json::Value::Array();
-  json::Value param_order = json::Value::Array();
-  json::Value group_params = json::Value::Array();
+  std::vector<std::string> param_order;
+  std::vector<std::string> group_params;
   DType model_dtype = DType::kFloat32;
   bool model_dtype_known = false;
   int64_t order = 0;
@@ -749,8 +745,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       model_dtype = *dtype;
       model_dtype_known = true;
     }
-    param_order.Append(e.tag);
-    if (!buffer) group_params.Append(e.tag);
+    param_order.push_back(e.tag);
+    if (!buffer) group_params.push_back(e.tag);
     plan.params.push_back(formats::ParamRow({.fqn = e.tag,
                                              .shape = plan.atoms.back().shape,
                                              .dtype = *dtype,
@@ -834,58 +830,49 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   if (plan.params.empty())
     throw FormatError(where0, ": no parameter tensor in it");
 
-  atoms::RootInfo& root = plan.root;
-  root.iteration = c.iteration;  // global_step (Discover), else the name's
-  root.consumed_samples = c.consumed_samples;
-  json::Value src = json::Value::Object();
-  src["framework"] = "mindspore";
-  src["driver"] = "mindspore";
-  src["tp"] = 1;
-  src["pp"] = 1;
-  src["vpp"] = 1;
-  src["dp"] = 1;
-  src["dtype"] = std::string(DTypeName(model_dtype));
-  src["checkpoint"] = c.path.filename().string();
+  universal::Model& model = plan.model;
+  model.iteration = c.iteration;  // global_step (Discover), else the name's
+  model.consumed_samples = c.consumed_samples;
+  universal::SourceInfo& src = model.source;
+  src.framework = "mindspore";
+  src.driver = "mindspore";
+  src.tp = 1;
+  src.pp = 1;
+  src.vpp = 1;
+  src.dp = 1;
+  src.dtype = std::string(DTypeName(model_dtype));
+  src.other["checkpoint"] = c.path.filename().string();
   if (c.strategy) {
-    src["world"] = static_cast<int64_t>(files.size());
-    src["strategy"] = c.strategy->path.string();
+    src.world = static_cast<int64_t>(files.size());
+    src.other["strategy"] = c.strategy->path.string();
   }
   if (c.v2) {
-    src["world"] = c.v2->world;
-    src["checkpoint2"] = c.v2->iter_dir.filename().string();
+    src.world = c.v2->world;
+    src.other["checkpoint2"] = c.v2->iter_dir.filename().string();
   }
-  root.source = src.Dump();
-  root.model = "{}";
-  root.layout = "";
-  root.args = "{}";
-  json::Value opt = json::Value::Object();
-  opt["type"] = "mindspore.nn.Adam";
-  json::Value groups = json::Value::Array();
-  json::Value g = json::Value::Object();
-  g["params"] = std::move(group_params);
-  for (const CkptIndex* f : files) {  // (the file holding the records)
-    if (std::any_of(
-            f->entries.begin(), f->entries.end(),
-            [](const CkptEntry& e) { return e.tag == "beta1_power"; })) {
-      AdamHyperparams(*f, root.iteration, g);
-      break;
+  if (has_optimizer) {
+    universal::OptimizerInfo& opt = model.optimizer;
+    opt.type = "mindspore.nn.Adam";
+    universal::ParamGroup& g = opt.groups.emplace().emplace_back();
+    g.params = std::move(group_params);
+    for (const CkptIndex* f : files) {  // (the file holding the records)
+      if (std::any_of(
+              f->entries.begin(), f->entries.end(),
+              [](const CkptEntry& e) { return e.tag == "beta1_power"; })) {
+        AdamHyperparams(*f, model.iteration, g);
+        break;
+      }
     }
+    opt.state_kinds =
+        std::vector<std::string>(state_kinds.begin(), state_kinds.end());
+    opt.step = model.iteration;
   }
-  groups.Append(std::move(g));
-  opt["groups"] = std::move(groups);
-  json::Value kinds = json::Value::Array();
-  for (const std::string& k : state_kinds) kinds.Append(k);
-  opt["state_kinds"] = std::move(kinds);
-  opt["step"] = root.iteration;
-  root.optimizer = has_optimizer ? opt.Dump() : std::string("{}");
-  root.scheduler = "{}";
-  json::Value training = json::Value::Object();
-  training["dtype"] = std::string(DTypeName(model_dtype));
-  training["step"] = root.iteration;
-  training["frozen"] = json::Value::Array();
-  training["shared"] = json::Value::Object();
-  training["param_order"] = std::move(param_order);
-  root.training = training.Dump();
+  universal::TrainingInfo& training = model.training.emplace();
+  training.dtype = std::string(DTypeName(model_dtype));
+  training.step = model.iteration;
+  training.frozen.emplace();
+  training.shared.emplace();
+  training.param_order = std::move(param_order);
   json::Value meta = json::Value::Object();
   meta["records"] = std::move(others);
   // The file's record order and moment names, which a rewrite keeps.
@@ -911,7 +898,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     for (const CkptIndex* f : files) names.Append(f->path.filename().string());
     meta["files"] = std::move(names);
   }
-  root.extra_strings[kMetaAttr] = meta.Dump();
+  model.extras[kMetaAttr] = std::move(meta);
   return plan;
 }
 

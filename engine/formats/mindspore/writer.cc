@@ -2,6 +2,7 @@
 // .ckpt file of Checkpoint records (ckpt.h) in rank_0/, and meta.json last.
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <map>
 #include <memory>
@@ -78,13 +79,12 @@ class MindSporePlan : public formats::TargetPlan {
   MindSporePlan(const universal::UniversalInput& input,
                 const formats::TargetOptions& options)
       : input_(input) {
-    const auto it = input.root().extra_strings.find(kMetaAttr);
-    if (it != input.root().extra_strings.end())
-      meta_ = json::Value::Parse(it->second);
+    if (const json::Value* meta = input.model().FindExtra(kMetaAttr))
+      meta_ = *meta;
     if (const json::Value* f = meta_.Find("file"); f && f->is_string()) {
       file_ = f->AsString();
     } else {
-      file_ = StrCat("ucp_rank_0-1_", input.root().iteration, ".ckpt");
+      file_ = StrCat("ucp_rank_0-1_", input.model().iteration, ".ckpt");
     }
     // The container: --file-format, else the source file's, else .ckpt.
     const auto ff = options.values.String(kFileFormatOption);
@@ -135,7 +135,7 @@ class MindSporePlan : public formats::TargetPlan {
           n = file_;
           n.replace(at, 6, StrCat("rank_", r));
         } else {
-          n = StrCat("ucp_rank_", r, "-1_", input.root().iteration, ".ckpt");
+          n = StrCat("ucp_rank_", r, "-1_", input.model().iteration, ".ckpt");
         }
         names_.push_back(InContainer(n));
       }
@@ -163,7 +163,7 @@ class MindSporePlan : public formats::TargetPlan {
         }
       }
     }
-    if (v2_) iter_folder_ = IterationFolderName(input.root().iteration);
+    if (v2_) iter_folder_ = IterationFolderName(input.model().iteration);
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
@@ -180,7 +180,7 @@ class MindSporePlan : public formats::TargetPlan {
     for (int64_t r = 0; r < world_; ++r) {
       json::Value m = json::Value::Object();
       m["last_epoch"] = 1;
-      m["last_step"] = input_.root().iteration;
+      m["last_step"] = input_.model().iteration;
       m["last_ckpt_file"] = names_[static_cast<size_t>(r)];
       out.push_back(formats::TextFile(Folder(r) / "meta.json", m.Dump()));
     }
@@ -323,11 +323,12 @@ class MindSporePlan : public formats::TargetPlan {
       if (spec.atom != nullptr && spec.tag != spec.param)
         tensors.push_back({spec.tag, spec.param, spec.dims});
     }
-    const atoms::RootInfo& root = input_.root();
-    if (root.layout.empty()) return mindspore::DeriveStrategy(tensors, t);
+    const universal::Model& model = input_.model();
+    if (model.layout_yaml.empty()) return mindspore::DeriveStrategy(tensors, t);
     return mindspore::DeriveStrategy(
-        tensors, t, layouts::Layout::ParseStored(root.layout, input_.path()),
-        formats::ModelVariables(root.model, input_.path()));
+        tensors, t,
+        layouts::Layout::ParseStored(model.layout_yaml, input_.path()),
+        formats::ModelVariables(model.variables));
   }
 
   // A rank file name with the container's extension.
@@ -422,8 +423,8 @@ class MindSporePlan : public formats::TargetPlan {
     const bool from_mindspore = meta_.Find("order") != nullptr;
     if (!has_step && !from_mindspore && !input_.params().empty()) {
       // nn.Adam's step counter: the optimizer's step (else the iteration).
-      const auto step = static_cast<int32_t>(
-          formats::OptimizerStep(input_.root(), input_.path()));
+      const auto step =
+          static_cast<int32_t>(formats::OptimizerStep(input_.model()));
       specs.push_back({nullptr, nullptr, "", "global_step", "Int32", Shape{1},
                        std::string(reinterpret_cast<const char*>(&step), 4)});
     }
@@ -478,13 +479,10 @@ class MindSporePlan : public formats::TargetPlan {
     for (const atoms::StoredParam& p : input_.params())
       moments = moments || input_.FindAtom(p.info.fqn, "exp_avg") != nullptr;
     if (!moments) return out;
-    const json::Value opt = formats::ParseJsonAttr(input_.root().optimizer,
-                                                   "optimizer", input_.path());
-    const json::Value* groups = opt.is_object() ? opt.Find("groups") : nullptr;
-    json::Value g =
-        groups != nullptr && groups->is_array() && groups->size() > 0
-            ? groups->items()[0]
-            : json::Value::Object();
+    const universal::OptimizerInfo& opt = input_.model().optimizer;
+    universal::ParamGroup g = opt.groups && !opt.groups->empty()
+                                  ? opt.groups->front()
+                                  : universal::ParamGroup{};
     std::set<std::string> notes;
     static constexpr const char* kBetas[] = {"betas"};
     formats::CompleteAdamGroup(g, kBetas, notes);
@@ -497,27 +495,20 @@ class MindSporePlan : public formats::TargetPlan {
                   std::move(shape),
                   std::string(reinterpret_cast<const char*>(&x), 4)};
     };
-    if (const json::Value* lr = g.Find("lr");
-        lr != nullptr && lr->is_number() && !has("learning_rate")) {
-      out.push_back(
-          scalar("learning_rate", {}, static_cast<float>(lr->AsDouble())));
+    if (g.lr && !has("learning_rate")) {
+      out.push_back(scalar("learning_rate", {}, static_cast<float>(*g.lr)));
     } else if (!has("learning_rate")) {
       notes.insert(
           "the source records no learning rate: no learning_rate record "
           "written (nn.Adam keeps the one it is built with)");
     }
-    const json::Value& betas = *g.Find("betas");
-    if (!betas.is_array() || betas.size() != 2) {
-      throw FormatError(input_.path().string(),
-                        " > optimizer > betas: not a pair of numbers");
-    }
+    const std::array<double, 2>& betas = *g.betas;  // completed above
     if (!has("beta1_power") && !has("beta2_power")) {
-      const int64_t step = formats::OptimizerStep(input_.root(), input_.path());
+      const int64_t step = formats::OptimizerStep(input_.model());
       const char* tags[] = {"beta1_power", "beta2_power"};
       for (size_t i = 0; i < 2; ++i) {
         out.push_back(
-            scalar(tags[i], Shape{},
-                   formats::BetaPower(betas.items()[i].AsDouble(), step)));
+            scalar(tags[i], Shape{}, formats::BetaPower(betas[i], step)));
       }
     }
     notes_.insert(notes_.end(), notes.begin(), notes.end());
@@ -571,8 +562,8 @@ class MindSporePlan : public formats::TargetPlan {
       return out;
     }
     json::Value common = json::Value::Object();
-    const int64_t it = input_.root().iteration;
-    const int64_t consumed = input_.root().consumed_samples;
+    const int64_t it = input_.model().iteration;
+    const int64_t consumed = input_.model().consumed_samples;
     common["epoch_num"] = 1;
     common["step_num"] = it;
     common["global_step"] = it;

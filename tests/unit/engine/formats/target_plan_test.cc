@@ -269,7 +269,7 @@ class MemInput : public universal::UniversalInput {
  public:
   MemInput() : src_(Floats(16, 0.0f)) {}
   const fs::path& path() const noexcept override { return path_; }
-  const atoms::RootInfo& root() const noexcept override { return root_; }
+  const universal::Model& model() const noexcept override { return model_; }
   std::span<const atoms::StoredParam> params() const noexcept override {
     return {};
   }
@@ -309,7 +309,7 @@ class MemInput : public universal::UniversalInput {
 
  private:
   fs::path path_ = "memory";
-  atoms::RootInfo root_;
+  universal::Model model_;
   MemSource src_;
 };
 

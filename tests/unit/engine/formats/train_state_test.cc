@@ -49,21 +49,27 @@ TEST(TrainStateTest, ShortestDecimalOfAFloat32) {
 }
 
 TEST(TrainStateTest, AdamGroupsCompletedWithDefaultsAndNotes) {
-  atoms::RootInfo root;
-  root.iteration = 7;
-  root.optimizer =
-      R"({"groups": [{"params": ["a"], "lr": 0.02, "betas": [0.8, 0.99]},)"
-      R"( {"params": ["b"], "eps": 1e-6}], "step": 5})";
+  universal::Model model;
+  model.iteration = 7;
+  universal::ParamGroup a, b;
+  a.params = std::vector<std::string>{"a"};
+  a.lr = 0.02;
+  a.betas = {0.8, 0.99};
+  b.params = std::vector<std::string>{"b"};
+  b.eps = 1e-6;
+  model.optimizer.groups = std::vector<universal::ParamGroup>{a, b};
+  model.optimizer.step = 5;
   std::set<std::string> notes;
-  const json::Value g = AdamGroups(root, "u.h5", notes);
+  const std::vector<universal::ParamGroup> g = AdamGroups(model, notes);
   ASSERT_EQ(g.size(), 2u);
-  EXPECT_EQ(g.items()[0].At("lr").AsDouble(), 0.02);
-  EXPECT_EQ(g.items()[0].At("eps").AsDouble(), 1e-8);
-  EXPECT_EQ(g.items()[0].At("weight_decay").AsDouble(), 0.0);
-  EXPECT_EQ(g.items()[1].At("eps").AsDouble(), 1e-6);
-  EXPECT_EQ(g.items()[1].At("lr").AsDouble(), 1e-3);
-  EXPECT_EQ(g.items()[1].At("betas").items()[1].AsDouble(), 0.999);
-  EXPECT_EQ(g.items()[1].At("params").items()[0].AsString(), "b");
+  EXPECT_EQ(g[0].lr, 0.02);
+  EXPECT_EQ(g[0].eps, 1e-8);
+  EXPECT_EQ(g[0].weight_decay, 0.0);
+  EXPECT_EQ((*g[0].betas)[0], 0.8);
+  EXPECT_EQ(g[1].eps, 1e-6);
+  EXPECT_EQ(g[1].lr, 1e-3);
+  EXPECT_EQ((*g[1].betas)[1], 0.999);
+  EXPECT_EQ(g[1].params, std::vector<std::string>{"b"});
   EXPECT_THAT(
       notes,
       ::testing::UnorderedElementsAre(
@@ -71,12 +77,12 @@ TEST(TrainStateTest, AdamGroupsCompletedWithDefaultsAndNotes) {
           ::testing::HasSubstr("no Adam betas"),
           ::testing::HasSubstr("no Adam eps: wrote eps 1e-08"),
           ::testing::HasSubstr("no Adam weight_decay: wrote weight_decay 0")));
-  EXPECT_EQ(OptimizerStep(root, "u.h5"), 5);
-  root.optimizer = "{}";
-  root.training = R"({"step": 6})";
-  EXPECT_EQ(OptimizerStep(root, "u.h5"), 6);
-  root.training = "";
-  EXPECT_EQ(OptimizerStep(root, "u.h5"), 7);
+  EXPECT_EQ(OptimizerStep(model), 5);
+  model.optimizer.step.reset();
+  model.training.emplace().step = 6;
+  EXPECT_EQ(OptimizerStep(model), 6);
+  model.training.reset();
+  EXPECT_EQ(OptimizerStep(model), 7);
 }
 
 }  // namespace

@@ -56,8 +56,8 @@ struct Fixture {
       for (int k = 0; k < 6; ++k) local.push_back(-1.0f - k - 6 * r);
       plan.sources.push_back(std::make_unique<MemSource>(local));
     }
-    plan.root.iteration = 7;
-    plan.root.source = "{\"framework\": \"test\"}";
+    plan.model.iteration = 7;
+    plan.model.source.framework = "test";
     plan.params.push_back({"w",
                            {4, 6},
                            DType::kFloat32,
@@ -65,7 +65,7 @@ struct Fixture {
                            atoms::ParamKind::kParam,
                            0,
                            0,
-                           "[]"});
+                           {}});
     plan.params.push_back({"norm",
                            {6},
                            DType::kFloat32,
@@ -73,7 +73,7 @@ struct Fixture {
                            atoms::ParamKind::kParam,
                            1,
                            1,
-                           "[]"});
+                           {}});
     AtomPlan w{"w", "fp32", DType::kFloat32, {4, 6}, {2, 6}, {}};
     AtomPlan norm{"norm", "fp32", DType::kFloat32, {6}, {}, {}};
     for (uint32_t r = 0; r < 2; ++r) {
@@ -184,7 +184,7 @@ TEST(PlanInputTest, ComposedJobsEqualJobsOnTheUniversalFile) {
   std::unique_ptr<UniversalInput> from_store = StoreInput(store);
   std::unique_ptr<UniversalInput> from_plan = PlanInput(fx.plan, "src", {});
   ASSERT_EQ(from_plan->params().size(), 2u);
-  EXPECT_EQ(from_plan->root().iteration, 7);
+  EXPECT_EQ(from_plan->model().iteration, 7);
   ASSERT_NE(from_plan->FindOpaque("args"), nullptr);
   std::vector<std::vector<float>> results;
   for (const UniversalInput* in : {from_store.get(), from_plan.get()}) {
@@ -251,8 +251,10 @@ TEST(MappedInputTest, MappedParamsReadTheirSourceBoxes) {
   std::unique_ptr<UniversalInput> from_store = StoreInput(store);
   std::unique_ptr<UniversalInput> from_plan = PlanInput(fx.plan, "src", {});
   for (const UniversalInput* in : {from_store.get(), from_plan.get()}) {
-    atoms::RootInfo root = in->root();
-    root.training = R"({"param_order": ["w", "norm"], "frozen": ["w"]})";
+    Model model = in->model();
+    model.training.emplace();
+    model.training->param_order = std::vector<std::string>{"w", "norm"};
+    model.training->frozen = std::vector<std::string>{"w"};
     std::vector<MappedParam> params;
     params.push_back(Mapped("swapped", {4, 6},
                             {{"w", Box{{0, 3}, {4, 3}}, Box{{0, 0}, {4, 3}}},
@@ -263,7 +265,7 @@ TEST(MappedInputTest, MappedParamsReadTheirSourceBoxes) {
     params.push_back(Mapped(
         "scale", {6}, {{"norm", Box::Whole(Shape{6}), Box::Whole(Shape{6})}}));
     std::unique_ptr<UniversalInput> m =
-        MappedInput(*in, std::move(params), root);
+        MappedInput(*in, std::move(params), model);
     ASSERT_EQ(m->params().size(), 3u);
     EXPECT_EQ(m->params()[0].info.fqn, "swapped");
     EXPECT_EQ(m->params()[2].info.group, 1);  // norm's
@@ -283,10 +285,10 @@ TEST(MappedInputTest, MappedParamsReadTheirSourceBoxes) {
     const atoms::DatasetInfo* blob = m->FindOpaque("args");
     ASSERT_NE(blob, nullptr);
     EXPECT_EQ(m->ReadBlob(*blob), "pickled-args");
-    EXPECT_THAT(
-        m->root().training,
-        AllOf(HasSubstr(R"("param_order":["swapped","bottom","scale"])"),
-              HasSubstr(R"("frozen":[])")));
+    ASSERT_TRUE(m->model().training.has_value());
+    EXPECT_EQ(m->model().training->param_order,
+              (std::vector<std::string>{"swapped", "bottom", "scale"}));
+    EXPECT_EQ(m->model().training->frozen, std::vector<std::string>{});
   }
 }
 
@@ -296,7 +298,7 @@ TEST(MappedInputTest, PiecesThatDoNotTileTheParamAreRefused) {
   auto map = [&](MappedParam p) {
     std::vector<MappedParam> v;
     v.push_back(std::move(p));
-    return MappedInput(*in, std::move(v), in->root());
+    return MappedInput(*in, std::move(v), in->model());
   };
   EXPECT_THAT(
       [&] {
@@ -398,7 +400,7 @@ struct ZipFixture {
       plan.sources.push_back(std::make_unique<TorchStorageSource>(
           files.back(), &files.back()->storages().at(0)));
     }
-    plan.root.source = "{\"framework\": \"test\"}";
+    plan.model.source.framework = "test";
     AtomPlan a{"a", "fp32", DType::kFloat32, {kRows / 2, kCols}, {}, {}};
     AtomPlan b{"b", "fp32", DType::kFloat32, {kRows, 2}, {}, {}};
     for (uint32_t r = 0; r < 2; ++r) {

@@ -55,11 +55,12 @@ fs::path Make(const fs::path& dir) {
       params.push_back(std::move(m));
     }
   }
-  atoms::RootInfo root = input->root();
-  root.layout.clear();
-  root.extra_strings.clear();
+  universal::Model model = input->model();
+  model.layout_yaml.clear();
+  model.extras.clear();
+  model.extra_texts.clear();
   const std::unique_ptr<universal::UniversalInput> mapped =
-      universal::MappedInput(*input, std::move(params), root);
+      universal::MappedInput(*input, std::move(params), model);
   fs::create_directories(dir / "save");
   universal::StagedDirectory staged(dir / "save" / "iter_0000010");
   WriteTarget(GetDriver("dcp"), *mapped, staged.path(), Ranks(2), {});

@@ -1,0 +1,193 @@
+// formats::PlaceTarget as data: the facts both Megatron writers derive from
+// universal content. Expected placements are Megatron's own rule, written by
+// hand: pp stages hold consecutive equal blocks of layers
+// (megatron/core/transformer/transformer_block.py, get_num_layers_to_build),
+// and with vpp the layers go round-robin over the chunks
+// (get_transformer_layer_offset).
+
+#include "engine/formats/placed_target.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "engine/core/error.h"
+#include "layouts/layout.h"
+
+namespace ucp::formats {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+// Universal content of params only (no datasets): what PlaceTarget reads.
+class ParamsOnly : public universal::UniversalInput {
+ public:
+  ParamsOnly(universal::Model model, std::vector<atoms::StoredParam> params)
+      : model_(std::move(model)), params_(std::move(params)) {}
+  const std::filesystem::path& path() const noexcept override { return path_; }
+  const universal::Model& model() const noexcept override { return model_; }
+  std::span<const atoms::StoredParam> params() const noexcept override {
+    return params_;
+  }
+  std::span<const atoms::DatasetInfo> datasets() const noexcept override {
+    return {};
+  }
+  const atoms::StoredParam* FindParam(std::string_view) const override {
+    return nullptr;
+  }
+  const atoms::DatasetInfo* FindAtom(std::string_view,
+                                     std::string_view) const override {
+    return nullptr;
+  }
+  const atoms::DatasetInfo* FindPadAtom(std::string_view,
+                                        std::string_view) const override {
+    return nullptr;
+  }
+  const atoms::DatasetInfo* FindOpaque(std::string_view) const override {
+    return nullptr;
+  }
+  std::shared_ptr<const torchfile::TorchFile> OpenBlob(
+      const atoms::DatasetInfo&) const override {
+    return nullptr;
+  }
+  std::string ReadBlob(const atoms::DatasetInfo&) const override { return {}; }
+  reshape::SourceTensor Tensor(const atoms::DatasetInfo&) const override {
+    return {};
+  }
+  reshape::ExecutorStats Run(std::span<reshape::Job>,
+                             const reshape::ExecutorOptions&) const override {
+    return {};
+  }
+
+ private:
+  std::filesystem::path path_ = "content.ucp.h5";
+  universal::Model model_;
+  std::vector<atoms::StoredParam> params_;
+};
+
+atoms::StoredParam Param(std::string name, Shape shape) {
+  atoms::StoredParam p;
+  p.info.fqn = std::move(name);
+  p.info.shape = std::move(shape);
+  return p;
+}
+
+// A 4-layer Megatron-core GPT: vocab 1000 (stored with `vocab_rows` rows),
+// hidden 8, fc2 [8, 16].
+ParamsOnly Gpt(int64_t vocab_rows = 1000, bool with_layout = true) {
+  universal::Model m;
+  if (with_layout) m.layout_yaml = layouts::Layout::Builtin("mcore-gpt").yaml();
+  for (const auto& [k, v] : std::vector<std::pair<std::string, int64_t>>{
+           {"num_layers", 4},
+           {"vocab_size", 1000},
+           {"make_vocab_size_divisible_by", 128},
+           {"num_attention_heads", 4}})
+    m.variables.Set(k, v);
+  std::vector<atoms::StoredParam> ps;
+  ps.push_back(Param("embedding.word_embeddings.weight", {vocab_rows, 8}));
+  for (int l = 0; l < 4; ++l) {
+    ps.push_back(
+        Param(StrCat("decoder.layers.", l, ".mlp.linear_fc2.weight"), {8, 16}));
+  }
+  return ParamsOnly(std::move(m), std::move(ps));
+}
+
+layouts::Topology Topo(int64_t tp, int64_t pp, int64_t vpp, int64_t dp) {
+  layouts::Topology t;
+  t.tp = tp;
+  t.pp = pp;
+  t.vpp = vpp;
+  t.dp = dp;
+  return t;
+}
+
+TEST(PlacedTargetTest, PlacesLayersAsMegatronDoes) {
+  const ParamsOnly in = Gpt();
+  const PlacedTarget t = PlaceTarget(in, {Topo(2, 2, 1, 3), std::nullopt});
+  EXPECT_EQ(t.layout.name(), "mcore-gpt");
+  EXPECT_EQ(t.topology.tp, 2);
+  EXPECT_EQ(t.topology.dp, 3);
+  EXPECT_EQ(t.vars.Get("num_layers"), 4);
+  EXPECT_EQ(t.vars.Get("vocab_size"), 1000);
+  EXPECT_FALSE(t.vocab_rows.has_value());
+  // pp 2: stage 0 holds layers 0, 1; stage 1 holds 2, 3.
+  int checked = 0;
+  const layouts::LayerLocation want[] = {
+      {0, 0, 0}, {0, 0, 1}, {1, 0, 0}, {1, 0, 1}};
+  for (int64_t l = 0; l < 4; ++l, ++checked)
+    EXPECT_EQ(t.placement.Locate(l), want[l]) << l;
+  EXPECT_EQ(checked, 4);
+  EXPECT_EQ(t.placement.StageLayers(0), 2);
+}
+
+TEST(PlacedTargetTest, VirtualPipelineChunksGoRoundRobin) {
+  const ParamsOnly in = Gpt();
+  const PlacedTarget t = PlaceTarget(in, {Topo(1, 2, 2, 1), std::nullopt});
+  // pp 2 x vpp 2, one layer per chunk: chunk 0 of stages 0, 1 holds layers
+  // 0, 1; chunk 1 holds 2, 3.
+  const layouts::LayerLocation want[] = {
+      {0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}};
+  for (int64_t l = 0; l < 4; ++l) EXPECT_EQ(t.placement.Locate(l), want[l]);
+  // Negative control: the same content at pp 2 without vpp differs.
+  const PlacedTarget flat = PlaceTarget(in, {Topo(1, 2, 1, 1), std::nullopt});
+  EXPECT_NE(flat.placement.Locate(1), want[1]);
+}
+
+TEST(PlacedTargetTest, GivenTrueVocabSizeMarksRowsOnlyWhenUnknown) {
+  const ParamsOnly in = Gpt(1024);  // padded rows stored as real
+  // Content that knew its vocabulary: 1024 stored rows are not 1000.
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(in, {Topo(1, 1, 1, 1), 1000, true});
+      },
+      ThrowsMessage<LayoutError>(HasSubstr("holds 1024")));
+  // Content that did not: the given size marks rows 1000.. as padding.
+  const PlacedTarget unknown = PlaceTarget(in, {Topo(1, 1, 1, 1), 1000, false});
+  ASSERT_TRUE(unknown.vocab_rows.has_value());
+  EXPECT_EQ(*unknown.vocab_rows, 1000);
+  EXPECT_EQ(unknown.vars.Get("vocab_size"), 1000);
+  // Without a given size nothing is marked.
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(in, {Topo(1, 1, 1, 1), {}, false});
+      },
+      ThrowsMessage<LayoutError>(HasSubstr("holds 1024")));
+  const PlacedTarget exact = PlaceTarget(Gpt(1000), {Topo(1, 1, 1, 1), 1000});
+  EXPECT_FALSE(exact.vocab_rows.has_value());
+}
+
+TEST(PlacedTargetTest, RefusesWhatCannotBePlaced) {
+  const ParamsOnly in = Gpt();
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(in, {Topo(1, 1, 2, 1), {}});
+      },
+      ThrowsMessage<LayoutError>(HasSubstr("needs pp > 1")));
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(in, {Topo(1, 1, 1, 0), {}});
+      },
+      ThrowsMessage<LayoutError>(HasSubstr("sizes must be >= 1")));
+  // fc2's dim 1 (16) does not split over tp 3.
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(in, {Topo(3, 1, 1, 1), {}});
+      },
+      ThrowsMessage<LayoutError>(HasSubstr("linear_fc2")));
+  // 4 layers do not split over pp 3.
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(in, {Topo(1, 3, 1, 1), {}});
+      },
+      ThrowsMessage<LayoutError>(HasSubstr("3")));
+  const ParamsOnly bare = Gpt(1000, false);
+  EXPECT_THAT(
+      [&] {
+        PlaceTarget(bare, {Topo(1, 1, 1, 1), {}});
+      },
+      ThrowsMessage<FormatError>(AllOf(HasSubstr("content.ucp.h5"),
+                                       HasSubstr("has no layout descriptor"))));
+}
+
+}  // namespace
+}  // namespace ucp::formats
