@@ -133,6 +133,18 @@ inline constexpr std::string_view kDistribOptimFile = "distrib_optim.pt";
 inline constexpr std::string_view kReleaseDir = "release";
 /// The root attribute of the universal file holding the driver's metadata.
 inline constexpr std::string_view kMetaAttr = "megatron";
+/// The top-level keys of a model_optim_rng.pt Megatron-LM saves today, in
+/// its order (what a target writes when the source recorded none).
+inline constexpr std::string_view kTopLevelKeys[] = {
+    "args",
+    "checkpoint_version",
+    "iteration",
+    "model",
+    "optimizer",
+    "opt_param_scheduler",
+    "rerun_state_machine",
+    "rng_state",
+    "num_floating_point_operations_so_far"};
 
 /// The "megatron" root attribute, typed (the family's record, see above).
 /// An absent member is an empty optional; unknown members stay in `other`.

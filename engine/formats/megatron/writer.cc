@@ -261,15 +261,8 @@ void MegatronPlan::ReadMetadata() {
     if (meta_.top_level_keys) {
       top_level_keys_ = *meta_.top_level_keys;
     } else {
-      top_level_keys_ = {"args",
-                         "checkpoint_version",
-                         "iteration",
-                         "model",
-                         "optimizer",
-                         "opt_param_scheduler",
-                         "rerun_state_machine",
-                         "rng_state",
-                         "num_floating_point_operations_so_far"};
+      top_level_keys_.assign(std::begin(kTopLevelKeys),
+                             std::end(kTopLevelKeys));
     }
     if (meta_.entries) meta_entries_ = *meta_.entries;
   }

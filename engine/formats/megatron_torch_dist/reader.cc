@@ -1053,16 +1053,8 @@ void Planner::PlanRoot() {
   // The Megatron family's record (megatron_format.h), so that either
   // Megatron format can be written.
   megatron::MegatronExtras meta;
-  meta.top_level_keys =
-      std::vector<std::string>{"args",
-                               "checkpoint_version",
-                               "iteration",
-                               "model",
-                               "optimizer",
-                               "opt_param_scheduler",
-                               "rerun_state_machine",
-                               "rng_state",
-                               "num_floating_point_operations_so_far"};
+  meta.top_level_keys = std::vector<std::string>(
+      std::begin(megatron::kTopLevelKeys), std::end(megatron::kTopLevelKeys));
   meta.entries = entries_;
   meta.release = false;
   meta.gpus_per_node = 8;
