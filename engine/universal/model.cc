@@ -432,4 +432,14 @@ atoms::RootInfo RootFromModel(const Model& m) {
   return root;
 }
 
+TrainingInfo& NewTraining(Model& model, std::string dtype) {
+  TrainingInfo& training = model.training.emplace();
+  training.dtype = std::move(dtype);
+  training.step = model.iteration;
+  training.frozen.emplace();
+  training.shared.emplace();
+  training.param_order.emplace();
+  return training;
+}
+
 }  // namespace ucp::universal

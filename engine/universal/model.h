@@ -172,4 +172,9 @@ json::Value VariablesJson(const ModelInfo& variables);
 /// InternalError if an `other` holds a typed member's name (a bug).
 atoms::RootInfo RootFromModel(const Model& model);
 
+/// A reader's training record, replacing any: `dtype`, the step of the
+/// model's iteration, and empty frozen / shared / param-order lists for the
+/// reader to fill. Never throws (but std::bad_alloc).
+TrainingInfo& NewTraining(Model& model, std::string dtype);
+
 }  // namespace ucp::universal

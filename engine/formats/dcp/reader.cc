@@ -341,11 +341,9 @@ universal::SourcePlan Reader::Run() {
         std::vector<std::string>(state_kinds_.begin(), state_kinds_.end());
     opt.step = model.iteration;
   }
-  universal::TrainingInfo& training = model.training.emplace();
-  training.dtype = std::string(DTypeName(model_dtype_));
-  training.step = model.iteration;
+  universal::TrainingInfo& training =
+      universal::NewTraining(model, std::string(DTypeName(model_dtype_)));
   training.frozen = std::move(frozen);
-  training.shared.emplace();
   training.param_order = std::move(param_order);
   meta.planner_data = c_.metadata.planner_data;
   meta.version = c_.metadata.version;

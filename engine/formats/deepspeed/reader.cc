@@ -491,14 +491,11 @@ void Planner::PlanRoot() {
   for (const std::string& k : state_kinds_) opt.state_kinds->push_back(k);
   opt.step = model.iteration;
 
-  universal::TrainingInfo& training = model.training.emplace();
-  training.dtype = std::string(DTypeName(lp_));
-  training.step = model.iteration;
+  universal::TrainingInfo& training =
+      universal::NewTraining(model, std::string(DTypeName(lp_)));
   training.global_samples = model.consumed_samples;
-  training.frozen.emplace();
   for (const Param& p : params_)
     if (p.frozen) training.frozen->push_back(p.name);
-  training.shared.emplace();
   for (const auto& [a, s] : shared_) (*training.shared)[a] = s;
   training.param_order =
       std::vector<std::string>(module_keys_.begin(), module_keys_.end());

@@ -1237,13 +1237,9 @@ void Planner::PlanRoot() {
   WriteMegatronExtras(meta, model);
 
   // Framework-neutral run state.
-  universal::TrainingInfo& training = model.training.emplace();
-  training.dtype = dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
-  training.step = model.iteration;
+  universal::TrainingInfo& training = universal::NewTraining(
+      model, dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed"));
   training.global_samples = model.consumed_samples;
-  training.frozen.emplace();
-  training.shared.emplace();
-  training.param_order.emplace();
   for (const std::string& n : param_order_) {
     training.param_order->push_back(n);
     for (const std::string& c : params_.at(n).tied_copies)

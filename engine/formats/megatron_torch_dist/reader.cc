@@ -1081,13 +1081,9 @@ void Planner::PlanRoot() {
   own["optimizer"] = c_.optimizer;
   model.extras[kMetaAttr] = std::move(own);
 
-  universal::TrainingInfo& training = model.training.emplace();
-  training.dtype = dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed");
-  training.step = model.iteration;
+  universal::TrainingInfo& training = universal::NewTraining(
+      model, dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed"));
   training.global_samples = model.consumed_samples;
-  training.frozen.emplace();
-  training.shared.emplace();
-  training.param_order.emplace();
   for (const Param& p : params_) training.param_order->push_back(p.name);
 }
 

@@ -867,11 +867,8 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
         std::vector<std::string>(state_kinds.begin(), state_kinds.end());
     opt.step = model.iteration;
   }
-  universal::TrainingInfo& training = model.training.emplace();
-  training.dtype = std::string(DTypeName(model_dtype));
-  training.step = model.iteration;
-  training.frozen.emplace();
-  training.shared.emplace();
+  universal::TrainingInfo& training =
+      universal::NewTraining(model, std::string(DTypeName(model_dtype)));
   training.param_order = std::move(param_order);
   json::Value meta = json::Value::Object();
   meta["records"] = std::move(others);
