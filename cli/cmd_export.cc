@@ -25,7 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kHelp =
+constexpr const char* kExportHelp =
     "usage: ucp export SRC -o DIR [--format safetensors|torch]\n"
     "                  [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
     "                  [--exclude-frozen] [--hf] [--tag T | --iteration N] "
@@ -103,7 +103,7 @@ std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
 }  // namespace
 
 int RunExport(const std::vector<std::string>& args) {
-  po::options_description desc(kHelp);
+  po::options_description desc(kExportHelp);
   std::string output, format = "safetensors", dtype = "fp32", shard = "5GB";
   bool exclude_frozen = false, hf = false;
   SourceArgs src;

@@ -37,7 +37,7 @@ using pickle::Value;
 using torchfile::TensorInfo;
 using torchfile::TorchFile;
 
-constexpr const char* kHelp =
+constexpr const char* kInspectHelp =
     "usage: ucp inspect PATH... [--json] [--max-items N]\n"
     "\n"
     "Shows what a torch.save file holds without loading tensor data: the tree "
@@ -676,7 +676,7 @@ Summary Summarise(const TorchFile& file, uint64_t file_bytes, bool with_paths) {
 }  // namespace
 
 int RunInspect(const std::vector<std::string>& args) {
-  po::options_description desc(kHelp);
+  po::options_description desc(kInspectHelp);
   bool json_out = false;
   size_t max_items = 20;
   desc.add_options()("json", po::bool_switch(&json_out),

@@ -13,7 +13,7 @@
 namespace ucp::cli {
 namespace {
 
-constexpr const char* kHelp =
+constexpr const char* kLayoutHelp =
     "usage: ucp layout list\n"
     "       ucp layout show NAME|FILE [--json]\n"
     "       ucp layout check CKPT [--layout NAME|FILE] [--json]\n"
@@ -41,7 +41,7 @@ constexpr const char* kHelp =
 }  // namespace
 
 int RunLayout(const std::vector<std::string>& args) {
-  po::options_description desc(kHelp);
+  po::options_description desc(kLayoutHelp);
   std::string layout;
   std::string from;
   bool json_out = false;

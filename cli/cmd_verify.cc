@@ -22,7 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kHelp =
+constexpr const char* kVerifyHelp =
     "usage: ucp verify PATH [options]\n"
     "\n"
     "Checks without writing anything.\n"
@@ -135,7 +135,7 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
 }  // namespace
 
 int RunVerify(const std::vector<std::string>& args) {
-  po::options_description desc(kHelp);
+  po::options_description desc(kVerifyHelp);
   SourceArgs src;
   RunOptions run;
   src.Add(desc);

@@ -103,11 +103,12 @@ endfunction()
 
 set(UCP_SAN_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=all
     -fno-omit-frame-pointer)
-# -O0: sanitized code compiles 2.5x faster than at -O1, and the malformed
-# inputs are small (the libFuzzer builds keep -O1 for speed). -g1: line
-# tables only (the sanitizers' reports keep file:line; 10 % less compile
-# time than -g).
-set(UCP_SAN_COMPILE_FLAGS ${UCP_SAN_FLAGS} -O0 -g1)
+# -Og: sanitized code compiles 2x faster than at -O1 (about as fast as at
+# -O0, within 10 %) and runs the malformed-input tests 3x faster than -O0
+# code (std:: accessors inlined; torch_dist's cut-and-flipped ranks 16.5 ->
+# 6 s); the libFuzzer builds keep -O1. -g1: line tables only (the
+# sanitizers' reports keep file:line; 10 % less compile time than -g).
+set(UCP_SAN_COMPILE_FLAGS ${UCP_SAN_FLAGS} -Og -g1)
 
 function(ucp_add_sanitized_modules)
   foreach(module IN LISTS ARGN)

@@ -11,7 +11,12 @@
 // Rank 0 appends "step loss" lines to --log (the loss as a hex float).
 
 #include <signal.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adam.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <charconv>
