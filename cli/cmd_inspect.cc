@@ -183,31 +183,22 @@ class Checkpoints {
   }
 
  private:
-  // The checkpoint the most confident driver finds in `dir`, opened (nullptr
-  // if none, if two are as confident, or if it does not open: the files are
-  // then inspected on their own).
+  // The checkpoint the registry's driver finds in `dir`, opened (nullptr if
+  // no driver or several equally sure recognise it, or if it does not open:
+  // the files are then inspected on their own).
   const formats::Source* SourceOf(const fs::path& dir) {
     auto it = open_.find(dir);
     if (it != open_.end()) return it->second.get();
     std::unique_ptr<formats::Source> s;
     std::error_code ec;
     if (fs::is_directory(dir, ec) || fs::is_regular_file(dir, ec)) {
-      // The most confident driver, if it alone is that confident.
+      // The registry's choice (formats::DetectDriver), if it makes one.
       const formats::Driver* best = nullptr;
-      formats::Confidence best_c = formats::Confidence::kNo;
-      bool tie = false;
-      for (const formats::Driver* d : formats::Drivers()) {
-        if (!d->CanRead()) continue;
-        const formats::Confidence c = d->Probe(dir);
-        if (c > best_c) {
-          best = d;
-          best_c = c;
-          tie = false;
-        } else if (c == best_c && c != formats::Confidence::kNo) {
-          tie = true;
-        }
+      try {
+        best = &formats::DetectDriver(dir);
+      } catch (const Error&) {
       }
-      if (best != nullptr && !tie) {
+      if (best != nullptr) {
         try {
           s = best->Open(dir, {});
           const json::Value inv = s->Inventory();

@@ -164,6 +164,22 @@ const Driver& GetDriver(std::string_view name) {
   throw UsageError("unknown format '", name, "' (known: ", KnownNames(), ")");
 }
 
+namespace {
+
+// Whether a driver of `others` other than `d` refines `d`'s format.
+template <typename Pairs>
+bool IsRefinedByAny(const Driver& d, const Pairs& others) {
+  for (const auto& entry : others) {
+    const Driver* o = entry.first;
+    if (o == &d) continue;
+    for (std::string_view r : o->Refines())
+      if (r == d.Name()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 const Driver& DetectDriver(const std::filesystem::path& path,
                            std::string_view from) {
   if (!from.empty()) {
@@ -175,17 +191,24 @@ const Driver& DetectDriver(const std::filesystem::path& path,
   if (!std::filesystem::exists(path, ec)) {
     throw IoError("source ", path.string(), " does not exist");
   }
-  const Driver* best = nullptr;
-  Confidence best_c = Confidence::kNo;
-  bool tie = false;
+  // Every driver that recognises the path, less those another of them
+  // refines; then the most confident.
+  std::vector<std::pair<const Driver*, Confidence>> seen;
   for (const Driver* d : Drivers()) {
     if (!d->CanRead()) continue;
     const Confidence c = d->Probe(path);
+    if (c != Confidence::kNo) seen.emplace_back(d, c);
+  }
+  const Driver* best = nullptr;
+  Confidence best_c = Confidence::kNo;
+  bool tie = false;
+  for (const auto& [d, c] : seen) {
+    if (IsRefinedByAny(*d, seen)) continue;
     if (c > best_c) {
       best = d;
       best_c = c;
       tie = false;
-    } else if (c == best_c && c != Confidence::kNo) {
+    } else if (c == best_c) {
       tie = true;
     }
   }
@@ -201,6 +224,31 @@ const Driver& DetectDriver(const std::filesystem::path& path,
                       KnownNames(), ")");
   }
   return *best;
+}
+
+std::vector<ListedCheckpoint> ListSavedCheckpoints(
+    const std::filesystem::path& dir) {
+  std::vector<std::pair<const Driver*, std::vector<SavedCheckpoint>>> lists;
+  for (const Driver* d : Drivers()) {
+    if (!d->CanRead()) continue;
+    std::vector<SavedCheckpoint> l = d->ListCheckpoints(dir);
+    if (!l.empty()) lists.emplace_back(d, std::move(l));
+  }
+  std::vector<ListedCheckpoint> out;
+  for (auto& [d, l] : lists) {
+    for (SavedCheckpoint& c : l) {
+      // Left out if a driver refining d's format lists the same folder.
+      bool refined = false;
+      for (const auto& [o, ol] : lists) {
+        if (o == d) continue;
+        const std::vector<std::string_view> r = o->Refines();
+        if (std::find(r.begin(), r.end(), d->Name()) == r.end()) continue;
+        for (const SavedCheckpoint& oc : ol) refined |= oc.name == c.name;
+      }
+      if (!refined) out.push_back({d, std::move(c)});
+    }
+  }
+  return out;
 }
 
 }  // namespace ucp::formats

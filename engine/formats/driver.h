@@ -144,8 +144,15 @@ class Driver {
   /// One line for `ucp formats` / --help.
   virtual std::string_view Summary() const = 0;
 
-  /// Cheap; never throws (unreadable or foreign input is kNo).
+  /// Cheap; never throws (unreadable or foreign input is kNo). A probe
+  /// judges its own format's files only: where several formats recognise a
+  /// path, the registry decides (Refines, DetectDriver).
   virtual Confidence Probe(const std::filesystem::path& path) const = 0;
+  /// The formats whose files this format's checkpoints also are (Megatron's
+  /// torch_dist and Megatron-FSDP folders are DCP folders): where this
+  /// format and one it refines both recognise a path (Probe) or list a
+  /// checkpoint (ListCheckpoints), it is this format's. None by default.
+  virtual std::vector<std::string_view> Refines() const { return {}; }
   virtual bool CanRead() const { return true; }
   /// The options Open takes (SourceOptions::values).
   virtual std::vector<OptionSpec> SourceOptionSpecs() const { return {}; }
@@ -213,10 +220,24 @@ const Driver* FindDriver(std::string_view name);
 /// Throws UsageError naming the known drivers if there is none.
 const Driver& GetDriver(std::string_view name);
 /// The driver of the checkpoint at `path`: `from` if given (GetDriver), else
-/// the most confident probe. Throws FormatError naming the path and the
-/// formats tried if no driver recognises it, or if two are equally sure.
+/// the most confident probe among the drivers that recognise it, leaving out
+/// a format another of them refines (Driver::Refines). Throws FormatError
+/// naming the path and the formats tried if no driver recognises it, or if
+/// two are equally sure.
 const Driver& DetectDriver(const std::filesystem::path& path,
                            std::string_view from = {});
+
+/// A checkpoint of a save folder and the driver that lists it.
+struct ListedCheckpoint {
+  const Driver* driver = nullptr;
+  SavedCheckpoint checkpoint;
+};
+/// Every checkpoint the readable drivers list in save folder `dir`
+/// (Driver::ListCheckpoints), in registry order; a checkpoint (folder name)
+/// that a refining format lists is not listed again for the format it
+/// refines. Never throws.
+std::vector<ListedCheckpoint> ListSavedCheckpoints(
+    const std::filesystem::path& dir);
 
 namespace internal {
 struct Registrar {

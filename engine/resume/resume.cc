@@ -95,11 +95,8 @@ struct Candidate {
 // it, newest first (NewerFirst).
 std::vector<Candidate> FindCheckpoints(const fs::path& dir) {
   std::vector<Candidate> out;
-  for (const formats::Driver* d : formats::Drivers()) {
-    if (!d->CanRead()) continue;
-    for (formats::SavedCheckpoint& c : d->ListCheckpoints(dir))
-      out.push_back({d, std::move(c), {}, nullptr});
-  }
+  for (formats::ListedCheckpoint& c : formats::ListSavedCheckpoints(dir))
+    out.push_back({c.driver, std::move(c.checkpoint), {}, nullptr});
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (!e.is_regular_file(ec) || !atoms::IsHdf5File(e.path())) continue;

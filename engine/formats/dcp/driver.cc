@@ -53,25 +53,13 @@ class DcpDriver : public formats::Driver {
            "FSDP2, DTensor, torchtitan): .metadata + __R_I.distcp, any "
            "layout; written chunked over --dp ranks, loads at any world size";
   }
+  // A DCP checkpoint folder, or a save folder holding some. Formats whose
+  // folders are DCP folders too (Driver::Refines) take theirs first.
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
-    // Megatron-core's torch_dist and Megatron's tracker: theirs.
-    if (fs::exists(path / "latest_checkpointed_iteration.txt", ec))
-      return formats::Confidence::kNo;
-    // An iteration folder of a Megatron save folder (torch_dist's, with
-    // metadata.json, or Megatron-FSDP's): theirs first.
-    const bool own =
-        fs::exists(path / "metadata.json", ec) ||
-        fs::exists(path.parent_path() / "latest_checkpointed_iteration.txt",
-                   ec);
-    if (IsCheckpointFolder(path))
-      return own ? formats::Confidence::kMaybe : formats::Confidence::kYes;
-    for (const formats::SavedCheckpoint& c : dcp::ListCheckpoints(path)) {
-      if (fs::exists(path / c.name / "metadata.json", ec))
-        return formats::Confidence::kMaybe;
+    if (IsCheckpointFolder(path) || !dcp::ListCheckpoints(path).empty())
       return formats::Confidence::kYes;
-    }
     return formats::Confidence::kNo;
   }
   std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
@@ -85,11 +73,6 @@ class DcpDriver : public formats::Driver {
   }
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
-    // A save folder with Megatron's tracker holds Megatron's checkpoints
-    // (torch_dist ones are DCP folders too; an unfinished one is not a DCP
-    // checkpoint to resume from).
-    std::error_code ec;
-    if (fs::exists(dir / "latest_checkpointed_iteration.txt", ec)) return {};
     return dcp::ListCheckpoints(dir);
   }
   std::unique_ptr<formats::Source> Open(
@@ -97,15 +80,6 @@ class DcpDriver : public formats::Driver {
       const formats::SourceOptions& options) const override {
     formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
                           "sources");
-    // A Megatron save folder: its checkpoints are Megatron's (ListCheckpoints
-    // lists none of them either).
-    std::error_code ec;
-    if (fs::exists(path / "latest_checkpointed_iteration.txt", ec)) {
-      throw FormatError(path.string(),
-                        " is a Megatron save folder (latest_checkpointed_"
-                        "iteration.txt): read it as megatron-torch-dist or "
-                        "megatron-fsdp, or give one of its iter_N folders");
-    }
     return std::make_unique<DcpSource>(
         Discover(path, options.values.String(kCheckpointOption).value_or("")));
   }

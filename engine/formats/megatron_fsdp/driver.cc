@@ -59,6 +59,8 @@ class FsdpDriver : public formats::Driver {
            "Adam state; read only (write megatron-torch-dist, megatron, dcp, "
            "...)";
   }
+  // Its iteration folders are DCP checkpoint folders too: ours first.
+  std::vector<std::string_view> Refines() const override { return {"dcp"}; }
   formats::Confidence Probe(const fs::path& path) const override {
     return IsFsdpFolder(path) ? formats::Confidence::kYes
                               : formats::Confidence::kNo;

@@ -84,6 +84,8 @@ class TorchDistDriver : public formats::Driver {
            "latest_checkpointed_iteration.txt, iter_*/{metadata.json, "
            ".metadata, __R_I.distcp, common.pt}; written for any TP/PP/VPP/DP";
   }
+  // Its iteration folders are DCP checkpoint folders too: ours first.
+  std::vector<std::string_view> Refines() const override { return {"dcp"}; }
   formats::Confidence Probe(const fs::path& path) const override {
     std::error_code ec;
     if (!fs::is_directory(path, ec)) return formats::Confidence::kNo;
