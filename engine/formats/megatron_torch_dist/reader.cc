@@ -1075,11 +1075,10 @@ void Planner::PlanRoot() {
   meta.vocab_size_known = true_vocab_known_;
   megatron::WriteMegatronExtras(meta, model);
 
-  json::Value own = json::Value::Object();
-  own["content_metadata"] = c_.content_metadata;
-  own["common_in"] = c_.common_in;
-  own["optimizer"] = c_.optimizer;
-  model.extras[kMetaAttr] = std::move(own);
+  WriteTorchDistExtras({.content_metadata = c_.content_metadata,
+                        .common_in = c_.common_in,
+                        .optimizer = c_.optimizer},
+                       model);
 
   universal::TrainingInfo& training = universal::NewTraining(
       model, dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed"));
