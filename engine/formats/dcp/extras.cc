@@ -1,5 +1,7 @@
 // The "dcp" root attribute (dcp.h): its one serializer.
 
+#include "engine/universal/extras.h"
+
 #include <utility>
 
 #include "engine/core/error.h"
@@ -10,52 +12,37 @@ namespace ucp::dcp {
 
 std::optional<DcpExtras> ReadDcpExtras(const universal::Model& model,
                                        const std::filesystem::path& file) {
-  const json::Value* doc = model.FindExtra(kMetaAttr);
-  if (doc == nullptr) return std::nullopt;
+  std::optional<universal::RecordReader> r =
+      universal::RecordReader::ForExtras(model, kMetaAttr, file);
+  if (!r) return std::nullopt;
   DcpExtras x;
-  std::string member;
-  try {
-    if (!doc->is_object()) throw FormatError("not a JSON object");
-    std::vector<std::pair<std::string, json::Value>> other;
-    if (doc->Find("keys") == nullptr) throw FormatError("missing key \"keys\"");
-    for (const auto& [k, v] : doc->members()) {
-      member = k;
-      if (k == "keys") {
-        for (const json::Value& j : v.items()) {
-          DcpKeyRecord r;
-          r.key = j.At("key").AsString();
-          r.cls = j.At("class").AsString();
-          if (const json::Value* p = j.Find("param")) r.param = p->AsString();
-          if (const json::Value* s = j.Find("state")) r.state = s->AsString();
-          x.keys.push_back(std::move(r));
-        }
-      } else if (k == "planner_data") {
-        x.planner_data.emplace();
-        for (const auto& [fqn, p] : v.members()) {
-          std::vector<PathComponent> path;
-          for (const json::Value& c : p.items()) {
-            if (c.is_string()) {
-              path.emplace_back(c.AsString());
-            } else {
-              path.emplace_back(c.AsInt());
-            }
-          }
-          x.planner_data->emplace_back(fqn, std::move(path));
-        }
-      } else if (k == "version") {
-        x.version = v.AsString();
-      } else if (k == "world") {
-        x.world = v.AsInt();
-      } else {
-        other.emplace_back(k, v);
-      }
+  r->Member("keys", true, [&](const json::Value& v) {
+    for (const json::Value& j : v.items()) {
+      universal::RecordReader item(j);
+      DcpKeyRecord& k = x.keys.emplace_back();
+      item.Get("key", k.key);
+      item.Get("class", k.cls);
+      item.Get("param", k.param, /*required=*/false);
+      item.Get("state", k.state, /*required=*/false);
     }
-    x.other = json::Value::FromMembers(std::move(other));
-  } catch (Error& e) {
-    if (!member.empty()) e.AddContext("member ", member);
-    e.AddContext("universal file ", file.string(), " > attribute ", kMetaAttr);
-    throw;
-  }
+  });
+  r->Member("planner_data", false, [&](const json::Value& v) {
+    x.planner_data.emplace();
+    for (const auto& [fqn, p] : v.members()) {
+      std::vector<PathComponent> path;
+      for (const json::Value& c : p.items()) {
+        if (c.is_string()) {
+          path.emplace_back(c.AsString());
+        } else {
+          path.emplace_back(c.AsInt());
+        }
+      }
+      x.planner_data->emplace_back(fqn, std::move(path));
+    }
+  });
+  r->Get("version", x.version);
+  r->Get("world", x.world);
+  x.other = r->Rest();
   return x;
 }
 
@@ -88,8 +75,7 @@ void WriteDcpExtras(const DcpExtras& x, universal::Model& model) {
   }
   if (x.version) o["version"] = *x.version;
   if (x.world) o["world"] = *x.world;
-  if (x.other.is_object())
-    for (const auto& [k, v] : x.other.members()) o[k] = v;
+  universal::PutOpaque(o, x.other);
   model.extras[kMetaAttr] = std::move(o);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.19 runtime/engine.py save_checkpoint,
-// checkpoint/constants.py, runtime/zero/stage_1_and_2.py), as this driver reads and
-// writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
+// checkpoint/constants.py, runtime/zero/stage_1_and_2.py), as this driver reads
+// and writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
 // files are refused.
 //
 // Folders
@@ -102,18 +102,31 @@
 //   /opaque/optim/<key>       non-tensor optimizer entries (loss_scaler,
 //     zero_stage, clip_grad, ...), /opaque/optim_top/<key> (ds_config, ...)
 //   /opaque/optimizer/param_groups  the groups without 'params'
-//   root attr "deepspeed" (JSON): tag, stage, wrapper, groups (names per
-//     group), module_keys, model_keys, step_kind, lp_dtype; model_parallel
-//     {tp, pp, pipeline, layout, layout_yaml, variables, tied_layers
-//     {"tied_modules.<k>": layer index}, vocab_size, vocab_size_from} for
-//     Megatron-DeepSpeed sources (the other mp ranks' opaque entries sit
-//     under /opaque/mp_rank_XX/...).
+//   root attr "deepspeed" (JSON; typed as DeepSpeedExtras below, read and
+//     written only by this folder's drivers): {"tag", "stage", "wrapper",
+//     "bf16_prefix", "groups" (names per group), "module_keys",
+//     "model_keys", "step_kind", "step_value"?, "zero3_sub_groups"?,
+//     "lp_dtype", "model_parallel"? {"tp", "pp", "pipeline", "layout",
+//     "layout_yaml", "tied_layers" {"tied_modules.<k>": layer index},
+//     "variables", "vocab_size", "vocab_size_from"} for Megatron-DeepSpeed
+//     sources (the other mp ranks' opaque entries sit under
+//     /opaque/mp_rank_XX/...)}.
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <map>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include "engine/json/json.h"
+
+namespace ucp::universal {
+struct Model;
+}  // namespace ucp::universal
 
 namespace ucp::deepspeed {
 
@@ -154,5 +167,58 @@ enum class Wrapper {
   kBf16,   // BF16_Optimizer: ZeRO 0 (or 1) with bf16
   kZero,   // DeepSpeedZeroOptimizer (stage 1/2) or stage 3
 };
+
+/// The "model_parallel" member of the "deepspeed" record: a
+/// Megatron-DeepSpeed source's topology and what a writer needs to place
+/// its params on another TP / PP size. Unknown members stay in `other`.
+struct DeepSpeedModelParallel {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  bool pipeline = false;              // PipelineModule (layer files)
+  std::optional<std::string> layout;  // the layout's name
+  /// The layout's YAML; absent in files of an older ucp.
+  std::optional<std::string> layout_yaml;
+  /// "tied_modules.<k>" -> the layer index whose file holds it.
+  std::optional<std::map<std::string, int64_t>> tied_layers;
+  std::optional<std::map<std::string, int64_t>> variables;  // resolved
+  std::optional<int64_t> vocab_size;           // the true vocabulary
+  std::optional<std::string> vocab_size_from;  // where it came from
+  json::Value other = json::Value::Object();
+
+  bool operator==(const DeepSpeedModelParallel&) const = default;
+};
+
+/// The "deepspeed" root attribute, typed. Required: tag, stage, wrapper,
+/// lp_dtype (every record has them); the rest is an empty optional when
+/// absent. Unknown members stay in `other`.
+struct DeepSpeedExtras {
+  std::string tag;
+  int64_t stage = 0;
+  /// "torch" | "fp16" (FP16_Optimizer) | "fp16_unfused" | "bf16" | "zero".
+  std::string wrapper;
+  std::string lp_dtype;  // the training dtype's name
+  std::optional<bool> bf16_prefix;
+  /// Trainable param names per optimizer group, in flat order.
+  std::optional<std::vector<std::vector<std::string>>> groups;
+  std::optional<std::vector<std::string>> module_keys;  // module order
+  std::optional<std::vector<std::string>> model_keys;   // model-states keys
+  /// "tensor" | "int" | "float" | "none": how the optimizer kept its step.
+  std::optional<std::string> step_kind;
+  std::optional<double> step_value;  // an int / float step's value
+  std::optional<int64_t> zero3_sub_groups;
+  std::optional<DeepSpeedModelParallel> model_parallel;
+  json::Value other = json::Value::Object();
+
+  bool operator==(const DeepSpeedExtras&) const = default;
+};
+
+/// The model's "deepspeed" record; absent if it has none. Throws
+/// FormatError "universal file <file> > attribute deepspeed > ..." naming
+/// the member if a member has the wrong type or a required one is missing.
+std::optional<DeepSpeedExtras> ReadDeepSpeedExtras(
+    const universal::Model& model, const std::filesystem::path& file);
+/// Stores `extras` as the model's "deepspeed" record.
+void WriteDeepSpeedExtras(const DeepSpeedExtras& extras,
+                          universal::Model& model);
 
 }  // namespace ucp::deepspeed

@@ -141,13 +141,20 @@ bool HoldsModelStates(const fs::path& dir) {
                              ec);
 }
 
-Checkpoint Discover(const fs::path& path, const std::string& tag) {
+namespace {
+
+// The rank files of a tag folder.
+struct TagFiles {
+  std::map<int64_t, fs::path> models;  // mp -> file
+  std::map<int64_t, std::map<int64_t, fs::path>> z3_models, optims;  // mp, dp
+  std::map<int64_t, std::map<int64_t, fs::path>> layers;  // tp -> idx -> file
+  std::optional<bool> bf16_prefix;  // of the optimizer files
+};
+
+// c.dir, c.tag and c.tag_dir of `path` (a save folder with `latest`, or a
+// tag folder) and --tag `tag`.
+void ResolveTag(const fs::path& path, const std::string& tag, Checkpoint& c) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
-    throw IoError("checkpoint folder ", path.string(),
-                  " does not exist or is not a folder");
-  }
-  Checkpoint c;
   if (!tag.empty()) {
     c.dir = path;
     c.tag = tag;
@@ -171,50 +178,53 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
     throw FormatError("tag ", c.tag, ": no folder ", c.tag_dir.string(),
                       tag.empty() ? " (named by latest)" : "");
   }
-  // The files, by mp rank.
-  std::map<int64_t, fs::path> models;
-  std::map<int64_t, std::map<int64_t, fs::path>> z3_models, optims;
-  std::map<int64_t, std::map<int64_t, fs::path>> layers;  // tp -> idx -> file
-  std::optional<bool> prefix;
+}
+
+TagFiles ListRankFiles(const Checkpoint& c) {
+  TagFiles f;
+  std::error_code ec;
   for (fs::directory_iterator it(c.tag_dir, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    const std::optional<RankFileName> f = ParseRankFileName(name);
-    if (!f) continue;
-    switch (f->kind) {
+    const std::optional<RankFileName> n = ParseRankFileName(name);
+    if (!n) continue;
+    switch (n->kind) {
       case RankFileName::kExpert:
         throw FormatError(it->path().string(),
                           ": mixture-of-experts files are not supported for "
                           "DeepSpeed checkpoints yet");
       case RankFileName::kLayer:
-        layers[f->mp][f->layer] = it->path();
+        f.layers[n->mp][n->layer] = it->path();
         break;
       case RankFileName::kModel:
-        models[f->mp] = it->path();
+        f.models[n->mp] = it->path();
         break;
       case RankFileName::kZ3Model:
-        z3_models[f->mp][f->dp] = it->path();
+        f.z3_models[n->mp][n->dp] = it->path();
         break;
       case RankFileName::kOptim:
-        if (prefix && *prefix != f->bf16) {
+        if (f.bf16_prefix && *f.bf16_prefix != n->bf16) {
           throw FormatError(it->path().string(),
                             ": optimizer files with and without the bf16_ "
                             "prefix in one tag folder");
         }
-        prefix = f->bf16;
-        optims[f->mp][f->dp] = it->path();
+        f.bf16_prefix = n->bf16;
+        f.optims[n->mp][n->dp] = it->path();
         break;
     }
   }
   if (ec) throw IoError("cannot list ", c.tag_dir.string(), ": ", ec.message());
-  c.bf16_prefix = prefix.value_or(false);
-  const std::string zprefix =
-      c.bf16_prefix ? "bf16_zero_pp_rank_" : "zero_pp_rank_";
-  fs::path first_model;
-  if (auto m = models.find(0); m != models.end()) {
+  return f;
+}
+
+// Opens mp rank 0's model states (c.first_model, its path in
+// `first_model`) and reads c.dp; returns mp_world_size.
+int64_t ReadWorldSizes(const TagFiles& f, Checkpoint& c,
+                       fs::path& first_model) {
+  if (auto m = f.models.find(0); m != f.models.end()) {
     first_model = m->second;
-  } else if (auto z = z3_models.find(0);
-             z != z3_models.end() && z->second.count(0)) {
+  } else if (auto z = f.z3_models.find(0);
+             z != f.z3_models.end() && z->second.count(0)) {
     first_model = z->second.at(0);
   }
   if (first_model.empty()) {
@@ -223,31 +233,34 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
                       "zero_pp_rank_0_mp_rank_00_model_states.pt)");
   }
   int64_t mp_world = 1;
-  {
-    c.first_model = std::make_shared<const torchfile::TorchFile>(
-        torchfile::TorchFile::Open(first_model));
-    try {
-      const pickle::Value* root = c.first_model->root();
-      if (root == nullptr || !root->IsDictLike())
-        throw FormatError("the file does not hold a dict");
-      c.dp = Int(Require(root, "dp_world_size"), "dp_world_size");
-      mp_world = Int(Require(root, "mp_world_size"), "mp_world_size");
-      if (c.dp < 1) throw FormatError("dp_world_size ", c.dp);
-      if (mp_world < 1 || mp_world > 4096)
-        throw FormatError("mp_world_size ", mp_world);
-    } catch (Error& e) {
-      e.AddContext("rank file ", first_model.string());
-      throw;
-    }
+  c.first_model = std::make_shared<const torchfile::TorchFile>(
+      torchfile::TorchFile::Open(first_model));
+  try {
+    const pickle::Value* root = c.first_model->root();
+    if (root == nullptr || !root->IsDictLike())
+      throw FormatError("the file does not hold a dict");
+    c.dp = Int(Require(root, "dp_world_size"), "dp_world_size");
+    mp_world = Int(Require(root, "mp_world_size"), "mp_world_size");
+    if (c.dp < 1) throw FormatError("dp_world_size ", c.dp);
+    if (mp_world < 1 || mp_world > 4096)
+      throw FormatError("mp_world_size ", mp_world);
+  } catch (Error& e) {
+    e.AddContext("rank file ", first_model.string());
+    throw;
   }
-  // Model parallelism: layer files name the tp ranks (PipelineModule);
-  // without them every mp rank is a tp rank.
-  c.pipeline = !layers.empty();
-  c.tp = c.pipeline ? static_cast<int64_t>(layers.size()) : mp_world;
+  return mp_world;
+}
+
+// c.pipeline, c.tp, c.pp and c.layer_files: layer files name the tp ranks
+// (PipelineModule); without them every mp rank is a tp rank.
+void SplitModelParallel(const TagFiles& f, int64_t mp_world,
+                        const fs::path& first_model, Checkpoint& c) {
+  c.pipeline = !f.layers.empty();
+  c.tp = c.pipeline ? static_cast<int64_t>(f.layers.size()) : mp_world;
   for (int64_t t = 0; t < c.tp; ++t) {
-    if (c.pipeline && !layers.count(t)) {
+    if (c.pipeline && !f.layers.count(t)) {
       throw FormatError(c.tag_dir.string(), ": layer files of tp ranks ",
-                        layers.begin()->first, "..", layers.rbegin()->first,
+                        f.layers.begin()->first, "..", f.layers.rbegin()->first,
                         " but none of tp rank ", t);
     }
   }
@@ -258,9 +271,9 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
   }
   c.pp = mp_world / c.tp;
   if (c.pipeline) {
-    for (const auto& [t, files] : layers) {
+    for (const auto& [t, files] : f.layers) {
       c.layer_files.emplace_back(files.begin(), files.end());
-      const auto& ref = layers.begin()->second;
+      const auto& ref = f.layers.begin()->second;
       for (const auto& [idx, unused_path] : ref) {
         (void)unused_path;
         if (!files.count(idx)) {
@@ -273,22 +286,25 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
       if (files.size() != ref.size()) {
         throw FormatError(files.rbegin()->second.string(), ": tp rank ", t,
                           " has ", files.size(), " layer files but tp rank ",
-                          layers.begin()->first, " has ", ref.size());
+                          f.layers.begin()->first, " has ", ref.size());
       }
     }
   }
-  // The stage, from the first optimizer file.
-  if (optims.empty()) {
+}
+
+// c.wrapper, c.stage (and c.first_optim) from the first optimizer file.
+void ReadStage(TagFiles& f, const std::string& zprefix, Checkpoint& c) {
+  if (f.optims.empty()) {
     c.wrapper = Wrapper::kTorch;
     c.stage = 0;
-    if (!z3_models.empty()) {
+    if (!f.z3_models.empty()) {
       throw FormatError(c.tag_dir.string(),
                         ": ZeRO-3 model files but no optimizer file "
                         "zero_pp_rank_0_mp_rank_00_optim_states.pt");
     }
   } else {
-    auto it0 = optims[0].find(0);
-    if (it0 == optims[0].end()) {
+    auto it0 = f.optims[0].find(0);
+    if (it0 == f.optims[0].end()) {
       throw FormatError(c.tag_dir.string(), ": missing ", zprefix,
                         "0_mp_rank_00_optim_states.pt");
     }
@@ -315,7 +331,11 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
       throw;
     }
   }
-  // Completeness: every (mp, dp) file the world sizes need, nothing more.
+}
+
+// c.mp_ranks: every (mp, dp) file the world sizes need, nothing more.
+void CollectMpRanks(TagFiles& f, int64_t mp_world, const fs::path& first_model,
+                    const std::string& zprefix, Checkpoint& c) {
   auto extra = [&](const std::map<int64_t, fs::path>& files, int64_t count,
                    const char* what) {
     if (static_cast<int64_t>(files.size()) != count) {
@@ -328,28 +348,28 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
     Checkpoint::MpRank rank;
     if (c.wrapper != Wrapper::kTorch) {
       for (int64_t d = 0; d < c.dp; ++d) {
-        if (!optims[mp].count(d)) {
+        if (!f.optims[mp].count(d)) {
           throw FormatError(c.tag_dir.string(), ": missing ", zprefix, d,
                             MpPart(mp), "_optim_states.pt (dp_world_size ",
                             c.dp, ", mp_world_size ", mp_world, " in ",
                             first_model.string(), ")");
         }
-        rank.optim_files.push_back(optims[mp][d]);
+        rank.optim_files.push_back(f.optims[mp][d]);
       }
-      extra(optims[mp], c.dp, "optimizer files");
+      extra(f.optims[mp], c.dp, "optimizer files");
     }
     if (c.stage == 3) {
       for (int64_t d = 0; d < c.dp; ++d) {
-        if (!z3_models[mp].count(d)) {
+        if (!f.z3_models[mp].count(d)) {
           throw FormatError(c.tag_dir.string(), ": missing zero_pp_rank_", d,
                             MpPart(mp), "_model_states.pt (ZeRO-3, dp ", c.dp,
                             ")");
         }
-        rank.model_files.push_back(z3_models[mp][d]);
+        rank.model_files.push_back(f.z3_models[mp][d]);
       }
-      extra(z3_models[mp], c.dp, "ZeRO-3 model files");
-    } else if (models.count(mp)) {
-      rank.model_files.push_back(models[mp]);
+      extra(f.z3_models[mp], c.dp, "ZeRO-3 model files");
+    } else if (f.models.count(mp)) {
+      rank.model_files.push_back(f.models[mp]);
     } else {
       throw FormatError(
           c.tag_dir.string(), ": missing mp", MpPart(mp).substr(3),
@@ -367,13 +387,34 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
                         " (files from mixed runs?)");
     }
   };
-  beyond(optims, "an optimizer file");
-  beyond(z3_models, "a ZeRO-3 model file");
-  if (!models.empty() && models.rbegin()->first >= mp_world) {
-    throw FormatError(models.rbegin()->second.string(), ": mp rank ",
-                      models.rbegin()->first, " but mp_world_size is ",
+  beyond(f.optims, "an optimizer file");
+  beyond(f.z3_models, "a ZeRO-3 model file");
+  if (!f.models.empty() && f.models.rbegin()->first >= mp_world) {
+    throw FormatError(f.models.rbegin()->second.string(), ": mp rank ",
+                      f.models.rbegin()->first, " but mp_world_size is ",
                       mp_world, " (files from mixed runs?)");
   }
+}
+
+}  // namespace
+
+Checkpoint Discover(const fs::path& path, const std::string& tag) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw IoError("checkpoint folder ", path.string(),
+                  " does not exist or is not a folder");
+  }
+  Checkpoint c;
+  ResolveTag(path, tag, c);
+  TagFiles f = ListRankFiles(c);
+  c.bf16_prefix = f.bf16_prefix.value_or(false);
+  const std::string zprefix =
+      c.bf16_prefix ? "bf16_zero_pp_rank_" : "zero_pp_rank_";
+  fs::path first_model;
+  const int64_t mp_world = ReadWorldSizes(f, c, first_model);
+  SplitModelParallel(f, mp_world, first_model, c);
+  ReadStage(f, zprefix, c);
+  CollectMpRanks(f, mp_world, first_model, zprefix, c);
   c.model_files = c.mp_ranks[0].model_files;
   c.optim_files = c.mp_ranks[0].optim_files;
   return c;

@@ -198,109 +198,116 @@ void Planner::ReadModel() {
         break;
       }
     }
-    // Trainable params: param_shapes (flat-buffer order, per group), or at
-    // ZeRO 0 fp32 the module's params in order.
-    const Value* shapes = Get(model_, "param_shapes");
-    if (!IsNone(shapes)) {
-      const auto& list = Items(shapes, "param_shapes");
-      for (size_t g = 0; g < list.size(); ++g) {
-        groups_.emplace_back();
-        for (const std::string& n : Keys(list[g], "param_shapes group")) {
-          Param p;
-          p.name = n;
-          p.shape =
-              SizeOf(Get(list[g], n), StrCat("param_shapes[", g, "][", n, "]"));
-          p.dtype = lp_;
-          p.group = static_cast<int64_t>(g);
-          groups_.back().push_back(n);
-          index_[n] = params_.size();
-          params_.push_back(std::move(p));
-        }
-      }
-    } else {
-      if (c_.wrapper != Wrapper::kTorch) {
-        throw FormatError(
-            "param_shapes is None but the checkpoint has "
-            "optimizer files");
-      }
-      if (const Value* opt = Get(model_, "optimizer"); !IsNone(opt)) {
-        if (Get(opt, "fp32_groups_flat") != nullptr) {
-          fp16_ = Fp16::kFlat;
-        } else if (Get(opt, "fp32_groups") != nullptr) {
-          fp16_ = Fp16::kUnfused;
-        }
-      }
+    CollectTrainable(buffers);
+    CollectUntrained(buffers);
+  } catch (Error& e) {
+    AddContextOnce(e, where0);
+    throw;
+  }
+}
+
+void Planner::CollectTrainable(const std::set<std::string>& buffers) {
+  // Trainable params: param_shapes (flat-buffer order, per group), or at
+  // ZeRO 0 fp32 the module's params in order.
+  const Value* shapes = Get(model_, "param_shapes");
+  if (!IsNone(shapes)) {
+    const auto& list = Items(shapes, "param_shapes");
+    for (size_t g = 0; g < list.size(); ++g) {
       groups_.emplace_back();
-      for (const Entry& e : entries_) {
-        const std::string& k = e.name;
-        if (buffers.count(k) || shared_.count(k)) continue;
-        const TensorInfo& t = TensorAt(e.file, e.value, e.where);
-        Param p;
-        p.name = k;
-        p.shape = t.shape;
-        p.dtype = t.dtype;
-        p.group = 0;
-        groups_.back().push_back(k);
-        index_[k] = params_.size();
-        params_.push_back(std::move(p));
-      }
-    }
-    // Frozen params (ZeRO >= 2 records them).
-    if (const Value* fs = Get(model_, "frozen_param_shapes"); !IsNone(fs)) {
-      for (const std::string& n : Keys(fs, "frozen_param_shapes")) {
+      for (const std::string& n : Keys(list[g], "param_shapes group")) {
         Param p;
         p.name = n;
-        p.shape = SizeOf(Get(fs, n), StrCat("frozen_param_shapes[", n, "]"));
+        p.shape =
+            SizeOf(Get(list[g], n), StrCat("param_shapes[", g, "][", n, "]"));
         p.dtype = lp_;
-        p.frozen = true;
+        p.group = static_cast<int64_t>(g);
+        groups_.back().push_back(n);
         index_[n] = params_.size();
         params_.push_back(std::move(p));
       }
     }
-    // Buffers and module entries that are neither (frozen params at ZeRO
-    // 0/1, which DeepSpeed does not record: kept as frozen params).
+  } else {
+    if (c_.wrapper != Wrapper::kTorch) {
+      throw FormatError(
+          "param_shapes is None but the checkpoint has "
+          "optimizer files");
+    }
+    if (const Value* opt = Get(model_, "optimizer"); !IsNone(opt)) {
+      if (Get(opt, "fp32_groups_flat") != nullptr) {
+        fp16_ = Fp16::kFlat;
+      } else if (Get(opt, "fp32_groups") != nullptr) {
+        fp16_ = Fp16::kUnfused;
+      }
+    }
+    groups_.emplace_back();
     for (const Entry& e : entries_) {
       const std::string& k = e.name;
-      if (index_.count(k) || shared_.count(k)) continue;
-      const TensorInfo* t = e.file->FindTensor(e.value);
-      if (t == nullptr) {
-        throw FormatError(e.where, " is not a tensor");
-      }
+      if (buffers.count(k) || shared_.count(k)) continue;
+      const TensorInfo& t = TensorAt(e.file, e.value, e.where);
       Param p;
       p.name = k;
-      p.shape = t->shape;
-      p.dtype = t->dtype;
-      p.buffer = buffers.count(k) > 0;
-      p.frozen = !p.buffer;
-      if (c_.stage == 3 && !p.buffer) {
-        throw FormatError("module[", k,
-                          "] is neither a partitioned param nor a buffer");
-      }
+      p.shape = t.shape;
+      p.dtype = t.dtype;
+      p.group = 0;
+      groups_.back().push_back(k);
       index_[k] = params_.size();
       params_.push_back(std::move(p));
     }
-    for (const auto& [alias, src] : shared_) {
-      auto it = index_.find(src);
-      if (it == index_.end()) {
-        throw FormatError("shared_params: ", alias, " points to ", src,
-                          ", which is not a param");
-      }
-      params_[it->second].aliases.push_back(alias);
+  }
+}
+
+void Planner::CollectUntrained(const std::set<std::string>& buffers) {
+  // Frozen params (ZeRO >= 2 records them).
+  if (const Value* fs = Get(model_, "frozen_param_shapes"); !IsNone(fs)) {
+    for (const std::string& n : Keys(fs, "frozen_param_shapes")) {
+      Param p;
+      p.name = n;
+      p.shape = SizeOf(Get(fs, n), StrCat("frozen_param_shapes[", n, "]"));
+      p.dtype = lp_;
+      p.frozen = true;
+      index_[n] = params_.size();
+      params_.push_back(std::move(p));
     }
-    // Canonical order: the module's order (aliases skipped), then the rest.
-    std::map<std::string, int64_t> pos;
-    for (size_t i = 0; i < module_keys_.size(); ++i)
-      pos.emplace(module_keys_[i], static_cast<int64_t>(i));
-    for (Param& p : params_) {
-      auto it = pos.find(p.name);
-      p.order =
-          it != pos.end()
-              ? it->second
-              : static_cast<int64_t>(module_keys_.size() + index_[p.name]);
+  }
+  // Buffers and module entries that are neither (frozen params at ZeRO
+  // 0/1, which DeepSpeed does not record: kept as frozen params).
+  for (const Entry& e : entries_) {
+    const std::string& k = e.name;
+    if (index_.count(k) || shared_.count(k)) continue;
+    const TensorInfo* t = e.file->FindTensor(e.value);
+    if (t == nullptr) {
+      throw FormatError(e.where, " is not a tensor");
     }
-  } catch (Error& e) {
-    AddContextOnce(e, where0);
-    throw;
+    Param p;
+    p.name = k;
+    p.shape = t->shape;
+    p.dtype = t->dtype;
+    p.buffer = buffers.count(k) > 0;
+    p.frozen = !p.buffer;
+    if (c_.stage == 3 && !p.buffer) {
+      throw FormatError("module[", k,
+                        "] is neither a partitioned param nor a buffer");
+    }
+    index_[k] = params_.size();
+    params_.push_back(std::move(p));
+  }
+  for (const auto& [alias, src] : shared_) {
+    auto it = index_.find(src);
+    if (it == index_.end()) {
+      throw FormatError("shared_params: ", alias, " points to ", src,
+                        ", which is not a param");
+    }
+    params_[it->second].aliases.push_back(alias);
+  }
+  // Canonical order: the module's order (aliases skipped), then the rest.
+  std::map<std::string, int64_t> pos;
+  for (size_t i = 0; i < module_keys_.size(); ++i)
+    pos.emplace(module_keys_[i], static_cast<int64_t>(i));
+  for (Param& p : params_) {
+    auto it = pos.find(p.name);
+    p.order = it != pos.end()
+                  ? it->second
+                  : static_cast<int64_t>(module_keys_.size() + index_[p.name]);
   }
 }
 
@@ -500,33 +507,23 @@ void Planner::PlanRoot() {
   training.param_order =
       std::vector<std::string>(module_keys_.begin(), module_keys_.end());
 
-  json::Value meta = json::Value::Object();
-  meta["tag"] = c_.tag;
-  meta["stage"] = c_.stage;
-  meta["wrapper"] = fp16_ == Fp16::kFlat            ? "fp16"
-                    : fp16_ == Fp16::kUnfused       ? "fp16_unfused"
-                    : c_.wrapper == Wrapper::kTorch ? "torch"
-                    : c_.wrapper == Wrapper::kBf16  ? "bf16"
-                                                    : "zero";
-  meta["bf16_prefix"] = c_.bf16_prefix;
-  json::Value gj = json::Value::Array();
-  for (const auto& g : groups_) {
-    json::Value names = json::Value::Array();
-    for (const std::string& n : g) names.Append(n);
-    gj.Append(std::move(names));
-  }
-  meta["groups"] = std::move(gj);
-  json::Value mk = json::Value::Array();
-  for (const std::string& k : module_keys_) mk.Append(k);
-  meta["module_keys"] = std::move(mk);
-  json::Value top = json::Value::Array();
-  for (const std::string& k : Keys(model_, "model states")) top.Append(k);
-  meta["model_keys"] = std::move(top);
-  meta["step_kind"] = step_kind_;
-  if (step_value_) meta["step_value"] = *step_value_;
-  if (sub_groups_ > 0) meta["zero3_sub_groups"] = sub_groups_;
-  meta["lp_dtype"] = std::string(DTypeName(lp_));
-  model.extras[std::string(kMetaAttr)] = std::move(meta);
+  DeepSpeedExtras meta;
+  meta.tag = c_.tag;
+  meta.stage = c_.stage;
+  meta.wrapper = fp16_ == Fp16::kFlat            ? "fp16"
+                 : fp16_ == Fp16::kUnfused       ? "fp16_unfused"
+                 : c_.wrapper == Wrapper::kTorch ? "torch"
+                 : c_.wrapper == Wrapper::kBf16  ? "bf16"
+                                                 : "zero";
+  meta.bf16_prefix = c_.bf16_prefix;
+  meta.groups = groups_;
+  meta.module_keys = module_keys_;
+  meta.model_keys = Keys(model_, "model states");
+  meta.step_kind = step_kind_;
+  meta.step_value = step_value_;
+  if (sub_groups_ > 0) meta.zero3_sub_groups = sub_groups_;
+  meta.lp_dtype = std::string(DTypeName(lp_));
+  WriteDeepSpeedExtras(meta, model);
 }
 
 universal::SourcePlan Planner::Run() {

@@ -86,8 +86,9 @@ class Planner {
   }
   reshape::SourceTensor Tensor(const FilePtr& f, const torchfile::TensorInfo& t,
                                const std::string& what);
-  const torchfile::TensorInfo& TensorAt(const FilePtr& f, const pickle::Value* v,
-                             const std::string& what);
+  const torchfile::TensorInfo& TensorAt(const FilePtr& f,
+                                        const pickle::Value* v,
+                                        const std::string& what);
   universal::AtomPlan& Atom(const Param& p, const std::string& kind,
                             DType dtype, bool scalar);
   // Adds fragments mapping elements [begin, end) of the param's flattening
@@ -99,6 +100,11 @@ class Planner {
              const std::string& where);
 
   void ReadModel();
+  // ReadModel's steps: the trainable params (param_shapes in flat-buffer
+  // order per group, or at ZeRO 0 the module's params in order), then the
+  // frozen params, buffers, aliases and the canonical order.
+  void CollectTrainable(const std::set<std::string>& buffers);
+  void CollectUntrained(const std::set<std::string>& buffers);
   void PlanModule();
   void PlanTorchOptimizer();
   void PlanFp16Optimizer();  // FP16_Optimizer / FP16_UnfusedOptimizer
@@ -109,9 +115,9 @@ class Planner {
   // module order (wrapping around), whose shape fits (`numel` elements
   // fit, or exactly `shape` when given) and whose stored lp weights equal
   // the fp32 master elements `elem` of `master` rounded; -1 if none.
-  int64_t MatchMaster(const FilePtr& f, const torchfile::TensorInfo& master, int64_t elem,
-                      int64_t room, const Shape* shape, size_t hint,
-                      const std::vector<bool>& taken);
+  int64_t MatchMaster(const FilePtr& f, const torchfile::TensorInfo& master,
+                      int64_t elem, int64_t room, const Shape* shape,
+                      size_t hint, const std::vector<bool>& taken);
   void PlanFlat();  // ZeRO 1/2, BF16_Optimizer
   // The fragments of one flat group of a rank's optimizer file (ZeRO 1-3):
   // each window's slice of the fp32 flat tensor and of every state kind in
@@ -149,9 +155,9 @@ class Planner {
   std::vector<FilePtr> models_;  // per model file
   std::vector<FilePtr> optims_;  // per dp rank
   FilePtr zero_state_;           // universal folder: zero/optimizer_state.pt
-  std::vector<FilePtr> zero_files_;  // universal folder: per-param files
-  const pickle::Value* model_ = nullptr;     // model states of rank 0
-  std::vector<Param> params_;        // in module order, then frozen / buffers
+  std::vector<FilePtr> zero_files_;       // universal folder: per-param files
+  const pickle::Value* model_ = nullptr;  // model states of rank 0
+  std::vector<Param> params_;  // in module order, then frozen / buffers
   std::map<std::string, size_t> index_;
   std::vector<std::vector<std::string>> groups_;  // names per group
   std::vector<std::string> module_keys_;

@@ -14,7 +14,6 @@
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/graph.h"
 #include "engine/formats/deepspeed/writer_base.h"
-#include "engine/json/json.h"
 #include "engine/reshape/target_plan.h"
 
 namespace ucp::deepspeed {

@@ -55,6 +55,18 @@ void WriterBase::AppendOrReplace(pickle::Arena& a, Value* dict,
 }
 
 void WriterBase::Prepare(bool tensor_parallel) {
+  ReadTopology(tensor_parallel);
+  ChooseOptimizer();
+  ChooseTag();
+  const std::map<std::string, size_t> index = CollectParams();
+  AssignGroups(index);
+  const bool any_state = CollectStateKinds();
+  OrderModuleKeys();
+  ReadSubGroupSize();
+  MakeGroupTemplates(any_state);
+}
+
+void WriterBase::ReadTopology(bool tensor_parallel) {
   const layouts::Topology& t = options_.topology;
   if (t.vpp != 1) {
     throw UsageError(
@@ -63,45 +75,39 @@ void WriterBase::Prepare(bool tensor_parallel) {
   W_ = t.dp;
   tp_ = t.tp;
   pp_ = t.pp;
-  const universal::Model& model = input_.model();
-  if (const json::Value* meta = model.FindExtra(kMetaAttr)) meta_ = *meta;
-  const json::Value* mp = meta_.Find("model_parallel");
-  if (mp != nullptr && !mp->is_object()) mp = nullptr;
+  meta_ = ReadDeepSpeedExtras(input_.model(), input_.path());
+  const DeepSpeedModelParallel* mp =
+      meta_ && meta_->model_parallel ? &*meta_->model_parallel : nullptr;
   if (mp != nullptr) {
-    const json::Value* pipe = mp->Find("pipeline");
-    const json::Value* yaml = mp->Find("layout_yaml");
-    pipeline_ = pipe != nullptr && pipe->is_bool() && pipe->AsBool();
-    if (const json::Value* tl = mp->Find("tied_layers"); tl && tl->is_object())
-      for (const auto& [k, x] : tl->members())
-        if (x.is_int()) tied_layers_[k] = x.AsInt();
+    pipeline_ = mp->pipeline;
+    if (mp->tied_layers) tied_layers_ = *mp->tied_layers;
     if (!tensor_parallel) {
       throw UsageError(input_.path().string(),
                        ": the source is a Megatron-DeepSpeed checkpoint with "
                        "tensor parallelism; this format is written without "
                        "it (use --format deepspeed)");
     }
-    if (yaml == nullptr || !yaml->is_string()) {
+    if (!mp->layout_yaml) {
       throw UsageError(input_.path().string(),
                        ": the universal content lacks the layout of its "
                        "Megatron-DeepSpeed source (made by an older ucp: "
                        "convert from the checkpoint again)");
     }
-    layout_ = layouts::Layout::ParseStored(yaml->AsString(), input_.path());
-    if (const json::Value* v = mp->Find("variables"); v && v->is_object())
-      for (const auto& [k, x] : v->members())
-        if (x.is_int()) vars_.Set(k, x.AsInt());
+    layout_ = layouts::Layout::ParseStored(*mp->layout_yaml, input_.path());
+    if (mp->variables)
+      for (const auto& [k, x] : *mp->variables) vars_.Set(k, x);
   } else if (tp_ != 1 || pp_ != 1) {
     throw UsageError(
         "--tp ", tp_, " --pp ", pp_,
         ": a DeepSpeed target is model-parallel only for a Megatron-DeepSpeed "
         "source (whose layout places the params); pass --tp 1 --pp 1");
   }
-  auto str = [](const json::Value& o, const char* k) -> std::string {
-    const json::Value* v = o.is_object() ? o.Find(k) : nullptr;
-    return v != nullptr && v->is_string() ? v->AsString() : std::string();
-  };
+}
+
+void WriterBase::ChooseOptimizer() {
+  const universal::Model& model = input_.model();
   // Training dtype.
-  std::string lp = str(meta_, "lp_dtype");
+  std::string lp = meta_ ? meta_->lp_dtype : std::string();
   if (lp.empty() && model.training && model.training->dtype)
     lp = *model.training->dtype;
   if (!lp.empty()) {
@@ -117,8 +123,8 @@ void WriterBase::Prepare(bool tensor_parallel) {
   // Stage and optimizer wrapper.
   if (const std::optional<int64_t> z = options_.values.Int(kZeroStageOption)) {
     stage_ = static_cast<int>(*z);
-  } else if (const json::Value* s = meta_.Find("stage"); s && s->is_int()) {
-    stage_ = static_cast<int>(s->AsInt());
+  } else if (meta_) {
+    stage_ = static_cast<int>(meta_->stage);
   } else {
     throw UsageError(
         "the universal content was not made from a DeepSpeed "
@@ -141,7 +147,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
     wrapper_ = Wrapper::kTorch;
   } else if (lp_ == DType::kFloat16) {
     wrapper_ = Wrapper::kFp16;
-    fp16_unfused_ = str(meta_, "wrapper") == "fp16_unfused";
+    fp16_unfused_ = meta_ && meta_->wrapper == "fp16_unfused";
   } else {
     throw UsageError("ZeRO stage 0 with ", DTypeName(lp_),
                      " training: DeepSpeed trains in fp32, fp16 or bf16");
@@ -172,15 +178,19 @@ void WriterBase::Prepare(bool tensor_parallel) {
                      "stage 1 or 2 (or 0 with bf16 and a pipeline: "
                      "BF16_Optimizer; or 0 with fp16: FP16_Optimizer)");
   }
+}
+
+void WriterBase::ChooseTag() {
+  const universal::Model& model = input_.model();
   tag_ = options_.values.String(kTagOption).value_or("");
-  if (tag_.empty()) tag_ = str(meta_, "tag");
+  if (tag_.empty() && meta_) tag_ = meta_->tag;
   if (tag_.empty()) tag_ = StrCat("global_step", model.iteration);
   if (tag_.find('/') != std::string::npos || tag_ == "." || tag_ == "..")
     throw UsageError("--tag ", tag_, ": not a folder name");
   tag_dir_ = tag_;
-  const bool from_deepspeed = meta_.is_object() && meta_.Find("stage");
+}
 
-  // Params in canonical order.
+std::map<std::string, size_t> WriterBase::CollectParams() {
   std::map<std::string, size_t> index;
   for (const atoms::StoredParam& sp : input_.params()) {
     TParam p;
@@ -191,7 +201,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
     p.group = std::max<int64_t>(sp.info.group, 0);
     p.frozen = sp.info.frozen;
     p.buffer = sp.info.kind == atoms::ParamKind::kBuffer;
-    if (from_deepspeed) p.aliases = sp.info.tied_copies;
+    if (meta_) p.aliases = sp.info.tied_copies;
     if (!p.buffer && !p.frozen && input_.FindAtom(p.name, "fp32") == nullptr &&
         input_.FindAtom(p.name, "param") == nullptr) {
       throw FormatError("universal input ", input_.path().string(), " > param ",
@@ -220,19 +230,23 @@ void WriterBase::Prepare(bool tensor_parallel) {
     }
     if (pipeline_) PartitionStages();
   }
-  // Groups: the source's flat order when it was DeepSpeed, else canonical.
+  return index;
+}
+
+void WriterBase::AssignGroups(const std::map<std::string, size_t>& index) {
   int64_t ngroups = 0;
   for (const TParam& p : params_)
     if (!p.buffer && !p.frozen) ngroups = std::max(ngroups, p.group + 1);
   groups_.assign(static_cast<size_t>(std::max<int64_t>(ngroups, 1)), {});
   bool used_meta = false;
-  if (const json::Value* g = meta_.Find("groups"); g && g->is_array()) {
-    std::vector<std::vector<size_t>> from(g->size());
+  if (meta_ && meta_->groups) {
+    const std::vector<std::vector<std::string>>& g = *meta_->groups;
+    std::vector<std::vector<size_t>> from(g.size());
     size_t count = 0;
     bool ok = true;
-    for (size_t k = 0; k < g->size() && ok; ++k) {
-      for (const json::Value& n : g->items()[k].items()) {
-        auto it = n.is_string() ? index.find(n.AsString()) : index.end();
+    for (size_t k = 0; k < g.size() && ok; ++k) {
+      for (const std::string& n : g[k]) {
+        auto it = index.find(n);
         if (it == index.end()) {
           ok = false;
           break;
@@ -255,7 +269,9 @@ void WriterBase::Prepare(bool tensor_parallel) {
       if (!params_[i].buffer && !params_[i].frozen)
         groups_[static_cast<size_t>(params_[i].group)].push_back(i);
   }
-  // Optimizer state kinds.
+}
+
+bool WriterBase::CollectStateKinds() {
   std::set<std::string> kinds;
   bool any_state = false;
   for (const atoms::DatasetInfo& d : input_.datasets()) {
@@ -272,25 +288,27 @@ void WriterBase::Prepare(bool tensor_parallel) {
     if (kinds.erase(k)) state_kinds_.push_back(k);
   }
   state_kinds_.insert(state_kinds_.end(), kinds.begin(), kinds.end());
-  if (const json::Value* sk = meta_.Find("step_kind"); sk && sk->is_string())
-    step_kind_ = sk->AsString();
+  if (meta_ && meta_->step_kind) step_kind_ = *meta_->step_kind;
   if (!any_state && !options_.no_optimizer) {
     notes_.insert(
         "the universal content holds no optimizer state (Adam "
         "moments): the optimizer files hold zeros there");
     state_kinds_ = {"exp_avg", "exp_avg_sq"};
   }
-  // Module keys.
-  if (const json::Value* mk = meta_.Find("module_keys"); mk && mk->is_array()) {
+  return any_state;
+}
+
+void WriterBase::OrderModuleKeys() {
+  if (meta_ && meta_->module_keys) {
     std::set<std::string> known;
     for (const TParam& p : params_) {
       known.insert(p.name);
       known.insert(p.aliases.begin(), p.aliases.end());
     }
     bool ok = true;
-    for (const json::Value& k : mk->items()) {
-      if (!k.is_string() || !known.count(k.AsString())) ok = false;
-      if (ok) module_keys_.push_back(k.AsString());
+    for (const std::string& k : *meta_->module_keys) {
+      if (!known.count(k)) ok = false;
+      if (ok) module_keys_.push_back(k);
     }
     if (!ok) module_keys_.clear();
   }
@@ -300,7 +318,9 @@ void WriterBase::Prepare(bool tensor_parallel) {
       for (const std::string& a : p.aliases) module_keys_.push_back(a);
     }
   }
-  // ZeRO-3 sub-group size from the saved ds_config.
+}
+
+void WriterBase::ReadSubGroupSize() {
   for (const char* key : {"top_level/ds_config", "optim_top/ds_config"}) {
     std::shared_ptr<const torchfile::TorchFile> b = blobs_.Find(key);
     const Value* cfg = b != nullptr ? b->root() : nullptr;
@@ -316,7 +336,9 @@ void WriterBase::Prepare(bool tensor_parallel) {
       break;
     }
   }
-  // Optimizer group templates.
+}
+
+void WriterBase::MakeGroupTemplates(bool any_state) {
   group_file_ = blobs_.Find("optimizer/param_groups");
   if (group_file_ != nullptr) {
     const Value* list = group_file_->root();
@@ -417,8 +439,7 @@ const atoms::DatasetInfo& WriterBase::WeightAtom(const TParam& p,
 }
 
 bool WriterBase::UnfusedBf16() const {
-  const json::Value* w = meta_.Find("wrapper");
-  if (w != nullptr && w->is_string() && w->AsString() == "fp16_unfused")
+  if (meta_ && meta_->wrapper == "fp16_unfused")
     return true;  // the source was trained so
   const universal::SourceInfo& source = input_.model().source;
   if (source.framework != "deepspeed" || !source.framework_version)
@@ -501,9 +522,9 @@ Value* WriterBase::StepNode(FileBuild& f, const TParam& p,
     return f.AddTensor(std::move(t));
   }
   int64_t step = formats::OptimizerStep(input_.model());
-  if (const json::Value* v = meta_.Find("step_value"); v && v->is_number()) {
-    if (step_kind_ == "float") return a.Float(v->AsDouble());
-    step = static_cast<int64_t>(v->AsDouble());
+  if (meta_ && meta_->step_value) {
+    if (step_kind_ == "float") return a.Float(*meta_->step_value);
+    step = static_cast<int64_t>(*meta_->step_value);
   }
   if (step_kind_ == "int") return a.Int(step);
   if (step_kind_ == "float") return a.Float(static_cast<double>(step));
@@ -572,12 +593,8 @@ Value* WriterBase::DsConfig(FileBuild& f) {
 
 Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
   pickle::Arena& a = f.arena();
-  const std::string fw = StrCat("rank file ", f.path().string());
   std::vector<std::string> keys;
-  if (const json::Value* mk = meta_.Find("model_keys"); mk && mk->is_array()) {
-    for (const json::Value& k : mk->items())
-      if (k.is_string()) keys.push_back(k.AsString());
-  }
+  if (meta_ && meta_->model_keys) keys = *meta_->model_keys;
   if (keys.empty())
     keys.assign(std::begin(kDefaultModelKeys), std::end(kDefaultModelKeys));
   // Client state blobs not in the list go last.
@@ -603,28 +620,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
     if (key == "module" && pipeline_) {
       v = a.None();  // PipelineEngine: the weights are in the layer files
     } else if (key == "module") {
-      Value* m = formats::NewOrderedDict(a);
-      std::map<std::string, Value*> nodes;
-      for (const std::string& k : module_keys_) {
-        if (auto al = alias_of.find(k); al != alias_of.end()) {
-          auto n = nodes.find(al->second);
-          if (n != nodes.end()) formats::AppendEntry(a, m, k, n->second);
-          continue;
-        }
-        const TParam& p = *by_name.at(k);
-        Value* node;
-        if (stage_ == 3 && !p.buffer) {
-          node = f.AddConstant(lp_, {0}, {});  // a released partition
-        } else {
-          DType dt;
-          const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          node = f.AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
-                                         fw + " > module > " + k));
-        }
-        nodes[k] = node;
-        formats::AppendEntry(a, m, k, node);
-      }
-      v = m;
+      v = ModuleDict(f, by_name, alias_of);
     } else if (key == "buffer_names") {
       std::vector<Value*> names;
       for (const std::string& k : module_keys_)
@@ -669,40 +665,7 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
             formats::AppendEntry(a, v, al, a.Str(src));
       }
     } else if (key == "frozen_param_fragments") {
-      if (stage_ == 2) {
-        v = formats::NewOrderedDict(a);
-        for (const TParam& p : params_) {
-          if (!p.frozen) continue;
-          DType dt;
-          const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          formats::AppendEntry(
-              a, v, p.name,
-              f.AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
-                                      fw + " > frozen > " + p.name)));
-        }
-      } else if (stage_ == 3) {
-        v = formats::NewOrderedDict(a);
-        for (size_t i = 0; i < params_.size(); ++i) {
-          const TParam& p = params_[i];
-          if (!p.frozen) continue;
-          DType dt;
-          const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
-          const int64_t part = Zero3Piece(p.numel, W_);
-          reshape::TargetTensor t;
-          t.name = fw + " > frozen > " + p.name;
-          t.dtype = dt;
-          t.shape = {part};
-          reshape::Slot slot;
-          slot.local_shape = p.shape;
-          slot.pieces = Pieces(p, atom, atom.state_kind);
-          slot.begin = std::min(p.numel, o.rank * part);
-          slot.end = std::min(p.numel, (o.rank + 1) * part);
-          t.ops = reshape::PlanSlot(slot);
-          formats::AppendEntry(a, v, p.name, f.AddTensor(std::move(t)));
-        }
-      } else {
-        v = a.None();
-      }
+      v = FrozenFragments(f, o.rank);
     } else if (key == "dp_world_size") {
       v = a.Int(W_);
     } else if (key == "mp_world_size") {
@@ -731,6 +694,67 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
   }
   if (layout_) PatchTpArgs(a, root);
   return root;
+}
+
+Value* WriterBase::ModuleDict(
+    FileBuild& f, const std::map<std::string, const TParam*>& by_name,
+    const std::map<std::string, std::string>& alias_of) {
+  pickle::Arena& a = f.arena();
+  const std::string fw = StrCat("rank file ", f.path().string());
+  Value* m = formats::NewOrderedDict(a);
+  std::map<std::string, Value*> nodes;
+  for (const std::string& k : module_keys_) {
+    if (auto al = alias_of.find(k); al != alias_of.end()) {
+      auto n = nodes.find(al->second);
+      if (n != nodes.end()) formats::AppendEntry(a, m, k, n->second);
+      continue;
+    }
+    const TParam& p = *by_name.at(k);
+    Value* node;
+    if (stage_ == 3 && !p.buffer) {
+      node = f.AddConstant(lp_, {0}, {});  // a released partition
+    } else {
+      DType dt;
+      const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+      node = f.AddTensor(
+          LocalTensor(p, atom, atom.state_kind, dt, fw + " > module > " + k));
+    }
+    nodes[k] = node;
+    formats::AppendEntry(a, m, k, node);
+  }
+  return m;
+}
+
+Value* WriterBase::FrozenFragments(FileBuild& f, int64_t rank) {
+  pickle::Arena& a = f.arena();
+  const std::string fw = StrCat("rank file ", f.path().string());
+  if (stage_ != 2 && stage_ != 3) return a.None();
+  Value* v = formats::NewOrderedDict(a);
+  for (const TParam& p : params_) {
+    if (!p.frozen) continue;
+    DType dt;
+    const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+    if (stage_ == 2) {
+      formats::AppendEntry(
+          a, v, p.name,
+          f.AddTensor(LocalTensor(p, atom, atom.state_kind, dt,
+                                  fw + " > frozen > " + p.name)));
+      continue;
+    }
+    const int64_t part = Zero3Piece(p.numel, W_);
+    reshape::TargetTensor t;
+    t.name = fw + " > frozen > " + p.name;
+    t.dtype = dt;
+    t.shape = {part};
+    reshape::Slot slot;
+    slot.local_shape = p.shape;
+    slot.pieces = Pieces(p, atom, atom.state_kind);
+    slot.begin = std::min(p.numel, rank * part);
+    slot.end = std::min(p.numel, (rank + 1) * part);
+    t.ops = reshape::PlanSlot(slot);
+    formats::AppendEntry(a, v, p.name, f.AddTensor(std::move(t)));
+  }
+  return v;
 }
 
 void WriterBase::PlaceOnTp(TParam& p) {

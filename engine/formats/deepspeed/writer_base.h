@@ -15,7 +15,6 @@
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/graph.h"
-#include "engine/json/json.h"
 #include "engine/reshape/target_plan.h"
 #include "layouts/layout.h"
 #include "layouts/variables.h"
@@ -56,6 +55,29 @@ class WriterBase {
   /// outside 0-3; LayoutError if the TP size does not fit the model;
   /// FormatError for missing master weights.
   void Prepare(bool tensor_parallel = false);
+  // Prepare's steps, in order.
+  /// The target sizes, the source's record and, for a Megatron-DeepSpeed
+  /// source, its layout and variables.
+  void ReadTopology(bool tensor_parallel);
+  /// The training dtype, the ZeRO stage and the optimizer wrapper.
+  void ChooseOptimizer();
+  /// The tag folder (--tag, the source's, else global_step<iteration>).
+  void ChooseTag();
+  /// params_ in canonical order, placed on the TP size (and the pipeline
+  /// stages); their index by name.
+  std::map<std::string, size_t> CollectParams();
+  /// groups_: the source's flat order when it was DeepSpeed, else
+  /// canonical.
+  void AssignGroups(const std::map<std::string, size_t>& index);
+  /// state_kinds_ and step_kind_; whether the content holds optimizer state.
+  bool CollectStateKinds();
+  /// module_keys_: the source's module order if it names exactly our params.
+  void OrderModuleKeys();
+  /// sub_group_size_ from the saved ds_config.
+  void ReadSubGroupSize();
+  /// group_templates_: the source's pickled groups, else made from the
+  /// optimizer attribute.
+  void MakeGroupTemplates(bool any_state);
 
   /// The pieces of param `p`'s local tensor on TP rank tp_rank_ (the whole
   /// atom without TP), filled from `atom` of state `kind` and its padding
@@ -133,12 +155,20 @@ class WriterBase {
   };
   /// The model-states dict (mp_rank_00 / ZeRO-3 zero_pp_rank_D).
   pickle::Value* ModelStates(FileBuild& f, const ModelStatesOptions& o);
+  /// Its `module`: the lp weights by module key (aliases: the same node;
+  /// ZeRO-3: empty placeholders, buffers real).
+  pickle::Value* ModuleDict(FileBuild& f,
+                            const std::map<std::string, const TParam*>& by_name,
+                            const std::map<std::string, std::string>& alias_of);
+  /// Its `frozen_param_fragments`: stage 2 whole, stage 3 dp rank `rank`'s
+  /// partition, None at stages 0 and 1.
+  pickle::Value* FrozenFragments(FileBuild& f, int64_t rank);
 
   const universal::UniversalInput& input_;
   formats::TargetOptions options_;
   formats::BlobCache blobs_;
 
-  json::Value meta_ = json::Value::Object();  // source's "deepspeed" attr
+  std::optional<DeepSpeedExtras> meta_;  // the source's "deepspeed" record
   DType lp_ = DType::kFloat32;
   int stage_ = 0;
   Wrapper wrapper_ = Wrapper::kZero;

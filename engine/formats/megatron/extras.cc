@@ -1,5 +1,7 @@
 // The "megatron" root attribute (megatron_format.h): its one serializer.
 
+#include "engine/universal/extras.h"
+
 #include <utility>
 
 #include "engine/core/error.h"
@@ -9,12 +11,6 @@
 namespace ucp::megatron {
 
 namespace {
-
-std::vector<std::string> ExtrasStrings(const json::Value& v) {
-  std::vector<std::string> out;
-  for (const json::Value& x : v.items()) out.push_back(x.AsString());
-  return out;
-}
 
 json::Value ExtrasStringList(const std::vector<std::string>& v) {
   json::Value a = json::Value::Array();
@@ -26,51 +22,30 @@ json::Value ExtrasStringList(const std::vector<std::string>& v) {
 
 std::optional<MegatronExtras> ReadMegatronExtras(
     const universal::Model& model, const std::filesystem::path& file) {
-  const json::Value* doc = model.FindExtra(kMetaAttr);
-  if (doc == nullptr) return std::nullopt;
+  std::optional<universal::RecordReader> r =
+      universal::RecordReader::ForExtras(model, kMetaAttr, file);
+  if (!r) return std::nullopt;
   MegatronExtras x;
-  std::string member;
-  try {
-    if (!doc->is_object()) throw FormatError("not a JSON object");
-    std::vector<std::pair<std::string, json::Value>> other;
-    for (const auto& [k, v] : doc->members()) {
-      member = k;
-      if (k == "top_level_keys") {
-        x.top_level_keys = ExtrasStrings(v);
-      } else if (k == "entries") {
-        x.entries.emplace();
-        for (const json::Value& e : v.items()) {
-          if (!e.is_array() || e.size() != 2 || !e.items()[0].is_string() ||
-              !e.items()[1].is_string()) {
-            throw FormatError("entry ", e.Dump(),
-                              " is not [name, \"param\"|\"buffer\"|"
-                              "\"opaque\"]");
-          }
-          x.entries->emplace_back(e.items()[0].AsString(),
-                                  e.items()[1].AsString());
-        }
-      } else if (k == "release") {
-        x.release = v.AsBool();
-      } else if (k == "gpus_per_node") {
-        x.gpus_per_node = v.AsInt();
-      } else if (k == "optimizer_format") {
-        x.optimizer_format = v.AsString();
-      } else if (k == "state_keys") {
-        x.state_keys = ExtrasStrings(v);
-      } else if (k == "grad_dtype") {
-        x.grad_dtype = v.AsString();
-      } else if (k == "vocab_size_known") {
-        x.vocab_size_known = v.AsBool();
-      } else {
-        other.emplace_back(k, v);
+  r->Get("top_level_keys", x.top_level_keys);
+  r->Member("entries", false, [&](const json::Value& v) {
+    x.entries.emplace();
+    for (const json::Value& e : v.items()) {
+      if (!e.is_array() || e.size() != 2 || !e.items()[0].is_string() ||
+          !e.items()[1].is_string()) {
+        throw FormatError("entry ", e.Dump(),
+                          " is not [name, \"param\"|\"buffer\"|"
+                          "\"opaque\"]");
       }
+      x.entries->emplace_back(e.items()[0].AsString(), e.items()[1].AsString());
     }
-    x.other = json::Value::FromMembers(std::move(other));
-  } catch (Error& e) {
-    if (!member.empty()) e.AddContext("member ", member);
-    e.AddContext("universal file ", file.string(), " > attribute ", kMetaAttr);
-    throw;
-  }
+  });
+  r->Get("release", x.release);
+  r->Get("gpus_per_node", x.gpus_per_node);
+  r->Get("optimizer_format", x.optimizer_format);
+  r->Get("state_keys", x.state_keys);
+  r->Get("grad_dtype", x.grad_dtype);
+  r->Get("vocab_size_known", x.vocab_size_known);
+  x.other = r->Rest();
   return x;
 }
 
@@ -94,8 +69,7 @@ void WriteMegatronExtras(const MegatronExtras& x, universal::Model& model) {
   if (x.state_keys) o["state_keys"] = ExtrasStringList(*x.state_keys);
   if (x.grad_dtype) o["grad_dtype"] = *x.grad_dtype;
   if (x.vocab_size_known) o["vocab_size_known"] = *x.vocab_size_known;
-  if (x.other.is_object())
-    for (const auto& [k, v] : x.other.members()) o[k] = v;
+  universal::PutOpaque(o, x.other);
   model.extras[std::string(kMetaAttr)] = std::move(o);
 }
 

@@ -58,6 +58,16 @@ class Planner {
   void ReadSettings();
   void CollectParams();
   void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
+  // PlanTensor's steps. The local tensor's shape when optimizer key `e`
+  // holds flattened ranges (fully_sharded_model_space), absent when it has
+  // its model key's shape; FormatError naming `where` otherwise.
+  std::optional<Shape> FlattenedLocal(const dcp::Entry& e, const KeyInfo& k,
+                                      const std::string& where) const;
+  // Box {off, sub} of param p's tensor, read from `src`, as fragments of
+  // `atom` (rows beyond the true vocabulary to its pad rows).
+  static void AddFragments(const Param& p, universal::AtomPlan& atom,
+                           const reshape::SourceTensor& src, const Shape& off,
+                           const Shape& sub, const std::string& iw);
   void PlanBuckets();
   // PlanBuckets' steps.
   // A buffer member: a param, or a tied copy's original (shared).
@@ -366,6 +376,66 @@ universal::AtomPlan& Planner::AtomFor(Param& p, const std::string& kind,
   return plan_.atoms.back();
 }
 
+std::optional<Shape> Planner::FlattenedLocal(const dcp::Entry& e,
+                                             const KeyInfo& k,
+                                             const std::string& where) const {
+  auto m = entry_of_.find(k.model_key);
+  if (m == entry_of_.end()) {
+    throw FormatError(where, ": no model key '", k.model_key,
+                      "' for this optimizer state");
+  }
+  const Shape& g = m->second->size;
+  if (IsFlattenedState(e.size, g)) {
+    Shape local;
+    for (size_t d = 0; d < g.size(); ++d) {
+      if (e.size[d] <= 0 || g[d] % e.size[d] != 0) {
+        throw FormatError(where, ": flattened shape ", ShapeString(e.size),
+                          " is no chunk grid of the model key's ",
+                          ShapeString(g));
+      }
+      local.push_back(g[d] / e.size[d]);
+    }
+    if (NumElements(local) != e.size.back()) {
+      throw FormatError(where, ": flattened shape ", ShapeString(e.size),
+                        " holds ", e.size.back(),
+                        " elements per local tensor, its grid makes ",
+                        ShapeString(local));
+    }
+    return local;
+  }
+  if (e.size != g) {
+    throw FormatError(where, ": shape ", ShapeString(e.size),
+                      ", the model key's is ", ShapeString(g));
+  }
+  return std::nullopt;
+}
+
+void Planner::AddFragments(const Param& p, universal::AtomPlan& atom,
+                           const reshape::SourceTensor& src, const Shape& off,
+                           const Shape& sub, const std::string& iw) {
+  if (p.pad_rows == 0) {
+    atom.fragments.push_back({src, Box::Whole(sub), Box{off, sub}, false, iw});
+    return;
+  }
+  // Rows below the vocabulary to the atom, the rest to its pad rows.
+  const size_t d = static_cast<size_t>(p.rule->tp.dim);
+  const int64_t rows = p.full_shape[d];
+  const int64_t lo = off[d], hi = off[d] + sub[d];
+  if (lo < rows) {
+    Box s = Box::Whole(sub), a{off, sub};
+    s.size[d] = a.size[d] = std::min(hi, rows) - lo;
+    atom.fragments.push_back({src, s, a, false, iw});
+  }
+  if (hi > rows) {
+    const int64_t from = std::max(lo, rows);
+    Box s = Box::Whole(sub), a{off, sub};
+    s.offset[d] = from - lo;
+    s.size[d] = a.size[d] = hi - from;
+    a.offset[d] = from - rows;
+    atom.fragments.push_back({src, s, a, true, iw});
+  }
+}
+
 void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   const bool model = k.kind == KeyInfo::kModel;
   const bool stacked = IsStacked(k.model_key);
@@ -401,36 +471,9 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   // the model key's chunk grid and local its chunk's shape; a range of
   // local chunk c is a chunk at (*c, start) of size (1, ..., 1, len)
   // (reference: megatron.md 4.4). 1-D keys keep their shape.
-  std::optional<Shape> flat;  // the local tensor's shape, when flattened
-  if (!model) {
-    auto m = entry_of_.find(k.model_key);
-    if (m == entry_of_.end()) {
-      throw FormatError(where, ": no model key '", k.model_key,
-                        "' for this optimizer state");
-    }
-    const Shape& g = m->second->size;
-    if (IsFlattenedState(e.size, g)) {
-      Shape local;
-      for (size_t d = 0; d < g.size(); ++d) {
-        if (e.size[d] <= 0 || g[d] % e.size[d] != 0) {
-          throw FormatError(where, ": flattened shape ", ShapeString(e.size),
-                            " is no chunk grid of the model key's ",
-                            ShapeString(g));
-        }
-        local.push_back(g[d] / e.size[d]);
-      }
-      if (NumElements(local) != e.size.back()) {
-        throw FormatError(where, ": flattened shape ", ShapeString(e.size),
-                          " holds ", e.size.back(),
-                          " elements per local tensor, its grid makes ",
-                          ShapeString(local));
-      }
-      flat = std::move(local);
-    } else if (e.size != g) {
-      throw FormatError(where, ": shape ", ShapeString(e.size),
-                        ", the model key's is ", ShapeString(g));
-    }
-  }
+  // the local tensor's shape, when flattened
+  const std::optional<Shape> flat =
+      model ? std::nullopt : FlattenedLocal(e, k, where);
   for (const dcp::Chunk& chunk : e.chunks) {
     if (chunk.sizes.size() != e.size.size() ||
         chunk.offsets.size() != e.size.size()) {
@@ -509,28 +552,7 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
               src.stride.erase(src.stride.begin());
             }
             src.shape = sub;
-            if (p.pad_rows == 0) {
-              atom.fragments.push_back(
-                  {src, Box::Whole(sub), Box{off, sub}, false, iw});
-              continue;
-            }
-            // Rows below the vocabulary to the atom, the rest to its pad rows.
-            const size_t d = static_cast<size_t>(p.rule->tp.dim);
-            const int64_t rows = p.full_shape[d];
-            const int64_t lo = off[d], hi = off[d] + sub[d];
-            if (lo < rows) {
-              Box s = Box::Whole(sub), a{off, sub};
-              s.size[d] = a.size[d] = std::min(hi, rows) - lo;
-              atom.fragments.push_back({src, s, a, false, iw});
-            }
-            if (hi > rows) {
-              const int64_t from = std::max(lo, rows);
-              Box s = Box::Whole(sub), a{off, sub};
-              s.offset[d] = from - lo;
-              s.size[d] = a.size[d] = hi - from;
-              a.offset[d] = from - rows;
-              atom.fragments.push_back({src, s, a, true, iw});
-            }
+            AddFragments(p, atom, src, off, sub, iw);
           }
         }
       } catch (Error& err) {
@@ -1075,11 +1097,10 @@ void Planner::PlanRoot() {
   meta.vocab_size_known = true_vocab_known_;
   megatron::WriteMegatronExtras(meta, model);
 
-  json::Value own = json::Value::Object();
-  own["content_metadata"] = c_.content_metadata;
-  own["common_in"] = c_.common_in;
-  own["optimizer"] = c_.optimizer;
-  model.extras[kMetaAttr] = std::move(own);
+  WriteTorchDistExtras({.content_metadata = c_.content_metadata,
+                        .common_in = c_.common_in,
+                        .optimizer = c_.optimizer},
+                       model);
 
   universal::TrainingInfo& training = universal::NewTraining(
       model, dtypes.size() == 1 ? *dtypes.begin() : std::string("mixed"));

@@ -74,8 +74,10 @@
 // canonical names with global layer numbers, param / fp32 / exp_avg /
 // exp_avg_sq atoms, vocabulary padding rows as pad atoms, args, param
 // groups, extra states, rng states, the common dict's other entries as
-// top_level/<key>), plus root attribute "megatron_torch_dist" (JSON):
-// {"content_metadata": {...}, "common_in": "common.pt" | "common_state"}.
+// top_level/<key>), plus this driver's own root attribute
+// "megatron_torch_dist" (JSON, typed as TorchDistExtras below):
+// {"content_metadata": {...} as read, "common_in": "common.pt" |
+// "common_state" | "", "optimizer": the optimizer state's form read}.
 
 #include <cstdint>
 #include <filesystem>
@@ -103,6 +105,27 @@ inline constexpr const char* kMetaAttr = "megatron_torch_dist";
 inline constexpr const char* kMetadataJson = "metadata.json";
 inline constexpr const char* kCommonFile = "common.pt";
 inline constexpr const char* kCommonStatePrefix = "common_state/";
+
+/// The "megatron_torch_dist" root attribute, typed (every member required:
+/// the reader always writes them). Unknown members stay in `other`.
+struct TorchDistExtras {
+  /// The common state's content_metadata as read (an object).
+  json::Value content_metadata = json::Value::Object();
+  std::string common_in;  // "common.pt", "common_state" or ""
+  std::string optimizer;  // Checkpoint::optimizer of the source
+  json::Value other = json::Value::Object();
+
+  bool operator==(const TorchDistExtras&) const = default;
+};
+
+/// The model's "megatron_torch_dist" record; absent if it has none. Throws
+/// FormatError "universal file <file> > attribute megatron_torch_dist > ..."
+/// naming the member if one is missing or has the wrong type.
+std::optional<TorchDistExtras> ReadTorchDistExtras(
+    const universal::Model& model, const std::filesystem::path& file);
+/// Stores `extras` as the model's "megatron_torch_dist" record.
+void WriteTorchDistExtras(const TorchDistExtras& extras,
+                          universal::Model& model);
 
 struct Checkpoint {
   std::filesystem::path dir;       // the save folder (holds the tracker)
