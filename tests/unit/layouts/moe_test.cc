@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "engine/core/error.h"
 #include "layouts/layout.h"
 #include "layouts/placement.h"
+#include "tests/testutil/testutil.h"
 #include "tests/unit/layouts/topology_testutil.h"
 
 namespace ucp::layouts {
@@ -133,6 +135,40 @@ TEST(MoeTopologyTest, RankCoordinatesFollowMegatronsOrder) {
   }
   EXPECT_GE(checked, 2000);
   EXPECT_GE(invalid, 20);
+}
+
+// What megatron-core 0.16's own RankGenerator says
+// (data/mcore_0.16_rank_grid.json, written by make_mcore_rank_grid.py from
+// parallel_state.RankGenerator with the default order).
+TEST(MoeTopologyTest, RankCoordinatesMatchMegatronCore) {
+  const nlohmann::json grid = nlohmann::json::parse(
+      testutil::ReadFile(testutil::SourceDir() /
+                         "tests/unit/layouts/data/mcore_0.16_rank_grid.json"));
+  ASSERT_EQ(grid.at("columns"),
+            nlohmann::json::parse(
+                R"(["tp","dp","pp","etp","ep","edp","expert_pp"])"));
+  int runs = 0;
+  int ranks = 0;
+  int etp_differs = 0;
+  for (const nlohmann::json& run : grid.at("runs")) {
+    const Topology t = MoeTopo(run.at("tp"), run.at("pp"), run.at("dp"),
+                               run.at("ep"), run.at("etp").get<int64_t>());
+    SCOPED_TRACE(t.ToString());
+    ASSERT_EQ(static_cast<int64_t>(run.at("ranks").size()), WorldSize(t));
+    for (size_t r = 0; r < run.at("ranks").size(); ++r) {
+      const nlohmann::json& m = run.at("ranks")[r];
+      const RankCoordinates c = CoordinatesOf(t, static_cast<int64_t>(r));
+      const std::vector<int64_t> got = {c.tp, c.dp,  c.pp, c.etp,
+                                        c.ep, c.edp, c.pp};
+      EXPECT_EQ(got, m.get<std::vector<int64_t>>()) << "rank " << r;
+      ++ranks;
+    }
+    etp_differs += t.ExpertTp() != t.tp;
+    ++runs;
+  }
+  EXPECT_GE(runs, 200);
+  EXPECT_GE(ranks, 3000);
+  EXPECT_GE(etp_differs, 100);
 }
 
 // Megatron's local_expert_indices: ep rank r holds global experts
