@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -745,6 +747,140 @@ TEST(MoePlacementTest, ValidationNamesTheNumbers) {
   EXPECT_THAT(
       [&] { ValidateTopology(layout, params, no_count, MoeTopo(1, 1, 1, 1)); },
       ThrowsMessage<LayoutError>(HasSubstr("num_moe_experts")));
+}
+
+// ----------------------------------------------------------------
+// megatron-core
+
+// The canonical name of the chunk of a torch_dist key at prepended-axis
+// indices `index` (megatron-core's sharded state dict: a key stacked over
+// layers has the layer as its first prepended axis; the experts' key
+// ...mlp.experts.experts.X has the global expert as its last one).
+std::string MoeOracleName(std::string key, std::vector<int64_t> index) {
+  const std::string stacked = ".mlp.experts.experts.";
+  const size_t at = key.find(stacked);
+  if (at != std::string::npos) {
+    key = key.substr(0, at) + ".mlp.experts." + std::to_string(index.back()) +
+          "." + key.substr(at + stacked.size());
+    index.pop_back();
+  }
+  const std::string prefix = "decoder.layers.";
+  if (key.starts_with(prefix) && !std::isdigit(key[prefix.size()])) {
+    key =
+        prefix + std::to_string(index.at(0)) + "." + key.substr(prefix.size());
+  }
+  return key;
+}
+
+// What megatron-core 0.16 itself does with its MoE GPTModels
+// (data/mcore_0.16_moe_oracle.json, written by make_mcore_moe_oracle.py): at
+// every TP/PP/DP/EP/ETP recorded, each rank's coordinates are CoordinatesOf's,
+// a rank holds a param exactly when the layout's placement (its layer's stage;
+// an expert's ep rank) says so, its chunks of the param are exactly the
+// global boxes of ShardFor's pieces over TpSizeFor ranks (the SwiGLU fc1's
+// gate and up chunks included), and its replica_id is (0, the tp / etp rank
+// for a param whole on every tp / etp rank else 0, the dp / expert-dp rank).
+TEST(MoeMcoreOracleTest, PlacesEveryParamLikeMegatronCore) {
+  const nlohmann::json oracle = nlohmann::json::parse(
+      testutil::ReadFile(testutil::SourceDir() /
+                         "tests/unit/layouts/data/mcore_0.16_moe_oracle.json"));
+  int runs = 0;
+  int64_t chunks = 0;
+  int64_t values = 0;
+  int64_t expert_chunks = 0;
+  for (const nlohmann::json& run : oracle.at("runs")) {
+    const Topology t = MoeTopo(run.at("tp"), run.at("pp"), run.at("dp"),
+                               run.at("ep"), run.at("etp").get<int64_t>());
+    const std::string variant = run.at("variant");
+    SCOPED_TRACE(variant + " " + t.ToString());
+    const Layout layout = Layout::Builtin("mcore-moe-" + variant);
+    const nlohmann::json& sizes = run.at("sizes");
+    const Variables vars = {{"num_layers", sizes.at("layers")},
+                            {"num_attention_heads", sizes.at("heads")},
+                            {"num_query_groups", sizes.at("groups")},
+                            {"num_moe_experts", sizes.at("experts")},
+                            {"vocab_size", run.at("vocab")},
+                            {"make_vocab_size_divisible_by", 1}};
+    const LayerPlacement layers(layout.NumLayers(vars), t);
+    const ExpertPlacement experts(layout.NumExperts(vars), t.ep);
+    // name -> rank -> [(offset, size)], and the full shapes
+    using Boxes = std::vector<std::pair<Shape, Shape>>;
+    std::map<std::string, std::map<int64_t, Boxes>> held;
+    std::map<std::string, Shape> full;
+    const nlohmann::json& ranks = run.at("ranks");
+    ASSERT_EQ(static_cast<int64_t>(ranks.size()), WorldSize(t));
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const nlohmann::json& m = ranks[r].at("coordinates");
+      const RankCoordinates c = CoordinatesOf(t, static_cast<int64_t>(r));
+      EXPECT_EQ((std::vector<int64_t>{c.tp, c.dp, c.pp, c.etp, c.ep, c.edp}),
+                (std::vector<int64_t>{m.at("tp"), m.at("dp"), m.at("pp"),
+                                      m.at("etp"), m.at("ep"), m.at("edp")}))
+          << "rank " << r;
+      for (const nlohmann::json& e : ranks[r].at("entries")) {
+        const std::string key = e.at(0);
+        const Shape shape = e.at(1).get<Shape>();
+        const Shape offset = e.at(2).get<Shape>();
+        const size_t n = e.at(4).get<size_t>();
+        const std::vector<int64_t> replica =
+            e.at(5).get<std::vector<int64_t>>();
+        const std::string name =
+            MoeOracleName(key, Shape(offset.begin(), offset.begin() + n));
+        if (name.starts_with("embedding.") ||
+            name.starts_with("output_layer.")) {
+          continue;  // vocabulary padding: mcore_oracle_test.cc
+        }
+        const Rule& rule = layout.Match(name, vars);
+        EXPECT_EQ(rule.expert,
+                  key.find(".experts.experts.") != std::string::npos)
+            << name;
+        full[name] = Shape(shape.begin() + n, shape.end());
+        held[name][r].emplace_back(Shape(offset.begin() + n, offset.end()),
+                                   e.at(3).get<Shape>());
+        ASSERT_EQ(replica.size(), 3u) << name;
+        const int64_t tp_rank = rule.expert ? c.etp : c.tp;
+        EXPECT_EQ(replica, (std::vector<int64_t>{0, rule.tp.split ? 0 : tp_rank,
+                                                 rule.expert ? c.edp : c.dp}))
+            << name << " rank " << r;
+      }
+    }
+    for (const auto& [name, by_rank] : held) {
+      const Rule& rule = layout.Match(name, vars);
+      for (int64_t r = 0; r < WorldSize(t); ++r) {
+        const RankCoordinates c = CoordinatesOf(t, r);
+        bool holds = HomeOf(layout, rule, name, layers).pp_rank == c.pp;
+        if (rule.expert) {
+          holds =
+              holds &&
+              experts.Locate(layout.SplitExpert(name)->index).ep_rank == c.ep;
+        }
+        auto it = by_rank.find(r);
+        ASSERT_EQ(holds, it != by_rank.end()) << name << " rank " << r;
+        if (!holds) continue;
+        const LocalShard shard =
+            ShardFor(rule, full.at(name), TpSizeFor(rule, t),
+                     rule.expert ? c.etp : c.tp);
+        Boxes want;
+        for (const Piece& p : shard.pieces)
+          want.emplace_back(p.global.offset, p.global.size);
+        Boxes got = it->second;
+        std::sort(want.begin(), want.end());
+        std::sort(got.begin(), got.end());
+        EXPECT_EQ(got, want) << name << " rank " << r;
+        for (const auto& [offset, size] : got) {
+          int64_t numel = 1;
+          for (int64_t s : size) numel *= s;
+          values += numel;
+          ++chunks;
+          expert_chunks += rule.expert;
+        }
+      }
+    }
+    ++runs;
+  }
+  EXPECT_EQ(runs, 7);
+  EXPECT_GE(chunks, 400);
+  EXPECT_GE(expert_chunks, 180);
+  EXPECT_GE(values, 50000);
 }
 
 }  // namespace
