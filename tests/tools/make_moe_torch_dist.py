@@ -26,7 +26,8 @@ The optimizer: training's objects, megatron-core's real DistributedDataParallel 
 get_megatron_optimizer's real DistributedOptimizer (a ChainedOptimizer of a dense and an expert
 DistributedOptimizer, the expert one over the expert data-parallel group), run on CPU through
 tests/tools/mcore_cpu.py's shims; REAL_STEPS real Adam steps; its own sharded_state_dict in the
-fully_reshardable form, as training's save asks for it. Saved with dist_checkpointing.save with
+fully_reshardable form (--optim dp_reshardable: that form), as training's save asks for it (the
+truth always from the fully_reshardable form). Saved with dist_checkpointing.save with
 args, iteration 10, the rng state and content_metadata, as training's save_checkpoint does.
 
 truth.pt (torch.save of a dict), gathered from every rank's memory, not from the files: each
@@ -87,6 +88,16 @@ MoE torch_dist files are built from it):
   is_expert_parallel False, step]}, "param_state_sharding_type": "fully_reshardable"}, [1] the
   expert one (one group, is_expert_parallel True). common.pt also has args, checkpoint_version,
   iteration, num_floating_point_operations_so_far, opt_param_scheduler, content_metadata.
+* Optimizer, dp_reshardable (--optim dp_reshardable): flat buckets per chained optimizer and
+  data-parallel group, chained_<i>.optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.
+  dtype_(torch.bfloat16, torch.float32).bucket_idx_<k>.{param,exp_avg,exp_avg_sq} (the
+  "chained_<i>." prefix stays although chained_optim_avoid_prefix is set), one chunk per param
+  range a rank owns, params in the buffer's (reverse) order; chained_0 the dense half (one group
+  per TP x PP position, the bucket split over DP), chained_1 the expert half with one
+  dp_group_idx per expert-DP group (at TP 1, PP 1, DP 2, EP 2: dp_group_idx_0 on ep rank 0,
+  dp_group_idx_1 on ep rank 1, each a 1536-element bucket: 2 layers x 2 local experts x (fc2 128 +
+  fc1 256)); ShardedObjects …dp_group_idx_<g>.{optimizer,per_bucket_numel,
+  per_bucket_numel_unpadded}/shard_0_1 with replica_id (0, 0, dp rank).
 """
 import argparse
 import os
@@ -206,6 +217,19 @@ def local_pieces(sd):
     return pieces, objects
 
 
+def record_sharding(sd):
+    """Adds the ShardedTensors and ShardedObjects of `sd` to SHARDING (nothing else)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    for sh in nested_values(sd):
+        if isinstance(sh, ShardedTensor):
+            SHARDING.append((sh.key, tuple(sh.global_shape), tuple(sh.global_offset),
+                             tuple(sh.local_shape), sh.prepend_axis_num, sh.replica_id))
+        elif isinstance(sh, ShardedObject):
+            SHARDING.append((sh.unique_key, tuple(sh.global_shape), tuple(sh.global_offset),
+                             None, None, sh.replica_id))
+
+
 def distinct_experts(model, seed):
     """Megatron's CPU initialization draws each rank's local experts from the same generator
     state, so expert i of every ep rank starts equal: add a constant per (layer, global expert)
@@ -263,7 +287,7 @@ def save_rank(rank, world, port, a):
     if not a.no_optimizer:
         chunks, opt = mcore_cpu.ddp_and_optimizer([model])
         mcore_cpu.train_steps(chunks, opt, REAL_STEPS)
-    content = {"distrib_optim_sharding_type": "fully_reshardable",
+    content = {"distrib_optim_sharding_type": a.optim,
                "distrib_optim_fully_reshardable_mem_efficient": False,
                "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     sd = {"model": model.sharded_state_dict()}
@@ -285,7 +309,8 @@ def save_rank(rank, world, port, a):
         tokenizer_type="NullTokenizer", max_position_embeddings=64, seq_length=64, bf16=True,
         fp16=False, params_dtype=torch.bfloat16, transformer_impl="local",
         ckpt_format="torch_dist", use_distributed_optimizer=opt is not None,
-        dist_ckpt_optim_fully_reshardable=True, optimizer="adam", iteration=ITERATION,
+        dist_ckpt_optim_fully_reshardable=a.optim == "fully_reshardable", optimizer="adam",
+        iteration=ITERATION,
         consumed_train_samples=640, rank=rank, local_rank=rank)
     sd.update({"args": args, "checkpoint_version": 3.0, "iteration": ITERATION,
                "rng_state": mtd.rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank()),
@@ -297,8 +322,12 @@ def save_rank(rank, world, port, a):
     pieces, objects = local_pieces(model.sharded_state_dict())
     opt_pieces = []
     if opt is not None:
-        osd = opt.sharded_state_dict({"model": model.sharded_state_dict()}, metadata=content)
+        osd = opt.sharded_state_dict({"model": model.sharded_state_dict()},
+                                     metadata=dict(content,
+                                                   distrib_optim_sharding_type="fully_reshardable"))
         opt_pieces = [x for x in local_pieces(osd)[0] if "/" in x[0]]
+    if opt is not None and a.optim != "fully_reshardable":
+        record_sharding(sd["optimizer"])  # the saved form's (the truth's is recorded above)
     iter_dir = pathlib.Path(a.out) / f"iter_{ITERATION:07d}"
     if rank == 0:
         iter_dir.mkdir(parents=True, exist_ok=True)
@@ -314,7 +343,7 @@ def save_rank(rank, world, port, a):
         (pathlib.Path(a.out) / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
         truth = {"model": assemble([e[0] for e in every]), "extra_state": {},
                  "config": dict(SIZE, variant=a.variant, tp=a.tp, pp=a.pp, dp=a.dp, ep=a.ep,
-                                etp=a.etp, vocab=VOCAB, iteration=ITERATION),
+                                etp=a.etp, vocab=VOCAB, iteration=ITERATION, optim=a.optim),
                  "ranks": [e[3] for e in every], "sharding": [e[5] for e in every],
                  "steps": sorted({s for e in every for s in e[4]})}
         for e in every:
@@ -393,7 +422,8 @@ def problems_of(truth, dcp_full=None):
             want = dcp_full[key][idx] if idx else dcp_full[key]
             if not torch.equal(want, truth["model"][n]):
                 out.append(f"model: {n}: differs from the save's {key}{list(idx)}")
-        for s, tensors in truth.get("optimizer", {}).items():
+        in_save = cfg.get("optim", "fully_reshardable") == "fully_reshardable"
+        for s, tensors in (truth.get("optimizer", {}) if in_save else {}).items():
             for n, t in tensors.items():
                 key, idx = saved_key(n, dcp_full, f"optimizer.state.{s}.")
                 if key is None:
@@ -403,7 +433,7 @@ def problems_of(truth, dcp_full=None):
                 if not torch.equal(want, t):
                     out.append(f"optimizer.{s}: {n}: differs from the save's {key}")
         for key, t in dcp_full.items():
-            if isinstance(t, torch.Tensor) and not key.startswith("optimizer.") and \
+            if isinstance(t, torch.Tensor) and "optimizer." not in key and \
                     key not in covered and "_extra_state" not in key:
                 out.append(f"save: {key}: not in the truth")
     return out
@@ -511,6 +541,10 @@ def main():
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--etp", type=int, default=None, help="default: --tp")
     p.add_argument("--no-optimizer", action="store_true")
+    p.add_argument("--optim", choices=("fully_reshardable", "dp_reshardable"),
+                   default="fully_reshardable",
+                   help="the distributed optimizer's form in the save (the truth's optimizer "
+                        "state is gathered in the fully_reshardable form either way)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--check", action="store_true", help="run `check` on the save afterwards")
     a = p.parse_args()
