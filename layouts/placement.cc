@@ -551,6 +551,21 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
               " experts (", layout.experts()->count.text(), ")");
       continue;
     }
+    if (expert) {
+      bool moe = false;
+      try {
+        moe = layout.IsMoeLayer(expert->layer, resolved);
+      } catch (const LayoutError& e) {
+        problem(e.what());
+        continue;
+      }
+      if (!moe) {
+        problem("an expert of layer ", expert->layer,
+                ", which experts.moe_layers (",
+                layout.experts()->moe_layers->text(), ") makes a dense layer");
+        continue;
+      }
+    }
     if (rule->entry == EntryKind::kOpaque) continue;
     const int64_t tp = TpSizeFor(*rule, topology);
     const std::string_view tp_name = rule->expert ? "etp " : "tp ";

@@ -237,12 +237,13 @@ struct ParamShape {
 /// stages); every param matched by exactly one rule, a layer rule's name
 /// carrying a layer index < num_layers; an expert rule's name (and only an
 /// expert rule's) carrying an expert index < the expert count, which ep
-/// divides; split dims inside the shape and divisible by tp*segments (etp
-/// for expert rules; vocab-padded dims: the shape holds the true vocab size,
-/// padding makes it divisible); tp dividing query groups and heads; a tied
-/// copy's original among the params with the same shape. Throws one LayoutError
-/// naming the topology, the first offending param (and its rule) and the
-/// problem, plus how many other problems were found.
+/// divides, in a layer experts.moe_layers makes MoE; split dims inside the
+/// shape and divisible by tp*segments (etp for expert rules; vocab-padded dims:
+/// the shape holds the true vocab size, padding makes it divisible); tp
+/// dividing query groups and heads; a tied copy's original among the params
+/// with the same shape. Throws one LayoutError naming the topology, the first
+/// offending param (and its rule) and the problem, plus how many other problems
+/// were found.
 void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
                       const Variables& vars, const Topology& topology);
 

@@ -738,6 +738,20 @@ TEST(MoePlacementTest, ValidationNamesTheNumbers) {
       [&] { ValidateTopology(layout, extra, vars, MoeTopo(1, 1, 1, 1)); },
       ThrowsMessage<LayoutError>(
           HasSubstr("expert 8 but the model has 8 experts (num_moe_experts)")));
+  // DeepSeek-like: layer 0 is dense (moe_first_dense_layers 1), so an expert
+  // there is a problem; with no dense first layer it is not.
+  const Layout deepseek = Layout::Builtin("mcore-moe-deepseek");
+  const std::vector<ParamShape> one = {
+      {"decoder.layers.0.mlp.experts.1.linear_fc2.weight", {16, 8}}};
+  EXPECT_THAT(
+      [&] { ValidateTopology(deepseek, one, vars, MoeTopo(1, 1, 1, 1)); },
+      ThrowsMessage<LayoutError>(HasSubstr(
+          "an expert of layer 0, which experts.moe_layers (layer >= "
+          "moe_first_dense_layers && layer % moe_layer_freq == 0) makes a "
+          "dense layer")));
+  EXPECT_NO_THROW(ValidateTopology(deepseek, one,
+                                   vars.Merged({{"moe_first_dense_layers", 0}}),
+                                   MoeTopo(1, 1, 1, 1)));
   Variables no_count = vars;
   no_count = Variables{{"num_layers", kMoeLayers},
                        {"vocab_size", 100},
