@@ -259,6 +259,75 @@ std::string Layout::WithLayer(std::string_view name, int64_t index) const {
   return StrCat(split->prefix, index, split->suffix);
 }
 
+std::optional<ExpertName> Layout::SplitExpert(std::string_view name) const {
+  if (!experts_) return std::nullopt;
+  const std::optional<LayerName> layer = SplitLayer(name);
+  if (!layer) return std::nullopt;
+  // suffix = "." + infix + digits + "." + rest
+  const std::string_view suffix = layer->suffix;
+  const std::string& infix = experts_->infix;
+  if (suffix.size() < 1 + infix.size() ||
+      suffix.substr(1, infix.size()) != infix) {
+    return std::nullopt;
+  }
+  const std::string_view rest = suffix.substr(1 + infix.size());
+  size_t digits = 0;
+  while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9') {
+    ++digits;
+  }
+  if (digits == 0 || digits > 18 || digits >= rest.size() ||
+      rest[digits] != '.') {
+    return std::nullopt;
+  }
+  int64_t index = 0;
+  std::from_chars(rest.data(), rest.data() + digits, index);
+  return ExpertName{StrCat(layer->prefix, layer->index, ".", infix),
+                    layer->index, index, std::string(rest.substr(digits))};
+}
+
+std::string Layout::WithExpert(std::string_view name, int64_t index) const {
+  const std::optional<ExpertName> split = SplitExpert(name);
+  if (!split) {
+    throw LayoutError(
+        "'", name, "' has no expert index (layout '", name_, "': ",
+        experts_ ? StrCat("experts after '<layer>.", experts_->infix, "'")
+                 : std::string("no experts section"),
+        ")");
+  }
+  if (index < 0)
+    throw LayoutError("negative expert index ", index, " for '", name, "'");
+  return StrCat(split->prefix, index, split->suffix);
+}
+
+int64_t Layout::NumExperts(const Variables& vars) const {
+  if (!experts_) return 0;
+  int64_t n = 0;
+  try {
+    n = experts_->count.Evaluate(Resolve(vars));
+  } catch (Error& e) {
+    e.AddContext("layout '", name_, "' > experts.count");
+    throw;
+  }
+  if (n < 1) {
+    throw LayoutError("layout '", name_, "': experts.count '",
+                      experts_->count.text(), "' is ", n, ", not >= 1");
+  }
+  return n;
+}
+
+bool Layout::IsMoeLayer(int64_t layer, const Variables& vars) const {
+  if (!experts_) return false;
+  if (!experts_->moe_layers) return true;
+  Variables v = Resolve(vars);
+  v.Set("layer", layer);
+  try {
+    return experts_->moe_layers->IsTrue(v);
+  } catch (Error& e) {
+    e.AddContext("layout '", name_, "' > experts.moe_layers for layer ", layer);
+    throw;
+  }
+}
+
 std::vector<std::string> Layout::KeyPath(std::string_view name) const {
   if (name.empty()) throw LayoutError("empty param name");
   std::vector<std::string> path;
@@ -430,6 +499,15 @@ const Rule* Layout::RuleNamed(std::string_view rule_name) const {
 std::vector<Diagnostic> Layout::Check(std::span<const std::string> names,
                                       const Variables& vars) const {
   const Variables resolved = Resolve(vars);
+  // The expert count, when the variables give it (ValidateTopology reports
+  // a missing one).
+  std::optional<int64_t> num_experts;
+  if (experts_) {
+    try {
+      num_experts = NumExperts(resolved);
+    } catch (const LayoutError&) {
+    }
+  }
   std::vector<Diagnostic> out;
   out.reserve(names.size());
   for (const std::string& name : names) {
@@ -458,6 +536,17 @@ std::vector<Diagnostic> Layout::Check(std::span<const std::string> names,
         d.problem =
             StrCat(rule.Describe(), " puts it on the ", StageName(rule.stage),
                    " stage but '", name, "' has a layer index");
+      } else if (rule.expert && !SplitExpert(name)) {
+        d.problem = StrCat(rule.Describe(), " is for expert params but '", name,
+                           "' has no expert index");
+      } else if (!rule.expert && SplitExpert(name)) {
+        d.problem = StrCat(rule.Describe(), " is not for expert params but '",
+                           name, "' has an expert index");
+      } else if (rule.expert && num_experts &&
+                 SplitExpert(name)->index >= *num_experts) {
+        d.problem =
+            StrCat("expert ", SplitExpert(name)->index, " but the model has ",
+                   *num_experts, " experts (", experts_->count.text(), ")");
       } else {
         d.rule = rule.name;
       }

@@ -77,6 +77,11 @@ struct Rule {
   EntryKind entry = EntryKind::kParam;
   Stage stage = Stage::kLayer;
   TpPlacement tp;
+  /// `ep: split`: a routed expert's entry, one per (layer, global expert
+  /// index): the expert index places it over the ep ranks (ExpertPlacement),
+  /// `tp` is applied over the expert tensor-parallel ranks (TpSizeFor) and the
+  /// distributed optimizer shards it over expert data parallel (DpSizeFor).
+  bool expert = false;
   std::optional<std::string> tied_to;     // canonical name of the original
   std::optional<Expression> exists_when;  // may use tp, pp, vpp, dp
   int line = 0;                           // 1-based line in the descriptor
@@ -99,6 +104,27 @@ struct LayerName {
   int64_t index = 0;
   std::string suffix;
   friend bool operator==(const LayerName&, const LayerName&) = default;
+};
+
+/// A canonical expert name split at its global expert index: prefix (up to
+/// and including the experts infix) + index + suffix:
+/// "decoder.layers.3.mlp.experts." + 5 + ".linear_fc1.weight".
+struct ExpertName {
+  std::string prefix;
+  int64_t layer = 0;
+  int64_t index = 0;
+  std::string suffix;
+  friend bool operator==(const ExpertName&, const ExpertName&) = default;
+};
+
+/// The `experts` section of a descriptor: the model has routed experts.
+/// Canonical expert names are <layer prefix><l>.<infix><e>.<rest> with the
+/// global expert index e in [0, count); `moe_layers` (over model variables and
+/// `layer`, the global layer index) says which layers are MoE (absent: all).
+struct ExpertsSection {
+  std::string infix;  // "mlp.experts."
+  Expression count;   // num_moe_experts
+  std::optional<Expression> moe_layers;
 };
 
 /// One finding of Layout::Check: the rule that matched a name, or a problem.
@@ -172,6 +198,8 @@ class Layout {
   /// layers section).
   const Expression& layer_count() const { return layer_count_; }
   const Detection& detection() const { return detection_; }
+  /// The experts section; absent for a model without routed experts.
+  const std::optional<ExpertsSection>& experts() const { return experts_; }
   /// The `defaults` entries in order: variable name and expression.
   const std::vector<std::pair<std::string, Expression>>& defaults() const {
     return defaults_;
@@ -196,6 +224,23 @@ class Layout {
   /// The name with its layer index replaced. Throws LayoutError if the name
   /// has no layer index or `index` is negative.
   std::string WithLayer(std::string_view name, int64_t index) const;
+
+  /// Absent if the layout has no experts section or the name is not
+  /// <layer prefix><l>.<infix><e>.<rest> with decimal l and e.
+  std::optional<ExpertName> SplitExpert(std::string_view name) const;
+  /// The name with its expert index replaced (a driver's local index, or
+  /// back). Throws LayoutError if the name has no expert index or `index` is
+  /// negative.
+  std::string WithExpert(std::string_view name, int64_t index) const;
+  /// The number of routed experts per MoE layer (`experts.count` on
+  /// Resolve(vars)); 0 without an experts section. Throws LayoutError if a
+  /// variable is not set or the count is below 1.
+  int64_t NumExperts(const Variables& vars) const;
+  /// Whether global layer `layer` is a MoE layer: `experts.moe_layers` with
+  /// `layer` set (true without the expression; false without an experts
+  /// section). Throws LayoutError if a variable is not set or the expression
+  /// fails.
+  bool IsMoeLayer(int64_t layer, const Variables& vars) const;
 
   /// The dict keys under which a canonical name sits in a nested state dict:
   /// with nesting ["language_model", "language_model.encoder"],
@@ -223,9 +268,10 @@ class Layout {
 
   /// One diagnostic per name: its rule, or the problem (no rule, two rules,
   /// a layer rule for a name without layer index, a non-layer rule for a name
-  /// with one, a `when` that cannot be evaluated). Never throws for a
-  /// problem with a name; throws LayoutError if the defaults cannot be
-  /// resolved.
+  /// with one, an expert rule (`ep: split`) for a name without expert index,
+  /// another rule for a name with one, a `when` that cannot be evaluated).
+  /// Never throws for a problem with a name; throws LayoutError if the defaults
+  /// cannot be resolved.
   std::vector<Diagnostic> Check(std::span<const std::string> names,
                                 const Variables& vars) const;
 
@@ -247,6 +293,7 @@ class Layout {
   Expression layer_count_;
   Detection detection_;
   std::vector<std::pair<std::string, Expression>> defaults_;
+  std::optional<ExpertsSection> experts_;
 };
 
 }  // namespace ucp::layouts

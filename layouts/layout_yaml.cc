@@ -134,7 +134,7 @@ class LayoutBuilder {
     if (!root.IsMap()) Fail(root, "a layout descriptor must be a mapping");
     CheckKeys(root, "layout",
               {"name", "description", "detect", "defaults", "nesting", "layers",
-               "rules"});
+               "experts", "rules"});
     Layout layout;
     layout.yaml_ = std::string(text_);
     layout.source_ = source_;
@@ -149,6 +149,7 @@ class LayoutBuilder {
     if (const YAML::Node n = root["nesting"]) ParseNesting(n, layout);
     layout.layer_count_ = Expression::Constant(0);  // no layers section
     if (const YAML::Node l = root["layers"]) ParseLayers(l, layout);
+    if (const YAML::Node e = root["experts"]) ParseExperts(e, layout);
     if (!root["rules"]) Fail(root, "layout: missing 'rules'");
     ParseRules(root["rules"], layout);
     return layout;
@@ -219,6 +220,45 @@ class LayoutBuilder {
     }
     if (!node["count"]) Fail(node, "layers: missing 'count' (e.g. num_layers)");
     layout.layer_count_ = Expr(node["count"], "layers.count");
+  }
+
+  void ParseExperts(const YAML::Node& node, Layout& layout) const {
+    CheckKeys(node, "experts", {"infix", "count", "moe_layers"});
+    if (layout.layer_prefixes_.empty()) {
+      Fail(node, "experts: needs a layers section (experts sit in layers)");
+    }
+    if (!node["infix"])
+      Fail(node, "experts: missing 'infix' (e.g. mlp.experts.)");
+    const std::string infix = Scalar(node["infix"], "experts.infix");
+    if (infix.empty() || infix.front() == '.' || infix.back() != '.' ||
+        infix.find("..") != std::string::npos ||
+        infix.find_first_of("*{},#") != std::string::npos) {
+      Fail(node["infix"], "experts.infix '", infix,
+           "' must be a literal dotted name ending in '.' (e.g. "
+           "\"mlp.experts.\")");
+    }
+    if (!node["count"]) {
+      Fail(node, "experts: missing 'count' (e.g. num_moe_experts)");
+    }
+    ExpertsSection experts{infix, Expr(node["count"], "experts.count"),
+                           std::nullopt};
+    if (node["moe_layers"]) {
+      experts.moe_layers = Expr(node["moe_layers"], "experts.moe_layers");
+      for (const std::string& v : experts.moe_layers->VariableNames()) {
+        if (IsTopologyVariable(v)) {
+          Fail(node["moe_layers"], "experts.moe_layers: '", v,
+               "' is a topology variable; which layers are MoE is a property "
+               "of the model");
+        }
+      }
+    }
+    for (const std::string& v : experts.count.VariableNames()) {
+      if (IsTopologyVariable(v)) {
+        Fail(node["count"], "experts.count: '", v,
+             "' is a topology variable, not a model variable");
+      }
+    }
+    layout.experts_ = std::move(experts);
   }
 
   void ParseTp(const YAML::Node& node, const std::string& where,
@@ -299,7 +339,7 @@ class LayoutBuilder {
       if (!r.IsMap()) Fail(r, "each rule must be a mapping");
       const std::string where_unnamed = StrCat("rule at line ", Line(r));
       CheckKeys(r, where_unnamed,
-                {"name", "note", "match", "when", "entry", "stage", "tp",
+                {"name", "note", "match", "when", "entry", "stage", "tp", "ep",
                  "tied_to", "exists_when"});
       Rule rule;
       rule.line = Line(r);
@@ -371,6 +411,33 @@ class LayoutBuilder {
              "'stage: first' or 'stage: last'");
       }
       if (r["tp"]) ParseTp(r["tp"], where, rule.tp);
+      if (r["ep"]) {
+        const std::string e = Scalar(r["ep"], "ep");
+        if (e == "split") {
+          rule.expert = true;
+        } else if (e != "replicated") {
+          Fail(r["ep"], where, ": ep must be split or replicated, not '", e,
+               "'");
+        }
+        if (rule.expert) {
+          if (!layout.experts_) {
+            Fail(r["ep"], where,
+                 ": ep: split needs an experts section (infix, count)");
+          }
+          if (rule.stage != Stage::kLayer) {
+            Fail(r["ep"], where, ": ep: split is for layer params");
+          }
+          const std::string needle = "." + layout.experts_->infix;
+          for (const Glob& g : rule.match) {
+            for (const std::string& alt : g.alternatives()) {
+              if (alt.find(needle) == std::string::npos) {
+                Fail(r["match"], where, ": ep: split, but the pattern '", alt,
+                     "' does not contain the experts infix '", needle, "'");
+              }
+            }
+          }
+        }
+      }
       if (rule.entry == EntryKind::kOpaque && rule.tp.split) {
         Fail(r["tp"], where, ": opaque entries cannot be split");
       }

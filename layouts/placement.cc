@@ -27,6 +27,133 @@ int64_t PaddedVocabSize(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
   return padded;
 }
 
+// ---------------------------------------------------------------- ranks
+
+void ValidateParallelSizes(const Topology& t) {
+  if (t.tp < 1 || t.pp < 1 || t.vpp < 1 || t.dp < 1 || t.ep < 1 ||
+      t.ExpertTp() < 1) {
+    throw LayoutError("topology ", t.ToString(), ": sizes must be >= 1");
+  }
+  int64_t world = 0;
+  int64_t grid = 0;
+  if (__builtin_mul_overflow(t.tp, t.dp, &world) ||
+      __builtin_mul_overflow(world, t.pp, &world) ||
+      __builtin_mul_overflow(t.ExpertTp(), t.ep, &grid) ||
+      __builtin_mul_overflow(grid, t.pp, &grid)) {
+    throw LayoutError("topology ", t.ToString(), ": sizes overflow");
+  }
+  if (world % grid != 0) {
+    throw LayoutError("topology ", t.ToString(), ": etp ", t.ExpertTp(),
+                      " x ep ", t.ep, " x pp ", t.pp, " = ", grid,
+                      " does not divide the world of tp ", t.tp, " x pp ", t.pp,
+                      " x dp ", t.dp, " = ", world,
+                      " ranks (the expert data-parallel size would not be "
+                      "whole)");
+  }
+}
+
+int64_t WorldSize(const Topology& t) {
+  ValidateParallelSizes(t);
+  return t.tp * t.pp * t.dp;
+}
+
+RankCoordinates CoordinatesOf(const Topology& t, int64_t rank) {
+  const int64_t world = WorldSize(t);
+  if (rank < 0 || rank >= world) {
+    throw LayoutError("rank ", rank, " out of range (topology ", t.ToString(),
+                      ": ", world, " ranks)");
+  }
+  RankCoordinates c;
+  c.tp = rank % t.tp;
+  c.dp = rank / t.tp % t.dp;
+  c.pp = rank / (t.tp * t.dp);
+  const int64_t etp = t.ExpertTp();
+  c.etp = rank % etp;
+  c.ep = rank / etp % t.ep;
+  c.edp = rank / (etp * t.ep) % t.ExpertDp();
+  UCP_CHECK(rank / (etp * t.ep * t.ExpertDp()) == c.pp, "rank ", rank);
+  return c;
+}
+
+namespace {
+
+void CheckCoordinate(const char* what, int64_t value, int64_t size,
+                     const Topology& t) {
+  if (value < 0 || value >= size) {
+    throw LayoutError(what, " rank ", value, " out of range (", what, " size ",
+                      size, ", topology ", t.ToString(), ")");
+  }
+}
+
+}  // namespace
+
+int64_t DenseRank(const Topology& t, int64_t tp_rank, int64_t dp_rank,
+                  int64_t pp_rank) {
+  ValidateParallelSizes(t);
+  CheckCoordinate("tp", tp_rank, t.tp, t);
+  CheckCoordinate("dp", dp_rank, t.dp, t);
+  CheckCoordinate("pp", pp_rank, t.pp, t);
+  return tp_rank + t.tp * (dp_rank + t.dp * pp_rank);
+}
+
+int64_t ExpertRank(const Topology& t, int64_t etp_rank, int64_t ep_rank,
+                   int64_t edp_rank, int64_t pp_rank) {
+  ValidateParallelSizes(t);
+  const int64_t etp = t.ExpertTp();
+  const int64_t edp = t.ExpertDp();
+  CheckCoordinate("etp", etp_rank, etp, t);
+  CheckCoordinate("ep", ep_rank, t.ep, t);
+  CheckCoordinate("edp", edp_rank, edp, t);
+  CheckCoordinate("pp", pp_rank, t.pp, t);
+  return etp_rank + etp * (ep_rank + t.ep * (edp_rank + edp * pp_rank));
+}
+
+int64_t TpSizeFor(const Rule& rule, const Topology& topology) {
+  return rule.expert ? topology.ExpertTp() : topology.tp;
+}
+
+int64_t DpSizeFor(const Rule& rule, const Topology& topology) {
+  return rule.expert ? topology.ExpertDp() : topology.dp;
+}
+
+// ---------------------------------------------------------------- experts
+
+ExpertPlacement::ExpertPlacement(int64_t num_experts, int64_t ep)
+    : num_experts_(num_experts), ep_(ep) {
+  if (num_experts < 1)
+    throw LayoutError("the number of experts must be >= 1, not ", num_experts);
+  if (ep < 1) throw LayoutError("ep must be >= 1, not ", ep);
+  if (num_experts % ep != 0) {
+    throw LayoutError("ep ", ep, " does not divide the ", num_experts,
+                      " experts");
+  }
+}
+
+ExpertLocation ExpertPlacement::Locate(int64_t global_expert) const {
+  if (global_expert < 0 || global_expert >= num_experts_) {
+    throw LayoutError("expert ", global_expert, " out of range (the model has ",
+                      num_experts_, " experts)");
+  }
+  return {global_expert / local_experts(), global_expert % local_experts()};
+}
+
+int64_t ExpertPlacement::Global(int64_t ep_rank, int64_t local_index) const {
+  const LayerRange range = ExpertsOf(ep_rank);
+  if (local_index < 0 || local_index >= range.size()) {
+    throw LayoutError("local expert ", local_index, " out of range: ep rank ",
+                      ep_rank, " holds ", range.size(), " experts (",
+                      num_experts_, " experts, ep ", ep_, ")");
+  }
+  return range.begin + local_index;
+}
+
+LayerRange ExpertPlacement::ExpertsOf(int64_t ep_rank) const {
+  if (ep_rank < 0 || ep_rank >= ep_) {
+    throw LayoutError("ep rank ", ep_rank, " out of range (ep ", ep_, ")");
+  }
+  return {ep_rank * local_experts(), (ep_rank + 1) * local_experts()};
+}
+
 // ---------------------------------------------------------------- layers
 
 LayerPlacement::LayerPlacement(int64_t num_layers, const Topology& topology)
@@ -34,9 +161,7 @@ LayerPlacement::LayerPlacement(int64_t num_layers, const Topology& topology)
   const Topology& t = topology;
   if (num_layers < 0)
     throw LayoutError("negative number of layers ", num_layers);
-  if (t.tp < 1 || t.pp < 1 || t.vpp < 1 || t.dp < 1) {
-    throw LayoutError("topology ", t.ToString(), ": sizes must be >= 1");
-  }
+  ValidateParallelSizes(t);
   const bool uneven = t.first_stage_layers || t.last_stage_layers;
   if (uneven && t.pp == 1) {
     throw LayoutError("topology ", t.ToString(),
@@ -346,7 +471,26 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
   } catch (const LayoutError& e) {
     throw LayoutError(header, e.what());
   }
-  const int64_t tp = topology.tp;
+  // The expert count and its placement over ep, when some param is an
+  // expert's (a dense model need not set the count).
+  std::optional<int64_t> num_experts;
+  for (const ParamShape& param : params) {
+    const Rule* rule = nullptr;
+    try {
+      rule = layout.Find(param.name, resolved);
+    } catch (const LayoutError&) {
+      continue;  // reported below
+    }
+    if (rule == nullptr || !rule->expert) continue;
+    try {
+      num_experts = layout.NumExperts(resolved);
+      ExpertPlacement(*num_experts, topology.ep);
+    } catch (const LayoutError& e) {
+      throw LayoutError(header, "param '", param.name, "' (", rule->Describe(),
+                        "): ", e.what());
+    }
+    break;
+  }
   std::map<std::string_view, const ParamShape*> by_name;
   for (const ParamShape& p : params) by_name.emplace(p.name, &p);
 
@@ -392,7 +536,39 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
               " stage's rule, but the name has a layer index");
       continue;
     }
+    const std::optional<ExpertName> expert = layout.SplitExpert(param.name);
+    if (rule->expert && !expert) {
+      problem("an expert rule, but the name has no expert index");
+      continue;
+    }
+    if (!rule->expert && expert) {
+      problem("not an expert rule, but the name has expert index ",
+              expert->index);
+      continue;
+    }
+    if (expert && num_experts && expert->index >= *num_experts) {
+      problem("expert ", expert->index, " but the model has ", *num_experts,
+              " experts (", layout.experts()->count.text(), ")");
+      continue;
+    }
+    if (expert) {
+      bool moe = false;
+      try {
+        moe = layout.IsMoeLayer(expert->layer, resolved);
+      } catch (const LayoutError& e) {
+        problem(e.what());
+        continue;
+      }
+      if (!moe) {
+        problem("an expert of layer ", expert->layer,
+                ", which experts.moe_layers (",
+                layout.experts()->moe_layers->text(), ") makes a dense layer");
+        continue;
+      }
+    }
     if (rule->entry == EntryKind::kOpaque) continue;
+    const int64_t tp = TpSizeFor(*rule, topology);
+    const std::string_view tp_name = rule->expert ? "etp " : "tp ";
     const TpPlacement& p = rule->tp;
     if (p.split) {
       const size_t dim = static_cast<size_t>(p.dim);
@@ -407,12 +583,12 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
         const std::optional<int64_t> heads = eval(*p.heads);
         if (!groups || !heads) continue;
         if (*groups < 1 || *groups % tp != 0) {
-          model_problem("tp ", tp, " does not divide the query groups (",
+          model_problem(tp_name, tp, " does not divide the query groups (",
                         p.groups->text(), " = ", *groups, ")");
           continue;
         }
         if (*heads < 1 || *heads % tp != 0) {
-          model_problem("tp ", tp, " does not divide the attention heads (",
+          model_problem(tp_name, tp, " does not divide the attention heads (",
                         p.heads->text(), " = ", *heads, ")");
           continue;
         }
@@ -433,9 +609,9 @@ void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
         }
       } else if (size % (tp * p.segments) != 0) {
         if (p.segments == 1) {
-          problem("tp ", tp, " does not divide dim ", dim, " of size ", size);
+          problem(tp_name, tp, " does not divide dim ", dim, " of size ", size);
         } else {
-          problem("tp ", tp, " x ", p.segments,
+          problem(tp_name, tp, " x ", p.segments,
                   " segments does not divide dim ", dim, " of size ", size);
         }
         continue;

@@ -38,19 +38,92 @@ namespace ucp::layouts {
 /// result overflows.
 int64_t PaddedVocabSize(int64_t vocab_size, int64_t divisible_by, int64_t tp);
 
-struct LayerLocation {
-  int64_t pp_rank = 0;
-  int64_t vp_chunk = 0;
-  int64_t local_index = 0;
-  friend bool operator==(const LayerLocation&, const LayerLocation&) = default;
-};
-
-/// Global layers [begin, end).
+/// Global layers (or experts) [begin, end).
 struct LayerRange {
   int64_t begin = 0;
   int64_t end = 0;
   int64_t size() const { return end - begin; }
   friend bool operator==(const LayerRange&, const LayerRange&) = default;
+};
+
+/// Checks the parallel sizes of `topology` (not the layers): every size
+/// >= 1, etp x ep x pp dividing the world tp x pp x dp (the expert grid
+/// etp x ep x edp x pp carved out of the same ranks as the dense one), no
+/// overflow. Throws LayoutError "topology <t>: <problem, with the numbers>".
+/// LayerPlacement calls it.
+void ValidateParallelSizes(const Topology& topology);
+
+/// A rank's coordinates in Megatron's two grids (default order
+/// tp-cp-ep-dp-pp, cp = 1): dense rank = tp + TP*(dp + DP*pp), expert rank =
+/// etp + ETP*(ep + EP*(edp + EDP*pp)).
+struct RankCoordinates {
+  int64_t tp = 0;
+  int64_t dp = 0;
+  int64_t pp = 0;
+  int64_t etp = 0;
+  int64_t ep = 0;
+  int64_t edp = 0;
+  friend bool operator==(const RankCoordinates&,
+                         const RankCoordinates&) = default;
+};
+/// tp x pp x dp. Throws LayoutError as ValidateParallelSizes.
+int64_t WorldSize(const Topology& topology);
+/// Throws LayoutError as ValidateParallelSizes, or if `rank` is not in
+/// [0, WorldSize).
+RankCoordinates CoordinatesOf(const Topology& topology, int64_t rank);
+/// The global rank of dense coordinates / of expert coordinates. Throw
+/// LayoutError as ValidateParallelSizes, or naming a coordinate out of range.
+int64_t DenseRank(const Topology& topology, int64_t tp_rank, int64_t dp_rank,
+                  int64_t pp_rank);
+int64_t ExpertRank(const Topology& topology, int64_t etp_rank, int64_t ep_rank,
+                   int64_t edp_rank, int64_t pp_rank);
+
+/// The tensor-parallel size a rule's `tp` placement is applied over: the
+/// expert tensor-parallel size for expert rules (`ep: split`), tp otherwise.
+int64_t TpSizeFor(const Rule& rule, const Topology& topology);
+/// The data-parallel size over which the distributed optimizer shards a
+/// rule's params (and over which they are replicated): the expert
+/// data-parallel size for expert rules, dp otherwise.
+int64_t DpSizeFor(const Rule& rule, const Topology& topology);
+
+struct ExpertLocation {
+  int64_t ep_rank = 0;
+  int64_t local_index = 0;
+  friend bool operator==(const ExpertLocation&,
+                         const ExpertLocation&) = default;
+};
+
+/// The routed experts of one MoE layer over the expert-parallel ranks
+/// (Megatron's local_expert_indices): ep rank r holds the E/EP consecutive
+/// global experts [r*E/EP, (r+1)*E/EP), local index = global - r*E/EP.
+class ExpertPlacement {
+ public:
+  /// Throws LayoutError naming the numbers if num_experts < 1, ep < 1 or ep
+  /// does not divide num_experts.
+  ExpertPlacement(int64_t num_experts, int64_t ep);
+
+  int64_t num_experts() const { return num_experts_; }
+  int64_t ep() const { return ep_; }
+  /// Experts per ep rank (E/EP).
+  int64_t local_experts() const { return num_experts_ / ep_; }
+  /// Throws LayoutError if the expert is out of range.
+  ExpertLocation Locate(int64_t global_expert) const;
+  /// Throws LayoutError if a coordinate is out of range.
+  int64_t Global(int64_t ep_rank, int64_t local_index) const;
+  /// The global experts [begin, end) of ep rank `ep_rank`. Throws LayoutError
+  /// if it is out of range.
+  LayerRange ExpertsOf(int64_t ep_rank) const;
+
+ private:
+  int64_t num_experts_;
+  int64_t ep_;
+};
+
+struct LayerLocation {
+  int64_t pp_rank = 0;
+  int64_t vp_chunk = 0;
+  int64_t local_index = 0;
+  friend bool operator==(const LayerLocation&, const LayerLocation&) = default;
 };
 
 class LayerPlacement {
@@ -159,15 +232,18 @@ struct ParamShape {
   Shape shape;
 };
 
-/// Checks that `topology` can hold the model: positive sizes; layers over
-/// pp*vpp (honouring uneven first/last stages); every param matched by
-/// exactly one rule, a layer rule's name carrying a layer index < num_layers;
-/// split dims inside the shape and divisible by tp*segments (vocab-padded
-/// dims: the shape holds the true vocab size, padding makes it divisible);
-/// tp dividing query groups and heads; a tied copy's original among the
-/// params with the same shape. Throws one LayoutError naming the topology,
-/// the first offending param (and its rule) and the problem, plus how many
-/// other problems were found.
+/// Checks that `topology` can hold the model: positive sizes
+/// (ValidateParallelSizes); layers over pp*vpp (honouring uneven first/last
+/// stages); every param matched by exactly one rule, a layer rule's name
+/// carrying a layer index < num_layers; an expert rule's name (and only an
+/// expert rule's) carrying an expert index < the expert count, which ep
+/// divides, in a layer experts.moe_layers makes MoE; split dims inside the
+/// shape and divisible by tp*segments (etp for expert rules; vocab-padded dims:
+/// the shape holds the true vocab size, padding makes it divisible); tp
+/// dividing query groups and heads; a tied copy's original among the params
+/// with the same shape. Throws one LayoutError naming the topology, the first
+/// offending param (and its rule) and the problem, plus how many other problems
+/// were found.
 void ValidateTopology(const Layout& layout, std::span<const ParamShape> params,
                       const Variables& vars, const Topology& topology);
 

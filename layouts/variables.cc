@@ -48,7 +48,20 @@ std::string Topology::ToString() const {
     out += StrCat(" first_stage_layers=", *first_stage_layers);
   if (last_stage_layers)
     out += StrCat(" last_stage_layers=", *last_stage_layers);
+  if (ep != 1 || etp) out += StrCat(" ep=", ep);
+  if (etp) out += StrCat(" etp=", *etp);
   return out;
+}
+
+int64_t Topology::ExpertDp() const {
+  int64_t grid = 0;
+  int64_t ranks = 0;  // tp x dp: the world of one pipeline stage
+  if (ExpertTp() < 1 || ep < 1 || tp < 1 || dp < 1 ||
+      __builtin_mul_overflow(ExpertTp(), ep, &grid) ||
+      __builtin_mul_overflow(tp, dp, &ranks) || ranks % grid != 0) {
+    return 0;
+  }
+  return ranks / grid;
 }
 
 bool IsTopologyVariable(std::string_view name) {

@@ -49,6 +49,14 @@ class Variables {
 /// last pipeline stage may hold a given number of layers (Megatron's
 /// --decoder-first/last-pipeline-num-layers); the middle stages share the
 /// rest evenly.
+///
+/// Mixture of experts: the routed experts of a MoE layer are split over `ep`
+/// expert-parallel ranks and each expert's matrices over `etp` expert
+/// tensor-parallel ranks (unset: the tp size). Megatron carves the expert
+/// grid (etp x ep x edp x pp) out of the same world = tp x pp x dp ranks as
+/// the dense grid, so the expert data-parallel size is
+/// edp = world / (etp x ep x pp) = tp x dp / (etp x ep) (ExpertDp).
+/// ValidateParallelSizes (placement.h) checks that the grids fit.
 struct Topology {
   int64_t tp = 1;
   int64_t pp = 1;
@@ -56,8 +64,16 @@ struct Topology {
   int64_t dp = 1;
   std::optional<int64_t> first_stage_layers;
   std::optional<int64_t> last_stage_layers;
+  int64_t ep = 1;
+  std::optional<int64_t> etp;
 
-  /// "tp=2 pp=4 vpp=1 dp=1" (+ " first_stage_layers=3 ..." when set).
+  /// The expert tensor-parallel size: etp, or tp when unset.
+  int64_t ExpertTp() const { return etp.value_or(tp); }
+  /// The expert data-parallel size tp x dp / (etp x ep); 0 when that does
+  /// not divide (ValidateParallelSizes says why).
+  int64_t ExpertDp() const;
+  /// "tp=2 pp=4 vpp=1 dp=1" (+ " first_stage_layers=3 ..." when set; + " ep=4"
+  /// when ep != 1 or etp is set; + " etp=1" when etp is set).
   std::string ToString() const;
   friend bool operator==(const Topology&, const Topology&) = default;
 };
@@ -65,7 +81,7 @@ struct Topology {
 /// The names a descriptor's `exists_when` expressions may use in addition to
 /// the model variables; they are not allowed in `when` conditions.
 inline constexpr std::string_view kTopologyVariables[] = {"tp", "pp", "vpp",
-                                                          "dp"};
+                                                          "dp", "ep", "etp"};
 bool IsTopologyVariable(std::string_view name);
 
 /// `vars` plus tp, pp, vpp and dp from `topology` (these replace any model

@@ -24,7 +24,8 @@ using ::testing::ThrowsMessage;
 TEST(BuiltinTest, EveryBuiltinParses) {
   EXPECT_THAT(
       Layout::BuiltinNames(),
-      ElementsAre("mcore-gpt", "mcore-llama", "megatron-deepspeed-gpt-pipe",
+      ElementsAre("mcore-gpt", "mcore-llama", "mcore-moe-deepseek",
+                  "mcore-moe-mixtral", "megatron-deepspeed-gpt-pipe",
                   "megatron-gpt-legacy", "mindformers-llama"));
   for (const std::string& name : Layout::BuiltinNames()) {
     const Layout l = Layout::Builtin(name);
@@ -42,7 +43,8 @@ TEST(BuiltinTest, EveryBuiltinParses) {
   EXPECT_THAT([] { Layout::Builtin("gpt"); },
               ThrowsMessage<LayoutError>(
                   HasSubstr("no built-in layout 'gpt' (built-in: mcore-gpt, "
-                            "mcore-llama, megatron-deepspeed-gpt-pipe, "
+                            "mcore-llama, mcore-moe-deepseek, "
+                            "mcore-moe-mixtral, megatron-deepspeed-gpt-pipe, "
                             "megatron-gpt-legacy, mindformers-llama)")));
 }
 
