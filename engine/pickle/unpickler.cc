@@ -80,7 +80,6 @@ using namespace internal;  // NOLINT: opcode constants
 // (sys.int_info.default_max_str_digits).
 constexpr size_t kMaxDecimalDigits = 4300;
 
-
 class Machine {
  public:
   Machine(std::string_view data, Arena& arena, const UnpickleOptions& options)
@@ -480,20 +479,32 @@ class Machine {
   // --- the interpreter
   // --------------------------------------------------------
 
+  // One opcode (op_): each group of opcodes is one function that returns
+  // whether op_ is one of its own.
   void Step() {
+    if (StepStack() || StepScalar() || StepText() || StepContainer() ||
+        StepObject() || StepMemo())
+      return;
+    const char* hex = "0123456789abcdef";
+    const char code[] = {'0', 'x', hex[op_ >> 4], hex[op_ & 0xf], '\0'};
+    Fail("unknown opcode ", code);
+  }
+
+  // PROTO, FRAME and the stack: MARK, POP, POP_MARK, DUP.
+  bool StepStack() {
     switch (op_) {
       case kProto: {
         const uint64_t version = ReadLE(1);
         if (version > 5) Fail("unsupported protocol ", version);
-        return;
+        return true;
       }
       case kFrame: {
         CheckDeclared(ReadLE(8));
-        return;
+        return true;
       }
       case kMark:
         marks_.push_back(stack_.size());
-        return;
+        return true;
       case kPop:
         if (stack_.size() > Fence()) {
           stack_.pop_back();
@@ -502,23 +513,30 @@ class Machine {
         } else {
           Fail("stack underflow in POP");
         }
-        return;
+        return true;
       case kPopMark:
         PopMark();
-        return;
+        return true;
       case kDup:
         Push(Top());
-        return;
+        return true;
+      default:
+        return false;
+    }
+  }
 
+  // None, bools, ints and floats.
+  bool StepScalar() {
+    switch (op_) {
       case kNone:
         Push(arena_.None());
-        return;
+        return true;
       case kNewTrue:
         Push(arena_.Bool(true));
-        return;
+        return true;
       case kNewFalse:
         Push(arena_.Bool(false));
-        return;
+        return true;
       case kInt: {
         std::string_view line = ReadLine();
         if (line == "01" || line == "00") {
@@ -526,29 +544,29 @@ class Machine {
         } else {
           Push(DecimalInt(line));
         }
-        return;
+        return true;
       }
       case kLong:
         Push(DecimalInt(ReadLine()));
-        return;
+        return true;
       case kBinInt:
         Push(
             arena_.Int(static_cast<int32_t>(static_cast<uint32_t>(ReadLE(4)))));
-        return;
+        return true;
       case kBinInt1:
         Push(arena_.Int(static_cast<int64_t>(ReadLE(1))));
-        return;
+        return true;
       case kBinInt2:
         Push(arena_.Int(static_cast<int64_t>(ReadLE(2))));
-        return;
+        return true;
       case kLong1:
         Push(arena_.BigInt(ReadDeclared(ReadLE(1))));
-        return;
+        return true;
       case kLong4: {
         const auto n = static_cast<int32_t>(static_cast<uint32_t>(ReadLE(4)));
         if (n < 0) Fail("LONG4 with negative byte count ", n);
         Push(arena_.BigInt(ReadDeclared(static_cast<uint64_t>(n))));
-        return;
+        return true;
       }
       case kFloat: {
         std::string_view line = ReadLine();
@@ -558,7 +576,7 @@ class Machine {
           Fail("invalid FLOAT ", BytesRepr(line.substr(0, 40)));
         }
         Push(arena_.Float(f));
-        return;
+        return true;
       }
       case kBinFloat: {
         const uint64_t be = ReadLE(8);
@@ -568,45 +586,52 @@ class Machine {
         double f;
         std::memcpy(&f, &bits, sizeof f);
         Push(arena_.Float(f));
-        return;
+        return true;
       }
+      default:
+        return false;
+    }
+  }
 
+  // str, Python 2 strings, bytes; refused: out-of-band buffers, extensions.
+  bool StepText() {
+    switch (op_) {
       case kBinUnicode:
         Push(Text(ReadDeclared(ReadLE(4))));
-        return;
+        return true;
       case kShortBinUnicode:
         Push(Text(ReadDeclared(ReadLE(1))));
-        return;
+        return true;
       case kBinUnicode8:
         Push(Text(ReadDeclared(ReadLE(8))));
-        return;
+        return true;
       case kUnicode:
         Push(arena_.Str(RawUnicodeEscapeDecode(ReadLine())));
-        return;
+        return true;
       case kString:
         Push(Py2String(EscapeDecode(ReadLine())));
-        return;
+        return true;
       case kBinString: {
         const auto n = static_cast<int32_t>(static_cast<uint32_t>(ReadLE(4)));
         if (n < 0) Fail("BINSTRING with negative length ", n);
         Push(Py2String(ReadDeclared(static_cast<uint64_t>(n))));
-        return;
+        return true;
       }
       case kShortBinString:
         Push(Py2String(ReadDeclared(ReadLE(1))));
-        return;
+        return true;
       case kBinBytes:
         Push(arena_.Bytes(std::string(ReadDeclared(ReadLE(4)))));
-        return;
+        return true;
       case kShortBinBytes:
         Push(arena_.Bytes(std::string(ReadDeclared(ReadLE(1)))));
-        return;
+        return true;
       case kBinBytes8:
         Push(arena_.Bytes(std::string(ReadDeclared(ReadLE(8)))));
-        return;
+        return true;
       case kByteArray8:
         Push(arena_.ByteArray(std::string(ReadDeclared(ReadLE(8)))));
-        return;
+        return true;
       case kNextBuffer:
       case kReadonlyBuffer:
         Fail("unsupported opcode ", Name(), " (out-of-band buffers)");
@@ -614,62 +639,69 @@ class Machine {
       case kExt2:
       case kExt4:
         Fail("unsupported opcode ", Name(), " (extension registry)");
+      default:
+        return false;
+    }
+  }
 
+  // Tuples, lists, dicts, sets.
+  bool StepContainer() {
+    switch (op_) {
       case kEmptyTuple:
         Push(arena_.Tuple({}));
-        return;
+        return true;
       case kTuple:
         Push(arena_.Tuple(PopMark()));
-        return;
+        return true;
       case kTuple1:
         Push(arena_.Tuple(PopN(1)));
-        return;
+        return true;
       case kTuple2:
         Push(arena_.Tuple(PopN(2)));
-        return;
+        return true;
       case kTuple3:
         Push(arena_.Tuple(PopN(3)));
-        return;
+        return true;
       case kEmptyList:
         Push(arena_.List({}));
-        return;
+        return true;
       case kList:
         Push(arena_.List(PopMark()));
-        return;
+        return true;
       case kAppend: {
         Value* v = Pop();
         Append(Top(), {v});
-        return;
+        return true;
       }
       case kAppends: {
         std::vector<Value*> items = PopMark();
         Append(Top(), std::move(items));
-        return;
+        return true;
       }
       case kEmptyDict:
         Push(arena_.Dict());
-        return;
+        return true;
       case kDict: {
         std::vector<Value*> flat = PopMark();
         Value* dict = arena_.Dict();
         Push(dict);
         SetItems(dict, flat);
-        return;
+        return true;
       }
       case kSetItem: {
         Value* v = Pop();
         Value* k = Pop();
         SetItems(Top(), {k, v});
-        return;
+        return true;
       }
       case kSetItems: {
         std::vector<Value*> flat = PopMark();
         SetItems(Top(), flat);
-        return;
+        return true;
       }
       case kEmptySet:
         Push(arena_.Set({}));
-        return;
+        return true;
       case kAddItems: {
         std::vector<Value*> items = PopMark();
         Value* target = Top();
@@ -677,15 +709,22 @@ class Machine {
           Fail("ADDITEMS on a ", KindName(target->kind));
         }
         target->items.insert(target->items.end(), items.begin(), items.end());
-        return;
+        return true;
       }
       case kFrozenSet:
         Push(arena_.FrozenSet(PopMark()));
-        return;
+        return true;
+      default:
+        return false;
+    }
+  }
 
+  // Globals, objects (REDUCE, NEWOBJ, INST, OBJ, BUILD), persistent ids.
+  bool StepObject() {
+    switch (op_) {
       case kGlobal:
         Push(GlobalFromLines());
-        return;
+        return true;
       case kStackGlobal: {
         Value* name = Pop();
         Value* module = Pop();
@@ -698,13 +737,13 @@ class Machine {
           Fail("STACK_GLOBAL name with a newline");
         }
         Push(arena_.Global(module->s, name->s));
-        return;
+        return true;
       }
       case kReduce: {
         Value* args = Pop();
         Value* callable = Pop();
         Push(Reduce(callable, args));
-        return;
+        return true;
       }
       case kNewObj: {
         Value* args = Pop();
@@ -713,7 +752,7 @@ class Machine {
           Fail("NEWOBJ argument is a ", KindName(args->kind), ", not a tuple");
         }
         Push(arena_.Object(ObjectOp::kNewObj, cls, args));
-        return;
+        return true;
       }
       case kNewObjEx: {
         Value* kwargs = Pop();
@@ -730,12 +769,12 @@ class Machine {
         Value* obj = arena_.Object(ObjectOp::kNewObjEx, cls, args);
         obj->kwargs = kwargs;
         Push(obj);
-        return;
+        return true;
       }
       case kInst: {
         Value* cls = GlobalFromLines();
         Push(Instantiate(cls, PopMark()));
-        return;
+        return true;
       }
       case kObj: {
         std::vector<Value*> items = PopMark();
@@ -743,7 +782,7 @@ class Machine {
         Value* cls = items.front();
         items.erase(items.begin());
         Push(Instantiate(cls, std::move(items)));
-        return;
+        return true;
       }
       case kBuild: {
         Value* state = Pop();
@@ -752,44 +791,47 @@ class Machine {
           Fail("BUILD on a ", KindName(target->kind));
         }
         target->state = state;
-        return;
+        return true;
       }
       case kPersId: {
         std::string_view line = ReadLine();
         Push(arena_.PersId(Text(line)));
-        return;
+        return true;
       }
       case kBinPersId:
         Push(arena_.PersId(Pop()));
-        return;
+        return true;
+      default:
+        return false;
+    }
+  }
 
+  // The memo: PUT, GET and their binary forms, MEMOIZE.
+  bool StepMemo() {
+    switch (op_) {
       case kPut:
         MemoPut(LineIndex());
-        return;
+        return true;
       case kBinPut:
         MemoPut(ReadLE(1));
-        return;
+        return true;
       case kLongBinPut:
         MemoPut(ReadLE(4));
-        return;
+        return true;
       case kMemoize:
         MemoPut(memo_.size());
-        return;
+        return true;
       case kGet:
         MemoGet(LineIndex());
-        return;
+        return true;
       case kBinGet:
         MemoGet(ReadLE(1));
-        return;
+        return true;
       case kLongBinGet:
         MemoGet(ReadLE(4));
-        return;
-
-      default: {
-        const char* hex = "0123456789abcdef";
-        const char code[] = {'0', 'x', hex[op_ >> 4], hex[op_ & 0xf], '\0'};
-        Fail("unknown opcode ", code);
-      }
+        return true;
+      default:
+        return false;
     }
   }
 

@@ -378,6 +378,22 @@ def test_damaged_universal_file_metadata():
             p = run(*cmd, bad, expect=3)
             one_error_line(p, "format error", bad, "attribute layout")
         assert not (t / "o").exists()
+        # A param's tied_copies that is not a JSON list of names (bad JSON;
+        # a list holding a number): the file is damaged, the param named.
+        for value in ('["output_layer.weight"', '[7]'):
+            bad = t / "bad tied.h5"
+            shutil.copyfile(t / "u.h5", bad)
+            subprocess.run([PY, "-c", "import h5py, sys\n"
+                            "with h5py.File(sys.argv[1], 'r+') as f:\n"
+                            "    g = f['params'][sorted(f['params'])[0]]\n"
+                            "    g.attrs['tied_copies'] = sys.argv[2]\n"
+                            "    print(g.name)\n",
+                            str(bad), value], check=True, capture_output=True)
+            for cmd in (["verify", "-q"], ["reshape", "-q", "-o", t / "o", "--tp", 1, "--pp", 1,
+                                           "--dp", 1]):
+                p = run(*cmd, bad, expect=3)
+                one_error_line(p, "format error", bad, "tied_copies", "JSON list of names")
+            assert not (t / "o").exists()
         # A byte of libhdf5's global heap (where string attributes live)
         # damaged: HDF5 itself crashes on it; ucp reports a corrupt file.
         data = bytearray((t / "u.h5").read_bytes())

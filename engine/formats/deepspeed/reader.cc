@@ -27,7 +27,7 @@
 #include "engine/formats/deepspeed/model_parallel.h"
 #include "engine/formats/deepspeed/pickled.h"
 #include "engine/json/json.h"
-#include "engine/reshape/target_plan.h"
+#include "engine/reshape/slot_plan.h"
 #include "engine/universal/sources.h"
 
 namespace ucp::deepspeed {

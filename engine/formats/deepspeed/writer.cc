@@ -14,7 +14,7 @@
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/graph.h"
 #include "engine/formats/deepspeed/writer_base.h"
-#include "engine/reshape/target_plan.h"
+#include "engine/reshape/slot_plan.h"
 
 namespace ucp::deepspeed {
 namespace {

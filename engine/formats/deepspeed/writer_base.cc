@@ -11,7 +11,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/train_state.h"
-#include "engine/reshape/target_plan.h"
+#include "engine/reshape/slot_plan.h"
 #include "layouts/placement.h"
 
 namespace ucp::deepspeed::internal {

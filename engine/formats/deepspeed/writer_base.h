@@ -15,7 +15,7 @@
 #include "engine/formats/deepspeed/deepspeed.h"
 #include "engine/formats/deepspeed/flat_layout.h"
 #include "engine/formats/deepspeed/graph.h"
-#include "engine/reshape/target_plan.h"
+#include "engine/reshape/slot_plan.h"
 #include "layouts/layout.h"
 #include "layouts/variables.h"
 

@@ -1,4 +1,4 @@
-#include "engine/reshape/target_plan.h"
+#include "engine/reshape/slot_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

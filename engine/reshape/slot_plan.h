@@ -1,5 +1,5 @@
 #pragma once
-// The target planner: which boxes of which source tensors (atoms of a
+// The slot planner: which boxes of which source tensors (atoms of a
 // universal file, or source rank-file tensors) fill which elements of a
 // target tensor. Pure functions, no I/O; format drivers describe their files
 // with Slots and get CopyOps (plan.h) for the executor.
