@@ -607,7 +607,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       "loss_scale",
       "global_batch_size"};
 
-  json::Value others = json::Value::Array();
+  std::vector<OtherRecord> others;
   std::vector<std::string> param_order;
   std::vector<std::string> group_params;
   DType model_dtype = DType::kFloat32;
@@ -812,20 +812,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       file.Read(s.offset,
                 std::as_writable_bytes(std::span(bytes.data() + at, s.length)));
     }
-    json::Value j = json::Value::Object();
-    j["tag"] = e.tag;
-    j["type"] = e.tensor_type;
-    json::Value dims = json::Value::Array();
-    for (int64_t d : e.dims) dims.Append(d);
-    j["dims"] = std::move(dims);
-    static const char* kHex = "0123456789abcdef";
-    std::string hex;
-    for (unsigned char ch : bytes) {
-      hex.push_back(kHex[ch >> 4]);
-      hex.push_back(kHex[ch & 15]);
-    }
-    j["hex"] = hex;
-    others.Append(std::move(j));
+    others.push_back({e.tag, e.tensor_type, e.dims, std::move(bytes)});
   }
   if (plan.params.empty())
     throw FormatError(where0, ": no parameter tensor in it");
@@ -870,32 +857,31 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   universal::TrainingInfo& training =
       universal::NewTraining(model, std::string(DTypeName(model_dtype)));
   training.param_order = std::move(param_order);
-  json::Value meta = json::Value::Object();
-  meta["records"] = std::move(others);
+  MindSporeExtras meta;
+  meta.records = std::move(others);
   // The file's record order and moment names, which a rewrite keeps.
-  json::Value tag_order = json::Value::Array();
+  meta.order.emplace();
   std::string m1 = "moment1.", m2 = "moment2.";
   for (const CkptEntry* ep : entries) {
     const CkptEntry& e = *ep;
-    tag_order.Append(e.tag);
+    meta.order->push_back(e.tag);
     if (e.tag.starts_with("adam_m.") && moment_of(e.tag)) m1 = "adam_m.";
     if (e.tag.starts_with("adam_v.") && moment_of(e.tag)) m2 = "adam_v.";
   }
-  meta["order"] = std::move(tag_order);
-  meta["exp_avg_prefix"] = m1;
-  meta["exp_avg_sq_prefix"] = m2;
+  meta.exp_avg_prefix = m1;
+  meta.exp_avg_sq_prefix = m2;
   if (!c.v2) {  // (a Checkpoint 2.0 source gets MindFormers' .ckpt names)
-    meta["file"] = c.path.filename().string();
-    meta["rank_folder"] = c.path.parent_path().filename() == "rank_0";
+    meta.file = c.path.filename().string();
+    meta.rank_folder = c.path.parent_path().filename() == "rank_0";
   }
-  meta["crc"] = c.index.crc;
+  meta.crc = c.index.crc;
   if (c.strategy) {
     // The rank files' names, which a target of as many ranks keeps.
-    json::Value names = json::Value::Array();
-    for (const CkptIndex* f : files) names.Append(f->path.filename().string());
-    meta["files"] = std::move(names);
+    meta.files.emplace();
+    for (const CkptIndex* f : files)
+      meta.files->push_back(f->path.filename().string());
   }
-  model.extras[kMetaAttr] = std::move(meta);
+  WriteMindSporeExtras(meta, model);
   return plan;
 }
 
