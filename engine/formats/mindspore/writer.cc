@@ -12,10 +12,10 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/strided.h"
-#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/formats/common/train_state.h"
 #include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/placed_target.h"
 #include "engine/json/json.h"
 #include "layouts/layout.h"
 
@@ -304,22 +304,26 @@ class MindSporePlan : public formats::TargetPlan {
     }
   }
 
-  // The strategy of --tp/--pp/--dp (DeriveStrategy), by the universal
-  // file's layout and model variables when it has one.
+  // The strategy of --tp/--pp/--dp (DeriveStrategy), placed by the
+  // universal file's layout and model variables when it has one, else by
+  // the built-in layout its names match (formats::PlaceTarget).
   Strategy DeriveStrategy(const layouts::Topology& t) const {
     std::vector<DerivedTensor> tensors;
-    for (const atoms::StoredParam& p : input_.params())
+    std::vector<std::string> names;
+    for (const atoms::StoredParam& p : input_.params()) {
       tensors.push_back({p.info.fqn, p.info.fqn, p.info.shape});
+      names.push_back(p.info.fqn);
+    }
     for (const Spec& spec : specs_) {
       if (spec.atom != nullptr && spec.tag != spec.param)
         tensors.push_back({spec.tag, spec.param, spec.dims});
     }
-    const universal::Model& model = input_.model();
-    if (model.layout_yaml.empty()) return mindspore::DeriveStrategy(tensors, t);
-    return mindspore::DeriveStrategy(
-        tensors, t,
-        layouts::Layout::ParseStored(model.layout_yaml, input_.path()),
-        formats::ModelVariables(model.variables));
+    if (t.tp == 1 && t.pp == 1)
+      return mindspore::DeriveStrategy(tensors, t, nullptr);
+    const formats::PlacedTarget placed = formats::PlaceTarget(
+        input_,
+        DerivedPlaceRequest(t, !input_.model().layout_yaml.empty(), names));
+    return mindspore::DeriveStrategy(tensors, t, &placed);
   }
 
   // A rank file name with the container's extension.
