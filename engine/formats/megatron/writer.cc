@@ -93,7 +93,7 @@ class MegatronPlan : public formats::TargetPlan {
   }
 
   size_t units() const override {
-    return static_cast<size_t>(topo_.pp * topo_.tp) + 1;
+    return static_cast<size_t>(placed_->topology.pp * placed_->topology.tp) + 1;
   }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t i) const override;
@@ -130,10 +130,8 @@ class MegatronPlan : public formats::TargetPlan {
   TargetOptions options_;
   reshape::ExecutorOptions executor_;
 
-  std::optional<Layout> layout_;
-  layouts::Variables vars_;
-  layouts::Topology topo_;
-  std::optional<layouts::LayerPlacement> placement_;
+  // The layout, variables, vocabulary rows, topology and placement.
+  std::optional<formats::PlacedTarget> placed_;
   MegatronExtras meta_;
   std::vector<Entry> entries_;
   // chunk_entries_[pp][vp] = indices into entries_
@@ -145,10 +143,6 @@ class MegatronPlan : public formats::TargetPlan {
   std::vector<std::string> top_level_keys_;  // of a rank file, in order
   // (canonical name, "param" | "buffer" | "opaque") from the metadata.
   std::vector<std::pair<std::string, std::string>> meta_entries_;
-  // The true vocabulary size when the universal file's rows are the
-  // source's padded size (its vocab_size_known is false) and the options
-  // give the size: rows beyond it are read as padding rows.
-  std::optional<int64_t> vocab_rows_;
   // torch.optim.Adam (Megatron without apex / TE) keeps `step` per param, a
   // 0-d float tensor in the state, and the distributed optimizer stores its
   // value as a float on every group; apex / TE FusedAdam keep an int per
@@ -186,19 +180,14 @@ void MegatronPlan::ReadMetadata() {
         "writes it without them");
   }
   meta_ = ReadMegatronExtras(model, store_.path()).value_or(MegatronExtras{});
-  formats::PlacedTarget placed = formats::PlaceTarget(
+  placed_ = formats::PlaceTarget(
       store_,
       {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
-  layout_ = std::move(placed.layout);
-  vars_ = std::move(placed.vars);
-  vocab_rows_ = placed.vocab_rows;
-  topo_ = placed.topology;
-  placement_.emplace(std::move(placed.placement));
   const universal::SourceInfo& source = model.source;
-  source_tp_ = source.tp.value_or(1);
-  source_pp_ = source.pp.value_or(1);
-  source_vpp_ = source.vpp.value_or(1);
-  cp_ = source.cp.value_or(1);
+  source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
+  source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
+  source_vpp_ = universal::SourceInfo::SizeOr1(source.vpp);
+  cp_ = universal::SourceInfo::SizeOr1(source.cp);
   gpus_per_node_ = std::max<int64_t>(meta_.gpus_per_node.value_or(8), 1);
   release_ = meta_.release.value_or(release_);
   grad_dtype_ = meta_.grad_dtype.value_or(grad_dtype_);
@@ -274,20 +263,22 @@ void MegatronPlan::ReadMetadata() {
 // the target tp is a multiple of T, but not for every other tp: say so.
 void MegatronPlan::NoteUnknownVocab() {
   if (options_.true_vocab_size || meta_.VocabSizeKnown()) return;
-  for (const Rule& r : layout_->rules()) {
+  for (const Rule& r : placed_->layout.rules()) {
     if (!r.tp.split || !r.tp.vocab) continue;
-    const int64_t rows = r.tp.vocab->true_size.Evaluate(vars_);
-    const int64_t div = r.tp.vocab->divisible_by.Evaluate(vars_);
+    const int64_t rows = r.tp.vocab->true_size.Evaluate(placed_->vars);
+    const int64_t div = r.tp.vocab->divisible_by.Evaluate(placed_->vars);
     const int64_t lo = std::max<int64_t>(1, rows - div * source_tp_ + 1);
-    const int64_t padded = layouts::PaddedVocabSize(rows, div, topo_.tp);
-    const int64_t padded_lo = layouts::PaddedVocabSize(lo, div, topo_.tp);
+    const int64_t padded =
+        layouts::PaddedVocabSize(rows, div, placed_->topology.tp);
+    const int64_t padded_lo =
+        layouts::PaddedVocabSize(lo, div, placed_->topology.tp);
     if (padded_lo != padded) {
       notes_.insert(StrCat(
           "the true vocabulary size is unknown (the source's tokenizer is "
           "not a NullTokenizer): its ",
           rows, " padded rows were kept as real rows and padded to ", padded,
-          " for tp ", topo_.tp, "; Megatron pads the tokenizer's size to ",
-          padded_lo, "..", padded,
+          " for tp ", placed_->topology.tp,
+          "; Megatron pads the tokenizer's size to ", padded_lo, "..", padded,
           " rows for that tp: give the tokenizer's vocabulary size "
           "(--vocab-size) to match it"));
     }
@@ -309,7 +300,7 @@ void MegatronPlan::ReadTorchStep() {
 }
 
 void MegatronPlan::BuildEntries() {
-  const Layout& layout = *layout_;
+  const Layout& layout = placed_->layout;
   std::vector<std::pair<std::string, std::string>> list = meta_entries_;
   if (list.empty()) {
     for (const atoms::StoredParam& p : store_.params())
@@ -338,8 +329,8 @@ void MegatronPlan::BuildEntries() {
     for (const layouts::Glob& g : rule.match) {
       for (const std::string& name : g.alternatives()) {
         if (name.find('*') != std::string::npos) continue;
-        if (layout.Find(name, vars_) != &rule) continue;
-        if (!rule.Exists(vars_, topo_)) continue;
+        if (layout.Find(name, placed_->vars) != &rule) continue;
+        if (!rule.Exists(placed_->vars, placed_->topology)) continue;
         Entry e;
         e.name = name;
         e.kind = Entry::kTiedCopy;
@@ -353,15 +344,15 @@ void MegatronPlan::BuildEntries() {
       }
     }
   }
-  chunk_entries_.assign(
-      static_cast<size_t>(topo_.pp),
-      std::vector<std::vector<size_t>>(static_cast<size_t>(topo_.vpp)));
+  chunk_entries_.assign(static_cast<size_t>(placed_->topology.pp),
+                        std::vector<std::vector<size_t>>(
+                            static_cast<size_t>(placed_->topology.vpp)));
   for (size_t i = 0; i < entries_.size(); ++i) {
     Entry& e = entries_[i];
     try {
-      e.rule = &layout.Match(e.name, vars_);
-      if (!e.rule->Exists(vars_, topo_)) continue;
-      e.home = layouts::HomeOf(layout, *e.rule, e.name, *placement_);
+      e.rule = &layout.Match(e.name, placed_->vars);
+      if (!e.rule->Exists(placed_->vars, placed_->topology)) continue;
+      e.home = layouts::HomeOf(layout, *e.rule, e.name, placed_->placement);
       if (e.kind != Entry::kOpaque) {
         e.param = store_.FindParam(e.kind == Entry::kTiedCopy ? *e.rule->tied_to
                                                               : e.name);
@@ -392,30 +383,30 @@ std::vector<reshape::CopyOp> MegatronPlan::OpsFor(const Entry& e,
   int64_t pad_rows = 0;
   Shape full = p.info.shape;
   int64_t stored_pad = 0;  // padding rows at the end of the main atom
-  if (std::optional<int64_t> pd =
-          layouts::PaddedDimSize(*e.rule, vars_, topo_.tp)) {
+  if (std::optional<int64_t> pd = layouts::PaddedDimSize(
+          *e.rule, placed_->vars, placed_->topology.tp)) {
     padded = *pd;
     const size_t dim = static_cast<size_t>(e.rule->tp.dim);
-    if (vocab_rows_ && *vocab_rows_ < full.at(dim)) {
+    if (placed_->vocab_rows && *placed_->vocab_rows < full.at(dim)) {
       if (pad != nullptr) {
         throw FormatError("universal file ", store_.path().string(),
                           " > param ", p.info.fqn,
                           ": padding rows stored although the vocabulary "
                           "size was unknown");
       }
-      stored_pad = full[dim] - *vocab_rows_;
-      full[dim] = *vocab_rows_;
+      stored_pad = full[dim] - *placed_->vocab_rows;
+      full[dim] = *placed_->vocab_rows;
     }
     if (padded < full[dim]) {
       throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
-                        padded, " rows for tp ", topo_.tp,
+                        padded, " rows for tp ", placed_->topology.tp,
                         ") is smaller than the stored ", full[dim], " rows");
     }
     pad_rows = stored_pad;
     if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
   }
-  layouts::LocalShard shard =
-      layouts::ShardFor(*e.rule, full, topo_.tp, tp_rank, padded, pad_rows);
+  layouts::LocalShard shard = layouts::ShardFor(
+      *e.rule, full, placed_->topology.tp, tp_rank, padded, pad_rows);
   std::vector<reshape::CopyOp> ops;
   const reshape::SourceTensor main = store_.Tensor(atom);
   for (const layouts::Piece& piece : shard.pieces) {
@@ -457,7 +448,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
                                      File& model, File* distrib,
                                      BlobCache& blobs) const {
   pickle::Arena& arena = model.arena();
-  const Layout& layout = *layout_;
+  const Layout& layout = placed_->layout;
   // The rank's params in named_parameters() order (chunk 0 first).
   struct RankEntry {
     size_t entry;
@@ -467,15 +458,17 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
   };
   std::vector<RankEntry> params;
   std::vector<Value*> chunk_nodes;
-  for (int64_t v = 0; v < topo_.vpp; ++v) {
+  for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
     std::vector<std::pair<std::vector<std::string>, Value*>> leaves;
     for (size_t i :
          chunk_entries_[static_cast<size_t>(pp_rank)][static_cast<size_t>(v)]) {
       const Entry& e = entries_[i];
-      const std::string local = layouts::LocalName(layout, e.name, *placement_);
+      const std::string local =
+          layouts::LocalName(layout, e.name, placed_->placement);
       const std::string where =
           StrCat(Where(model), " > ",
-                 topo_.vpp == 1 ? std::string("model") : StrCat("model", v),
+                 placed_->topology.vpp == 1 ? std::string("model")
+                                            : StrCat("model", v),
                  " > ", local);
       Value* value;
       if (e.kind == Entry::kOpaque) {
@@ -541,7 +534,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       for (const RankEntry& rp : params)
         local_params += NumElements(rp.local_shape);
       std::fill(stepped.begin(), stepped.end(), false);
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
+      for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
         std::vector<BufferParam> bp;
         std::vector<size_t> which;
         for (size_t k = 0; k < params.size(); ++k) {
@@ -556,13 +549,13 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
             has_copy =
                 has_copy || (c.kind == Entry::kTiedCopy && c.param == e.param);
           }
-          b.shared_embedding =
-              e.kind == Entry::kTiedCopy || (has_copy && topo_.pp > 1);
+          b.shared_embedding = e.kind == Entry::kTiedCopy ||
+                               (has_copy && placed_->topology.pp > 1);
           bp.push_back(b);
           which.push_back(k);
         }
-        const BufferOptions bo =
-            run_.DistributedBufferOptions(topo_.dp, pp_rank, v, local_params);
+        const BufferOptions bo = run_.DistributedBufferOptions(
+            placed_->topology.dp, pp_rank, v, local_params);
         BufferLayout lay = ComputeBufferLayout(bp, bo);
         for (size_t j = 0; j < which.size(); ++j) {
           if (lay.DpRankHolds(j, bo.dp, 0))
@@ -650,7 +643,7 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       pickle::Arena& da = distrib->arena();
       Value* droot = da.Dict();
       AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
+      for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
         const BufferLayout& lay = buffers[static_cast<size_t>(v)];
         std::vector<size_t> members;
         for (size_t k = 0; k < params.size(); ++k)
@@ -768,9 +761,10 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
   Value* root = arena.Dict();
   for (const std::string& key : top_level_keys_) {
     if (key == "model") {
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
+      for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
         AppendEntry(arena, root,
-                    topo_.vpp == 1 ? std::string("model") : StrCat("model", v),
+                    placed_->topology.vpp == 1 ? std::string("model")
+                                               : StrCat("model", v),
                     chunk_nodes[static_cast<size_t>(v)]);
       }
     } else if (key == "optimizer") {
@@ -778,11 +772,11 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
     } else if (key == "args") {
       Value* args = Import(model, blobs, "args");
       ArgsPatch patch;
-      patch.topology = topo_;
+      patch.topology = placed_->topology;
       patch.cp = cp_;
       // What a run with these options saves (also with --no-save-optim).
       patch.distributed_optimizer = options_.distributed_optimizer;
-      patch.num_layers = placement_->num_layers();
+      patch.num_layers = placed_->placement.num_layers();
       patch.tp_rank = tp_rank;
       patch.pp_rank = pp_rank;
       patch.gpus_per_node = gpus_per_node_;
@@ -790,13 +784,14 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
       patch.source_tp = source_tp_;
       patch.padded_vocab_size = 0;
       for (const Rule& r : layout.rules()) {
-        if (auto pd = layouts::PaddedDimSize(r, vars_, topo_.tp)) {
+        if (auto pd = layouts::PaddedDimSize(r, placed_->vars,
+                                             placed_->topology.tp)) {
           patch.padded_vocab_size = *pd;
           break;
         }
       }
       if (patch.padded_vocab_size == 0) {
-        patch.padded_vocab_size = vars_.Find("vocab_size").value_or(0);
+        patch.padded_vocab_size = placed_->vars.Find("vocab_size").value_or(0);
       }
       PatchArgs(arena, args, patch);
       AppendEntry(arena, root, key, args);
@@ -869,9 +864,9 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
                                : std::to_string(store_.model().iteration)));
     return files;
   }
-  const int64_t pp = static_cast<int64_t>(i) / topo_.tp;
-  const int64_t tp = static_cast<int64_t>(i) % topo_.tp;
-  const fs::path dir = IterDir() / RankDirName(tp, pp, topo_.pp);
+  const int64_t pp = static_cast<int64_t>(i) / placed_->topology.tp;
+  const int64_t tp = static_cast<int64_t>(i) % placed_->topology.tp;
+  const fs::path dir = IterDir() / RankDirName(tp, pp, placed_->topology.pp);
   File* distrib = nullptr;
   if (target_format_ == TargetOptimizer::kDistributed && write_optimizer_) {
     auto d = std::make_unique<File>(dir / kDistribOptimFile);
@@ -895,7 +890,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
 formats::TargetSummary MegatronPlan::Summary() const {
   formats::TargetSummary out;
   out.notes.assign(notes_.begin(), notes_.end());
-  const layouts::Topology& t = topo_;
+  const layouts::Topology& t = placed_->topology;
   std::string flags = StrCat("--tensor-model-parallel-size ", t.tp,
                              " --pipeline-model-parallel-size ", t.pp);
   if (t.vpp > 1)
