@@ -1,6 +1,7 @@
-// formats::PlaceTarget as data: the facts both Megatron writers derive from
-// universal content. Expected placements are Megatron's own rule, written by
-// hand: pp stages hold consecutive equal blocks of layers
+// formats::PlaceTarget as data: the facts the Megatron writers (and
+// MindSpore's --tp/--pp/--dp) derive from universal content. Expected
+// placements are Megatron's own rule, written by hand: pp stages hold
+// consecutive equal blocks of layers
 // (megatron/core/transformer/transformer_block.py, get_num_layers_to_build),
 // and with vpp the layers go round-robin over the chunks
 // (get_transformer_layer_offset).
