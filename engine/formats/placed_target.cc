@@ -28,20 +28,18 @@ layouts::Topology CheckedTopology(const layouts::Topology& t) {
 
 }  // namespace
 
-PlacedTarget PlaceTarget(const universal::UniversalInput& input,
+PlacedTarget PlaceParams(layouts::Layout layout, layouts::Variables given,
+                         std::span<const layouts::ParamShape> shapes,
                          const PlaceRequest& request) {
-  const universal::Model& model = input.model();
-  if (model.layout_yaml.empty()) {
-    throw FormatError("universal input ", input.path().string(),
-                      " has no layout descriptor: cannot place params (a "
-                      "Megatron target needs one: convert from a Megatron "
-                      "checkpoint or give --layout when reading the source)");
-  }
-  layouts::Layout layout =
-      layouts::Layout::ParseStored(model.layout_yaml, input.path());
-  layouts::Variables given = ModelVariables(model.variables);
   if (request.true_vocab_size)
     given.Set("vocab_size", *request.true_vocab_size);
+  if (request.count_layers && !given.Has("num_layers")) {
+    int64_t layers = 0;
+    for (const layouts::ParamShape& p : shapes)
+      if (auto l = layout.SplitLayer(p.name))
+        layers = std::max(layers, l->index + 1);
+    given.Set("num_layers", layers);
+  }
   layouts::Variables vars = layout.Resolve(given);
   const layouts::Topology topology = CheckedTopology(request.topology);
   // A universal file that did not know the true vocabulary size holds the
@@ -50,20 +48,40 @@ PlacedTarget PlaceTarget(const universal::UniversalInput& input,
   std::optional<int64_t> vocab_rows;
   if (request.true_vocab_size && !request.vocab_size_known)
     vocab_rows = *request.true_vocab_size;
-  std::vector<layouts::ParamShape> shapes;
-  for (const atoms::StoredParam& p : input.params()) {
-    Shape shape = p.info.shape;
-    const layouts::Rule* r = layout.Find(p.info.fqn, vars);
+  std::vector<layouts::ParamShape> trimmed;
+  for (const layouts::ParamShape& p : shapes) {
+    Shape shape = p.shape;
+    const layouts::Rule* r = layout.Find(p.name, vars);
     const size_t dim = r != nullptr ? static_cast<size_t>(r->tp.dim) : 0;
     if (vocab_rows && r != nullptr && r->tp.split && r->tp.vocab &&
         dim < shape.size())
       shape[dim] = std::min(shape[dim], *vocab_rows);
-    shapes.push_back({p.info.fqn, std::move(shape)});
+    trimmed.push_back({p.name, std::move(shape)});
   }
-  layouts::ValidateTopology(layout, shapes, vars, topology);
+  layouts::ValidateTopology(layout, trimmed, vars, topology);
   layouts::LayerPlacement placement(layout.NumLayers(vars), topology);
   return PlacedTarget{std::move(layout), std::move(vars), vocab_rows, topology,
                       std::move(placement)};
+}
+
+PlacedTarget PlaceTarget(const universal::UniversalInput& input,
+                         const PlaceRequest& request) {
+  const universal::Model& model = input.model();
+  if (model.layout_yaml.empty() && !request.layout) {
+    throw FormatError("universal input ", input.path().string(),
+                      " has no layout descriptor: cannot place params (a "
+                      "Megatron target needs one: convert from a Megatron "
+                      "checkpoint or give --layout when reading the source)");
+  }
+  layouts::Layout layout =
+      model.layout_yaml.empty()
+          ? *request.layout
+          : layouts::Layout::ParseStored(model.layout_yaml, input.path());
+  std::vector<layouts::ParamShape> shapes;
+  for (const atoms::StoredParam& p : input.params())
+    shapes.push_back({p.info.fqn, p.info.shape});
+  return PlaceParams(std::move(layout), ModelVariables(model.variables), shapes,
+                     request);
 }
 
 }  // namespace ucp::formats

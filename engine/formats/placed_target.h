@@ -1,12 +1,14 @@
 #pragma once
-// The facts a layout-placed target (the Megatron formats, Megatron-DeepSpeed)
-// derives from universal content before it lays out any rank: the layout
-// and its resolved variables, the vocabulary rows a given true size marks
-// as real, the validated target topology and the layer placement. Computed
-// once here, by one function, for every writer that needs them.
+// The facts a layout-placed target (the Megatron formats, Megatron-DeepSpeed,
+// MindSpore's --tp/--pp/--dp) derives from universal content before it lays
+// out any rank: the layout and its resolved variables, the vocabulary rows a
+// given true size marks as real, the validated target topology and the layer
+// placement. Computed once here, by one function, for every writer that
+// needs them.
 
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "engine/universal/input.h"
 #include "layouts/layout.h"
@@ -35,13 +37,29 @@ struct PlaceRequest {
   /// False when the content records that its true vocabulary size was
   /// unknown (the Megatron record's vocab_size_known).
   bool vocab_size_known = true;
+  /// The layout of content that holds no descriptor (a built-in one its
+  /// names match); absent: such content is refused.
+  std::optional<layouts::Layout> layout;
+  /// Whether num_layers, when the content's variables do not set it, is
+  /// counted from the params' layer indices (content that records no model
+  /// variables, such as a MindSpore checkpoint's).
+  bool count_layers = false;
 };
 
-/// The placed target of `input` for `request`. Throws FormatError naming the
-/// input if it holds no layout descriptor, LayoutError if a target size is
-/// below 1, a virtual pipeline is asked for without pp > 1, or the layout's
-/// splits do not fit the target (layouts::ValidateTopology).
+/// The placed target of `input` for `request`: placed by the input's layout
+/// descriptor, else by `request.layout`. Throws FormatError naming the input
+/// if it holds no layout descriptor and the request gives none, LayoutError
+/// if a target size is below 1, a virtual pipeline is asked for without
+/// pp > 1, or the layout's splits do not fit the target
+/// (layouts::ValidateTopology).
 PlacedTarget PlaceTarget(const universal::UniversalInput& input,
+                         const PlaceRequest& request);
+
+/// The same for params of `shapes` under `layout`, with the model variables
+/// `given` (the content's; `request.layout` is not used), where no universal
+/// content is at hand. Throws LayoutError as PlaceTarget.
+PlacedTarget PlaceParams(layouts::Layout layout, layouts::Variables given,
+                         std::span<const layouts::ParamShape> shapes,
                          const PlaceRequest& request);
 
 }  // namespace ucp::formats

@@ -36,6 +36,7 @@
 #include "engine/formats/emit.h"
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/buffer_layout.h"
+#include "engine/formats/megatron/group_step.h"
 #include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
@@ -48,6 +49,18 @@
 #include "layouts/placement.h"
 
 namespace ucp::megatron {
+
+GroupStepAction TargetGroupStep(bool torch_step, bool distributed, bool stepped,
+                                bool has_step) noexcept {
+  if (torch_step) {
+    if (distributed) return GroupStepAction::kTorchStep;
+    return has_step ? GroupStepAction::kDrop : GroupStepAction::kKeep;
+  }
+  if (!stepped && has_step) return GroupStepAction::kDrop;
+  if (stepped && !has_step) return GroupStepAction::kFromAnotherGroup;
+  return GroupStepAction::kKeep;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -93,7 +106,7 @@ class MegatronPlan : public formats::TargetPlan {
   }
 
   size_t units() const override {
-    return static_cast<size_t>(topo_.pp * topo_.tp) + 1;
+    return static_cast<size_t>(placed_->topology.pp * placed_->topology.tp) + 1;
   }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t i) const override;
@@ -112,8 +125,58 @@ class MegatronPlan : public formats::TargetPlan {
     return IterDirName(store_.model().iteration, release_);
   }
 
+  // A param of one rank file, in named_parameters() order (chunk 0 first).
+  struct RankParam {
+    size_t entry;  // into entries_
+    int64_t chunk;
+    Shape local_shape;
+    std::string local_name;
+  };
+  // One rank's optimizer groups: the stored group dicts (templates, one per
+  // group_keys_), the rank's grouping, and which groups hold an element of
+  // DP rank 0's shard (all but for the distributed optimizer).
+  struct RankGroups {
+    std::shared_ptr<const torchfile::TorchFile> file;
+    const Value* templates = nullptr;
+    Grouping g;
+    std::vector<bool> stepped;
+  };
+
+  // One rank file's root (model chunks, optimizer, args, rng state, ...,
+  // in the source's key order), and its distrib_optim.pt's.
   const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, File& model,
                          File* distrib, BlobCache& blobs) const;
+  // Its steps: the model chunks (their params appended to `params`) ...
+  std::vector<Value*> BuildModelChunks(int64_t tp_rank, int64_t pp_rank,
+                                       File& model, BlobCache& blobs,
+                                       std::vector<RankParam>* params) const;
+  // ... the optimizer (and the distrib_optim.pt of a distributed one) ...
+  Value* BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
+                        const std::vector<RankParam>& params, File& model,
+                        File* distrib, BlobCache& blobs) const;
+  std::vector<GroupKey> GroupKeysOf(const std::vector<RankParam>& params) const;
+  std::vector<BufferLayout> DistributedBuffers(
+      int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
+      std::vector<bool>* stepped) const;
+  std::vector<Value*> GroupDicts(File& model, const RankGroups& groups,
+                                 std::vector<std::vector<int64_t>>* ids) const;
+  void SetGroupStep(File& model, const RankGroups& groups, size_t gi,
+                    Value* group) const;
+  void BuildDistribOptim(int64_t tp_rank, const std::vector<RankParam>& params,
+                         const std::vector<BufferLayout>& buffers,
+                         File& distrib) const;
+  Value* LocalOptimizer(int64_t tp_rank, const std::vector<RankParam>& params,
+                        const RankGroups& groups,
+                        const std::vector<Value*>& group_nodes,
+                        const std::vector<std::vector<int64_t>>& ids,
+                        File& model, BlobCache& blobs) const;
+  Value* ParamState(File& model, const Entry& e, int64_t id,
+                    int64_t tp_rank) const;
+  // ... the args and the rng state (nullptr: none written).
+  Value* BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
+                   BlobCache& blobs) const;
+  Value* BuildRngState(int64_t tp_rank, int64_t pp_rank, File& model,
+                       BlobCache& blobs) const;
   Value* TensorFor(File& f, const Entry& e, const std::string& kind,
                    DType dtype, int64_t tp_rank, const std::string& name) const;
   std::vector<reshape::CopyOp> OpsFor(const Entry& e, const std::string& kind,
@@ -130,10 +193,8 @@ class MegatronPlan : public formats::TargetPlan {
   TargetOptions options_;
   reshape::ExecutorOptions executor_;
 
-  std::optional<Layout> layout_;
-  layouts::Variables vars_;
-  layouts::Topology topo_;
-  std::optional<layouts::LayerPlacement> placement_;
+  // The layout, variables, vocabulary rows, topology and placement.
+  std::optional<formats::PlacedTarget> placed_;
   MegatronExtras meta_;
   std::vector<Entry> entries_;
   // chunk_entries_[pp][vp] = indices into entries_
@@ -145,10 +206,6 @@ class MegatronPlan : public formats::TargetPlan {
   std::vector<std::string> top_level_keys_;  // of a rank file, in order
   // (canonical name, "param" | "buffer" | "opaque") from the metadata.
   std::vector<std::pair<std::string, std::string>> meta_entries_;
-  // The true vocabulary size when the universal file's rows are the
-  // source's padded size (its vocab_size_known is false) and the options
-  // give the size: rows beyond it are read as padding rows.
-  std::optional<int64_t> vocab_rows_;
   // torch.optim.Adam (Megatron without apex / TE) keeps `step` per param, a
   // 0-d float tensor in the state, and the distributed optimizer stores its
   // value as a float on every group; apex / TE FusedAdam keep an int per
@@ -186,19 +243,14 @@ void MegatronPlan::ReadMetadata() {
         "writes it without them");
   }
   meta_ = ReadMegatronExtras(model, store_.path()).value_or(MegatronExtras{});
-  formats::PlacedTarget placed = formats::PlaceTarget(
+  placed_ = formats::PlaceTarget(
       store_,
       {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
-  layout_ = std::move(placed.layout);
-  vars_ = std::move(placed.vars);
-  vocab_rows_ = placed.vocab_rows;
-  topo_ = placed.topology;
-  placement_.emplace(std::move(placed.placement));
   const universal::SourceInfo& source = model.source;
-  source_tp_ = source.tp.value_or(1);
-  source_pp_ = source.pp.value_or(1);
-  source_vpp_ = source.vpp.value_or(1);
-  cp_ = source.cp.value_or(1);
+  source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
+  source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
+  source_vpp_ = universal::SourceInfo::SizeOr1(source.vpp);
+  cp_ = universal::SourceInfo::SizeOr1(source.cp);
   gpus_per_node_ = std::max<int64_t>(meta_.gpus_per_node.value_or(8), 1);
   release_ = meta_.release.value_or(release_);
   grad_dtype_ = meta_.grad_dtype.value_or(grad_dtype_);
@@ -274,20 +326,22 @@ void MegatronPlan::ReadMetadata() {
 // the target tp is a multiple of T, but not for every other tp: say so.
 void MegatronPlan::NoteUnknownVocab() {
   if (options_.true_vocab_size || meta_.VocabSizeKnown()) return;
-  for (const Rule& r : layout_->rules()) {
+  for (const Rule& r : placed_->layout.rules()) {
     if (!r.tp.split || !r.tp.vocab) continue;
-    const int64_t rows = r.tp.vocab->true_size.Evaluate(vars_);
-    const int64_t div = r.tp.vocab->divisible_by.Evaluate(vars_);
+    const int64_t rows = r.tp.vocab->true_size.Evaluate(placed_->vars);
+    const int64_t div = r.tp.vocab->divisible_by.Evaluate(placed_->vars);
     const int64_t lo = std::max<int64_t>(1, rows - div * source_tp_ + 1);
-    const int64_t padded = layouts::PaddedVocabSize(rows, div, topo_.tp);
-    const int64_t padded_lo = layouts::PaddedVocabSize(lo, div, topo_.tp);
+    const int64_t padded =
+        layouts::PaddedVocabSize(rows, div, placed_->topology.tp);
+    const int64_t padded_lo =
+        layouts::PaddedVocabSize(lo, div, placed_->topology.tp);
     if (padded_lo != padded) {
       notes_.insert(StrCat(
           "the true vocabulary size is unknown (the source's tokenizer is "
           "not a NullTokenizer): its ",
           rows, " padded rows were kept as real rows and padded to ", padded,
-          " for tp ", topo_.tp, "; Megatron pads the tokenizer's size to ",
-          padded_lo, "..", padded,
+          " for tp ", placed_->topology.tp,
+          "; Megatron pads the tokenizer's size to ", padded_lo, "..", padded,
           " rows for that tp: give the tokenizer's vocabulary size "
           "(--vocab-size) to match it"));
     }
@@ -309,7 +363,7 @@ void MegatronPlan::ReadTorchStep() {
 }
 
 void MegatronPlan::BuildEntries() {
-  const Layout& layout = *layout_;
+  const Layout& layout = placed_->layout;
   std::vector<std::pair<std::string, std::string>> list = meta_entries_;
   if (list.empty()) {
     for (const atoms::StoredParam& p : store_.params())
@@ -338,8 +392,8 @@ void MegatronPlan::BuildEntries() {
     for (const layouts::Glob& g : rule.match) {
       for (const std::string& name : g.alternatives()) {
         if (name.find('*') != std::string::npos) continue;
-        if (layout.Find(name, vars_) != &rule) continue;
-        if (!rule.Exists(vars_, topo_)) continue;
+        if (layout.Find(name, placed_->vars) != &rule) continue;
+        if (!rule.Exists(placed_->vars, placed_->topology)) continue;
         Entry e;
         e.name = name;
         e.kind = Entry::kTiedCopy;
@@ -353,15 +407,15 @@ void MegatronPlan::BuildEntries() {
       }
     }
   }
-  chunk_entries_.assign(
-      static_cast<size_t>(topo_.pp),
-      std::vector<std::vector<size_t>>(static_cast<size_t>(topo_.vpp)));
+  chunk_entries_.assign(static_cast<size_t>(placed_->topology.pp),
+                        std::vector<std::vector<size_t>>(
+                            static_cast<size_t>(placed_->topology.vpp)));
   for (size_t i = 0; i < entries_.size(); ++i) {
     Entry& e = entries_[i];
     try {
-      e.rule = &layout.Match(e.name, vars_);
-      if (!e.rule->Exists(vars_, topo_)) continue;
-      e.home = layouts::HomeOf(layout, *e.rule, e.name, *placement_);
+      e.rule = &layout.Match(e.name, placed_->vars);
+      if (!e.rule->Exists(placed_->vars, placed_->topology)) continue;
+      e.home = layouts::HomeOf(layout, *e.rule, e.name, placed_->placement);
       if (e.kind != Entry::kOpaque) {
         e.param = store_.FindParam(e.kind == Entry::kTiedCopy ? *e.rule->tied_to
                                                               : e.name);
@@ -392,30 +446,30 @@ std::vector<reshape::CopyOp> MegatronPlan::OpsFor(const Entry& e,
   int64_t pad_rows = 0;
   Shape full = p.info.shape;
   int64_t stored_pad = 0;  // padding rows at the end of the main atom
-  if (std::optional<int64_t> pd =
-          layouts::PaddedDimSize(*e.rule, vars_, topo_.tp)) {
+  if (std::optional<int64_t> pd = layouts::PaddedDimSize(
+          *e.rule, placed_->vars, placed_->topology.tp)) {
     padded = *pd;
     const size_t dim = static_cast<size_t>(e.rule->tp.dim);
-    if (vocab_rows_ && *vocab_rows_ < full.at(dim)) {
+    if (placed_->vocab_rows && *placed_->vocab_rows < full.at(dim)) {
       if (pad != nullptr) {
         throw FormatError("universal file ", store_.path().string(),
                           " > param ", p.info.fqn,
                           ": padding rows stored although the vocabulary "
                           "size was unknown");
       }
-      stored_pad = full[dim] - *vocab_rows_;
-      full[dim] = *vocab_rows_;
+      stored_pad = full[dim] - *placed_->vocab_rows;
+      full[dim] = *placed_->vocab_rows;
     }
     if (padded < full[dim]) {
       throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
-                        padded, " rows for tp ", topo_.tp,
+                        padded, " rows for tp ", placed_->topology.tp,
                         ") is smaller than the stored ", full[dim], " rows");
     }
     pad_rows = stored_pad;
     if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
   }
-  layouts::LocalShard shard =
-      layouts::ShardFor(*e.rule, full, topo_.tp, tp_rank, padded, pad_rows);
+  layouts::LocalShard shard = layouts::ShardFor(
+      *e.rule, full, placed_->topology.tp, tp_rank, padded, pad_rows);
   std::vector<reshape::CopyOp> ops;
   const reshape::SourceTensor main = store_.Tensor(atom);
   for (const layouts::Piece& piece : shard.pieces) {
@@ -453,29 +507,22 @@ Value* MegatronPlan::Import(File& f, BlobCache& blobs,
   return f.Import(file, file->root());
 }
 
-const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
-                                     File& model, File* distrib,
-                                     BlobCache& blobs) const {
-  pickle::Arena& arena = model.arena();
-  const Layout& layout = *layout_;
-  // The rank's params in named_parameters() order (chunk 0 first).
-  struct RankEntry {
-    size_t entry;
-    int64_t chunk;
-    Shape local_shape;
-    std::string local_name;
-  };
-  std::vector<RankEntry> params;
+std::vector<Value*> MegatronPlan::BuildModelChunks(
+    int64_t tp_rank, int64_t pp_rank, File& model, BlobCache& blobs,
+    std::vector<RankParam>* params) const {
+  const Layout& layout = placed_->layout;
+  const layouts::Topology& topo = placed_->topology;
   std::vector<Value*> chunk_nodes;
-  for (int64_t v = 0; v < topo_.vpp; ++v) {
+  for (int64_t v = 0; v < topo.vpp; ++v) {
     std::vector<std::pair<std::vector<std::string>, Value*>> leaves;
     for (size_t i :
          chunk_entries_[static_cast<size_t>(pp_rank)][static_cast<size_t>(v)]) {
       const Entry& e = entries_[i];
-      const std::string local = layouts::LocalName(layout, e.name, *placement_);
+      const std::string local =
+          layouts::LocalName(layout, e.name, placed_->placement);
       const std::string where =
           StrCat(Where(model), " > ",
-                 topo_.vpp == 1 ? std::string("model") : StrCat("model", v),
+                 topo.vpp == 1 ? std::string("model") : StrCat("model", v),
                  " > ", local);
       Value* value;
       if (e.kind == Entry::kOpaque) {
@@ -486,345 +533,408 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
         value = TensorFor(model, e, has_param_atom ? "param" : "fp32",
                           p.info.dtype, tp_rank, where);
         if (e.kind != Entry::kBuffer) {
-          RankEntry rp;
-          rp.entry = i;
-          rp.chunk = v;
-          rp.local_shape = model.archive().SpecOf(value)->shape;
-          rp.local_name = local;
-          params.push_back(std::move(rp));
+          params->push_back(
+              {i, v, model.archive().SpecOf(value)->shape, local});
         }
       }
       leaves.emplace_back(layout.KeyPath(local), value);
     }
-    chunk_nodes.push_back(BuildChunk(arena, leaves));
+    chunk_nodes.push_back(BuildChunk(model.arena(), leaves));
   }
+  return chunk_nodes;
+}
 
-  // Optimizer.
-  Value* optimizer = nullptr;
-  if (write_optimizer_) {
-    // Each param's group as the universal file records it (a source may
-    // group otherwise than Megatron's default rule, e.g. one group for all);
-    // the default rule where it records none.
-    std::vector<GroupKey> keys;
-    for (const RankEntry& rp : params) {
-      const atoms::StoredParam* sp = entries_[rp.entry].param;
-      const int64_t stored = sp != nullptr ? sp->info.group : -1;
-      keys.push_back(
-          stored >= 0 && static_cast<size_t>(stored) < group_keys_.size()
-              ? group_keys_[static_cast<size_t>(stored)]
-              : DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+std::vector<GroupKey> MegatronPlan::GroupKeysOf(
+    const std::vector<RankParam>& params) const {
+  // Each param's group as the universal file records it (a source may
+  // group otherwise than Megatron's default rule, e.g. one group for all);
+  // the default rule where it records none.
+  std::vector<GroupKey> keys;
+  for (const RankParam& rp : params) {
+    const atoms::StoredParam* sp = entries_[rp.entry].param;
+    const int64_t stored = sp != nullptr ? sp->info.group : -1;
+    keys.push_back(stored >= 0 &&
+                           static_cast<size_t>(stored) < group_keys_.size()
+                       ? group_keys_[static_cast<size_t>(stored)]
+                       : DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+  }
+  return keys;
+}
+
+std::vector<BufferLayout> MegatronPlan::DistributedBuffers(
+    int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
+    std::vector<bool>* stepped) const {
+  const layouts::Topology& topo = placed_->topology;
+  int64_t local_params = 0;
+  for (const RankParam& rp : params)
+    local_params += NumElements(rp.local_shape);
+  stepped->assign(g.keys.size(), false);
+  std::vector<BufferLayout> buffers;
+  for (int64_t v = 0; v < topo.vpp; ++v) {
+    std::vector<BufferParam> bp;
+    std::vector<size_t> which;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (params[k].chunk != v) continue;
+      const Entry& e = entries_[params[k].entry];
+      BufferParam b;
+      b.name = params[k].local_name;
+      b.numel = NumElements(params[k].local_shape);
+      bool has_copy = false;
+      for (size_t ci : chunk_entries_.back().back()) {
+        const Entry& c = entries_[ci];
+        has_copy =
+            has_copy || (c.kind == Entry::kTiedCopy && c.param == e.param);
+      }
+      b.shared_embedding =
+          e.kind == Entry::kTiedCopy || (has_copy && topo.pp > 1);
+      bp.push_back(b);
+      which.push_back(k);
     }
-    std::shared_ptr<const torchfile::TorchFile> gfile =
-        blobs.Get("optimizer/param_groups");
-    const Value* templates = gfile->root();
-    if (templates == nullptr || templates->kind != Kind::kList ||
-        templates->items.size() != group_keys_.size()) {
-      throw FormatError("universal file ", store_.path().string(),
-                        " > opaque optimizer/param_groups does not hold one "
-                        "dict per optimizer group");
+    const BufferOptions bo =
+        run_.DistributedBufferOptions(topo.dp, pp_rank, v, local_params);
+    BufferLayout lay = ComputeBufferLayout(bp, bo);
+    for (size_t j = 0; j < which.size(); ++j) {
+      if (lay.DpRankHolds(j, bo.dp, 0)) (*stepped)[g.group_of[which[j]]] = true;
     }
-    // Megatron-core v0.16+ (its groups carry 'default_config') sorts the
-    // groups; earlier versions keep their first appearance (param_groups.h).
-    bool sorted_groups = false;
-    for (const Value* d : templates->items) {
-      sorted_groups = sorted_groups || (d != nullptr && d->IsDictLike() &&
-                                        d->Get("default_config") != nullptr);
-    }
-    const Grouping g =
-        GroupParams(keys, sorted_groups ? GroupOrder::kOverridesSorted
-                                        : GroupOrder::kFirstAppearance);
-    // Which groups hold an element of DP rank 0's shard (distributed only).
-    std::vector<bool> stepped(g.keys.size(), true);
-    std::vector<BufferLayout> buffers;
-    if (target_format_ == TargetOptimizer::kDistributed) {
-      int64_t local_params = 0;
-      for (const RankEntry& rp : params)
-        local_params += NumElements(rp.local_shape);
-      std::fill(stepped.begin(), stepped.end(), false);
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
-        std::vector<BufferParam> bp;
-        std::vector<size_t> which;
-        for (size_t k = 0; k < params.size(); ++k) {
-          if (params[k].chunk != v) continue;
-          const Entry& e = entries_[params[k].entry];
-          BufferParam b;
-          b.name = params[k].local_name;
-          b.numel = NumElements(params[k].local_shape);
-          bool has_copy = false;
-          for (size_t ci : chunk_entries_.back().back()) {
-            const Entry& c = entries_[ci];
-            has_copy =
-                has_copy || (c.kind == Entry::kTiedCopy && c.param == e.param);
-          }
-          b.shared_embedding =
-              e.kind == Entry::kTiedCopy || (has_copy && topo_.pp > 1);
-          bp.push_back(b);
-          which.push_back(k);
-        }
-        const BufferOptions bo =
-            run_.DistributedBufferOptions(topo_.dp, pp_rank, v, local_params);
-        BufferLayout lay = ComputeBufferLayout(bp, bo);
-        for (size_t j = 0; j < which.size(); ++j) {
-          if (lay.DpRankHolds(j, bo.dp, 0))
-            stepped[g.group_of[which[j]]] = true;
-        }
-        buffers.push_back(std::move(lay));
-      }
-    }
-    // Group dicts.
-    std::vector<Value*> group_nodes;
-    int64_t next_id = 0;
-    std::vector<std::vector<int64_t>> ids(g.keys.size());
-    for (size_t gi = 0; gi < g.keys.size(); ++gi) {
-      size_t ci = 0;
-      while (ci < group_keys_.size() && !(group_keys_[ci] == g.keys[gi])) ++ci;
-      if (ci == group_keys_.size()) {
-        throw FormatError("optimizer group ", g.keys[gi].ToString(),
-                          " of this rank is not in the universal file");
-      }
-      Value* d = model.Import(gfile, templates->items[ci]);
-      auto& entries = d->entries;
-      auto step_it = std::find_if(entries.begin(), entries.end(), [](auto& kv) {
-        return kv.first && kv.first->kind == Kind::kStr &&
-               kv.first->s == "step";
-      });
-      if (torch_step_) {
-        // torch Adam: the step lives in the state (non-distributed); the
-        // distributed optimizer without apex / TE stores its value on every
-        // group (distrib_optimizer.py:state_dict, `.item()` of the tensor).
-        if (target_format_ != TargetOptimizer::kDistributed) {
-          if (step_it != entries.end()) entries.erase(step_it);
-        } else {
-          Value* v = torch_step_integral_
-                         ? arena.Int(static_cast<int64_t>(*torch_step_))
-                         : arena.Float(*torch_step_);
-          if (step_it != entries.end()) {
-            step_it->second = v;
-          } else {
-            entries.emplace_back(arena.Str("step"), v);
-          }
-        }
-      } else if (!stepped[gi] && step_it != entries.end()) {
-        entries.erase(step_it);
-      } else if (stepped[gi] && step_it == entries.end()) {
-        // No source rank stepped this group (a distributed source whose DP
-        // rank 0 held none of it). FusedAdam steps every group with params
-        // together, so another group's step is this one's.
-        const Value* known = nullptr;
-        for (const Value* t : templates->items) {
-          if (t != nullptr && t->IsDictLike() && t->Get("step") != nullptr) {
-            known = t->Get("step");
-            break;
-          }
-        }
-        if (known != nullptr) {
-          entries.emplace_back(arena.Str("step"), model.Import(gfile, known));
-        } else {
-          entries.emplace_back(arena.Str("step"),
-                               arena.Int(store_.model().iteration));
-          notes_.insert(StrCat("optimizer group ", g.keys[gi].ToString(),
-                               " had no 'step' in the source; set to the "
-                               "iteration ",
-                               store_.model().iteration));
-        }
-      }
-      if (target_format_ != TargetOptimizer::kDistributed) {
-        std::vector<Value*> id_nodes;
-        for (size_t j = 0; j < g.members[gi].size(); ++j) {
-          ids[gi].push_back(next_id);
-          id_nodes.push_back(arena.Int(next_id++));
-        }
-        entries.emplace_back(arena.Str("params"), arena.List(id_nodes));
-      }
-      group_nodes.push_back(d);
-    }
-    if (target_format_ == TargetOptimizer::kDistributed) {
-      Value* inner = arena.Dict();
-      AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
-      optimizer = arena.Dict();
-      AppendEntry(arena, optimizer, "optimizer", inner);
-      if (store_.FindOpaque("grad_scaler"))
-        AppendEntry(arena, optimizer, "grad_scaler",
-                    Import(model, blobs, "grad_scaler"));
-      // distrib_optim.pt
-      pickle::Arena& da = distrib->arena();
-      Value* droot = da.Dict();
-      AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
-        const BufferLayout& lay = buffers[static_cast<size_t>(v)];
-        std::vector<size_t> members;
-        for (size_t k = 0; k < params.size(); ++k)
-          if (params[k].chunk == v) members.push_back(k);
-        DType pdtype = DType::kFloat32;
-        if (!members.empty())
-          pdtype = entries_[params[members[0]].entry].param->info.dtype;
-        std::string gdt = grad_dtype_;
-        if (gdt.empty()) {
-          gdt = run_.grad_reduce_in_fp32 ? "float32"
-                                         : std::string(DTypeName(pdtype));
-        }
-        Value* world = da.Dict();
-        const int64_t n = lay.numel_unpadded();
-        for (const auto& [wkey, kind] : kWorldTensors) {
-          if (!members.empty() &&
-              store_.FindAtom(
-                  entries_[params[members[0]].entry].param->info.fqn, kind) ==
-                  nullptr)
-            continue;
-          reshape::TargetTensor t;
-          t.name = StrCat(Where(*distrib), " > buffer ", v, " > ", wkey);
-          t.dtype = DType::kFloat32;
-          t.shape = {n};
-          for (size_t j = 0; j < members.size(); ++j) {
-            const RankEntry& rp = params[members[j]];
-            Shape local;
-            for (reshape::CopyOp& op :
-                 OpsFor(entries_[rp.entry], kind, tp_rank, &local)) {
-              op.dst_offset = lay.WorldOffset(j);
-              op.dst_shape = local;
-              t.ops.push_back(std::move(op));
-            }
-          }
-          AppendEntry(da, world, wkey, distrib->AddTensor(std::move(t)));
-        }
-        AppendEntry(da, world, "numel_unpadded", da.Int(n));
-        Value* key =
-            da.Tuple({da.Global("torch", std::string(DTypeName(pdtype))),
-                      da.Global("torch", gdt)});
-        Value* per_dtype = da.Dict();
-        per_dtype->entries.emplace_back(key, world);
-        droot->entries.emplace_back(da.Int(v), per_dtype);
-      }
-      distrib->SetRoot(droot);
-    } else {
-      Value* state = arena.Dict();
-      std::vector<Value*> fp32_groups;
-      for (size_t gi = 0; gi < g.keys.size(); ++gi) {
-        std::vector<Value*> fp32_list;
-        for (size_t j = 0; j < g.members[gi].size(); ++j) {
-          const RankEntry& rp = params[g.members[gi][j]];
-          const Entry& e = entries_[rp.entry];
-          const int64_t id = ids[gi][j];
-          Value* st = arena.Dict();
-          if (torch_step_ && !step_atoms_) {
-            // torch Adam's per-param step, first in its state (Adam's
-            // _init_group), from a distributed source's group step.
-            const float value = static_cast<float>(*torch_step_);
-            std::vector<std::byte> bytes(sizeof value);
-            std::memcpy(bytes.data(), &value, sizeof value);
-            AppendEntry(
-                arena, st, "step",
-                model.AddConstant(DType::kFloat32, {}, std::move(bytes)));
-          }
-          for (const std::string& k : state_keys_) {
-            const atoms::DatasetInfo* d = store_.FindAtom(e.param->info.fqn, k);
-            if (d == nullptr) continue;
-            const std::string name =
-                StrCat(Where(model), " > optimizer > state[", id, "][", k, "]");
-            Value* node;
-            if (d->shape.empty()) {  // per-param scalar (torch Adam's step)
-              reshape::TargetTensor t;
-              t.name = name;
-              t.dtype = d->dtype;
-              t.ops.push_back({store_.Tensor(*d),
-                               Box::Whole(Shape{}),
-                               Box::Whole(Shape{}),
-                               0,
-                               {}});
-              node = model.AddTensor(std::move(t));
-            } else {
-              node = TensorFor(model, e, k, d->dtype, tp_rank, name);
-            }
-            AppendEntry(arena, st, k, node);
-          }
-          state->entries.emplace_back(arena.Int(id), st);
-          if (target_format_ == TargetOptimizer::kFloat16) {
-            fp32_list.push_back(TensorFor(
-                model, e, "fp32", DType::kFloat32, tp_rank,
-                StrCat(Where(model), " > optimizer > fp32_from_fp16_params[",
-                       gi, "][", j, "]")));
-          }
-        }
-        fp32_groups.push_back(arena.List(fp32_list));
-      }
-      Value* inner = arena.Dict();
-      AppendEntry(arena, inner, "state", state);
-      AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
-      if (target_format_ == TargetOptimizer::kFp32) {
-        optimizer = inner;
+    buffers.push_back(std::move(lay));
+  }
+  return buffers;
+}
+
+void MegatronPlan::SetGroupStep(File& model, const RankGroups& groups,
+                                size_t gi, Value* group) const {
+  pickle::Arena& arena = model.arena();
+  auto& entries = group->entries;
+  auto step_it = std::find_if(entries.begin(), entries.end(), [](auto& kv) {
+    return kv.first && kv.first->kind == Kind::kStr && kv.first->s == "step";
+  });
+  const bool distributed = target_format_ == TargetOptimizer::kDistributed;
+  switch (TargetGroupStep(torch_step_.has_value(), distributed,
+                          groups.stepped[gi], step_it != entries.end())) {
+    case GroupStepAction::kKeep:
+      return;
+    case GroupStepAction::kDrop:
+      entries.erase(step_it);
+      return;
+    case GroupStepAction::kTorchStep: {
+      // The distributed optimizer without apex / TE stores the torch
+      // step's value on every group (distrib_optimizer.py:state_dict,
+      // `.item()` of the tensor).
+      Value* v = torch_step_integral_
+                     ? arena.Int(static_cast<int64_t>(*torch_step_))
+                     : arena.Float(*torch_step_);
+      if (step_it != entries.end()) {
+        step_it->second = v;
       } else {
-        optimizer = arena.Dict();
-        AppendEntry(arena, optimizer, "optimizer", inner);
-        if (store_.FindOpaque("grad_scaler"))
-          AppendEntry(arena, optimizer, "grad_scaler",
-                      Import(model, blobs, "grad_scaler"));
-        AppendEntry(arena, optimizer, "fp32_from_fp16_params",
-                    arena.List(fp32_groups));
+        entries.emplace_back(arena.Str("step"), v);
       }
+      return;
+    }
+    case GroupStepAction::kFromAnotherGroup:
+      break;
+  }
+  // No source rank stepped this group (a distributed source whose DP rank
+  // 0 held none of it). FusedAdam steps every group with params together,
+  // so another group's step is this one's.
+  for (const Value* t : groups.templates->items) {
+    if (t != nullptr && t->IsDictLike() && t->Get("step") != nullptr) {
+      entries.emplace_back(arena.Str("step"),
+                           model.Import(groups.file, t->Get("step")));
+      return;
     }
   }
+  entries.emplace_back(arena.Str("step"), arena.Int(store_.model().iteration));
+  notes_.insert(StrCat("optimizer group ", groups.g.keys[gi].ToString(),
+                       " had no 'step' in the source; set to the iteration ",
+                       store_.model().iteration));
+}
 
+std::vector<Value*> MegatronPlan::GroupDicts(
+    File& model, const RankGroups& groups,
+    std::vector<std::vector<int64_t>>* ids) const {
+  pickle::Arena& arena = model.arena();
+  const Grouping& g = groups.g;
+  std::vector<Value*> group_nodes;
+  int64_t next_id = 0;
+  ids->assign(g.keys.size(), {});
+  for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+    size_t ci = 0;
+    while (ci < group_keys_.size() && !(group_keys_[ci] == g.keys[gi])) ++ci;
+    if (ci == group_keys_.size()) {
+      throw FormatError("optimizer group ", g.keys[gi].ToString(),
+                        " of this rank is not in the universal file");
+    }
+    Value* d = model.Import(groups.file, groups.templates->items[ci]);
+    SetGroupStep(model, groups, gi, d);
+    if (target_format_ != TargetOptimizer::kDistributed) {
+      std::vector<Value*> id_nodes;
+      for (size_t j = 0; j < g.members[gi].size(); ++j) {
+        (*ids)[gi].push_back(next_id);
+        id_nodes.push_back(arena.Int(next_id++));
+      }
+      d->entries.emplace_back(arena.Str("params"), arena.List(id_nodes));
+    }
+    group_nodes.push_back(d);
+  }
+  return group_nodes;
+}
+
+void MegatronPlan::BuildDistribOptim(int64_t tp_rank,
+                                     const std::vector<RankParam>& params,
+                                     const std::vector<BufferLayout>& buffers,
+                                     File& distrib) const {
+  pickle::Arena& da = distrib.arena();
+  Value* droot = da.Dict();
+  AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
+  for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
+    const BufferLayout& lay = buffers[static_cast<size_t>(v)];
+    std::vector<size_t> members;
+    for (size_t k = 0; k < params.size(); ++k)
+      if (params[k].chunk == v) members.push_back(k);
+    DType pdtype = DType::kFloat32;
+    if (!members.empty())
+      pdtype = entries_[params[members[0]].entry].param->info.dtype;
+    std::string gdt = grad_dtype_;
+    if (gdt.empty()) {
+      gdt =
+          run_.grad_reduce_in_fp32 ? "float32" : std::string(DTypeName(pdtype));
+    }
+    Value* world = da.Dict();
+    const int64_t n = lay.numel_unpadded();
+    for (const auto& [wkey, kind] : kWorldTensors) {
+      if (!members.empty() &&
+          store_.FindAtom(entries_[params[members[0]].entry].param->info.fqn,
+                          kind) == nullptr)
+        continue;
+      reshape::TargetTensor t;
+      t.name = StrCat(Where(distrib), " > buffer ", v, " > ", wkey);
+      t.dtype = DType::kFloat32;
+      t.shape = {n};
+      for (size_t j = 0; j < members.size(); ++j) {
+        const RankParam& rp = params[members[j]];
+        Shape local;
+        for (reshape::CopyOp& op :
+             OpsFor(entries_[rp.entry], kind, tp_rank, &local)) {
+          op.dst_offset = lay.WorldOffset(j);
+          op.dst_shape = local;
+          t.ops.push_back(std::move(op));
+        }
+      }
+      AppendEntry(da, world, wkey, distrib.AddTensor(std::move(t)));
+    }
+    AppendEntry(da, world, "numel_unpadded", da.Int(n));
+    Value* key = da.Tuple({da.Global("torch", std::string(DTypeName(pdtype))),
+                           da.Global("torch", gdt)});
+    Value* per_dtype = da.Dict();
+    per_dtype->entries.emplace_back(key, world);
+    droot->entries.emplace_back(da.Int(v), per_dtype);
+  }
+  distrib.SetRoot(droot);
+}
+
+Value* MegatronPlan::ParamState(File& model, const Entry& e, int64_t id,
+                                int64_t tp_rank) const {
+  pickle::Arena& arena = model.arena();
+  Value* st = arena.Dict();
+  if (torch_step_ && !step_atoms_) {
+    // torch Adam's per-param step, first in its state (Adam's
+    // _init_group), from a distributed source's group step.
+    const float value = static_cast<float>(*torch_step_);
+    std::vector<std::byte> bytes(sizeof value);
+    std::memcpy(bytes.data(), &value, sizeof value);
+    AppendEntry(arena, st, "step",
+                model.AddConstant(DType::kFloat32, {}, std::move(bytes)));
+  }
+  for (const std::string& k : state_keys_) {
+    const atoms::DatasetInfo* d = store_.FindAtom(e.param->info.fqn, k);
+    if (d == nullptr) continue;
+    const std::string name =
+        StrCat(Where(model), " > optimizer > state[", id, "][", k, "]");
+    Value* node;
+    if (d->shape.empty()) {  // per-param scalar (torch Adam's step)
+      reshape::TargetTensor t;
+      t.name = name;
+      t.dtype = d->dtype;
+      t.ops.push_back(
+          {store_.Tensor(*d), Box::Whole(Shape{}), Box::Whole(Shape{}), 0, {}});
+      node = model.AddTensor(std::move(t));
+    } else {
+      node = TensorFor(model, e, k, d->dtype, tp_rank, name);
+    }
+    AppendEntry(arena, st, k, node);
+  }
+  return st;
+}
+
+Value* MegatronPlan::LocalOptimizer(
+    int64_t tp_rank, const std::vector<RankParam>& params,
+    const RankGroups& groups, const std::vector<Value*>& group_nodes,
+    const std::vector<std::vector<int64_t>>& ids, File& model,
+    BlobCache& blobs) const {
+  pickle::Arena& arena = model.arena();
+  const Grouping& g = groups.g;
+  Value* state = arena.Dict();
+  std::vector<Value*> fp32_groups;
+  for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+    std::vector<Value*> fp32_list;
+    for (size_t j = 0; j < g.members[gi].size(); ++j) {
+      const Entry& e = entries_[params[g.members[gi][j]].entry];
+      const int64_t id = ids[gi][j];
+      Value* st = ParamState(model, e, id, tp_rank);
+      state->entries.emplace_back(arena.Int(id), st);
+      if (target_format_ == TargetOptimizer::kFloat16) {
+        fp32_list.push_back(TensorFor(
+            model, e, "fp32", DType::kFloat32, tp_rank,
+            StrCat(Where(model), " > optimizer > fp32_from_fp16_params[", gi,
+                   "][", j, "]")));
+      }
+    }
+    fp32_groups.push_back(arena.List(fp32_list));
+  }
+  Value* inner = arena.Dict();
+  AppendEntry(arena, inner, "state", state);
+  AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
+  if (target_format_ == TargetOptimizer::kFp32) return inner;
+  Value* optimizer = arena.Dict();
+  AppendEntry(arena, optimizer, "optimizer", inner);
+  if (store_.FindOpaque("grad_scaler"))
+    AppendEntry(arena, optimizer, "grad_scaler",
+                Import(model, blobs, "grad_scaler"));
+  AppendEntry(arena, optimizer, "fp32_from_fp16_params",
+              arena.List(fp32_groups));
+  return optimizer;
+}
+
+Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
+                                    const std::vector<RankParam>& params,
+                                    File& model, File* distrib,
+                                    BlobCache& blobs) const {
+  RankGroups groups;
+  groups.file = blobs.Get("optimizer/param_groups");
+  groups.templates = groups.file->root();
+  if (groups.templates == nullptr || groups.templates->kind != Kind::kList ||
+      groups.templates->items.size() != group_keys_.size()) {
+    throw FormatError("universal file ", store_.path().string(),
+                      " > opaque optimizer/param_groups does not hold one "
+                      "dict per optimizer group");
+  }
+  // Megatron-core v0.16+ (its groups carry 'default_config') sorts the
+  // groups; earlier versions keep their first appearance (param_groups.h).
+  bool sorted_groups = false;
+  for (const Value* d : groups.templates->items) {
+    sorted_groups = sorted_groups || (d != nullptr && d->IsDictLike() &&
+                                      d->Get("default_config") != nullptr);
+  }
+  groups.g = GroupParams(GroupKeysOf(params),
+                         sorted_groups ? GroupOrder::kOverridesSorted
+                                       : GroupOrder::kFirstAppearance);
+  // Which groups hold an element of DP rank 0's shard (distributed only).
+  groups.stepped.assign(groups.g.keys.size(), true);
+  std::vector<BufferLayout> buffers;
+  const bool distributed = target_format_ == TargetOptimizer::kDistributed;
+  if (distributed)
+    buffers = DistributedBuffers(pp_rank, params, groups.g, &groups.stepped);
+  std::vector<std::vector<int64_t>> ids;
+  const std::vector<Value*> group_nodes = GroupDicts(model, groups, &ids);
+  if (!distributed) {
+    return LocalOptimizer(tp_rank, params, groups, group_nodes, ids, model,
+                          blobs);
+  }
+  pickle::Arena& arena = model.arena();
+  Value* inner = arena.Dict();
+  AppendEntry(arena, inner, "param_groups", arena.List(group_nodes));
+  Value* optimizer = arena.Dict();
+  AppendEntry(arena, optimizer, "optimizer", inner);
+  if (store_.FindOpaque("grad_scaler"))
+    AppendEntry(arena, optimizer, "grad_scaler",
+                Import(model, blobs, "grad_scaler"));
+  BuildDistribOptim(tp_rank, params, buffers, *distrib);
+  return optimizer;
+}
+
+Value* MegatronPlan::BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
+                               BlobCache& blobs) const {
+  Value* args = Import(model, blobs, "args");
+  ArgsPatch patch;
+  patch.topology = placed_->topology;
+  patch.cp = cp_;
+  // What a run with these options saves (also with --no-save-optim).
+  patch.distributed_optimizer = options_.distributed_optimizer;
+  patch.num_layers = placed_->placement.num_layers();
+  patch.tp_rank = tp_rank;
+  patch.pp_rank = pp_rank;
+  patch.gpus_per_node = gpus_per_node_;
+  patch.source_vpp = source_vpp_;
+  patch.source_tp = source_tp_;
+  patch.padded_vocab_size = 0;
+  for (const Rule& r : placed_->layout.rules()) {
+    if (auto pd =
+            layouts::PaddedDimSize(r, placed_->vars, placed_->topology.tp)) {
+      patch.padded_vocab_size = *pd;
+      break;
+    }
+  }
+  if (patch.padded_vocab_size == 0)
+    patch.padded_vocab_size = placed_->vars.Find("vocab_size").value_or(0);
+  PatchArgs(model.arena(), args, patch);
+  return args;
+}
+
+Value* MegatronPlan::BuildRngState(int64_t tp_rank, int64_t pp_rank,
+                                   File& model, BlobCache& blobs) const {
+  std::string rk = RngStateKey(tp_rank, pp_rank);
+  const bool own = store_.FindOpaque(rk) != nullptr;
+  if (!own) {
+    rk = RngStateKey(tp_rank % source_tp_, pp_rank % source_pp_);
+    if (store_.FindOpaque(rk) == nullptr) return nullptr;
+  }
+  if (options_.rng_state == RngStateMode::kDrop) {
+    // Not imported: its tensors would be written without an entry.
+    notes_.insert(RngStateNote(options_.rng_state, {}, true));
+    return nullptr;
+  }
+  if (!own) {
+    notes_.insert(
+        StrCat("rng states: target ranks without a source rank of the same "
+               "(tp, pp) got the state of source rank (tp_rank % ",
+               source_tp_, ", pp_rank % ", source_pp_,
+               "); their random streams repeat another rank's"));
+  }
+  Value* rng = Import(model, blobs, rk);
+  const NumpyPaths found = ApplyRngStateMode(rng, options_.rng_state);
+  if (std::string note = RngStateNote(options_.rng_state, found, true);
+      !note.empty())
+    notes_.insert(std::move(note));
+  return rng;
+}
+
+const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
+                                     File& model, File* distrib,
+                                     BlobCache& blobs) const {
+  pickle::Arena& arena = model.arena();
+  const int64_t vpp = placed_->topology.vpp;
+  std::vector<RankParam> params;
+  const std::vector<Value*> chunk_nodes =
+      BuildModelChunks(tp_rank, pp_rank, model, blobs, &params);
+  Value* optimizer = write_optimizer_ ? BuildOptimizer(tp_rank, pp_rank, params,
+                                                       model, distrib, blobs)
+                                      : nullptr;
   // The rank file's root, keys in the source's order.
   Value* root = arena.Dict();
   for (const std::string& key : top_level_keys_) {
     if (key == "model") {
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
+      for (int64_t v = 0; v < vpp; ++v) {
         AppendEntry(arena, root,
-                    topo_.vpp == 1 ? std::string("model") : StrCat("model", v),
+                    vpp == 1 ? std::string("model") : StrCat("model", v),
                     chunk_nodes[static_cast<size_t>(v)]);
       }
     } else if (key == "optimizer") {
       if (optimizer != nullptr) AppendEntry(arena, root, key, optimizer);
     } else if (key == "args") {
-      Value* args = Import(model, blobs, "args");
-      ArgsPatch patch;
-      patch.topology = topo_;
-      patch.cp = cp_;
-      // What a run with these options saves (also with --no-save-optim).
-      patch.distributed_optimizer = options_.distributed_optimizer;
-      patch.num_layers = placement_->num_layers();
-      patch.tp_rank = tp_rank;
-      patch.pp_rank = pp_rank;
-      patch.gpus_per_node = gpus_per_node_;
-      patch.source_vpp = source_vpp_;
-      patch.source_tp = source_tp_;
-      patch.padded_vocab_size = 0;
-      for (const Rule& r : layout.rules()) {
-        if (auto pd = layouts::PaddedDimSize(r, vars_, topo_.tp)) {
-          patch.padded_vocab_size = *pd;
-          break;
-        }
-      }
-      if (patch.padded_vocab_size == 0) {
-        patch.padded_vocab_size = vars_.Find("vocab_size").value_or(0);
-      }
-      PatchArgs(arena, args, patch);
-      AppendEntry(arena, root, key, args);
+      AppendEntry(arena, root, key, BuildArgs(tp_rank, pp_rank, model, blobs));
     } else if (key == "rng_state") {
-      std::string rk = RngStateKey(tp_rank, pp_rank);
-      const bool own = store_.FindOpaque(rk) != nullptr;
-      if (!own) {
-        rk = RngStateKey(tp_rank % source_tp_, pp_rank % source_pp_);
-        if (store_.FindOpaque(rk) == nullptr) continue;
-      }
-      if (options_.rng_state == RngStateMode::kDrop) {
-        // Not imported: its tensors would be written without an entry.
-        notes_.insert(RngStateNote(options_.rng_state, {}, true));
-        continue;
-      }
-      if (!own) {
-        notes_.insert(
-            StrCat("rng states: target ranks without a source rank of the same "
-                   "(tp, pp) got the state of source rank (tp_rank % ",
-                   source_tp_, ", pp_rank % ", source_pp_,
-                   "); their random streams repeat another rank's"));
-      }
-      Value* rng = Import(model, blobs, rk);
-      const NumpyPaths found = ApplyRngStateMode(rng, options_.rng_state);
-      if (std::string note = RngStateNote(options_.rng_state, found, true);
-          !note.empty())
-        notes_.insert(std::move(note));
-      AppendEntry(arena, root, key, rng);
+      if (Value* rng = BuildRngState(tp_rank, pp_rank, model, blobs))
+        AppendEntry(arena, root, key, rng);
     } else if (key == "opt_param_scheduler" && !write_optimizer_) {
       // checkpointing.py:generate_state_dict: no scheduler without the
       // optimizer (--no-save-optim).
@@ -869,9 +979,9 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
                                : std::to_string(store_.model().iteration)));
     return files;
   }
-  const int64_t pp = static_cast<int64_t>(i) / topo_.tp;
-  const int64_t tp = static_cast<int64_t>(i) % topo_.tp;
-  const fs::path dir = IterDir() / RankDirName(tp, pp, topo_.pp);
+  const int64_t pp = static_cast<int64_t>(i) / placed_->topology.tp;
+  const int64_t tp = static_cast<int64_t>(i) % placed_->topology.tp;
+  const fs::path dir = IterDir() / RankDirName(tp, pp, placed_->topology.pp);
   File* distrib = nullptr;
   if (target_format_ == TargetOptimizer::kDistributed && write_optimizer_) {
     auto d = std::make_unique<File>(dir / kDistribOptimFile);
@@ -895,7 +1005,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
 formats::TargetSummary MegatronPlan::Summary() const {
   formats::TargetSummary out;
   out.notes.assign(notes_.begin(), notes_.end());
-  const layouts::Topology& t = topo_;
+  const layouts::Topology& t = placed_->topology;
   std::string flags = StrCat("--tensor-model-parallel-size ", t.tp,
                              " --pipeline-model-parallel-size ", t.pp);
   if (t.vpp > 1)

@@ -142,19 +142,16 @@ class TorchDistPlan : public formats::TargetPlan {
                              : "fully_reshardable";
   }
   int64_t Rank(int64_t tp, int64_t dp, int64_t pp) const {
-    return tp + topo_.tp * (dp + topo_.dp * pp);
+    return tp + placed_->topology.tp * (dp + placed_->topology.dp * pp);
   }
 
   const universal::UniversalInput& input_;
   TargetOptions options_;
   mutable formats::BlobCache blobs_;
-  std::optional<Layout> layout_;
-  layouts::Variables vars_;
-  layouts::Topology topo_;
-  std::optional<layouts::LayerPlacement> placement_;
+  // The layout, variables, vocabulary rows, topology and placement.
+  std::optional<formats::PlacedTarget> placed_;
   megatron::MegatronExtras meta_;  // the Megatron family's record
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1, cp_ = 1;
-  std::optional<int64_t> vocab_rows_;  // --true-vocab-size over unknown rows
   bool write_optimizer_ = false;
   bool dp_reshardable_ = false;
   bool non_distributed_ = false;
@@ -179,20 +176,15 @@ void TorchDistPlan::ReadMetadata() {
   const universal::Model& model = input_.model();
   meta_ = megatron::ReadMegatronExtras(model, input_.path())
               .value_or(megatron::MegatronExtras{});
-  formats::PlacedTarget placed = formats::PlaceTarget(
+  placed_ = formats::PlaceTarget(
       input_,
       {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
-  layout_ = std::move(placed.layout);
-  vars_ = std::move(placed.vars);
-  vocab_rows_ = placed.vocab_rows;
-  topo_ = placed.topology;
-  placement_.emplace(std::move(placed.placement));
   const universal::SourceInfo& source = model.source;
   source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
   source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
   source_vpp_ = universal::SourceInfo::SizeOr1(source.vpp);
   cp_ = universal::SourceInfo::SizeOr1(source.cp);
-  world_ = topo_.tp * topo_.pp * topo_.dp;
+  world_ = placed_->topology.tp * placed_->topology.pp * placed_->topology.dp;
   iter_dir_ = megatron::IterDirName(model.iteration, false);
 
   bool any_state = false;
@@ -278,9 +270,10 @@ std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
   std::vector<megatron::GroupKey> keys;
   for (const atoms::StoredParam& p : input_.params()) {
     if (p.info.kind != atoms::ParamKind::kParam || p.info.frozen) continue;
-    const Rule* r = layout_->Find(p.info.fqn, vars_);
+    const Rule* r = placed_->layout.Find(p.info.fqn, placed_->vars);
     if (r == nullptr ||
-        layouts::HomeOf(*layout_, *r, p.info.fqn, *placement_).pp_rank != 0)
+        layouts::HomeOf(placed_->layout, *r, p.info.fqn, placed_->placement)
+                .pp_rank != 0)
       continue;
     params.push_back(&p);
     keys.push_back(megatron::DefaultGroupKey(p.info.fqn, p.info.shape.size()));
@@ -374,7 +367,7 @@ void TorchDistPlan::AddItem(int64_t tp_rank, int64_t pp_rank,
                             dcp::PlannedItem item, uint64_t bytes,
                             bool object) {
   int64_t best = Rank(tp_rank, 0, pp_rank);
-  for (int64_t d = 1; d < topo_.dp; ++d) {
+  for (int64_t d = 1; d < placed_->topology.dp; ++d) {
     const int64_t r = Rank(tp_rank, d, pp_rank);
     if (rank_bytes_[static_cast<size_t>(r)] <
         rank_bytes_[static_cast<size_t>(best)])
@@ -402,22 +395,22 @@ TorchDistPlan::ShardOps TorchDistPlan::OpsOf(const atoms::StoredParam& p,
   ShardOps out;
   const size_t dim = static_cast<size_t>(rule.tp.dim);
   if (std::optional<int64_t> pd =
-          layouts::PaddedDimSize(rule, vars_, topo_.tp)) {
+          layouts::PaddedDimSize(rule, placed_->vars, placed_->topology.tp)) {
     out.padded = *pd;
-    if (vocab_rows_ && *vocab_rows_ < full.at(dim)) {
-      stored_pad = full[dim] - *vocab_rows_;
-      full[dim] = *vocab_rows_;
+    if (placed_->vocab_rows && *placed_->vocab_rows < full.at(dim)) {
+      stored_pad = full[dim] - *placed_->vocab_rows;
+      full[dim] = *placed_->vocab_rows;
     }
     if (out.padded < full[dim]) {
       throw LayoutError("param ", p.info.fqn, ": the padded vocabulary (",
-                        out.padded, " rows for tp ", topo_.tp,
+                        out.padded, " rows for tp ", placed_->topology.tp,
                         ") is smaller than the stored ", full[dim], " rows");
     }
     pad_rows = stored_pad;
     if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
   }
   out.shard =
-      layouts::ShardFor(rule, full, rule.tp.split ? topo_.tp : 1,
+      layouts::ShardFor(rule, full, rule.tp.split ? placed_->topology.tp : 1,
                         rule.tp.split ? tp_rank : 0, out.padded, pad_rows);
   const reshape::SourceTensor main = input_.Tensor(*atom);
   for (const layouts::Piece& piece : out.shard.pieces) {
@@ -488,8 +481,8 @@ std::string TorchDistPlan::ObjectBytes(const std::string& blob_key) const {
 }
 
 void TorchDistPlan::PlanKeys() {
-  const Layout& layout = *layout_;
-  const int64_t L = placement_->num_layers();
+  const Layout& layout = placed_->layout;
+  const int64_t L = placed_->placement.num_layers();
   objects_.assign(static_cast<size_t>(world_), {});
   tensors_.assign(static_cast<size_t>(world_), {});
   rank_bytes_.assign(static_cast<size_t>(world_), 0);
@@ -513,13 +506,13 @@ void TorchDistPlan::PlanKeys() {
     const std::string where =
         StrCat("universal input ", input_.path().string(), " > ", name);
     try {
-      const Rule& rule = layout.Match(name, vars_);
+      const Rule& rule = layout.Match(name, placed_->vars);
       const layouts::Home home =
-          layouts::HomeOf(layout, rule, name, *placement_);
+          layouts::HomeOf(layout, rule, name, placed_->placement);
       if (rule.tied_to) {  // never stored; a buffer member of its stage
         if (const atoms::StoredParam* o = input_.FindParam(*rule.tied_to);
-            o != nullptr && rule.Exists(vars_, topo_))
-          members.push_back({o, &layout.Match(*rule.tied_to, vars_),
+            o != nullptr && rule.Exists(placed_->vars, placed_->topology))
+          members.push_back({o, &layout.Match(*rule.tied_to, placed_->vars),
                              home.pp_rank, home.vp_chunk, true});
         continue;
       }
@@ -550,7 +543,7 @@ void TorchDistPlan::PlanKeys() {
           input_.FindAtom(name, "param") != nullptr ? "param" : "fp32";
       Shape global = p->info.shape;
       if (std::optional<int64_t> pd =
-              layouts::PaddedDimSize(rule, vars_, topo_.tp))
+              layouts::PaddedDimSize(rule, placed_->vars, placed_->topology.tp))
         global[static_cast<size_t>(rule.tp.dim)] = *pd;
       if (key.layer >= 0) global.insert(global.begin(), L);
       const bool split = rule.tp.split;
@@ -560,7 +553,7 @@ void TorchDistPlan::PlanKeys() {
       const bool with_state = write_optimizer_ && !dp_reshardable_ &&
                               p->info.kind != atoms::ParamKind::kBuffer &&
                               input_.FindAtom(name, "exp_avg") != nullptr;
-      for (int64_t r = 0; r < (split ? topo_.tp : 1); ++r) {
+      for (int64_t r = 0; r < (split ? placed_->topology.tp : 1); ++r) {
         for (dcp::PlannedItem& it : Chunks(*p, rule, weights, r, key.layer)) {
           it.key = mk;
           const uint64_t bytes =
@@ -608,8 +601,8 @@ void TorchDistPlan::PlanKeys() {
   // Rng states: each (pp, tp)'s, from the same source rank or (tp % source
   // tp, pp % source pp).
   bool rng_fallback = false, rng_missing = false;
-  for (int64_t pp = 0; pp < topo_.pp; ++pp) {
-    for (int64_t tp = 0; tp < topo_.tp; ++tp) {
+  for (int64_t pp = 0; pp < placed_->topology.pp; ++pp) {
+    for (int64_t tp = 0; tp < placed_->topology.tp; ++tp) {
       std::string rk = megatron::RngStateKey(tp, pp);
       if (input_.FindOpaque(rk) == nullptr) {
         rk = megatron::RngStateKey(tp % source_tp_, pp % source_pp_);
@@ -621,7 +614,8 @@ void TorchDistPlan::PlanKeys() {
       }
       dcp::PlannedItem it;
       it.key = KeyIndex(ObjectKey("rng_state", std::vector<int64_t>{pp, tp},
-                                  std::vector<int64_t>{topo_.pp, topo_.tp}),
+                                  std::vector<int64_t>{placed_->topology.pp,
+                                                       placed_->topology.tp}),
                         false, DType::kUInt8, {});
       keys_[it.key].bytes = ObjectBytes(rk);
       const uint64_t size = keys_[it.key].bytes.size();
@@ -712,9 +706,9 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
   const std::string grad = meta_.grad_dtype.value_or("float32");
   static constexpr std::pair<const char*, const char*> kStates[] = {
       {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
-  for (int64_t pp = 0; pp < topo_.pp; ++pp) {
-    for (int64_t tp = 0; tp < topo_.tp; ++tp) {
-      const int64_t group = tp + topo_.tp * pp;
+  for (int64_t pp = 0; pp < placed_->topology.pp; ++pp) {
+    for (int64_t tp = 0; tp < placed_->topology.tp; ++tp) {
+      const int64_t group = tp + placed_->topology.tp * pp;
       const std::string prefix =
           StrCat("optimizer.distributed.dp_group_idx_", group);
       // Each member's local tensor at this TP rank, ops for every kind.
@@ -731,7 +725,7 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
           local_params += NumElements(ops_of(m, "fp32").shard.local_shape);
       std::vector<std::vector<int64_t>> per_bucket, per_bucket_unpadded;
       std::vector<std::pair<DType, std::string>> dtypes;
-      for (int64_t v = 0; v < topo_.vpp; ++v) {
+      for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
         std::vector<const Member*> chunk;
         std::vector<megatron::BufferParam> bparams;
         for (const Member& m : members) {
@@ -741,12 +735,12 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
                              NumElements(ops_of(m, "fp32").shard.local_shape),
                              m.shared});
         }
-        const megatron::BufferOptions bo =
-            run.DistributedBufferOptions(topo_.dp, pp, v, local_params);
-        if (bo.dp != topo_.dp) {
+        const megatron::BufferOptions bo = run.DistributedBufferOptions(
+            placed_->topology.dp, pp, v, local_params);
+        if (bo.dp != placed_->topology.dp) {
           throw UsageError(
               "dp_reshardable optimizer state with the optimizer sharded over ",
-              bo.dp, " ranks at data-parallel size ", topo_.dp,
+              bo.dp, " ranks at data-parallel size ", placed_->topology.dp,
               " (context parallelism or several distributed-optimizer "
               "instances) is not written");
         }
@@ -771,7 +765,7 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
           const megatron::Bucket& bucket = lay.buckets[b];
           padded.push_back(bucket.end - bucket.start);
           unpadded.push_back(bucket.numel_unpadded);
-          const int64_t L = (bucket.end - bucket.start) / topo_.dp;
+          const int64_t L = (bucket.end - bucket.start) / placed_->topology.dp;
           const int64_t n = bucket.numel_unpadded;
           std::vector<std::pair<int64_t, size_t>> order;  // by start
           for (size_t i = 0; i < chunk.size(); ++i)
@@ -783,7 +777,7 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
                 KeyIndex(StrCat(prefix, ".gbuf_idx_", v, ".dtype_", dtype,
                                 ".bucket_idx_", b, ".", skey),
                          true, DType::kFloat32, {n});
-            for (int64_t r = 0; r < topo_.dp; ++r) {
+            for (int64_t r = 0; r < placed_->topology.dp; ++r) {
               const int64_t lo = std::min(r * L, n);
               const int64_t hi = std::min((r + 1) * L, n);
               const int64_t rank = Rank(tp, r, pp);
@@ -880,22 +874,23 @@ pickle::Value* TorchDistPlan::BuildCommon(
   };
   if (Value* args = import("args")) {
     megatron::ArgsPatch patch;
-    patch.topology = topo_;
+    patch.topology = placed_->topology;
     patch.cp = cp_;
     patch.distributed_optimizer = options_.distributed_optimizer;
-    patch.num_layers = placement_->num_layers();
+    patch.num_layers = placed_->placement.num_layers();
     patch.tp_rank = 0;
     patch.pp_rank = 0;
     patch.source_vpp = source_vpp_;
     patch.source_tp = source_tp_;
-    for (const Rule& r : layout_->rules()) {
-      if (auto pd = layouts::PaddedDimSize(r, vars_, topo_.tp)) {
+    for (const Rule& r : placed_->layout.rules()) {
+      if (auto pd =
+              layouts::PaddedDimSize(r, placed_->vars, placed_->topology.tp)) {
         patch.padded_vocab_size = *pd;
         break;
       }
     }
     if (patch.padded_vocab_size == 0)
-      patch.padded_vocab_size = vars_.Find("vocab_size").value_or(0);
+      patch.padded_vocab_size = placed_->vars.Find("vocab_size").value_or(0);
     megatron::PatchArgs(arena, args, patch);
     {
       Value* fields = args->state != nullptr ? args->state : args;
@@ -1004,9 +999,11 @@ formats::TargetSummary TorchDistPlan::Summary() const {
   s.resume_hint = StrCat(
       "Megatron-LM: --load <output> --ckpt-format torch_dist "
       "--tensor-model-parallel-size ",
-      topo_.tp, " --pipeline-model-parallel-size ", topo_.pp,
-      topo_.vpp > 1
-          ? StrCat(" --num-virtual-stages-per-pipeline-rank ", topo_.vpp)
+      placed_->topology.tp, " --pipeline-model-parallel-size ",
+      placed_->topology.pp,
+      placed_->topology.vpp > 1
+          ? StrCat(" --num-virtual-stages-per-pipeline-rank ",
+                   placed_->topology.vpp)
           : std::string(),
       options_.distributed_optimizer ? " --use-distributed-optimizer" : "",
       write_optimizer_ && options_.distributed_optimizer && !dp_reshardable_

@@ -4,6 +4,7 @@
 
 #include "engine/core/error.h"
 #include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/placed_target.h"
 
 namespace ucp::mindspore {
 namespace {
@@ -22,7 +23,21 @@ bool IsDerived(const Strategy& have, const layouts::Topology& t) {
                        Shape(stages.begin()->second.dims.size(), 0)});
   }
   try {
-    const Strategy want = DeriveStrategy(tensors, t);
+    std::optional<formats::PlacedTarget> placed;
+    if (t.tp > 1 || t.pp > 1) {
+      std::vector<std::string> names;
+      std::vector<layouts::ParamShape> shapes;
+      for (const DerivedTensor& x : tensors) {
+        if (x.name != x.param) continue;
+        names.push_back(x.name);
+        shapes.push_back({x.name, x.shape});
+      }
+      formats::PlaceRequest request = DerivedPlaceRequest(t, false, names);
+      placed =
+          formats::PlaceParams(*std::move(request.layout), {}, shapes, request);
+    }
+    const Strategy want =
+        DeriveStrategy(tensors, t, placed ? &*placed : nullptr);
     return want.layouts == have.layouts && want.world() == have.world();
   } catch (const Error&) {
     return false;  // not a layout ucp derives: rewritten

@@ -105,14 +105,12 @@ std::optional<std::vector<universal::MappedParam>> HfFromMindFormers(
 // MindFormers' AdamW names its moments adam_m. / adam_v. (mindformers/core/
 // optim/adamw.py, clone_state): written so unless the source says otherwise.
 void AdamWMoments(universal::Model& model) {
-  json::Value meta = json::Value::Object();
-  if (const json::Value* m = model.FindExtra(kMetaAttr); m && m->is_object())
-    meta = *m;
-  if (meta.Find("exp_avg_prefix") == nullptr)
-    meta["exp_avg_prefix"] = "adam_m.";
-  if (meta.Find("exp_avg_sq_prefix") == nullptr)
-    meta["exp_avg_sq_prefix"] = "adam_v.";
-  model.extras[kMetaAttr] = std::move(meta);
+  MindSporeExtras meta =
+      ReadMindSporeExtras(model, "(the --names mindformers-llama view)")
+          .value_or(MindSporeExtras{});
+  if (!meta.exp_avg_prefix) meta.exp_avg_prefix = "adam_m.";
+  if (!meta.exp_avg_sq_prefix) meta.exp_avg_sq_prefix = "adam_v.";
+  WriteMindSporeExtras(meta, model);
 }
 
 }  // namespace

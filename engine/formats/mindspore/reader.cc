@@ -14,6 +14,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/train_state.h"
 #include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/mindspore/records.h"
 #include "engine/json/json.h"
 
 namespace ucp::mindspore {
@@ -562,39 +563,29 @@ json::Value Inventory(const Checkpoint& c) {
   return j;
 }
 
-universal::SourcePlan PlanSource(const Checkpoint& c) {
-  universal::SourcePlan plan;
-  const std::vector<const CkptIndex*> files = Files(c);
-  for (const CkptIndex* f : files)
-    plan.sources.push_back(std::make_unique<CkptSource>(f->path));
-  const std::string where0 = StrCat("checkpoint file ", c.path.string());
-  // Every tag, in order of first appearance, with the ranks holding it.
-  struct Held {
-    size_t rank;
-    const CkptEntry* e;
-  };
-  std::vector<const CkptEntry*> entries;  // first appearances
-  std::map<std::string, std::vector<Held>> held;
+std::optional<std::pair<std::string, std::string>> RecordIndex::Moment(
+    const std::string& tag) const {
+  return MomentOf(tag, [&](std::string_view param) {
+    return held.count(std::string(param)) > 0;
+  });
+}
+
+RecordIndex IndexRecords(std::span<const CkptIndex* const> files) {
+  RecordIndex x;
   for (size_t r = 0; r < files.size(); ++r) {
     for (const CkptEntry& e : files[r]->entries) {
-      auto& h = held[e.tag];
-      if (h.empty()) entries.push_back(&e);
+      auto& h = x.held[e.tag];
+      if (h.empty()) x.entries.push_back(&e);
       h.push_back({r, &e});
     }
   }
-  // Which tags are parameters and which are Adam moments of one.
-  std::set<std::string> tags;
-  for (const CkptEntry* e : entries) tags.insert(e->tag);
-  auto moment_of = [&](const std::string& tag) {
-    return MomentOf(tag, [&](std::string_view param) {
-      return tags.count(std::string(param)) > 0;
-    });
-  };
-  std::set<std::string> with_moments;
-  for (const CkptEntry* e : entries)
-    if (auto m = moment_of(e->tag)) with_moments.insert(m->first);
-  const bool has_optimizer = !with_moments.empty();
-  static const std::set<std::string> kOptimizerScalars = {
+  for (const CkptEntry* e : x.entries)
+    if (auto m = x.Moment(e->tag)) x.with_moments.insert(m->first);
+  return x;
+}
+
+std::vector<RecordRole> ClassifyRecords(const RecordIndex& index) {
+  static const std::set<std::string, std::less<>> kOptimizerScalars = {
       "global_step",
       "learning_rate",
       "beta1_power",
@@ -606,28 +597,57 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       "step_num",
       "loss_scale",
       "global_batch_size"};
+  std::vector<RecordRole> roles;
+  for (const CkptEntry* e : index.entries) {
+    RecordRole r;
+    r.dtype = DTypeOfTensorType(e->tensor_type);
+    const bool scalar = kOptimizerScalars.count(e->tag) > 0;
+    r.verbatim = e->map_tensor || !r.dtype || scalar;
+    if (auto m = index.Moment(e->tag)) {
+      r.kind = RecordRole::kMoment;
+      r.param = std::move(m->first);
+      r.state_kind = std::move(m->second);
+    } else if (!e->map_tensor && !scalar && r.dtype) {
+      const DType d = *r.dtype;
+      const bool trainable =
+          !index.has_optimizer() || index.with_moments.count(e->tag) > 0;
+      const bool floating = d == DType::kFloat32 || d == DType::kFloat16 ||
+                            d == DType::kBFloat16 || d == DType::kFloat64;
+      r.kind = RecordRole::kParam;
+      r.param = e->tag;
+      r.buffer = !trainable || !floating;
+      r.state_kind = d == DType::kFloat32 && !r.buffer ? "fp32" : "param";
+    }
+    roles.push_back(std::move(r));
+  }
+  return roles;
+}
 
-  json::Value others = json::Value::Array();
-  std::vector<std::string> param_order;
-  std::vector<std::string> group_params;
-  DType model_dtype = DType::kFloat32;
-  bool model_dtype_known = false;
-  int64_t order = 0;
-  std::map<std::string, size_t> atom_of;
-  // An atom from every rank's record of `tag`: each rank's slice placed by
-  // the layout of `tag` (else of `param`, whose shape a moment has), the
-  // record's own slices (save_checkpoint's, along dim 0) inside it.
-  auto plan_atom = [&](const std::string& tag, DType dtype,
-                       const std::string& param, const std::string& kind) {
+namespace {
+
+// The atoms of a checkpoint's params and moments, one from every rank's
+// record of a tag: each rank's slice placed by the strategy's layout of the
+// tag (else of its param, whose shape a moment has) or by a Checkpoint
+// 2.0's metadata.json, the record's own slices (save_checkpoint's, along
+// dim 0) inside it.
+class AtomPlanner {
+ public:
+  AtomPlanner(const Checkpoint& c, std::span<const CkptIndex* const> files,
+              const RecordIndex& records, universal::SourcePlan& plan)
+      : c_(c), files_(files), records_(records), plan_(plan) {}
+
+  // Plans the atom (`param`, `kind`) of the records of `tag`.
+  void Add(const std::string& tag, DType dtype, const std::string& param,
+           const std::string& kind) {
     universal::AtomPlan atom;
     atom.param = param;
     atom.state_kind = kind;
     atom.dtype = dtype;
     bool first = true;
-    for (const Held& h : held.at(tag)) {
-      const CkptEntry& e = *h.e;
+    for (const RecordIndex::Held& h : records_.held.at(tag)) {
+      const CkptEntry& e = *h.entry;
       const std::string where =
-          StrCat("checkpoint file ", files[h.rank]->path.string(), " > ", tag);
+          StrCat("checkpoint file ", files_[h.rank]->path.string(), " > ", tag);
       if (DTypeOfTensorType(e.tensor_type) != dtype) {
         throw FormatError(where, ": tensor type ", e.tensor_type, ", rank 0's ",
                           TensorTypeOf(dtype));
@@ -643,141 +663,196 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
                           ShapeString(local), " ", e.tensor_type, " needs ",
                           want);
       }
-      // Where the rank's slice lies in the whole parameter.
-      const TensorLayout* layout = nullptr;
-      if (c.strategy && !local.empty()) {
-        const auto r = static_cast<int64_t>(h.rank);
-        layout = c.strategy->Find(tag, r);
-        // A moment the strategy does not name is whole (MindSpore's rule),
-        // unless its shape says it is sliced as its param is.
-        const auto w = atom_of.find(param + "/fp32");
-        const auto p = w != atom_of.end() ? w : atom_of.find(param + "/param");
-        if (layout == nullptr && tag != param && p != atom_of.end() &&
-            plan.atoms[p->second].shape != local)
-          layout = c.strategy->Find(param, r);
-      }
-      // Checkpoint 2.0: the file's slice where metadata.json places it.
-      const Placed* placed = nullptr;
-      if (c.v2 && !local.empty()) {
-        auto it = c.v2->placed.find({h.rank, tag});
-        if (it != c.v2->placed.end()) placed = &it->second;
-      }
-      Shape full = local;
-      if (placed != nullptr) {
-        full = Shape(placed->global_shape.begin(), placed->global_shape.end());
-        bool inside = full.size() == local.size();
-        for (size_t d = 0; inside && d < full.size(); ++d)
-          inside = placed->offset[d] + local[d] <= full[d];
-        if (!inside) {
-          throw FormatError(where, ": a slice of ", ShapeString(local),
-                            " that metadata.json places outside ",
-                            ShapeString(full));
-        }
-      } else if (layout != nullptr) {
-        const std::vector<int64_t> counts =
-            SplitCounts(*layout, local.size(), where);
-        for (size_t d = 0; d < full.size(); ++d) full[d] *= counts[d];
-      }
-      if (first) {
-        atom.shape = full;
-        first = false;
-      } else if (full != atom.shape) {
-        throw FormatError(where, ": a slice of ", ShapeString(local),
-                          " makes the parameter ", ShapeString(full),
-                          ", another rank's makes it ",
-                          ShapeString(atom.shape));
-      }
       const Box at_box =
-          placed != nullptr
-              ? Box{Shape(placed->offset.begin(), placed->offset.end()), local}
-          : layout != nullptr
-              ? RankBox(*layout, full, static_cast<int64_t>(h.rank), where)
-              : Box::Whole(full);
-      if (at_box.size != local) {
+          SliceBox(h.rank, tag, param, local, where, first, atom.shape);
+      first = false;
+      AddFragments(e, h.rank, local, want, at_box, where, atom);
+    }
+    has_[param + "/" + kind] = plan_.atoms.size();
+    plan_.atoms.push_back(std::move(atom));
+  }
+
+  // Whether the atom (`param`, `kind`) is planned.
+  bool Has(const std::string& param, const std::string& kind) const {
+    return has_.count(param + "/" + kind) > 0;
+  }
+
+ private:
+  // Where rank `rank`'s slice `local` of `tag` lies in the whole atom, whose
+  // shape it sets (`first`) or must agree with.
+  Box SliceBox(size_t rank, const std::string& tag, const std::string& param,
+               const Shape& local, const std::string& where, bool first,
+               Shape& atom_shape) const {
+    const TensorLayout* layout = nullptr;
+    if (c_.strategy && !local.empty()) {
+      const auto r = static_cast<int64_t>(rank);
+      layout = c_.strategy->Find(tag, r);
+      // A moment the strategy does not name is whole (MindSpore's rule),
+      // unless its shape says it is sliced as its param is.
+      const auto w = has_.find(param + "/fp32");
+      const auto p = w != has_.end() ? w : has_.find(param + "/param");
+      if (layout == nullptr && tag != param && p != has_.end() &&
+          plan_.atoms[p->second].shape != local)
+        layout = c_.strategy->Find(param, r);
+    }
+    // Checkpoint 2.0: the file's slice where metadata.json places it.
+    const Placed* placed = nullptr;
+    if (c_.v2 && !local.empty()) {
+      auto it = c_.v2->placed.find({rank, tag});
+      if (it != c_.v2->placed.end()) placed = &it->second;
+    }
+    Shape full = local;
+    if (placed != nullptr) {
+      full = Shape(placed->global_shape.begin(), placed->global_shape.end());
+      bool inside = full.size() == local.size();
+      for (size_t d = 0; inside && d < full.size(); ++d)
+        inside = placed->offset[d] + local[d] <= full[d];
+      if (!inside) {
         throw FormatError(where, ": a slice of ", ShapeString(local),
-                          " where the strategy places ",
-                          ShapeString(at_box.size), " on rank ", h.rank);
+                          " that metadata.json places outside ",
+                          ShapeString(full));
       }
-      // Slices split dim 0 into whole rows.
-      const uint64_t row = local.empty() || local[0] == 0
-                               ? want
-                               : want / static_cast<uint64_t>(local[0]);
-      int64_t at = 0;
-      for (const CkptSlice& s : e.slices) {
-        if (s.length == 0) continue;
-        if (local.empty() ? e.slices.size() != 1 : s.length % row != 0) {
-          throw FormatError(where, ": a slice of ", s.length,
-                            " bytes is not whole rows of ", row,
-                            " (byte-sliced tensors are not supported)");
-        }
-        universal::Fragment f;
-        Shape shape = local;
-        if (!shape.empty()) shape[0] = static_cast<int64_t>(s.length / row);
-        f.src = reshape::SourceTensor{static_cast<uint32_t>(h.rank), s.offset,
-                                      dtype, shape};
-        f.src_box = Box::Whole(shape);
-        Box box = Box::Whole(shape);
-        if (!box.offset.empty()) box.offset[0] = at;
-        f.atom_box = Shifted(box, at_box.offset);
-        f.where = where;
-        if (!shape.empty()) at += shape[0];
-        atom.fragments.push_back(std::move(f));
+    } else if (layout != nullptr) {
+      const std::vector<int64_t> counts =
+          SplitCounts(*layout, local.size(), where);
+      for (size_t d = 0; d < full.size(); ++d) full[d] *= counts[d];
+    }
+    if (first) {
+      atom_shape = full;
+    } else if (full != atom_shape) {
+      throw FormatError(where, ": a slice of ", ShapeString(local),
+                        " makes the parameter ", ShapeString(full),
+                        ", another rank's makes it ", ShapeString(atom_shape));
+    }
+    const Box at_box =
+        placed != nullptr
+            ? Box{Shape(placed->offset.begin(), placed->offset.end()), local}
+        : layout != nullptr
+            ? RankBox(*layout, full, static_cast<int64_t>(rank), where)
+            : Box::Whole(full);
+    if (at_box.size != local) {
+      throw FormatError(where, ": a slice of ", ShapeString(local),
+                        " where the strategy places ", ShapeString(at_box.size),
+                        " on rank ", rank);
+    }
+    return at_box;
+  }
+
+  // The fragments of record `e` (its slices split dim 0 into whole rows),
+  // at `at_box` of the atom.
+  static void AddFragments(const CkptEntry& e, size_t rank, const Shape& local,
+                           uint64_t want, const Box& at_box,
+                           const std::string& where,
+                           universal::AtomPlan& atom) {
+    const DType dtype = atom.dtype;
+    const uint64_t row = local.empty() || local[0] == 0
+                             ? want
+                             : want / static_cast<uint64_t>(local[0]);
+    int64_t at = 0;
+    for (const CkptSlice& s : e.slices) {
+      if (s.length == 0) continue;
+      if (local.empty() ? e.slices.size() != 1 : s.length % row != 0) {
+        throw FormatError(where, ": a slice of ", s.length,
+                          " bytes is not whole rows of ", row,
+                          " (byte-sliced tensors are not supported)");
       }
+      universal::Fragment f;
+      Shape shape = local;
+      if (!shape.empty()) shape[0] = static_cast<int64_t>(s.length / row);
+      f.src = reshape::SourceTensor{static_cast<uint32_t>(rank), s.offset,
+                                    dtype, shape};
+      f.src_box = Box::Whole(shape);
+      Box box = Box::Whole(shape);
+      if (!box.offset.empty()) box.offset[0] = at;
+      f.atom_box = Shifted(box, at_box.offset);
+      f.where = where;
+      if (!shape.empty()) at += shape[0];
+      atom.fragments.push_back(std::move(f));
     }
-    atom_of[param + "/" + kind] = plan.atoms.size();
-    plan.atoms.push_back(std::move(atom));
-  };
-  // Parameters first, in file order; then their moments.
-  for (const CkptEntry* ep : entries) {
-    const CkptEntry& e = *ep;
-    if (e.map_tensor || moment_of(e.tag) || kOptimizerScalars.count(e.tag))
-      continue;
-    const std::optional<DType> dtype = DTypeOfTensorType(e.tensor_type);
-    if (!dtype) continue;  // kept verbatim below
-    const bool trainable = !has_optimizer || with_moments.count(e.tag) > 0;
-    const bool floating =
-        *dtype == DType::kFloat32 || *dtype == DType::kFloat16 ||
-        *dtype == DType::kBFloat16 || *dtype == DType::kFloat64;
-    const bool buffer = !trainable || !floating;
-    plan_atom(e.tag, *dtype, e.tag,
-              *dtype == DType::kFloat32 && !buffer ? "fp32" : "param");
-    if (trainable && floating && !model_dtype_known) {
-      model_dtype = *dtype;
-      model_dtype_known = true;
+  }
+
+  const Checkpoint& c_;
+  std::span<const CkptIndex* const> files_;
+  const RecordIndex& records_;
+  universal::SourcePlan& plan_;
+  std::map<std::string, size_t> has_;  // "<param>/<kind>" -> plan_.atoms
+};
+
+// What the params tell the model: their order, the trained ones (the
+// optimizer's group), the model's dtype (the first trained floating one's).
+struct ParamsRead {
+  std::vector<std::string> order;
+  std::vector<std::string> trained;
+  DType dtype = DType::kFloat32;
+};
+
+// The params, in file order: their atoms and rows.
+ParamsRead PlanParams(const RecordIndex& records,
+                      std::span<const RecordRole> roles, AtomPlanner& atoms,
+                      universal::SourcePlan& plan) {
+  ParamsRead out;
+  bool dtype_known = false;
+  int64_t order = 0;
+  for (size_t i = 0; i < records.entries.size(); ++i) {
+    const RecordRole& r = roles[i];
+    if (r.kind != RecordRole::kParam) continue;
+    const std::string& tag = records.entries[i]->tag;
+    atoms.Add(tag, *r.dtype, tag, r.state_kind);
+    if (!r.buffer && !dtype_known) {
+      out.dtype = *r.dtype;
+      dtype_known = true;
     }
-    param_order.push_back(e.tag);
-    if (!buffer) group_params.push_back(e.tag);
-    plan.params.push_back(formats::ParamRow({.fqn = e.tag,
+    out.order.push_back(tag);
+    if (!r.buffer) out.trained.push_back(tag);
+    plan.params.push_back(formats::ParamRow({.fqn = tag,
                                              .shape = plan.atoms.back().shape,
-                                             .dtype = *dtype,
+                                             .dtype = *r.dtype,
                                              .rule = "mindspore",
-                                             .buffer = buffer,
-                                             .group = buffer ? -1 : 0,
+                                             .buffer = r.buffer,
+                                             .group = r.buffer ? -1 : 0,
                                              .order = order++,
                                              .frozen = false,
                                              .tied_copies = {}}));
   }
+  return out;
+}
+
+// The moments' atoms (after every param's: a moment's slices are placed by
+// its param's shape); their state kinds.
+std::set<std::string> PlanMoments(const RecordIndex& records,
+                                  std::span<const RecordRole> roles,
+                                  AtomPlanner& atoms,
+                                  const std::string& where0) {
   std::set<std::string> state_kinds;
-  for (const CkptEntry* ep : entries) {
-    const CkptEntry& e = *ep;
-    const auto m = moment_of(e.tag);
-    if (!m) continue;
-    const std::optional<DType> dtype = DTypeOfTensorType(e.tensor_type);
-    if (!dtype || atom_of.count(m->first + "/" + m->second)) {
+  for (size_t i = 0; i < records.entries.size(); ++i) {
+    const RecordRole& r = roles[i];
+    if (r.kind != RecordRole::kMoment) continue;
+    const CkptEntry& e = *records.entries[i];
+    if (!r.dtype || atoms.Has(r.param, r.state_kind)) {
       throw FormatError(where0, " > ", e.tag, ": ",
-                        dtype ? "a second " + m->second + " of " + m->first
-                              : "tensor type " + e.tensor_type);
+                        r.dtype ? "a second " + r.state_kind + " of " + r.param
+                                : "tensor type " + e.tensor_type);
     }
-    plan_atom(e.tag, *dtype, m->first, m->second);
-    state_kinds.insert(m->second);
+    atoms.Add(e.tag, *r.dtype, r.param, r.state_kind);
+    state_kinds.insert(r.state_kind);
   }
-  // Everything else verbatim: tag, type, dims, content (read through the
-  // plan's source of the file).
-  for (const CkptEntry* ep : entries) {
-    const CkptEntry& e = *ep;
-    const reshape::ByteSource& file = *plan.sources[held.at(e.tag)[0].rank];
-    const bool tensor = DTypeOfTensorType(e.tensor_type).has_value();
-    if (!e.map_tensor && tensor && !kOptimizerScalars.count(e.tag)) continue;
+  return state_kinds;
+}
+
+// Everything else verbatim: tag, type, dims, content (read through the
+// plan's source of the file); map tensors as opaque blobs of their raw
+// records.
+std::vector<OtherRecord> KeepOthers(const Checkpoint& c,
+                                    const RecordIndex& records,
+                                    std::span<const RecordRole> roles,
+                                    const std::string& where0,
+                                    universal::SourcePlan& plan) {
+  std::vector<OtherRecord> others;
+  for (size_t i = 0; i < records.entries.size(); ++i) {
+    if (!roles[i].verbatim) continue;
+    const CkptEntry& e = *records.entries[i];
+    const reshape::ByteSource& file =
+        *plan.sources[records.held.at(e.tag)[0].rank];
     if (e.map_tensor) {
       // Kept opaque: its raw records, written back verbatim.
       if (c.strategy) {
@@ -812,25 +887,15 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
       file.Read(s.offset,
                 std::as_writable_bytes(std::span(bytes.data() + at, s.length)));
     }
-    json::Value j = json::Value::Object();
-    j["tag"] = e.tag;
-    j["type"] = e.tensor_type;
-    json::Value dims = json::Value::Array();
-    for (int64_t d : e.dims) dims.Append(d);
-    j["dims"] = std::move(dims);
-    static const char* kHex = "0123456789abcdef";
-    std::string hex;
-    for (unsigned char ch : bytes) {
-      hex.push_back(kHex[ch >> 4]);
-      hex.push_back(kHex[ch & 15]);
-    }
-    j["hex"] = hex;
-    others.Append(std::move(j));
+    others.push_back({e.tag, e.tensor_type, e.dims, std::move(bytes)});
   }
-  if (plan.params.empty())
-    throw FormatError(where0, ": no parameter tensor in it");
+  return others;
+}
 
-  universal::Model& model = plan.model;
+// The model's source, optimizer and training records.
+void DescribeModel(const Checkpoint& c, std::span<const CkptIndex* const> files,
+                   ParamsRead params, const std::set<std::string>& state_kinds,
+                   bool has_optimizer, universal::Model& model) {
   model.iteration = c.iteration;  // global_step (Discover), else the name's
   model.consumed_samples = c.consumed_samples;
   universal::SourceInfo& src = model.source;
@@ -840,7 +905,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
   src.pp = 1;
   src.vpp = 1;
   src.dp = 1;
-  src.dtype = std::string(DTypeName(model_dtype));
+  src.dtype = std::string(DTypeName(params.dtype));
   src.other["checkpoint"] = c.path.filename().string();
   if (c.strategy) {
     src.world = static_cast<int64_t>(files.size());
@@ -854,7 +919,7 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     universal::OptimizerInfo& opt = model.optimizer;
     opt.type = "mindspore.nn.Adam";
     universal::ParamGroup& g = opt.groups.emplace().emplace_back();
-    g.params = std::move(group_params);
+    g.params = std::move(params.trained);
     for (const CkptIndex* f : files) {  // (the file holding the records)
       if (std::any_of(
               f->entries.begin(), f->entries.end(),
@@ -868,34 +933,62 @@ universal::SourcePlan PlanSource(const Checkpoint& c) {
     opt.step = model.iteration;
   }
   universal::TrainingInfo& training =
-      universal::NewTraining(model, std::string(DTypeName(model_dtype)));
-  training.param_order = std::move(param_order);
-  json::Value meta = json::Value::Object();
-  meta["records"] = std::move(others);
-  // The file's record order and moment names, which a rewrite keeps.
-  json::Value tag_order = json::Value::Array();
+      universal::NewTraining(model, std::string(DTypeName(params.dtype)));
+  training.param_order = std::move(params.order);
+}
+
+// The "mindspore" record: the other records, the file's record order and
+// moment names and its files' names, which a rewrite keeps.
+MindSporeExtras ReaderExtras(const Checkpoint& c,
+                             std::span<const CkptIndex* const> files,
+                             const RecordIndex& records,
+                             std::vector<OtherRecord> others) {
+  MindSporeExtras meta;
+  meta.records = std::move(others);
+  meta.order.emplace();
   std::string m1 = "moment1.", m2 = "moment2.";
-  for (const CkptEntry* ep : entries) {
-    const CkptEntry& e = *ep;
-    tag_order.Append(e.tag);
-    if (e.tag.starts_with("adam_m.") && moment_of(e.tag)) m1 = "adam_m.";
-    if (e.tag.starts_with("adam_v.") && moment_of(e.tag)) m2 = "adam_v.";
+  for (const CkptEntry* e : records.entries) {
+    meta.order->push_back(e->tag);
+    if (e->tag.starts_with("adam_m.") && records.Moment(e->tag)) m1 = "adam_m.";
+    if (e->tag.starts_with("adam_v.") && records.Moment(e->tag)) m2 = "adam_v.";
   }
-  meta["order"] = std::move(tag_order);
-  meta["exp_avg_prefix"] = m1;
-  meta["exp_avg_sq_prefix"] = m2;
+  meta.exp_avg_prefix = m1;
+  meta.exp_avg_sq_prefix = m2;
   if (!c.v2) {  // (a Checkpoint 2.0 source gets MindFormers' .ckpt names)
-    meta["file"] = c.path.filename().string();
-    meta["rank_folder"] = c.path.parent_path().filename() == "rank_0";
+    meta.file = c.path.filename().string();
+    meta.rank_folder = c.path.parent_path().filename() == "rank_0";
   }
-  meta["crc"] = c.index.crc;
+  meta.crc = c.index.crc;
   if (c.strategy) {
     // The rank files' names, which a target of as many ranks keeps.
-    json::Value names = json::Value::Array();
-    for (const CkptIndex* f : files) names.Append(f->path.filename().string());
-    meta["files"] = std::move(names);
+    meta.files.emplace();
+    for (const CkptIndex* f : files)
+      meta.files->push_back(f->path.filename().string());
   }
-  model.extras[kMetaAttr] = std::move(meta);
+  return meta;
+}
+
+}  // namespace
+
+universal::SourcePlan PlanSource(const Checkpoint& c) {
+  universal::SourcePlan plan;
+  const std::vector<const CkptIndex*> files = Files(c);
+  for (const CkptIndex* f : files)
+    plan.sources.push_back(std::make_unique<CkptSource>(f->path));
+  const std::string where0 = StrCat("checkpoint file ", c.path.string());
+  const RecordIndex records = IndexRecords(files);
+  const std::vector<RecordRole> roles = ClassifyRecords(records);
+  AtomPlanner atoms(c, files, records, plan);
+  ParamsRead params = PlanParams(records, roles, atoms, plan);
+  const std::set<std::string> state_kinds =
+      PlanMoments(records, roles, atoms, where0);
+  std::vector<OtherRecord> others = KeepOthers(c, records, roles, where0, plan);
+  if (plan.params.empty())
+    throw FormatError(where0, ": no parameter tensor in it");
+  DescribeModel(c, files, std::move(params), state_kinds,
+                records.has_optimizer(), plan.model);
+  WriteMindSporeExtras(ReaderExtras(c, files, records, std::move(others)),
+                       plan.model);
   return plan;
 }
 

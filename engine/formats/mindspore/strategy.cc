@@ -627,45 +627,40 @@ std::string StrategyFileBytes(const Strategy& s, int64_t stage) {
   return out;
 }
 
-Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
-                        const layouts::Topology& t,
-                        std::optional<layouts::Layout> layout,
-                        layouts::Variables vars) {
-  const std::string where =
-      StrCat("--tp ", t.tp, " --pp ", t.pp, " --dp ", t.dp);
-  std::vector<std::string> names;
-  for (const DerivedTensor& x : tensors)
-    if (x.name == x.param) names.push_back(x.name);
-  Strategy s;
-  s.path = t.pp == 1 ? fs::path("strategy.ckpt") : fs::path("strategy");
-  s.stage_devices = t.tp * t.dp;
-  s.stages = t.pp;
-  if (!layout && (t.tp > 1 || t.pp > 1)) {
+formats::PlaceRequest DerivedPlaceRequest(const layouts::Topology& t,
+                                          bool has_layout,
+                                          std::span<const std::string> names) {
+  formats::PlaceRequest request;
+  request.topology = t;
+  request.topology.vpp = 1;
+  request.count_layers = true;
+  if (!has_layout) {
     const std::vector<std::string> found =
         layouts::Layout::DetectBuiltins(names);
     if (found.empty()) {
       throw UsageError(
-          where, ": no layout says how the params are cut (first: ",
+          "--tp ", t.tp, " --pp ", t.pp, " --dp ", t.dp,
+          ": no layout says how the params are cut (first: ",
           names.empty() ? std::string("none") : names[0],
           "; the built-in one for MindSpore names: mindformers-llama): "
           "give the job's strategy file with --strategy");
     }
-    layout = layouts::Layout::Builtin(found[0]);
+    request.layout = layouts::Layout::Builtin(found[0]);
   }
-  std::optional<layouts::LayerPlacement> placement;
-  if (layout) {
-    if (!vars.Has("num_layers")) {
-      int64_t layers = 0;
-      for (const std::string& n : names)
-        if (auto l = layout->SplitLayer(n))
-          layers = std::max(layers, l->index + 1);
-      vars.Set("num_layers", layers);
-    }
-    vars = layout->Resolve(vars);
-    layouts::Topology topo = t;
-    topo.vpp = 1;
-    placement.emplace(layout->NumLayers(vars), topo);
-  }
+  return request;
+}
+
+Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
+                        const layouts::Topology& t,
+                        const formats::PlacedTarget* placed) {
+  const std::string where =
+      StrCat("--tp ", t.tp, " --pp ", t.pp, " --dp ", t.dp);
+  UCP_CHECK(placed != nullptr || (t.tp == 1 && t.pp == 1),
+            "DeriveStrategy: ", where, " without a placed target");
+  Strategy s;
+  s.path = t.pp == 1 ? fs::path("strategy.ckpt") : fs::path("strategy");
+  s.stage_devices = t.tp * t.dp;
+  s.stages = t.pp;
   // Each param's stage and layout; then the tensors taking them.
   std::map<std::string, std::pair<int64_t, TensorLayout>, std::less<>> of;
   for (const DerivedTensor& x : tensors) {
@@ -674,11 +669,12 @@ Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
     l.dev_matrix = {t.dp, t.tp};
     l.dims.assign(x.shape.size(), {});
     int64_t stage = 0;
-    if (layout) {
-      const layouts::Rule& rule = layout->Match(x.name, vars);
+    if (placed != nullptr) {
+      const layouts::Layout& layout = placed->layout;
+      const layouts::Rule& rule = layout.Match(x.name, placed->vars);
       if (rule.tp.split && t.tp > 1) {
         if (rule.tp.segments != 1) {
-          throw UsageError(where, ": ", x.name, " is cut by ", layout->name(),
+          throw UsageError(where, ": ", x.name, " is cut by ", layout.name(),
                            " ", rule.Describe(), " in ", rule.tp.segments,
                            " segments, which a MindSpore tensor map cannot "
                            "express: give a strategy file with --strategy, or "
@@ -689,12 +685,12 @@ Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
         if (d >= l.dims.size() || x.shape[d] % t.tp != 0) {
           throw LayoutError(where, ": ", x.name, " ", ShapeString(x.shape),
                             ": dim ", d, " does not divide into tp ", t.tp,
-                            " parts (", rule.Describe(), " of ", layout->name(),
+                            " parts (", rule.Describe(), " of ", layout.name(),
                             ")");
         }
         l.dims[d] = {0};
       }
-      stage = layouts::HomeOf(*layout, rule, x.name, *placement).pp_rank;
+      stage = layouts::HomeOf(layout, rule, x.name, placed->placement).pp_rank;
     }
     of[x.name] = {stage, l};
   }

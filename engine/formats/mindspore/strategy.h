@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "engine/core/box.h"
+#include "engine/formats/placed_target.h"
 #include "layouts/layout.h"
 #include "layouts/variables.h"
 
@@ -121,21 +122,28 @@ struct DerivedTensor {
   Shape shape;
 };
 
+/// The request `--tp/--pp/--dp` places params by (formats::PlaceTarget):
+/// `topology` without virtual stages, num_layers counted from the names
+/// when the content does not set it; for content without a layout
+/// descriptor (`has_layout` false), the first built-in layout the params'
+/// `names` match (the one for MindSpore names: mindformers-llama). Throws
+/// UsageError naming the topology when no built-in layout matches them.
+formats::PlaceRequest DerivedPlaceRequest(const layouts::Topology& topology,
+                                          bool has_layout,
+                                          std::span<const std::string> names);
+
 /// The strategy of `--tp/--pp/--dp` (the mindspore README): on a dev
-/// matrix [dp, tp] per pipeline stage, a param the layout splits over tp
-/// maps that dim to the tp axis (0), every other dim to none (-1); no
-/// optimizer shard; stages by the layout's placement (layer i on stage
+/// matrix [dp, tp] per pipeline stage, a param `placed`'s layout splits over
+/// tp maps that dim to the tp axis (0), every other dim to none (-1); no
+/// optimizer shard; stages by `placed`'s layer placement (layer i on stage
 /// i / (num_layers / pp), first/last-stage params there); a tensor takes
-/// the layout of its `param`. `layout` absent: the built-in one the param
-/// names match (none needed with tp = pp = 1: every tensor is whole on
-/// each rank); `num_layers` is counted from the names when `vars` lacks
-/// it. Throws UsageError naming the topology when no layout describes the
-/// names or a split cannot be a tensor map (segments), LayoutError when a
-/// dim does not divide by tp or the layers not by pp.
+/// the layout of its `param`. `placed` is null only for tp = pp = 1: every
+/// tensor is whole on each rank. Throws UsageError naming the topology when
+/// a split cannot be a tensor map (segments), LayoutError when a dim does
+/// not divide by tp.
 Strategy DeriveStrategy(std::span<const DerivedTensor> tensors,
                         const layouts::Topology& topology,
-                        std::optional<layouts::Layout> layout = std::nullopt,
-                        layouts::Variables vars = {});
+                        const formats::PlacedTarget* placed);
 
 /// How many parts each dim of a tensor of `ndim` dims is cut into under
 /// `layout` (dim 0 includes the optimizer shard). Throws FormatError (with

@@ -12,10 +12,10 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/strided.h"
-#include "engine/formats/common/attrs.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/formats/common/train_state.h"
 #include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/placed_target.h"
 #include "engine/json/json.h"
 #include "layouts/layout.h"
 
@@ -66,23 +66,15 @@ std::string RecordHead(const std::string& tag, const Shape& dims,
   return out + value + tensor;
 }
 
-std::string Unhex(const std::string& hex) {
-  std::string out;
-  auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<char>(nib(hex[i]) << 4 | nib(hex[i + 1])));
-  return out;
-}
-
 class MindSporePlan : public formats::TargetPlan {
  public:
   MindSporePlan(const universal::UniversalInput& input,
                 const formats::TargetOptions& options)
       : input_(input) {
-    if (const json::Value* meta = input.model().FindExtra(kMetaAttr))
-      meta_ = *meta;
-    if (const json::Value* f = meta_.Find("file"); f && f->is_string()) {
-      file_ = f->AsString();
+    meta_ = ReadMindSporeExtras(input.model(), input.path())
+                .value_or(MindSporeExtras{});
+    if (meta_.file) {
+      file_ = *meta_.file;
     } else {
       file_ = StrCat("ucp_rank_0-1_", input.model().iteration, ".ckpt");
     }
@@ -94,8 +86,8 @@ class MindSporePlan : public formats::TargetPlan {
     }
     safetensors_ = ff ? *ff == "safetensors" : IsSafetensorsName(file_);
     file_ = InContainer(file_);
-    const json::Value* rf = meta_.Find("rank_folder");
-    folder_ = rf == nullptr || rf->AsBool() ? fs::path("rank_0") : fs::path();
+    folder_ =
+        meta_.rank_folder.value_or(true) ? fs::path("rank_0") : fs::path();
     specs_ = Specs();  // the same records (sliced) in every rank's file
     const layouts::Topology& t = options.topology;
     const bool axes = t.tp * t.pp * t.dp > 1;
@@ -124,12 +116,11 @@ class MindSporePlan : public formats::TargetPlan {
       folder_ = "rank_0";
       // The source's rank file names when it had as many ranks; else
       // rank 0's name with its rank_0 renamed, else MindFormers' pattern.
-      const json::Value* names = meta_.Find("files");
+      const std::optional<std::vector<std::string>>& names = meta_.files;
       for (int64_t r = 0; r < world_; ++r) {
         std::string n;
-        if (names != nullptr && names->is_array() &&
-            static_cast<int64_t>(names->size()) == world_) {
-          n = names->items()[static_cast<size_t>(r)].AsString();
+        if (names && static_cast<int64_t>(names->size()) == world_) {
+          n = (*names)[static_cast<size_t>(r)];
         } else if (const size_t at = file_.find("rank_0");
                    at != std::string::npos) {
           n = file_;
@@ -313,22 +304,26 @@ class MindSporePlan : public formats::TargetPlan {
     }
   }
 
-  // The strategy of --tp/--pp/--dp (DeriveStrategy), by the universal
-  // file's layout and model variables when it has one.
+  // The strategy of --tp/--pp/--dp (DeriveStrategy), placed by the
+  // universal file's layout and model variables when it has one, else by
+  // the built-in layout its names match (formats::PlaceTarget).
   Strategy DeriveStrategy(const layouts::Topology& t) const {
     std::vector<DerivedTensor> tensors;
-    for (const atoms::StoredParam& p : input_.params())
+    std::vector<std::string> names;
+    for (const atoms::StoredParam& p : input_.params()) {
       tensors.push_back({p.info.fqn, p.info.fqn, p.info.shape});
+      names.push_back(p.info.fqn);
+    }
     for (const Spec& spec : specs_) {
       if (spec.atom != nullptr && spec.tag != spec.param)
         tensors.push_back({spec.tag, spec.param, spec.dims});
     }
-    const universal::Model& model = input_.model();
-    if (model.layout_yaml.empty()) return mindspore::DeriveStrategy(tensors, t);
-    return mindspore::DeriveStrategy(
-        tensors, t,
-        layouts::Layout::ParseStored(model.layout_yaml, input_.path()),
-        formats::ModelVariables(model.variables));
+    if (t.tp == 1 && t.pp == 1)
+      return mindspore::DeriveStrategy(tensors, t, nullptr);
+    const formats::PlacedTarget placed = formats::PlaceTarget(
+        input_,
+        DerivedPlaceRequest(t, !input_.model().layout_yaml.empty(), names));
+    return mindspore::DeriveStrategy(tensors, t, &placed);
   }
 
   // A rank file name with the container's extension.
@@ -366,15 +361,10 @@ class MindSporePlan : public formats::TargetPlan {
     return out;
   }
 
-  std::string Prefix(const char* key, const char* fallback) const {
-    const json::Value* v = meta_.Find(key);
-    return v != nullptr && v->is_string() ? v->AsString() : fallback;
-  }
-
   std::vector<Spec> Specs() {
     std::vector<Spec> specs;
-    const std::string m1 = Prefix("exp_avg_prefix", "moment1.");
-    const std::string m2 = Prefix("exp_avg_sq_prefix", "moment2.");
+    const std::string m1 = meta_.exp_avg_prefix.value_or("moment1.");
+    const std::string m2 = meta_.exp_avg_sq_prefix.value_or("moment2.");
     for (const atoms::StoredParam& p : input_.params()) {
       const std::string& n = p.info.fqn;
       const atoms::DatasetInfo* w = input_.FindAtom(n, "fp32");
@@ -406,21 +396,19 @@ class MindSporePlan : public formats::TargetPlan {
                          {}});
     }
     bool has_step = false;
-    if (const json::Value* recs = meta_.Find("records");
-        recs != nullptr && recs->is_array()) {
-      for (const json::Value& r : recs->items()) {
+    if (meta_.records) {
+      for (const OtherRecord& r : *meta_.records) {
         Spec s;
-        s.tag = r.At("tag").AsString();
-        s.type = r.At("type").AsString();
-        for (const json::Value& d : r.At("dims").items())
-          s.dims.push_back(d.AsInt());
-        s.bytes = Unhex(r.At("hex").AsString());
+        s.tag = r.tag;
+        s.type = r.type;
+        s.dims = Shape(r.dims.begin(), r.dims.end());
+        s.bytes = r.bytes;
         has_step = has_step || s.tag == "global_step";
         specs.push_back(std::move(s));
       }
     }
     // A MindSpore source keeps exactly its records; others get nn.Adam's.
-    const bool from_mindspore = meta_.Find("order") != nullptr;
+    const bool from_mindspore = meta_.order.has_value();
     if (!has_step && !from_mindspore && !input_.params().empty()) {
       // nn.Adam's step counter: the optimizer's step (else the iteration).
       const auto step =
@@ -448,11 +436,8 @@ class MindSporePlan : public formats::TargetPlan {
     }
     // The source's record order, when it was a MindSpore file; new ones last.
     std::map<std::string, size_t> rank;
-    if (const json::Value* order = meta_.Find("order");
-        order != nullptr && order->is_array()) {
-      for (const json::Value& t : order->items())
-        rank.emplace(t.AsString(), rank.size());
-    }
+    if (meta_.order)
+      for (const std::string& t : *meta_.order) rank.emplace(t, rank.size());
     std::stable_sort(
         specs.begin(), specs.end(), [&](const Spec& a, const Spec& b) {
           const auto x = rank.find(a.tag), y = rank.find(b.tag);
@@ -754,7 +739,7 @@ class MindSporePlan : public formats::TargetPlan {
   }
 
   const universal::UniversalInput& input_;
-  json::Value meta_ = json::Value::Object();
+  MindSporeExtras meta_;
   std::string file_;
   fs::path folder_;
   std::optional<Strategy> strategy_;

@@ -1,6 +1,7 @@
-// formats::PlaceTarget as data: the facts both Megatron writers derive from
-// universal content. Expected placements are Megatron's own rule, written by
-// hand: pp stages hold consecutive equal blocks of layers
+// formats::PlaceTarget as data: the facts the Megatron writers (and
+// MindSpore's --tp/--pp/--dp) derive from universal content. Expected
+// placements are Megatron's own rule, written by hand: pp stages hold
+// consecutive equal blocks of layers
 // (megatron/core/transformer/transformer_block.py, get_num_layers_to_build),
 // and with vpp the layers go round-robin over the chunks
 // (get_transformer_layer_offset).
@@ -187,6 +188,47 @@ TEST(PlacedTargetTest, RefusesWhatCannotBePlaced) {
       },
       ThrowsMessage<FormatError>(AllOf(HasSubstr("content.ucp.h5"),
                                        HasSubstr("has no layout descriptor"))));
+}
+
+// Content without a descriptor (a MindSpore checkpoint's) placed by a
+// layout the request gives, its layers counted from the names when its
+// variables do not say: the same placement as content that records both.
+TEST(PlacedTargetTest, RequestLayoutAndCountedLayers) {
+  ParamsOnly bare = Gpt(1000, false);
+  PlaceRequest request{Topo(1, 2, 1, 1), std::nullopt};
+  request.layout = layouts::Layout::Builtin("mcore-gpt");
+  const PlacedTarget t = PlaceTarget(bare, request);
+  EXPECT_EQ(t.layout.name(), "mcore-gpt");
+  const PlacedTarget want = PlaceTarget(Gpt(), {Topo(1, 2, 1, 1), {}});
+  int checked = 0;
+  for (int64_t l = 0; l < 4; ++l, ++checked)
+    EXPECT_EQ(t.placement.Locate(l), want.placement.Locate(l)) << l;
+  EXPECT_EQ(checked, 4);
+
+  // Params only (no num_layers): counted from the layer indices, 0..3.
+  const ParamsOnly in = Gpt();
+  std::vector<layouts::ParamShape> shapes;
+  for (const atoms::StoredParam& p : in.params())
+    shapes.push_back({p.info.fqn, p.info.shape});
+  layouts::Variables given;
+  given.Set("vocab_size", 1000);
+  given.Set("make_vocab_size_divisible_by", 128);
+  given.Set("num_attention_heads", 4);
+  PlaceRequest counted{Topo(1, 2, 1, 1), std::nullopt};
+  counted.count_layers = true;
+  const PlacedTarget c = PlaceParams(layouts::Layout::Builtin("mcore-gpt"),
+                                     given, shapes, counted);
+  EXPECT_EQ(c.vars.Get("num_layers"), 4);
+  EXPECT_EQ(c.placement.StageLayers(0), 2);
+  // Not counted: the layout's num_layers is unknown.
+  EXPECT_THROW(PlaceParams(layouts::Layout::Builtin("mcore-gpt"), given, shapes,
+                           {Topo(1, 2, 1, 1), std::nullopt}),
+               LayoutError);
+  // Counted over pp 3: 4 layers do not split.
+  counted.topology = Topo(1, 3, 1, 1);
+  EXPECT_THROW(PlaceParams(layouts::Layout::Builtin("mcore-gpt"), given, shapes,
+                           counted),
+               LayoutError);
 }
 
 }  // namespace
