@@ -1,5 +1,7 @@
 // The "mindspore" root attribute (mindspore.h): its one serializer.
 
+#include "engine/universal/extras.h"
+
 #include <utility>
 
 #include "engine/core/error.h"
@@ -9,12 +11,6 @@
 namespace ucp::mindspore {
 
 namespace {
-
-std::vector<std::string> ExtrasStrings(const json::Value& v) {
-  std::vector<std::string> out;
-  for (const json::Value& x : v.items()) out.push_back(x.AsString());
-  return out;
-}
 
 json::Value ExtrasStringList(const std::vector<std::string>& v) {
   json::Value a = json::Value::Array();
@@ -74,43 +70,23 @@ OtherRecord ReadRecord(const json::Value& v) {
 
 std::optional<MindSporeExtras> ReadMindSporeExtras(
     const universal::Model& model, const std::filesystem::path& file) {
-  const json::Value* doc = model.FindExtra(kMetaAttr);
-  if (doc == nullptr) return std::nullopt;
+  std::optional<universal::RecordReader> r =
+      universal::RecordReader::ForExtras(model, kMetaAttr, file);
+  if (!r) return std::nullopt;
   MindSporeExtras x;
-  std::string member;
-  try {
-    if (!doc->is_object()) throw FormatError("not a JSON object");
-    std::vector<std::pair<std::string, json::Value>> other;
-    for (const auto& [k, v] : doc->members()) {
-      member = k;
-      if (k == "records") {
-        x.records.emplace();
-        for (const json::Value& r : v.items())
-          x.records->push_back(ReadRecord(r));
-      } else if (k == "order") {
-        x.order = ExtrasStrings(v);
-      } else if (k == "exp_avg_prefix") {
-        x.exp_avg_prefix = v.AsString();
-      } else if (k == "exp_avg_sq_prefix") {
-        x.exp_avg_sq_prefix = v.AsString();
-      } else if (k == "file") {
-        x.file = v.AsString();
-      } else if (k == "rank_folder") {
-        x.rank_folder = v.AsBool();
-      } else if (k == "crc") {
-        x.crc = v.AsBool();
-      } else if (k == "files") {
-        x.files = ExtrasStrings(v);
-      } else {
-        other.emplace_back(k, v);
-      }
-    }
-    x.other = json::Value::FromMembers(std::move(other));
-  } catch (Error& e) {
-    if (!member.empty()) e.AddContext("member ", member);
-    e.AddContext("universal file ", file.string(), " > attribute ", kMetaAttr);
-    throw;
-  }
+  r->Member("records", /*required=*/false, [&](const json::Value& v) {
+    x.records.emplace();
+    for (const json::Value& rec : v.items())
+      x.records->push_back(ReadRecord(rec));
+  });
+  r->Get("order", x.order);
+  r->Get("exp_avg_prefix", x.exp_avg_prefix);
+  r->Get("exp_avg_sq_prefix", x.exp_avg_sq_prefix);
+  r->Get("file", x.file);
+  r->Get("rank_folder", x.rank_folder);
+  r->Get("crc", x.crc);
+  r->Get("files", x.files);
+  x.other = r->Rest();
   return x;
 }
 
@@ -137,8 +113,7 @@ void WriteMindSporeExtras(const MindSporeExtras& x, universal::Model& model) {
   if (x.rank_folder) o["rank_folder"] = *x.rank_folder;
   if (x.crc) o["crc"] = *x.crc;
   if (x.files) o["files"] = ExtrasStringList(*x.files);
-  if (x.other.is_object())
-    for (const auto& [k, v] : x.other.members()) o[k] = v;
+  universal::PutOpaque(o, x.other);
   model.extras[kMetaAttr] = std::move(o);
 }
 
