@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
+#include "engine/formats/export/hf_llama.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
 
@@ -55,6 +56,8 @@ struct ExportOptions {
   /// A transformers model folder (hf_llama.h): LlamaForCausalLM's names,
   /// q/k/v and gate/up split, config.json last.
   bool hf = false;
+  /// With `hf`, a mixture of experts' routed experts (hf_llama.h HfExperts).
+  HfExperts hf_experts = HfExperts::kPerExpert;
 };
 
 struct ExportSummary {
