@@ -6,10 +6,11 @@ transformers 5.24 loads ucp's export with from_pretrained (no key missing, unexp
 mismatched) and its logits for the same tokens must equal megatron-core's to 1e-5 of their
 range. Mixtral-like (every layer MoE) -> MixtralForCausalLM; a dense first layer and a shared
 expert with its gate -> Qwen2MoeForCausalLM (the only transformers MoE with Megatron's GQA
-attention and a gated shared expert); each with the per-expert names and --hf-experts fused.
-Two experts swapped in the export are caught. DeepSeek's sigmoid router with an expert bias is
-one usage error (no transformers model with GQA attention computes it with a gated shared
-expert)."""
+attention and a gated shared expert); DeepSeek-V3's block (sigmoid router with an expert bias,
+ungated shared experts, dense first layer) -> Glm4MoeForCausalLM; each with the per-expert names
+and --hf-experts fused. Two experts swapped in the export are caught, and a zeroed expert bias.
+A gated shared expert with a sigmoid router (no transformers model computes it) is one usage
+error."""
 import json
 import os
 import pathlib
@@ -120,11 +121,39 @@ def test_qwen2_moe_dense_first_layer_shared_expert():
         verdict_fails(t / "src", t / "fused")
 
 
-def test_deepseek_sigmoid_router_is_refused():
+def test_deepseek_router_as_glm4_moe():
+    """DeepSeek-V3's MoE block (sigmoid router with an expert bias, ungated shared experts,
+    dense first layer) with Megatron's GQA attention is transformers' Glm4MoeForCausalLM
+    (DeepseekV3ForCausalLM computes the same block but has MLA attention)."""
+    from safetensors.torch import save_file
+    with Tmp("ucp-moehf-") as t:
+        assert oracle.make(t / "src", "glm")
+        c = export(t / "src", t / "hf")
+        assert c["architectures"] == ["Glm4MoeForCausalLM"] and c["n_routed_experts"] == E \
+            and c["first_k_dense_replace"] == 1 and c["n_shared_experts"] == 2 \
+            and c["moe_intermediate_size"] == F and c["partial_rotary_factor"] == 1.0, c
+        w = tensors(t / "hf")
+        bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+        assert w[bias].shape == (E,) and w[bias].dtype == torch.float32
+        verdict_ok(t / "src", t / "hf", "Glm4MoeForCausalLM")
+        export(t / "src", t / "fused", "--hf-experts", "fused")
+        verdict_ok(t / "src", t / "fused", "Glm4MoeForCausalLM")
+        # The expert bias steers the choice: without it the logits differ.
+        w[bias] = torch.zeros_like(w[bias])
+        save_file(w, t / "hf" / "model.safetensors", metadata={"format": "pt"})
+        verdict_fails(t / "src", t / "hf")
+        swap(t / "fused", "model.layers.1.mlp.experts.gate_up_proj", None)
+        verdict_fails(t / "src", t / "fused")
+
+
+def test_gated_shared_expert_with_sigmoid_router_is_refused():
     with Tmp("ucp-moehf-") as t:
         assert oracle.make(t / "src", "deepseek")
         p = run("export", t / "src" / "dcp", "-o", t / "hf", "--hf", *HEADS, expect=2)
-        one_error_line(p, "layer 1", "expert bias", "e_score_correction_bias")
+        one_error_line(p, "moe_shared_expert_gate", "sigmoid router", "Glm4MoeForCausalLM")
+        assert not (t / "hf").exists()
+        p = run("export", t / "src" / "dcp", "-o", t / "hf", "--hf", *HEADS[:4], expect=2)
+        one_error_line(p, "--model-var moe_router_topk=K")
         assert not (t / "hf").exists()
 
 

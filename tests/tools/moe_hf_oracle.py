@@ -21,9 +21,14 @@ distinct so that a swapped expert shows):
             softmax, top-k, renormalize) -> MixtralForCausalLM
   qwen2:    layer 0 dense (ffn 24), layer 1 MoE with a shared expert (ffn 16) and its sigmoid
             gate, softmax router -> Qwen2MoeForCausalLM (mlp_only_layers [0], norm_topk_prob)
+  glm:      DeepSeek-V3's MoE block with GQA attention: layer 0 dense, layer 1 MoE with a shared
+            expert (ffn 16 = 2 experts' ffn, no gate), the sigmoid router with its expert bias
+            (made uneven so that it steers the choice) -> Glm4MoeForCausalLM
+            (first_k_dense_replace 1, n_shared_experts 2, e_score_correction_bias, n_group 1);
+            DeepseekV3ForCausalLM computes the same MoE block but has MLA attention
   deepseek: make_moe_torch_dist.py's deepseek (sigmoid router with an expert bias, shared expert
-            with a gate): no transformers model computes it (DeepseekV3 has MLA attention and no
-            shared-expert gate), the export refuses it
+            with a gate): no transformers model computes it (none gates the shared expert of a
+            sigmoid router), the export refuses it
 """
 import argparse
 import contextlib
@@ -44,7 +49,7 @@ import make_moe_torch_dist as mm  # noqa: E402
 import megatron_torch_dist as mtd  # noqa: E402
 
 TOKENS = (2, 16)
-VARIANTS = ("mixtral", "qwen2", "deepseek")
+VARIANTS = ("mixtral", "qwen2", "glm", "deepseek")
 
 
 def build(variant, seed):
@@ -59,6 +64,8 @@ def build(variant, seed):
     if variant == "qwen2":
         cfg = dataclasses.replace(cfg, moe_router_score_function="softmax",
                                   moe_router_enable_expert_bias=False)
+    if variant == "glm":
+        cfg = dataclasses.replace(cfg, moe_shared_expert_gate=False)
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     torch.manual_seed(seed)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=mm.VOCAB,

@@ -52,41 +52,47 @@ bool IsMcoreGpt(const std::string& layout) {
 }
 
 // The mixture of experts of a model (hf_llama.h MapToHf).
-enum class MoeArch { kNone, kMixtral, kQwen2Moe };
+enum class MoeArch { kNone, kMixtral, kQwen2Moe, kGlm4Moe };
 struct MoeInfo {
   MoeArch arch = MoeArch::kNone;
   std::vector<bool> moe_layer;  // per global layer
   int64_t experts = 0, topk = 0, expert_ffn = 0, shared_ffn = 0;
+  int64_t first_moe = 0;  // Glm4Moe's first_k_dense_replace
   bool norm_topk = true;
+  double scaling = 1.0;  // Glm4Moe's routed_scaling_factor
 };
 
 // Which transformers model the experts of `input` make (names, args), or
-// UsageError naming what none of them has.
+// UsageError naming what none of them has. Megatron's softmax router (top-k
+// of the logits, softmax over them) is Mixtral's / Qwen2-MoE's; its sigmoid
+// router with an expert bias (DeepSeek-V3's) is Glm4Moe's (DeepseekV3's
+// without MLA attention).
 MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
               const std::string& where, int64_t layers,
               const std::function<bool(const std::string&)>& has) {
   MoeInfo info;
   auto refuse = [&](const std::string& why) {
     throw UsageError(where, ": ", why,
-                     ", which neither MixtralForCausalLM nor "
-                     "Qwen2MoeForCausalLM has");
+                     ", which none of MixtralForCausalLM, Qwen2MoeForCausalLM, "
+                     "Glm4MoeForCausalLM has");
   };
-  int64_t moe_layers = 0, shared = 0, gated = 0, first = -1;
+  int64_t moe_layers = 0, shared = 0, gated = 0, biased = 0, first = -1;
+  int64_t dense_after = -1;  // a dense layer after the first MoE layer
   for (int64_t i = 0; i < layers; ++i) {
     const std::string l = StrCat(kLayers, i, ".mlp.");
     info.moe_layer.push_back(has(l + "router.weight"));
-    if (!info.moe_layer.back()) continue;
+    if (!info.moe_layer.back()) {
+      if (first >= 0 && dense_after < 0) dense_after = i;
+      continue;
+    }
     ++moe_layers;
     if (first < 0) first = i;
     if (has(l + "shared_experts.linear_fc1.weight")) ++shared;
     if (has(l + "shared_experts.gate_weight")) ++gated;
-    if (has(l + "router.expert_bias")) {
-      refuse(StrCat("layer ", i,
-                    ": a router expert bias (DeepSeek-V3's "
-                    "e_score_correction_bias with a sigmoid router)"));
-    }
+    if (has(l + "router.expert_bias")) ++biased;
   }
   if (moe_layers == 0) return info;
+  info.first_moe = first;
   while (has(StrCat(kLayers, first, ".mlp.experts.", info.experts,
                     ".linear_fc1.weight")))
     ++info.experts;
@@ -104,14 +110,48 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
                      info.experts, " (the experts of layer ", first, ")");
   }
   info.topk = *topk;
-  if (auto f = String(args, "moe_router_score_function"); f && *f != "softmax")
-    refuse(StrCat("a ", *f, " router (moe_router_score_function)"));
-  info.norm_topk = Int(args, "moe_router_pre_softmax").value_or(0) == 0;
-  if (auto f = Number(args, "moe_router_topk_scaling_factor"); f && *f != 1.0)
-    refuse(StrCat("scaled routing weights (moe_router_topk_scaling_factor ", *f,
-                  ")"));
+  // Without args (DCP), an expert bias says sigmoid: Megatron's softmax
+  // router ignores the bias, DeepSeek-V3's aux-loss-free balancing needs it.
+  const std::string score = String(args, "moe_router_score_function")
+                                .value_or(biased > 0 ? "sigmoid" : "softmax");
   if (Int(args, "moe_router_num_groups").value_or(1) > 1)
     refuse("group-limited routing (moe_router_num_groups)");
+  const double scaling =
+      Number(args, "moe_router_topk_scaling_factor").value_or(1.0);
+  if (score == "sigmoid") {
+    if (biased != moe_layers) {
+      refuse(
+          "a sigmoid router without an expert bias in every MoE layer "
+          "(Glm4MoeForCausalLM's e_score_correction_bias)");
+    }
+    if (shared != moe_layers)
+      refuse("a sigmoid router without shared experts in every MoE layer");
+    if (gated > 0)
+      refuse(
+          "a gated shared expert (moe_shared_expert_gate) with a sigmoid "
+          "router");
+    if (dense_after >= 0) {
+      refuse(StrCat("dense layer ", dense_after,
+                    " after the first MoE layer (with a sigmoid router)"));
+    }
+    info.arch = MoeArch::kGlm4Moe;
+    info.norm_topk = info.topk > 1;  // Megatron normalizes when k > 1
+    info.scaling = scaling;
+    return info;
+  }
+  if (score != "softmax")
+    refuse(StrCat("a ", score, " router (moe_router_score_function)"));
+  if (biased > 0)
+    refuse(
+        "an expert bias (moe_router_enable_expert_bias) with a softmax "
+        "router");
+  info.norm_topk = Int(args, "moe_router_pre_softmax").value_or(0) == 0;
+  if (scaling != 1.0) {
+    refuse(
+        StrCat("scaled routing weights with a softmax router "
+               "(moe_router_topk_scaling_factor ",
+               scaling, ")"));
+  }
   if (shared == 0 && moe_layers == layers) {
     if (!info.norm_topk)
       refuse("unnormalized top-k weights (moe_router_pre_softmax)");
@@ -123,13 +163,16 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
   } else if (shared != moe_layers) {
     refuse("shared experts in some MoE layers only");
   } else {
-    refuse("shared experts without a gate (moe_shared_expert_gate)");
+    refuse(
+        "shared experts without a gate (moe_shared_expert_gate) with a "
+        "softmax router");
   }
   return info;
 }
 
 // config.json's MoE fields.
-void AddMoeConfig(json::Value& c, const MoeInfo& info) {
+void AddMoeConfig(json::Value& c, const MoeInfo& info,
+                  const std::string& where) {
   c["num_experts_per_tok"] = info.topk;
   c["output_router_logits"] = false;
   if (info.arch == MoeArch::kMixtral) {
@@ -137,10 +180,29 @@ void AddMoeConfig(json::Value& c, const MoeInfo& info) {
     c["sliding_window"] = json::Value();
     return;
   }
-  c["num_experts"] = info.experts;
   c["moe_intermediate_size"] = info.expert_ffn;
-  c["shared_expert_intermediate_size"] = info.shared_ffn;
   c["norm_topk_prob"] = info.norm_topk;
+  if (c["intermediate_size"].AsInt() == 0)
+    c["intermediate_size"] = info.expert_ffn;
+  if (info.arch == MoeArch::kGlm4Moe) {
+    if (info.expert_ffn <= 0 || info.shared_ffn % info.expert_ffn != 0) {
+      throw UsageError(where, ": the shared experts' ffn ", info.shared_ffn,
+                       " is not a multiple of the experts' ", info.expert_ffn,
+                       " (Glm4MoeForCausalLM's n_shared_experts)");
+    }
+    c["n_routed_experts"] = info.experts;
+    c["n_shared_experts"] = info.shared_ffn / info.expert_ffn;
+    c["first_k_dense_replace"] = info.first_moe;
+    c["routed_scaling_factor"] = info.scaling;
+    c["n_group"] = 1;
+    c["topk_group"] = 1;
+    c["partial_rotary_factor"] = 1.0;
+    c["attention_bias"] = false;
+    c["use_qk_norm"] = false;
+    return;
+  }
+  c["num_experts"] = info.experts;
+  c["shared_expert_intermediate_size"] = info.shared_ffn;
   c["decoder_sparse_step"] = 1;
   json::Value dense = json::Value::Array();
   for (size_t i = 0; i < info.moe_layer.size(); ++i)
@@ -148,8 +210,6 @@ void AddMoeConfig(json::Value& c, const MoeInfo& info) {
   c["mlp_only_layers"] = std::move(dense);
   c["qkv_bias"] = false;
   c["use_sliding_window"] = false;
-  if (c["intermediate_size"].AsInt() == 0)
-    c["intermediate_size"] = info.expert_ffn;
 }
 
 }  // namespace
@@ -323,6 +383,10 @@ HfModel MapDecoder(const universal::UniversalInput& input,
                        info.experts, ", ", hidden, "]");
     }
     whole(mlp + "gate.weight", router);
+    if (info.arch == MoeArch::kGlm4Moe) {
+      whole(mlp + "gate.e_score_correction_bias",
+            *find({l + "mlp.router.expert_bias"}, 1));
+    }
     std::vector<const atoms::StoredParam*> fc1s, fc2s;
     for (int64_t e = 0; e < info.experts; ++e) {
       const std::string x = StrCat(l, "mlp.experts.", e, ".");
@@ -378,6 +442,13 @@ HfModel MapDecoder(const universal::UniversalInput& input,
       whole(mlp + "shared_expert.down_proj.weight",
             *find({s + "linear_fc2.weight"}, 2));
       whole(mlp + "shared_expert_gate.weight", *find({s + "gate_weight"}, 2));
+    } else if (info.arch == MoeArch::kGlm4Moe) {
+      const std::string s = l + "mlp.shared_experts.";
+      info.shared_ffn = gate_up(*find({s + "linear_fc1.weight"}, 2),
+                                mlp + "shared_experts.gate_proj.weight",
+                                mlp + "shared_experts.up_proj.weight");
+      whole(mlp + "shared_experts.down_proj.weight",
+            *find({s + "linear_fc2.weight"}, 2));
     }
   }
   whole("model.norm.weight", *find({"decoder.final_layernorm.weight"}, 1));
@@ -401,6 +472,9 @@ HfModel MapDecoder(const universal::UniversalInput& input,
   } else if (moe && info.arch == MoeArch::kQwen2Moe) {
     name = "Qwen2MoeForCausalLM";
     type = "qwen2_moe";
+  } else if (moe && info.arch == MoeArch::kGlm4Moe) {
+    name = "Glm4MoeForCausalLM";
+    type = "glm4_moe";
   }
   arch.Append(name);
   c["architectures"] = std::move(arch);
@@ -420,7 +494,7 @@ HfModel MapDecoder(const universal::UniversalInput& input,
           .value_or(Int(args, "seq_length").value_or(4096));
   c["tie_word_embeddings"] = tied;
   if (moe && info.arch != MoeArch::kNone) {
-    AddMoeConfig(c, info);
+    AddMoeConfig(c, info, where);
   } else {
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
@@ -450,7 +524,8 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
     m.info.fqn = std::move(t.name);
     m.info.shape = std::move(t.shape);
     if (t.pieces.empty()) {
-      m.pieces.push_back({t.param, Box::Whole(t.shape), Box::Whole(t.shape)});
+      m.pieces.push_back(
+          {t.param, Box::Whole(m.info.shape), Box::Whole(m.info.shape)});
     }
     for (HfPiece& p : t.pieces)
       m.pieces.push_back({p.param.empty() ? t.param : std::move(p.param),

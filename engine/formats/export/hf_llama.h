@@ -90,8 +90,9 @@ struct HfModel {
 HfModel MapToHfLlama(const universal::UniversalInput& input,
                      std::string_view flag = "--hf");
 
-/// The transformers model of `input` (hf_moe.h: LLaMA for a dense model, a
-/// mixture of experts as MixtralForCausalLM or Qwen2MoeForCausalLM).
+/// The transformers model of `input` (LLaMA for a dense model, a
+/// mixture of experts as MixtralForCausalLM, Qwen2MoeForCausalLM or
+/// Glm4MoeForCausalLM: README.md of this folder).
 /// Throws UsageError like MapToHfLlama.
 HfModel MapToHf(const universal::UniversalInput& input, HfExperts experts,
                 std::string_view flag = "--hf");
