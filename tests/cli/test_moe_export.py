@@ -8,7 +8,8 @@ range. Mixtral-like (every layer MoE) -> MixtralForCausalLM; a dense first layer
 expert with its gate -> Qwen2MoeForCausalLM (the only transformers MoE with Megatron's GQA
 attention and a gated shared expert); DeepSeek-V3's block (sigmoid router with an expert bias,
 ungated shared experts, dense first layer) -> Glm4MoeForCausalLM; each with the per-expert names
-and --hf-experts fused. Two experts swapped in the export are caught, and a zeroed expert bias.
+and --hf-experts fused. Two experts swapped in the export are caught, and a zeroed expert bias; a missing expert or
+one past the count is one error line.
 A gated shared expert with a sigmoid router (no transformers model computes it) is one usage
 error."""
 import json
@@ -98,6 +99,22 @@ def test_mixtral():
                 "--hf-experts", "stacked", expect=2)
         one_error_line(p, "--hf-experts stacked")
         assert not (t / "bad").exists()
+        # A missing expert, an expert past the count: one line naming it, nothing written.
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save(str(t / "src" / "dcp"), str(t / "all.pt"))
+        x = "decoder.layers.1.mlp.experts."
+        for name, edit in (("missing", lambda sd: sd.pop(x + "2.linear_fc2.weight")),
+                           ("extra", lambda sd: sd.update({
+                               x + "4.linear_fc1.weight": sd[x + "3.linear_fc1.weight"],
+                               x + "4.linear_fc2.weight": sd[x + "3.linear_fc2.weight"]}))):
+            sd = torch.load(t / "all.pt")
+            edit(sd)
+            dcp.save(sd, checkpoint_id=str(t / name / "dcp"), no_dist=True)
+            p = run("export", t / name / "dcp", "-o", t / "bad", "--hf", *HEADS, expect=2)
+            one_error_line(p, x + ("2.linear_fc2" if name == "missing" else "4.linear_fc1"),
+                           "MixtralForCausalLM")
+            assert not (t / "bad").exists()
 
 
 def test_qwen2_moe_dense_first_layer_shared_expert():

@@ -62,6 +62,20 @@ struct MoeInfo {
   double scaling = 1.0;  // Glm4Moe's routed_scaling_factor
 };
 
+const char* ArchName(MoeArch arch) {
+  switch (arch) {
+    case MoeArch::kMixtral:
+      return "MixtralForCausalLM";
+    case MoeArch::kQwen2Moe:
+      return "Qwen2MoeForCausalLM";
+    case MoeArch::kGlm4Moe:
+      return "Glm4MoeForCausalLM";
+    case MoeArch::kNone:
+      break;
+  }
+  return "LlamaForCausalLM";
+}
+
 // Which transformers model the experts of `input` make (names, args), or
 // UsageError naming what none of them has. Megatron's softmax router (top-k
 // of the logits, softmax over them) is Mixtral's / Qwen2-MoE's; its sigmoid
@@ -275,6 +289,7 @@ HfModel MapDecoder(const universal::UniversalInput& input,
   for (const atoms::StoredParam& p : input.params())
     params.emplace(p.info.fqn, &p);
   std::map<std::string, bool, std::less<>> used;
+  std::string model_name = "LlamaForCausalLM";
   auto find = [&](std::initializer_list<std::string> names,
                   size_t rank) -> const atoms::StoredParam* {
     for (const std::string& n : names) {
@@ -287,8 +302,8 @@ HfModel MapDecoder(const universal::UniversalInput& input,
       used[n] = true;
       return it->second;
     }
-    throw UsageError(where, ": no ", *names.begin(),
-                     " (a LlamaForCausalLM needs it)");
+    throw UsageError(where, ": no ", *names.begin(), " (a ", model_name,
+                     " needs it)");
   };
 
   auto has = [&](const std::string& name) { return params.count(name) > 0; };
@@ -320,6 +335,7 @@ HfModel MapDecoder(const universal::UniversalInput& input,
   };
   MoeInfo info;
   if (moe) info = MoeOf(args, model, where, *layers, has);
+  model_name = ArchName(info.arch);
   const atoms::StoredParam& emb =
       *find({"embedding.word_embeddings.weight"}, 2);
   const int64_t vocab = emb.info.shape[0];
@@ -394,7 +410,7 @@ HfModel MapDecoder(const universal::UniversalInput& input,
       fc2s.push_back(find({x + "linear_fc2.weight"}, 2));
       if (fc1s[e]->info.shape != fc1s[0]->info.shape ||
           fc2s[e]->info.shape != fc2s[0]->info.shape ||
-          fc1s[e]->info.shape[0] % 2 != 0 ||
+          fc1s[e]->info.shape[0] % 2 != 0 || fc1s[e]->info.shape[1] != hidden ||
           fc2s[e]->info.shape !=
               Shape{fc1s[0]->info.shape[1], fc1s[0]->info.shape[0] / 2}) {
         throw UsageError(where, " > ", fc1s[e]->info.fqn, " ",
@@ -456,24 +472,21 @@ HfModel MapDecoder(const universal::UniversalInput& input,
   for (const auto& [name, p] : params) {
     if (p->info.kind == atoms::ParamKind::kParam && !used.count(name) &&
         !(tied && name == "output_layer.weight")) {
-      throw UsageError(where, " > ", name,
-                       ": a param with no place in LlamaForCausalLM");
+      throw UsageError(where, " > ", name, ": a param with no place in ",
+                       model_name);
     }
   }
 
   json::Value c = json::Value::Object();
   json::Value arch = json::Value::Array();
-  const char* name = "LlamaForCausalLM";
+  const char* name = ArchName(info.arch);
   const char* type = "llama";
   if (moe && info.arch == MoeArch::kMixtral) {
-    name = "MixtralForCausalLM";
     type = "mixtral";
     ffn = info.expert_ffn;  // Mixtral's intermediate_size is the experts'
   } else if (moe && info.arch == MoeArch::kQwen2Moe) {
-    name = "Qwen2MoeForCausalLM";
     type = "qwen2_moe";
   } else if (moe && info.arch == MoeArch::kGlm4Moe) {
-    name = "Glm4MoeForCausalLM";
     type = "glm4_moe";
   }
   arch.Append(name);
