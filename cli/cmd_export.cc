@@ -124,7 +124,10 @@ int RunExport(const std::vector<std::string>& args) {
       "hf", po::bool_switch(&hf),
       "a transformers model folder: LlamaForCausalLM's names (q/k/v and "
       "gate/up split from Megatron's fused weights) and config.json, for "
-      "from_pretrained (Megatron-core LLaMA-style GPT models, also read "
+      "from_pretrained; mixtures of experts as MixtralForCausalLM, "
+      "Qwen2/Qwen3MoeForCausalLM or Glm4MoeForCausalLM (DeepSeek-V3's router; "
+      "without args: --model-var moe_router_topk=K) "
+      "(Megatron-core LLaMA-style GPT models, also read "
       "from DCP; MindFormers' LLaMA too; where the source does not record "
       "the heads: --model-var num_attention_heads=N --model-var "
       "num_query_groups=N)")(

@@ -4,7 +4,8 @@ logits in float32 (tests/tools/moe_hf_oracle.py; its weights saved by torch's DC
 universal file's names: global layer and expert indices, each expert's fc1 [gate; up]);
 transformers 5.24 loads ucp's export with from_pretrained (no key missing, unexpected or
 mismatched) and its logits for the same tokens must equal megatron-core's to 1e-5 of their
-range. Mixtral-like (every layer MoE) -> MixtralForCausalLM; a dense first layer and a shared
+range. Mixtral-like (every layer MoE) -> MixtralForCausalLM; with QK norms and a dense first
+layer -> Qwen3MoeForCausalLM; a dense first layer and a shared
 expert with its gate -> Qwen2MoeForCausalLM (the only transformers MoE with Megatron's GQA
 attention and a gated shared expert); DeepSeek-V3's block (sigmoid router with an expert bias,
 ungated shared experts, dense first layer) -> Glm4MoeForCausalLM; each with the per-expert names
@@ -115,6 +116,26 @@ def test_mixtral():
             one_error_line(p, x + ("2.linear_fc2" if name == "missing" else "4.linear_fc1"),
                            "MixtralForCausalLM")
             assert not (t / "bad").exists()
+
+
+def test_qwen3_moe_qk_norms_dense_first_layer():
+    with Tmp("ucp-moehf-") as t:
+        assert oracle.make(t / "src", "qwen3")
+        c = export(t / "src", t / "hf")
+        assert c["architectures"] == ["Qwen3MoeForCausalLM"] and c["num_experts"] == E \
+            and c["mlp_only_layers"] == [0] and c["moe_intermediate_size"] == F \
+            and c["intermediate_size"] == 24 and c["norm_topk_prob"] is True, c
+        w = tensors(t / "hf")
+        assert w["model.layers.1.self_attn.q_norm.weight"].shape == (H // 4,)
+        assert w["model.layers.1.mlp.experts.0.gate_proj.weight"].shape == (F, H)
+        verdict_ok(t / "src", t / "hf", "Qwen3MoeForCausalLM")
+        export(t / "src", t / "fused", "--hf-experts", "fused")
+        verdict_ok(t / "src", t / "fused", "Qwen3MoeForCausalLM")
+        swap(t / "hf", "model.layers.0.self_attn.q_norm.weight",
+             "model.layers.0.self_attn.k_norm.weight")
+        verdict_fails(t / "src", t / "hf")
+        swap(t / "fused", "model.layers.1.mlp.experts.down_proj", None)
+        verdict_fails(t / "src", t / "fused")
 
 
 def test_qwen2_moe_dense_first_layer_shared_expert():

@@ -19,6 +19,9 @@ experts of ffn 8, top-2, SwiGLU, RMSNorm, RoPE, untied, vocabulary 128, each exp
 distinct so that a swapped expert shows):
   mixtral:  every layer MoE, softmax router (top-k of the logits, softmax over them: Mixtral's
             softmax, top-k, renormalize) -> MixtralForCausalLM
+  qwen3:    mixtral's with QK layer norms (qk_layernorm: RMSNorm over each head's dim, before
+            the rotary embedding) and layer 0 dense (ffn 24) -> Qwen3MoeForCausalLM
+            (q_norm / k_norm, mlp_only_layers [0])
   qwen2:    layer 0 dense (ffn 24), layer 1 MoE with a shared expert (ffn 16) and its sigmoid
             gate, softmax router -> Qwen2MoeForCausalLM (mlp_only_layers [0], norm_topk_prob)
   glm:      DeepSeek-V3's MoE block with GQA attention: layer 0 dense, layer 1 MoE with a shared
@@ -49,21 +52,23 @@ import make_moe_torch_dist as mm  # noqa: E402
 import megatron_torch_dist as mtd  # noqa: E402
 
 TOKENS = (2, 16)
-VARIANTS = ("mixtral", "qwen2", "glm", "deepseek")
+VARIANTS = ("mixtral", "qwen3", "qwen2", "glm", "deepseek")
 
 
 def build(variant, seed):
     """megatron-core's GPTModel of `variant` (bf16, as make_moe_torch_dist.build makes it)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
-    a = argparse.Namespace(variant="mixtral" if variant == "mixtral" else "deepseek", tp=1,
-                           pp=1, ep=1, etp=1, seed=seed)
+    a = argparse.Namespace(variant="mixtral" if variant in ("mixtral", "qwen3") else "deepseek",
+                           tp=1, pp=1, ep=1, etp=1, seed=seed)
     # (the allgather dispatcher: the alltoall one's CPU path waits on a CUDA event; the
     # dispatcher moves tokens, the math is the same)
     cfg = dataclasses.replace(mm.config(a), moe_token_dispatcher_type="allgather")
     if variant == "qwen2":
         cfg = dataclasses.replace(cfg, moe_router_score_function="softmax",
                                   moe_router_enable_expert_bias=False)
+    if variant == "qwen3":
+        cfg = dataclasses.replace(cfg, qk_layernorm=True, moe_layer_freq=[0, 1])
     if variant == "glm":
         cfg = dataclasses.replace(cfg, moe_shared_expert_gate=False)
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
@@ -76,6 +81,10 @@ def build(variant, seed):
     for n, b in bias.items():
         model.get_buffer(n).data = b + 0.01 * torch.arange(b.numel())  # a bias that matters
     mm.distinct_experts(model, seed)
+    with torch.no_grad():  # norms that differ from ones (a misplaced one shows)
+        for n, p in model.named_parameters():
+            if n.endswith(("q_layernorm.weight", "k_layernorm.weight")):
+                p.add_(0.25 * torch.arange(p.numel()).to(p.dtype) * (1 if "q_" in n else -1))
     return model
 
 

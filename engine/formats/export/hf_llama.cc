@@ -52,13 +52,14 @@ bool IsMcoreGpt(const std::string& layout) {
 }
 
 // The mixture of experts of a model (hf_llama.h MapToHf).
-enum class MoeArch { kNone, kMixtral, kQwen2Moe, kGlm4Moe };
+enum class MoeArch { kNone, kMixtral, kQwen2Moe, kQwen3Moe, kGlm4Moe };
 struct MoeInfo {
   MoeArch arch = MoeArch::kNone;
   std::vector<bool> moe_layer;  // per global layer
   int64_t experts = 0, topk = 0, expert_ffn = 0, shared_ffn = 0;
   int64_t first_moe = 0;  // Glm4Moe's first_k_dense_replace
   bool norm_topk = true;
+  bool qk_norm = false;  // Megatron's q/k_layernorm: Qwen3-MoE's q/k_norm
   double scaling = 1.0;  // Glm4Moe's routed_scaling_factor
 };
 
@@ -68,6 +69,8 @@ const char* ArchName(MoeArch arch) {
       return "MixtralForCausalLM";
     case MoeArch::kQwen2Moe:
       return "Qwen2MoeForCausalLM";
+    case MoeArch::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
     case MoeArch::kGlm4Moe:
       return "Glm4MoeForCausalLM";
     case MoeArch::kNone:
@@ -88,7 +91,7 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
   auto refuse = [&](const std::string& why) {
     throw UsageError(where, ": ", why,
                      ", which none of MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                     "Glm4MoeForCausalLM has");
+                     "Qwen3MoeForCausalLM, Glm4MoeForCausalLM has");
   };
   int64_t moe_layers = 0, shared = 0, gated = 0, biased = 0, first = -1;
   int64_t dense_after = -1;  // a dense layer after the first MoE layer
@@ -107,6 +110,8 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
   }
   if (moe_layers == 0) return info;
   info.first_moe = first;
+  info.qk_norm =
+      has(StrCat(kLayers, first, ".self_attention.q_layernorm.weight"));
   while (has(StrCat(kLayers, first, ".mlp.experts.", info.experts,
                     ".linear_fc1.weight")))
     ++info.experts;
@@ -166,7 +171,11 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
                "(moe_router_topk_scaling_factor ",
                scaling, ")"));
   }
-  if (shared == 0 && moe_layers == layers) {
+  if (shared == 0 && info.qk_norm) {
+    info.arch = MoeArch::kQwen3Moe;
+  } else if (info.qk_norm) {
+    refuse("QK layer norms with shared experts and a softmax router");
+  } else if (shared == 0 && moe_layers == layers) {
     if (!info.norm_topk)
       refuse("unnormalized top-k weights (moe_router_pre_softmax)");
     info.arch = MoeArch::kMixtral;
@@ -212,17 +221,21 @@ void AddMoeConfig(json::Value& c, const MoeInfo& info,
     c["topk_group"] = 1;
     c["partial_rotary_factor"] = 1.0;
     c["attention_bias"] = false;
-    c["use_qk_norm"] = false;
+    c["use_qk_norm"] = info.qk_norm;
     return;
   }
   c["num_experts"] = info.experts;
-  c["shared_expert_intermediate_size"] = info.shared_ffn;
+  if (info.arch == MoeArch::kQwen2Moe) {
+    c["shared_expert_intermediate_size"] = info.shared_ffn;
+    c["qkv_bias"] = false;
+  } else {
+    c["attention_bias"] = false;
+  }
   c["decoder_sparse_step"] = 1;
   json::Value dense = json::Value::Array();
   for (size_t i = 0; i < info.moe_layer.size(); ++i)
     if (!info.moe_layer[i]) dense.Append(static_cast<int64_t>(i));
   c["mlp_only_layers"] = std::move(dense);
-  c["qkv_bias"] = false;
   c["use_sliding_window"] = false;
 }
 
@@ -230,9 +243,11 @@ void AddMoeConfig(json::Value& c, const MoeInfo& info,
 
 namespace {
 
-// LLaMA (`moe` absent: experts refused), or with experts: Mixtral (every
-// layer MoE, no shared experts) or Qwen2-MoE (shared experts with their gate,
-// dense layers allowed). See hf_llama.h and the README.
+// LLaMA (`moe` absent: experts refused), or with experts (MoeOf): Mixtral
+// (every layer MoE, no shared experts), Qwen2-MoE (shared experts with their
+// gate, dense layers anywhere), Qwen3-MoE (QK norms, no shared experts, dense
+// layers anywhere) or Glm4-MoE (DeepSeek-V3's sigmoid router with
+// its expert bias, ungated shared experts, dense first layers). README.md.
 HfModel MapDecoder(const universal::UniversalInput& input,
                    std::string_view flag, std::optional<HfExperts> moe) {
   const std::string where = StrCat(flag, ": ", input.path().string());
@@ -270,7 +285,8 @@ HfModel MapDecoder(const universal::UniversalInput& input,
     refuse("interleaved rotary embeddings");
   if (auto r = Number(args, "rotary_percent"); r && *r != 1.0)
     refuse(StrCat("partial rotary embeddings (rotary_percent ", *r, ")"));
-  if (Int(args, "qk_layernorm").value_or(0) != 0) refuse("QK layer norms");
+  if (!moe && Int(args, "qk_layernorm").value_or(0) != 0)
+    refuse("QK layer norms");
   if (!moe && Int(args, "num_experts").value_or(0) > 0)
     refuse("mixture of experts");
 
@@ -335,6 +351,8 @@ HfModel MapDecoder(const universal::UniversalInput& input,
   };
   MoeInfo info;
   if (moe) info = MoeOf(args, model, where, *layers, has);
+  if (Int(args, "qk_layernorm").value_or(0) != 0 && !info.qk_norm)
+    refuse("QK layer norms");
   model_name = ArchName(info.arch);
   const atoms::StoredParam& emb =
       *find({"embedding.word_embeddings.weight"}, 2);
@@ -374,6 +392,12 @@ HfModel MapDecoder(const universal::UniversalInput& input,
     m.tensors.push_back(std::move(q));
     m.tensors.push_back(std::move(k));
     m.tensors.push_back(std::move(v));
+    if (info.qk_norm) {
+      whole(h + "self_attn.q_norm.weight",
+            *find({l + "self_attention.q_layernorm.weight"}, 1));
+      whole(h + "self_attn.k_norm.weight",
+            *find({l + "self_attention.k_layernorm.weight"}, 1));
+    }
     whole(h + "self_attn.o_proj.weight",
           *find({l + "self_attention.linear_proj.weight"}, 2));
     whole(h + "post_attention_layernorm.weight",
@@ -484,6 +508,8 @@ HfModel MapDecoder(const universal::UniversalInput& input,
   if (moe && info.arch == MoeArch::kMixtral) {
     type = "mixtral";
     ffn = info.expert_ffn;  // Mixtral's intermediate_size is the experts'
+  } else if (moe && info.arch == MoeArch::kQwen3Moe) {
+    type = "qwen3_moe";
   } else if (moe && info.arch == MoeArch::kQwen2Moe) {
     type = "qwen2_moe";
   } else if (moe && info.arch == MoeArch::kGlm4Moe) {

@@ -91,8 +91,8 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
                      std::string_view flag = "--hf");
 
 /// The transformers model of `input` (LLaMA for a dense model, a
-/// mixture of experts as MixtralForCausalLM, Qwen2MoeForCausalLM or
-/// Glm4MoeForCausalLM: README.md of this folder).
+/// mixture of experts as MixtralForCausalLM, Qwen2MoeForCausalLM,
+/// Qwen3MoeForCausalLM or Glm4MoeForCausalLM: README.md of this folder).
 /// Throws UsageError like MapToHfLlama.
 HfModel MapToHf(const universal::UniversalInput& input, HfExperts experts,
                 std::string_view flag = "--hf");
