@@ -2,7 +2,8 @@
 run with its python): the real megatron-core 0.16 builds a MoE GPTModel on CPU (world 1, gloo)
 and gives its logits; the real transformers loads ucp's export and must give the same.
 
-  moe_hf_oracle.py make DIR [--variant mixtral|qwen2|deepseek] [--seed S]
+  moe_hf_oracle.py make DIR [--variant mixtral|qwen3|qwen2|glm|deepseek] [--seed S]
+                       [--truth SAVE/truth.pt]
       DIR/dcp/        the model's weights (bf16, as training holds them) as a PyTorch DCP
                       checkpoint saved by torch.distributed.checkpoint, under the canonical
                       names of the universal file (global layer and expert indices,
@@ -10,6 +11,10 @@ and gives its logits; the real transformers loads ucp's export and must give the
                       from megatron-core's own sharded_state_dict (make_moe_torch_dist.py's
                       local_pieces / assemble: the same names its truth.pt has)
       DIR/logits.pt   {"tokens": [2, 16] int64, "logits": megatron-core's forward in float32}
+      --truth: the model's weights are those of make_moe_torch_dist.py's truth.pt (a torch_dist
+      save at any TP / EP / PP, same variant: mixtral, deepseek), set through megatron-core's
+      own sharded state dict, so DIR's logits are those of that save's model (the oracle of
+      `ucp export SAVE --hf` once ucp reads MoE torch_dist saves)
   moe_hf_oracle.py check DIR HF    transformers' AutoModelForCausalLM.from_pretrained(HF):
                       no missing, unexpected or mismatched key, logits equal to DIR's within
                       1e-5 of their largest magnitude; prints one JSON verdict, exits 1 if not
@@ -88,6 +93,30 @@ def build(variant, seed):
     return model
 
 
+def load_truth(model, truth):
+    """Sets every weight of the world-1 `model` from a make_moe_torch_dist.py truth (its
+    "model": global tensors by canonical name), through megatron-core's own sharded state dict
+    (the SwiGLU factories' gate / up chunks are views of fc1): each ShardedTensor's truth name
+    (make_moe_torch_dist.truth_name), every truth tensor used once."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    sd = model.sharded_state_dict()
+    apply_factories(sd)
+    used = set()
+    with torch.no_grad():
+        for sh in nested_values(sd):
+            if not isinstance(sh, ShardedTensor):
+                continue
+            n = sh.prepend_axis_num
+            name = mm.truth_name(sh.key, sh.global_offset[:n])
+            src = truth[name][tuple(slice(o, o + s) for o, s in
+                                    zip(sh.global_offset[n:], sh.local_shape))]
+            sh.data.copy_(src.reshape(sh.data.shape))
+            used.add(name)
+    missing = sorted(set(truth) - used)
+    assert not missing, f"truth tensors the model has no place for: {missing}"
+
+
 def make_rank(rank, world, port, a):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -99,6 +128,8 @@ def make_rank(rank, world, port, a):
     from megatron.core.tensor_parallel import random as mrandom
     parallel_state.initialize_model_parallel(1, 1)
     model = build(a.variant, a.seed)
+    if a.truth:
+        load_truth(model, torch.load(a.truth, weights_only=False)["model"])
     pieces, _ = mm.local_pieces(model.sharded_state_dict())
     full = mm.assemble([pieces])
     out = pathlib.Path(a.out)
@@ -125,13 +156,16 @@ def make_rank(rank, world, port, a):
     torch.distributed.destroy_process_group()
 
 
-def make(out, variant="mixtral", seed=3):
-    """Makes DIR (see the module's doc) in a forked process; True when it succeeded."""
+def make(out, variant="mixtral", seed=3, truth=None):
+    """Makes DIR (see the module's doc) in a forked process; True when it succeeded. truth: a
+    make_moe_torch_dist.py truth.pt of the same variant whose weights the model takes (its
+    torch_dist save then holds the model whose logits DIR has)."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
-    a = argparse.Namespace(out=str(out), variant=variant, seed=seed)
+    a = argparse.Namespace(out=str(out), variant=variant, seed=seed,
+                           truth=str(truth) if truth else None)
     ctx = mp.start_processes(make_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
                              start_method="fork")
     return mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "moe_hf_oracle make")
@@ -168,9 +202,10 @@ def main():
     ap.add_argument("hf", nargs="?")
     ap.add_argument("--variant", choices=VARIANTS, default="mixtral")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--truth", help="make: the weights of a make_moe_torch_dist.py truth.pt")
     a = ap.parse_args()
     if a.mode == "make":
-        sys.exit(0 if make(a.dir, a.variant, a.seed) else 1)
+        sys.exit(0 if make(a.dir, a.variant, a.seed, a.truth) else 1)
     v = check(a.dir, a.hf)
     print(json.dumps(v))
     sys.exit(0 if v["ok"] else 1)
