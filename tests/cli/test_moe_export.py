@@ -176,6 +176,11 @@ def test_deepseek_router_as_glm4_moe():
         verdict_ok(t / "src", t / "hf", "Glm4MoeForCausalLM")
         export(t / "src", t / "fused", "--hf-experts", "fused")
         verdict_ok(t / "src", t / "fused", "Glm4MoeForCausalLM")
+        # bf16: the expert bias stays float32 (a rounded bias would route otherwise).
+        export(t / "src", t / "bf16", "--dtype", "bf16")
+        b = tensors(t / "bf16")
+        assert b[bias].dtype == torch.float32 and torch.equal(b[bias], w[bias]), b[bias]
+        assert b["model.layers.1.mlp.gate.weight"].dtype == torch.bfloat16
         # The expert bias steers the choice: without it the logits differ.
         w[bias] = torch.zeros_like(w[bias])
         save_file(w, t / "hf" / "model.safetensors", metadata={"format": "pt"})

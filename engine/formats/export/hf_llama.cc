@@ -426,6 +426,7 @@ HfModel MapDecoder(const universal::UniversalInput& input,
     if (info.arch == MoeArch::kGlm4Moe) {
       whole(mlp + "gate.e_score_correction_bias",
             *find({l + "mlp.router.expert_bias"}, 1));
+      m.tensors.back().fp32 = true;
     }
     std::vector<const atoms::StoredParam*> fc1s, fc2s;
     for (int64_t e = 0; e < info.experts; ++e) {

@@ -69,6 +69,9 @@ struct HfTensor {
   std::string param;
   Shape shape;
   std::vector<HfPiece> pieces;
+  /// Written in float32 whatever the export's dtype (the router's expert
+  /// bias, as DeepSeek-V3's own files and transformers keep it).
+  bool fp32 = false;
 };
 
 /// How `--hf` writes routed experts (`--hf-experts`): one tensor per expert
