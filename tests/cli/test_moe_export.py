@@ -5,16 +5,15 @@ universal file's names: global layer and expert indices, each expert's fc1 [gate
 transformers 5.24 loads ucp's export with from_pretrained (no key missing, unexpected or
 mismatched) and its logits for the same tokens must equal megatron-core's to 1e-5 of their
 range. Mixtral-like (every layer MoE) -> MixtralForCausalLM; with QK norms and a dense first
-layer -> Qwen3MoeForCausalLM; a dense first layer and a shared
-expert with its gate -> Qwen2MoeForCausalLM (the only transformers MoE with Megatron's GQA
-attention and a gated shared expert); DeepSeek-V3's block (sigmoid router with an expert bias,
-ungated shared experts, dense first layer) -> Glm4MoeForCausalLM; each with the per-expert names
-and --hf-experts fused. Two experts swapped in the export are caught, and a zeroed expert bias; a missing expert or
-one past the count is one error line.
-A gated shared expert with a sigmoid router (no transformers model computes it) is one usage
-error."""
+layer -> Qwen3MoeForCausalLM; a dense first layer and a shared expert with its gate ->
+Qwen2MoeForCausalLM (the only transformers MoE with Megatron's GQA attention and a gated shared
+expert); DeepSeek-V3's block (sigmoid router with an expert bias, ungated shared experts, dense
+first layer) -> Glm4MoeForCausalLM (DeepseekV3's block without MLA attention); each with the
+per-expert names and --hf-experts fused. Two experts swapped in the export are caught, q/k
+norms swapped and a zeroed expert bias too; a missing expert or one past the count is one error
+line. A gated shared expert with a sigmoid router (no transformers model computes it) is one
+usage error."""
 import json
-import os
 import pathlib
 import sys
 
