@@ -158,6 +158,8 @@ int RunExport(const std::vector<std::string>& args) {
   o.max_shard_bytes = exporting::ParseShardSize(shard);
   o.exclude_frozen = exclude_frozen;
   o.hf = hf;
+  if (!hf && !vm["hf-experts"].defaulted())
+    throw UsageError("--hf-experts ", hf_experts, ": only with --hf");
   if (hf_experts == "per-expert") {
     o.hf_experts = exporting::HfExperts::kPerExpert;
   } else if (hf_experts == "fused") {

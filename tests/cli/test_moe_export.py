@@ -99,6 +99,9 @@ def test_mixtral():
                 "--hf-experts", "stacked", expect=2)
         one_error_line(p, "--hf-experts stacked")
         assert not (t / "bad").exists()
+        p = run("export", t / "src" / "dcp", "-o", t / "bad", "--hf-experts", "fused", expect=2)
+        one_error_line(p, "--hf-experts fused", "only with --hf")
+        assert not (t / "bad").exists()
         # A missing expert, an expert past the count: one line naming it, nothing written.
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
