@@ -30,7 +30,9 @@
 // it already has the requested dtype, and for params without a master);
 // integer buffers keep their dtype. Frozen params unless excluded.
 // With `hf` the tensors are those of transformers' LlamaForCausalLM instead
-// (hf_llama.h), and config.json is written last.
+// (hf_llama.h; a mixture of experts: Mixtral / Qwen2-MoE / Qwen3-MoE /
+// Glm4-MoE, per-expert or fused by `hf_experts`), and config.json is written
+// last.
 
 #include <cstdint>
 #include <filesystem>
