@@ -28,7 +28,9 @@ namespace fs = std::filesystem;
 constexpr const char* kExportHelp =
     "usage: ucp export SRC -o DIR [--format safetensors|torch]\n"
     "                  [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
-    "                  [--exclude-frozen] [--hf] [--tag T | --iteration N] "
+    "                  [--exclude-frozen] [--hf [--hf-experts "
+    "per-expert|fused]]\n"
+    "                  [--tag T | --iteration N] "
     "[options]\n"
     "\n"
     "Writes the consolidated model of SRC (a universal file, or a checkpoint "
@@ -105,6 +107,7 @@ std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
 int RunExport(const std::vector<std::string>& args) {
   po::options_description desc(kExportHelp);
   std::string output, format = "safetensors", dtype = "fp32", shard = "5GB";
+  std::string hf_experts = "per-expert";
   bool exclude_frozen = false, hf = false;
   SourceArgs src;
   RunOptions run;
@@ -121,10 +124,18 @@ int RunExport(const std::vector<std::string>& args) {
       "hf", po::bool_switch(&hf),
       "a transformers model folder: LlamaForCausalLM's names (q/k/v and "
       "gate/up split from Megatron's fused weights) and config.json, for "
-      "from_pretrained (Megatron-core LLaMA-style GPT models, also read "
+      "from_pretrained; mixtures of experts as MixtralForCausalLM, "
+      "Qwen2/Qwen3MoeForCausalLM or Glm4MoeForCausalLM (DeepSeek-V3's router; "
+      "without args: --model-var moe_router_topk=K) "
+      "(Megatron-core LLaMA-style GPT models, also read "
       "from DCP; MindFormers' LLaMA too; where the source does not record "
       "the heads: --model-var num_attention_heads=N --model-var "
-      "num_query_groups=N)");
+      "num_query_groups=N)")(
+      "hf-experts",
+      po::value<std::string>(&hf_experts)->default_value("per-expert"),
+      "with --hf, a mixture of experts' routed experts: per-expert "
+      "(mlp.experts.J.gate_proj, Mixtral's block_sparse_moe.experts.J.w1) or "
+      "fused (mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I])");
   std::vector<std::string> model_var_args;
   AddModelVarOption(desc, model_var_args, "for --hf");
   src.Add(desc);
@@ -147,6 +158,15 @@ int RunExport(const std::vector<std::string>& args) {
   o.max_shard_bytes = exporting::ParseShardSize(shard);
   o.exclude_frozen = exclude_frozen;
   o.hf = hf;
+  if (!hf && !vm["hf-experts"].defaulted())
+    throw UsageError("--hf-experts ", hf_experts, ": only with --hf");
+  if (hf_experts == "per-expert") {
+    o.hf_experts = exporting::HfExperts::kPerExpert;
+  } else if (hf_experts == "fused") {
+    o.hf_experts = exporting::HfExperts::kFused;
+  } else {
+    throw UsageError("--hf-experts ", hf_experts, ": use per-expert or fused");
+  }
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   const fs::path source = vm["source"].as<std::string>();

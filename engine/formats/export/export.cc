@@ -30,8 +30,15 @@ struct Item {
   DType dtype = DType::kFloat32;  // exported
   Shape shape;
   uint64_t bytes = 0;
-  /// Boxes of the atom (src) and of the tensor (dst); empty: the whole atom.
-  std::vector<std::pair<Box, Box>> pieces;
+  /// Boxes of an atom (src; null: `atom`) and of the tensor (dst, in a view:
+  /// HfPiece); empty: the whole atom.
+  struct Piece {
+    const atoms::DatasetInfo* atom = nullptr;
+    Box src, dst;
+    int64_t dst_offset = 0;
+    Shape dst_shape;
+  };
+  std::vector<Piece> pieces;
 };
 
 // The item of tensor `name` from param `fqn`'s weights: its training-dtype
@@ -75,11 +82,22 @@ std::vector<Item> Collect(const universal::UniversalInput& input,
                           std::string& config) {
   std::vector<Item> items;
   if (o.hf) {
-    HfModel m = MapToHfLlama(input);
+    HfModel m = MapToHf(input, o.hf_experts);
+    ExportOptions fp32 = o;
+    fp32.dtype = DType::kFloat32;
     for (HfTensor& t : m.tensors) {
-      items.push_back(ItemOf(input, o, t.param, t.name, t.shape));
-      items.back().pieces = std::move(t.pieces);
-      summary.total_size += items.back().bytes;
+      items.push_back(
+          ItemOf(input, t.fp32 ? fp32 : o, t.param, t.name, t.shape));
+      Item& it = items.back();
+      for (HfPiece& p : t.pieces) {
+        // Another param's atom (its own fp32 master or weights; converted).
+        const atoms::DatasetInfo* atom = nullptr;
+        if (!p.param.empty() && p.param != t.param)
+          atom = ItemOf(input, t.fp32 ? fp32 : o, p.param, t.name).atom;
+        it.pieces.push_back({atom, std::move(p.src), std::move(p.dst),
+                             p.dst_offset, std::move(p.dst_shape)});
+      }
+      summary.total_size += it.bytes;
     }
     m.config["torch_dtype"] = o.dtype == DType::kBFloat16  ? "bfloat16"
                               : o.dtype == DType::kFloat16 ? "float16"
@@ -149,11 +167,13 @@ reshape::TargetTensor TensorOf(const universal::UniversalInput& input,
     op.dst_box = op.src_box;
     t.ops.push_back(std::move(op));
   }
-  for (const auto& [src, dst] : it.pieces) {
+  for (const Item::Piece& p : it.pieces) {
     reshape::CopyOp op;
-    op.src = input.Tensor(*it.atom);
-    op.src_box = src;
-    op.dst_box = dst;
+    op.src = input.Tensor(p.atom != nullptr ? *p.atom : *it.atom);
+    op.src_box = p.src;
+    op.dst_box = p.dst;
+    op.dst_offset = p.dst_offset;
+    op.dst_shape = p.dst_shape;
     t.ops.push_back(std::move(op));
   }
   return t;

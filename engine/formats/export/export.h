@@ -30,7 +30,9 @@
 // it already has the requested dtype, and for params without a master);
 // integer buffers keep their dtype. Frozen params unless excluded.
 // With `hf` the tensors are those of transformers' LlamaForCausalLM instead
-// (hf_llama.h), and config.json is written last.
+// (hf_llama.h; a mixture of experts: Mixtral / Qwen2-MoE / Qwen3-MoE /
+// Glm4-MoE, per-expert or fused by `hf_experts`), and config.json is written
+// last.
 
 #include <cstdint>
 #include <filesystem>
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
+#include "engine/formats/export/hf_llama.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
 
@@ -55,6 +58,8 @@ struct ExportOptions {
   /// A transformers model folder (hf_llama.h): LlamaForCausalLM's names,
   /// q/k/v and gate/up split, config.json last.
   bool hf = false;
+  /// With `hf`, a mixture of experts' routed experts (hf_llama.h HfExperts).
+  HfExperts hf_experts = HfExperts::kPerExpert;
 };
 
 struct ExportSummary {

@@ -51,17 +51,214 @@ bool IsMcoreGpt(const std::string& layout) {
   return layout == "mcore-llama" || layout == "mcore-gpt";
 }
 
+// The mixture of experts of a model (hf_llama.h MapToHf).
+enum class MoeArch { kNone, kMixtral, kQwen2Moe, kQwen3Moe, kGlm4Moe };
+struct MoeInfo {
+  MoeArch arch = MoeArch::kNone;
+  std::vector<bool> moe_layer;  // per global layer
+  int64_t experts = 0, topk = 0, expert_ffn = 0, shared_ffn = 0;
+  int64_t first_moe = 0;  // Glm4Moe's first_k_dense_replace
+  bool norm_topk = true;
+  bool qk_norm = false;  // Megatron's q/k_layernorm: Qwen3-MoE's q/k_norm
+  double scaling = 1.0;  // Glm4Moe's routed_scaling_factor
+};
+
+const char* ArchName(MoeArch arch) {
+  switch (arch) {
+    case MoeArch::kMixtral:
+      return "MixtralForCausalLM";
+    case MoeArch::kQwen2Moe:
+      return "Qwen2MoeForCausalLM";
+    case MoeArch::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case MoeArch::kGlm4Moe:
+      return "Glm4MoeForCausalLM";
+    case MoeArch::kNone:
+      break;
+  }
+  return "LlamaForCausalLM";
+}
+
+// Which transformers model the experts of `input` make (names, args), or
+// UsageError naming what none of them has. Megatron's softmax router (top-k
+// of the logits, softmax over them) is Mixtral's / Qwen2-MoE's; its sigmoid
+// router with an expert bias (DeepSeek-V3's) is Glm4Moe's (DeepseekV3's
+// without MLA attention).
+MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
+              const std::string& where, int64_t layers,
+              const std::function<bool(const std::string&)>& has) {
+  MoeInfo info;
+  auto refuse = [&](const std::string& why) {
+    throw UsageError(where, ": ", why,
+                     ", which none of MixtralForCausalLM, Qwen2MoeForCausalLM, "
+                     "Qwen3MoeForCausalLM, Glm4MoeForCausalLM has");
+  };
+  int64_t moe_layers = 0, shared = 0, gated = 0, biased = 0, first = -1;
+  int64_t dense_after = -1;  // a dense layer after the first MoE layer
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string l = StrCat(kLayers, i, ".mlp.");
+    info.moe_layer.push_back(has(l + "router.weight"));
+    if (!info.moe_layer.back()) {
+      if (first >= 0 && dense_after < 0) dense_after = i;
+      continue;
+    }
+    ++moe_layers;
+    if (first < 0) first = i;
+    if (has(l + "shared_experts.linear_fc1.weight")) ++shared;
+    if (has(l + "shared_experts.gate_weight")) ++gated;
+    if (has(l + "router.expert_bias")) ++biased;
+  }
+  if (moe_layers == 0) return info;
+  info.first_moe = first;
+  info.qk_norm =
+      has(StrCat(kLayers, first, ".self_attention.q_layernorm.weight"));
+  while (has(StrCat(kLayers, first, ".mlp.experts.", info.experts,
+                    ".linear_fc1.weight")))
+    ++info.experts;
+  if (info.experts == 0)
+    throw UsageError(where, ": layer ", first, " has a router but no expert 0");
+  std::optional<int64_t> topk = Int(args, "moe_router_topk");
+  if (!topk) topk = model.Find("moe_router_topk");
+  if (!topk) {
+    throw UsageError(where,
+                     ": the router's top-k is not recorded in the source: "
+                     "give --model-var moe_router_topk=K");
+  }
+  if (*topk < 1 || *topk > info.experts) {
+    throw UsageError(where, ": moe_router_topk ", *topk, " is not in 1..",
+                     info.experts, " (the experts of layer ", first, ")");
+  }
+  info.topk = *topk;
+  // Without args (DCP), an expert bias says sigmoid: Megatron's softmax
+  // router ignores the bias, DeepSeek-V3's aux-loss-free balancing needs it.
+  const std::string score = String(args, "moe_router_score_function")
+                                .value_or(biased > 0 ? "sigmoid" : "softmax");
+  if (Int(args, "moe_router_num_groups").value_or(1) > 1)
+    refuse("group-limited routing (moe_router_num_groups)");
+  const double scaling =
+      Number(args, "moe_router_topk_scaling_factor").value_or(1.0);
+  if (score == "sigmoid") {
+    if (biased != moe_layers) {
+      refuse(
+          "a sigmoid router without an expert bias in every MoE layer "
+          "(Glm4MoeForCausalLM's e_score_correction_bias)");
+    }
+    if (shared != moe_layers)
+      refuse("a sigmoid router without shared experts in every MoE layer");
+    if (gated > 0)
+      refuse(
+          "a gated shared expert (moe_shared_expert_gate) with a sigmoid "
+          "router");
+    if (dense_after >= 0) {
+      refuse(StrCat("dense layer ", dense_after,
+                    " after the first MoE layer (with a sigmoid router)"));
+    }
+    info.arch = MoeArch::kGlm4Moe;
+    info.norm_topk = info.topk > 1;  // Megatron normalizes when k > 1
+    info.scaling = scaling;
+    return info;
+  }
+  if (score != "softmax")
+    refuse(StrCat("a ", score, " router (moe_router_score_function)"));
+  if (biased > 0)
+    refuse(
+        "an expert bias (moe_router_enable_expert_bias) with a softmax "
+        "router");
+  info.norm_topk = Int(args, "moe_router_pre_softmax").value_or(0) == 0;
+  if (scaling != 1.0) {
+    refuse(
+        StrCat("scaled routing weights with a softmax router "
+               "(moe_router_topk_scaling_factor ",
+               scaling, ")"));
+  }
+  if (shared == 0 && info.qk_norm) {
+    info.arch = MoeArch::kQwen3Moe;
+  } else if (info.qk_norm) {
+    refuse("QK layer norms with shared experts and a softmax router");
+  } else if (shared == 0 && moe_layers == layers) {
+    if (!info.norm_topk)
+      refuse("unnormalized top-k weights (moe_router_pre_softmax)");
+    info.arch = MoeArch::kMixtral;
+  } else if (shared == moe_layers && gated == moe_layers) {
+    info.arch = MoeArch::kQwen2Moe;
+  } else if (shared == 0) {
+    refuse("dense layers beside MoE layers without shared experts");
+  } else if (shared != moe_layers) {
+    refuse("shared experts in some MoE layers only");
+  } else {
+    refuse(
+        "shared experts without a gate (moe_shared_expert_gate) with a "
+        "softmax router");
+  }
+  return info;
+}
+
+// config.json's MoE fields.
+void AddMoeConfig(json::Value& c, const MoeInfo& info,
+                  const std::string& where) {
+  c["num_experts_per_tok"] = info.topk;
+  c["output_router_logits"] = false;
+  if (info.arch == MoeArch::kMixtral) {
+    c["num_local_experts"] = info.experts;
+    c["sliding_window"] = json::Value();
+    return;
+  }
+  c["moe_intermediate_size"] = info.expert_ffn;
+  c["norm_topk_prob"] = info.norm_topk;
+  if (c["intermediate_size"].AsInt() == 0)
+    c["intermediate_size"] = info.expert_ffn;
+  if (info.arch == MoeArch::kGlm4Moe) {
+    if (info.expert_ffn <= 0 || info.shared_ffn % info.expert_ffn != 0) {
+      throw UsageError(where, ": the shared experts' ffn ", info.shared_ffn,
+                       " is not a multiple of the experts' ", info.expert_ffn,
+                       " (Glm4MoeForCausalLM's n_shared_experts)");
+    }
+    c["n_routed_experts"] = info.experts;
+    c["n_shared_experts"] = info.shared_ffn / info.expert_ffn;
+    c["first_k_dense_replace"] = info.first_moe;
+    c["routed_scaling_factor"] = info.scaling;
+    c["n_group"] = 1;
+    c["topk_group"] = 1;
+    c["partial_rotary_factor"] = 1.0;
+    c["attention_bias"] = false;
+    c["use_qk_norm"] = info.qk_norm;
+    return;
+  }
+  c["num_experts"] = info.experts;
+  if (info.arch == MoeArch::kQwen2Moe) {
+    c["shared_expert_intermediate_size"] = info.shared_ffn;
+    c["qkv_bias"] = false;
+  } else {
+    c["attention_bias"] = false;
+  }
+  c["decoder_sparse_step"] = 1;
+  json::Value dense = json::Value::Array();
+  for (size_t i = 0; i < info.moe_layer.size(); ++i)
+    if (!info.moe_layer[i]) dense.Append(static_cast<int64_t>(i));
+  c["mlp_only_layers"] = std::move(dense);
+  c["use_sliding_window"] = false;
+}
+
 }  // namespace
 
-HfModel MapToHfLlama(const universal::UniversalInput& input,
-                     std::string_view flag) {
+namespace {
+
+// LLaMA (`moe` absent: experts refused), or with experts (MoeOf): Mixtral
+// (every layer MoE, no shared experts), Qwen2-MoE (shared experts with their
+// gate, dense layers anywhere), Qwen3-MoE (QK norms, no shared experts, dense
+// layers anywhere) or Glm4-MoE (DeepSeek-V3's sigmoid router with
+// its expert bias, ungated shared experts, dense first layers). README.md.
+HfModel MapDecoder(const universal::UniversalInput& input,
+                   std::string_view flag, std::optional<HfExperts> moe) {
   const std::string where = StrCat(flag, ": ", input.path().string());
   const layouts::Variables model =
       formats::ModelVariables(input.model().variables);
   // The Megatron args object, as the source's reader recorded it.
   const json::Value& args = input.model().args;
   const std::string layout = SourceLayout(input);
-  if (!IsMcoreGpt(layout)) {
+  const bool moe_layout =
+      layout == "mcore-moe-mixtral" || layout == "mcore-moe-deepseek";
+  if (!IsMcoreGpt(layout) && !(moe && moe_layout)) {
     throw UsageError(where, " is not a Megatron-core GPTModel (layout '",
                      layout, "'; ", flag,
                      " maps mcore-llama / mcore-gpt models as "
@@ -73,7 +270,7 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
   };
   // mcore-llama's names are SwiGLU's and bias-free by the layout itself; an
   // mcore-gpt model says so in its variables.
-  const bool llama = layout == "mcore-llama";
+  const bool llama = layout == "mcore-llama" || moe_layout;
   if (!llama && model.Find("swiglu").value_or(0) != 1)
     refuse("no SwiGLU (swiglu 0)");
   if (!llama && model.Find("add_bias_linear").value_or(0) != 0)
@@ -88,8 +285,10 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
     refuse("interleaved rotary embeddings");
   if (auto r = Number(args, "rotary_percent"); r && *r != 1.0)
     refuse(StrCat("partial rotary embeddings (rotary_percent ", *r, ")"));
-  if (Int(args, "qk_layernorm").value_or(0) != 0) refuse("QK layer norms");
-  if (Int(args, "num_experts").value_or(0) > 0) refuse("mixture of experts");
+  if (!moe && Int(args, "qk_layernorm").value_or(0) != 0)
+    refuse("QK layer norms");
+  if (!moe && Int(args, "num_experts").value_or(0) > 0)
+    refuse("mixture of experts");
 
   const auto nq = model.Find("num_attention_heads");
   const int64_t ng = model.Find("num_query_groups").value_or(nq.value_or(0));
@@ -106,6 +305,7 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
   for (const atoms::StoredParam& p : input.params())
     params.emplace(p.info.fqn, &p);
   std::map<std::string, bool, std::less<>> used;
+  std::string model_name = "LlamaForCausalLM";
   auto find = [&](std::initializer_list<std::string> names,
                   size_t rank) -> const atoms::StoredParam* {
     for (const std::string& n : names) {
@@ -118,16 +318,42 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
       used[n] = true;
       return it->second;
     }
-    throw UsageError(where, ": no ", *names.begin(),
-                     " (a LlamaForCausalLM needs it)");
+    throw UsageError(where, ": no ", *names.begin(), " (a ", model_name,
+                     " needs it)");
   };
+
+  auto has = [&](const std::string& name) { return params.count(name) > 0; };
 
   HfModel m;
   auto whole = [&](const std::string& name, const atoms::StoredParam& p) {
-    HfTensor t{name, p.info.fqn, p.info.shape, {}};
-    t.pieces.emplace_back(Box::Whole(p.info.shape), Box::Whole(p.info.shape));
+    m.tensors.push_back({name, p.info.fqn, p.info.shape, {}});
+  };
+  // Rows [begin, end) of 2-D param p as a whole tensor `name`.
+  auto row_range = [&](const std::string& name, const atoms::StoredParam& p,
+                       int64_t begin, int64_t end) {
+    const int64_t cols = p.info.shape[1];
+    HfTensor t{name, p.info.fqn, {end - begin, cols}, {}};
+    t.pieces.push_back(
+        {"", Rows(begin, end, cols), Rows(0, end - begin, cols)});
     m.tensors.push_back(std::move(t));
   };
+  // A SwiGLU fc1 [gate; up] as two tensors.
+  auto gate_up = [&](const atoms::StoredParam& fc1, const std::string& gate,
+                     const std::string& up) -> int64_t {
+    if (fc1.info.shape[0] % 2 != 0) {
+      throw UsageError(where, " > ", fc1.info.fqn, ": ", fc1.info.shape[0],
+                       " rows, not [gate; up]");
+    }
+    const int64_t f = fc1.info.shape[0] / 2;
+    row_range(gate, fc1, 0, f);
+    row_range(up, fc1, f, 2 * f);
+    return f;
+  };
+  MoeInfo info;
+  if (moe) info = MoeOf(args, model, where, *layers, has);
+  if (Int(args, "qk_layernorm").value_or(0) != 0 && !info.qk_norm)
+    refuse("QK layer norms");
+  model_name = ArchName(info.arch);
   const atoms::StoredParam& emb =
       *find({"embedding.word_embeddings.weight"}, 2);
   const int64_t vocab = emb.info.shape[0];
@@ -156,52 +382,143 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
     HfTensor v{h + "self_attn.v_proj.weight", qkv.info.fqn, {ng * d, hidden}};
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t at = g * (r + 2) * d;
-      q.pieces.emplace_back(Rows(at, at + r * d, hidden),
-                            Rows(g * r * d, (g + 1) * r * d, hidden));
-      k.pieces.emplace_back(Rows(at + r * d, at + (r + 1) * d, hidden),
-                            Rows(g * d, (g + 1) * d, hidden));
-      v.pieces.emplace_back(Rows(at + (r + 1) * d, at + (r + 2) * d, hidden),
-                            Rows(g * d, (g + 1) * d, hidden));
+      q.pieces.push_back({"", Rows(at, at + r * d, hidden),
+                          Rows(g * r * d, (g + 1) * r * d, hidden)});
+      k.pieces.push_back({"", Rows(at + r * d, at + (r + 1) * d, hidden),
+                          Rows(g * d, (g + 1) * d, hidden)});
+      v.pieces.push_back({"", Rows(at + (r + 1) * d, at + (r + 2) * d, hidden),
+                          Rows(g * d, (g + 1) * d, hidden)});
     }
     m.tensors.push_back(std::move(q));
     m.tensors.push_back(std::move(k));
     m.tensors.push_back(std::move(v));
+    if (info.qk_norm) {
+      whole(h + "self_attn.q_norm.weight",
+            *find({l + "self_attention.q_layernorm.weight"}, 1));
+      whole(h + "self_attn.k_norm.weight",
+            *find({l + "self_attention.k_layernorm.weight"}, 1));
+    }
     whole(h + "self_attn.o_proj.weight",
           *find({l + "self_attention.linear_proj.weight"}, 2));
     whole(h + "post_attention_layernorm.weight",
           *find({l + "pre_mlp_layernorm.weight",
                  l + "mlp.linear_fc1.layer_norm_weight"},
                 1));
-    const atoms::StoredParam& fc1 = *find({l + "mlp.linear_fc1.weight"}, 2);
-    if (fc1.info.shape[0] % 2 != 0) {
-      throw UsageError(where, " > ", fc1.info.fqn, ": ", fc1.info.shape[0],
-                       " rows, not [gate; up]");
+    if (!moe || !info.moe_layer[i]) {
+      const std::string mlp = h + "mlp.";
+      ffn = gate_up(*find({l + "mlp.linear_fc1.weight"}, 2),
+                    mlp + "gate_proj.weight", mlp + "up_proj.weight");
+      whole(mlp + "down_proj.weight", *find({l + "mlp.linear_fc2.weight"}, 2));
+      continue;
     }
-    ffn = fc1.info.shape[0] / 2;
-    const int64_t cols = fc1.info.shape[1];
-    HfTensor gate{h + "mlp.gate_proj.weight", fc1.info.fqn, {ffn, cols}};
-    gate.pieces.emplace_back(Rows(0, ffn, cols), Rows(0, ffn, cols));
-    HfTensor up{h + "mlp.up_proj.weight", fc1.info.fqn, {ffn, cols}};
-    up.pieces.emplace_back(Rows(ffn, 2 * ffn, cols), Rows(0, ffn, cols));
-    m.tensors.push_back(std::move(gate));
-    m.tensors.push_back(std::move(up));
-    whole(h + "mlp.down_proj.weight", *find({l + "mlp.linear_fc2.weight"}, 2));
+    const bool mixtral = info.arch == MoeArch::kMixtral;
+    // Mixtral's own (v4) names: block_sparse_moe.{gate, experts.j.w1/w3/w2}.
+    const std::string mlp =
+        h + (mixtral && *moe == HfExperts::kPerExpert ? "block_sparse_moe."
+                                                      : "mlp.");
+    const atoms::StoredParam& router = *find({l + "mlp.router.weight"}, 2);
+    if (router.info.shape != Shape{info.experts, hidden}) {
+      throw UsageError(where, " > ", router.info.fqn, ": shape ",
+                       ShapeString(router.info.shape), ", expected [",
+                       info.experts, ", ", hidden, "]");
+    }
+    whole(mlp + "gate.weight", router);
+    if (info.arch == MoeArch::kGlm4Moe) {
+      whole(mlp + "gate.e_score_correction_bias",
+            *find({l + "mlp.router.expert_bias"}, 1));
+      m.tensors.back().fp32 = true;
+    }
+    std::vector<const atoms::StoredParam*> fc1s, fc2s;
+    for (int64_t e = 0; e < info.experts; ++e) {
+      const std::string x = StrCat(l, "mlp.experts.", e, ".");
+      fc1s.push_back(find({x + "linear_fc1.weight"}, 2));
+      fc2s.push_back(find({x + "linear_fc2.weight"}, 2));
+      if (fc1s[e]->info.shape != fc1s[0]->info.shape ||
+          fc2s[e]->info.shape != fc2s[0]->info.shape ||
+          fc1s[e]->info.shape[0] % 2 != 0 || fc1s[e]->info.shape[1] != hidden ||
+          fc2s[e]->info.shape !=
+              Shape{fc1s[0]->info.shape[1], fc1s[0]->info.shape[0] / 2}) {
+        throw UsageError(where, " > ", fc1s[e]->info.fqn, " ",
+                         ShapeString(fc1s[e]->info.shape), ", ",
+                         fc2s[e]->info.fqn, " ",
+                         ShapeString(fc2s[e]->info.shape),
+                         ": not a SwiGLU expert like expert 0's");
+      }
+    }
+    const int64_t f = fc1s[0]->info.shape[0] / 2;
+    info.expert_ffn = f;
+    if (*moe == HfExperts::kFused) {
+      HfTensor gu{mlp + "experts.gate_up_proj",
+                  fc1s[0]->info.fqn,
+                  {info.experts, 2 * f, hidden}};
+      HfTensor down{mlp + "experts.down_proj",
+                    fc2s[0]->info.fqn,
+                    {info.experts, hidden, f}};
+      for (int64_t e = 0; e < info.experts; ++e) {
+        const Shape s1 = fc1s[e]->info.shape, s2 = fc2s[e]->info.shape;
+        gu.pieces.push_back({fc1s[e]->info.fqn, Box::Whole(s1), Box::Whole(s1),
+                             e * NumElements(s1), s1});
+        down.pieces.push_back({fc2s[e]->info.fqn, Box::Whole(s2),
+                               Box::Whole(s2), e * NumElements(s2), s2});
+      }
+      m.tensors.push_back(std::move(gu));
+      m.tensors.push_back(std::move(down));
+    } else {
+      for (int64_t e = 0; e < info.experts; ++e) {
+        const std::string x = StrCat(mlp, "experts.", e, ".");
+        if (mixtral) {
+          gate_up(*fc1s[e], x + "w1.weight", x + "w3.weight");
+          whole(x + "w2.weight", *fc2s[e]);
+        } else {
+          gate_up(*fc1s[e], x + "gate_proj.weight", x + "up_proj.weight");
+          whole(x + "down_proj.weight", *fc2s[e]);
+        }
+      }
+    }
+    if (info.arch == MoeArch::kQwen2Moe) {
+      const std::string s = l + "mlp.shared_experts.";
+      info.shared_ffn = gate_up(*find({s + "linear_fc1.weight"}, 2),
+                                mlp + "shared_expert.gate_proj.weight",
+                                mlp + "shared_expert.up_proj.weight");
+      whole(mlp + "shared_expert.down_proj.weight",
+            *find({s + "linear_fc2.weight"}, 2));
+      whole(mlp + "shared_expert_gate.weight", *find({s + "gate_weight"}, 2));
+    } else if (info.arch == MoeArch::kGlm4Moe) {
+      const std::string s = l + "mlp.shared_experts.";
+      info.shared_ffn = gate_up(*find({s + "linear_fc1.weight"}, 2),
+                                mlp + "shared_experts.gate_proj.weight",
+                                mlp + "shared_experts.up_proj.weight");
+      whole(mlp + "shared_experts.down_proj.weight",
+            *find({s + "linear_fc2.weight"}, 2));
+    }
   }
   whole("model.norm.weight", *find({"decoder.final_layernorm.weight"}, 1));
   if (!tied) whole("lm_head.weight", *find({"output_layer.weight"}, 2));
   for (const auto& [name, p] : params) {
     if (p->info.kind == atoms::ParamKind::kParam && !used.count(name) &&
         !(tied && name == "output_layer.weight")) {
-      throw UsageError(where, " > ", name,
-                       ": a param with no place in LlamaForCausalLM");
+      throw UsageError(where, " > ", name, ": a param with no place in ",
+                       model_name);
     }
   }
 
   json::Value c = json::Value::Object();
   json::Value arch = json::Value::Array();
-  arch.Append("LlamaForCausalLM");
+  const char* name = ArchName(info.arch);
+  const char* type = "llama";
+  if (moe && info.arch == MoeArch::kMixtral) {
+    type = "mixtral";
+    ffn = info.expert_ffn;  // Mixtral's intermediate_size is the experts'
+  } else if (moe && info.arch == MoeArch::kQwen3Moe) {
+    type = "qwen3_moe";
+  } else if (moe && info.arch == MoeArch::kQwen2Moe) {
+    type = "qwen2_moe";
+  } else if (moe && info.arch == MoeArch::kGlm4Moe) {
+    type = "glm4_moe";
+  }
+  arch.Append(name);
   c["architectures"] = std::move(arch);
-  c["model_type"] = "llama";
+  c["model_type"] = type;
   c["hidden_size"] = hidden;
   c["intermediate_size"] = ffn;
   c["num_hidden_layers"] = *layers;
@@ -216,10 +533,26 @@ HfModel MapToHfLlama(const universal::UniversalInput& input,
       Int(args, "max_position_embeddings")
           .value_or(Int(args, "seq_length").value_or(4096));
   c["tie_word_embeddings"] = tied;
-  c["attention_bias"] = false;
-  c["mlp_bias"] = false;
+  if (moe && info.arch != MoeArch::kNone) {
+    AddMoeConfig(c, info, where);
+  } else {
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+  }
   m.config = std::move(c);
   return m;
+}
+
+}  // namespace
+
+HfModel MapToHfLlama(const universal::UniversalInput& input,
+                     std::string_view flag) {
+  return MapDecoder(input, flag, std::nullopt);
+}
+
+HfModel MapToHf(const universal::UniversalInput& input, HfExperts experts,
+                std::string_view flag) {
+  return MapDecoder(input, flag, experts);
 }
 
 std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
@@ -230,8 +563,13 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
     universal::MappedParam m;
     m.info.fqn = std::move(t.name);
     m.info.shape = std::move(t.shape);
-    for (auto& [src, dst] : t.pieces)
-      m.pieces.push_back({t.param, std::move(src), std::move(dst)});
+    if (t.pieces.empty()) {
+      m.pieces.push_back(
+          {t.param, Box::Whole(m.info.shape), Box::Whole(m.info.shape)});
+    }
+    for (HfPiece& p : t.pieces)
+      m.pieces.push_back({p.param.empty() ? t.param : std::move(p.param),
+                          std::move(p.src), std::move(p.dst)});
     out.push_back(std::move(m));
   }
   return out;

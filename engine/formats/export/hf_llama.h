@@ -51,14 +51,34 @@
 
 namespace ucp::exporting {
 
-/// One transformers tensor: pieces of universal param `param`'s weights
-/// (src box in the param, dst box in this tensor) that fill it.
+/// A box `src` of universal param `param` (empty: the tensor's own) copied to
+/// box `dst` of a row-major view of shape `dst_shape` starting at element
+/// `dst_offset` of the tensor (empty `dst_shape`: the tensor itself).
+struct HfPiece {
+  std::string param;
+  Box src;
+  Box dst;
+  int64_t dst_offset = 0;
+  Shape dst_shape;
+};
+
+/// One transformers tensor: pieces of universal params' weights that fill it
+/// (`param`: the first, whose atom picks the dtype; no pieces: all of it).
 struct HfTensor {
   std::string name;
   std::string param;
   Shape shape;
-  std::vector<std::pair<Box, Box>> pieces;
+  std::vector<HfPiece> pieces;
+  /// Written in float32 whatever the export's dtype (the router's expert
+  /// bias, as DeepSeek-V3's own files and transformers keep it).
+  bool fp32 = false;
 };
+
+/// How `--hf` writes routed experts (`--hf-experts`): one tensor per expert
+/// and matrix (transformers 4's names, what save_pretrained writes), or one
+/// 3-D tensor per layer and matrix (transformers 5's in-memory form:
+/// `mlp.experts.gate_up_proj [E, 2I, H]`, `mlp.experts.down_proj [E, H, I]`).
+enum class HfExperts { kPerExpert, kFused };
 
 struct HfModel {
   std::vector<HfTensor> tensors;  // in transformers' state-dict order
@@ -72,6 +92,13 @@ struct HfModel {
 /// place in it).
 HfModel MapToHfLlama(const universal::UniversalInput& input,
                      std::string_view flag = "--hf");
+
+/// The transformers model of `input` (LLaMA for a dense model, a
+/// mixture of experts as MixtralForCausalLM, Qwen2MoeForCausalLM,
+/// Qwen3MoeForCausalLM or Glm4MoeForCausalLM: README.md of this folder).
+/// Throws UsageError like MapToHfLlama.
+HfModel MapToHf(const universal::UniversalInput& input, HfExperts experts,
+                std::string_view flag = "--hf");
 
 /// The params of MapToHfLlama(input) under transformers' names, for a
 /// universal::MappedInput (registered as name map "hf-llama"); absent when
