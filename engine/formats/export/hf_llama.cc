@@ -248,197 +248,256 @@ namespace {
 // gate, dense layers anywhere), Qwen3-MoE (QK norms, no shared experts, dense
 // layers anywhere) or Glm4-MoE (DeepSeek-V3's sigmoid router with
 // its expert bias, ungated shared experts, dense first layers). README.md.
-HfModel MapDecoder(const universal::UniversalInput& input,
-                   std::string_view flag, std::optional<HfExperts> moe) {
-  const std::string where = StrCat(flag, ": ", input.path().string());
-  const layouts::Variables model =
-      formats::ModelVariables(input.model().variables);
-  // The Megatron args object, as the source's reader recorded it.
-  const json::Value& args = input.model().args;
-  const std::string layout = SourceLayout(input);
-  const bool moe_layout =
-      layout == "mcore-moe-mixtral" || layout == "mcore-moe-deepseek";
-  if (!IsMcoreGpt(layout) && !(moe && moe_layout)) {
-    throw UsageError(where, " is not a Megatron-core GPTModel (layout '",
-                     layout, "'; ", flag,
-                     " maps mcore-llama / mcore-gpt models as "
-                     "LlamaForCausalLM)");
+// One mapper per export: Map() checks the model, maps every param to its
+// transformers tensors (each must find its place) and writes config.json.
+class DecoderMapper {
+ public:
+  DecoderMapper(const universal::UniversalInput& input, std::string_view flag,
+                std::optional<HfExperts> moe)
+      : input_(input),
+        flag_(flag),
+        moe_(moe),
+        where_(StrCat(flag, ": ", input.path().string())),
+        model_(formats::ModelVariables(input.model().variables)),
+        args_(input.model().args) {
+    for (const atoms::StoredParam& p : input.params())
+      params_.emplace(p.info.fqn, &p);
   }
-  auto refuse = [&](const std::string& why) {
-    throw UsageError(where, ": ", why,
+
+  HfModel Map() {
+    CheckSupported();
+    if (moe_) {
+      info_ = MoeOf(args_, model_, where_, layers_,
+                    [&](const std::string& n) { return params_.count(n) > 0; });
+    }
+    if (Int(args_, "qk_layernorm").value_or(0) != 0 && !info_.qk_norm)
+      Refuse("QK layer norms");
+    model_name_ = ArchName(info_.arch);
+    const atoms::StoredParam& emb =
+        Find({"embedding.word_embeddings.weight"}, 2);
+    vocab_ = emb.info.shape[0];
+    hidden_ = emb.info.shape[1];
+    Whole("model.embed_tokens.weight", emb);
+    for (int64_t i = 0; i < layers_; ++i) {
+      const std::string l = StrCat(kLayers, i, ".");
+      const std::string h = StrCat("model.layers.", i, ".");
+      MapAttention(l, h);
+      if (!moe_ || !info_.moe_layer[i]) {
+        const std::string mlp = h + "mlp.";
+        ffn_ = GateUp(Find({l + "mlp.linear_fc1.weight"}, 2),
+                      mlp + "gate_proj.weight", mlp + "up_proj.weight");
+        Whole(mlp + "down_proj.weight", Find({l + "mlp.linear_fc2.weight"}, 2));
+      } else {
+        MapMoeLayer(l, h);
+      }
+    }
+    Whole("model.norm.weight", Find({"decoder.final_layernorm.weight"}, 1));
+    if (!tied_) Whole("lm_head.weight", Find({"output_layer.weight"}, 2));
+    for (const auto& [name, p] : params_) {
+      if (p->info.kind == atoms::ParamKind::kParam && !used_.count(name) &&
+          !(tied_ && name == "output_layer.weight")) {
+        throw UsageError(where_, " > ", name, ": a param with no place in ",
+                         model_name_);
+      }
+    }
+    m_.config = Config();
+    return std::move(m_);
+  }
+
+ private:
+  [[noreturn]] void Refuse(const std::string& why) const {
+    throw UsageError(where_, ": ", why,
                      ", which LlamaForCausalLM does not have");
-  };
-  // mcore-llama's names are SwiGLU's and bias-free by the layout itself; an
-  // mcore-gpt model says so in its variables.
-  const bool llama = layout == "mcore-llama" || moe_layout;
-  if (!llama && model.Find("swiglu").value_or(0) != 1)
-    refuse("no SwiGLU (swiglu 0)");
-  if (!llama && model.Find("add_bias_linear").value_or(0) != 0)
-    refuse("linear biases (add_bias_linear)");
-  if (auto n = String(args, "normalization"); n && *n != "RMSNorm")
-    refuse(StrCat("normalization ", *n));
-  if (auto p = String(args, "position_embedding_type"); p && *p != "rope")
-    refuse(StrCat("position embeddings '", *p, "'"));
-  if (Int(args, "use_rope_scaling").value_or(0) != 0)
-    refuse("rope scaling (use_rope_scaling)");
-  if (Int(args, "rotary_interleaved").value_or(0) != 0)
-    refuse("interleaved rotary embeddings");
-  if (auto r = Number(args, "rotary_percent"); r && *r != 1.0)
-    refuse(StrCat("partial rotary embeddings (rotary_percent ", *r, ")"));
-  if (!moe && Int(args, "qk_layernorm").value_or(0) != 0)
-    refuse("QK layer norms");
-  if (!moe && Int(args, "num_experts").value_or(0) > 0)
-    refuse("mixture of experts");
-
-  const auto nq = model.Find("num_attention_heads");
-  const int64_t ng = model.Find("num_query_groups").value_or(nq.value_or(0));
-  const auto layers = model.Find("num_layers");
-  if (!nq || !layers || *nq <= 0 || ng <= 0 || *nq % ng != 0) {
-    throw UsageError(where,
-                     ": the model's num_attention_heads / num_query_groups / "
-                     "num_layers are not known");
   }
-  const bool tied = model.Find("tied").value_or(0) != 0;
 
-  // The params by name; each must find its place.
-  std::map<std::string, const atoms::StoredParam*, std::less<>> params;
-  for (const atoms::StoredParam& p : input.params())
-    params.emplace(p.info.fqn, &p);
-  std::map<std::string, bool, std::less<>> used;
-  std::string model_name = "LlamaForCausalLM";
-  auto find = [&](std::initializer_list<std::string> names,
-                  size_t rank) -> const atoms::StoredParam* {
+  // A Megatron-core GPTModel of LLaMA's shape (or a MoE one with experts),
+  // with its head counts and layers known.
+  void CheckSupported() {
+    const std::string layout = SourceLayout(input_);
+    const bool moe_layout =
+        layout == "mcore-moe-mixtral" || layout == "mcore-moe-deepseek";
+    if (!IsMcoreGpt(layout) && !(moe_ && moe_layout)) {
+      throw UsageError(where_, " is not a Megatron-core GPTModel (layout '",
+                       layout, "'; ", flag_,
+                       " maps mcore-llama / mcore-gpt models as "
+                       "LlamaForCausalLM)");
+    }
+    // mcore-llama's names are SwiGLU's and bias-free by the layout itself;
+    // an mcore-gpt model says so in its variables.
+    const bool llama = layout == "mcore-llama" || moe_layout;
+    if (!llama && model_.Find("swiglu").value_or(0) != 1)
+      Refuse("no SwiGLU (swiglu 0)");
+    if (!llama && model_.Find("add_bias_linear").value_or(0) != 0)
+      Refuse("linear biases (add_bias_linear)");
+    if (auto n = String(args_, "normalization"); n && *n != "RMSNorm")
+      Refuse(StrCat("normalization ", *n));
+    if (auto p = String(args_, "position_embedding_type"); p && *p != "rope")
+      Refuse(StrCat("position embeddings '", *p, "'"));
+    if (Int(args_, "use_rope_scaling").value_or(0) != 0)
+      Refuse("rope scaling (use_rope_scaling)");
+    if (Int(args_, "rotary_interleaved").value_or(0) != 0)
+      Refuse("interleaved rotary embeddings");
+    if (auto r = Number(args_, "rotary_percent"); r && *r != 1.0)
+      Refuse(StrCat("partial rotary embeddings (rotary_percent ", *r, ")"));
+    if (!moe_ && Int(args_, "qk_layernorm").value_or(0) != 0)
+      Refuse("QK layer norms");
+    if (!moe_ && Int(args_, "num_experts").value_or(0) > 0)
+      Refuse("mixture of experts");
+    const auto nq = model_.Find("num_attention_heads");
+    const int64_t ng = model_.Find("num_query_groups").value_or(nq.value_or(0));
+    const auto layers = model_.Find("num_layers");
+    if (!nq || !layers || *nq <= 0 || ng <= 0 || *nq % ng != 0) {
+      throw UsageError(where_,
+                       ": the model's num_attention_heads / num_query_groups / "
+                       "num_layers are not known");
+    }
+    nq_ = *nq;
+    ng_ = ng;
+    layers_ = *layers;
+    tied_ = model_.Find("tied").value_or(0) != 0;
+  }
+
+  // The first of `names` the content has (rank-`rank`), marked used.
+  const atoms::StoredParam& Find(std::initializer_list<std::string> names,
+                                 size_t rank) {
     for (const std::string& n : names) {
-      auto it = params.find(n);
-      if (it == params.end()) continue;
+      auto it = params_.find(n);
+      if (it == params_.end()) continue;
       if (it->second->info.shape.size() != rank) {
-        throw UsageError(where, " > ", n, ": ", it->second->info.shape.size(),
+        throw UsageError(where_, " > ", n, ": ", it->second->info.shape.size(),
                          " dims, expected ", rank);
       }
-      used[n] = true;
-      return it->second;
+      used_[n] = true;
+      return *it->second;
     }
-    throw UsageError(where, ": no ", *names.begin(), " (a ", model_name,
+    throw UsageError(where_, ": no ", *names.begin(), " (a ", model_name_,
                      " needs it)");
-  };
+  }
 
-  auto has = [&](const std::string& name) { return params.count(name) > 0; };
-
-  HfModel m;
-  auto whole = [&](const std::string& name, const atoms::StoredParam& p) {
-    m.tensors.push_back({name, p.info.fqn, p.info.shape, {}});
-  };
+  void Whole(const std::string& name, const atoms::StoredParam& p) {
+    m_.tensors.push_back({name, p.info.fqn, p.info.shape, {}});
+  }
   // Rows [begin, end) of 2-D param p as a whole tensor `name`.
-  auto row_range = [&](const std::string& name, const atoms::StoredParam& p,
-                       int64_t begin, int64_t end) {
+  void RowRange(const std::string& name, const atoms::StoredParam& p,
+                int64_t begin, int64_t end) {
     const int64_t cols = p.info.shape[1];
     HfTensor t{name, p.info.fqn, {end - begin, cols}, {}};
     t.pieces.push_back(
         {"", Rows(begin, end, cols), Rows(0, end - begin, cols)});
-    m.tensors.push_back(std::move(t));
-  };
-  // A SwiGLU fc1 [gate; up] as two tensors.
-  auto gate_up = [&](const atoms::StoredParam& fc1, const std::string& gate,
-                     const std::string& up) -> int64_t {
+    m_.tensors.push_back(std::move(t));
+  }
+  // A SwiGLU fc1 [gate; up] as two tensors; returns the FFN size.
+  int64_t GateUp(const atoms::StoredParam& fc1, const std::string& gate,
+                 const std::string& up) {
     if (fc1.info.shape[0] % 2 != 0) {
-      throw UsageError(where, " > ", fc1.info.fqn, ": ", fc1.info.shape[0],
+      throw UsageError(where_, " > ", fc1.info.fqn, ": ", fc1.info.shape[0],
                        " rows, not [gate; up]");
     }
     const int64_t f = fc1.info.shape[0] / 2;
-    row_range(gate, fc1, 0, f);
-    row_range(up, fc1, f, 2 * f);
+    RowRange(gate, fc1, 0, f);
+    RowRange(up, fc1, f, 2 * f);
     return f;
-  };
-  MoeInfo info;
-  if (moe) info = MoeOf(args, model, where, *layers, has);
-  if (Int(args, "qk_layernorm").value_or(0) != 0 && !info.qk_norm)
-    refuse("QK layer norms");
-  model_name = ArchName(info.arch);
-  const atoms::StoredParam& emb =
-      *find({"embedding.word_embeddings.weight"}, 2);
-  const int64_t vocab = emb.info.shape[0];
-  const int64_t hidden = emb.info.shape[1];
-  whole("model.embed_tokens.weight", emb);
-  int64_t d = 0, ffn = 0;
-  for (int64_t i = 0; i < *layers; ++i) {
-    const std::string l = StrCat(kLayers, i, ".");
-    const std::string h = StrCat("model.layers.", i, ".");
-    whole(h + "input_layernorm.weight",
-          *find({l + "input_layernorm.weight",
-                 l + "self_attention.linear_qkv.layer_norm_weight"},
-                1));
+  }
+
+  // Norms, the fused QKV as q/k/v (query groups interleaved), QK norms, the
+  // output projection, the pre-MLP norm of layer prefix `l` (HF prefix `h`).
+  void MapAttention(const std::string& l, const std::string& h) {
+    Whole(h + "input_layernorm.weight",
+          Find({l + "input_layernorm.weight",
+                l + "self_attention.linear_qkv.layer_norm_weight"},
+               1));
     const atoms::StoredParam& qkv =
-        *find({l + "self_attention.linear_qkv.weight"}, 2);
+        Find({l + "self_attention.linear_qkv.weight"}, 2);
     const int64_t rows = qkv.info.shape[0];
-    if (rows % (*nq + 2 * ng) != 0 || qkv.info.shape[1] != hidden) {
-      throw UsageError(where, " > ", qkv.info.fqn, ": shape ",
-                       ShapeString(qkv.info.shape), " is not [(", *nq,
-                       " + 2 * ", ng, ") * head dim, ", hidden, "]");
+    if (rows % (nq_ + 2 * ng_) != 0 || qkv.info.shape[1] != hidden_) {
+      throw UsageError(where_, " > ", qkv.info.fqn, ": shape ",
+                       ShapeString(qkv.info.shape), " is not [(", nq_,
+                       " + 2 * ", ng_, ") * head dim, ", hidden_, "]");
     }
-    d = rows / (*nq + 2 * ng);
-    const int64_t r = *nq / ng;  // query heads per group
-    HfTensor q{h + "self_attn.q_proj.weight", qkv.info.fqn, {*nq * d, hidden}};
-    HfTensor k{h + "self_attn.k_proj.weight", qkv.info.fqn, {ng * d, hidden}};
-    HfTensor v{h + "self_attn.v_proj.weight", qkv.info.fqn, {ng * d, hidden}};
-    for (int64_t g = 0; g < ng; ++g) {
+    const int64_t d = rows / (nq_ + 2 * ng_);
+    head_dim_ = d;
+    const int64_t r = nq_ / ng_;  // query heads per group
+    HfTensor q{h + "self_attn.q_proj.weight", qkv.info.fqn, {nq_ * d, hidden_}};
+    HfTensor k{h + "self_attn.k_proj.weight", qkv.info.fqn, {ng_ * d, hidden_}};
+    HfTensor v{h + "self_attn.v_proj.weight", qkv.info.fqn, {ng_ * d, hidden_}};
+    for (int64_t g = 0; g < ng_; ++g) {
       const int64_t at = g * (r + 2) * d;
-      q.pieces.push_back({"", Rows(at, at + r * d, hidden),
-                          Rows(g * r * d, (g + 1) * r * d, hidden)});
-      k.pieces.push_back({"", Rows(at + r * d, at + (r + 1) * d, hidden),
-                          Rows(g * d, (g + 1) * d, hidden)});
-      v.pieces.push_back({"", Rows(at + (r + 1) * d, at + (r + 2) * d, hidden),
-                          Rows(g * d, (g + 1) * d, hidden)});
+      q.pieces.push_back({"", Rows(at, at + r * d, hidden_),
+                          Rows(g * r * d, (g + 1) * r * d, hidden_)});
+      k.pieces.push_back({"", Rows(at + r * d, at + (r + 1) * d, hidden_),
+                          Rows(g * d, (g + 1) * d, hidden_)});
+      v.pieces.push_back({"", Rows(at + (r + 1) * d, at + (r + 2) * d, hidden_),
+                          Rows(g * d, (g + 1) * d, hidden_)});
     }
-    m.tensors.push_back(std::move(q));
-    m.tensors.push_back(std::move(k));
-    m.tensors.push_back(std::move(v));
-    if (info.qk_norm) {
-      whole(h + "self_attn.q_norm.weight",
-            *find({l + "self_attention.q_layernorm.weight"}, 1));
-      whole(h + "self_attn.k_norm.weight",
-            *find({l + "self_attention.k_layernorm.weight"}, 1));
+    m_.tensors.push_back(std::move(q));
+    m_.tensors.push_back(std::move(k));
+    m_.tensors.push_back(std::move(v));
+    if (info_.qk_norm) {
+      Whole(h + "self_attn.q_norm.weight",
+            Find({l + "self_attention.q_layernorm.weight"}, 1));
+      Whole(h + "self_attn.k_norm.weight",
+            Find({l + "self_attention.k_layernorm.weight"}, 1));
     }
-    whole(h + "self_attn.o_proj.weight",
-          *find({l + "self_attention.linear_proj.weight"}, 2));
-    whole(h + "post_attention_layernorm.weight",
-          *find({l + "pre_mlp_layernorm.weight",
-                 l + "mlp.linear_fc1.layer_norm_weight"},
-                1));
-    if (!moe || !info.moe_layer[i]) {
-      const std::string mlp = h + "mlp.";
-      ffn = gate_up(*find({l + "mlp.linear_fc1.weight"}, 2),
-                    mlp + "gate_proj.weight", mlp + "up_proj.weight");
-      whole(mlp + "down_proj.weight", *find({l + "mlp.linear_fc2.weight"}, 2));
-      continue;
-    }
-    const bool mixtral = info.arch == MoeArch::kMixtral;
+    Whole(h + "self_attn.o_proj.weight",
+          Find({l + "self_attention.linear_proj.weight"}, 2));
+    Whole(h + "post_attention_layernorm.weight",
+          Find({l + "pre_mlp_layernorm.weight",
+                l + "mlp.linear_fc1.layer_norm_weight"},
+               1));
+  }
+
+  // A MoE layer: the router (and Glm4-MoE's expert bias), the experts, the
+  // shared experts.
+  void MapMoeLayer(const std::string& l, const std::string& h) {
+    const bool mixtral = info_.arch == MoeArch::kMixtral;
     // Mixtral's own (v4) names: block_sparse_moe.{gate, experts.j.w1/w3/w2}.
     const std::string mlp =
-        h + (mixtral && *moe == HfExperts::kPerExpert ? "block_sparse_moe."
-                                                      : "mlp.");
-    const atoms::StoredParam& router = *find({l + "mlp.router.weight"}, 2);
-    if (router.info.shape != Shape{info.experts, hidden}) {
-      throw UsageError(where, " > ", router.info.fqn, ": shape ",
+        h + (mixtral && *moe_ == HfExperts::kPerExpert ? "block_sparse_moe."
+                                                       : "mlp.");
+    const atoms::StoredParam& router = Find({l + "mlp.router.weight"}, 2);
+    if (router.info.shape != Shape{info_.experts, hidden_}) {
+      throw UsageError(where_, " > ", router.info.fqn, ": shape ",
                        ShapeString(router.info.shape), ", expected [",
-                       info.experts, ", ", hidden, "]");
+                       info_.experts, ", ", hidden_, "]");
     }
-    whole(mlp + "gate.weight", router);
-    if (info.arch == MoeArch::kGlm4Moe) {
-      whole(mlp + "gate.e_score_correction_bias",
-            *find({l + "mlp.router.expert_bias"}, 1));
-      m.tensors.back().fp32 = true;
+    Whole(mlp + "gate.weight", router);
+    if (info_.arch == MoeArch::kGlm4Moe) {
+      Whole(mlp + "gate.e_score_correction_bias",
+            Find({l + "mlp.router.expert_bias"}, 1));
+      m_.tensors.back().fp32 = true;
     }
+    MapExperts(l, mlp, mixtral);
+    const std::string s = l + "mlp.shared_experts.";
+    if (info_.arch == MoeArch::kQwen2Moe) {
+      info_.shared_ffn = GateUp(Find({s + "linear_fc1.weight"}, 2),
+                                mlp + "shared_expert.gate_proj.weight",
+                                mlp + "shared_expert.up_proj.weight");
+      Whole(mlp + "shared_expert.down_proj.weight",
+            Find({s + "linear_fc2.weight"}, 2));
+      Whole(mlp + "shared_expert_gate.weight", Find({s + "gate_weight"}, 2));
+    } else if (info_.arch == MoeArch::kGlm4Moe) {
+      info_.shared_ffn = GateUp(Find({s + "linear_fc1.weight"}, 2),
+                                mlp + "shared_experts.gate_proj.weight",
+                                mlp + "shared_experts.up_proj.weight");
+      Whole(mlp + "shared_experts.down_proj.weight",
+            Find({s + "linear_fc2.weight"}, 2));
+    }
+  }
+
+  // Every expert of layer prefix `l`, like expert 0, per expert or fused.
+  void MapExperts(const std::string& l, const std::string& mlp, bool mixtral) {
     std::vector<const atoms::StoredParam*> fc1s, fc2s;
-    for (int64_t e = 0; e < info.experts; ++e) {
+    for (int64_t e = 0; e < info_.experts; ++e) {
       const std::string x = StrCat(l, "mlp.experts.", e, ".");
-      fc1s.push_back(find({x + "linear_fc1.weight"}, 2));
-      fc2s.push_back(find({x + "linear_fc2.weight"}, 2));
+      fc1s.push_back(&Find({x + "linear_fc1.weight"}, 2));
+      fc2s.push_back(&Find({x + "linear_fc2.weight"}, 2));
       if (fc1s[e]->info.shape != fc1s[0]->info.shape ||
           fc2s[e]->info.shape != fc2s[0]->info.shape ||
-          fc1s[e]->info.shape[0] % 2 != 0 || fc1s[e]->info.shape[1] != hidden ||
+          fc1s[e]->info.shape[0] % 2 != 0 ||
+          fc1s[e]->info.shape[1] != hidden_ ||
           fc2s[e]->info.shape !=
               Shape{fc1s[0]->info.shape[1], fc1s[0]->info.shape[0] / 2}) {
-        throw UsageError(where, " > ", fc1s[e]->info.fqn, " ",
+        throw UsageError(where_, " > ", fc1s[e]->info.fqn, " ",
                          ShapeString(fc1s[e]->info.shape), ", ",
                          fc2s[e]->info.fqn, " ",
                          ShapeString(fc2s[e]->info.shape),
@@ -446,113 +505,106 @@ HfModel MapDecoder(const universal::UniversalInput& input,
       }
     }
     const int64_t f = fc1s[0]->info.shape[0] / 2;
-    info.expert_ffn = f;
-    if (*moe == HfExperts::kFused) {
+    info_.expert_ffn = f;
+    if (*moe_ == HfExperts::kFused) {
       HfTensor gu{mlp + "experts.gate_up_proj",
                   fc1s[0]->info.fqn,
-                  {info.experts, 2 * f, hidden}};
+                  {info_.experts, 2 * f, hidden_}};
       HfTensor down{mlp + "experts.down_proj",
                     fc2s[0]->info.fqn,
-                    {info.experts, hidden, f}};
-      for (int64_t e = 0; e < info.experts; ++e) {
+                    {info_.experts, hidden_, f}};
+      for (int64_t e = 0; e < info_.experts; ++e) {
         const Shape s1 = fc1s[e]->info.shape, s2 = fc2s[e]->info.shape;
         gu.pieces.push_back({fc1s[e]->info.fqn, Box::Whole(s1), Box::Whole(s1),
                              e * NumElements(s1), s1});
         down.pieces.push_back({fc2s[e]->info.fqn, Box::Whole(s2),
                                Box::Whole(s2), e * NumElements(s2), s2});
       }
-      m.tensors.push_back(std::move(gu));
-      m.tensors.push_back(std::move(down));
-    } else {
-      for (int64_t e = 0; e < info.experts; ++e) {
-        const std::string x = StrCat(mlp, "experts.", e, ".");
-        if (mixtral) {
-          gate_up(*fc1s[e], x + "w1.weight", x + "w3.weight");
-          whole(x + "w2.weight", *fc2s[e]);
-        } else {
-          gate_up(*fc1s[e], x + "gate_proj.weight", x + "up_proj.weight");
-          whole(x + "down_proj.weight", *fc2s[e]);
-        }
+      m_.tensors.push_back(std::move(gu));
+      m_.tensors.push_back(std::move(down));
+      return;
+    }
+    for (int64_t e = 0; e < info_.experts; ++e) {
+      const std::string x = StrCat(mlp, "experts.", e, ".");
+      if (mixtral) {
+        GateUp(*fc1s[e], x + "w1.weight", x + "w3.weight");
+        Whole(x + "w2.weight", *fc2s[e]);
+      } else {
+        GateUp(*fc1s[e], x + "gate_proj.weight", x + "up_proj.weight");
+        Whole(x + "down_proj.weight", *fc2s[e]);
       }
-    }
-    if (info.arch == MoeArch::kQwen2Moe) {
-      const std::string s = l + "mlp.shared_experts.";
-      info.shared_ffn = gate_up(*find({s + "linear_fc1.weight"}, 2),
-                                mlp + "shared_expert.gate_proj.weight",
-                                mlp + "shared_expert.up_proj.weight");
-      whole(mlp + "shared_expert.down_proj.weight",
-            *find({s + "linear_fc2.weight"}, 2));
-      whole(mlp + "shared_expert_gate.weight", *find({s + "gate_weight"}, 2));
-    } else if (info.arch == MoeArch::kGlm4Moe) {
-      const std::string s = l + "mlp.shared_experts.";
-      info.shared_ffn = gate_up(*find({s + "linear_fc1.weight"}, 2),
-                                mlp + "shared_experts.gate_proj.weight",
-                                mlp + "shared_experts.up_proj.weight");
-      whole(mlp + "shared_experts.down_proj.weight",
-            *find({s + "linear_fc2.weight"}, 2));
-    }
-  }
-  whole("model.norm.weight", *find({"decoder.final_layernorm.weight"}, 1));
-  if (!tied) whole("lm_head.weight", *find({"output_layer.weight"}, 2));
-  for (const auto& [name, p] : params) {
-    if (p->info.kind == atoms::ParamKind::kParam && !used.count(name) &&
-        !(tied && name == "output_layer.weight")) {
-      throw UsageError(where, " > ", name, ": a param with no place in ",
-                       model_name);
     }
   }
 
-  json::Value c = json::Value::Object();
-  json::Value arch = json::Value::Array();
-  const char* name = ArchName(info.arch);
-  const char* type = "llama";
-  if (moe && info.arch == MoeArch::kMixtral) {
-    type = "mixtral";
-    ffn = info.expert_ffn;  // Mixtral's intermediate_size is the experts'
-  } else if (moe && info.arch == MoeArch::kQwen3Moe) {
-    type = "qwen3_moe";
-  } else if (moe && info.arch == MoeArch::kQwen2Moe) {
-    type = "qwen2_moe";
-  } else if (moe && info.arch == MoeArch::kGlm4Moe) {
-    type = "glm4_moe";
+  // config.json.
+  json::Value Config() {
+    json::Value c = json::Value::Object();
+    json::Value arch = json::Value::Array();
+    const char* type = "llama";
+    int64_t ffn = ffn_;
+    if (moe_ && info_.arch == MoeArch::kMixtral) {
+      type = "mixtral";
+      ffn = info_.expert_ffn;  // Mixtral's intermediate_size is the experts'
+    } else if (moe_ && info_.arch == MoeArch::kQwen3Moe) {
+      type = "qwen3_moe";
+    } else if (moe_ && info_.arch == MoeArch::kQwen2Moe) {
+      type = "qwen2_moe";
+    } else if (moe_ && info_.arch == MoeArch::kGlm4Moe) {
+      type = "glm4_moe";
+    }
+    arch.Append(ArchName(info_.arch));
+    c["architectures"] = std::move(arch);
+    c["model_type"] = type;
+    c["hidden_size"] = hidden_;
+    c["intermediate_size"] = ffn;
+    c["num_hidden_layers"] = layers_;
+    c["num_attention_heads"] = nq_;
+    c["num_key_value_heads"] = ng_;
+    c["head_dim"] = head_dim_;
+    c["vocab_size"] = vocab_;
+    c["hidden_act"] = "silu";
+    c["rms_norm_eps"] = Number(args_, "norm_epsilon").value_or(1e-5);
+    c["rope_theta"] = Number(args_, "rotary_base").value_or(10000.0);
+    c["max_position_embeddings"] =
+        Int(args_, "max_position_embeddings")
+            .value_or(Int(args_, "seq_length").value_or(4096));
+    c["tie_word_embeddings"] = tied_;
+    if (moe_ && info_.arch != MoeArch::kNone) {
+      AddMoeConfig(c, info_, where_);
+    } else {
+      c["attention_bias"] = false;
+      c["mlp_bias"] = false;
+    }
+    return c;
   }
-  arch.Append(name);
-  c["architectures"] = std::move(arch);
-  c["model_type"] = type;
-  c["hidden_size"] = hidden;
-  c["intermediate_size"] = ffn;
-  c["num_hidden_layers"] = *layers;
-  c["num_attention_heads"] = *nq;
-  c["num_key_value_heads"] = ng;
-  c["head_dim"] = d;
-  c["vocab_size"] = vocab;
-  c["hidden_act"] = "silu";
-  c["rms_norm_eps"] = Number(args, "norm_epsilon").value_or(1e-5);
-  c["rope_theta"] = Number(args, "rotary_base").value_or(10000.0);
-  c["max_position_embeddings"] =
-      Int(args, "max_position_embeddings")
-          .value_or(Int(args, "seq_length").value_or(4096));
-  c["tie_word_embeddings"] = tied;
-  if (moe && info.arch != MoeArch::kNone) {
-    AddMoeConfig(c, info, where);
-  } else {
-    c["attention_bias"] = false;
-    c["mlp_bias"] = false;
-  }
-  m.config = std::move(c);
-  return m;
-}
+
+  const universal::UniversalInput& input_;
+  std::string_view flag_;
+  std::optional<HfExperts> moe_;
+  std::string where_;
+  layouts::Variables model_;
+  // The Megatron args object, as the source's reader recorded it.
+  const json::Value& args_;
+  std::map<std::string, const atoms::StoredParam*, std::less<>> params_;
+  std::map<std::string, bool, std::less<>> used_;
+  std::string model_name_ = "LlamaForCausalLM";
+  MoeInfo info_;
+  HfModel m_;
+  int64_t nq_ = 0, ng_ = 0, layers_ = 0, hidden_ = 0, vocab_ = 0;
+  int64_t head_dim_ = 0, ffn_ = 0;
+  bool tied_ = false;
+};
 
 }  // namespace
 
 HfModel MapToHfLlama(const universal::UniversalInput& input,
                      std::string_view flag) {
-  return MapDecoder(input, flag, std::nullopt);
+  return DecoderMapper(input, flag, std::nullopt).Map();
 }
 
 HfModel MapToHf(const universal::UniversalInput& input, HfExperts experts,
                 std::string_view flag) {
-  return MapDecoder(input, flag, experts);
+  return DecoderMapper(input, flag, experts).Map();
 }
 
 std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
