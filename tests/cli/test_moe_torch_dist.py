@@ -153,6 +153,31 @@ def test_every_expert_read_whole_with_its_optimizer_state():
             raise AssertionError("the comparison missed a wrong expert")
 
 
+def test_layout_check_and_json_name_the_experts_and_ep():
+    """`ucp layout check` lists every expert param of the save (each global layer and expert
+    of the truth) with its expert rule, and nothing fails; `to-universal --json` reports the
+    source's ep and etp (from megatron-core's args, compared with the generator's config)."""
+    for name, (variant, tp, pp, dp, ep, etp) in SAVES.items():
+        p = run("layout", "check", DATA / name, "--json")
+        report = json.loads(p.stdout)
+        assert report["layout"] == f"mcore-moe-{variant}", report["layout"]
+        rules = {r["param"]: r["rule"] for r in report["params"]}
+        assert all(r["ok"] for r in report["params"]), report["params"]
+        experts = [n for n in truth(name)["model"] if ".mlp.experts." in n]
+        assert len(experts) >= 8, experts
+        for n in experts:
+            want = "expert_fc1" if n.endswith("linear_fc1.weight") else "expert_fc2"
+            assert rules.get(n) == want, (n, rules.get(n))
+            extra = n.replace(".weight", "._extra_state")
+            assert rules.get(extra) == "expert_extra_state", (extra, rules.get(extra))
+        assert sum(1 for r in rules.values() if r.startswith("expert_")) == 2 * len(experts)
+        with Tmp("ucp-moe-json-") as t:
+            out = json.loads(run("to-universal", DATA / name, "-o", t / "u.h5", "--json").stdout)
+        topo = out["source_topology"]
+        assert (topo["tp"], topo["pp"], topo["dp"], topo["ep"], topo["etp"]) == \
+            (tp, pp, dp, ep, etp), topo
+
+
 def load_meta(iter_dir):
     with open(iter_dir / ".metadata", "rb") as f:
         return pickle.load(f)
