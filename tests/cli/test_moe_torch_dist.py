@@ -1,15 +1,16 @@
 """Mixture-of-experts torch_dist checkpoints read into the universal file, against the real
 megatron-core (the tests' PyPI environment, run with its python): saves made by
 tests/tools/make_moe_torch_dist.py (megatron-core 0.16's MoE GPTModel, SequentialMLP, 4 experts,
-saved with dist_checkpointing.save and the real chained DistributedOptimizer's fully_reshardable
-state after an Adam step; Mixtral-like: every layer MoE, keys stacked [L, E, ...]; DeepSeek-like:
+saved with dist_checkpointing.save and the real chained DistributedOptimizer's state after an Adam
+step, in its fully_reshardable and dp_reshardable forms (the dense half's buckets over DP, the
+expert half's over expert DP); Mixtral-like: every layer MoE, keys stacked [L, E, ...]; DeepSeek-like:
 a dense first layer, shared experts, the router's expert bias, per-layer keys) at several
 TP/PP/DP/EP/ETP layouts; `ucp to-universal` of each is compared, atom by atom with h5py, with the
 save's truth.pt (the global tensors gathered by the generator from the ranks' memory, not from
 the files): every expert param whole under its global (layer, expert) name, with its fp32 main
 param and Adam moments, the router, its bias, shared experts, norms and the rest; the source's
 ep/etp recorded. Malformed saves (an expert's chunk dropped, one stored twice as a per-rank
-naming bug stores it, a cut rank file, an optimizer form not read) give one clear error line.
+naming bug stores it, a cut rank file) give one clear error line.
 """
 import functools
 import json
@@ -32,6 +33,9 @@ SAVES = {
     "deepseek_tp2_etp1_ep2": ("deepseek", 2, 1, 1, 2, 1),
     "mixtral_tp1_pp2_dp2_ep2": ("mixtral", 1, 2, 2, 2, 1),
     "mixtral_tp2_etp2_ep2_dp2": ("mixtral", 2, 1, 2, 2, 2),
+    # the optimizer state in its dp_reshardable form (the truth: the fully_reshardable one)
+    "mixtral_tp1_dp2_ep2_dpr": ("mixtral", 1, 1, 2, 2, 1),
+    "deepseek_tp2_etp1_ep2_dpr": ("deepseek", 2, 1, 1, 2, 1),
 }
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="ucp-moe-"))
 

@@ -239,6 +239,17 @@ KeyOfName ModelKeyOf(std::string_view canonical) {
 
 std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
   constexpr std::string_view kPrefix = "optimizer.distributed.dp_group_idx_";
+  int64_t chain = -1;
+  if (fqn.starts_with("chained_")) {
+    const size_t dot = fqn.find('.');
+    const std::string_view n = fqn.substr(
+        8, dot == std::string_view::npos ? std::string_view::npos : dot - 8);
+    auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), chain);
+    if (n.empty() || n[0] == '-' || ec != std::errc() ||
+        p != n.data() + n.size())
+      return std::nullopt;
+    fqn.remove_prefix(dot + 1);
+  }
   if (!fqn.starts_with(kPrefix)) return std::nullopt;
   fqn.remove_prefix(kPrefix.size());
   auto number = [&](std::string_view stop, int64_t& v) {
@@ -253,6 +264,7 @@ std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
     return true;
   };
   BucketKey k;
+  k.chain = chain;
   if (!number(".gbuf_idx_", k.group)) return std::nullopt;
   if (!number(".dtype_", k.gbuf)) return std::nullopt;
   const size_t b = fqn.find(".bucket_idx_");

@@ -85,7 +85,10 @@ KeyOfName ModelKeyOf(std::string_view canonical);
 /// A dp_reshardable bucket key (distrib_optimizer.py,
 /// sharded_param_state_dp_reshardable): optimizer.distributed.dp_group_idx_G
 /// .gbuf_idx_B.dtype_(<param dtype>, <grad dtype>).bucket_idx_K.<state>.
+/// A ChainedOptimizer's (mixture of experts) keys start with "chained_<i>."
+/// (0: the dense half, 1: the expert half): `chain`, else -1.
 struct BucketKey {
+  int64_t chain = -1;
   int64_t group = 0, gbuf = 0, bucket = 0;
   std::string dtype, state;  // dtype: "(torch.bfloat16, torch.float32)"
 };

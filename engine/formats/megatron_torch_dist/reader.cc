@@ -87,9 +87,23 @@ class Planner {
     std::string where;
   };
   // dp_reshardable keys by (group, buffer, bucket, state).
+  // (chain, group, buffer, bucket, state); chain -1 without a chained
+  // optimizer.
   using BucketKeys =
-      std::map<std::tuple<int64_t, int64_t, int64_t, std::string>,
+      std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>,
                const dcp::Entry*>;
+  using ChunkMembers =
+      std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>>;
+  // One model-parallel group's buffers (model chunk v: members(v)), their
+  // buckets' state placed; tp_rank: the group's (expert) tensor-parallel
+  // rank, dp the (expert) data-parallel size.
+  void PlanBufferGroup(const BucketKeys& keys, int64_t chain, int64_t group,
+                       int64_t dp, int64_t pp, int64_t tp_rank,
+                       const std::vector<std::vector<BufferMember>>& members);
+  // The expert half's buffer members of each (pp, ep) rank, per chunk, in
+  // the model's named_parameters() order.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<BufferMember>>>
+  ExpertMembers();
   BucketKeys CollectBucketKeys() const;
   std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>>
   BufferMembers();
@@ -97,8 +111,8 @@ class Planner {
       const std::shared_ptr<const torchfile::TorchFile>& zf, const Value* world,
       const megatron::BufferLayout& lay, size_t b, int64_t world_at,
       const std::string& skey, const std::string& bwhere);
-  std::vector<BucketRun> KeyBucketRuns(const BucketKeys& keys, int64_t group,
-                                       int64_t v,
+  std::vector<BucketRun> KeyBucketRuns(const BucketKeys& keys, int64_t chain,
+                                       int64_t group, int64_t v,
                                        const megatron::BufferLayout& lay,
                                        size_t b, const std::string& skey,
                                        const std::string& bwhere);
@@ -782,12 +796,11 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
 // buffer layout of the rank's params (megatron/buffer_layout.h), checked
 // against every key's (or tensor's) size.
 void Planner::PlanBuckets() {
-  if (experts_) {
+  if (experts_ && c_.optimizer != "dp_reshardable") {
     throw FormatError(c_.iter_dir.string(), ": ", c_.optimizer,
-                      " optimizer state of a mixture-of-experts model (the "
-                      "chained optimizer's dense and expert buckets) is not "
-                      "read yet; save with fully_reshardable, or convert "
-                      "with --no-optimizer");
+                      " optimizer state of a mixture-of-experts model is not "
+                      "read (fully_reshardable and dp_reshardable are); "
+                      "convert with --no-optimizer");
   }
   if (!run_) {
     throw FormatError(c_.iter_dir.string(), ": ", c_.optimizer,
@@ -796,64 +809,139 @@ void Planner::PlanBuckets() {
   }
   const bool zero = c_.optimizer == "dp_zero_gather_scatter";
   const BucketKeys keys = zero ? BucketKeys{} : CollectBucketKeys();
-  std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks =
-      BufferMembers();
+  // A mixture-of-experts model's ChainedOptimizer: chained_0 the dense half
+  // (its buffers over DP), chained_1 the expert half (over expert DP, one
+  // group per expert model-parallel rank etp + ETP * (ep + EP * pp)).
+  const int64_t dense_chain = experts_ ? 0 : -1;
+  ChunkMembers chunks = BufferMembers();
+  const layouts::Topology& t = c_.topology;
+  for (int64_t pp = 0; pp < t.pp; ++pp) {
+    std::vector<std::vector<BufferMember>> members;
+    for (int64_t v = 0; v < t.vpp; ++v) members.push_back(chunks[{pp, v}]);
+    for (int64_t tp = 0; tp < t.tp; ++tp)
+      PlanBufferGroup(keys, dense_chain, tp + t.tp * pp, t.dp, pp, tp, members);
+  }
+  if (!experts_) return;
+  auto experts = ExpertMembers();
+  const int64_t etp = t.ExpertTp();
+  for (int64_t pp = 0; pp < t.pp; ++pp)
+    for (int64_t ep = 0; ep < t.ep; ++ep)
+      for (int64_t x = 0; x < etp; ++x)
+        PlanBufferGroup(keys, 1, x + etp * (ep + t.ep * pp), t.ExpertDp(), pp,
+                        x, experts[{pp, ep}]);
+}
+
+void Planner::PlanBufferGroup(
+    const BucketKeys& keys, int64_t chain, int64_t group, int64_t dp,
+    int64_t pp, int64_t tp_rank,
+    const std::vector<std::vector<BufferMember>>& members_of) {
   static constexpr std::pair<const char*, const char*> kStates[] = {
       {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
   const layouts::Topology& t = c_.topology;
-  for (int64_t pp = 0; pp < t.pp; ++pp) {
-    for (int64_t tp = 0; tp < t.tp; ++tp) {
-      const int64_t group = tp + t.tp * pp;
-      // Each member's local shard at this TP rank.
-      auto shard_of = [&](const Param& p) {
-        const size_t d = static_cast<size_t>(p.rule->tp.dim);
-        const int64_t padded = p.rule->tp.split && p.rule->tp.vocab
-                                   ? p.full_shape[d] + p.pad_rows
-                                   : 0;
-        return layouts::ShardFor(*p.rule, p.full_shape,
-                                 p.rule->tp.split ? t.tp : 1,
-                                 p.rule->tp.split ? tp : 0, padded, p.pad_rows);
-      };
-      int64_t local_params = 0;
-      for (int64_t v = 0; v < t.vpp; ++v)
-        for (const BufferMember& m : chunks[{pp, v}])
-          local_params += NumElements(shard_of(*m.param).local_shape);
-      for (int64_t v = 0; v < t.vpp; ++v) {
-        const std::vector<BufferMember>& members = chunks[{pp, v}];
-        if (members.empty()) continue;
-        std::vector<megatron::BufferParam> bparams;
-        std::vector<layouts::LocalShard> shards;
-        for (const BufferMember& m : members) {
-          shards.push_back(shard_of(*m.param));
-          bparams.push_back({m.param->name,
-                             NumElements(shards.back().local_shape), m.shared});
-        }
-        const megatron::BufferLayout lay = megatron::ComputeBufferLayout(
-            bparams, run_->DistributedBufferOptions(t.dp, pp, v, local_params));
-        const std::string bwhere = StrCat(
-            c_.iter_dir.string(), " > optimizer.distributed.dp_group_idx_",
-            group, ".gbuf_idx_", v);
-        std::shared_ptr<const torchfile::TorchFile> zf;
-        const Value* world = nullptr;
-        if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
-        int64_t world_at = 0;  // bucket b's start in the coalesced tensors
-        for (size_t b = 0; b < lay.buckets.size(); ++b) {
-          for (const auto& [skey, kind] : kStates) {
-            const std::vector<BucketRun> runs =
-                zero ? ZeroBucketRuns(zf, world, lay, b, world_at, skey, bwhere)
-                     : KeyBucketRuns(keys, group, v, lay, b, skey, bwhere);
-            PlaceBucket(members, shards, lay, b, kind, runs);
-          }
-          world_at += lay.buckets[b].numel_unpadded;
-        }
+  const bool zero = c_.optimizer == "dp_zero_gather_scatter";
+  // Each member's local shard at this (expert) TP rank.
+  auto shard_of = [&](const Param& p) {
+    const size_t d = static_cast<size_t>(p.rule->tp.dim);
+    const int64_t padded =
+        p.rule->tp.split && p.rule->tp.vocab ? p.full_shape[d] + p.pad_rows : 0;
+    return layouts::ShardFor(
+        *p.rule, p.full_shape,
+        p.rule->tp.split ? layouts::TpSizeFor(*p.rule, t) : 1,
+        p.rule->tp.split ? tp_rank : 0, padded, p.pad_rows);
+  };
+  int64_t local_params = 0;
+  for (const std::vector<BufferMember>& members : members_of)
+    for (const BufferMember& m : members)
+      local_params += NumElements(shard_of(*m.param).local_shape);
+  for (size_t vi = 0; vi < members_of.size(); ++vi) {
+    const int64_t v = static_cast<int64_t>(vi);
+    const std::vector<BufferMember>& members = members_of[vi];
+    if (members.empty()) continue;
+    std::vector<megatron::BufferParam> bparams;
+    std::vector<layouts::LocalShard> shards;
+    for (const BufferMember& m : members) {
+      shards.push_back(shard_of(*m.param));
+      bparams.push_back(
+          {m.param->name, NumElements(shards.back().local_shape), m.shared});
+    }
+    megatron::BufferOptions options =
+        run_->DistributedBufferOptions(t.dp, pp, v, local_params);
+    options.dp = std::max<int64_t>(
+        1, run_->OptimizerDp(dp));  // the expert half: expert DP
+    const megatron::BufferLayout lay =
+        megatron::ComputeBufferLayout(bparams, options);
+    const std::string bwhere =
+        StrCat(c_.iter_dir.string(), " > ",
+               chain >= 0 ? StrCat("chained_", chain, ".") : "",
+               "optimizer.distributed.dp_group_idx_", group, ".gbuf_idx_", v);
+    std::shared_ptr<const torchfile::TorchFile> zf;
+    const Value* world = nullptr;
+    if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
+    int64_t world_at = 0;  // bucket b's start in the coalesced tensors
+    for (size_t b = 0; b < lay.buckets.size(); ++b) {
+      for (const auto& [skey, kind] : kStates) {
+        const std::vector<BucketRun> runs =
+            zero ? ZeroBucketRuns(zf, world, lay, b, world_at, skey, bwhere)
+                 : KeyBucketRuns(keys, chain, group, v, lay, b, skey, bwhere);
+        PlaceBucket(members, shards, lay, b, kind, runs);
       }
+      world_at += lay.buckets[b].numel_unpadded;
     }
   }
 }
 
+// The routed experts of each (pp rank, ep rank), per model chunk, in the
+// order named_parameters() lists them: per layer, SequentialMLP's local
+// experts one after the other (linear_fc1, linear_fc2 of each), grouped
+// GEMM's linear_fc1.weight<i> of every expert, then linear_fc2.
+std::map<std::pair<int64_t, int64_t>,
+         std::vector<std::vector<Planner::BufferMember>>>
+Planner::ExpertMembers() {
+  const layouts::Topology& t = c_.topology;
+  const Layout& layout = *layout_;
+  const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
+  const layouts::ExpertPlacement experts(layout.NumExperts(vars_), t.ep);
+  const bool grouped = megatron::ArgsView(args_, "args")
+                           .Bool("moe_grouped_gemm")
+                           .value_or(false);
+  struct Sorted {
+    int64_t layer, expert;
+    size_t index;
+    int64_t pp, v, ep;
+  };
+  std::vector<Sorted> all;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (p.buffer || !p.rule->expert) continue;
+    const std::optional<layouts::ExpertName> x = layout.SplitExpert(p.name);
+    UCP_CHECK(x.has_value(), "expert param without expert index: ", p.name);
+    const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
+    all.push_back({x->layer, x->index, i, h.pp_rank, h.vp_chunk,
+                   experts.Locate(x->index).ep_rank});
+  }
+  std::sort(all.begin(), all.end(), [&](const Sorted& a, const Sorted& b) {
+    if (a.layer != b.layer) return a.layer < b.layer;
+    if (!grouped && a.expert != b.expert) return a.expert < b.expert;
+    // Within an expert (or, grouped, within a layer): the key order, then
+    // the expert.
+    const std::string& ka = params_[a.index].key;
+    const std::string& kb = params_[b.index].key;
+    if (ka != kb) return a.index < b.index;
+    return a.expert < b.expert;
+  });
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<BufferMember>>>
+      out;
+  for (const Sorted& s : all) {
+    std::vector<std::vector<BufferMember>>& chunks = out[{s.pp, s.ep}];
+    chunks.resize(static_cast<size_t>(t.vpp));
+    chunks[static_cast<size_t>(s.v)].push_back({&params_[s.index], false});
+  }
+  return out;
+}
+
 Planner::BucketKeys Planner::CollectBucketKeys() const {
   BucketKeys keys;
-  std::map<std::pair<int64_t, int64_t>, std::string> dtypes;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::string> dtypes;
   for (const dcp::Entry& e : c_.dcp.metadata.entries) {
     if (!e.tensor) continue;
     const auto k = ParseBucketKey(e.fqn);
@@ -862,7 +950,8 @@ Planner::BucketKeys Planner::CollectBucketKeys() const {
         throw FormatError(Where(e), ": not a dp_reshardable bucket key");
       continue;
     }
-    auto [it, fresh] = dtypes.try_emplace({k->group, k->gbuf}, k->dtype);
+    auto [it, fresh] =
+        dtypes.try_emplace({k->chain, k->group, k->gbuf}, k->dtype);
     if (!fresh && it->second != k->dtype) {
       throw FormatError(Where(e), ": buffer ", k->gbuf, " of group ", k->group,
                         " has buckets of two dtypes (", it->second, ", ",
@@ -872,7 +961,7 @@ Planner::BucketKeys Planner::CollectBucketKeys() const {
       throw FormatError(Where(e), ": expected a 1-D float32 tensor, got ",
                         DTypeName(e.dtype), " ", ShapeString(e.size));
     }
-    keys[{k->group, k->gbuf, k->bucket, k->state}] = &e;
+    keys[{k->chain, k->group, k->gbuf, k->bucket, k->state}] = &e;
   }
   return keys;
 }
@@ -886,9 +975,30 @@ Planner::BufferMembers() {
   const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
   std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks;
   for (Param& p : params_) {
-    if (p.buffer) continue;
+    if (p.buffer || p.rule->expert) continue;  // experts: ExpertMembers
     const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
     chunks[{h.pp_rank, h.vp_chunk}].push_back({&p, false});
+  }
+  // named_parameters() lists a module's own params before its children's
+  // (SharedExpertMLP's gate_weight before its linear_fc1 / linear_fc2);
+  // the sharded state dict, so the metadata, lists them after.
+  for (auto& [hk, members] : chunks) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      const std::string& name = members[i].param->name;
+      const size_t dot = name.rfind('.');
+      if (dot == std::string::npos) continue;
+      const std::string module = name.substr(0, dot + 1);
+      for (size_t j = 0; j < i; ++j) {
+        const std::string& other = members[j].param->name;
+        if (other.starts_with(module) &&
+            other.find('.', module.size()) != std::string::npos) {
+          std::rotate(members.begin() + static_cast<ptrdiff_t>(j),
+                      members.begin() + static_cast<ptrdiff_t>(i),
+                      members.begin() + static_cast<ptrdiff_t>(i) + 1);
+          break;
+        }
+      }
+    }
   }
   for (const Rule& rule : layout.rules()) {
     if (!rule.tied_to || !rule.Exists(vars_, t)) continue;
@@ -941,11 +1051,11 @@ std::vector<Planner::BucketRun> Planner::ZeroBucketRuns(
 // dp_reshardable / fully_sharded_bucket_space: bucket b's `skey` key of
 // group `group`, buffer `v`, its chunks (one per DP rank) at their offsets.
 std::vector<Planner::BucketRun> Planner::KeyBucketRuns(
-    const BucketKeys& keys, int64_t group, int64_t v,
+    const BucketKeys& keys, int64_t chain, int64_t group, int64_t v,
     const megatron::BufferLayout& lay, size_t b, const std::string& skey,
     const std::string& bwhere) {
   const megatron::Bucket& bucket = lay.buckets[b];
-  auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
+  auto kit = keys.find({chain, group, v, static_cast<int64_t>(b), skey});
   if (kit == keys.end()) {
     throw FormatError(bwhere, ": no bucket ", b, " '", skey,
                       "' key (the buffer layout of this rank's params has ",
