@@ -436,7 +436,26 @@ TEST(TorchDistKeysTest, ExpertKeysAndCanonicalNames) {
   }
   // Not an expert index: stays as it is.
   EXPECT_EQ(ModelKeyOf("decoder.layers.1.mlp.experts.x.w").expert, -1);
-  // A ChainedOptimizer's dp_reshardable buckets are bucket keys.
+  // A ChainedOptimizer's dp_reshardable buckets (make_moe_torch_dist.py's
+  // docstring: the "chained_<i>." prefix stays) are bucket keys of chain i.
+  const auto chained = ParseBucketKey(
+      "chained_1.optimizer.distributed.dp_group_idx_3.gbuf_idx_0.dtype_"
+      "(torch.bfloat16, torch.float32).bucket_idx_2.exp_avg");
+  ASSERT_TRUE(chained.has_value());
+  EXPECT_EQ(chained->chain, 1);
+  EXPECT_EQ(chained->group, 3);
+  EXPECT_EQ(chained->bucket, 2);
+  EXPECT_EQ(chained->state, "exp_avg");
+  EXPECT_EQ(ParseBucketKey("optimizer.distributed.dp_group_idx_0.gbuf_idx_0."
+                           "dtype_(a, b).bucket_idx_0.param")
+                ->chain,
+            -1);
+  EXPECT_FALSE(
+      ParseBucketKey("chained_x.optimizer.distributed.dp_group_idx_0."
+                     "gbuf_idx_0.dtype_(a, b).bucket_idx_0.param"));
+  EXPECT_FALSE(
+      ParseBucketKey("chained_-1.optimizer.distributed.dp_group_idx_"
+                     "0.gbuf_idx_0.dtype_(a, b).bucket_idx_0.param"));
   EXPECT_EQ(ClassifyKey("chained_1.optimizer.distributed.dp_group_idx_0."
                         "gbuf_idx_0.dtype_(torch.bfloat16, torch.float32)."
                         "bucket_idx_0.param",
