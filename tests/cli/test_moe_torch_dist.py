@@ -244,6 +244,16 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         one_error_line(p, "layer 1", "linear_fc2.weight", "global experts 0, 1, 2, 3 missing")
         assert not (t / "u.h5").exists()
 
+        # The expert half of the optimizer lost (every expert's exp_avg_sq keys).
+        d = t / "noexpertstate"
+        shutil.copytree(src, d)
+        assert drop_keys(d / ITER, lambda k: k.startswith("optimizer.state.exp_avg_sq.") and
+                         ".mlp.experts.experts." in k) == 2
+        p = run("to-universal", d, "-o", t / "u.h5", expect=3)
+        one_error_line(p, "layer 1", "optimizer state exp_avg_sq",
+                       "global experts 0, 1, 2, 3 missing")
+        assert not (t / "u.h5").exists()
+
         # Doubled: (layer 1, expert 3)'s chunks stored at expert 1's index.
         d = t / "doubled"
         shutil.copytree(src, d)

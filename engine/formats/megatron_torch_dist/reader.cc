@@ -164,6 +164,9 @@ class Planner {
   // Elements of each expert param stored, by (param index, "model" or the
   // optimizer state's name): CheckExpertsCovered.
   std::map<std::pair<size_t, std::string>, int64_t> expert_cover_;
+  // The optimizer states read by key (fully_reshardable, non-distributed):
+  // every expert must have each (its half of the optimizer lost shows).
+  std::set<std::string> states_read_;
   std::vector<std::pair<std::string, std::string>> entries_;
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::map<std::string, const dcp::Entry*> entry_of_;  // tensor keys
@@ -459,8 +462,8 @@ void Planner::CheckExpertsCovered() const {
   const Layout& layout = *layout_;
   std::map<std::string, size_t> index;
   std::map<std::string, std::string> templates;  // suffix -> a name
-  std::set<std::string> labels{"model"};
-  for (const auto& [pk, n] : expert_cover_) labels.insert(pk.second);
+  std::set<std::string> labels = states_read_;
+  labels.insert("model");
   for (size_t i = 0; i < params_.size(); ++i) {
     index.emplace(params_[i].name, i);
     if (params_[i].expert < 0) continue;
@@ -633,6 +636,7 @@ void Planner::AddFragments(const Param& p, universal::AtomPlan& atom,
 
 void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   const bool model = k.kind == KeyInfo::kModel;
+  if (!model) states_read_.insert(k.state);
   const KeyAxes axes = AxesOf(k.model_key);
   const bool stacked = axes.stacked;
   std::string kind;
