@@ -182,6 +182,35 @@ def test_layout_check_and_json_name_the_experts_and_ep():
             (tp, pp, dp, ep, etp), topo
 
 
+def test_param_groups_of_both_optimizer_halves():
+    """The universal file's param groups are the chained optimizer's: the dense half's two
+    groups (wd_mult 1 and 0) and the expert half's (is_expert_parallel), each with the lr and
+    Adam step megatron-core saved (common.pt, read with torch; for dp_reshardable the groups
+    are in each half's objects, so there the step is checked against the truth's steps); the
+    routed experts, and only they, in the expert group."""
+    for name in SAVES:
+        with h5py.File(universal(name), "r") as f:
+            groups = json.loads(f.attrs["optimizer"])["groups"]
+            group_of = {k: int(g.attrs["group"]) for k, g in f["params"].items()
+                        if int(g.attrs.get("group", -1)) >= 0}
+        assert [g["key"] for g in groups] == \
+            [[1.0, 1.0, False, False], [0.0, 1.0, False, False], [1.0, 1.0, True, False]], groups
+        for n, gi in group_of.items():
+            routed = ".mlp.experts." in n
+            assert groups[gi]["key"][2] == routed, (n, groups[gi])
+        assert sum(1 for gi in group_of.values() if groups[gi]["key"][2]) == \
+            sum(1 for n in truth(name)["model"] if ".mlp.experts." in n)
+        assert all(g["step"] in truth(name)["steps"] for g in groups), (groups, truth(name)["steps"])
+        if name.endswith("_dpr"):
+            continue
+        common = torch.load(DATA / name / ITER / "common.pt", weights_only=False)["optimizer"]
+        saved = [g for half in (common[0], common[1]) for g in half["optimizer"]["param_groups"]]
+        assert len(saved) == 3
+        for g, want in zip(groups, saved):
+            assert g["key"][0] == want["wd_mult"] and g["key"][2] == want["is_expert_parallel"]
+            assert g["lr"] == want["lr"] and g["step"] == want["step"], (g, want)
+
+
 def load_meta(iter_dir):
     with open(iter_dir / ".metadata", "rb") as f:
         return pickle.load(f)

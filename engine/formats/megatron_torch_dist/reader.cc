@@ -1188,18 +1188,46 @@ void Planner::PlanGroups() {
   const Value* opt = pickle::DictGet(c_.common, "optimizer");
   const Value* inner = pickle::DictGet(opt, "optimizer");
   const Value* groups = pickle::DictGet(inner, "param_groups");
-  // A mixture-of-experts model's ChainedOptimizer: a list of the dense and
-  // the expert DistributedOptimizer's state dicts, each with its groups.
+  // A mixture-of-experts model's ChainedOptimizer: the dense and the expert
+  // DistributedOptimizer's state dicts, a list (the common state keeps it as
+  // a dict {0: ..., 1: ...}), each with its groups, or (dp_reshardable) the
+  // groups in each half's chained_<i>.optimizer.distributed.dp_group_idx_0.
+  // optimizer object.
   pickle::Arena chained_arena;
+  std::vector<const Value*> halves;
   if (opt != nullptr && opt->kind == Kind::kList) {
+    halves.assign(opt->items.begin(), opt->items.end());
+  } else if (opt != nullptr && opt->IsDictLike() && !opt->entries.empty() &&
+             std::all_of(
+                 opt->entries.begin(), opt->entries.end(), [&](const auto& kv) {
+                   return kv.first != nullptr && kv.first->kind == Kind::kInt &&
+                          kv.first->i == &kv - &opt->entries.front();
+                 })) {
+    for (const auto& kv : opt->entries) halves.push_back(kv.second);
+  }
+  if (!halves.empty()) {
     std::vector<Value*> all;
-    for (const Value* half : opt->items) {
-      const Value* g =
-          pickle::DictGet(pickle::DictGet(half, "optimizer"), "param_groups");
+    for (size_t i = 0; i < halves.size(); ++i) {
+      const Value* g = pickle::DictGet(pickle::DictGet(halves[i], "optimizer"),
+                                       "param_groups");
+      if (g == nullptr) {
+        const dcp::ItemKey key{
+            ObjectKey(StrCat("chained_", i,
+                             ".optimizer.distributed.dp_group_idx_0.optimizer"),
+                      std::vector<int64_t>{0}, std::vector<int64_t>{1}),
+            std::nullopt};
+        if (auto it = c_.dcp.items.find(key);
+            it != c_.dcp.items.end() && !it->second.empty()) {
+          open_.push_back(dcp::OpenItem(it->second.front(), key, files_));
+          g = pickle::DictGet(ObjectRoot(*open_.back()), "param_groups");
+          groups_file_ = open_.back().get();
+        }
+      }
       if (g == nullptr || g->kind != Kind::kList) {
         throw FormatError(c_.iter_dir.string(), " > ", c_.common_in,
-                          " > optimizer: a chained optimizer's part without "
-                          "optimizer.param_groups");
+                          " > optimizer: part ", i,
+                          " of the chained optimizer without its param "
+                          "groups");
       }
       for (const Value* x : g->items) all.push_back(const_cast<Value*>(x));
     }
