@@ -1205,7 +1205,7 @@ void Planner::PlanGroups() {
                  })) {
     for (const auto& kv : opt->entries) halves.push_back(kv.second);
   }
-  if (!halves.empty()) {
+  if (experts_ && !halves.empty()) {
     std::vector<Value*> all;
     for (size_t i = 0; i < halves.size(); ++i) {
       const Value* g = pickle::DictGet(pickle::DictGet(halves[i], "optimizer"),
