@@ -104,7 +104,61 @@ BufferOptions RunConfig::DistributedBufferOptions(int64_t dp, int64_t pp_rank,
   return o;
 }
 
-RunConfig ReadRunConfig(const ArgsView& a) {
+namespace {
+
+// Mixture of experts: ep / etp, num_experts and moe_layer_freq (an int, or
+// Megatron's per-layer list of 0/1 as first dense layers + a frequency).
+void ReadExperts(const ArgsView& a, RunConfig& c) {
+  auto fail = [&](auto&&... parts) -> FormatError {
+    return FormatError(a.where(), ": ", parts...);
+  };
+  layouts::Topology& t = c.topology;
+  t.ep = a.Int("expert_model_parallel_size").value_or(1);
+  if (auto etp = a.Int("expert_tensor_parallel_size")) t.etp = *etp;
+  if (t.ep < 1 || (t.etp && *t.etp < 1))
+    throw fail("bad expert parallel sizes in args (ep ", t.ep, ", etp ",
+               t.etp.value_or(0), ")");
+  const std::optional<int64_t> experts = a.Int("num_experts");
+  if (!experts) return;
+  if (*experts < 1) throw fail("num_experts ", *experts);
+  c.variables.Set("num_moe_experts", *experts);
+  const Value* freq = a.Find("moe_layer_freq");
+  if (freq == nullptr || freq->kind == Kind::kNone) return;
+  if (freq->kind == Kind::kInt) {
+    if (freq->i < 1) throw fail("moe_layer_freq ", freq->i);
+    c.variables.Set("moe_first_dense_layers", 0);
+    c.variables.Set("moe_layer_freq", freq->i);
+    return;
+  }
+  if (freq->kind != Kind::kList && freq->kind != Kind::kTuple)
+    throw fail("moe_layer_freq: neither an int nor a list");
+  std::vector<bool> moe;
+  for (const Value* x : freq->items) {
+    if (x == nullptr || x->kind != Kind::kInt || (x->i != 0 && x->i != 1))
+      throw fail("moe_layer_freq: a list of other values than 0 and 1");
+    moe.push_back(x->i == 1);
+  }
+  const int64_t n = static_cast<int64_t>(moe.size());
+  int64_t first = 0;
+  while (first < n && !moe[static_cast<size_t>(first)]) ++first;
+  for (int64_t f = 1; f <= std::max<int64_t>(n, 1); ++f) {
+    bool fits = true;
+    for (int64_t l = 0; l < n && fits; ++l)
+      fits = moe[static_cast<size_t>(l)] == (l >= first && l % f == 0);
+    if (fits) {
+      c.variables.Set("moe_first_dense_layers", first);
+      c.variables.Set("moe_layer_freq", f);
+      return;
+    }
+  }
+  throw fail("moe_layer_freq ", pickle::Repr(freq, 200),
+             ": not first dense layers then every n-th layer MoE (not "
+             "supported)");
+}
+
+}  // namespace
+
+RunConfig ReadRunConfig(const ArgsView& a, bool experts) {
   RunConfig c;
   auto fail = [&](auto&&... parts) -> FormatError {
     return FormatError(a.where(), ": ", parts...);
@@ -141,12 +195,13 @@ RunConfig ReadRunConfig(const ArgsView& a) {
     t.last_stage_layers = *l;
   c.distributed_optimizer = a.Bool("use_distributed_optimizer").value_or(false);
 
-  if (a.Int("expert_model_parallel_size").value_or(1) > 1 ||
-      a.Int("num_experts").has_value()) {
+  if (!experts && (a.Int("expert_model_parallel_size").value_or(1) > 1 ||
+                   a.Int("num_experts").has_value())) {
     throw fail(
         "mixture-of-experts checkpoints (num_experts / expert parallelism) "
         "are not supported");
   }
+  if (experts) ReadExperts(a, c);
   if (const Value* v = a.Find("pipeline_model_parallel_layout");
       v != nullptr && v->kind != Kind::kNone) {
     throw fail("--pipeline-model-parallel-layout is not supported");

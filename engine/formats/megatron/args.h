@@ -18,9 +18,13 @@
 //   ddp_pad_buckets_for_high_nccl_busbw, overlap_param_gather_with_optimizer_
 //   step, num_distributed_optimizer_instances, accumulate_allreduce_grads_in_
 //   fp32, consumed_train_samples, optimizer, rank, local_rank.
-// Refused (FormatError): expert_model_parallel_size > 1 or num_experts,
-// pipeline_model_parallel_layout, account_for_embedding/loss_in_pipeline_
-// split, standalone_embedding_stage.
+// Mixture of experts (only when the reader asks for it, else refused):
+//   expert_model_parallel_size (topology.ep), expert_tensor_parallel_size
+//   (topology.etp), num_experts (variable num_moe_experts), moe_layer_freq
+//   (an int: every freq-th layer; a list of 0/1 per layer: leading zeros
+//   as moe_first_dense_layers, then every moe_layer_freq-th layer).
+// Refused (FormatError): pipeline_model_parallel_layout,
+// account_for_embedding/loss_in_pipeline_ split, standalone_embedding_stage.
 
 #include <cstdint>
 #include <optional>
@@ -97,8 +101,9 @@ struct RunConfig {
 };
 
 /// Throws FormatError naming the field for missing required fields, bad
-/// types, inconsistent sizes and unsupported features.
-RunConfig ReadRunConfig(const ArgsView& args);
+/// types, inconsistent sizes and unsupported features (a mixture-of-experts
+/// run unless `experts`: then ep, etp and the MoE variables are read).
+RunConfig ReadRunConfig(const ArgsView& args, bool experts = false);
 
 /// A lossy JSON view of a pickled value for the universal file's metadata:
 /// scalars, lists/tuples and dicts as JSON, globals (torch dtypes) as

@@ -180,8 +180,10 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
 
   // The topology: args, else TP x PP of the rng states' grid.
   if (const Value* args = pickle::DictGet(c.common, "args")) {
-    const megatron::RunConfig run = megatron::ReadRunConfig(megatron::ArgsView(
-        args, StrCat(c.iter_dir.string(), " > ", c.common_in, " > args")));
+    const megatron::RunConfig run = megatron::ReadRunConfig(
+        megatron::ArgsView(
+            args, StrCat(c.iter_dir.string(), " > ", c.common_in, " > args")),
+        /*experts=*/true);
     c.topology = run.topology;
   } else {
     for (const dcp::Entry& e : c.dcp.metadata.entries) {

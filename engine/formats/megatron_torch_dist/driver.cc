@@ -8,6 +8,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron_torch_dist/keys.h"
 #include "engine/formats/megatron_torch_dist/torch_dist.h"
 
 namespace ucp::torch_dist {
@@ -30,11 +31,16 @@ class TorchDistSource : public formats::Source {
     info_.topology = c_.topology;
     info_.settings["optimizer_sharding"] = c_.optimizer;
     info_.files = c_.files;
+    bool experts = false;
     for (const dcp::Entry& e : c_.dcp.metadata.entries) {
-      if (e.tensor && e.fqn == "embedding.word_embeddings.weight") {
+      if (e.tensor && e.fqn == "embedding.word_embeddings.weight")
         info_.dtype = std::string(DTypeName(e.dtype));
-        break;
-      }
+      experts = experts || e.fqn.find(kExpertsInfix) != std::string::npos;
+    }
+    // A mixture-of-experts model: its expert parallel sizes too.
+    if (experts) {
+      info_.settings["ep"] = c_.topology.ep;
+      info_.settings["etp"] = c_.topology.ExpertTp();
     }
   }
   const formats::CheckpointInfo& info() const noexcept override {
@@ -42,6 +48,22 @@ class TorchDistSource : public formats::Source {
   }
   universal::SourcePlan Plan() const override {
     return PlanSource(c_, options_);
+  }
+  // The universal content's names (params, buffers, the experts' and layers'
+  // extra states) and the layout the reader chose.
+  NameListing ListNames() const override {
+    const universal::SourcePlan plan = PlanSource(c_, options_);
+    NameListing n;
+    for (const atoms::ParamInfo& p : plan.params) n.names.push_back(p.fqn);
+    for (const universal::OpaqueBlob& b : plan.opaque)
+      if (b.key.starts_with("extra_state/"))
+        n.names.push_back(
+            b.key.substr(std::string_view("extra_state/").size()));
+    for (const universal::ModelVariable& v : plan.model.variables.variables)
+      n.variables.Set(v.name, v.value);
+    n.layout_name = plan.model.source.layout.value_or("");
+    n.layout_yaml = plan.model.layout_yaml;
+    return n;
   }
   // Megatron reshards a torch_dist checkpoint at load: model weights always;
   // the distributed optimizer's fully_reshardable state too, dp_reshardable

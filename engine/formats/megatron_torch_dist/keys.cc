@@ -112,7 +112,11 @@ KeyInfo ClassifyKey(std::string_view fqn, bool tensor) {
     }
     return k;
   }
-  if (fqn.starts_with(kBuckets)) {
+  // A ChainedOptimizer's dp_reshardable buckets (mixture of experts):
+  // chained_<i>.optimizer.distributed....
+  if (fqn.starts_with(kBuckets) ||
+      (fqn.starts_with("chained_") &&
+       fqn.find(StrCat(".", kBuckets)) != std::string_view::npos)) {
     k.kind = KeyInfo::kBucket;
     return k;
   }
@@ -154,6 +158,43 @@ std::string CanonicalName(std::string_view model_key, int64_t layer,
   return out + std::string(rest);
 }
 
+KeyAxes AxesOf(std::string_view model_key) {
+  KeyAxes a;
+  a.experts = model_key.find(kExpertsInfix) != std::string_view::npos;
+  a.stacked = IsStacked(model_key);
+  if (!a.stacked && model_key.starts_with(kLayers)) {
+    const std::string_view rest = model_key.substr(kLayers.size());
+    const size_t dot = rest.find('.');
+    int64_t layer = 0;
+    auto [p, ec] =
+        std::from_chars(rest.data(), rest.data() + rest.size(), layer);
+    if (dot != std::string_view::npos && ec == std::errc() &&
+        p == rest.data() + dot)
+      a.layer = layer;
+  }
+  return a;
+}
+
+std::string CanonicalName(std::string_view model_key, int64_t layer,
+                          int64_t expert, bool local_spec) {
+  const KeyAxes a = AxesOf(model_key);
+  std::string generic(model_key);
+  if (a.layer >= 0) {  // decoder.layers.<g>.rest -> decoder.layers.rest
+    const std::string_view rest = model_key.substr(kLayers.size());
+    generic = StrCat(kLayers, rest.substr(rest.find('.') + 1));
+    layer = a.layer;
+  }
+  std::string out = CanonicalName(generic, layer, local_spec);
+  if (expert >= 0) {
+    const size_t at = out.find(kExpertsInfix);
+    if (at != std::string::npos) {
+      out.replace(at, kExpertsInfix.size(),
+                  StrCat(".mlp.experts.", expert, "."));
+    }
+  }
+  return out;
+}
+
 KeyOfName ModelKeyOf(std::string_view canonical) {
   KeyOfName k;
   if (!canonical.starts_with(kLayers)) {
@@ -171,6 +212,21 @@ KeyOfName ModelKeyOf(std::string_view canonical) {
   }
   rest.remove_prefix(dot + 1);
   k.layer = layer;
+  // mlp.experts.<e>.<rest> -> mlp.experts.experts.<rest>
+  constexpr std::string_view kExpert = "mlp.experts.";
+  std::string expert_rest;
+  if (rest.starts_with(kExpert)) {
+    const std::string_view tail = rest.substr(kExpert.size());
+    const size_t edot = tail.find('.');
+    int64_t e = 0;
+    auto [q, ec2] = std::from_chars(tail.data(), tail.data() + tail.size(), e);
+    if (edot != std::string_view::npos && edot > 0 && ec2 == std::errc() &&
+        q == tail.data() + edot) {
+      k.expert = e;
+      expert_rest = StrCat("mlp.experts.experts.", tail.substr(edot + 1));
+      rest = expert_rest;
+    }
+  }
   for (const SpecName& s : kLocalSpec) {
     if (rest.starts_with(s.local)) {
       k.key = StrCat(kLayers, s.key, rest.substr(s.local.size()));
@@ -183,6 +239,17 @@ KeyOfName ModelKeyOf(std::string_view canonical) {
 
 std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
   constexpr std::string_view kPrefix = "optimizer.distributed.dp_group_idx_";
+  int64_t chain = -1;
+  if (fqn.starts_with("chained_")) {
+    const size_t dot = fqn.find('.');
+    const std::string_view n = fqn.substr(
+        8, dot == std::string_view::npos ? std::string_view::npos : dot - 8);
+    auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), chain);
+    if (n.empty() || n[0] == '-' || ec != std::errc() ||
+        p != n.data() + n.size())
+      return std::nullopt;
+    fqn.remove_prefix(dot + 1);
+  }
   if (!fqn.starts_with(kPrefix)) return std::nullopt;
   fqn.remove_prefix(kPrefix.size());
   auto number = [&](std::string_view stop, int64_t& v) {
@@ -197,6 +264,7 @@ std::optional<BucketKey> ParseBucketKey(std::string_view fqn) {
     return true;
   };
   BucketKey k;
+  k.chain = chain;
   if (!number(".gbuf_idx_", k.group)) return std::nullopt;
   if (!number(".dtype_", k.gbuf)) return std::nullopt;
   const size_t b = fqn.find(".bucket_idx_");

@@ -48,17 +48,47 @@ bool IsStacked(std::string_view model_key);
 std::string CanonicalName(std::string_view model_key, int64_t layer,
                           bool local_spec);
 
-/// The key and layer (-1: not stacked) of a canonical name (the inverse).
+/// Mixture of experts: a routed expert's key holds "experts" twice
+/// (".mlp.experts.experts."), with the global expert axis prepended after
+/// the layer axis of a stacked key ([L, E, ...]) or first in a per-layer key
+/// (decoder.layers.<g>.mlp.experts.experts.<rest> [E, ...]).
+inline constexpr std::string_view kExpertsInfix = ".mlp.experts.experts.";
+
+/// The prepended axes of a model key (ShardedTensor.prepend_axis_num).
+struct KeyAxes {
+  bool stacked = false;  // a leading layer dim (IsStacked)
+  bool experts = false;  // a global expert dim (after the layer dim)
+  /// A per-layer key's layer number (decoder.layers.<g>.…), else -1.
+  int64_t layer = -1;
+  size_t count() const { return (stacked ? 1 : 0) + (experts ? 1 : 0); }
+};
+KeyAxes AxesOf(std::string_view model_key);
+
+/// The canonical name of layer `layer` (stacked keys; a per-layer key's own
+/// number is used otherwise) and global expert `expert` (>= 0 for expert
+/// keys: ".mlp.experts.experts." becomes ".mlp.experts.<expert>.") of
+/// `model_key`, with `local_spec` the local layer spec's norm names (per-layer
+/// keys too).
+std::string CanonicalName(std::string_view model_key, int64_t layer,
+                          int64_t expert, bool local_spec);
+
+/// The key and layer (-1: not stacked) of a canonical name (the inverse);
+/// an expert name's key is the stacked expert key and `expert` its global
+/// expert index (-1: not an expert).
 struct KeyOfName {
   std::string key;
   int64_t layer = -1;
+  int64_t expert = -1;
 };
 KeyOfName ModelKeyOf(std::string_view canonical);
 
 /// A dp_reshardable bucket key (distrib_optimizer.py,
 /// sharded_param_state_dp_reshardable): optimizer.distributed.dp_group_idx_G
 /// .gbuf_idx_B.dtype_(<param dtype>, <grad dtype>).bucket_idx_K.<state>.
+/// A ChainedOptimizer's (mixture of experts) keys start with "chained_<i>."
+/// (0: the dense half, 1: the expert half): `chain`, else -1.
 struct BucketKey {
+  int64_t chain = -1;
   int64_t group = 0, gbuf = 0, bucket = 0;
   std::string dtype, state;  // dtype: "(torch.bfloat16, torch.float32)"
 };

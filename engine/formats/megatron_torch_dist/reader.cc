@@ -31,9 +31,10 @@ using pickle::Kind;
 using pickle::Value;
 
 struct Param {
-  std::string name;  // canonical
-  std::string key;   // model key
-  int64_t layer = -1;
+  std::string name;     // canonical
+  std::string key;      // model key
+  int64_t layer = -1;   // a stacked key's layer
+  int64_t expert = -1;  // an expert key's global expert
   const Rule* rule = nullptr;
   Shape full_shape;  // true vocabulary rows for vocab rules
   int64_t pad_rows = 0;
@@ -58,6 +59,10 @@ class Planner {
   void ReadSettings();
   void CollectParams();
   void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
+  // Mixture of experts: the expert count on expert keys' axes, and every
+  // expert of every MoE layer held exactly once (model and optimizer).
+  void CheckExpertCounts() const;
+  void CheckExpertsCovered() const;
   // PlanTensor's steps. The local tensor's shape when optimizer key `e`
   // holds flattened ranges (fully_sharded_model_space), absent when it has
   // its model key's shape; FormatError naming `where` otherwise.
@@ -82,9 +87,23 @@ class Planner {
     std::string where;
   };
   // dp_reshardable keys by (group, buffer, bucket, state).
+  // (chain, group, buffer, bucket, state); chain -1 without a chained
+  // optimizer.
   using BucketKeys =
-      std::map<std::tuple<int64_t, int64_t, int64_t, std::string>,
+      std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>,
                const dcp::Entry*>;
+  using ChunkMembers =
+      std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>>;
+  // One model-parallel group's buffers (model chunk v: members(v)), their
+  // buckets' state placed; tp_rank: the group's (expert) tensor-parallel
+  // rank, dp the (expert) data-parallel size.
+  void PlanBufferGroup(const BucketKeys& keys, int64_t chain, int64_t group,
+                       int64_t dp, int64_t pp, int64_t tp_rank,
+                       const std::vector<std::vector<BufferMember>>& members);
+  // The expert half's buffer members of each (pp, ep) rank, per chunk, in
+  // the model's named_parameters() order.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<BufferMember>>>
+  ExpertMembers();
   BucketKeys CollectBucketKeys() const;
   std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>>
   BufferMembers();
@@ -92,8 +111,8 @@ class Planner {
       const std::shared_ptr<const torchfile::TorchFile>& zf, const Value* world,
       const megatron::BufferLayout& lay, size_t b, int64_t world_at,
       const std::string& skey, const std::string& bwhere);
-  std::vector<BucketRun> KeyBucketRuns(const BucketKeys& keys, int64_t group,
-                                       int64_t v,
+  std::vector<BucketRun> KeyBucketRuns(const BucketKeys& keys, int64_t chain,
+                                       int64_t group, int64_t v,
                                        const megatron::BufferLayout& lay,
                                        size_t b, const std::string& skey,
                                        const std::string& bwhere);
@@ -115,7 +134,8 @@ class Planner {
   std::string Where(const dcp::Entry& e) const {
     return StrCat(c_.iter_dir.string(), " > ", e.fqn);
   }
-  Param& ParamAt(const std::string& key, int64_t layer, const std::string& w);
+  Param& ParamAt(const std::string& key, int64_t layer, int64_t expert,
+                 const std::string& w);
 
   const Checkpoint& c_;
   const SourceOptions& o_;
@@ -138,7 +158,15 @@ class Planner {
   bool has_step_ = false;  // the non-distributed optimizer's common_step
 
   std::vector<Param> params_;
-  std::map<std::pair<std::string, int64_t>, size_t> param_of_;
+  // (model key, layer of a stacked key, global expert of an expert key).
+  std::map<std::tuple<std::string, int64_t, int64_t>, size_t> param_of_;
+  bool experts_ = false;  // some key holds routed experts
+  // Elements of each expert param stored, by (param index, "model" or the
+  // optimizer state's name): CheckExpertsCovered.
+  std::map<std::pair<size_t, std::string>, int64_t> expert_cover_;
+  // The optimizer states read by key (fully_reshardable, non-distributed):
+  // every expert must have each (its half of the optimizer lost shows).
+  std::set<std::string> states_read_;
   std::vector<std::pair<std::string, std::string>> entries_;
   std::map<std::pair<std::string, std::string>, size_t> atoms_;
   std::map<std::string, const dcp::Entry*> entry_of_;  // tensor keys
@@ -151,8 +179,10 @@ class Planner {
 void Planner::ReadSettings() {
   args_ = pickle::DictGet(c_.common, "args");
   if (args_ != nullptr) {
-    run_ = megatron::ReadRunConfig(megatron::ArgsView(
-        args_, StrCat(c_.iter_dir.string(), " > ", c_.common_in, " > args")));
+    run_ = megatron::ReadRunConfig(
+        megatron::ArgsView(args_, StrCat(c_.iter_dir.string(), " > ",
+                                         c_.common_in, " > args")),
+        /*experts=*/true);
   }
   std::string impl = o_.transformer_impl;
   if (impl.empty() && args_ != nullptr) {
@@ -185,12 +215,13 @@ void Planner::ReadSettings() {
   }
 }
 
-Param& Planner::ParamAt(const std::string& key, int64_t layer,
+Param& Planner::ParamAt(const std::string& key, int64_t layer, int64_t expert,
                         const std::string& where) {
-  auto it = param_of_.find({key, layer});
+  auto it = param_of_.find({key, layer, expert});
   if (it == param_of_.end()) {
     throw FormatError(where, ": optimizer state of ", key,
                       layer >= 0 ? StrCat(" (layer ", layer, ")") : "",
+                      expert >= 0 ? StrCat(" (expert ", expert, ")") : "",
                       ", which the checkpoint's model has no tensor for");
   }
   return params_[it->second];
@@ -198,12 +229,14 @@ Param& Planner::ParamAt(const std::string& key, int64_t layer,
 
 // Names, shapes and the canonical entry order: the keys before the first
 // stacked one, every layer's stacked keys (and their extra states) in the
-// order the metadata lists them, then the rest.
+// order the metadata lists them, then the rest. An expert key names one
+// param per global expert (layouts/README.md, "Mixture of experts").
 void Planner::CollectParams() {
   struct Listed {
     std::string key;
     bool stacked = false;
     bool opaque = false;
+    int64_t experts = 0;  // an expert key's expert count, else 0
     const dcp::Entry* entry = nullptr;
   };
   std::vector<Listed> before, layer, after;
@@ -214,9 +247,15 @@ void Planner::CollectParams() {
     const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
     Listed l;
     l.entry = &e;
+    const KeyAxes axes = AxesOf(k.model_key);
     if (k.kind == KeyInfo::kModel) {
       l.key = k.model_key;
-      l.stacked = IsStacked(k.model_key);
+      l.stacked = axes.stacked;
+      if (e.size.size() < axes.count()) {
+        throw FormatError(Where(e), ": ", e.size.size(), " dims, fewer than ",
+                          "its layer and expert axes");
+      }
+      if (axes.experts) l.experts = e.size[axes.stacked ? 1 : 0];
       if (l.stacked) {
         if (e.size.empty()) {
           throw FormatError(Where(e), ": a decoder layer key without a layer ",
@@ -233,26 +272,44 @@ void Planner::CollectParams() {
                k.model_key.ends_with("._extra_state")) {
       l.key = k.model_key;
       l.opaque = true;
-      l.stacked = IsStacked(k.model_key);
+      l.stacked = axes.stacked;
+      if (axes.experts) {
+        if (k.grid.size() != axes.count()) {
+          throw FormatError(Where(e), ": an expert's object without its ",
+                            axes.count(), "-d (layer, expert) grid");
+        }
+        l.experts = k.grid.back();
+      }
     } else {
       continue;
     }
     if (!seen.insert(l.key).second) continue;
     any_stacked = any_stacked || l.stacked;
+    experts_ = experts_ || l.experts > 0;
     (l.stacked ? layer : any_stacked ? after : before).push_back(l);
   }
-  for (const Listed& l : before)
-    if (!l.opaque && l.key.starts_with("decoder.layers."))
-      throw FormatError(Where(*l.entry),
-                        ": per-layer keys (a heterogeneous or mixture-of-"
-                        "experts decoder, or singleton_local_shards) are "
-                        "not supported");
-  num_layers_ = std::max<int64_t>(0, stacked_layers);
+  // Per-layer keys (a decoder of dense and MoE layers): the layer count is
+  // the highest layer number + 1.
+  int64_t listed_layers = -1;
+  for (const std::vector<Listed>* v : {&before, &after})
+    for (const Listed& l : *v)
+      listed_layers = std::max(listed_layers, AxesOf(l.key).layer + 1);
+  if (stacked_layers >= 0 && listed_layers > stacked_layers) {
+    throw FormatError(c_.iter_dir.string(), ": per-layer keys up to layer ",
+                      listed_layers - 1, " beside keys stacked over ",
+                      stacked_layers, " layers");
+  }
+  num_layers_ = std::max<int64_t>({0, stacked_layers, listed_layers});
   if (run_) {
     const int64_t args_layers = run_->variables.Get("num_layers");
     if (stacked_layers >= 0 && args_layers != stacked_layers) {
       throw FormatError(c_.iter_dir.string(), ": args say ", args_layers,
                         " layers, the decoder keys hold ", stacked_layers);
+    }
+    if (listed_layers > args_layers) {
+      throw FormatError(c_.iter_dir.string(), ": args say ", args_layers,
+                        " layers, a decoder key names layer ",
+                        listed_layers - 1);
     }
   }
 
@@ -261,13 +318,17 @@ void Planner::CollectParams() {
     std::string name;
     std::string key;
     int64_t layer;
+    int64_t expert;
     bool opaque;
     const dcp::Entry* entry;
   };
   std::vector<Named> names;
   auto add = [&](const Listed& l, int64_t g) {
-    names.push_back(
-        {CanonicalName(l.key, g, local_spec_), l.key, g, l.opaque, l.entry});
+    for (int64_t x = l.experts > 0 ? 0 : -1; x < l.experts; ++x) {
+      names.push_back({CanonicalName(l.key, g, x, local_spec_), l.key, g, x,
+                       l.opaque, l.entry});
+      if (x < 0) break;
+    }
   };
   for (const Listed& l : before) add(l, -1);
   for (int64_t g = 0; g < num_layers_; ++g)
@@ -295,6 +356,14 @@ void Planner::CollectParams() {
         c_.dcp.metadata.Find("decoder.layers.mlp.linear_fc2.weight");
     if (fc1 && fc2 && fc1->size.size() == 3 && fc2->size.size() == 3)
       vars.Set("swiglu", fc1->size[1] == 2 * fc2->size[2] ? 1 : 0);
+  }
+  // Without num_experts in the args: the expert axis of the first expert
+  // key (every other one is checked against it below).
+  if (!vars.Has("num_moe_experts")) {
+    for (const std::vector<Listed>* v : {&before, &layer, &after})
+      for (const Listed& l : *v)
+        if (l.experts > 0 && !vars.Has("num_moe_experts"))
+          vars.Set("num_moe_experts", l.experts);
   }
   std::optional<int64_t> vocab = o_.true_vocab_size;
   vocab_source_ = "option";
@@ -328,11 +397,14 @@ void Planner::CollectParams() {
     p.name = n.name;
     p.key = n.key;
     p.layer = n.layer;
+    p.expert = n.expert;
     p.rule = rule;
     p.dtype = n.entry->dtype;
     p.buffer = buffer;
     p.full_shape = n.entry->size;
-    if (n.layer >= 0) p.full_shape.erase(p.full_shape.begin());
+    p.full_shape.erase(
+        p.full_shape.begin(),
+        p.full_shape.begin() + static_cast<ptrdiff_t>(AxesOf(n.key).count()));
     if (rule->tp.split && rule->tp.vocab) {
       const size_t d = static_cast<size_t>(rule->tp.dim);
       const int64_t stored = d < p.full_shape.size() ? p.full_shape[d] : 0;
@@ -345,8 +417,134 @@ void Planner::CollectParams() {
       p.pad_rows = stored - rows;
       p.full_shape[d] = rows;
     }
-    param_of_[{n.key, n.layer}] = params_.size();
+    param_of_[{n.key, n.layer, n.expert}] = params_.size();
     params_.push_back(std::move(p));
+  }
+  if (experts_) CheckExpertCounts();
+}
+
+void Planner::CheckExpertCounts() const {
+  const Layout& layout = *layout_;
+  if (!layout.experts()) {
+    throw FormatError(c_.iter_dir.string(), ": routed experts (", kExpertsInfix,
+                      " keys), but layout '", layout.name(),
+                      "' has no experts section");
+  }
+  const int64_t num = layout.NumExperts(vars_);
+  std::set<std::string> told;
+  for (const Param& p : params_) {
+    if (p.expert < 0 || !told.insert(p.key).second) continue;
+    const dcp::Entry* e = c_.dcp.metadata.Find(p.key);
+    const KeyAxes axes = AxesOf(p.key);
+    const int64_t held = e != nullptr ? e->size[axes.stacked ? 1 : 0] : num;
+    if (held != num) {
+      // Too few: the experts past the axis are lost (a save of each rank's
+      // local experts only); too many: experts the model does not have.
+      std::string layers = axes.layer >= 0 ? StrCat("layer ", axes.layer)
+                                           : std::string("every layer");
+      std::string listed;
+      for (int64_t x = std::min(held, num); x < std::max(held, num); ++x)
+        listed += StrCat(listed.empty() ? "" : ", ", x);
+      throw FormatError(c_.iter_dir.string(), " > ", p.key, ": ", layers,
+                        ": global experts ", listed,
+                        held < num ? " missing" : " beyond the model's",
+                        " (its ", "expert axis holds ", held,
+                        " experts, the model has ", num, " (num_experts))");
+    }
+  }
+}
+
+// Every expert param of every MoE layer, and each optimizer state read for
+// experts, stored exactly once across the rank files: a save that lost
+// experts (a per-rank naming bug keeps only the local ones) or holds one
+// twice is refused naming the layer and the global expert indices.
+void Planner::CheckExpertsCovered() const {
+  const Layout& layout = *layout_;
+  std::map<std::string, size_t> index;
+  std::map<std::string, std::string> templates;  // suffix -> a name
+  std::set<std::string> labels = states_read_;
+  labels.insert("model");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    index.emplace(params_[i].name, i);
+    if (params_[i].expert < 0) continue;
+    const std::optional<layouts::ExpertName> x =
+        layout.SplitExpert(params_[i].name);
+    if (!x) continue;
+    templates.emplace(x->suffix, params_[i].name);
+    // The layout's other expert params (a key lost entirely): its expert
+    // rules' patterns with this expert's layer and index.
+    for (const Rule& rule : layout.rules()) {
+      if (!rule.expert || rule.entry != layouts::EntryKind::kParam) continue;
+      for (const layouts::Glob& g : rule.match) {
+        for (const std::string& alt : g.alternatives()) {
+          const size_t star = alt.rfind('*');
+          if (star == std::string::npos) continue;
+          const std::string suffix = alt.substr(star + 1);
+          if (suffix.find_first_of("*#{") != std::string::npos ||
+              templates.count(suffix))
+            continue;
+          const std::string name =
+              x->prefix + std::to_string(x->index) + suffix;
+          if (layout.Find(name, vars_) == &rule)
+            templates.emplace(suffix, name);
+        }
+      }
+    }
+    if (!layout.IsMoeLayer(x->layer, vars_)) {
+      throw FormatError(c_.iter_dir.string(), " > ", params_[i].key, ": layer ",
+                        x->layer,
+                        " holds routed experts, but "
+                        "the model's MoE layers (moe_layer_freq) make it "
+                        "dense");
+    }
+  }
+  const int64_t num = layout.NumExperts(vars_);
+  std::vector<std::string> problems;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    if (!layout.IsMoeLayer(l, vars_)) continue;
+    for (const auto& [suffix, name] : templates) {
+      for (const std::string& label : labels) {
+        std::vector<int64_t> missing, twice;
+        for (int64_t e = 0; e < num; ++e) {
+          const std::string n = layout.WithExpert(layout.WithLayer(name, l), e);
+          const auto it = index.find(n);
+          int64_t held = 0, want = 1;
+          if (it != index.end()) {
+            want = NumElements(params_[it->second].full_shape);
+            const auto c = expert_cover_.find({it->second, label});
+            if (c != expert_cover_.end()) held = c->second;
+          }
+          if (held < want) missing.push_back(e);
+          if (held > want) twice.push_back(e);
+        }
+        if (missing.empty() && twice.empty()) continue;
+        auto list = [](const std::vector<int64_t>& v) {
+          std::string out;
+          for (int64_t e : v) out += StrCat(out.empty() ? "" : ", ", e);
+          return out;
+        };
+        problems.push_back(StrCat(
+            "layer ", l, " ", layout.experts()->infix, "*", suffix,
+            label == "model" ? "" : StrCat(" (optimizer state ", label, ")"),
+            ": ",
+            missing.empty() ? ""
+                            : StrCat("global experts ", list(missing),
+                                     " missing or incomplete"),
+            !missing.empty() && !twice.empty() ? ", " : "",
+            twice.empty() ? ""
+                          : StrCat("global experts ", list(twice),
+                                   " stored more than once")));
+      }
+    }
+  }
+  if (!problems.empty()) {
+    throw FormatError(
+        c_.iter_dir.string(), ": ", problems.front(), " (of ", num,
+        " experts; every expert of every MoE layer must be stored exactly "
+        "once across the rank files)",
+        problems.size() > 1
+            ? StrCat(" (and ", problems.size() - 1, " more problems)")
+            : "");
   }
 }
 
@@ -438,7 +636,9 @@ void Planner::AddFragments(const Param& p, universal::AtomPlan& atom,
 
 void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
   const bool model = k.kind == KeyInfo::kModel;
-  const bool stacked = IsStacked(k.model_key);
+  if (!model) states_read_.insert(k.state);
+  const KeyAxes axes = AxesOf(k.model_key);
+  const bool stacked = axes.stacked;
   std::string kind;
   if (!model) {
     if (k.state == "param" || k.state == "fp32_param") {
@@ -464,8 +664,9 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
     }
     return AtomFor(p, ak, where);
   };
-  // Every param this key holds must have its shape.
-  const size_t lead = stacked ? 1 : 0;
+  // Every param this key holds must have its shape. The prepended axes: a
+  // stacked key's layers, an expert key's global experts.
+  const size_t lead = axes.count();
   // fully_sharded_model_space (core <= 0.14) stores an N-D key's flattened
   // ranges reformulated: global [grid..., local numel], where the grid is
   // the model key's chunk grid and local its chunk's shape; a range of
@@ -531,28 +732,50 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
           }
         }
         for (const auto& [bsrc, bo, bs] : boxes) {
-          const int64_t first = stacked ? bo[0] : -1;
-          const int64_t count = stacked ? bs[0] : 1;
           Shape sub(bs.begin() + static_cast<ptrdiff_t>(lead), bs.end());
           Shape off(bo.begin() + static_cast<ptrdiff_t>(lead), bo.end());
-          const uint64_t slice_bytes =
-              static_cast<uint64_t>(NumElements(sub)) * ElementSize(e.dtype);
+          // Element strides of the prepended axes in the item's tensor.
+          std::vector<int64_t> step(lead);
+          int64_t inner = NumElements(sub);
+          for (size_t d = lead; d-- > 0;) {
+            step[d] = bsrc.stride.empty() ? inner : bsrc.stride[d];
+            inner *= bs[d];
+          }
+          const int64_t count =
+              lead == 0
+                  ? 1
+                  : NumElements(Shape(
+                        bs.begin(), bs.begin() + static_cast<ptrdiff_t>(lead)));
           for (int64_t i = 0; i < count; ++i) {
-            Param& p =
-                model ? params_[param_of_.at(
-                            {k.model_key, stacked ? first + i : -1})]
-                      : ParamAt(k.model_key, stacked ? first + i : -1, where);
+            // Index i over the prepended axes (the last fastest).
+            std::vector<int64_t> at(lead);
+            int64_t rest = i, elems = 0;
+            for (size_t d = lead; d-- > 0;) {
+              at[d] = rest % bs[d];
+              rest /= bs[d];
+              elems += at[d] * step[d];
+            }
+            const int64_t layer = stacked ? bo[0] + at[0] : -1;
+            const int64_t expert =
+                axes.experts ? bo[lead - 1] + at[lead - 1] : -1;
+            Param& p = model
+                           ? params_[param_of_.at({k.model_key, layer, expert})]
+                           : ParamAt(k.model_key, layer, expert, where);
             universal::AtomPlan& atom = atom_of(p);
             reshape::SourceTensor src = bsrc;
-            if (!stacked || src.stride.empty()) {
-              src.byte_offset += static_cast<uint64_t>(i) * slice_bytes;
-            } else {  // layer i of a strided stack: index i of dim 0
-              src.byte_offset += static_cast<uint64_t>(i * src.stride[0]) *
-                                 ElementSize(e.dtype);
-              src.stride.erase(src.stride.begin());
-            }
+            src.byte_offset +=
+                static_cast<uint64_t>(elems) * ElementSize(e.dtype);
+            if (!src.stride.empty())
+              src.stride.erase(
+                  src.stride.begin(),
+                  src.stride.begin() + static_cast<ptrdiff_t>(lead));
             src.shape = sub;
             AddFragments(p, atom, src, off, sub, iw);
+            if (p.expert >= 0) {
+              expert_cover_[{static_cast<size_t>(&p - params_.data()),
+                             model ? std::string("model") : k.state}] +=
+                  NumElements(sub);
+            }
           }
         }
       } catch (Error& err) {
@@ -577,6 +800,12 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
 // buffer layout of the rank's params (megatron/buffer_layout.h), checked
 // against every key's (or tensor's) size.
 void Planner::PlanBuckets() {
+  if (experts_ && c_.optimizer != "dp_reshardable") {
+    throw FormatError(c_.iter_dir.string(), ": ", c_.optimizer,
+                      " optimizer state of a mixture-of-experts model is not "
+                      "read (fully_reshardable and dp_reshardable are); "
+                      "convert with --no-optimizer");
+  }
   if (!run_) {
     throw FormatError(c_.iter_dir.string(), ": ", c_.optimizer,
                       " optimizer state without args in the common state: "
@@ -584,64 +813,139 @@ void Planner::PlanBuckets() {
   }
   const bool zero = c_.optimizer == "dp_zero_gather_scatter";
   const BucketKeys keys = zero ? BucketKeys{} : CollectBucketKeys();
-  std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks =
-      BufferMembers();
+  // A mixture-of-experts model's ChainedOptimizer: chained_0 the dense half
+  // (its buffers over DP), chained_1 the expert half (over expert DP, one
+  // group per expert model-parallel rank etp + ETP * (ep + EP * pp)).
+  const int64_t dense_chain = experts_ ? 0 : -1;
+  ChunkMembers chunks = BufferMembers();
+  const layouts::Topology& t = c_.topology;
+  for (int64_t pp = 0; pp < t.pp; ++pp) {
+    std::vector<std::vector<BufferMember>> members;
+    for (int64_t v = 0; v < t.vpp; ++v) members.push_back(chunks[{pp, v}]);
+    for (int64_t tp = 0; tp < t.tp; ++tp)
+      PlanBufferGroup(keys, dense_chain, tp + t.tp * pp, t.dp, pp, tp, members);
+  }
+  if (!experts_) return;
+  auto experts = ExpertMembers();
+  const int64_t etp = t.ExpertTp();
+  for (int64_t pp = 0; pp < t.pp; ++pp)
+    for (int64_t ep = 0; ep < t.ep; ++ep)
+      for (int64_t x = 0; x < etp; ++x)
+        PlanBufferGroup(keys, 1, x + etp * (ep + t.ep * pp), t.ExpertDp(), pp,
+                        x, experts[{pp, ep}]);
+}
+
+void Planner::PlanBufferGroup(
+    const BucketKeys& keys, int64_t chain, int64_t group, int64_t dp,
+    int64_t pp, int64_t tp_rank,
+    const std::vector<std::vector<BufferMember>>& members_of) {
   static constexpr std::pair<const char*, const char*> kStates[] = {
       {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
   const layouts::Topology& t = c_.topology;
-  for (int64_t pp = 0; pp < t.pp; ++pp) {
-    for (int64_t tp = 0; tp < t.tp; ++tp) {
-      const int64_t group = tp + t.tp * pp;
-      // Each member's local shard at this TP rank.
-      auto shard_of = [&](const Param& p) {
-        const size_t d = static_cast<size_t>(p.rule->tp.dim);
-        const int64_t padded = p.rule->tp.split && p.rule->tp.vocab
-                                   ? p.full_shape[d] + p.pad_rows
-                                   : 0;
-        return layouts::ShardFor(*p.rule, p.full_shape,
-                                 p.rule->tp.split ? t.tp : 1,
-                                 p.rule->tp.split ? tp : 0, padded, p.pad_rows);
-      };
-      int64_t local_params = 0;
-      for (int64_t v = 0; v < t.vpp; ++v)
-        for (const BufferMember& m : chunks[{pp, v}])
-          local_params += NumElements(shard_of(*m.param).local_shape);
-      for (int64_t v = 0; v < t.vpp; ++v) {
-        const std::vector<BufferMember>& members = chunks[{pp, v}];
-        if (members.empty()) continue;
-        std::vector<megatron::BufferParam> bparams;
-        std::vector<layouts::LocalShard> shards;
-        for (const BufferMember& m : members) {
-          shards.push_back(shard_of(*m.param));
-          bparams.push_back({m.param->name,
-                             NumElements(shards.back().local_shape), m.shared});
-        }
-        const megatron::BufferLayout lay = megatron::ComputeBufferLayout(
-            bparams, run_->DistributedBufferOptions(t.dp, pp, v, local_params));
-        const std::string bwhere = StrCat(
-            c_.iter_dir.string(), " > optimizer.distributed.dp_group_idx_",
-            group, ".gbuf_idx_", v);
-        std::shared_ptr<const torchfile::TorchFile> zf;
-        const Value* world = nullptr;
-        if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
-        int64_t world_at = 0;  // bucket b's start in the coalesced tensors
-        for (size_t b = 0; b < lay.buckets.size(); ++b) {
-          for (const auto& [skey, kind] : kStates) {
-            const std::vector<BucketRun> runs =
-                zero ? ZeroBucketRuns(zf, world, lay, b, world_at, skey, bwhere)
-                     : KeyBucketRuns(keys, group, v, lay, b, skey, bwhere);
-            PlaceBucket(members, shards, lay, b, kind, runs);
-          }
-          world_at += lay.buckets[b].numel_unpadded;
-        }
+  const bool zero = c_.optimizer == "dp_zero_gather_scatter";
+  // Each member's local shard at this (expert) TP rank.
+  auto shard_of = [&](const Param& p) {
+    const size_t d = static_cast<size_t>(p.rule->tp.dim);
+    const int64_t padded =
+        p.rule->tp.split && p.rule->tp.vocab ? p.full_shape[d] + p.pad_rows : 0;
+    return layouts::ShardFor(
+        *p.rule, p.full_shape,
+        p.rule->tp.split ? layouts::TpSizeFor(*p.rule, t) : 1,
+        p.rule->tp.split ? tp_rank : 0, padded, p.pad_rows);
+  };
+  int64_t local_params = 0;
+  for (const std::vector<BufferMember>& members : members_of)
+    for (const BufferMember& m : members)
+      local_params += NumElements(shard_of(*m.param).local_shape);
+  for (size_t vi = 0; vi < members_of.size(); ++vi) {
+    const int64_t v = static_cast<int64_t>(vi);
+    const std::vector<BufferMember>& members = members_of[vi];
+    if (members.empty()) continue;
+    std::vector<megatron::BufferParam> bparams;
+    std::vector<layouts::LocalShard> shards;
+    for (const BufferMember& m : members) {
+      shards.push_back(shard_of(*m.param));
+      bparams.push_back(
+          {m.param->name, NumElements(shards.back().local_shape), m.shared});
+    }
+    megatron::BufferOptions options =
+        run_->DistributedBufferOptions(t.dp, pp, v, local_params);
+    options.dp = std::max<int64_t>(
+        1, run_->OptimizerDp(dp));  // the expert half: expert DP
+    const megatron::BufferLayout lay =
+        megatron::ComputeBufferLayout(bparams, options);
+    const std::string bwhere =
+        StrCat(c_.iter_dir.string(), " > ",
+               chain >= 0 ? StrCat("chained_", chain, ".") : "",
+               "optimizer.distributed.dp_group_idx_", group, ".gbuf_idx_", v);
+    std::shared_ptr<const torchfile::TorchFile> zf;
+    const Value* world = nullptr;
+    if (zero) std::tie(zf, world) = ZeroBuffer(group, v, bwhere);
+    int64_t world_at = 0;  // bucket b's start in the coalesced tensors
+    for (size_t b = 0; b < lay.buckets.size(); ++b) {
+      for (const auto& [skey, kind] : kStates) {
+        const std::vector<BucketRun> runs =
+            zero ? ZeroBucketRuns(zf, world, lay, b, world_at, skey, bwhere)
+                 : KeyBucketRuns(keys, chain, group, v, lay, b, skey, bwhere);
+        PlaceBucket(members, shards, lay, b, kind, runs);
       }
+      world_at += lay.buckets[b].numel_unpadded;
     }
   }
 }
 
+// The routed experts of each (pp rank, ep rank), per model chunk, in the
+// order named_parameters() lists them: per layer, SequentialMLP's local
+// experts one after the other (linear_fc1, linear_fc2 of each), grouped
+// GEMM's linear_fc1.weight<i> of every expert, then linear_fc2.
+std::map<std::pair<int64_t, int64_t>,
+         std::vector<std::vector<Planner::BufferMember>>>
+Planner::ExpertMembers() {
+  const layouts::Topology& t = c_.topology;
+  const Layout& layout = *layout_;
+  const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
+  const layouts::ExpertPlacement experts(layout.NumExperts(vars_), t.ep);
+  const bool grouped = megatron::ArgsView(args_, "args")
+                           .Bool("moe_grouped_gemm")
+                           .value_or(false);
+  struct Sorted {
+    int64_t layer, expert;
+    size_t index;
+    int64_t pp, v, ep;
+  };
+  std::vector<Sorted> all;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (p.buffer || !p.rule->expert) continue;
+    const std::optional<layouts::ExpertName> x = layout.SplitExpert(p.name);
+    UCP_CHECK(x.has_value(), "expert param without expert index: ", p.name);
+    const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
+    all.push_back({x->layer, x->index, i, h.pp_rank, h.vp_chunk,
+                   experts.Locate(x->index).ep_rank});
+  }
+  std::sort(all.begin(), all.end(), [&](const Sorted& a, const Sorted& b) {
+    if (a.layer != b.layer) return a.layer < b.layer;
+    if (!grouped && a.expert != b.expert) return a.expert < b.expert;
+    // Within an expert (or, grouped, within a layer): the key order, then
+    // the expert.
+    const std::string& ka = params_[a.index].key;
+    const std::string& kb = params_[b.index].key;
+    if (ka != kb) return a.index < b.index;
+    return a.expert < b.expert;
+  });
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<BufferMember>>>
+      out;
+  for (const Sorted& s : all) {
+    std::vector<std::vector<BufferMember>>& chunks = out[{s.pp, s.ep}];
+    chunks.resize(static_cast<size_t>(t.vpp));
+    chunks[static_cast<size_t>(s.v)].push_back({&params_[s.index], false});
+  }
+  return out;
+}
+
 Planner::BucketKeys Planner::CollectBucketKeys() const {
   BucketKeys keys;
-  std::map<std::pair<int64_t, int64_t>, std::string> dtypes;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::string> dtypes;
   for (const dcp::Entry& e : c_.dcp.metadata.entries) {
     if (!e.tensor) continue;
     const auto k = ParseBucketKey(e.fqn);
@@ -650,7 +954,8 @@ Planner::BucketKeys Planner::CollectBucketKeys() const {
         throw FormatError(Where(e), ": not a dp_reshardable bucket key");
       continue;
     }
-    auto [it, fresh] = dtypes.try_emplace({k->group, k->gbuf}, k->dtype);
+    auto [it, fresh] =
+        dtypes.try_emplace({k->chain, k->group, k->gbuf}, k->dtype);
     if (!fresh && it->second != k->dtype) {
       throw FormatError(Where(e), ": buffer ", k->gbuf, " of group ", k->group,
                         " has buckets of two dtypes (", it->second, ", ",
@@ -660,7 +965,7 @@ Planner::BucketKeys Planner::CollectBucketKeys() const {
       throw FormatError(Where(e), ": expected a 1-D float32 tensor, got ",
                         DTypeName(e.dtype), " ", ShapeString(e.size));
     }
-    keys[{k->group, k->gbuf, k->bucket, k->state}] = &e;
+    keys[{k->chain, k->group, k->gbuf, k->bucket, k->state}] = &e;
   }
   return keys;
 }
@@ -674,9 +979,30 @@ Planner::BufferMembers() {
   const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
   std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks;
   for (Param& p : params_) {
-    if (p.buffer) continue;
+    if (p.buffer || p.rule->expert) continue;  // experts: ExpertMembers
     const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
     chunks[{h.pp_rank, h.vp_chunk}].push_back({&p, false});
+  }
+  // named_parameters() lists a module's own params before its children's
+  // (SharedExpertMLP's gate_weight before its linear_fc1 / linear_fc2);
+  // the sharded state dict, so the metadata, lists them after.
+  for (auto& [hk, members] : chunks) {
+    for (size_t i = 0; i < members.size(); ++i) {
+      const std::string& name = members[i].param->name;
+      const size_t dot = name.rfind('.');
+      if (dot == std::string::npos) continue;
+      const std::string module = name.substr(0, dot + 1);
+      for (size_t j = 0; j < i; ++j) {
+        const std::string& other = members[j].param->name;
+        if (other.starts_with(module) &&
+            other.find('.', module.size()) != std::string::npos) {
+          std::rotate(members.begin() + static_cast<ptrdiff_t>(j),
+                      members.begin() + static_cast<ptrdiff_t>(i),
+                      members.begin() + static_cast<ptrdiff_t>(i) + 1);
+          break;
+        }
+      }
+    }
   }
   for (const Rule& rule : layout.rules()) {
     if (!rule.tied_to || !rule.Exists(vars_, t)) continue;
@@ -729,11 +1055,11 @@ std::vector<Planner::BucketRun> Planner::ZeroBucketRuns(
 // dp_reshardable / fully_sharded_bucket_space: bucket b's `skey` key of
 // group `group`, buffer `v`, its chunks (one per DP rank) at their offsets.
 std::vector<Planner::BucketRun> Planner::KeyBucketRuns(
-    const BucketKeys& keys, int64_t group, int64_t v,
+    const BucketKeys& keys, int64_t chain, int64_t group, int64_t v,
     const megatron::BufferLayout& lay, size_t b, const std::string& skey,
     const std::string& bwhere) {
   const megatron::Bucket& bucket = lay.buckets[b];
-  auto kit = keys.find({group, v, static_cast<int64_t>(b), skey});
+  auto kit = keys.find({chain, group, v, static_cast<int64_t>(b), skey});
   if (kit == keys.end()) {
     throw FormatError(bwhere, ": no bucket ", b, " '", skey,
                       "' key (the buffer layout of this rank's params has ",
@@ -862,6 +1188,51 @@ void Planner::PlanGroups() {
   const Value* opt = pickle::DictGet(c_.common, "optimizer");
   const Value* inner = pickle::DictGet(opt, "optimizer");
   const Value* groups = pickle::DictGet(inner, "param_groups");
+  // A mixture-of-experts model's ChainedOptimizer: the dense and the expert
+  // DistributedOptimizer's state dicts, a list (the common state keeps it as
+  // a dict {0: ..., 1: ...}), each with its groups, or (dp_reshardable) the
+  // groups in each half's chained_<i>.optimizer.distributed.dp_group_idx_0.
+  // optimizer object.
+  pickle::Arena chained_arena;
+  std::vector<const Value*> halves;
+  if (opt != nullptr && opt->kind == Kind::kList) {
+    halves.assign(opt->items.begin(), opt->items.end());
+  } else if (opt != nullptr && opt->IsDictLike() && !opt->entries.empty() &&
+             std::all_of(
+                 opt->entries.begin(), opt->entries.end(), [&](const auto& kv) {
+                   return kv.first != nullptr && kv.first->kind == Kind::kInt &&
+                          kv.first->i == &kv - &opt->entries.front();
+                 })) {
+    for (const auto& kv : opt->entries) halves.push_back(kv.second);
+  }
+  if (experts_ && !halves.empty()) {
+    std::vector<Value*> all;
+    for (size_t i = 0; i < halves.size(); ++i) {
+      const Value* g = pickle::DictGet(pickle::DictGet(halves[i], "optimizer"),
+                                       "param_groups");
+      if (g == nullptr) {
+        const dcp::ItemKey key{
+            ObjectKey(StrCat("chained_", i,
+                             ".optimizer.distributed.dp_group_idx_0.optimizer"),
+                      std::vector<int64_t>{0}, std::vector<int64_t>{1}),
+            std::nullopt};
+        if (auto it = c_.dcp.items.find(key);
+            it != c_.dcp.items.end() && !it->second.empty()) {
+          open_.push_back(dcp::OpenItem(it->second.front(), key, files_));
+          g = pickle::DictGet(ObjectRoot(*open_.back()), "param_groups");
+          groups_file_ = open_.back().get();
+        }
+      }
+      if (g == nullptr || g->kind != Kind::kList) {
+        throw FormatError(c_.iter_dir.string(), " > ", c_.common_in,
+                          " > optimizer: part ", i,
+                          " of the chained optimizer without its param "
+                          "groups");
+      }
+      for (const Value* x : g->items) all.push_back(const_cast<Value*>(x));
+    }
+    groups = chained_arena.List(std::move(all));
+  }
   if (groups == nullptr) {
     // dp_reshardable keeps the optimizer's own state dict as an object of
     // each model-parallel group (all equal): group 0's.
@@ -883,11 +1254,39 @@ void Planner::PlanGroups() {
     trainable.push_back(i);
     keys.push_back(megatron::DefaultGroupKey(params_[i].name,
                                              params_[i].full_shape.size()));
+    keys.back().is_expert_parallel = params_[i].rule->expert;
   }
   const megatron::Grouping g = megatron::GroupParams(keys);
   group_of_.assign(params_.size(), -1);
-  if (groups != nullptr && groups->kind == Kind::kList &&
+  if (experts_ && groups != nullptr && groups->kind == Kind::kList &&
       groups->items.size() == g.keys.size()) {
+    // The chained halves' groups, matched to Megatron's keys by their own
+    // (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr).
+    for (size_t j = 0; j < trainable.size(); ++j)
+      group_of_[trainable[j]] = static_cast<int64_t>(g.group_of[j]);
+    for (const megatron::GroupKey& key : g.keys) {
+      const Value* found = nullptr;
+      for (const Value* d : groups->items) {
+        megatron::GroupKey stored;
+        try {
+          stored = megatron::StoredGroupKey(d);
+        } catch (Error& e) {
+          e.AddContext(c_.iter_dir.string(), " > ", c_.common_in,
+                       " > optimizer");
+          throw;
+        }
+        if (stored == key) found = d;
+      }
+      if (found == nullptr) {
+        throw FormatError(c_.iter_dir.string(), " > ", c_.common_in,
+                          " > optimizer: no param group ", key.ToString(),
+                          ", which Megatron's rule makes for this model");
+      }
+      group_dicts_.push_back(found);
+      group_keys_.push_back(key);
+    }
+  } else if (groups != nullptr && groups->kind == Kind::kList &&
+             groups->items.size() == g.keys.size()) {
     for (size_t j = 0; j < trainable.size(); ++j)
       group_of_[trainable[j]] = static_cast<int64_t>(g.group_of[j]);
     for (size_t j = 0; j < g.keys.size(); ++j) {
@@ -965,9 +1364,15 @@ void Planner::PlanOpaque() {
         dcp::OpenItem(items.front(), key, files_);
     const Value* v = ObjectRoot(*f);
     if (extra) {
+      // Offsets: a stacked key's layer, then an expert key's global expert.
+      const KeyAxes axes = AxesOf(k.model_key);
       const int64_t layer =
-          IsStacked(k.model_key) && !k.offsets.empty() ? k.offsets[0] : -1;
-      add("extra_state/" + CanonicalName(k.model_key, layer, local_spec_),
+          axes.stacked && !k.offsets.empty() ? k.offsets[0] : -1;
+      const int64_t expert = axes.experts && k.offsets.size() == axes.count()
+                                 ? k.offsets.back()
+                                 : -1;
+      add("extra_state/" +
+              CanonicalName(k.model_key, layer, expert, local_spec_),
           formats::SaveBlob(f.get(), v));
     } else {
       add(megatron::RngStateKey(k.offsets[1], k.offsets[0]),
@@ -1031,7 +1436,8 @@ void Planner::PlanRoot() {
   src.vpp = t.vpp;
   src.dp = t.dp;
   src.cp = run_ ? run_->cp : 1;
-  src.ep = 1;
+  src.ep = t.ep;
+  if (experts_) src.other["etp"] = t.ExpertTp();
   src.distributed_optimizer = c_.optimizer == "fully_reshardable" ||
                               c_.optimizer == "dp_reshardable" ||
                               c_.optimizer == "dp_zero_gather_scatter" ||
@@ -1125,6 +1531,7 @@ universal::SourcePlan Planner::Run() {
       PlanTensor(e, k);
     }
   }
+  if (experts_) CheckExpertsCovered();
   if (c_.optimizer == "dp_reshardable" ||
       c_.optimizer == "dp_zero_gather_scatter" ||
       c_.optimizer == "fully_sharded_bucket_space")

@@ -369,6 +369,101 @@ TEST(TorchDistKeysTest, StackedLayersAndCanonicalNames) {
   }
 }
 
+// Mixture-of-experts keys as megatron-core 0.16 saves them
+// (tests/tools/make_moe_torch_dist.py's docstring, seen with `describe`):
+// stacked [L, E, ...] when every layer is MoE, per layer [E, ...] otherwise;
+// their canonical names carry the global layer and expert index.
+TEST(TorchDistKeysTest, ExpertKeysAndCanonicalNames) {
+  struct AxesCase {
+    const char* key;
+    bool stacked, experts;
+    int64_t layer;
+    size_t count;
+  };
+  const AxesCase axes[] = {
+      {"decoder.layers.mlp.experts.experts.linear_fc1.weight", true, true, -1,
+       2},
+      {"decoder.layers.1.mlp.experts.experts.linear_fc2.weight", false, true, 1,
+       1},
+      {"decoder.layers.12.mlp.router.weight", false, false, 12, 0},
+      {"decoder.layers.mlp.router.weight", true, false, -1, 1},
+      {"decoder.layers.0.mlp.linear_fc1.weight", false, false, 0, 0},
+      {"output_layer.weight", false, false, -1, 0},
+  };
+  for (const AxesCase& c : axes) {
+    const KeyAxes a = AxesOf(c.key);
+    EXPECT_EQ(a.stacked, c.stacked) << c.key;
+    EXPECT_EQ(a.experts, c.experts) << c.key;
+    EXPECT_EQ(a.layer, c.layer) << c.key;
+    EXPECT_EQ(a.count(), c.count) << c.key;
+  }
+  struct NameCase {
+    const char* key;
+    int64_t layer, expert;
+    bool local_spec;
+    const char* name;
+    const char* back_key;  // ModelKeyOf(name).key
+    int64_t back_layer;
+  };
+  const NameCase cases[] = {
+      {"decoder.layers.mlp.experts.experts.linear_fc1.weight", 1, 3, true,
+       "decoder.layers.1.mlp.experts.3.linear_fc1.weight",
+       "decoder.layers.mlp.experts.experts.linear_fc1.weight", 1},
+      {"decoder.layers.mlp.experts.experts.linear_fc2._extra_state", 0, 2,
+       false, "decoder.layers.0.mlp.experts.2.linear_fc2._extra_state",
+       "decoder.layers.mlp.experts.experts.linear_fc2._extra_state", 0},
+      // Per-layer keys: the key's own layer number.
+      {"decoder.layers.1.mlp.experts.experts.linear_fc2.weight", -1, 0, true,
+       "decoder.layers.1.mlp.experts.0.linear_fc2.weight",
+       "decoder.layers.mlp.experts.experts.linear_fc2.weight", 1},
+      {"decoder.layers.1.mlp.linear_fc1.layer_norm_weight", -1, -1, true,
+       "decoder.layers.1.pre_mlp_layernorm.weight",
+       "decoder.layers.mlp.linear_fc1.layer_norm_weight", 1},
+      {"decoder.layers.0.mlp.linear_fc1.weight", -1, -1, true,
+       "decoder.layers.0.mlp.linear_fc1.weight",
+       "decoder.layers.mlp.linear_fc1.weight", 0},
+      {"decoder.layers.1.mlp.shared_experts.linear_fc1.weight", -1, -1, true,
+       "decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
+       "decoder.layers.mlp.shared_experts.linear_fc1.weight", 1},
+  };
+  for (const NameCase& c : cases) {
+    EXPECT_EQ(CanonicalName(c.key, c.layer, c.expert, c.local_spec), c.name)
+        << c.key;
+    const KeyOfName back = ModelKeyOf(c.name);
+    EXPECT_EQ(back.key, c.back_key) << c.name;
+    EXPECT_EQ(back.layer, c.back_layer) << c.name;
+    EXPECT_EQ(back.expert, c.expert) << c.name;
+  }
+  // Not an expert index: stays as it is.
+  EXPECT_EQ(ModelKeyOf("decoder.layers.1.mlp.experts.x.w").expert, -1);
+  // A ChainedOptimizer's dp_reshardable buckets (make_moe_torch_dist.py's
+  // docstring: the "chained_<i>." prefix stays) are bucket keys of chain i.
+  const auto chained = ParseBucketKey(
+      "chained_1.optimizer.distributed.dp_group_idx_3.gbuf_idx_0.dtype_"
+      "(torch.bfloat16, torch.float32).bucket_idx_2.exp_avg");
+  ASSERT_TRUE(chained.has_value());
+  EXPECT_EQ(chained->chain, 1);
+  EXPECT_EQ(chained->group, 3);
+  EXPECT_EQ(chained->bucket, 2);
+  EXPECT_EQ(chained->state, "exp_avg");
+  EXPECT_EQ(ParseBucketKey("optimizer.distributed.dp_group_idx_0.gbuf_idx_0."
+                           "dtype_(a, b).bucket_idx_0.param")
+                ->chain,
+            -1);
+  EXPECT_FALSE(
+      ParseBucketKey("chained_x.optimizer.distributed.dp_group_idx_0."
+                     "gbuf_idx_0.dtype_(a, b).bucket_idx_0.param"));
+  EXPECT_FALSE(
+      ParseBucketKey("chained_-1.optimizer.distributed.dp_group_idx_"
+                     "0.gbuf_idx_0.dtype_(a, b).bucket_idx_0.param"));
+  EXPECT_EQ(ClassifyKey("chained_1.optimizer.distributed.dp_group_idx_0."
+                        "gbuf_idx_0.dtype_(torch.bfloat16, torch.float32)."
+                        "bucket_idx_0.param",
+                        true)
+                .kind,
+            KeyInfo::kBucket);
+}
+
 // FlatBoxes against enumeration: the boxes cover the flat elements [a, b)
 // in row-major order, each box's elements consecutive from its `first`.
 TEST(TorchDistKeysTest, FlatBoxesCoverTheRangeInOrder) {
