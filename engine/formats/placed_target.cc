@@ -41,6 +41,14 @@ PlacedTarget PlaceParams(layouts::Layout layout, layouts::Variables given,
     given.Set("num_layers", layers);
   }
   layouts::Variables vars = layout.Resolve(given);
+  // Routed experts are read (and exported), not yet placed into rank files
+  // by EP / ETP: refused rather than written as if they were dense.
+  if (layout.experts()) {
+    throw UsageError(
+        "a mixture-of-experts model (layout ", layout.name(),
+        "): writing its rank files for an EP / ETP layout is not supported "
+        "yet; convert it to dcp or export it (ucp export --hf)");
+  }
   const layouts::Topology topology = CheckedTopology(request.topology);
   // A universal file that did not know the true vocabulary size holds the
   // source's padded rows as real rows; a given size below them marks the

@@ -47,7 +47,8 @@ struct PlaceRequest {
 };
 
 /// The placed target of `input` for `request`: placed by the input's layout
-/// descriptor, else by `request.layout`. Throws FormatError naming the input
+/// descriptor, else by `request.layout`. Throws UsageError for a layout with
+/// routed experts (not placed by EP / ETP yet), FormatError naming the input
 /// if it holds no layout descriptor and the request gives none, LayoutError
 /// if a target size is below 1, a virtual pipeline is asked for without
 /// pp > 1, or the layout's splits do not fit the target

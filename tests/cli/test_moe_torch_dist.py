@@ -321,6 +321,24 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
             (t / "u.h5").unlink()
 
 
+def test_megatron_targets_refuse_experts_until_they_place_them():
+    """Megatron's rank files (torch_dist, legacy) are not written for an EP / ETP layout yet:
+    a MoE model to either is one usage error line and nothing under the output name (not
+    files that place the experts as if they were dense); DCP takes it (any layout)."""
+    name = "mixtral_tp1_pp2_dp2_ep2"
+    with Tmp() as t:
+        for fmt, extra in (("megatron-torch-dist", ["--distributed-optimizer"]),
+                           ("megatron", [])):
+            for src in (DATA / name, universal(name)):
+                cmd = "convert" if src.is_dir() else "reshape"
+                p = run(cmd, src, "-o", t / "o", "--format", fmt, "--tp", 1, "--pp", 1,
+                        "--dp", 1, *extra, expect=2)
+                one_error_line(p, "mixture-of-experts", "mcore-moe-mixtral")
+                assert not (t / "o").exists(), (fmt, cmd)
+        run("convert", DATA / name, "-o", t / "dcp", "--format", "dcp", "--dp", 1)
+        assert (t / "dcp" / ".metadata").exists()
+
+
 if __name__ == "__main__":
     import testmain
     try:
