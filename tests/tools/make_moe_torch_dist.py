@@ -547,17 +547,31 @@ def main():
                         "state is gathered in the fully_reshardable form either way)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--check", action="store_true", help="run `check` on the save afterwards")
-    a = p.parse_args()
-    if a.etp is None:
-        a.etp = a.tp
-    world = a.tp * a.pp * a.dp
-    if world % (a.etp * a.ep * a.pp) or SIZE["experts"] % a.ep:
-        p.error(f"etp {a.etp} x ep {a.ep} x pp {a.pp} must divide the world {world} and ep "
-                f"the {SIZE['experts']} experts")
-    if not run(a):
-        sys.exit(1)
-    if a.check and not check(a.out):
-        sys.exit(1)
+    # Several saves in one process (megatron-core imported once): groups of
+    # arguments separated by `--and`.
+    groups, cur = [], []
+    for x in sys.argv[1:]:
+        if x == "--and":
+            groups.append(cur)
+            cur = []
+        else:
+            cur.append(x)
+    groups.append(cur)
+    runs = []
+    for g in groups:
+        a = p.parse_args(g)
+        if a.etp is None:
+            a.etp = a.tp
+        world = a.tp * a.pp * a.dp
+        if world % (a.etp * a.ep * a.pp) or SIZE["experts"] % a.ep:
+            p.error(f"etp {a.etp} x ep {a.ep} x pp {a.pp} must divide the world {world} and "
+                    f"ep the {SIZE['experts']} experts")
+        runs.append(a)
+    for a in runs:
+        if not run(a):
+            sys.exit(1)
+        if a.check and not check(a.out):
+            sys.exit(1)
 
 
 if __name__ == "__main__":
