@@ -124,12 +124,68 @@ struct ZipReader::Impl {
     return static_cast<size_t>(&entry - base);
   }
 
+  // Reads the central directory into `entries`, `by_name` and `limits`.
+  // Throws FormatError if the archive is corrupt or unsupported.
   void Parse();
+  // Parse's steps.
+  // The end of central directory record's fields (zip64's where present).
+  struct EndRecord {
+    uint64_t eocd = 0;  // where the (32-bit) record starts
+    uint64_t disk = 0, cd_disk = 0, entries_on_disk = 0, num_entries = 0;
+    uint64_t cd_size = 0, cd_offset = 0;
+    uint64_t cd_end_limit = 0;  // the directory must end before this
+  };
+  EndRecord ReadEndRecord() const;
+  // Replaces the fields by the zip64 record's when a locator precedes the
+  // end record.
+  void ReadZip64EndRecord(EndRecord& d) const;
+  // Entry `i` of directory `cd` (at archive offset `cd_offset`), its header
+  // at `pos`; advances `pos` past it.
+  ZipEntry ReadCentralEntry(std::span<const unsigned char> cd, size_t& pos,
+                            uint64_t i, uint64_t cd_offset) const;
+  // The zip64 sizes and offset of `ent` from its extra fields [x, x_end).
+  void ReadExtraFields(ZipEntry& ent, const unsigned char* x,
+                       const unsigned char* x_end) const;
+  // Refuses an encrypted entry, inconsistent sizes, data outside the area
+  // before the directory.
+  void CheckEntry(const ZipEntry& ent, size_t name_len,
+                  uint64_t cd_offset) const;
+  // `by_name`, each entry's data limit, overlapping entries refused.
+  void IndexEntries(uint64_t cd_offset);
   uint64_t DataOffset(size_t index) const;
   void Inflate(const ZipEntry& entry, std::byte* dst) const;
 };
 
 void ZipReader::Impl::Parse() {
+  EndRecord d = ReadEndRecord();
+  ReadZip64EndRecord(d);
+  if (d.disk != 0 || d.cd_disk != 0 || d.entries_on_disk != d.num_entries) {
+    Fail("multi-disk zip archives are not supported");
+  }
+  if (!FitsWithin(d.cd_offset, d.cd_size, d.cd_end_limit)) {
+    Fail("central directory (offset ", d.cd_offset, ", ", d.cd_size,
+         " bytes) lies outside the archive");
+  }
+  // Each entry has a 46-byte header and at most 3 x 65535 bytes of name,
+  // extra field and comment: a directory larger than that for its entry
+  // count is corrupt (and is not read into memory).
+  constexpr uint64_t kMaxCentralEntry = kCentralHeaderSize + 3 * 0xFFFF;
+  if (d.num_entries > d.cd_size / kCentralHeaderSize ||
+      d.cd_size / kMaxCentralEntry > d.num_entries) {
+    Fail("central directory of ", d.cd_size, " bytes cannot hold ",
+         d.num_entries, " entries");
+  }
+  std::vector<unsigned char> cd(d.cd_size);
+  ReadAt(cd.data(), cd.size(), d.cd_offset);
+
+  entries.reserve(d.num_entries);
+  size_t pos = 0;
+  for (uint64_t i = 0; i < d.num_entries; ++i)
+    entries.push_back(ReadCentralEntry(cd, pos, i, d.cd_offset));
+  IndexEntries(d.cd_offset);
+}
+
+ZipReader::Impl::EndRecord ZipReader::Impl::ReadEndRecord() const {
   if (size < kEocdSize) Fail("not a zip archive (only ", size, " bytes)");
   // The end of central directory record is in the last 22 + 65535 bytes.
   const uint64_t tail_len = std::min<uint64_t>(size, kEocdSize + 0xFFFF);
@@ -153,139 +209,134 @@ void ZipReader::Impl::Parse() {
   if (!eocd) eocd = fits;
   if (!eocd) Fail("not a zip archive (no end of central directory record)");
   const unsigned char* e = tail.data() + (*eocd - tail_start);
-  uint64_t disk = Get16(e + 4);
-  uint64_t cd_disk = Get16(e + 6);
-  uint64_t entries_on_disk = Get16(e + 8);
-  uint64_t num_entries = Get16(e + 10);
-  uint64_t cd_size = Get32(e + 12);
-  uint64_t cd_offset = Get32(e + 16);
-  uint64_t cd_end_limit = *eocd;  // the directory must end before this
+  EndRecord d;
+  d.eocd = *eocd;
+  d.disk = Get16(e + 4);
+  d.cd_disk = Get16(e + 6);
+  d.entries_on_disk = Get16(e + 8);
+  d.num_entries = Get16(e + 10);
+  d.cd_size = Get32(e + 12);
+  d.cd_offset = Get32(e + 16);
+  d.cd_end_limit = *eocd;
+  return d;
+}
 
-  if (*eocd >= kZip64LocatorSize) {
-    unsigned char loc[kZip64LocatorSize];
-    ReadAt(loc, sizeof(loc), *eocd - kZip64LocatorSize);
-    if (Get32(loc) == kZip64LocatorSig) {
-      uint64_t z64 = Get64(loc + 8);
-      if (Get32(loc + 4) != 0 || Get32(loc + 16) > 1) {
-        Fail("multi-disk zip archives are not supported");
-      }
-      if (!FitsWithin(z64, kZip64EocdSize, *eocd - kZip64LocatorSize)) {
-        Fail("zip64 end of central directory at ", z64,
-             " lies outside the archive");
-      }
-      unsigned char r[kZip64EocdSize];
-      ReadAt(r, sizeof(r), z64);
-      if (Get32(r) != kZip64EocdSig) {
-        Fail("bad zip64 end of central directory signature at ", z64);
-      }
-      disk = Get32(r + 16);
-      cd_disk = Get32(r + 20);
-      entries_on_disk = Get64(r + 24);
-      num_entries = Get64(r + 32);
-      cd_size = Get64(r + 40);
-      cd_offset = Get64(r + 48);
-      cd_end_limit = z64;
-    }
-  }
-  if (disk != 0 || cd_disk != 0 || entries_on_disk != num_entries) {
+void ZipReader::Impl::ReadZip64EndRecord(EndRecord& d) const {
+  if (d.eocd < kZip64LocatorSize) return;
+  unsigned char loc[kZip64LocatorSize];
+  ReadAt(loc, sizeof(loc), d.eocd - kZip64LocatorSize);
+  if (Get32(loc) != kZip64LocatorSig) return;
+  uint64_t z64 = Get64(loc + 8);
+  if (Get32(loc + 4) != 0 || Get32(loc + 16) > 1) {
     Fail("multi-disk zip archives are not supported");
   }
-  if (!FitsWithin(cd_offset, cd_size, cd_end_limit)) {
-    Fail("central directory (offset ", cd_offset, ", ", cd_size,
-         " bytes) lies outside the archive");
+  if (!FitsWithin(z64, kZip64EocdSize, d.eocd - kZip64LocatorSize)) {
+    Fail("zip64 end of central directory at ", z64,
+         " lies outside the archive");
   }
-  // Each entry has a 46-byte header and at most 3 x 65535 bytes of name,
-  // extra field and comment: a directory larger than that for its entry
-  // count is corrupt (and is not read into memory).
-  constexpr uint64_t kMaxCentralEntry = kCentralHeaderSize + 3 * 0xFFFF;
-  if (num_entries > cd_size / kCentralHeaderSize ||
-      cd_size / kMaxCentralEntry > num_entries) {
-    Fail("central directory of ", cd_size, " bytes cannot hold ", num_entries,
-         " entries");
+  unsigned char r[kZip64EocdSize];
+  ReadAt(r, sizeof(r), z64);
+  if (Get32(r) != kZip64EocdSig) {
+    Fail("bad zip64 end of central directory signature at ", z64);
   }
-  std::vector<unsigned char> cd(cd_size);
-  ReadAt(cd.data(), cd.size(), cd_offset);
+  d.disk = Get32(r + 16);
+  d.cd_disk = Get32(r + 20);
+  d.entries_on_disk = Get64(r + 24);
+  d.num_entries = Get64(r + 32);
+  d.cd_size = Get64(r + 40);
+  d.cd_offset = Get64(r + 48);
+  d.cd_end_limit = z64;
+}
 
-  entries.reserve(num_entries);
-  size_t pos = 0;
-  for (uint64_t i = 0; i < num_entries; ++i) {
-    if (cd_size - pos < kCentralHeaderSize) {
-      Fail("central directory entry ", i, " is truncated");
-    }
-    const unsigned char* h = cd.data() + pos;
-    if (Get32(h) != kCentralSig) {
-      Fail("bad central directory signature for entry ", i);
-    }
-    ZipEntry ent;
-    ent.flags = Get16(h + 8);
-    ent.method = Get16(h + 10);
-    ent.crc32 = Get32(h + 16);
-    ent.compressed_size = Get32(h + 20);
-    ent.uncompressed_size = Get32(h + 24);
-    const size_t name_len = Get16(h + 28);
-    const size_t extra_len = Get16(h + 30);
-    const size_t comment_len = Get16(h + 32);
-    const uint16_t start_disk = Get16(h + 34);
-    ent.local_header_offset = Get32(h + 42);
-    if (cd_size - pos - kCentralHeaderSize <
-        name_len + extra_len + comment_len) {
-      Fail("central directory entry ", i, " is truncated");
-    }
-    ent.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize),
-                    name_len);
-    const unsigned char* x = h + kCentralHeaderSize + name_len;
-    const unsigned char* x_end = x + extra_len;
-    while (x_end - x >= 4) {
-      const uint16_t id = Get16(x);
-      const size_t len = Get16(x + 2);
-      x += 4;
-      if (static_cast<size_t>(x_end - x) < len) {
-        Fail("entry ", ent.name, ": extra field runs past its header");
-      }
-      if (id == kZip64ExtraId) {
-        const unsigned char* f = x;
-        const unsigned char* f_end = x + len;
-        auto next = [&](uint64_t& field) {
-          if (field != k32Max) return;
-          if (f_end - f < 8) {
-            Fail("entry ", ent.name, ": zip64 extra field is too short");
-          }
-          field = Get64(f);
-          f += 8;
-        };
-        next(ent.uncompressed_size);
-        next(ent.compressed_size);
-        next(ent.local_header_offset);
-      }
-      x += len;
-    }
-    if (start_disk != 0 && start_disk != 0xFFFF) {
-      Fail("multi-disk zip archives are not supported");
-    }
-    if (ent.flags & 0x0041) Fail("entry ", ent.name, " is encrypted");
-    if (ent.method == kZipStored &&
-        ent.compressed_size != ent.uncompressed_size) {
-      Fail("stored entry ", ent.name, " has compressed size ",
-           ent.compressed_size, " but uncompressed size ",
-           ent.uncompressed_size);
-    }
-    if (ent.method == kZipDeflated &&
-        ent.uncompressed_size / kMaxDeflateRatio > ent.compressed_size + 1) {
-      Fail("deflated entry ", ent.name, " claims ", ent.uncompressed_size,
-           " bytes from ", ent.compressed_size, " compressed bytes");
-    }
-    const uint64_t min_header = kLocalHeaderSize + name_len;
-    if (ent.local_header_offset > cd_offset ||
-        !FitsWithin(min_header, ent.compressed_size,
-                    cd_offset - ent.local_header_offset)) {
-      Fail("entry ", ent.name, " (local header at ", ent.local_header_offset,
-           ", ", ent.compressed_size,
-           " bytes) lies outside the archive's data area");
-    }
-    pos += kCentralHeaderSize + name_len + extra_len + comment_len;
-    entries.push_back(std::move(ent));
+ZipEntry ZipReader::Impl::ReadCentralEntry(std::span<const unsigned char> cd,
+                                           size_t& pos, uint64_t i,
+                                           uint64_t cd_offset) const {
+  const uint64_t cd_size = cd.size();
+  if (cd_size - pos < kCentralHeaderSize) {
+    Fail("central directory entry ", i, " is truncated");
   }
+  const unsigned char* h = cd.data() + pos;
+  if (Get32(h) != kCentralSig) {
+    Fail("bad central directory signature for entry ", i);
+  }
+  ZipEntry ent;
+  ent.flags = Get16(h + 8);
+  ent.method = Get16(h + 10);
+  ent.crc32 = Get32(h + 16);
+  ent.compressed_size = Get32(h + 20);
+  ent.uncompressed_size = Get32(h + 24);
+  const size_t name_len = Get16(h + 28);
+  const size_t extra_len = Get16(h + 30);
+  const size_t comment_len = Get16(h + 32);
+  const uint16_t start_disk = Get16(h + 34);
+  ent.local_header_offset = Get32(h + 42);
+  if (cd_size - pos - kCentralHeaderSize < name_len + extra_len + comment_len) {
+    Fail("central directory entry ", i, " is truncated");
+  }
+  ent.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize),
+                  name_len);
+  const unsigned char* x = h + kCentralHeaderSize + name_len;
+  ReadExtraFields(ent, x, x + extra_len);
+  if (start_disk != 0 && start_disk != 0xFFFF) {
+    Fail("multi-disk zip archives are not supported");
+  }
+  CheckEntry(ent, name_len, cd_offset);
+  pos += kCentralHeaderSize + name_len + extra_len + comment_len;
+  return ent;
+}
 
+void ZipReader::Impl::ReadExtraFields(ZipEntry& ent, const unsigned char* x,
+                                      const unsigned char* x_end) const {
+  while (x_end - x >= 4) {
+    const uint16_t id = Get16(x);
+    const size_t len = Get16(x + 2);
+    x += 4;
+    if (static_cast<size_t>(x_end - x) < len) {
+      Fail("entry ", ent.name, ": extra field runs past its header");
+    }
+    if (id == kZip64ExtraId) {
+      const unsigned char* f = x;
+      const unsigned char* f_end = x + len;
+      auto next = [&](uint64_t& field) {
+        if (field != k32Max) return;
+        if (f_end - f < 8) {
+          Fail("entry ", ent.name, ": zip64 extra field is too short");
+        }
+        field = Get64(f);
+        f += 8;
+      };
+      next(ent.uncompressed_size);
+      next(ent.compressed_size);
+      next(ent.local_header_offset);
+    }
+    x += len;
+  }
+}
+
+void ZipReader::Impl::CheckEntry(const ZipEntry& ent, size_t name_len,
+                                 uint64_t cd_offset) const {
+  if (ent.flags & 0x0041) Fail("entry ", ent.name, " is encrypted");
+  if (ent.method == kZipStored &&
+      ent.compressed_size != ent.uncompressed_size) {
+    Fail("stored entry ", ent.name, " has compressed size ",
+         ent.compressed_size, " but uncompressed size ", ent.uncompressed_size);
+  }
+  if (ent.method == kZipDeflated &&
+      ent.uncompressed_size / kMaxDeflateRatio > ent.compressed_size + 1) {
+    Fail("deflated entry ", ent.name, " claims ", ent.uncompressed_size,
+         " bytes from ", ent.compressed_size, " compressed bytes");
+  }
+  const uint64_t min_header = kLocalHeaderSize + name_len;
+  if (ent.local_header_offset > cd_offset ||
+      !FitsWithin(min_header, ent.compressed_size,
+                  cd_offset - ent.local_header_offset)) {
+    Fail("entry ", ent.name, " (local header at ", ent.local_header_offset,
+         ", ", ent.compressed_size,
+         " bytes) lies outside the archive's data area");
+  }
+}
+
+void ZipReader::Impl::IndexEntries(uint64_t cd_offset) {
   by_name.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     if (!by_name.emplace(entries[i].name, i).second) {

@@ -99,10 +99,52 @@ bool IsModelKey(std::string_view key) {
                      [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// Opens every rank file, flattens its chunks, reads the args, chooses the
-// layout and computes canonical names.
-Loaded Load(const Checkpoint& c, const SourceOptions& options) {
-  Loaded L;
+// Reads rank (p, r)'s args into `L.run` (rank (0, 0)) or checks them against
+// it, and flattens its model chunks. Throws FormatError naming no file.
+void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
+                  SourceRank& sr, Loaded& L) {
+  sr.root = sr.file->root();
+  if (sr.root == nullptr || !sr.root->IsDictLike())
+    throw FormatError("the file does not hold a dict");
+  const ArgsView args(pickle::DictGet(sr.root, "args"), "args");
+  RunConfig run = ReadRunConfig(args);
+  if (p == 0 && r == 0) {
+    L.run = run;
+  } else if (!(run.topology == L.run.topology) ||
+             run.distributed_optimizer != L.run.distributed_optimizer ||
+             !(run.variables == L.run.variables)) {
+    throw FormatError(
+        "args disagree with rank (0, 0): topology ", run.topology.ToString(),
+        " vs ", L.run.topology.ToString(), ", model ", run.variables.ToString(),
+        " vs ", L.run.variables.ToString());
+  }
+  if (L.run.topology.tp != t0.tp || L.run.topology.pp != t0.pp) {
+    throw FormatError("args say ", L.run.topology.ToString(),
+                      " but the checkpoint was discovered as ", t0.ToString());
+  }
+  const int64_t vpp = L.run.topology.vpp;
+  for (int64_t v = 0; v < vpp; ++v) {
+    RankChunk chunk;
+    chunk.key = vpp == 1 ? std::string("model") : StrCat("model", v);
+    const Value* m = pickle::DictGet(sr.root, chunk.key);
+    if (m == nullptr) {
+      throw FormatError(
+          "no '", chunk.key, "' entry (",
+          vpp == 1 ? "no virtual pipeline" : StrCat(vpp, " virtual stages"),
+          ")");
+    }
+    try {
+      chunk.leaves = FlattenChunk(*sr.file, m);
+    } catch (Error& e) {
+      e.AddContext(chunk.key);
+      throw;
+    }
+    sr.chunks.push_back(std::move(chunk));
+  }
+}
+
+// Opens every rank file (and its distrib_optim.pt) into `L.ranks`.
+void OpenRankFiles(const Checkpoint& c, Loaded& L) {
   const layouts::Topology& t0 = c.topology;
   for (int64_t p = 0; p < t0.pp; ++p) {
     for (int64_t r = 0; r < t0.tp; ++r) {
@@ -114,46 +156,7 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
       // TorchFile's own errors name the file.
       sr.file = std::make_shared<const TorchFile>(TorchFile::Open(sr.path));
       try {
-        sr.root = sr.file->root();
-        if (sr.root == nullptr || !sr.root->IsDictLike())
-          throw FormatError("the file does not hold a dict");
-        const ArgsView args(pickle::DictGet(sr.root, "args"), "args");
-        RunConfig run = ReadRunConfig(args);
-        if (p == 0 && r == 0) {
-          L.run = run;
-        } else if (!(run.topology == L.run.topology) ||
-                   run.distributed_optimizer != L.run.distributed_optimizer ||
-                   !(run.variables == L.run.variables)) {
-          throw FormatError("args disagree with rank (0, 0): topology ",
-                            run.topology.ToString(), " vs ",
-                            L.run.topology.ToString(), ", model ",
-                            run.variables.ToString(), " vs ",
-                            L.run.variables.ToString());
-        }
-        if (L.run.topology.tp != t0.tp || L.run.topology.pp != t0.pp) {
-          throw FormatError("args say ", L.run.topology.ToString(),
-                            " but the checkpoint was discovered as ",
-                            t0.ToString());
-        }
-        const int64_t vpp = L.run.topology.vpp;
-        for (int64_t v = 0; v < vpp; ++v) {
-          RankChunk chunk;
-          chunk.key = vpp == 1 ? std::string("model") : StrCat("model", v);
-          const Value* m = pickle::DictGet(sr.root, chunk.key);
-          if (m == nullptr) {
-            throw FormatError("no '", chunk.key, "' entry (",
-                              vpp == 1 ? "no virtual pipeline"
-                                       : StrCat(vpp, " virtual stages"),
-                              ")");
-          }
-          try {
-            chunk.leaves = FlattenChunk(*sr.file, m);
-          } catch (Error& e) {
-            e.AddContext(chunk.key);
-            throw;
-          }
-          sr.chunks.push_back(std::move(chunk));
-        }
+        ReadRankFile(t0, p, r, sr, L);
       } catch (Error& e) {
         e.AddContext(sr.Where());
         throw;
@@ -167,51 +170,50 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
       L.ranks.push_back(std::move(sr));
     }
   }
+}
 
-  // checkpoint_version < 2.0 (0 when absent): Megatron reorders the rows of
-  // the legacy query_key_value / key_value tensors when loading such files
-  // (checkpointing.py:fix_query_key_value_ordering); their rows are not in
-  // the order the layouts describe.
-  {
-    const Value* cv =
-        pickle::DictGet(L.ranks.front().root, "checkpoint_version");
-    const double version = cv != nullptr ? cv->AsFloat().value_or(0) : 0;
-    if (version < 2.0) {
-      for (const SourceRank& sr : L.ranks)
-        for (const RankChunk& ch : sr.chunks)
-          for (const ChunkLeaf& leaf : ch.leaves) {
-            const std::string_view n = leaf.name;
-            for (std::string_view suffix :
-                 {".query_key_value.weight", ".query_key_value.bias",
-                  ".key_value.weight", ".key_value.bias"}) {
-              if (n.size() >= suffix.size() &&
-                  n.substr(n.size() - suffix.size()) == suffix) {
-                throw FormatError(
-                    sr.Where(), " > ", ch.key, " > ", leaf.name,
-                    ": checkpoint_version ", version,
-                    " (< 2.0) orders the query/key/value rows differently "
-                    "(Megatron reorders them when loading); load and save "
-                    "the checkpoint once with Megatron first");
-              }
-            }
+// checkpoint_version < 2.0 (0 when absent): Megatron reorders the rows of
+// the legacy query_key_value / key_value tensors when loading such files
+// (checkpointing.py:fix_query_key_value_ordering); their rows are not in
+// the order the layouts describe. Throws FormatError for such a tensor.
+void RefuseOldQkvOrder(const Loaded& L) {
+  const Value* cv = pickle::DictGet(L.ranks.front().root, "checkpoint_version");
+  const double version = cv != nullptr ? cv->AsFloat().value_or(0) : 0;
+  if (version >= 2.0) return;
+  for (const SourceRank& sr : L.ranks)
+    for (const RankChunk& ch : sr.chunks)
+      for (const ChunkLeaf& leaf : ch.leaves) {
+        const std::string_view n = leaf.name;
+        for (std::string_view suffix :
+             {".query_key_value.weight", ".query_key_value.bias",
+              ".key_value.weight", ".key_value.bias"}) {
+          if (n.size() >= suffix.size() &&
+              n.substr(n.size() - suffix.size()) == suffix) {
+            throw FormatError(
+                sr.Where(), " > ", ch.key, " > ", leaf.name,
+                ": checkpoint_version ", version,
+                " (< 2.0) orders the query/key/value rows differently "
+                "(Megatron reorders them when loading); load and save "
+                "the checkpoint once with Megatron first");
           }
-    }
-  }
+        }
+      }
+}
 
-  // Layout: given, or detected from every local name.
+// Every local name of the rank files, first seen first.
+std::vector<std::string> LocalNames(const Loaded& L) {
   std::vector<std::string> names;
-  {
-    std::set<std::string> seen;
-    for (const SourceRank& sr : L.ranks)
-      for (const RankChunk& ch : sr.chunks)
-        for (const ChunkLeaf& leaf : ch.leaves)
-          if (seen.insert(leaf.name).second) names.push_back(leaf.name);
-  }
-  L.layout = Layout::FromSpec(options.layout, names);
-  const Layout& layout = *L.layout;
+  std::set<std::string> seen;
+  for (const SourceRank& sr : L.ranks)
+    for (const RankChunk& ch : sr.chunks)
+      for (const ChunkLeaf& leaf : ch.leaves)
+        if (seen.insert(leaf.name).second) names.push_back(leaf.name);
+  return names;
+}
 
-  // Model variables; the true vocabulary from the options, the tokenizer
-  // settings, or (unknown) the padded size.
+// Model variables; the true vocabulary from the options, the tokenizer
+// settings, or (unknown) the padded size. Sets `L.vars` and the placement.
+void ResolveVariables(const SourceOptions& options, Loaded& L) {
   layouts::Variables vars = L.run.variables;
   std::optional<int64_t> vocab = options.true_vocab_size;
   L.vocab_source = "option";
@@ -228,9 +230,14 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
     vars.Set("vocab_size", *vocab);
     L.vocab_known = true;
   }
-  L.vars = layout.Resolve(vars);
-  L.placement.emplace(layout.NumLayers(L.vars), L.run.topology);
+  L.vars = L.layout->Resolve(vars);
+  L.placement.emplace(L.layout->NumLayers(L.vars), L.run.topology);
+}
 
+// Each leaf's canonical name. Throws LayoutError if a leaf's nesting does
+// not follow the layout.
+void NameLeaves(Loaded& L) {
+  const Layout& layout = *L.layout;
   for (SourceRank& sr : L.ranks) {
     for (size_t v = 0; v < sr.chunks.size(); ++v) {
       RankChunk& ch = sr.chunks[v];
@@ -250,6 +257,18 @@ Loaded Load(const Checkpoint& c, const SourceOptions& options) {
       }
     }
   }
+}
+
+// Opens every rank file, flattens its chunks, reads the args, chooses the
+// layout (given, or detected from every local name) and computes canonical
+// names.
+Loaded Load(const Checkpoint& c, const SourceOptions& options) {
+  Loaded L;
+  OpenRankFiles(c, L);
+  RefuseOldQkvOrder(L);
+  L.layout = Layout::FromSpec(options.layout, LocalNames(L));
+  ResolveVariables(options, L);
+  NameLeaves(L);
   return L;
 }
 
@@ -316,9 +335,54 @@ class Planner {
   void FindOptimizer();
   void PlanOptimizer();
   void PlanRankOptimizer(SourceRank& sr);
+  // The optimizer state of rank file `sr` (its errors name no file): the
+  // params for PlanDistributed if it is the distributed optimizer's.
   std::optional<std::vector<RankParam>> PlanRankModelFileOptimizer(
       SourceRank& sr);
+  // PlanRankModelFileOptimizer's steps.
+  // The rank's params in named_parameters() order (tied copies are real
+  // params here), their group keys appended to `keys`.
+  std::vector<RankParam> RankParams(SourceRank& sr,
+                                    std::vector<GroupKey>& keys);
+  // How a rank file keeps its optimizer state.
+  struct RankOptimizer {
+    OptimizerFormat format = OptimizerFormat::kNone;
+    const Value* inner = nullptr;        // holds param_groups (and state)
+    const Value* fp32_groups = nullptr;  // float16: fp32_from_fp16_params
+  };
+  // The form of optimizer entry `opt`. Throws FormatError if it is unknown,
+  // disagrees with the args' use_distributed_optimizer or rank (0, 0).
+  RankOptimizer ClassifyOptimizer(const Value* opt);
+  // Param `j` of group `gi`: its fp32 copy (item j of `fp32_list`, if not
+  // null) and the state dict of id `id` in `state`.
+  void PlanParamState(SourceRank& sr, const RankParam& rp, size_t gi, size_t j,
+                      const Value* id, const Value* fp32_list,
+                      const Value* state);
+  // The tensors of state dict `st` (state id `id`) as atoms of their key;
+  // returns the keys.
+  std::vector<std::string> PlanStateEntries(SourceRank& sr,
+                                            const ParamState& ps,
+                                            const ChunkLeaf& leaf,
+                                            const layouts::LocalShard& shard,
+                                            const Value* st, int64_t id);
+  // The distributed optimizer's state of rank `sr` from its
+  // distrib_optim.pt (errors name that file).
   void PlanDistributed(SourceRank& sr, const std::vector<RankParam>& params);
+  // PlanDistributed's steps: buffer `v` (model chunk v) of `root`.
+  void PlanDistributedBuffer(SourceRank& sr,
+                             const std::vector<RankParam>& params,
+                             const Value* root, size_t v, int64_t local_params,
+                             const std::string& dwhere);
+  // Checks buffer key `dtkey` is a (param dtype, grad dtype) pair, its
+  // param dtype the members'; keeps the first grad dtype.
+  void CheckBufferDtypes(const RankChunk& ch,
+                         const std::vector<const RankParam*>& members,
+                         const Value* dtkey, size_t v);
+  // Each world tensor of buffer dict `world`, cut into its members' atoms.
+  void PlanWorldTensors(SourceRank& sr,
+                        const std::vector<const RankParam*>& members,
+                        const BufferLayout& layout, const Value* world,
+                        size_t v, const std::string& bwhere);
   void NoteGroups(const Value* groups, const Grouping& g,
                   const std::string& where);
   void PlanOpaque();
@@ -756,9 +820,51 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
     SourceRank& sr) {
   const Value* opt = pickle::DictGet(sr.root, "optimizer");
   if (!opt->IsDictLike()) throw FormatError("'optimizer' is not a dict");
-  // Params in named_parameters() order (tied copies are real params here).
-  std::vector<RankParam> params;
   std::vector<GroupKey> keys;
+  std::vector<RankParam> params = RankParams(sr, keys);
+  const RankOptimizer o = ClassifyOptimizer(opt);
+  const Value* groups = o.inner->Get("param_groups");
+  const Grouping g = MatchGrouping(groups, keys);
+  NoteGroups(groups, g, "optimizer param_groups");
+  if (o.format == OptimizerFormat::kDistributed) return params;
+  if (o.format == OptimizerFormat::kFloat16 &&
+      !(o.fp32_groups->kind == Kind::kList &&
+        o.fp32_groups->items.size() == g.keys.size())) {
+    throw FormatError(
+        "'fp32_from_fp16_params' does not hold one list per "
+        "param group");
+  }
+  // State ids -> per-param state dicts.
+  const Value* state = o.inner->Get("state");
+  if (state == nullptr || !state->IsDictLike())
+    throw FormatError("optimizer 'state' is not a dict");
+  for (size_t gi = 0; gi < g.keys.size(); ++gi) {
+    const std::vector<size_t>& members = g.members[gi];
+    const Value* ids = groups->items[gi]->Get("params");
+    if (ids == nullptr || ids->kind != Kind::kList ||
+        ids->items.size() != members.size()) {
+      throw FormatError("param group ", gi, " lists ",
+                        ids && ids->kind == Kind::kList ? ids->items.size() : 0,
+                        " params, Megatron's grouping gives ", members.size());
+    }
+    const Value* fp32_list =
+        o.fp32_groups != nullptr ? o.fp32_groups->items[gi] : nullptr;
+    if (fp32_list != nullptr && (fp32_list->kind != Kind::kList ||
+                                 fp32_list->items.size() != members.size())) {
+      throw FormatError("fp32_from_fp16_params[", gi, "] does not hold ",
+                        members.size(), " tensors");
+    }
+    for (size_t j = 0; j < members.size(); ++j) {
+      PlanParamState(sr, params[members[j]], gi, j, ids->items[j], fp32_list,
+                     state);
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<RankParam> Planner::RankParams(SourceRank& sr,
+                                           std::vector<GroupKey>& keys) {
+  std::vector<RankParam> params;
   for (size_t v = 0; v < sr.chunks.size(); ++v) {
     RankChunk& ch = sr.chunks[v];
     for (size_t i = 0; i < ch.leaves.size(); ++i) {
@@ -776,25 +882,28 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
                                            ch.leaves[i].tensor->shape.size()));
     }
   }
-  const Value* inner = opt->Get("optimizer");
-  const bool distributed = inner != nullptr && inner->IsDictLike() &&
-                           inner->Get("state") == nullptr &&
-                           inner->Get("param_groups") != nullptr;
-  OptimizerFormat format;
-  const Value* fp32_groups = nullptr;
+  return params;
+}
+
+Planner::RankOptimizer Planner::ClassifyOptimizer(const Value* opt) {
+  RankOptimizer o;
+  o.inner = opt->Get("optimizer");
+  const bool distributed = o.inner != nullptr && o.inner->IsDictLike() &&
+                           o.inner->Get("state") == nullptr &&
+                           o.inner->Get("param_groups") != nullptr;
   if (distributed) {
-    format = OptimizerFormat::kDistributed;
-  } else if (inner != nullptr && inner->IsDictLike()) {
-    format = OptimizerFormat::kFloat16;
-    fp32_groups = opt->Get("fp32_from_fp16_params");
-    if (fp32_groups == nullptr) fp32_groups = opt->Get("fp32_from_fp16");
-    if (fp32_groups == nullptr) {
+    o.format = OptimizerFormat::kDistributed;
+  } else if (o.inner != nullptr && o.inner->IsDictLike()) {
+    o.format = OptimizerFormat::kFloat16;
+    o.fp32_groups = opt->Get("fp32_from_fp16_params");
+    if (o.fp32_groups == nullptr) o.fp32_groups = opt->Get("fp32_from_fp16");
+    if (o.fp32_groups == nullptr) {
       throw FormatError("optimizer has no 'fp32_from_fp16_params'");
     }
   } else if (opt->Get("state") != nullptr &&
              opt->Get("param_groups") != nullptr) {
-    format = OptimizerFormat::kFp32;
-    inner = opt;
+    o.format = OptimizerFormat::kFp32;
+    o.inner = opt;
   } else {
     throw FormatError("unrecognised 'optimizer' entry (", pickle::Repr(opt, 80),
                       ")");
@@ -806,110 +915,118 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
                       L_.run.distributed_optimizer ? "True" : "False");
   }
   if (optimizer_format_ == OptimizerFormat::kNone) {
-    optimizer_format_ = format;
-  } else if (optimizer_format_ != format) {
-    throw FormatError("optimizer format ", OptimizerFormatName(format),
+    optimizer_format_ = o.format;
+  } else if (optimizer_format_ != o.format) {
+    throw FormatError("optimizer format ", OptimizerFormatName(o.format),
                       ", rank (0, 0) has ",
                       OptimizerFormatName(optimizer_format_));
   }
-  const Value* groups = inner->Get("param_groups");
-  const Grouping g = MatchGrouping(groups, keys);
-  NoteGroups(groups, g, "optimizer param_groups");
-  if (distributed) return params;
-  if (format == OptimizerFormat::kFloat16 &&
-      !(fp32_groups->kind == Kind::kList &&
-        fp32_groups->items.size() == g.keys.size())) {
-    throw FormatError(
-        "'fp32_from_fp16_params' does not hold one list per "
-        "param group");
-  }
-  // State ids -> per-param state dicts.
-  const Value* state = inner->Get("state");
-  if (state == nullptr || !state->IsDictLike())
-    throw FormatError("optimizer 'state' is not a dict");
-  for (size_t gi = 0; gi < g.keys.size(); ++gi) {
-    const Value* ids = groups->items[gi]->Get("params");
-    if (ids == nullptr || ids->kind != Kind::kList ||
-        ids->items.size() != g.members[gi].size()) {
-      throw FormatError("param group ", gi, " lists ",
-                        ids && ids->kind == Kind::kList ? ids->items.size() : 0,
-                        " params, Megatron's grouping gives ",
-                        g.members[gi].size());
-    }
-    const Value* fp32_list =
-        format == OptimizerFormat::kFloat16 ? fp32_groups->items[gi] : nullptr;
-    if (fp32_list != nullptr &&
-        (fp32_list->kind != Kind::kList ||
-         fp32_list->items.size() != g.members[gi].size())) {
-      throw FormatError("fp32_from_fp16_params[", gi, "] does not hold ",
-                        g.members[gi].size(), " tensors");
-    }
-    for (size_t j = 0; j < g.members[gi].size(); ++j) {
-      const RankParam& rp = params[g.members[gi][j]];
-      RankChunk& ch = sr.chunks[rp.chunk];
-      const ChunkLeaf& leaf = ch.leaves[rp.leaf];
-      const Rule& rule = *ch.rules[rp.leaf];
-      const ParamState& ps = *rp.state;
-      const std::string pname = ch.canonical[rp.leaf];
-      try {
-        const layouts::LocalShard shard = ShardOf(ps, rule, sr.tp_rank);
-        if (fp32_list != nullptr) {
-          const TensorInfo* t = sr.file->FindTensor(fp32_list->items[j]);
-          const std::string where = StrCat(sr.Where(),
-                                           " > optimizer > fp32_from_fp16_"
-                                           "params[",
-                                           gi, "][", j, "]");
-          if (t == nullptr || t->shape != leaf.tensor->shape) {
-            throw FormatError(
-                "fp32_from_fp16_params[", gi, "][", j, "] ",
-                t ? "has shape " + ShapeString(t->shape) : "is not a tensor",
-                ", the param's shape is ", ShapeString(leaf.tensor->shape));
-          }
-          AddFragments(Atom(ps, "fp32", DType::kFloat32, false),
-                       Tensor(sr.file, *t, where), shard, where);
-        }
-        const Value* id = ids->items[j];
-        if (id == nullptr || id->kind != Kind::kInt)
-          throw FormatError("param group ", gi, " id ", pickle::Repr(id, 20));
-        const Value* st = GetInt(state, id->i);
-        if (st == nullptr) continue;  // never stepped: no state
-        if (!st->IsDictLike())
-          throw FormatError("optimizer state ", id->i, " is not a dict");
-        std::vector<std::string> kinds;
-        for (const auto& [k, val] : st->entries) {
-          if (k == nullptr || k->kind != Kind::kStr) continue;
-          const TensorInfo* t = sr.file->FindTensor(val);
-          if (t == nullptr) continue;  // python scalars stay out
-          kinds.push_back(k->s);
-          const std::string where = StrCat(sr.Where(), " > optimizer > state[",
-                                           id->i, "][", k->s, "]");
-          if (t->shape == leaf.tensor->shape) {
-            AddFragments(Atom(ps, k->s, t->dtype, false),
-                         Tensor(sr.file, *t, where), shard, where);
-          } else if (t->numel == 1) {
-            const reshape::SourceTensor src =
-                reshape::FlatView(Tensor(sr.file, *t, where), 0, {}, where);
-            universal::AtomPlan& a = Atom(ps, k->s, t->dtype, true);
-            universal::Fragment f;
-            f.src = src;
-            f.src_box = Box::Whole(src.shape);
-            f.atom_box = Box::Whole(src.shape);
-            f.where = where;
-            a.fragments.push_back(std::move(f));
-          } else {
-            throw FormatError("optimizer state '", k->s, "' has shape ",
-                              ShapeString(t->shape), ", the param ",
-                              ShapeString(leaf.tensor->shape));
-          }
-        }
-        if (state_keys_.empty()) state_keys_ = kinds;
-      } catch (Error& e) {
-        e.AddContext("param ", pname);
-        throw;
+  return o;
+}
+
+void Planner::PlanParamState(SourceRank& sr, const RankParam& rp, size_t gi,
+                             size_t j, const Value* id, const Value* fp32_list,
+                             const Value* state) {
+  RankChunk& ch = sr.chunks[rp.chunk];
+  const ChunkLeaf& leaf = ch.leaves[rp.leaf];
+  const ParamState& ps = *rp.state;
+  try {
+    const layouts::LocalShard shard =
+        ShardOf(ps, *ch.rules[rp.leaf], sr.tp_rank);
+    if (fp32_list != nullptr) {
+      const TensorInfo* t = sr.file->FindTensor(fp32_list->items[j]);
+      const std::string where = StrCat(sr.Where(),
+                                       " > optimizer > fp32_from_fp16_"
+                                       "params[",
+                                       gi, "][", j, "]");
+      if (t == nullptr || t->shape != leaf.tensor->shape) {
+        throw FormatError(
+            "fp32_from_fp16_params[", gi, "][", j, "] ",
+            t ? "has shape " + ShapeString(t->shape) : "is not a tensor",
+            ", the param's shape is ", ShapeString(leaf.tensor->shape));
       }
+      AddFragments(Atom(ps, "fp32", DType::kFloat32, false),
+                   Tensor(sr.file, *t, where), shard, where);
+    }
+    if (id == nullptr || id->kind != Kind::kInt)
+      throw FormatError("param group ", gi, " id ", pickle::Repr(id, 20));
+    const Value* st = GetInt(state, id->i);
+    if (st == nullptr) return;  // never stepped: no state
+    if (!st->IsDictLike())
+      throw FormatError("optimizer state ", id->i, " is not a dict");
+    std::vector<std::string> kinds =
+        PlanStateEntries(sr, ps, leaf, shard, st, id->i);
+    if (state_keys_.empty()) state_keys_ = std::move(kinds);
+  } catch (Error& e) {
+    e.AddContext("param ", ch.canonical[rp.leaf]);
+    throw;
+  }
+}
+
+std::vector<std::string> Planner::PlanStateEntries(
+    SourceRank& sr, const ParamState& ps, const ChunkLeaf& leaf,
+    const layouts::LocalShard& shard, const Value* st, int64_t id) {
+  std::vector<std::string> kinds;
+  for (const auto& [k, val] : st->entries) {
+    if (k == nullptr || k->kind != Kind::kStr) continue;
+    const TensorInfo* t = sr.file->FindTensor(val);
+    if (t == nullptr) continue;  // python scalars stay out
+    kinds.push_back(k->s);
+    const std::string where =
+        StrCat(sr.Where(), " > optimizer > state[", id, "][", k->s, "]");
+    if (t->shape == leaf.tensor->shape) {
+      AddFragments(Atom(ps, k->s, t->dtype, false), Tensor(sr.file, *t, where),
+                   shard, where);
+    } else if (t->numel == 1) {
+      const reshape::SourceTensor src =
+          reshape::FlatView(Tensor(sr.file, *t, where), 0, {}, where);
+      universal::AtomPlan& a = Atom(ps, k->s, t->dtype, true);
+      universal::Fragment f;
+      f.src = src;
+      f.src_box = Box::Whole(src.shape);
+      f.atom_box = Box::Whole(src.shape);
+      f.where = where;
+      a.fragments.push_back(std::move(f));
+    } else {
+      throw FormatError("optimizer state '", k->s, "' has shape ",
+                        ShapeString(t->shape), ", the param ",
+                        ShapeString(leaf.tensor->shape));
     }
   }
-  return std::nullopt;
+  return kinds;
+}
+
+// The buffer layout of `bparams` whose unpadded size is `stored` (buffer
+// `v`'s): Megatron-core v0.13's rules, else v0.8-v0.12's or v0.7's.
+// Throws FormatError if none fits, or if the fitting one is a v0.8-v0.12
+// layout where a shared-embedding param straddles its bucket (that save
+// lost data).
+BufferLayout MatchBufferLayout(const std::vector<BufferParam>& bparams,
+                               const BufferOptions& bo, int64_t stored,
+                               size_t v) {
+  BufferLayout layout = ComputeBufferLayout(bparams, bo);
+  if (layout.numel_unpadded() == stored) return layout;
+  for (LayoutRules rules : {LayoutRules::kCore08, LayoutRules::kCore07}) {
+    BufferOptions o2 = bo;
+    o2.rules = rules;
+    BufferLayout l2 = ComputeBufferLayout(bparams, o2);
+    if (l2.numel_unpadded() != stored) continue;
+    if (auto s = l2.FirstStraddling()) {
+      throw FormatError(
+          "buffer ", v, ": numel_unpadded ", stored, " fits the ",
+          LayoutRulesName(rules),
+          " buffer layout, where the shared-embedding param ", bparams[*s].name,
+          " starts before its bucket: Megatron-core v0.8-v0.12 lost "
+          "its first elements when saving distrib_optim.pt, so the "
+          "file cannot be converted (re-save it with Megatron-core "
+          ">= v0.13, or without the distributed optimizer)");
+    }
+    return l2;
+  }
+  throw FormatError("buffer ", v, ": numel_unpadded ", stored,
+                    " in the file, but the buffer layout of this "
+                    "rank's params (Megatron-core v0.13 rules, dp ",
+                    bo.dp, ") gives ", layout.numel_unpadded());
 }
 
 void Planner::PlanDistributed(SourceRank& sr,
@@ -938,135 +1055,126 @@ void Planner::PlanDistributed(SourceRank& sr,
                         "chunk, e.g. fp8 or fp32 params in a bf16 model, are "
                         "not supported)");
     }
-    const RunConfig& run = L_.run;
     int64_t local_params = 0;
     for (const RankParam& rp : params)
       local_params += sr.chunks[rp.chunk].leaves[rp.leaf].tensor->numel;
-    for (size_t v = 0; v < sr.chunks.size(); ++v) {
-      RankChunk& ch = sr.chunks[v];
-      std::vector<BufferParam> bparams;
-      std::vector<const RankParam*> members;
-      for (const RankParam& rp : params) {
-        if (rp.chunk != v) continue;
-        const ChunkLeaf& leaf = ch.leaves[rp.leaf];
-        BufferParam bp;
-        bp.name = leaf.name;
-        bp.numel = leaf.tensor->numel;
-        // shared_embedding: a tied copy, or an original whose copy exists.
-        bp.shared_embedding = rp.tied_copy || !rp.state->tied_copies.empty();
-        bparams.push_back(bp);
-        members.push_back(&rp);
-      }
-      const BufferOptions bo = run.DistributedBufferOptions(
-          run.topology.dp, sr.pp_rank, static_cast<int64_t>(v), local_params);
-      const Value* gbuf = GetInt(root, static_cast<int64_t>(v));
-      if (gbuf == nullptr || !gbuf->IsDictLike() || gbuf->entries.size() != 1) {
-        throw FormatError("buffer ", v, " (model chunk ", v,
-                          ") is missing or holds several dtype buffers");
-      }
-      // (Not a structured binding: clang 14 cannot capture one.)
-      const Value* dtkey = gbuf->entries.front().first;
-      const Value* world = gbuf->entries.front().second;
-      auto torch_dtype = [&](size_t i) -> const Value* {
-        if (dtkey == nullptr || dtkey->kind != Kind::kTuple ||
-            dtkey->items.size() != 2)
-          return nullptr;
-        const Value* d = dtkey->items[i];
-        return d != nullptr && d->kind == Kind::kGlobal && d->module == "torch"
-                   ? d
-                   : nullptr;
-      };
-      if (torch_dtype(0) == nullptr || torch_dtype(1) == nullptr) {
-        throw FormatError("buffer ", v, " key ", pickle::Repr(dtkey, 60),
-                          " is not a (param dtype, grad dtype) pair");
-      }
-      for (const RankParam* rp : members) {
-        const ChunkLeaf& leaf = ch.leaves[rp->leaf];
-        if (DTypeName(leaf.tensor->dtype) != torch_dtype(0)->name) {
-          throw FormatError("buffer ", v, " holds torch.", torch_dtype(0)->name,
-                            " params, but ", leaf.name, " of model chunk ", v,
-                            " is ", DTypeName(leaf.tensor->dtype),
-                            " (params of several dtypes in one chunk are not "
-                            "supported)");
-        }
-      }
-      if (grad_dtype_.empty()) grad_dtype_ = torch_dtype(1)->name;
-      const std::string bwhere = StrCat(dwhere, " > buffer ", v);
-      if (world == nullptr || !world->IsDictLike())
-        throw FormatError("buffer ", v, " is not a dict");
-      const Value* nu = world->Get("numel_unpadded");
-      if (nu == nullptr || nu->kind != Kind::kInt)
-        throw FormatError("buffer ", v, " lacks 'numel_unpadded'");
-      const int64_t stored = nu->i;
-      BufferLayout layout = ComputeBufferLayout(bparams, bo);
-      if (layout.numel_unpadded() != stored) {
-        std::optional<BufferLayout> alt;
-        for (LayoutRules rules : {LayoutRules::kCore08, LayoutRules::kCore07}) {
-          BufferOptions o2 = bo;
-          o2.rules = rules;
-          BufferLayout l2 = ComputeBufferLayout(bparams, o2);
-          if (l2.numel_unpadded() != stored) continue;
-          if (auto s = l2.FirstStraddling()) {
-            throw FormatError(
-                "buffer ", v, ": numel_unpadded ", stored, " fits the ",
-                LayoutRulesName(rules),
-                " buffer layout, where the shared-embedding param ",
-                bparams[*s].name,
-                " starts before its bucket: Megatron-core v0.8-v0.12 lost "
-                "its first elements when saving distrib_optim.pt, so the "
-                "file cannot be converted (re-save it with Megatron-core "
-                ">= v0.13, or without the distributed optimizer)");
-          }
-          alt = std::move(l2);
-          break;
-        }
-        if (!alt) {
-          throw FormatError("buffer ", v, ": numel_unpadded ", stored,
-                            " in the file, but the buffer layout of this "
-                            "rank's params (Megatron-core v0.13 rules, dp ",
-                            bo.dp, ") gives ", layout.numel_unpadded());
-        }
-        layout = std::move(*alt);
-      }
-      for (const auto& [wkey, kind] : kWorldTensors) {
-        const TensorInfo* wt = sr.distrib->FindTensor(world->Get(wkey));
-        if (wt == nullptr) {
-          if (std::string_view(wkey) == "param")
-            throw FormatError("buffer ", v, " lacks '", wkey, "'");
-          continue;  // e.g. Lion: exp_avg only
-        }
-        const std::string where = StrCat(bwhere, " > ", wkey);
-        const std::string what = StrCat("buffer ", v, " > ", wkey);
-        if (wt->dtype != DType::kFloat32 || wt->shape.size() != 1 ||
-            wt->shape[0] != stored) {
-          throw FormatError(what, ": expected float32 [", stored, "], got ",
-                            DTypeName(wt->dtype), " ", ShapeString(wt->shape));
-        }
-        reshape::SourceTensor whole = Tensor(sr.distrib, *wt, what);
-        for (size_t k = 0; k < members.size(); ++k) {
-          const RankParam& rp = *members[k];
-          const ChunkLeaf& leaf = ch.leaves[rp.leaf];
-          const Rule& rule = *ch.rules[rp.leaf];
-          const reshape::SourceTensor src = reshape::FlatView(
-              whole, layout.WorldOffset(k), leaf.tensor->shape, what);
-          try {
-            AddFragments(Atom(*rp.state, kind, DType::kFloat32, false), src,
-                         ShardOf(*rp.state, rule, sr.tp_rank),
-                         StrCat(where, " > ", leaf.name));
-          } catch (Error& e) {
-            e.AddContext("param ", ch.canonical[rp.leaf]);
-            throw;
-          }
-        }
-        if (std::find(state_keys_.begin(), state_keys_.end(), kind) ==
-                state_keys_.end() &&
-            std::string_view(kind) != "fp32")
-          state_keys_.push_back(kind);
-      }
-    }
+    for (size_t v = 0; v < sr.chunks.size(); ++v)
+      PlanDistributedBuffer(sr, params, root, v, local_params, dwhere);
   } catch (Error& e) {
     e.AddContext(dwhere);
     throw;
+  }
+}
+
+void Planner::PlanDistributedBuffer(SourceRank& sr,
+                                    const std::vector<RankParam>& params,
+                                    const Value* root, size_t v,
+                                    int64_t local_params,
+                                    const std::string& dwhere) {
+  const RunConfig& run = L_.run;
+  RankChunk& ch = sr.chunks[v];
+  std::vector<BufferParam> bparams;
+  std::vector<const RankParam*> members;
+  for (const RankParam& rp : params) {
+    if (rp.chunk != v) continue;
+    const ChunkLeaf& leaf = ch.leaves[rp.leaf];
+    BufferParam bp;
+    bp.name = leaf.name;
+    bp.numel = leaf.tensor->numel;
+    // shared_embedding: a tied copy, or an original whose copy exists.
+    bp.shared_embedding = rp.tied_copy || !rp.state->tied_copies.empty();
+    bparams.push_back(bp);
+    members.push_back(&rp);
+  }
+  const BufferOptions bo = run.DistributedBufferOptions(
+      run.topology.dp, sr.pp_rank, static_cast<int64_t>(v), local_params);
+  const Value* gbuf = GetInt(root, static_cast<int64_t>(v));
+  if (gbuf == nullptr || !gbuf->IsDictLike() || gbuf->entries.size() != 1) {
+    throw FormatError("buffer ", v, " (model chunk ", v,
+                      ") is missing or holds several dtype buffers");
+  }
+  const auto& [dtkey, world] = gbuf->entries.front();
+  CheckBufferDtypes(ch, members, dtkey, v);
+  if (world == nullptr || !world->IsDictLike())
+    throw FormatError("buffer ", v, " is not a dict");
+  const Value* nu = world->Get("numel_unpadded");
+  if (nu == nullptr || nu->kind != Kind::kInt)
+    throw FormatError("buffer ", v, " lacks 'numel_unpadded'");
+  const int64_t stored = nu->i;
+  const BufferLayout layout = MatchBufferLayout(bparams, bo, stored, v);
+  PlanWorldTensors(sr, members, layout, world, v,
+                   StrCat(dwhere, " > buffer ", v));
+}
+
+void Planner::CheckBufferDtypes(const RankChunk& ch,
+                                const std::vector<const RankParam*>& members,
+                                const Value* dtkey, size_t v) {
+  auto torch_dtype = [&](size_t i) -> const Value* {
+    if (dtkey == nullptr || dtkey->kind != Kind::kTuple ||
+        dtkey->items.size() != 2)
+      return nullptr;
+    const Value* d = dtkey->items[i];
+    return d != nullptr && d->kind == Kind::kGlobal && d->module == "torch"
+               ? d
+               : nullptr;
+  };
+  if (torch_dtype(0) == nullptr || torch_dtype(1) == nullptr) {
+    throw FormatError("buffer ", v, " key ", pickle::Repr(dtkey, 60),
+                      " is not a (param dtype, grad dtype) pair");
+  }
+  for (const RankParam* rp : members) {
+    const ChunkLeaf& leaf = ch.leaves[rp->leaf];
+    if (DTypeName(leaf.tensor->dtype) != torch_dtype(0)->name) {
+      throw FormatError("buffer ", v, " holds torch.", torch_dtype(0)->name,
+                        " params, but ", leaf.name, " of model chunk ", v,
+                        " is ", DTypeName(leaf.tensor->dtype),
+                        " (params of several dtypes in one chunk are not "
+                        "supported)");
+    }
+  }
+  if (grad_dtype_.empty()) grad_dtype_ = torch_dtype(1)->name;
+}
+
+void Planner::PlanWorldTensors(SourceRank& sr,
+                               const std::vector<const RankParam*>& members,
+                               const BufferLayout& layout, const Value* world,
+                               size_t v, const std::string& bwhere) {
+  const RankChunk& ch = sr.chunks[v];
+  const int64_t stored = layout.numel_unpadded();
+  for (const auto& [wkey, kind] : kWorldTensors) {
+    const TensorInfo* wt = sr.distrib->FindTensor(world->Get(wkey));
+    if (wt == nullptr) {
+      if (std::string_view(wkey) == "param")
+        throw FormatError("buffer ", v, " lacks '", wkey, "'");
+      continue;  // e.g. Lion: exp_avg only
+    }
+    const std::string where = StrCat(bwhere, " > ", wkey);
+    const std::string what = StrCat("buffer ", v, " > ", wkey);
+    if (wt->dtype != DType::kFloat32 || wt->shape.size() != 1 ||
+        wt->shape[0] != stored) {
+      throw FormatError(what, ": expected float32 [", stored, "], got ",
+                        DTypeName(wt->dtype), " ", ShapeString(wt->shape));
+    }
+    reshape::SourceTensor whole = Tensor(sr.distrib, *wt, what);
+    for (size_t k = 0; k < members.size(); ++k) {
+      const RankParam& rp = *members[k];
+      const ChunkLeaf& leaf = ch.leaves[rp.leaf];
+      const Rule& rule = *ch.rules[rp.leaf];
+      const reshape::SourceTensor src = reshape::FlatView(
+          whole, layout.WorldOffset(k), leaf.tensor->shape, what);
+      try {
+        AddFragments(Atom(*rp.state, kind, DType::kFloat32, false), src,
+                     ShardOf(*rp.state, rule, sr.tp_rank),
+                     StrCat(where, " > ", leaf.name));
+      } catch (Error& e) {
+        e.AddContext("param ", ch.canonical[rp.leaf]);
+        throw;
+      }
+    }
+    if (std::find(state_keys_.begin(), state_keys_.end(), kind) ==
+            state_keys_.end() &&
+        std::string_view(kind) != "fp32")
+      state_keys_.push_back(kind);
   }
 }
 

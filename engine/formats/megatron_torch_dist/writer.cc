@@ -122,6 +122,76 @@ class TorchDistPlan : public formats::TargetPlan {
                                        const std::string& kind, int64_t tp_rank,
                                        int64_t layer) const;
   std::string ObjectBytes(const std::string& blob_key) const;
+
+  // PlanKeys' steps.
+  // The entries in canonical order: the source's list, else the params and
+  // the extra states.
+  std::vector<std::pair<std::string, std::string>> Entries() const;
+  // Plans entry `name` of `kind` ("param", "buffer" or "opaque"): a tied
+  // copy only joins `members` (as its original), an extra state becomes its
+  // object, a param or buffer PlanParam's. Returns whether it planned an
+  // extra state.
+  bool PlanEntry(const std::string& name, const std::string& kind,
+                 std::vector<Member>& members);
+  // A param's (or buffer's) model key and each TP rank's chunks of it, and
+  // unless the state goes to buckets its optimizer state keys and chunks; a
+  // trainable param joins `members`.
+  void PlanParam(const std::string& name, const Rule& rule,
+                 const KeyOfName& key, int64_t pp_rank, int64_t vp_chunk,
+                 std::vector<Member>& members);
+  // Chunks(p, rule, kind, tp_rank, layer) as items of key `key`, spread
+  // over the DP ranks of (tp_rank, pp_rank).
+  void AddChunks(const atoms::StoredParam& p, const Rule& rule,
+                 const std::string& kind, int64_t tp_rank, int64_t layer,
+                 int64_t pp_rank, size_t key, uint64_t element_size);
+  // The rng state objects of every (tp, pp), notes on fallbacks.
+  void PlanRngStates();
+  // The common_state object (in a file of TP rank 0 of the first stage).
+  void PlanCommonState();
+
+  // PlanBuckets' steps.
+  // The local tensors of one TP rank's members, each kind's made once.
+  class MemberOps {
+   public:
+    MemberOps(const TorchDistPlan& plan, int64_t tp_rank)
+        : plan_(plan), tp_rank_(tp_rank) {}
+    const ShardOps& Get(const Member& m, const std::string& kind);
+
+   private:
+    const TorchDistPlan& plan_;
+    int64_t tp_rank_;
+    std::map<std::pair<const Member*, std::string>, ShardOps> ops_;
+  };
+  // One model chunk's buffer of a (tp, pp) group.
+  struct ChunkBuffer {
+    int64_t tp = 0, pp = 0, v = 0;
+    std::string prefix;  // optimizer.distributed.dp_group_idx_<group>
+    std::string dtype;   // (torch.<param dtype>, torch.<grad dtype>)
+    DType param_dtype = DType::kBFloat16;
+    std::vector<const Member*> members;  // the buffer's, in model order
+    megatron::BufferLayout layout;       // indexed like `members`
+  };
+  // A member's range in its bucket (offsets from the bucket's start).
+  struct BucketMember {
+    int64_t start, end;
+    const Member* member;
+  };
+  using BucketMembers = std::vector<BucketMember>;
+  // The buckets of group (tp, pp), then its objects (DP rank 0's).
+  void PlanBucketGroup(const std::vector<Member>& members,
+                       const megatron::RunConfig& run, int64_t tp, int64_t pp);
+  // Model chunk `v`'s members and buffer layout into `buf` (its tp and pp
+  // set); `local_params` counts the elements of the stage's members.
+  void LayOutChunk(const std::vector<Member>& members,
+                   const megatron::RunConfig& run, int64_t local_params,
+                   int64_t v, MemberOps& ops, ChunkBuffer& buf) const;
+  // Bucket `b` of `buf`: a key per state kind, each DP rank's slice of it.
+  void PlanBucket(const ChunkBuffer& buf, size_t b, MemberOps& ops);
+  // The items of global rank `rank` for elements [lo, hi) of bucket key
+  // `key`: a chunk per flat box of each member piece, zeros in the gaps.
+  void PlanBucketSlice(const BucketMembers& order, const std::string& kind,
+                       size_t key, int64_t rank, int64_t lo, int64_t hi,
+                       MemberOps& ops);
   // The common dict; `scalar` makes a float32 scalar tensor node.
   pickle::Value* BuildCommon(
       pickle::Arena& arena,
@@ -481,108 +551,17 @@ std::string TorchDistPlan::ObjectBytes(const std::string& blob_key) const {
 }
 
 void TorchDistPlan::PlanKeys() {
-  const Layout& layout = placed_->layout;
-  const int64_t L = placed_->placement.num_layers();
   objects_.assign(static_cast<size_t>(world_), {});
   tensors_.assign(static_cast<size_t>(world_), {});
   rank_bytes_.assign(static_cast<size_t>(world_), 0);
 
-  // Entries in canonical order: the source's list, else the params.
-  std::vector<std::pair<std::string, std::string>> entries;
-  if (meta_.entries) entries = *meta_.entries;
-  if (entries.empty()) {
-    for (const atoms::StoredParam& p : input_.params())
-      entries.emplace_back(p.info.fqn, p.info.kind == atoms::ParamKind::kBuffer
-                                           ? "buffer"
-                                           : "param");
-    for (const atoms::DatasetInfo& d : input_.datasets())
-      if (d.kind == atoms::DatasetKind::kOpaque &&
-          d.fqn.starts_with("extra_state/"))
-        entries.emplace_back(d.fqn.substr(12), "opaque");
-  }
   bool extra_states = false;
   std::vector<Member> members;
-  for (const auto& [name, kind] : entries) {
-    const std::string where =
-        StrCat("universal input ", input_.path().string(), " > ", name);
+  for (const auto& [name, kind] : Entries()) {
     try {
-      const Rule& rule = layout.Match(name, placed_->vars);
-      const layouts::Home home =
-          layouts::HomeOf(layout, rule, name, placed_->placement);
-      if (rule.tied_to) {  // never stored; a buffer member of its stage
-        if (const atoms::StoredParam* o = input_.FindParam(*rule.tied_to);
-            o != nullptr && rule.Exists(placed_->vars, placed_->topology))
-          members.push_back({o, &layout.Match(*rule.tied_to, placed_->vars),
-                             home.pp_rank, home.vp_chunk, true});
-        continue;
-      }
-      const KeyOfName key = ModelKeyOf(name);
-      if (key.layer >= 0 && !IsStacked(key.key))
-        throw FormatError("a layer name torch_dist cannot stack");
-      if (kind == "opaque") {
-        // output_layer._extra_state: Megatron drops it for GPT.
-        if (name == "output_layer._extra_state") continue;
-        if (!input_.FindOpaque("extra_state/" + name)) continue;
-        extra_states = true;
-        const std::string fqn =
-            key.layer >= 0 ? ObjectKey(key.key, std::vector<int64_t>{key.layer},
-                                       std::vector<int64_t>{L})
-                           : ObjectKey(key.key, std::vector<int64_t>{0},
-                                       std::vector<int64_t>{1});
-        dcp::PlannedItem it;
-        it.key = KeyIndex(fqn, false, DType::kUInt8, {});
-        keys_[it.key].bytes = ObjectBytes("extra_state/" + name);
-        const uint64_t size = keys_[it.key].bytes.size();
-        AddItem(0, home.pp_rank, std::move(it), size, true);
-        continue;
-      }
-      const atoms::StoredParam* p = input_.FindParam(name);
-      if (p == nullptr)
-        throw FormatError("the universal input has no such param");
-      const std::string weights =
-          input_.FindAtom(name, "param") != nullptr ? "param" : "fp32";
-      Shape global = p->info.shape;
-      if (std::optional<int64_t> pd =
-              layouts::PaddedDimSize(rule, placed_->vars, placed_->topology.tp))
-        global[static_cast<size_t>(rule.tp.dim)] = *pd;
-      if (key.layer >= 0) global.insert(global.begin(), L);
-      const bool split = rule.tp.split;
-      const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
-      if (p->info.kind != atoms::ParamKind::kBuffer)
-        members.push_back({p, &rule, home.pp_rank, home.vp_chunk, false});
-      const bool with_state = write_optimizer_ && !dp_reshardable_ &&
-                              p->info.kind != atoms::ParamKind::kBuffer &&
-                              input_.FindAtom(name, "exp_avg") != nullptr;
-      for (int64_t r = 0; r < (split ? placed_->topology.tp : 1); ++r) {
-        for (dcp::PlannedItem& it : Chunks(*p, rule, weights, r, key.layer)) {
-          it.key = mk;
-          const uint64_t bytes =
-              static_cast<uint64_t>(NumElements(it.chunk.sizes)) *
-              ElementSize(p->info.dtype);
-          AddItem(r, home.pp_rank, std::move(it), bytes, false);
-        }
-        if (!with_state) continue;
-        for (const auto& [skey, atom] : non_distributed_
-                                            ? std::span(kNonDistributedKeys)
-                                            : std::span(kStateKeys)) {
-          if (input_.FindAtom(name, atom) == nullptr) {
-            throw FormatError("no '", atom,
-                              "' atom (its optimizer state is "
-                              "incomplete)");
-          }
-          const size_t sk =
-              KeyIndex(StrCat("optimizer.state.", skey, ".", key.key), true,
-                       DType::kFloat32, global);
-          for (dcp::PlannedItem& it : Chunks(*p, rule, atom, r, key.layer)) {
-            it.key = sk;
-            const uint64_t bytes =
-                static_cast<uint64_t>(NumElements(it.chunk.sizes)) * 4;
-            AddItem(r, home.pp_rank, std::move(it), bytes, false);
-          }
-        }
-      }
+      if (PlanEntry(name, kind, members)) extra_states = true;
     } catch (Error& e) {
-      e.AddContext(where);
+      e.AddContext("universal input ", input_.path().string(), " > ", name);
       throw;
     }
   }
@@ -597,9 +576,122 @@ void TorchDistPlan::PlanKeys() {
   std::stable_partition(
       entry_order_.begin(), entry_order_.end(),
       [&](size_t k) { return !keys_[k].fqn.starts_with("optimizer."); });
+  PlanRngStates();
+  PlanCommonState();
 
-  // Rng states: each (pp, tp)'s, from the same source rank or (tp % source
-  // tp, pp % source pp).
+  std::vector<std::vector<dcp::PlannedItem>> items(static_cast<size_t>(world_));
+  for (size_t r = 0; r < items.size(); ++r) {
+    items[r] = std::move(objects_[r]);
+    for (dcp::PlannedItem& it : tensors_[r]) items[r].push_back(std::move(it));
+  }
+  files_.emplace(std::move(keys_), std::move(items), std::move(entry_order_),
+                 iter_dir_);
+}
+
+std::vector<std::pair<std::string, std::string>> TorchDistPlan::Entries()
+    const {
+  std::vector<std::pair<std::string, std::string>> entries;
+  if (meta_.entries) entries = *meta_.entries;
+  if (!entries.empty()) return entries;
+  for (const atoms::StoredParam& p : input_.params())
+    entries.emplace_back(p.info.fqn, p.info.kind == atoms::ParamKind::kBuffer
+                                         ? "buffer"
+                                         : "param");
+  for (const atoms::DatasetInfo& d : input_.datasets())
+    if (d.kind == atoms::DatasetKind::kOpaque &&
+        d.fqn.starts_with("extra_state/"))
+      entries.emplace_back(d.fqn.substr(12), "opaque");
+  return entries;
+}
+
+bool TorchDistPlan::PlanEntry(const std::string& name, const std::string& kind,
+                              std::vector<Member>& members) {
+  const Layout& layout = placed_->layout;
+  const Rule& rule = layout.Match(name, placed_->vars);
+  const layouts::Home home =
+      layouts::HomeOf(layout, rule, name, placed_->placement);
+  if (rule.tied_to) {  // never stored; a buffer member of its stage
+    if (const atoms::StoredParam* o = input_.FindParam(*rule.tied_to);
+        o != nullptr && rule.Exists(placed_->vars, placed_->topology))
+      members.push_back({o, &layout.Match(*rule.tied_to, placed_->vars),
+                         home.pp_rank, home.vp_chunk, true});
+    return false;
+  }
+  const KeyOfName key = ModelKeyOf(name);
+  if (key.layer >= 0 && !IsStacked(key.key))
+    throw FormatError("a layer name torch_dist cannot stack");
+  if (kind != "opaque") {
+    PlanParam(name, rule, key, home.pp_rank, home.vp_chunk, members);
+    return false;
+  }
+  // output_layer._extra_state: Megatron drops it for GPT.
+  if (name == "output_layer._extra_state") return false;
+  if (!input_.FindOpaque("extra_state/" + name)) return false;
+  const int64_t L = placed_->placement.num_layers();
+  const std::string fqn =
+      key.layer >= 0 ? ObjectKey(key.key, std::vector<int64_t>{key.layer},
+                                 std::vector<int64_t>{L})
+                     : ObjectKey(key.key, std::vector<int64_t>{0},
+                                 std::vector<int64_t>{1});
+  dcp::PlannedItem it;
+  it.key = KeyIndex(fqn, false, DType::kUInt8, {});
+  keys_[it.key].bytes = ObjectBytes("extra_state/" + name);
+  const uint64_t size = keys_[it.key].bytes.size();
+  AddItem(0, home.pp_rank, std::move(it), size, true);
+  return true;
+}
+
+void TorchDistPlan::PlanParam(const std::string& name, const Rule& rule,
+                              const KeyOfName& key, int64_t pp_rank,
+                              int64_t vp_chunk, std::vector<Member>& members) {
+  const atoms::StoredParam* p = input_.FindParam(name);
+  if (p == nullptr) throw FormatError("the universal input has no such param");
+  const std::string weights =
+      input_.FindAtom(name, "param") != nullptr ? "param" : "fp32";
+  Shape global = p->info.shape;
+  if (std::optional<int64_t> pd =
+          layouts::PaddedDimSize(rule, placed_->vars, placed_->topology.tp))
+    global[static_cast<size_t>(rule.tp.dim)] = *pd;
+  if (key.layer >= 0)
+    global.insert(global.begin(), placed_->placement.num_layers());
+  const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
+  if (p->info.kind != atoms::ParamKind::kBuffer)
+    members.push_back({p, &rule, pp_rank, vp_chunk, false});
+  const bool with_state = write_optimizer_ && !dp_reshardable_ &&
+                          p->info.kind != atoms::ParamKind::kBuffer &&
+                          input_.FindAtom(name, "exp_avg") != nullptr;
+  for (int64_t r = 0; r < (rule.tp.split ? placed_->topology.tp : 1); ++r) {
+    AddChunks(*p, rule, weights, r, key.layer, pp_rank, mk,
+              ElementSize(p->info.dtype));
+    if (!with_state) continue;
+    for (const auto& [skey, atom] : non_distributed_
+                                        ? std::span(kNonDistributedKeys)
+                                        : std::span(kStateKeys)) {
+      if (input_.FindAtom(name, atom) == nullptr) {
+        throw FormatError("no '", atom,
+                          "' atom (its optimizer state is "
+                          "incomplete)");
+      }
+      const size_t sk = KeyIndex(StrCat("optimizer.state.", skey, ".", key.key),
+                                 true, DType::kFloat32, global);
+      AddChunks(*p, rule, atom, r, key.layer, pp_rank, sk, 4);
+    }
+  }
+}
+
+void TorchDistPlan::AddChunks(const atoms::StoredParam& p, const Rule& rule,
+                              const std::string& kind, int64_t tp_rank,
+                              int64_t layer, int64_t pp_rank, size_t key,
+                              uint64_t element_size) {
+  for (dcp::PlannedItem& it : Chunks(p, rule, kind, tp_rank, layer)) {
+    it.key = key;
+    const uint64_t bytes =
+        static_cast<uint64_t>(NumElements(it.chunk.sizes)) * element_size;
+    AddItem(tp_rank, pp_rank, std::move(it), bytes, false);
+  }
+}
+
+void TorchDistPlan::PlanRngStates() {
   bool rng_fallback = false, rng_missing = false;
   for (int64_t pp = 0; pp < placed_->topology.pp; ++pp) {
     for (int64_t tp = 0; tp < placed_->topology.tp; ++tp) {
@@ -634,38 +726,28 @@ void TorchDistPlan::PlanKeys() {
         "no rng states in the universal content: none written (load with "
         "--no-load-rng)");
   }
+}
 
-  // The common state as a DCP item too (core 0.19+ reads it when common.pt
-  // is absent).
-  {
-    dcp::PlannedItem it;
-    it.key = KeyIndex(ObjectKey("common_state", std::vector<int64_t>{0},
-                                std::vector<int64_t>{1}),
-                      false, DType::kUInt8, {});
-    keys_[it.key].bytes = formats::SaveGraph(
-        [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
-          Value* common = BuildCommon(
-              w.arena(),
-              [&](const std::string& k) {
-                std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
-                return f != nullptr ? imp.Import(f, f->root()) : nullptr;
-              },
-              [&](float v) {
-                return imp.Constant(DType::kFloat32, {}, FloatBytes(v));
-              });
-          return w.arena().List({common});
-        });
-    const uint64_t size = keys_[it.key].bytes.size();
-    AddItem(0, 0, std::move(it), size, true);
-  }
-
-  std::vector<std::vector<dcp::PlannedItem>> items(static_cast<size_t>(world_));
-  for (size_t r = 0; r < items.size(); ++r) {
-    items[r] = std::move(objects_[r]);
-    for (dcp::PlannedItem& it : tensors_[r]) items[r].push_back(std::move(it));
-  }
-  files_.emplace(std::move(keys_), std::move(items), std::move(entry_order_),
-                 iter_dir_);
+void TorchDistPlan::PlanCommonState() {
+  dcp::PlannedItem it;
+  it.key = KeyIndex(ObjectKey("common_state", std::vector<int64_t>{0},
+                              std::vector<int64_t>{1}),
+                    false, DType::kUInt8, {});
+  keys_[it.key].bytes = formats::SaveGraph(
+      [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
+        Value* common = BuildCommon(
+            w.arena(),
+            [&](const std::string& k) {
+              std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
+              return f != nullptr ? imp.Import(f, f->root()) : nullptr;
+            },
+            [&](float v) {
+              return imp.Constant(DType::kFloat32, {}, FloatBytes(v));
+            });
+        return w.arena().List({common});
+      });
+  const uint64_t size = keys_[it.key].bytes.size();
+  AddItem(0, 0, std::move(it), size, true);
 }
 
 void TorchDistPlan::AddTo(int64_t rank, dcp::PlannedItem item, bool object) {
@@ -689,6 +771,60 @@ std::string TorchDistPlan::GroupsObjectBytes() const {
       });
 }
 
+// The item of the flat elements `fb` of a local tensor whose ops are `ops`,
+// the tensor starting at `start` of key `key`'s bucket: a 1-D chunk, each
+// op clipped to the box and its destination moved into it.
+dcp::PlannedItem FlatItem(const std::vector<reshape::CopyOp>& ops,
+                          const FlatBox& fb, int64_t start, size_t key) {
+  dcp::PlannedItem it;
+  it.key = key;
+  it.chunk = {{start + fb.first}, {NumElements(fb.box.size)}};
+  it.ops_shape = fb.box.size;
+  for (const reshape::CopyOp& op : ops) {
+    const std::optional<Box> in = Intersect(op.dst_box, fb.box);
+    if (!in) continue;
+    reshape::CopyOp o = op;
+    for (size_t d = 0; d < in->offset.size(); ++d) {
+      o.src_box.offset[d] += in->offset[d] - op.dst_box.offset[d];
+      o.dst_box.offset[d] = in->offset[d] - fb.box.offset[d];
+    }
+    o.src_box.size = in->size;
+    o.dst_box.size = in->size;
+    it.ops.push_back(std::move(o));
+  }
+  return it;
+}
+
+// The bucket sizes object: [{(param dtype, grad dtype): [numel...]}] per
+// buffer (model chunk).
+std::string BucketSizesBytes(
+    const std::vector<std::vector<int64_t>>& lists,
+    const std::vector<std::pair<DType, std::string>>& dtypes) {
+  return formats::SaveGraph([&](torchfile::TorchWriter& w,
+                                formats::GraphImporter&) {
+    pickle::Arena& a = w.arena();
+    std::vector<Value*> buffers;
+    for (size_t v = 0; v < lists.size(); ++v) {
+      std::vector<Value*> ns;
+      for (int64_t x : lists[v]) ns.push_back(a.Int(x));
+      Value* d = a.Dict();
+      d->entries.emplace_back(
+          a.Tuple({a.Global("torch", std::string(DTypeName(dtypes[v].first))),
+                   a.Global("torch", dtypes[v].second)}),
+          a.List(std::move(ns)));
+      buffers.push_back(d);
+    }
+    return a.List({a.List(std::move(buffers))});
+  });
+}
+
+const TorchDistPlan::ShardOps& TorchDistPlan::MemberOps::Get(
+    const Member& m, const std::string& kind) {
+  auto [it, fresh] = ops_.try_emplace({&m, kind});
+  if (fresh) it->second = plan_.OpsOf(*m.param, *m.rule, kind, tp_rank_);
+  return it->second;
+}
+
 void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
   // A param with a tied copy on another stage is shared_embedding too.
   for (Member& m : members)
@@ -703,164 +839,147 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
     }
   }
   run.cp = cp_;
+  for (int64_t pp = 0; pp < placed_->topology.pp; ++pp)
+    for (int64_t tp = 0; tp < placed_->topology.tp; ++tp)
+      PlanBucketGroup(members, run, tp, pp);
+}
+
+void TorchDistPlan::PlanBucketGroup(const std::vector<Member>& members,
+                                    const megatron::RunConfig& run, int64_t tp,
+                                    int64_t pp) {
   const std::string grad = meta_.grad_dtype.value_or("float32");
-  static constexpr std::pair<const char*, const char*> kStates[] = {
-      {"param", "fp32"}, {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}};
-  for (int64_t pp = 0; pp < placed_->topology.pp; ++pp) {
-    for (int64_t tp = 0; tp < placed_->topology.tp; ++tp) {
-      const int64_t group = tp + placed_->topology.tp * pp;
-      const std::string prefix =
-          StrCat("optimizer.distributed.dp_group_idx_", group);
-      // Each member's local tensor at this TP rank, ops for every kind.
-      std::map<std::pair<const Member*, std::string>, ShardOps> ops;
-      auto ops_of = [&](const Member& m,
-                        const std::string& kind) -> const ShardOps& {
-        auto [it, fresh] = ops.try_emplace({&m, kind});
-        if (fresh) it->second = OpsOf(*m.param, *m.rule, kind, tp);
-        return it->second;
-      };
-      int64_t local_params = 0;
-      for (const Member& m : members)
-        if (m.pp_rank == pp)
-          local_params += NumElements(ops_of(m, "fp32").shard.local_shape);
-      std::vector<std::vector<int64_t>> per_bucket, per_bucket_unpadded;
-      std::vector<std::pair<DType, std::string>> dtypes;
-      for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
-        std::vector<const Member*> chunk;
-        std::vector<megatron::BufferParam> bparams;
-        for (const Member& m : members) {
-          if (m.pp_rank != pp || m.chunk != v) continue;
-          chunk.push_back(&m);
-          bparams.push_back({m.param->info.fqn,
-                             NumElements(ops_of(m, "fp32").shard.local_shape),
-                             m.shared});
-        }
-        const megatron::BufferOptions bo = run.DistributedBufferOptions(
-            placed_->topology.dp, pp, v, local_params);
-        if (bo.dp != placed_->topology.dp) {
-          throw UsageError(
-              "dp_reshardable optimizer state with the optimizer sharded over ",
-              bo.dp, " ranks at data-parallel size ", placed_->topology.dp,
-              " (context parallelism or several distributed-optimizer "
-              "instances) is not written");
-        }
-        const megatron::BufferLayout lay =
-            megatron::ComputeBufferLayout(bparams, bo);
-        const DType pdtype =
-            chunk.empty() ? DType::kBFloat16 : chunk[0]->param->info.dtype;
-        for (const Member* m : chunk) {
-          if (m->param->info.dtype != pdtype) {
-            throw FormatError(
-                "dp_reshardable: params of two dtypes in model "
-                "chunk ",
-                v, " of pipeline stage ", pp,
-                " (one buffer per dtype is not written)");
-          }
-        }
-        dtypes.emplace_back(pdtype, grad);
-        const std::string dtype =
-            StrCat("(torch.", DTypeName(pdtype), ", torch.", grad, ")");
-        std::vector<int64_t> padded, unpadded;
-        for (size_t b = 0; b < lay.buckets.size(); ++b) {
-          const megatron::Bucket& bucket = lay.buckets[b];
-          padded.push_back(bucket.end - bucket.start);
-          unpadded.push_back(bucket.numel_unpadded);
-          const int64_t L = (bucket.end - bucket.start) / placed_->topology.dp;
-          const int64_t n = bucket.numel_unpadded;
-          std::vector<std::pair<int64_t, size_t>> order;  // by start
-          for (size_t i = 0; i < chunk.size(); ++i)
-            if (lay.ranges[i].bucket == static_cast<int64_t>(b))
-              order.emplace_back(lay.ranges[i].start - bucket.start, i);
-          std::sort(order.begin(), order.end());
-          for (const auto& [skey, kind] : kStates) {
-            const size_t key =
-                KeyIndex(StrCat(prefix, ".gbuf_idx_", v, ".dtype_", dtype,
-                                ".bucket_idx_", b, ".", skey),
-                         true, DType::kFloat32, {n});
-            for (int64_t r = 0; r < placed_->topology.dp; ++r) {
-              const int64_t lo = std::min(r * L, n);
-              const int64_t hi = std::min((r + 1) * L, n);
-              const int64_t rank = Rank(tp, r, pp);
-              int64_t at = lo;
-              auto gap = [&](int64_t end) {  // zeros (no op covers them)
-                if (end <= at) return;
-                dcp::PlannedItem it;
-                it.key = key;
-                it.chunk = {{at}, {end - at}};
-                AddTo(rank, std::move(it), false);
-              };
-              for (const auto& [ps, i] : order) {
-                const int64_t pe = lay.ranges[i].end - bucket.start;
-                const int64_t a = std::max(ps, lo), z = std::min(pe, hi);
-                if (a >= z) continue;
-                gap(a);
-                const ShardOps& so = ops_of(*chunk[i], kind);
-                for (const FlatBox& fb :
-                     FlatBoxes(so.shard.local_shape, a - ps, z - ps)) {
-                  dcp::PlannedItem it;
-                  it.key = key;
-                  it.chunk = {{ps + fb.first}, {NumElements(fb.box.size)}};
-                  it.ops_shape = fb.box.size;
-                  for (const reshape::CopyOp& op : so.ops) {
-                    const std::optional<Box> in = Intersect(op.dst_box, fb.box);
-                    if (!in) continue;
-                    reshape::CopyOp o = op;
-                    for (size_t d = 0; d < in->offset.size(); ++d) {
-                      o.src_box.offset[d] +=
-                          in->offset[d] - op.dst_box.offset[d];
-                      o.dst_box.offset[d] = in->offset[d] - fb.box.offset[d];
-                    }
-                    o.src_box.size = in->size;
-                    o.dst_box.size = in->size;
-                    it.ops.push_back(std::move(o));
-                  }
-                  AddTo(rank, std::move(it), false);
-                }
-                at = z;
-              }
-              gap(hi);
-            }
-          }
-        }
-        per_bucket.push_back(std::move(padded));
-        per_bucket_unpadded.push_back(std::move(unpadded));
-      }
-      // The group's objects, written by DP rank 0: the optimizer's state
-      // dict and the bucket sizes ([{(param dtype, grad dtype): [numel...]}]
-      // per buffer).
-      auto object = [&](const std::string& name, std::string bytes) {
-        dcp::PlannedItem it;
-        it.key = KeyIndex(
-            ObjectKey(StrCat(prefix, ".", name), std::vector<int64_t>{0},
-                      std::vector<int64_t>{1}),
-            false, DType::kUInt8, {});
-        keys_[it.key].bytes = std::move(bytes);
-        AddTo(Rank(tp, 0, pp), std::move(it), true);
-      };
-      object("optimizer", GroupsObjectBytes());
-      auto sizes = [&](const std::vector<std::vector<int64_t>>& lists) {
-        return formats::SaveGraph([&](torchfile::TorchWriter& w,
-                                      formats::GraphImporter&) {
-          pickle::Arena& a = w.arena();
-          std::vector<Value*> buffers;
-          for (size_t v = 0; v < lists.size(); ++v) {
-            std::vector<Value*> ns;
-            for (int64_t x : lists[v]) ns.push_back(a.Int(x));
-            Value* d = a.Dict();
-            d->entries.emplace_back(
-                a.Tuple(
-                    {a.Global("torch", std::string(DTypeName(dtypes[v].first))),
-                     a.Global("torch", dtypes[v].second)}),
-                a.List(std::move(ns)));
-            buffers.push_back(d);
-          }
-          return a.List({a.List(std::move(buffers))});
-        });
-      };
-      object("per_bucket_numel", sizes(per_bucket));
-      object("per_bucket_numel_unpadded", sizes(per_bucket_unpadded));
+  MemberOps ops(*this, tp);
+  int64_t local_params = 0;
+  for (const Member& m : members)
+    if (m.pp_rank == pp)
+      local_params += NumElements(ops.Get(m, "fp32").shard.local_shape);
+  ChunkBuffer buf;
+  buf.tp = tp;
+  buf.pp = pp;
+  buf.prefix = StrCat("optimizer.distributed.dp_group_idx_",
+                      tp + placed_->topology.tp * pp);
+  std::vector<std::vector<int64_t>> per_bucket, per_bucket_unpadded;
+  std::vector<std::pair<DType, std::string>> dtypes;
+  for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
+    LayOutChunk(members, run, local_params, v, ops, buf);
+    dtypes.emplace_back(buf.param_dtype, grad);
+    buf.dtype =
+        StrCat("(torch.", DTypeName(buf.param_dtype), ", torch.", grad, ")");
+    std::vector<int64_t> padded, unpadded;
+    for (size_t b = 0; b < buf.layout.buckets.size(); ++b) {
+      const megatron::Bucket& bucket = buf.layout.buckets[b];
+      padded.push_back(bucket.end - bucket.start);
+      unpadded.push_back(bucket.numel_unpadded);
+      PlanBucket(buf, b, ops);
+    }
+    per_bucket.push_back(std::move(padded));
+    per_bucket_unpadded.push_back(std::move(unpadded));
+  }
+  // The group's objects, written by DP rank 0: the optimizer's state dict
+  // and the bucket sizes.
+  auto object = [&](const std::string& name, std::string bytes) {
+    dcp::PlannedItem it;
+    it.key =
+        KeyIndex(ObjectKey(StrCat(buf.prefix, ".", name),
+                           std::vector<int64_t>{0}, std::vector<int64_t>{1}),
+                 false, DType::kUInt8, {});
+    keys_[it.key].bytes = std::move(bytes);
+    AddTo(Rank(tp, 0, pp), std::move(it), true);
+  };
+  object("optimizer", GroupsObjectBytes());
+  object("per_bucket_numel", BucketSizesBytes(per_bucket, dtypes));
+  object("per_bucket_numel_unpadded",
+         BucketSizesBytes(per_bucket_unpadded, dtypes));
+}
+
+void TorchDistPlan::LayOutChunk(const std::vector<Member>& members,
+                                const megatron::RunConfig& run,
+                                int64_t local_params, int64_t v, MemberOps& ops,
+                                ChunkBuffer& buf) const {
+  buf.v = v;
+  buf.members.clear();
+  std::vector<megatron::BufferParam> bparams;
+  for (const Member& m : members) {
+    if (m.pp_rank != buf.pp || m.chunk != v) continue;
+    buf.members.push_back(&m);
+    bparams.push_back({m.param->info.fqn,
+                       NumElements(ops.Get(m, "fp32").shard.local_shape),
+                       m.shared});
+  }
+  const megatron::BufferOptions bo = run.DistributedBufferOptions(
+      placed_->topology.dp, buf.pp, v, local_params);
+  if (bo.dp != placed_->topology.dp) {
+    throw UsageError(
+        "dp_reshardable optimizer state with the optimizer sharded over ",
+        bo.dp, " ranks at data-parallel size ", placed_->topology.dp,
+        " (context parallelism or several distributed-optimizer "
+        "instances) is not written");
+  }
+  buf.layout = megatron::ComputeBufferLayout(bparams, bo);
+  buf.param_dtype = buf.members.empty() ? DType::kBFloat16
+                                        : buf.members[0]->param->info.dtype;
+  for (const Member* m : buf.members) {
+    if (m->param->info.dtype != buf.param_dtype) {
+      throw FormatError(
+          "dp_reshardable: params of two dtypes in model "
+          "chunk ",
+          v, " of pipeline stage ", buf.pp,
+          " (one buffer per dtype is not written)");
     }
   }
+}
+
+void TorchDistPlan::PlanBucket(const ChunkBuffer& buf, size_t b,
+                               MemberOps& ops) {
+  const megatron::Bucket& bucket = buf.layout.buckets[b];
+  const int64_t dp = placed_->topology.dp;
+  const int64_t L = (bucket.end - bucket.start) / dp;
+  const int64_t n = bucket.numel_unpadded;
+  BucketMembers order;  // by start in the bucket
+  for (size_t i = 0; i < buf.members.size(); ++i)
+    if (buf.layout.ranges[i].bucket == static_cast<int64_t>(b))
+      order.push_back({buf.layout.ranges[i].start - bucket.start,
+                       buf.layout.ranges[i].end - bucket.start,
+                       buf.members[i]});
+  std::stable_sort(order.begin(), order.end(),
+                   [](const BucketMember& x, const BucketMember& y) {
+                     return x.start < y.start;
+                   });
+  for (const auto& [skey, kind] : kStateKeys) {
+    const size_t key =
+        KeyIndex(StrCat(buf.prefix, ".gbuf_idx_", buf.v, ".dtype_", buf.dtype,
+                        ".bucket_idx_", b, ".", skey),
+                 true, DType::kFloat32, {n});
+    for (int64_t r = 0; r < dp; ++r) {
+      PlanBucketSlice(order, kind, key, Rank(buf.tp, r, buf.pp),
+                      std::min(r * L, n), std::min((r + 1) * L, n), ops);
+    }
+  }
+}
+
+void TorchDistPlan::PlanBucketSlice(const BucketMembers& order,
+                                    const std::string& kind, size_t key,
+                                    int64_t rank, int64_t lo, int64_t hi,
+                                    MemberOps& ops) {
+  int64_t at = lo;
+  auto gap = [&](int64_t end) {  // zeros (no op covers them)
+    if (end <= at) return;
+    dcp::PlannedItem it;
+    it.key = key;
+    it.chunk = {{at}, {end - at}};
+    AddTo(rank, std::move(it), false);
+  };
+  for (const BucketMember& m : order) {
+    const int64_t a = std::max(m.start, lo), z = std::min(m.end, hi);
+    if (a >= z) continue;
+    gap(a);
+    const ShardOps& so = ops.Get(*m.member, kind);
+    for (const FlatBox& fb :
+         FlatBoxes(so.shard.local_shape, a - m.start, z - m.start))
+      AddTo(rank, FlatItem(so.ops, fb, m.start, key), false);
+    at = z;
+  }
+  gap(hi);
 }
 
 // The common dict of generate_state_dict, in its order.
