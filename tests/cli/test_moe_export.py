@@ -12,8 +12,10 @@ first layer) -> Glm4MoeForCausalLM (DeepseekV3's block without MLA attention); e
 per-expert names and --hf-experts fused. Two experts swapped in the export are caught, q/k
 norms swapped and a zeroed expert bias too; a missing expert or one past the count is one error
 line. A gated shared expert with a sigmoid router (no transformers model computes it) is one
-usage error."""
+usage error. End to end: real megatron-core MoE torch_dist saves (EP 2 with ETP 2 / PP 2) read
+by ucp and exported as MixtralForCausalLM give megatron-core's logits."""
 import json
+import os
 import pathlib
 import sys
 
@@ -118,6 +120,25 @@ def test_mixtral():
             one_error_line(p, x + ("2.linear_fc2" if name == "missing" else "4.linear_fc1"),
                            "MixtralForCausalLM")
             assert not (t / "bad").exists()
+
+
+def test_megatron_torch_dist_saves_export_as_mixtral():
+    """From a real megatron-core MoE torch_dist save (make_moe_torch_dist.py: Mixtral-like at
+    TP 2, ETP 2, EP 2, DP 2; and at PP 2, EP 2, DP 2), read by ucp's torch_dist reader, to
+    transformers: with --dtype bf16 the export holds the model's own bf16 weights (by default
+    the fp32 master weights, which differ after the Adam step), and MixtralForCausalLM's logits
+    equal megatron-core's forward of the save's truth.pt weights; two experts swapped fail."""
+    data = pathlib.Path(os.environ["UCP_TESTDATA"]) / "moe_torch_dist"
+    for save in ("mixtral_tp2_etp2_ep2_dp2", "mixtral_tp1_pp2_dp2_ep2"):
+        with Tmp("ucp-moehf-") as t:
+            assert oracle.make(t / "src", "mixtral", truth=data / save / "truth.pt")
+            run("export", data / save, "-o", t / "hf", "--hf", "--dtype", "bf16", "-q")
+            c = json.loads((t / "hf" / "config.json").read_text())
+            assert c["architectures"] == ["MixtralForCausalLM"] and c["num_local_experts"] == E
+            verdict_ok(t / "src", t / "hf", "MixtralForCausalLM")
+            swap(t / "hf", "model.layers.1.block_sparse_moe.experts.2.w2.weight",
+                 "model.layers.1.block_sparse_moe.experts.3.w2.weight")
+            verdict_fails(t / "src", t / "hf")
 
 
 def test_qwen3_moe_qk_norms_dense_first_layer():
