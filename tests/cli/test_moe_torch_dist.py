@@ -18,6 +18,7 @@ import os
 import pathlib
 import pickle
 import shutil
+import subprocess
 import tempfile
 
 import h5py
@@ -221,6 +222,21 @@ def save_meta(iter_dir, meta):
         pickle.dump(meta, f)
 
 
+SAN = os.environ.get("UCP_SAN")
+
+
+def run_both(*args, expect):
+    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too (UCP_SAN:
+    ASan + UBSan): the same exit code and the same stderr, so no sanitizer report."""
+    p = run(*args, expect=expect)
+    if SAN:
+        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
+                                                                 q.stderr[-3000:])
+    return p
+
+
+
 def one_error_line(p, *needles):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -246,7 +262,9 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
     every EP rank wrote its experts at local indices), a MoE layer's fc2 experts missing
     entirely (their keys gone, optimizer states too); an expert stored twice (expert 3's chunks
     at expert 1's index) is refused naming the key and the overlapping chunks; a cut rank file
-    names the file. Nothing is written under the output name. The intact saves read (control)."""
+    names the file. Nothing is written under the output name. The intact saves read (control).
+    Each damaged save also goes through the sanitized ucp_san (ASan + UBSan, UCP_SAN): the same
+    one line, no sanitizer report."""
     src = DATA / "deepseek_tp2_etp1_ep2"
     fc1 = "decoder.layers.1.mlp.experts.experts.linear_fc1.weight"
     with Tmp("ucp-moe-bad-") as t:
@@ -260,7 +278,7 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         meta.storage_data = {k: v for k, v in meta.storage_data.items()
                              if not (k.fqn == fc1 and k.offset[0] >= 2)}
         save_meta(d / ITER, meta)
-        p = run("to-universal", d, "-o", t / "u.h5", expect=3)
+        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
         one_error_line(p, str(d / ITER), fc1, "layer 1", "global experts 2, 3 missing")
         assert not (t / "u.h5").exists()
 
@@ -269,7 +287,7 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         shutil.copytree(src, d)
         assert drop_keys(d / ITER, lambda k: k.endswith(
             "decoder.layers.1.mlp.experts.experts.linear_fc2.weight")) == 4
-        p = run("to-universal", d, "-o", t / "u.h5", expect=3)
+        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
         one_error_line(p, "layer 1", "linear_fc2.weight", "global experts 0, 1, 2, 3 missing")
         assert not (t / "u.h5").exists()
 
@@ -278,7 +296,7 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         shutil.copytree(src, d)
         assert drop_keys(d / ITER, lambda k: k.startswith("optimizer.state.exp_avg_sq.") and
                          ".mlp.experts.experts." in k) == 2
-        p = run("to-universal", d, "-o", t / "u.h5", expect=3)
+        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
         one_error_line(p, "layer 1", "optimizer state exp_avg_sq",
                        "global experts 0, 1, 2, 3 missing")
         assert not (t / "u.h5").exists()
@@ -302,7 +320,7 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
             data[k] = v
         meta.storage_data = data
         save_meta(d / ITER, meta)
-        p = run("to-universal", d, "-o", t / "u.h5", expect=3)
+        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
         one_error_line(p, fc1, "overlap")
         assert not (t / "u.h5").exists()
 
@@ -311,7 +329,7 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         shutil.copytree(src, d)
         victim = d / ITER / "__1_0.distcp"
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-        p = run("to-universal", d, "-o", t / "u.h5", expect=3)
+        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
         one_error_line(p, "__1_0.distcp")
         assert not (t / "u.h5").exists()
 
