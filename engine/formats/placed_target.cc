@@ -28,6 +28,12 @@ layouts::Topology CheckedTopology(const layouts::Topology& t) {
 
 }  // namespace
 
+int64_t PlacedTarget::PaddedVocabSize() const {
+  for (const layouts::Rule& r : layout.rules())
+    if (auto pd = layouts::PaddedDimSize(r, vars, topology.tp)) return *pd;
+  return vars.Find("vocab_size").value_or(0);
+}
+
 PlacedTarget PlaceParams(layouts::Layout layout, layouts::Variables given,
                          std::span<const layouts::ParamShape> shapes,
                          const PlaceRequest& request) {

@@ -27,6 +27,11 @@ struct PlacedTarget {
   std::optional<int64_t> vocab_rows;
   layouts::Topology topology;
   layouts::LayerPlacement placement;
+
+  /// The vocabulary rows a target rank file's args record as
+  /// padded_vocab_size: the first vocab-padded rule's padded size at the
+  /// target TP, else vocab_size, else 0.
+  int64_t PaddedVocabSize() const;
 };
 
 /// What PlaceTarget needs besides the content.

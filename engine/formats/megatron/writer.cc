@@ -866,16 +866,7 @@ Value* MegatronPlan::BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
   patch.gpus_per_node = gpus_per_node_;
   patch.source_vpp = source_vpp_;
   patch.source_tp = source_tp_;
-  patch.padded_vocab_size = 0;
-  for (const Rule& r : placed_->layout.rules()) {
-    if (auto pd =
-            layouts::PaddedDimSize(r, placed_->vars, placed_->topology.tp)) {
-      patch.padded_vocab_size = *pd;
-      break;
-    }
-  }
-  if (patch.padded_vocab_size == 0)
-    patch.padded_vocab_size = placed_->vars.Find("vocab_size").value_or(0);
+  patch.padded_vocab_size = placed_->PaddedVocabSize();
   PatchArgs(model.arena(), args, patch);
   return args;
 }

@@ -1001,15 +1001,7 @@ pickle::Value* TorchDistPlan::BuildCommon(
     patch.pp_rank = 0;
     patch.source_vpp = source_vpp_;
     patch.source_tp = source_tp_;
-    for (const Rule& r : placed_->layout.rules()) {
-      if (auto pd =
-              layouts::PaddedDimSize(r, placed_->vars, placed_->topology.tp)) {
-        patch.padded_vocab_size = *pd;
-        break;
-      }
-    }
-    if (patch.padded_vocab_size == 0)
-      patch.padded_vocab_size = placed_->vars.Find("vocab_size").value_or(0);
+    patch.padded_vocab_size = placed_->PaddedVocabSize();
     megatron::PatchArgs(arena, args, patch);
     {
       Value* fields = args->state != nullptr ? args->state : args;
