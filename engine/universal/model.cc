@@ -5,83 +5,13 @@
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
 #include "engine/json/json.h"
+#include "engine/universal/extras.h"
 
 namespace ucp::universal {
 
 namespace {
 
 using json::Value;
-
-// Reads the members of one JSON object: each typed member is taken by its
-// binder, the rest go to `other`. Errors name the attribute and the member.
-class ObjectReader {
- public:
-  explicit ObjectReader(const Value& object) : object_(object) {}
-
-  // Marks `key` as typed and returns it; nullptr if absent.
-  const Value* Take(const char* key) {
-    taken_.emplace_back(key);
-    return object_.Find(key);
-  }
-
-  void Str(const char* key, std::optional<std::string>& out) {
-    if (const Value* v = Take(key)) out = Typed(*v, key).AsString();
-  }
-  void Int(const char* key, std::optional<int64_t>& out) {
-    if (const Value* v = Take(key)) out = Typed(*v, key).AsInt();
-  }
-  void Bool(const char* key, std::optional<bool>& out) {
-    if (const Value* v = Take(key)) out = Typed(*v, key).AsBool();
-  }
-  void Strings(const char* key, std::optional<std::vector<std::string>>& out) {
-    const Value* v = Take(key);
-    if (v == nullptr) return;
-    std::vector<std::string> list;
-    for (const Value& x : Typed(*v, key).items())
-      list.push_back(Typed(x, key).AsString());
-    out = std::move(list);
-  }
-  // A number; `int_bit` set in `mask` if it is a JSON integer.
-  void Number(const char* key, std::optional<double>& out, uint8_t& mask,
-              uint8_t int_bit) {
-    const Value* v = Take(key);
-    if (v == nullptr) return;
-    out = Typed(*v, key).AsDouble();
-    if (v->is_int()) mask |= int_bit;
-  }
-
-  // `v`, or a FormatError naming the member if it has the wrong type (the
-  // accessor's error, with context).
-  const Value& Typed(const Value& v, const char* key) const {
-    key_ = key;
-    return v;
-  }
-
-  template <typename F>
-  void Guard(F&& f) {
-    try {
-      f();
-    } catch (Error& e) {
-      if (!key_.empty()) e.AddContext("member ", key_);
-      throw;
-    }
-  }
-
-  OpaqueMembers Rest() const {
-    std::vector<std::pair<std::string, Value>> rest;
-    for (const auto& [k, v] : object_.members()) {
-      bool typed = false;
-      for (const std::string& t : taken_) typed = typed || t == k;
-      if (!typed) rest.emplace_back(k, v);
-    }
-    return Value::FromMembers(std::move(rest));
-  }
-
- private:
-  const Value& object_;
-  std::vector<std::string> taken_;
-  mutable std::string key_;
-};
 
 Value ParseObject(const std::string& text) {
   if (text.empty()) return Value::Object();
@@ -91,27 +21,21 @@ Value ParseObject(const std::string& text) {
 }
 
 // The attribute's object, each member bound by `bind` (which reads through
-// an ObjectReader); errors get the file and attribute as context.
+// a RecordReader, extras.h); errors get the file and attribute as context.
 template <typename F>
 void ReadAttr(const std::string& text, const char* attr,
               const std::filesystem::path& file, F&& bind) {
+  const std::string context =
+      StrCat("universal file ", file.string(), " > attribute ", attr);
+  Value object;
   try {
-    const Value object = ParseObject(text);
-    ObjectReader r(object);
-    r.Guard([&] { bind(object, r); });
+    object = ParseObject(text);
   } catch (Error& e) {
-    e.AddContext("universal file ", file.string(), " > attribute ", attr);
+    e.AddContext(context);
     throw;
   }
-}
-
-void PutRest(Value& out, const OpaqueMembers& rest) {
-  if (!rest.is_object()) return;
-  for (const auto& [k, v] : rest.members()) {
-    UCP_CHECK(out.Find(k) == nullptr, "member ", k,
-              " both typed and kept opaque");
-    out[k] = v;
-  }
+  RecordReader r(object, context);
+  bind(object, r);
 }
 
 template <typename T>
@@ -134,27 +58,27 @@ Value NumberValue(double x, bool as_int) {
 SourceInfo ReadSource(const std::string& text,
                       const std::filesystem::path& file) {
   SourceInfo s;
-  ReadAttr(text, "source", file, [&](const Value&, ObjectReader& r) {
-    r.Str("framework", s.framework);
-    r.Str("framework_version", s.framework_version);
-    r.Str("format", s.format);
-    r.Str("driver", s.driver);
-    r.Int("tp", s.tp);
-    r.Int("pp", s.pp);
-    r.Int("vpp", s.vpp);
-    r.Int("dp", s.dp);
-    r.Int("cp", s.cp);
-    r.Int("ep", s.ep);
-    r.Int("zero_stage", s.zero_stage);
-    r.Int("world", s.world);
-    r.Int("first_stage_layers", s.first_stage_layers);
-    r.Int("last_stage_layers", s.last_stage_layers);
-    r.Bool("distributed_optimizer", s.distributed_optimizer);
-    r.Int("padded_vocab_size", s.padded_vocab_size);
-    r.Str("dtype", s.dtype);
-    r.Strings("dtypes", s.dtypes);
-    r.Str("layout", s.layout);
-    r.Str("names", s.names);
+  ReadAttr(text, "source", file, [&](const Value&, RecordReader& r) {
+    r.Get("framework", s.framework);
+    r.Get("framework_version", s.framework_version);
+    r.Get("format", s.format);
+    r.Get("driver", s.driver);
+    r.Get("tp", s.tp);
+    r.Get("pp", s.pp);
+    r.Get("vpp", s.vpp);
+    r.Get("dp", s.dp);
+    r.Get("cp", s.cp);
+    r.Get("ep", s.ep);
+    r.Get("zero_stage", s.zero_stage);
+    r.Get("world", s.world);
+    r.Get("first_stage_layers", s.first_stage_layers);
+    r.Get("last_stage_layers", s.last_stage_layers);
+    r.Get("distributed_optimizer", s.distributed_optimizer);
+    r.Get("padded_vocab_size", s.padded_vocab_size);
+    r.Get("dtype", s.dtype);
+    r.Get("dtypes", s.dtypes);
+    r.Get("layout", s.layout);
+    r.Get("names", s.names);
     s.other = r.Rest();
   });
   return s;
@@ -182,14 +106,14 @@ Value WriteSource(const SourceInfo& s) {
   PutStrings(o, "dtypes", s.dtypes);
   Put(o, "layout", s.layout);
   Put(o, "names", s.names);
-  PutRest(o, s.other);
+  PutOpaque(o, s.other);
   return o;
 }
 
 ModelInfo ReadModel(const std::string& text,
                     const std::filesystem::path& file) {
   ModelInfo m;
-  ReadAttr(text, "model", file, [&](const Value& object, ObjectReader&) {
+  ReadAttr(text, "model", file, [&](const Value& object, RecordReader&) {
     std::vector<std::pair<std::string, Value>> other;
     for (const auto& [k, v] : object.members()) {
       if (v.is_int()) {
@@ -209,27 +133,34 @@ Value WriteModel(const ModelInfo& m) {
   Value o = Value::Object();
   for (const ModelVariable& v : m.variables)
     o[v.name] = v.is_bool ? Value(v.value != 0) : Value(v.value);
-  PutRest(o, m.other);
+  PutOpaque(o, m.other);
   return o;
+}
+
+// A number into `out`; `int_bit` set in `mask` if it is a JSON integer.
+void GetNumber(RecordReader& r, const char* key, std::optional<double>& out,
+               uint8_t& mask, uint8_t int_bit) {
+  r.Member(key, /*required=*/false, [&](const Value& v) {
+    out = v.AsDouble();
+    if (v.is_int()) mask |= int_bit;
+  });
 }
 
 ParamGroup ReadGroup(const Value& g) {
   if (!g.is_object()) throw FormatError("a param group is not an object");
   ParamGroup p;
-  ObjectReader r(g);
-  r.Guard([&] {
-    r.Number("lr", p.lr, p.int_mask, 1);
-    r.Number("eps", p.eps, p.int_mask, 2);
-    r.Number("weight_decay", p.weight_decay, p.int_mask, 4);
-    // betas typed only as a pair of numbers; kept opaque otherwise.
-    const Value* b = g.Find("betas");
-    if (b != nullptr && b->is_array() && b->size() == 2 &&
-        b->items()[0].is_number() && b->items()[1].is_number()) {
-      r.Take("betas");
-      p.Set("betas", *b);
-    }
-    r.Strings("params", p.params);
-  });
+  RecordReader r(g);
+  GetNumber(r, "lr", p.lr, p.int_mask, 1);
+  GetNumber(r, "eps", p.eps, p.int_mask, 2);
+  GetNumber(r, "weight_decay", p.weight_decay, p.int_mask, 4);
+  // betas typed only as a pair of numbers; kept opaque otherwise.
+  const Value* b = g.Find("betas");
+  if (b != nullptr && b->is_array() && b->size() == 2 &&
+      b->items()[0].is_number() && b->items()[1].is_number()) {
+    r.Member("betas", /*required=*/false,
+             [&](const Value& v) { p.Set("betas", v); });
+  }
+  r.Get("params", p.params);
   p.other = r.Rest();
   return p;
 }
@@ -247,23 +178,22 @@ Value WriteGroup(const ParamGroup& p) {
   if (p.eps) o["eps"] = NumberValue(*p.eps, p.int_mask & 2);
   if (p.weight_decay)
     o["weight_decay"] = NumberValue(*p.weight_decay, p.int_mask & 4);
-  PutRest(o, p.other);
+  PutOpaque(o, p.other);
   return o;
 }
 
 OptimizerInfo ReadOptimizer(const std::string& text,
                             const std::filesystem::path& file) {
   OptimizerInfo opt;
-  ReadAttr(text, "optimizer", file, [&](const Value&, ObjectReader& r) {
-    r.Str("type", opt.type);
-    if (const Value* g = r.Take("groups")) {
+  ReadAttr(text, "optimizer", file, [&](const Value&, RecordReader& r) {
+    r.Get("type", opt.type);
+    r.Member("groups", /*required=*/false, [&](const Value& g) {
       std::vector<ParamGroup> groups;
-      for (const Value& x : r.Typed(*g, "groups").items())
-        groups.push_back(ReadGroup(x));
+      for (const Value& x : g.items()) groups.push_back(ReadGroup(x));
       opt.groups = std::move(groups);
-    }
-    r.Strings("state_kinds", opt.state_kinds);
-    r.Int("step", opt.step);
+    });
+    r.Get("state_kinds", opt.state_kinds);
+    r.Get("step", opt.step);
     opt.other = r.Rest();
   });
   return opt;
@@ -279,7 +209,7 @@ Value WriteOptimizer(const OptimizerInfo& opt) {
   }
   PutStrings(o, "state_kinds", opt.state_kinds);
   Put(o, "step", opt.step);
-  PutRest(o, opt.other);
+  PutOpaque(o, opt.other);
   return o;
 }
 
@@ -287,19 +217,19 @@ std::optional<TrainingInfo> ReadTraining(const std::string& text,
                                          const std::filesystem::path& file) {
   if (text.empty()) return std::nullopt;
   TrainingInfo t;
-  ReadAttr(text, "training", file, [&](const Value&, ObjectReader& r) {
-    r.Str("dtype", t.dtype);
-    r.Int("step", t.step);
-    r.Int("iteration", t.iteration);
-    r.Int("global_samples", t.global_samples);
-    r.Strings("frozen", t.frozen);
-    if (const Value* s = r.Take("shared")) {
+  ReadAttr(text, "training", file, [&](const Value&, RecordReader& r) {
+    r.Get("dtype", t.dtype);
+    r.Get("step", t.step);
+    r.Get("iteration", t.iteration);
+    r.Get("global_samples", t.global_samples);
+    r.Get("frozen", t.frozen);
+    r.Member("shared", /*required=*/false, [&](const Value& s) {
       std::map<std::string, std::string> shared;
-      for (const auto& [alias, fqn] : r.Typed(*s, "shared").members())
-        shared[alias] = r.Typed(fqn, "shared").AsString();
+      for (const auto& [alias, fqn] : s.members())
+        shared[alias] = fqn.AsString();
       t.shared = std::move(shared);
-    }
-    r.Strings("param_order", t.param_order);
+    });
+    r.Get("param_order", t.param_order);
     t.other = r.Rest();
   });
   return t;
@@ -318,7 +248,7 @@ Value WriteTraining(const TrainingInfo& t) {
     o["shared"] = Value::FromMembers(std::move(m));
   }
   PutStrings(o, "param_order", t.param_order);
-  PutRest(o, t.other);
+  PutOpaque(o, t.other);
   return o;
 }
 
@@ -326,13 +256,13 @@ OpaqueMembers ReadOpaque(const std::string& text, const char* attr,
                          const std::filesystem::path& file) {
   OpaqueMembers m;
   ReadAttr(text, attr, file,
-           [&](const Value&, ObjectReader& r) { m = r.Rest(); });
+           [&](const Value&, RecordReader& r) { m = r.Rest(); });
   return m;
 }
 
 Value WriteOpaque(const OpaqueMembers& m) {
   Value o = Value::Object();
-  PutRest(o, m);
+  PutOpaque(o, m);
   return o;
 }
 
