@@ -3,8 +3,6 @@
 // and the drivers' planning checked against real framework files without
 // writing a byte.
 
-#include "engine/formats/target_plan.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,10 +15,12 @@
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/driver.h"
 #include "engine/formats/emit.h"
+#include "engine/formats/target_plan.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/zip.h"
 #include "engine/universal/input.h"
 #include "tests/testutil/testutil.h"
+#include "tests/unit/engine/formats/stub_input.h"
 
 namespace ucp::formats {
 namespace {
@@ -265,39 +265,9 @@ class ListPlan : public TargetPlan {
 };
 
 // A universal input of one float32 "dataset" (for the emit stage's Run).
-class MemInput : public universal::UniversalInput {
+class MemInput : public testutil::StubInput {
  public:
-  MemInput() : src_(Floats(16, 0.0f)) {}
-  const fs::path& path() const noexcept override { return path_; }
-  const universal::Model& model() const noexcept override { return model_; }
-  std::span<const atoms::StoredParam> params() const noexcept override {
-    return {};
-  }
-  std::span<const atoms::DatasetInfo> datasets() const noexcept override {
-    return {};
-  }
-  const atoms::StoredParam* FindParam(std::string_view) const override {
-    return nullptr;
-  }
-  const atoms::DatasetInfo* FindAtom(std::string_view,
-                                     std::string_view) const override {
-    return nullptr;
-  }
-  const atoms::DatasetInfo* FindPadAtom(std::string_view,
-                                        std::string_view) const override {
-    return nullptr;
-  }
-  const atoms::DatasetInfo* FindOpaque(std::string_view) const override {
-    return nullptr;
-  }
-  std::string ReadBlob(const atoms::DatasetInfo&) const override { return {}; }
-  std::shared_ptr<const torchfile::TorchFile> OpenBlob(
-      const atoms::DatasetInfo&) const override {
-    return nullptr;
-  }
-  reshape::SourceTensor Tensor(const atoms::DatasetInfo&) const override {
-    return {};
-  }
+  MemInput() : StubInput({}, {}, "memory"), src_(Floats(16, 0.0f)) {}
   reshape::ExecutorStats Run(
       std::span<reshape::Job> jobs,
       const reshape::ExecutorOptions& options) const override {
@@ -308,8 +278,6 @@ class MemInput : public universal::UniversalInput {
   mutable std::vector<size_t> runs_;
 
  private:
-  fs::path path_ = "memory";
-  universal::Model model_;
   MemSource src_;
 };
 

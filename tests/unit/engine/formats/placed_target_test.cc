@@ -13,6 +13,7 @@
 
 #include "engine/core/error.h"
 #include "layouts/layout.h"
+#include "tests/unit/engine/formats/stub_input.h"
 
 namespace ucp::formats {
 namespace {
@@ -21,50 +22,7 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 // Universal content of params only (no datasets): what PlaceTarget reads.
-class ParamsOnly : public universal::UniversalInput {
- public:
-  ParamsOnly(universal::Model model, std::vector<atoms::StoredParam> params)
-      : model_(std::move(model)), params_(std::move(params)) {}
-  const std::filesystem::path& path() const noexcept override { return path_; }
-  const universal::Model& model() const noexcept override { return model_; }
-  std::span<const atoms::StoredParam> params() const noexcept override {
-    return params_;
-  }
-  std::span<const atoms::DatasetInfo> datasets() const noexcept override {
-    return {};
-  }
-  const atoms::StoredParam* FindParam(std::string_view) const override {
-    return nullptr;
-  }
-  const atoms::DatasetInfo* FindAtom(std::string_view,
-                                     std::string_view) const override {
-    return nullptr;
-  }
-  const atoms::DatasetInfo* FindPadAtom(std::string_view,
-                                        std::string_view) const override {
-    return nullptr;
-  }
-  const atoms::DatasetInfo* FindOpaque(std::string_view) const override {
-    return nullptr;
-  }
-  std::shared_ptr<const torchfile::TorchFile> OpenBlob(
-      const atoms::DatasetInfo&) const override {
-    return nullptr;
-  }
-  std::string ReadBlob(const atoms::DatasetInfo&) const override { return {}; }
-  reshape::SourceTensor Tensor(const atoms::DatasetInfo&) const override {
-    return {};
-  }
-  reshape::ExecutorStats Run(std::span<reshape::Job>,
-                             const reshape::ExecutorOptions&) const override {
-    return {};
-  }
-
- private:
-  std::filesystem::path path_ = "content.ucp.h5";
-  universal::Model model_;
-  std::vector<atoms::StoredParam> params_;
-};
+using ParamsOnly = testutil::StubInput;
 
 atoms::StoredParam Param(std::string name, Shape shape) {
   atoms::StoredParam p;
