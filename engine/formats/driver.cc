@@ -164,17 +164,19 @@ const Driver& GetDriver(std::string_view name) {
   throw UsageError("unknown format '", name, "' (known: ", KnownNames(), ")");
 }
 
+bool Driver::RefinesFormat(std::string_view name) const {
+  for (std::string_view r : Refines())
+    if (r == name) return true;
+  return false;
+}
+
 namespace {
 
 // Whether a driver of `others` other than `d` refines `d`'s format.
 template <typename Pairs>
 bool IsRefinedByAny(const Driver& d, const Pairs& others) {
-  for (const auto& entry : others) {
-    const Driver* o = entry.first;
-    if (o == &d) continue;
-    for (std::string_view r : o->Refines())
-      if (r == d.Name()) return true;
-  }
+  for (const auto& entry : others)
+    if (entry.first != &d && entry.first->RefinesFormat(d.Name())) return true;
   return false;
 }
 
@@ -240,9 +242,7 @@ std::vector<ListedCheckpoint> ListSavedCheckpoints(
       // Left out if a driver refining d's format lists the same folder.
       bool refined = false;
       for (const auto& [o, ol] : lists) {
-        if (o == d) continue;
-        const std::vector<std::string_view> r = o->Refines();
-        if (std::find(r.begin(), r.end(), d->Name()) == r.end()) continue;
+        if (o == d || !o->RefinesFormat(d->Name())) continue;
         for (const SavedCheckpoint& oc : ol) refined |= oc.name == c.name;
       }
       if (!refined) out.push_back({d, std::move(c)});

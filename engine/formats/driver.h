@@ -153,6 +153,8 @@ class Driver {
   /// format and one it refines both recognise a path (Probe) or list a
   /// checkpoint (ListCheckpoints), it is this format's. None by default.
   virtual std::vector<std::string_view> Refines() const { return {}; }
+  /// Whether Refines() names format `name`.
+  bool RefinesFormat(std::string_view name) const;
   virtual bool CanRead() const { return true; }
   /// The options Open takes (SourceOptions::values).
   virtual std::vector<OptionSpec> SourceOptionSpecs() const { return {}; }
