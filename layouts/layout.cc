@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "engine/core/error.h"
@@ -113,12 +115,29 @@ std::vector<std::string> Layout::BuiltinNames() {
   return out;
 }
 
+namespace {
+
+// The built-in descriptors parsed once per process (detection tries every
+// one of them for each checkpoint read; YAML parsing was most of its cost).
+// A descriptor that fails to parse is parsed (and throws) again next time.
+const Layout& ParsedBuiltin(int index) {
+  static std::mutex mu;
+  static std::vector<std::optional<Layout>> parsed(
+      static_cast<size_t>(internal::kNumBuiltinLayouts));
+  const std::lock_guard<std::mutex> lock(mu);
+  std::optional<Layout>& slot = parsed[static_cast<size_t>(index)];
+  if (!slot) {
+    const internal::BuiltinText& b = internal::kBuiltinLayouts[index];
+    slot = Layout::Parse(b.text, StrCat("builtin:", b.name));
+  }
+  return *slot;
+}
+
+}  // namespace
+
 Layout Layout::Builtin(std::string_view name) {
   for (int i = 0; i < internal::kNumBuiltinLayouts; ++i) {
-    const internal::BuiltinText& b = internal::kBuiltinLayouts[i];
-    if (b.name == name) {
-      return Parse(b.text, StrCat("builtin:", name));
-    }
+    if (internal::kBuiltinLayouts[i].name == name) return ParsedBuiltin(i);
   }
   std::string list;
   for (const std::string& n : BuiltinNames())
@@ -129,10 +148,12 @@ Layout Layout::Builtin(std::string_view name) {
 std::vector<std::string> Layout::DetectBuiltins(
     std::span<const std::string> names) {
   std::vector<std::pair<int, std::string>> accepted;
-  for (const std::string& n : BuiltinNames()) {
-    Layout layout = Builtin(n);
-    if (layout.Detect(names))
-      accepted.emplace_back(layout.detection().priority, n);
+  for (int i = 0; i < internal::kNumBuiltinLayouts; ++i) {
+    const Layout& layout = ParsedBuiltin(i);
+    if (layout.Detect(names)) {
+      accepted.emplace_back(layout.detection().priority,
+                            std::string(internal::kBuiltinLayouts[i].name));
+    }
   }
   std::sort(accepted.begin(), accepted.end(), [](const auto& a, const auto& b) {
     return std::tie(b.first, a.second) < std::tie(a.first, b.second);
