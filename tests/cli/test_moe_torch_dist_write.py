@@ -45,8 +45,9 @@ def truth(name):
 def convert(src, out, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable"):
     """`ucp convert SRC -o OUT` for the layout, with --json: its target_topology names ep and
     etp."""
-    flags = ["--tp", tp, "--pp", pp, "--dp", dp, "--ep", ep, "--distributed-optimizer",
-             "--optimizer-sharding", optim, "--json"]
+    flags = ["--tp", tp, "--pp", pp, "--dp", dp, "--ep", ep, "--json"]
+    if optim != "non_distributed":  # else the optimizer of a run without the distributed one
+        flags += ["--distributed-optimizer", "--optimizer-sharding", optim]
     if etp is not None:
         flags += ["--etp", etp]
     doc = json.loads(run("convert", src, "-o", out, *flags).stdout)
@@ -91,6 +92,11 @@ CASES = [
      "dp_reshardable", None),
     ("deepseek_ep1_dpr_to_ep2_dpr", "deepseek_tp2_etp1_ep2", "deepseek", (2, 1, 2, 2, 1),
      "dp_reshardable", "deepseek_ep1_dpr"),
+    # the non-distributed optimizer's form (Float16OptimizerWithFloat16Params, chained at EP > 1)
+    ("mixtral_non_distributed_ep4", "mixtral_tp1_pp2_dp2_ep2", "mixtral", (1, 1, 4, 4, 1),
+     "non_distributed", None),
+    ("deepseek_non_distributed_ep1", "deepseek_tp2_etp1_ep2", "deepseek", (1, 1, 2, 1, 1),
+     "non_distributed", None),
 ]
 
 
@@ -98,7 +104,8 @@ def test_conversions_load_in_megatron_core_with_every_shard_of_the_source():
     """EP alone (2 -> 1, then 1 -> 4 from that output), ETP alone (2 -> 1), TP/PP with EP fixed,
     a DP change, Mixtral- and DeepSeek-like, fully_reshardable and dp_reshardable outputs, from
     fully_reshardable and dp_reshardable sources, EP 1 (experts in the dense optimizer) and
-    back: each loads in megatron-core at its layout with every shard equal to the source's."""
+    back, the non-distributed optimizer's form: each loads in megatron-core at its layout (into
+    the optimizer of that form) with every shard equal to the source's."""
     done = {}
     for name, source, variant, (tp, pp, dp, ep, etp), optim, via in CASES:
         src = done[via] if via else DATA / source
@@ -142,6 +149,22 @@ def test_negative_control_a_damaged_expert_fails_the_load_check():
                                 1)
     assert not ok and any("linear_fc2" in m for v in verdicts for m in v["mismatches"]), \
         verdicts
+
+
+def test_what_is_not_written_is_one_usage_line():
+    """dp_reshardable state at EP 1 with ETP != TP (the experts would share dense buffers over
+    ranks that hold other expert shards) is refused naming the sizes, nothing written; the
+    same layout in the fully_reshardable form is written (control)."""
+    with Tmp("ucp-moe-w-bad-") as t:
+        p = run("convert", DATA / "mixtral_tp2_etp2_ep2_dp2", "-o", t / "o", "--tp", 2, "--dp",
+                2, "--ep", 1, "--etp", 1, "--distributed-optimizer", "--optimizer-sharding",
+                "dp_reshardable", expect=2)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "etp 1 != tp 2" in lines[0], p.stderr
+        assert not (t / "o").exists()
+        run("convert", DATA / "mixtral_tp2_etp2_ep2_dp2", "-o", t / "o", "--tp", 2, "--dp", 2,
+            "--ep", 1, "--etp", 1, "--distributed-optimizer")
+        assert (t / "o" / ITER / "metadata.json").exists()
 
 
 def test_universal_round_trip_reproduces_the_files():

@@ -11,6 +11,19 @@ each: the whole model and its optimizer state gathered from the ranks' memory.
                                           problem
   make_moe_torch_dist.py describe DIR     what the save holds: keys, global shapes, chunks,
                                           the _extra_state objects, common.pt
+  make_moe_torch_dist.py load CKPT --truth SAVE [--variant V] [--tp T] [--pp P] [--dp D]
+                         [--ep E] [--etp X] [--optim fully_reshardable|dp_reshardable|
+                         non_distributed]
+                                          megatron-core loads CKPT (a torch_dist save, e.g.
+                                          one ucp wrote) at that layout: the model and the
+                                          optimizer of that form built there,
+                                          dist_checkpointing.load, load_state_dict(strict=True),
+                                          the optimizer's load_state_dict; every model and
+                                          optimizer shard then held equal to SAVE's truth.pt
+                                          (a larger padded vocabulary: zeros past its rows),
+                                          the Adam step too, a negative control per rank (a
+                                          changed expert value found); exits 1 on a problem.
+                                          Tests call run_load() in their own process instead.
 
 The model: megatron-core 0.16's GPTModel of get_gpt_decoder_block_spec (local spec, RMSNorm, no
 Transformer Engine), 2 layers, hidden 16, 4 heads in 2 query groups (GQA), SwiGLU, no linear
@@ -419,9 +432,13 @@ def load_rank(rank, world, port, a):
     torch.manual_seed(999)  # other values than the checkpoint's
     model = build(a)
     opt = None
+    non_distributed = a.optim == "non_distributed"
     if not a.no_optimizer:
-        _, opt = mcore_cpu.ddp_and_optimizer([model])
-        mcore_cpu.allocate_state(opt)
+        # non_distributed: training without --use-distributed-optimizer (a ChainedOptimizer
+        # of Float16OptimizerWithFloat16Params, the experts' own at EP > 1)
+        _, opt = mcore_cpu.ddp_and_optimizer([model], distributed=not non_distributed)
+        if not non_distributed:
+            mcore_cpu.allocate_state(opt)
     iter_dir = pathlib.Path(a.ckpt) / f"iter_{ITERATION:07d}"
     content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
     sd = {"model": model.sharded_state_dict(),
@@ -440,7 +457,36 @@ def load_rank(rank, world, port, a):
     shards = [("model", sh, truth["model"]) for sh in nested_values(after)
               if isinstance(sh, ShardedTensor)]
     steps = []
-    if opt is not None:
+    if opt is not None and non_distributed:
+        # What each half holds after its load_state_dict: fp32 main params, moments, step,
+        # under the model's keys (the fully_reshardable form's names).
+        held, held_steps = {}, set()
+        for inner in opt.chained_optimizers:
+            for group in inner.float16_groups:
+                for p in group:
+                    st = inner.optimizer.state[p.main_param]
+                    held[id(p)] = {"param": p.main_param, "exp_avg": st["exp_avg"],
+                                   "exp_avg_sq": st["exp_avg_sq"]}
+                    held_steps.add(float(st["step"]))
+        from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+        from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+        osd = {}
+        for i, sh in enumerate(nested_values(model.sharded_state_dict())):
+            # the params (buffers such as the router's expert bias have no state)
+            if isinstance(sh, (ShardedTensor, ShardedTensorFactory)) and id(sh.data) in held:
+                for state in STATES:
+                    osd[f"{state}.{i}"] = make_sharded_optimizer_tensor(
+                        sh, held[id(sh.data)][state].clone(),
+                        prefix=f"optimizer.state.{state}")
+        apply_factories(osd)
+        shards += [("optimizer", sh, None) for sh in nested_values(osd)
+                   if isinstance(sh, ShardedTensor)]
+        steps = sorted(held_steps)
+        if steps != truth["steps"]:
+            mismatches.append(f"Adam steps {steps}, the source's {truth['steps']}")
+        if "distrib_optim_sharding_type" in content:
+            mismatches.append(f"content_metadata {content}")
+    elif opt is not None:
         osd = opt.sharded_state_dict(model.sharded_state_dict(), metadata={
             "distrib_optim_sharding_type": "fully_reshardable",
             "chained_optim_avoid_prefix": True})
@@ -662,6 +708,23 @@ def describe(folder):
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "load":
+        lp = argparse.ArgumentParser(description="load mode")
+        lp.add_argument("ckpt")
+        lp.add_argument("--truth", required=True, help="the source save (its truth.pt)")
+        lp.add_argument("--variant", choices=("mixtral", "deepseek"), default="mixtral")
+        for k in ("tp", "pp", "dp", "ep"):
+            lp.add_argument(f"--{k}", type=int, default=1)
+        lp.add_argument("--etp", type=int, default=None)
+        lp.add_argument("--optim", default="fully_reshardable",
+                        choices=("fully_reshardable", "dp_reshardable", "non_distributed"))
+        la = lp.parse_args(sys.argv[2:])
+        truth = torch.load(pathlib.Path(la.truth) / "truth.pt", weights_only=False)
+        ok, verdicts = run_load(la.ckpt, truth, la.variant, la.tp, la.pp, la.dp, la.ep,
+                                la.etp, la.optim)
+        for v in verdicts:
+            print(v)
+        sys.exit(0 if ok and verdicts and all(v["ok"] for v in verdicts) else 1)
     if len(sys.argv) > 2 and sys.argv[1] in ("check", "describe"):
         if sys.argv[1] == "check":
             sys.exit(0 if check(sys.argv[2]) else 1)
