@@ -82,6 +82,8 @@ CASES = [
      "fully_reshardable", None),
     ("tp_pp_ep_fixed", "mixtral_tp1_pp2_dp2_ep2", "mixtral", (2, 1, 2, 2, None),
      "fully_reshardable", None),
+    ("etp_above_tp_dpr", "mixtral_tp1_pp2_dp2_ep2", "mixtral", (1, 1, 4, 2, 2),
+     "dp_reshardable", None),
     ("deepseek_dp_change_dpr", "deepseek_tp2_etp1_ep2", "deepseek", (2, 1, 2, 2, 1),
      "dp_reshardable", None),
     ("deepseek_dpr_to_ep4", "deepseek_tp2_etp1_ep2_dpr", "deepseek", (1, 1, 4, 4, 1),
@@ -101,8 +103,8 @@ CASES = [
 
 
 def test_conversions_load_in_megatron_core_with_every_shard_of_the_source():
-    """EP alone (2 -> 1, then 1 -> 4 from that output), ETP alone (2 -> 1), TP/PP with EP fixed,
-    a DP change, Mixtral- and DeepSeek-like, fully_reshardable and dp_reshardable outputs, from
+    """EP alone (2 -> 1, then 1 -> 4 from that output), ETP alone (2 -> 1), ETP above TP, TP/PP
+    with EP fixed, a DP change, Mixtral- and DeepSeek-like, fully_reshardable and dp_reshardable outputs, from
     fully_reshardable and dp_reshardable sources, EP 1 (experts in the dense optimizer) and
     back, the non-distributed optimizer's form: each loads in megatron-core at its layout (into
     the optimizer of that form) with every shard equal to the source's."""
