@@ -104,10 +104,11 @@ CASES = [
 
 def test_conversions_load_in_megatron_core_with_every_shard_of_the_source():
     """EP alone (2 -> 1, then 1 -> 4 from that output), ETP alone (2 -> 1), ETP above TP, TP/PP
-    with EP fixed, a DP change, Mixtral- and DeepSeek-like, fully_reshardable and dp_reshardable outputs, from
-    fully_reshardable and dp_reshardable sources, EP 1 (experts in the dense optimizer) and
-    back, the non-distributed optimizer's form: each loads in megatron-core at its layout (into
-    the optimizer of that form) with every shard equal to the source's."""
+    with EP fixed, a DP change, Mixtral- and DeepSeek-like, fully_reshardable and
+    dp_reshardable outputs, from fully_reshardable and dp_reshardable sources, EP 1 (experts in
+    the dense optimizer) and back, the non-distributed optimizer's form: each loads in
+    megatron-core at its layout (into the optimizer of that form) with every shard equal to
+    the source's."""
     done = {}
     for name, source, variant, (tp, pp, dp, ep, etp), optim, via in CASES:
         src = done[via] if via else DATA / source
