@@ -4,8 +4,9 @@ each: the whole model and its optimizer state gathered from the ranks' memory.
 
   make_moe_torch_dist.py --out DIR [--variant mixtral|deepseek] [--tp T] [--pp P] [--dp D]
                          [--ep E] [--etp X] [--no-optimizer] [--seed S]
+                         [--size LAYERS,HIDDEN,EXPERTS,MOE_FFN] [--no-truth]
                          one save folder DIR (iter_0000010/, latest_checkpointed_iteration.txt)
-                         and DIR/truth.pt
+                         and DIR/truth.pt (not with --no-truth: the benchmarks' large saves)
   make_moe_torch_dist.py check DIR        the truth against the save (torch's own DCP reader)
                                           and against the model's structure; exits 1 on a
                                           problem
@@ -335,9 +336,9 @@ def save_rank(rank, world, port, a):
         sd["optimizer"] = opt.sharded_state_dict(sd, metadata=content)
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
     # What the truth needs, before the save (which consumes nothing, but keep it apart).
-    pieces, objects = local_pieces(model.sharded_state_dict())
+    pieces, objects = local_pieces(model.sharded_state_dict()) if not a.no_truth else ([], {})
     opt_pieces = []
-    if opt is not None:
+    if opt is not None and not a.no_truth:
         osd = opt.sharded_state_dict({"model": model.sharded_state_dict()},
                                      metadata=dict(content,
                                                    distrib_optim_sharding_type="fully_reshardable"))
@@ -357,6 +358,7 @@ def save_rank(rank, world, port, a):
         every if rank == 0 else None, dst=0)
     if rank == 0:
         (pathlib.Path(a.out) / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
+    if rank == 0 and not a.no_truth:
         truth = {"model": assemble([e[0] for e in every]), "extra_state": {},
                  "config": dict(SIZE, variant=a.variant, tp=a.tp, pp=a.pp, dp=a.dp, ep=a.ep,
                                 etp=a.etp, vocab=VOCAB, iteration=ITERATION, optim=a.optim),
@@ -745,6 +747,11 @@ def main():
                         "state is gathered in the fully_reshardable form either way)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--check", action="store_true", help="run `check` on the save afterwards")
+    p.add_argument("--size", metavar="LAYERS,HIDDEN,EXPERTS,MOE_FFN",
+                   help="another model size (the benchmarks': bench/moe_bench.py); heads, "
+                        "groups, top-k and the vocabulary stay")
+    p.add_argument("--no-truth", action="store_true",
+                   help="no truth.pt (a large save's: the whole model gathered on rank 0)")
     # Several saves in one process (megatron-core imported once): groups of
     # arguments separated by `--and`.
     groups, cur = [], []
@@ -758,6 +765,9 @@ def main():
     runs = []
     for g in groups:
         a = p.parse_args(g)
+        if a.size:
+            SIZE.update(zip(("layers", "hidden", "experts", "moe_ffn"),
+                            (int(x) for x in a.size.split(","))))
         if a.etp is None:
             a.etp = a.tp
         world = a.tp * a.pp * a.dp
