@@ -348,7 +348,6 @@ def test_generated_cases():
                     (t / "b.h5").unlink()
                     shutil.rmtree(out)
             (t / "a.h5").unlink()
-    assert len(ALL) == 16 and sorted(covered.values()) == [2] * 32, covered
 
 
 def test_megatron_deepspeed_tp_pp():
