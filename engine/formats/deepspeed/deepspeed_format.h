@@ -110,7 +110,8 @@
 //     "layout_yaml", "tied_layers" {"tied_modules.<k>": layer index},
 //     "variables", "vocab_size", "vocab_size_from"} for Megatron-DeepSpeed
 //     sources (the other mp ranks' opaque entries sit under
-//     /opaque/mp_rank_XX/...)}.
+//     /opaque/mp_rank_XX/...), "moe"? {"num_experts", "layers", "ep",
+//     "expert_groups", "legacy_names"} for mixture-of-experts sources}.
 
 #include <algorithm>
 #include <cstdint>
@@ -188,6 +189,64 @@ struct DeepSpeedModelParallel {
   bool operator==(const DeepSpeedModelParallel&) const = default;
 };
 
+/// The "moe" member of the "deepspeed" record: a mixture-of-experts source
+/// (deepspeed.moe.layer.MoE layers). Expert params are named in the
+/// universal file by their global expert id, as DeepSpeed's expert files
+/// name them: "<layer>.deepspeed_moe.experts.deepspeed_experts.<G>.<rest>".
+/// Unknown members stay in `other`.
+struct DeepSpeedMoe {
+  std::vector<int64_t> num_experts;  // per MoE layer (the model states')
+  /// Per MoE layer (DeepSpeed's moe_layer_id, module order): the module
+  /// path in front of kExpertInfix ("moe", "layers.3.mlp").
+  std::vector<std::string> layers;
+  int64_t ep = 1;  // the source's expert-parallel size
+  /// The optimizer groups holding expert params (ZeRO partitions them over
+  /// the expert-data-parallel ranks).
+  std::vector<int64_t> expert_groups;
+  bool legacy_names = false;  // expert_{G}_mp_rank_XX files (no layer)
+  json::Value other = json::Value::Object();
+
+  bool operator==(const DeepSpeedMoe&) const = default;
+};
+
+/// What separates a MoE layer's module path from the expert index in an
+/// expert param's name (DeepSpeed's moe_str_prefix, without its leading dot).
+inline constexpr std::string_view kExpertInfix =
+    "deepspeed_moe.experts.deepspeed_experts.";
+
+/// An expert param name split at kExpertInfix: the module path (without
+/// the dot), the expert index (local in the module, global in expert
+/// files) and the rest after the index's dot; absent for other names.
+struct ExpertName {
+  std::string layer;
+  int64_t expert = 0;
+  std::string rest;
+};
+inline std::optional<ExpertName> SplitExpertName(std::string_view name) {
+  const size_t at = name.find(kExpertInfix);
+  if (at == std::string_view::npos || (at > 0 && name[at - 1] != '.'))
+    return std::nullopt;
+  std::string_view t = name.substr(at + kExpertInfix.size());
+  size_t n = 0;
+  int64_t v = 0;
+  while (n < t.size() && n < 9 && t[n] >= '0' && t[n] <= '9')
+    v = v * 10 + (t[n++] - '0');
+  if (n == 0 || n >= t.size() || t[n] != '.') return std::nullopt;
+  return ExpertName{std::string(name.substr(0, at == 0 ? 0 : at - 1)), v,
+                    std::string(t.substr(n + 1))};
+}
+/// The name of expert `expert` of module path `layer`, param `rest`.
+inline std::string ExpertParamName(std::string_view layer, int64_t expert,
+                                   std::string_view rest) {
+  std::string s(layer);
+  if (!s.empty()) s += '.';
+  s += kExpertInfix;
+  s += std::to_string(expert);
+  s += '.';
+  s += rest;
+  return s;
+}
+
 /// The "deepspeed" root attribute, typed. Required: tag, stage, wrapper,
 /// lp_dtype (every record has them); the rest is an empty optional when
 /// absent. Unknown members stay in `other`.
@@ -207,6 +266,7 @@ struct DeepSpeedExtras {
   std::optional<double> step_value;  // an int / float step's value
   std::optional<int64_t> zero3_sub_groups;
   std::optional<DeepSpeedModelParallel> model_parallel;
+  std::optional<DeepSpeedMoe> moe;
   json::Value other = json::Value::Object();
 
   bool operator==(const DeepSpeedExtras&) const = default;

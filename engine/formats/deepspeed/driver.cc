@@ -129,7 +129,8 @@ class DeepSpeedDriver : public formats::Driver {
   }
   bool CanWrite() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {
-    return {.tp = true, .pp = true, .vpp = false, .dp = true};
+    // --ep: a mixture-of-experts model's expert-parallel size.
+    return {.tp = true, .pp = true, .vpp = false, .dp = true, .ep = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
     formats::OptionSpec fp16;

@@ -1,0 +1,210 @@
+// Reading a mixture-of-experts DeepSpeed checkpoint (deepspeed.moe.layer.MoE;
+// deepspeed_format.h): the expert files, each expert of each MoE layer once,
+// and the optimizer groups of the experts, whose flat partitions ZeRO spreads
+// over the expert-data-parallel ranks with every rank's own local experts.
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/formats/deepspeed/deepspeed.h"
+#include "engine/formats/deepspeed/pickled.h"
+#include "engine/formats/deepspeed/reader.h"
+
+namespace ucp::deepspeed::internal {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+
+namespace {
+
+// "layer_3_expert_5_mp_rank_00_model_states.pt" (DeepSpeed's
+// _get_expert_ckpt_name; the legacy name without a layer).
+std::string ExpertFileName(int64_t layer, int64_t expert) {
+  return StrCat(layer < 0 ? "" : StrCat("layer_", layer, "_"), "expert_",
+                expert, "_mp_rank_00_model_states.pt");
+}
+
+}  // namespace
+
+void Planner::ReadExperts() {
+  const Value* counts = Get(model_, "num_experts");
+  if (c_.expert_files.empty()) {
+    if (counts != nullptr && !IsNone(counts)) {
+      throw FormatError("num_experts is ", pickle::Repr(counts, 40),
+                        " but the tag folder has no expert file (missing ",
+                        ExpertFileName(0, 0), ")");
+    }
+    return;
+  }
+  DeepSpeedMoe m;
+  if (counts == nullptr || IsNone(counts)) {
+    throw FormatError("expert files (",
+                      c_.expert_files.begin()->second.string(),
+                      ") but no num_experts");
+  }
+  if (counts->kind == Kind::kList || counts->kind == Kind::kTuple) {
+    for (const Value* n : Items(counts, "num_experts"))
+      m.num_experts.push_back(Int(n, "num_experts"));
+  } else {
+    m.num_experts.push_back(Int(counts, "num_experts"));
+  }
+  for (int64_t e : m.num_experts)
+    if (e < 1) throw FormatError("num_experts ", e);
+  const auto layers = static_cast<int64_t>(m.num_experts.size());
+  m.layers.assign(m.num_experts.size(), std::string());
+  std::map<std::string, std::string> seen;     // name -> its file
+  std::set<std::pair<int64_t, int64_t>> held;  // (L, G) with params
+  for (const auto& [key, path] : c_.expert_files) {
+    const auto [file_layer, expert] = key;
+    const FilePtr f = Open(path);
+    const std::string where = StrCat("rank file ", path.string());
+    if (f->root() == nullptr || !f->root()->IsDictLike())
+      throw FormatError(where, ": not a state dict");
+    if (file_layer >= layers) {
+      throw FormatError(where, ": MoE layer ", file_layer,
+                        ", but num_experts lists ", layers, " MoE layers");
+    }
+    m.legacy_names |= file_layer < 0;
+    for (const std::string& k : Keys(f->root(), "expert state dict")) {
+      const std::optional<ExpertName> x = SplitExpertName(k);
+      if (!x) {
+        throw FormatError(where, " > ", k, ": not an expert param (no '",
+                          kExpertInfix, "<id>.')");
+      }
+      if (x->expert != expert) {
+        throw FormatError(where, " > ", k, ": a param of expert ", x->expert,
+                          " in expert ", expert,
+                          "'s file (an expert saved twice?)");
+      }
+      int64_t layer = file_layer;
+      if (layer < 0) {  // legacy: the layers in the order they come
+        auto it = std::find(m.layers.begin(), m.layers.end(), x->layer);
+        if (it == m.layers.end())
+          it = std::find(m.layers.begin(), m.layers.end(), std::string());
+        if (it == m.layers.end()) {
+          throw FormatError(where, " > ", k, ": more MoE layers than the ",
+                            layers, " num_experts lists");
+        }
+        layer = it - m.layers.begin();
+      }
+      std::string& module = m.layers[static_cast<size_t>(layer)];
+      if (module.empty()) module = x->layer;
+      if (module != x->layer) {
+        throw FormatError(where, " > ", k, ": MoE layer ", layer,
+                          " is module '", module, "' in other expert files");
+      }
+      if (expert >= m.num_experts[static_cast<size_t>(layer)]) {
+        throw FormatError(where, ": expert ", expert, ", but MoE layer ", layer,
+                          " has ", m.num_experts[static_cast<size_t>(layer)],
+                          " experts (num_experts)");
+      }
+      if (auto [it, fresh] = seen.emplace(k, path.string()); !fresh) {
+        throw FormatError("expert ", expert, " of MoE layer ", layer,
+                          " saved twice: ", k, " in ", it->second, " and in ",
+                          path.string());
+      }
+      held.emplace(layer, expert);
+      expert_entries_.push_back(
+          {k, f, Get(f->root(), k), StrCat(where, " > ", k)});
+    }
+  }
+  // Every expert of every MoE layer, once.
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t count = m.num_experts[static_cast<size_t>(l)];
+    for (int64_t g = 0; g < count; ++g) {
+      if (held.count({l, g})) continue;
+      const bool legacy = c_.expert_files.count({-1, g}) > 0;
+      throw FormatError(
+          c_.tag_dir.string(), ": expert ", g, " of MoE layer ", l,
+          " is missing (",
+          legacy ? StrCat("no params of that layer in ", ExpertFileName(-1, g))
+                 : StrCat("no ", ExpertFileName(l, g)),
+          "; num_experts says ", count, " experts)");
+    }
+  }
+  for (int64_t l = 0; l < layers; ++l)
+    moe_layer_of_[m.layers[static_cast<size_t>(l)]] = l;
+  moe_ = std::move(m);
+}
+
+void Planner::ExpandExpertGroups() {
+  if (!moe_) return;
+  std::vector<Param> local = std::move(params_);
+  std::map<std::string, size_t> local_index = std::move(index_);
+  params_.clear();
+  index_.clear();
+  auto add = [&](Param p) {
+    if (!index_.emplace(p.name, params_.size()).second)
+      throw FormatError("param ", p.name, " twice in param_shapes");
+    params_.push_back(std::move(p));
+  };
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<std::string>& names = groups_[g];
+    size_t experts = 0;
+    for (const std::string& n : names) experts += SplitExpertName(n) ? 1 : 0;
+    if (experts == 0) {
+      for (const std::string& n : names) add(local[local_index.at(n)]);
+      continue;
+    }
+    const std::string where = StrCat("param_shapes[", g, "]");
+    if (experts != names.size()) {
+      throw FormatError(where, ": expert params and others in one group");
+    }
+    // Local experts per MoE layer on a rank: ep = num_experts / that.
+    std::map<int64_t, int64_t> per_rank;  // MoE layer -> local experts
+    for (const std::string& n : names) {
+      const ExpertName x = *SplitExpertName(n);
+      auto it = moe_layer_of_.find(x.layer);
+      if (it == moe_layer_of_.end()) {
+        throw FormatError(where, " > ", n, ": module '", x.layer,
+                          "' has no expert files");
+      }
+      per_rank[it->second] = std::max(per_rank[it->second], x.expert + 1);
+    }
+    ExpertGroup eg;
+    eg.ep = 0;
+    for (const auto& [layer, count] : per_rank) {
+      const int64_t total = moe_->num_experts[static_cast<size_t>(layer)];
+      if (total % count != 0 || (eg.ep != 0 && total / count != eg.ep)) {
+        throw FormatError(where, ": ", count, " local experts of MoE layer ",
+                          layer, " (", total,
+                          " experts) do not give one expert-parallel size");
+      }
+      eg.ep = total / count;
+    }
+    if (c_.dp % eg.ep != 0) {
+      throw FormatError(where, ": expert-parallel size ", eg.ep,
+                        " does not divide dp_world_size ", c_.dp);
+    }
+    if (moe_->expert_groups.empty()) {
+      moe_->ep = eg.ep;
+    } else if (moe_->ep != eg.ep) {
+      throw FormatError(where, ": expert-parallel size ", eg.ep,
+                        ", another expert group's is ", moe_->ep,
+                        " (several expert-parallel sizes are not supported)");
+    }
+    moe_->expert_groups.push_back(static_cast<int64_t>(g));
+    for (const std::string& n : names)
+      eg.numels.push_back(NumElements(local[local_index.at(n)].shape));
+    std::vector<std::string> global;
+    eg.names.resize(static_cast<size_t>(eg.ep));
+    for (int64_t e = 0; e < eg.ep; ++e) {
+      for (const std::string& n : names) {
+        const ExpertName x = *SplitExpertName(n);
+        const int64_t count = per_rank[moe_layer_of_.at(x.layer)];
+        Param p = local[local_index.at(n)];
+        p.name = ExpertParamName(x.layer, e * count + x.expert, x.rest);
+        eg.names[static_cast<size_t>(e)].push_back(p.name);
+        global.push_back(p.name);
+        add(std::move(p));
+      }
+    }
+    names = std::move(global);
+    expert_groups_[g] = std::move(eg);
+  }
+}
+
+}  // namespace ucp::deepspeed::internal
