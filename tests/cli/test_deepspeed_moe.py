@@ -2,6 +2,10 @@
 mixture-of-experts models: deepspeed.moe.layer.MoE, 4 experts over ep ranks,
 top-1 gate, between two dense layers (tests/tools/deepspeed_real.py --model moe).
 
+The newest DeepSpeed runs every test; 0.14.5 (its entry puts it first on
+PYTHONPATH; it saves the model states without param_shapes, and expp_rank
+files) the world-2 cases. UCP_DEEPSPEED_VERSION names the one that must run.
+
 1. DeepSpeed trains and saves at ZeRO STAGE, DTYPE, WORLD ranks, EP: the
    non-expert mp_rank_00_model_states.pt, one layer_0_expert_{G} file per
    global expert, the ZeRO partitions (the expert group partitioned over the
@@ -72,6 +76,9 @@ def source(stage, dtype, world, ep):
        "--ep", ep, "--out", out)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["num_experts"] == 4 and meta["ep"] == ep, meta
+    # The DeepSpeed the entry names ran (not another one found first).
+    assert meta["deepspeed_version"] == os.environ["UCP_DEEPSPEED_VERSION"], \
+        (meta["deepspeed_version"], os.environ["UCP_DEEPSPEED_VERSION"])
     tag = out / "global_step2"
     experts = sorted(p.name for p in tag.glob("layer_*_expert_*_model_states.pt"))
     assert experts == [f"layer_0_expert_{g}_mp_rank_00_model_states.pt" for g in range(4)], \

@@ -230,7 +230,7 @@ void Planner::CollectTrainable(const std::set<std::string>& buffers) {
         params_.push_back(std::move(p));
       }
     }
-  } else {
+  } else if (!ShapesFromMappings()) {
     if (c_.wrapper != Wrapper::kTorch) {
       throw FormatError(
           "param_shapes is None but the checkpoint has "

@@ -144,6 +144,11 @@ class Planner {
   // names, the same on every rank) as every rank's global names.
   void ReadExperts();
   void ExpandExpertGroups();
+  // DeepSpeed before 0.16 saves a MoE checkpoint's model states without
+  // param_shapes (_save_moe_checkpoint): each group's params are then those
+  // its param_slice_mappings name, rank after rank (flat order), shaped as
+  // the module's and the expert files' tensors. False if not such a case.
+  bool ShapesFromMappings();
   struct ExpertGroup {
     int64_t ep = 1;               // its expert-parallel size
     std::vector<int64_t> numels;  // of the params of one rank, flat order

@@ -130,6 +130,56 @@ void Planner::ReadExperts() {
   moe_ = std::move(m);
 }
 
+bool Planner::ShapesFromMappings() {
+  if (!moe_ || c_.wrapper != Wrapper::kZero || optims_.empty()) return false;
+  std::vector<std::vector<std::string>> names;
+  for (size_t r = 0; r < optims_.size(); ++r) {
+    const std::string where = StrCat("rank file ", c_.optim_files[r].string());
+    try {
+      const Value* osd = Require(optims_[r]->root(), "optimizer_state_dict");
+      const auto& maps =
+          Items(Require(osd, "param_slice_mappings"), "param_slice_mappings");
+      if (r == 0) names.resize(maps.size());
+      if (maps.size() != names.size()) {
+        throw FormatError("param_slice_mappings has ", maps.size(),
+                          " groups, rank 0's has ", names.size());
+      }
+      for (size_t g = 0; g < maps.size(); ++g) {
+        for (const std::string& n :
+             Keys(maps[g], "param_slice_mappings group")) {
+          if (std::find(names[g].begin(), names[g].end(), n) == names[g].end())
+            names[g].push_back(n);
+        }
+      }
+    } catch (Error& e) {
+      AddContextOnce(e, where);
+      throw;
+    }
+  }
+  for (size_t g = 0; g < names.size(); ++g) {
+    groups_.emplace_back();
+    for (const std::string& n : names[g]) {
+      // A local expert i is ep rank 0's global expert i.
+      const Entry* e = FindEntry(n);
+      if (e == nullptr) {
+        throw FormatError("rank file ", c_.optim_files[0].string(),
+                          " > param_slice_mappings names ", n,
+                          ", which neither the module nor an expert file "
+                          "holds");
+      }
+      Param p;
+      p.name = n;
+      p.shape = TensorAt(e->file, e->value, e->where).shape;
+      p.dtype = lp_;
+      p.group = static_cast<int64_t>(g);
+      groups_.back().push_back(n);
+      index_[n] = params_.size();
+      params_.push_back(std::move(p));
+    }
+  }
+  return true;
+}
+
 void Planner::ExpandExpertGroups() {
   if (!moe_) return;
   std::vector<Param> local = std::move(params_);
