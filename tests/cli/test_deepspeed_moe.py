@@ -181,7 +181,9 @@ def one_error_line(p, *needles):
 def test_malformed_moe_saves_are_one_clear_error():
     """A missing expert file, an expert saved twice (under both file names; another expert's
     params in its file), an expert group's partition_count that is not dp / ep: one error line
-    naming the expert or group, exit 3, no output. The intact save converts (control)."""
+    naming the expert or group, exit 3, no output; ucp resume skips a save missing an expert
+    with that reason, ucp verify refuses it. The intact save converts, and read under the
+    legacy expert file names holds the engine's state (controls)."""
     src = source(1, "fp32", 2, 2)
     with testmain.Tmp("ucp-dsmoe-bad-") as t:
         run("to-universal", src, "-o", t / "ok.h5", "-q")  # the control
@@ -190,6 +192,16 @@ def test_malformed_moe_saves_are_one_clear_error():
             d = t / name
             shutil.copytree(src, d)
             return d, d / "global_step2"
+
+        # The legacy names (expert_{G}_..., every layer's params of expert G: here the one
+        # MoE layer's) read the same.
+        d, tag = damaged("legacy")
+        for g in range(4):
+            (tag / f"layer_0_expert_{g}_mp_rank_00_model_states.pt").rename(
+                tag / f"expert_{g}_mp_rank_00_model_states.pt")
+        run("to-universal", d, "-o", t / "legacy.h5", "-q")
+        import check_deepspeed as ck
+        ck.cmd_universal(str(t / "legacy.h5"), str(src), 300)
 
         d, tag = damaged("missing")
         (tag / "layer_0_expert_2_mp_rank_00_model_states.pt").unlink()
@@ -224,6 +236,24 @@ def test_malformed_moe_saves_are_one_clear_error():
         one_error_line(p, str(f), "partition_count[1] is 2",
                        "expert-data-parallel size is 1")
         assert not (t / "u.h5").exists()
+
+        # ucp resume skips a newer save missing an expert, with that reason, and resumes
+        # from the intact one: as saved at its own ep, resharded at another; ucp verify
+        # refuses the damaged one.
+        save = t / "save"
+        save.mkdir()
+        shutil.copytree(src / "global_step2", save / "global_step2")
+        shutil.copytree(src / "global_step2", save / "global_step4")
+        (save / "global_step4" / "layer_0_expert_1_mp_rank_00_model_states.pt").unlink()
+        (save / "latest").write_text("global_step4")
+        for ep, reshaped in ((2, False), (1, True)):
+            p = run("resume", save, "--dp", 2, "--ep", ep, "--json", "--no-sync")
+            j = json.loads(p.stdout)
+            assert j["checkpoint"] == "global_step2" and j["reshaped"] == reshaped, j
+            assert [s["name"] for s in j["skipped"]] == ["global_step4"], j
+            assert "expert 1 of MoE layer 0 is missing" in j["skipped"][0]["reason"], j
+        p = run_both("verify", save / "global_step4", expect=3)
+        one_error_line(p, "expert 1 of MoE layer 0 is missing")
 
         # --ep that does not divide the experts or the data-parallel size: usage errors.
         p = run_both("convert", src, "-o", t / "out", "--dp", 3, "--ep", 3, expect=2)

@@ -64,6 +64,9 @@ struct Checkpoint {
   /// (stage 0's expert optimizer; DeepSpeed writes none under ZeRO, or
   /// {'optimizer': None}).
   std::map<int64_t, std::filesystem::path> expert_optim_files;
+  /// The expert-parallel size: dp over the partition_count of the first
+  /// expert group ('moe': True) of optimizer file 0; 1 without experts.
+  int64_t ep = 1;
   /// A universal folder: its zero/ folder (per-param atoms and
   /// optimizer_state.pt) replaces the optimizer files.
   std::filesystem::path zero_dir;

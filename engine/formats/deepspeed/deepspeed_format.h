@@ -1,8 +1,8 @@
 #pragma once
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.19 runtime/engine.py save_checkpoint,
 // checkpoint/constants.py, runtime/zero/stage_1_and_2.py), as this driver reads
-// and writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
-// files are refused.
+// and writes them, Megatron-DeepSpeed's model parallelism and mixture-of-experts
+// layers (ZeRO 1/2, without model parallelism) included (below).
 //
 // Folders
 //   <save>/latest                 the tag, no newline (written last)
@@ -56,6 +56,21 @@
 //     (BF16_Optimizer: Np - N on the last rank only).
 //   ZeRO 3: per sub-group, per param p = ceil(n/W); rank r holds
 //     padded(param)[r*p, (r+1)*p), params back to back.
+//
+// Mixture of experts (deepspeed.moe.layer.MoE, engine._save_moe_checkpoint):
+//   mp_rank_00_model_states.pt  the module without expert params, num_experts
+//     [per MoE layer]; DeepSpeed < 0.16: no param_shapes, buffer_names,
+//     ds_config (the groups then come from param_slice_mappings)
+//   layer_{L}_expert_{G}_mp_rank_00_model_states.pt  {<m>.deepspeed_moe.
+//     experts.deepspeed_experts.{G}.<p>: tensor} for MoE layer L (module
+//     order), global expert G (L, G unpadded); legacy expert_{G}_mp_rank_00_
+//     model_states.pt: every layer's params of expert G
+//   expp_rank_{E}_mp_rank_00_optim_states.pt  {'optimizer': None} under ZeRO
+//     (0.19: not written)
+//   ZeRO 1/2: an expert group (param group with 'moe': True, 'name':
+//     'ep_size_{ep}') lists one rank's local experts (local index i, global
+//     ep_rank * E/ep + i); dp rank D holds ep rank D % ep's experts,
+//     partition D / ep of dp / ep (partition_count).
 //
 // Model parallelism (Megatron-DeepSpeed), read and written:
 //   mp rank = pp_rank * TP + tp_rank (PipelineModule) or tp_rank (GPTModel

@@ -448,6 +448,32 @@ void CheckExperts(TagFiles& f, Checkpoint& c) {
   }
   c.expert_files = f.experts;
   c.expert_optim_files = f.expert_optims;
+  if (c.first_optim == nullptr) return;
+  try {
+    const pickle::Value* osd =
+        Require(c.first_optim->root(), "optimizer_state_dict");
+    const auto& groups =
+        Items(Require(Require(osd, "base_optimizer_state"), "param_groups"),
+              "param_groups");
+    const auto& counts =
+        Items(Require(osd, "partition_count"), "partition_count");
+    for (size_t g = 0; g < groups.size() && g < counts.size(); ++g) {
+      const pickle::Value* moe = Get(groups[g], "moe");
+      if (moe == nullptr || moe->kind != pickle::Kind::kBool || !moe->b)
+        continue;
+      const int64_t edp = Int(counts[g], "partition_count");
+      if (edp < 1 || c.dp % edp != 0) {
+        throw FormatError("partition_count[", g, "] ", edp,
+                          " of an expert group does not divide dp_world_size ",
+                          c.dp);
+      }
+      c.ep = c.dp / edp;
+      break;
+    }
+  } catch (Error& e) {
+    e.AddContext("rank file ", c.first_optim->path().string());
+    throw;
+  }
 }
 
 }  // namespace
