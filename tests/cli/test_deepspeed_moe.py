@@ -9,8 +9,9 @@ files) the world-2 cases. UCP_DEEPSPEED_VERSION names the one that must run.
 1. DeepSpeed trains and saves at ZeRO STAGE, DTYPE, WORLD ranks, EP: the
    non-expert mp_rank_00_model_states.pt, one layer_0_expert_{G} file per
    global expert, the ZeRO partitions (the expert group partitioned over the
-   expert-data-parallel ranks, partition_count dp / ep), and reports what the
-   engine holds in memory under the global expert names;
+   expert-data-parallel ranks, partition_count dp / ep) or at ZeRO 0 each ep
+   rank's torch optimizer (expp_rank_{E} files), and reports what the engine
+   holds in memory under the global expert names;
 2. `ucp to-universal` holds exactly that (tests/tools/check_deepspeed.py
    universal; its negative control: one changed master byte fails it);
 3. `ucp convert --dp N --ep E [--zero-stage S]`: a fresh DeepSpeed engine at
@@ -48,9 +49,10 @@ EXPERT = "moe.deepspeed_moe.experts.deepspeed_experts."
 
 # (stage, dtype, world, ep) of the source -> its targets (world, ep, stage).
 CASES = {
-    (1, "fp32", 2, 2): [(4, 2, 1), (2, 1, 2)],
+    (1, "fp32", 2, 2): [(4, 2, 1), (2, 1, 2), (2, 2, 0)],
     (2, "bf16", 2, 2): [(4, 4, 2), (1, 1, 1)],
     (1, "fp32", 4, 2): [(2, 2, 2)],
+    (0, "fp32", 2, 2): [(4, 2, 0), (2, 1, 2)],
 }
 
 
@@ -130,7 +132,10 @@ def run_case(stage, dtype, world, ep):
                 "--no-sync")
             tag = out / "global_step2"
             assert len(list(tag.glob("layer_0_expert_*_mp_rank_00_model_states.pt"))) == 4
-            assert len(list(tag.glob("*zero_pp_rank_*_optim_states.pt"))) == n
+            if s == 0:  # each ep rank's optimizer
+                assert len(list(tag.glob("expp_rank_*_mp_rank_00_optim_states.pt"))) == e
+            else:
+                assert len(list(tag.glob("*zero_pp_rank_*_optim_states.pt"))) == n
             (t / f"scratch-{n}-{e}").mkdir()
             ds("load", "--world", n, "--stage", s, "--dtype", dtype, "--model", "moe", "--ep",
                e, "--dir", out, "--truth", src, "--scratch", t / f"scratch-{n}-{e}")
@@ -158,6 +163,12 @@ def test_zero2_bf16_world2_ep2():
 def test_zero1_fp32_world4_ep2():
     """Expert data parallel 2: each expert group partitioned over two ranks."""
     run_case(1, "fp32", 4, 2)
+
+
+def test_zero0_fp32_world2_ep2():
+    """ZeRO 0: each ep rank's torch optimizer in its expp_rank file (DeepSpeed 0.14.5 loads
+    no such checkpoint, its own neither: KeyError 'optimizer' in _load_checkpoint)."""
+    run_case(0, "fp32", 2, 2)
 
 
 def run_both(*args, expect):

@@ -1,8 +1,9 @@
 #pragma once
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.19 runtime/engine.py save_checkpoint,
 // checkpoint/constants.py, runtime/zero/stage_1_and_2.py), as this driver reads
-// and writes them, Megatron-DeepSpeed's model parallelism and mixture-of-experts
-// layers (ZeRO 1/2, without model parallelism) included (below).
+// and writes them, Megatron-DeepSpeed's model parallelism and
+// mixture-of-experts layers (ZeRO 0-2, without model parallelism) included
+// (below).
 //
 // Folders
 //   <save>/latest                 the tag, no newline (written last)
@@ -65,8 +66,10 @@
 //     experts.deepspeed_experts.{G}.<p>: tensor} for MoE layer L (module
 //     order), global expert G (L, G unpadded); legacy expert_{G}_mp_rank_00_
 //     model_states.pt: every layer's params of expert G
-//   expp_rank_{E}_mp_rank_00_optim_states.pt  {'optimizer': None} under ZeRO
-//     (0.19: not written)
+//   expp_rank_{E}_mp_rank_00_optim_states.pt  ZeRO 0: {'optimizer': ep rank
+//     E's torch optimizer state_dict} (ids over its dense params, then its
+//     local experts' in module order); under ZeRO {'optimizer': None} (0.19:
+//     not written)
 //   ZeRO 1/2: an expert group (param group with 'moe': True, 'name':
 //     'ep_size_{ep}') lists one rank's local experts (local index i, global
 //     ep_rank * E/ep + i); dp rank D holds ep rank D % ep's experts,

@@ -430,11 +430,10 @@ void CheckExperts(TagFiles& f, Checkpoint& c) {
                       ": mixture-of-experts files with model parallelism are "
                       "not supported yet");
   }
-  if (c.stage == 3 || c.wrapper == Wrapper::kTorch) {
-    throw FormatError(any.string(), ": mixture-of-experts files at ZeRO stage ",
-                      c.stage,
-                      " are not supported yet (read: ZeRO 1 and 2, "
-                      "BF16_Optimizer)");
+  if (c.stage == 3) {
+    throw FormatError(any.string(),
+                      ": mixture-of-experts files at ZeRO stage 3 are not "
+                      "supported (DeepSpeed itself refuses native MoE there)");
   }
   std::map<int64_t, fs::path> legacy, named;  // G -> a file
   for (const auto& [key, path] : f.experts)
@@ -448,6 +447,10 @@ void CheckExperts(TagFiles& f, Checkpoint& c) {
   }
   c.expert_files = f.experts;
   c.expert_optim_files = f.expert_optims;
+  if (c.wrapper == Wrapper::kTorch) {  // stage 0: a file per ep rank
+    c.ep = std::max<int64_t>(1, static_cast<int64_t>(f.expert_optims.size()));
+    return;
+  }
   if (c.first_optim == nullptr) return;
   try {
     const pickle::Value* osd =

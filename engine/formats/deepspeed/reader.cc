@@ -539,7 +539,9 @@ universal::SourcePlan Planner::Run() {
   } else if (c_.wrapper == Wrapper::kTorch) {
     // ZeRO 0 without bf16: the optimizer says which module params are
     // trainable (the others are frozen) before the module is planned.
-    if (fp16_ != Fp16::kNone) {
+    if (moe_) {
+      PlanTorchMoe();
+    } else if (fp16_ != Fp16::kNone) {
       PlanFp16Optimizer();
     } else {
       PlanTorchOptimizer();

@@ -149,6 +149,11 @@ class Planner {
   // its param_slice_mappings name, rank after rank (flat order), shaped as
   // the module's and the expert files' tensors. False if not such a case.
   bool ShapesFromMappings();
+  // ZeRO 0 (fp32): the torch optimizer of each expert-parallel rank E in
+  // expp_rank_E_mp_rank_00_optim_states.pt; its dense groups as every
+  // rank's (rank 0's read), its expert groups ('moe': True) over rank E's
+  // experts.
+  void PlanTorchMoe();
   struct ExpertGroup {
     int64_t ep = 1;               // its expert-parallel size
     std::vector<int64_t> numels;  // of the params of one rank, flat order

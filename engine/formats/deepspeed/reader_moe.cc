@@ -181,7 +181,8 @@ bool Planner::ShapesFromMappings() {
 }
 
 void Planner::ExpandExpertGroups() {
-  if (!moe_) return;
+  // ZeRO 0 has no param_shapes: PlanTorchMoe groups the module's params.
+  if (!moe_ || c_.wrapper == Wrapper::kTorch) return;
   std::vector<Param> local = std::move(params_);
   std::map<std::string, size_t> local_index = std::move(index_);
   params_.clear();
@@ -255,6 +256,126 @@ void Planner::ExpandExpertGroups() {
     names = std::move(global);
     expert_groups_[g] = std::move(eg);
   }
+}
+
+void Planner::PlanTorchMoe() {
+  if (fp16_ != Fp16::kNone) {
+    throw FormatError(
+        "mixture-of-experts at ZeRO stage 0 with fp16 or bf16 "
+        "(FP16_Optimizer) is not supported yet");
+  }
+  const std::map<int64_t, fs::path>& files = c_.expert_optim_files;
+  const auto ep = static_cast<int64_t>(files.size());
+  for (int64_t e = 0; e < std::max<int64_t>(ep, 1); ++e) {
+    if (!files.count(e)) {
+      throw FormatError(c_.tag_dir.string(), ": missing expp_rank_", e,
+                        "_mp_rank_00_optim_states.pt (ZeRO stage 0 keeps "
+                        "each expert-parallel rank's optimizer there; ",
+                        ep, " such files)");
+    }
+  }
+  for (size_t l = 0; l < moe_->num_experts.size(); ++l) {
+    if (moe_->num_experts[l] % ep != 0) {
+      throw FormatError(c_.tag_dir.string(), ": ", ep,
+                        " expp_rank files do not divide the ",
+                        moe_->num_experts[l], " experts of MoE layer ", l);
+    }
+  }
+  // The ep rank holding param i, -1 for a param of no expert.
+  auto rank_of = [&](const Param& p) -> int64_t {
+    const std::optional<ExpertName> x = SplitExpertName(p.name);
+    if (!x) return -1;
+    auto it = moe_layer_of_.find(x->layer);
+    if (it == moe_layer_of_.end()) return -2;  // in no expert group
+    const size_t l = static_cast<size_t>(it->second);
+    return x->expert / (moe_->num_experts[l] / ep);
+  };
+  std::vector<bool> taken(params_.size(), false);
+  for (int64_t e = 0; e < ep; ++e) {
+    const FilePtr f = Open(files.at(e));
+    const std::string where0 =
+        StrCat("rank file ", files.at(e).string(), " > optimizer");
+    try {
+      const Value* opt = Require(f->root(), "optimizer");
+      if (IsNone(opt)) throw FormatError("None at ZeRO stage 0");
+      const Value* state = RequireDict(opt, "state");
+      const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
+      if (e == 0) {
+        groups_.assign(groups.size(), {});
+      } else if (groups.size() != groups_.size()) {
+        throw FormatError(groups.size(), " param groups, expp_rank_0's has ",
+                          groups_.size());
+      }
+      // Ids number the params over the groups in order. A dense group
+      // takes the module's params of no expert in order (every ep rank
+      // holds a copy: rank 0's is read), an expert group ('moe': True)
+      // this ep rank's experts in module order; each id the next one whose
+      // shape is its state's (the others are frozen).
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const Value* moe = Get(groups[g], "moe");
+        const bool expert =
+            moe != nullptr && moe->kind == Kind::kBool && moe->b;
+        const auto& ids = Items(Require(groups[g], "params"), "params");
+        if (e == 0) {
+          group_dicts_.push_back(groups[g]);
+          if (expert) {
+            moe_->expert_groups.push_back(static_cast<int64_t>(g));
+            expert_groups_[g].ep = ep;
+          }
+        }
+        if (!expert && e > 0) continue;
+        size_t next = 0;
+        for (const Value* id : ids) {
+          const int64_t key = Int(id, "param id");
+          const Value* st = GetIndex(state, key);
+          std::optional<Shape> shape;
+          if (st != nullptr) {
+            for (const std::string& k : Keys(st, "state")) {
+              const torchfile::TensorInfo* t =
+                  k == "step" ? nullptr : f->FindTensor(Get(st, k));
+              if (t != nullptr) {
+                shape = t->shape;
+                break;
+              }
+            }
+          }
+          while (next < params_.size() &&
+                 (params_[next].buffer || taken[next] ||
+                  rank_of(params_[next]) != (expert ? e : -1) ||
+                  (shape && params_[next].shape != *shape)))
+            ++next;
+          if (next >= params_.size()) {
+            throw FormatError(
+                "param_groups[", g, "] names param id ", key,
+                shape ? StrCat(" (state of shape ", ShapeString(*shape), ")")
+                      : std::string(),
+                " but no ", expert ? StrCat("expert of ep rank ", e) : "",
+                " param is left to match it");
+          }
+          taken[next] = true;
+          Param& p = params_[next++];
+          p.group = static_cast<int64_t>(g);
+          groups_[g].push_back(p.name);
+          if (st == nullptr) continue;  // never stepped
+          const std::string where = StrCat(where0, " > state[", key, "]");
+          for (const std::string& k : Keys(st, "state")) {
+            if (k == "step") continue;
+            const torchfile::TensorInfo& t =
+                TensorAt(f, Get(st, k), where + " > " + k);
+            state_kinds_.insert(k);
+            Whole(Atom(p, k, t.dtype, false), Tensor(f, t, where),
+                  where + " > " + k);
+          }
+          PlanStep(p, f, st, where);
+        }
+      }
+    } catch (Error& err) {
+      AddContextOnce(err, where0);
+      throw;
+    }
+  }
+  moe_->ep = ep;
+  MarkFrozen(taken);
 }
 
 }  // namespace ucp::deepspeed::internal

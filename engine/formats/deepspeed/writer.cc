@@ -37,7 +37,14 @@ class NativeWriter : public WriterBase {
   const std::string& tag() const { return tag_; }
 
  private:
-  enum class FileKind { kModelStates, kOptim, kLayer, kExpert, kLatest };
+  enum class FileKind {
+    kModelStates,
+    kOptim,
+    kLayer,
+    kExpert,
+    kExpertOptim,
+    kLatest
+  };
   struct FileSpec {
     FileKind kind;
     int64_t pp = 0, tp = 0;
@@ -57,9 +64,13 @@ class NativeWriter : public WriterBase {
   std::map<int64_t, std::vector<size_t>> by_layer_;
 
   Value* OptimFile(FileBuild& f, int64_t rank);
-  Value* TorchOptimizer(FileBuild& f);
+  /// The torch optimizer's state_dict (ZeRO 0 fp32) as dp rank `rank`
+  /// holds it (its ep rank's experts).
+  Value* TorchOptimizer(FileBuild& f, int64_t rank = 0);
   Value* Fp16Optimizer(FileBuild& f);
   Value* GroupDict(FileBuild& f, size_t g, Value* params);
+  /// An expert group's `name` as the target's ("ep_size_<ep>"); `group`.
+  Value* ExpertGroupName(FileBuild& f, size_t g, Value* group);
   /// The inner optimizer's state of one flat group: the step and each
   /// state kind over `windows` of `length` elements.
   Value* FlatState(FileBuild& f, const std::vector<size_t>& members,
@@ -83,6 +94,16 @@ Value* NativeWriter::FlatState(FileBuild& f, const std::vector<size_t>& members,
   return st;
 }
 
+Value* NativeWriter::ExpertGroupName(FileBuild& f, size_t g, Value* group) {
+  // DeepSpeed names an expert group by its expert-parallel size.
+  const Value* name = group->Get("name");
+  if (IsExpertGroup(g) && name != nullptr && name->kind == Kind::kStr &&
+      name->s.starts_with("ep_size_"))
+    AppendOrReplace(f.arena(), group, "name",
+                    f.arena().Str(StrCat("ep_size_", ep_)));
+  return group;
+}
+
 Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   pickle::Arena& a = f.arena();
   Value* d = nullptr;
@@ -95,14 +116,14 @@ Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   return d;
 }
 
-Value* NativeWriter::TorchOptimizer(FileBuild& f) {
+Value* NativeWriter::TorchOptimizer(FileBuild& f, int64_t rank) {
   pickle::Arena& a = f.arena();
   Value* state = a.Dict();
   std::vector<Value*> groups;
   int64_t id = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::vector<Value*> ids;
-    for (size_t i : groups_[g]) {
+    for (size_t i : RankMembers(g, rank)) {
       const TParam& p = params_[i];
       Value* st = a.Dict();
       const std::string where = StrCat("rank file ", f.path().string(),
@@ -119,7 +140,8 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
       if (!st->entries.empty()) state->entries.emplace_back(a.Int(id), st);
       ids.push_back(a.Int(id++));
     }
-    groups.push_back(GroupDict(f, g, a.List(std::move(ids))));
+    groups.push_back(
+        ExpertGroupName(f, g, GroupDict(f, g, a.List(std::move(ids)))));
   }
   Value* opt = a.Dict();
   formats::AppendEntry(a, opt, "state", state);
@@ -253,15 +275,8 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
           FlatTensor("fp32", members, windows, lean, gw + " > fp32")));
       state->entries.emplace_back(a.Int(static_cast<int64_t>(g)),
                                   FlatState(f, members, windows, ps, gw));
-      Value* group = GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))}));
-      if (expert) {
-        // DeepSpeed names an expert group by its expert-parallel size.
-        const Value* name = group->Get("name");
-        if (name != nullptr && name->kind == Kind::kStr &&
-            name->s.starts_with("ep_size_"))
-          AppendOrReplace(a, group, "name", a.Str(StrCat("ep_size_", ep_)));
-      }
-      groups.push_back(group);
+      groups.push_back(ExpertGroupName(
+          f, g, GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))}))));
       paddings.push_back(a.Int(padding));
       counts.push_back(a.Int(Wg));
       Value* map = formats::NewOrderedDict(a);
@@ -310,6 +325,11 @@ NativeWriter::NativeWriter(const universal::UniversalInput& input,
         files_.push_back({FileKind::kOptim, pp, tp, r, 0});
     }
   }
+  if (moe_ && wrapper_ == Wrapper::kTorch && !options_.no_optimizer) {
+    // ZeRO 0: each ep rank's torch optimizer (its experts' state).
+    for (int64_t e = 0; e < ep_; ++e)
+      files_.push_back({FileKind::kExpertOptim, 0, 0, e, 0});
+  }
   if (moe_) {
     // Expert files: one per MoE layer and global expert, whatever the ep.
     for (size_t l = 0; l < moe_->num_experts.size(); ++l)
@@ -349,7 +369,12 @@ std::unique_ptr<FileBuild> NativeWriter::ModelStatesFile(int64_t r) {
   auto f = std::make_unique<FileBuild>(tag_dir_ / name);
   ModelStatesOptions o;
   o.rank = r;
-  if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer)
+  // A MoE save of DeepSpeed < 0.16 has no `optimizer` in its model states
+  // (the expp_rank files hold it).
+  const bool listed = !moe_ || !meta_ || !meta_->model_keys ||
+                      std::count(meta_->model_keys->begin(),
+                                 meta_->model_keys->end(), "optimizer") > 0;
+  if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer && listed)
     o.optimizer = TorchOptimizer(*f);
   if (wrapper_ == Wrapper::kFp16 && !options_.no_optimizer)
     o.optimizer = Fp16Optimizer(*f);
@@ -436,6 +461,16 @@ std::unique_ptr<formats::PlannedFile> NativeWriter::PlanFile(size_t i) {
       case FileKind::kExpert:
         f = ExpertFile(spec.layer, spec.rank);
         break;
+      case FileKind::kExpertOptim: {
+        f = std::make_unique<FileBuild>(
+            tag_dir_ /
+            StrCat("expp_rank_", spec.rank, "_", MpRank(), "_optim_states.pt"));
+        Value* root = f->arena().Dict();
+        formats::AppendEntry(f->arena(), root, "optimizer",
+                             TorchOptimizer(*f, spec.rank));
+        f->SetRoot(root);
+        break;
+      }
       case FileKind::kLatest:
         break;
     }

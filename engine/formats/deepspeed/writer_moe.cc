@@ -27,10 +27,11 @@ void WriterBase::PlaceExperts(bool native) {
         "a mixture-of-experts model's DeepSpeed universal folder is not "
         "written yet: use --format deepspeed");
   }
-  if (wrapper_ != Wrapper::kZero || (stage_ != 1 && stage_ != 2)) {
+  const bool torch = wrapper_ == Wrapper::kTorch && stage_ == 0;
+  if (!torch && (wrapper_ != Wrapper::kZero || (stage_ != 1 && stage_ != 2))) {
     throw UsageError("--zero-stage ", stage_,
                      ": mixture-of-experts DeepSpeed checkpoints are written "
-                     "for ZeRO stage 1 or 2");
+                     "for ZeRO stage 1 or 2, or 0 with fp32 training");
   }
   if (W_ % ep != 0) {
     throw UsageError("--ep ", ep, " does not divide --dp ", W_,
