@@ -127,6 +127,8 @@ def run_case(stage, dtype, world, ep):
         print(f"ok ucp to-universal holds the engine's state (ZeRO {stage} {dtype} world "
               f"{world} ep {ep})", flush=True)
         for n, e, s in CASES[(stage, dtype, world, ep)]:
+            if s == 0 and os.environ["UCP_DEEPSPEED_VERSION"] == "0.14.5":
+                continue  # 0.14.5 loads no MoE checkpoint at ZeRO 0 (test_zero0_...)
             out = t / f"w{n}ep{e}z{s}"
             run("convert", src, "-o", out, "--dp", n, "--ep", e, "--zero-stage", s, "-q",
                 "--no-sync")
