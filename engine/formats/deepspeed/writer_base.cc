@@ -77,6 +77,12 @@ void WriterBase::ReadTopology(bool tensor_parallel) {
   tp_ = t.tp;
   pp_ = t.pp;
   meta_ = ReadDeepSpeedExtras(input_.model(), input_.path());
+  if (t.ep != 1 && !(meta_ && meta_->moe)) {
+    throw UsageError("--ep ", t.ep,
+                     ": the model has no DeepSpeed mixture-of-experts layers "
+                     "(deepspeed.moe), so DeepSpeed's files have no expert "
+                     "parallelism for it");
+  }
   const DeepSpeedModelParallel* mp =
       meta_ && meta_->model_parallel ? &*meta_->model_parallel : nullptr;
   if (mp != nullptr) {

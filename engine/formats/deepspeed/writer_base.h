@@ -57,7 +57,8 @@ class WriterBase {
   void Prepare(bool tensor_parallel = false);
   // Prepare's steps, in order.
   /// The target sizes, the source's record and, for a Megatron-DeepSpeed
-  /// source, its layout and variables.
+  /// source, its layout and variables. Throws UsageError for --ep > 1 without
+  /// DeepSpeed MoE layers.
   void ReadTopology(bool tensor_parallel);
   /// The training dtype, the ZeRO stage and the optimizer wrapper.
   void ChooseOptimizer();
@@ -144,10 +145,10 @@ class WriterBase {
   /// Mixture of experts (writer_moe.cc), after AssignGroups: the target's
   /// expert-parallel size (--ep) and, per expert group, the params of each
   /// ep rank in its flat order; the local name of every expert param on
-  /// the rank holding it. Throws UsageError for --ep > 1 without experts,
-  /// an --ep not dividing --dp or an expert count, a stage other than 1 or
-  /// 2, or a universal folder (`native` false); FormatError for a record
-  /// that does not fit the params.
+  /// the rank holding it. Throws UsageError for an --ep not dividing --dp
+  /// or an expert count, a stage other than 1 or 2 (or 0 with fp32), or a
+  /// universal folder (`native` false); FormatError for a record that does
+  /// not fit the params.
   void PlaceExperts(bool native);
   /// Group g's params on dp rank `rank` (an expert group: its ep rank's).
   const std::vector<size_t>& RankMembers(size_t g, int64_t rank) const;

@@ -13,14 +13,7 @@ namespace ucp::deepspeed::internal {
 
 void WriterBase::PlaceExperts(bool native) {
   const int64_t ep = options_.topology.ep;
-  if (!meta_ || !meta_->moe) {
-    if (ep != 1) {
-      throw UsageError("--ep ", ep,
-                       ": the model has no DeepSpeed mixture-of-experts "
-                       "layers");
-    }
-    return;
-  }
+  if (!meta_ || !meta_->moe) return;  // --ep: ReadTopology
   const DeepSpeedMoe& moe = *meta_->moe;
   if (!native) {
     throw UsageError(
