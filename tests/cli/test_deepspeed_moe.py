@@ -23,8 +23,10 @@ files) the world-2 cases. UCP_DEEPSPEED_VERSION names the one that must run.
    group's partition_count not the expert-data-parallel size) are one error
    line naming the expert or the group, exit 3, nothing written; under ctest
    also through the sanitized ucp_san (UCP_SAN).
-DeepSpeed's own ds_to_universal converts no MoE checkpoint
-(deepspeedai/DeepSpeed#5716), so it is no oracle here.
+DeepSpeed's own ds_to_universal converts no such checkpoint, so it is no oracle
+here: 0.14.5 stops at the missing param_shapes (deepspeedai/DeepSpeed#5716),
+0.19.8 joins the ep ranks' same-named local experts as data-parallel shards
+("RuntimeError: shape '[6]' is invalid for input of size 12" on this model).
 """
 import functools
 import json
