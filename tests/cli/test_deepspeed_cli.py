@@ -6,6 +6,7 @@ own in-memory references) and the independent generator's cases
 optimizer groups, worlds 3 and 8). Oracles: tests/tools/check_deepspeed.py,
 written from the format spec, and DeepSpeed's own files.
 """
+import collections
 import json
 from collections import OrderedDict
 import os
@@ -110,27 +111,35 @@ def test_native_same_topology_reproduces_deepspeeds_files():
 
 
 def test_native_every_stage_and_world_size_round_trips():
-    """Every fixture -> native files for stages 0-3 x dp 1, 2, 3, 8 (checked
-    against the spec's flat layouts and the references) -> universal file
-    whose atoms equal those of the fixture's own universal file."""
+    """Every fixture -> native files for stages 0-3 at dp 1, 2, 3 or 8
+    (checked against the spec's flat layouts and the references) -> universal
+    file whose atoms equal those of the fixture's own universal file. Each
+    fixture goes to every stage, each at one dp, rotated so that the fixtures
+    of each dtype (eight: every source stage and world) reach all 16
+    (stage, dp) targets twice (asserted below)."""
+    dps = (1, 2, 3, 8)
+    covered = collections.Counter()
     with Tmp() as t:
-        for fx in ALL:
+        for i, fx in enumerate(ALL):
             run("to-universal", fx, "-o", t / "a.h5", "-q")
             want, _ = atoms_of(t / "a.h5")
+            offset = i + i // 4
             for stage in (0, 1, 2, 3):
-                for dp in (1, 2, 3, 8):
-                    out = t / f"s{stage}dp{dp}"
-                    run("reshape", t / "a.h5", "-o", out, "--dp", dp, "--zero-stage", stage, "-q")
-                    ck.cmd_native(str(out), str(fx), dp, stage)
-                    run("to-universal", out, "-o", t / "b.h5", "-q")
-                    got, _ = atoms_of(t / "b.h5")
-                    for k, v in want.items():
-                        if k.endswith("/param") and stage == 3:
-                            continue  # ZeRO-3 files hold no lp weights
-                        assert got.get(k) == v, (fx.name, stage, dp, k)
-                    (t / "b.h5").unlink()
-                    shutil.rmtree(out)
+                dp = dps[(offset + stage) % 4]
+                covered["bf16" in fx.name, stage, dp] += 1
+                out = t / f"s{stage}dp{dp}"
+                run("reshape", t / "a.h5", "-o", out, "--dp", dp, "--zero-stage", stage, "-q")
+                ck.cmd_native(str(out), str(fx), dp, stage)
+                run("to-universal", out, "-o", t / "b.h5", "-q")
+                got, _ = atoms_of(t / "b.h5")
+                for k, v in want.items():
+                    if k.endswith("/param") and stage == 3:
+                        continue  # ZeRO-3 files hold no lp weights
+                    assert got.get(k) == v, (fx.name, stage, dp, k)
+                (t / "b.h5").unlink()
+                shutil.rmtree(out)
             (t / "a.h5").unlink()
+    assert len(ALL) == 16 and sorted(covered.values()) == [2] * 32, covered
 
 
 def test_deepspeed_universal_folders_both_ways():
@@ -339,6 +348,7 @@ def test_generated_cases():
                     (t / "b.h5").unlink()
                     shutil.rmtree(out)
             (t / "a.h5").unlink()
+    assert len(ALL) == 16 and sorted(covered.values()) == [2] * 32, covered
 
 
 def test_megatron_deepspeed_tp_pp():

@@ -4,13 +4,27 @@ each: the whole model and its optimizer state gathered from the ranks' memory.
 
   make_moe_torch_dist.py --out DIR [--variant mixtral|deepseek] [--tp T] [--pp P] [--dp D]
                          [--ep E] [--etp X] [--no-optimizer] [--seed S]
+                         [--size LAYERS,HIDDEN,EXPERTS,MOE_FFN] [--no-truth]
                          one save folder DIR (iter_0000010/, latest_checkpointed_iteration.txt)
-                         and DIR/truth.pt
+                         and DIR/truth.pt (not with --no-truth: the benchmarks' large saves)
   make_moe_torch_dist.py check DIR        the truth against the save (torch's own DCP reader)
                                           and against the model's structure; exits 1 on a
                                           problem
   make_moe_torch_dist.py describe DIR     what the save holds: keys, global shapes, chunks,
                                           the _extra_state objects, common.pt
+  make_moe_torch_dist.py load CKPT --truth SAVE [--variant V] [--tp T] [--pp P] [--dp D]
+                         [--ep E] [--etp X] [--optim fully_reshardable|dp_reshardable|
+                         non_distributed]
+                                          megatron-core loads CKPT (a torch_dist save, e.g.
+                                          one ucp wrote) at that layout: the model and the
+                                          optimizer of that form built there,
+                                          dist_checkpointing.load, load_state_dict(strict=True),
+                                          the optimizer's load_state_dict; every model and
+                                          optimizer shard then held equal to SAVE's truth.pt
+                                          (a larger padded vocabulary: zeros past its rows),
+                                          the Adam step too, a negative control per rank (a
+                                          changed expert value found); exits 1 on a problem.
+                                          Tests call run_load() in their own process instead.
 
 The model: megatron-core 0.16's GPTModel of get_gpt_decoder_block_spec (local spec, RMSNorm, no
 Transformer Engine), 2 layers, hidden 16, 4 heads in 2 query groups (GQA), SwiGLU, no linear
@@ -149,7 +163,8 @@ def build(a):
     from megatron.core.models.gpt.gpt_model import GPTModel
     cfg = config(a)
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB,
+    model = GPTModel(config=cfg, transformer_layer_spec=spec,
+                     vocab_size=getattr(a, "vocab", None) or VOCAB,
                      max_sequence_length=64,
                      pre_process=parallel_state.is_pipeline_first_stage(),
                      post_process=parallel_state.is_pipeline_last_stage(),
@@ -305,7 +320,9 @@ def save_rank(rank, world, port, a):
         else None, moe_router_enable_expert_bias=a.variant == "deepseek",
         swiglu=True, normalization="RMSNorm", position_embedding_type="rope",
         untie_embeddings_and_output_weights=True, add_bias_linear=False,
-        make_vocab_size_divisible_by=128, vocab_size=VOCAB - 1, padded_vocab_size=VOCAB,
+        # Megatron pads vocab_size 127 to a multiple of 64 x TP: 128 rows at TP 1 and 2, as
+        # the model is built (a conversion to TP 4 pads to 256).
+        make_vocab_size_divisible_by=64, vocab_size=VOCAB - 1, padded_vocab_size=VOCAB,
         tokenizer_type="NullTokenizer", max_position_embeddings=64, seq_length=64, bf16=True,
         fp16=False, params_dtype=torch.bfloat16, transformer_impl="local",
         ckpt_format="torch_dist", use_distributed_optimizer=opt is not None,
@@ -319,9 +336,9 @@ def save_rank(rank, world, port, a):
         sd["optimizer"] = opt.sharded_state_dict(sd, metadata=content)
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
     # What the truth needs, before the save (which consumes nothing, but keep it apart).
-    pieces, objects = local_pieces(model.sharded_state_dict())
+    pieces, objects = local_pieces(model.sharded_state_dict()) if not a.no_truth else ([], {})
     opt_pieces = []
-    if opt is not None:
+    if opt is not None and not a.no_truth:
         osd = opt.sharded_state_dict({"model": model.sharded_state_dict()},
                                      metadata=dict(content,
                                                    distrib_optim_sharding_type="fully_reshardable"))
@@ -341,6 +358,7 @@ def save_rank(rank, world, port, a):
         every if rank == 0 else None, dst=0)
     if rank == 0:
         (pathlib.Path(a.out) / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
+    if rank == 0 and not a.no_truth:
         truth = {"model": assemble([e[0] for e in every]), "extra_state": {},
                  "config": dict(SIZE, variant=a.variant, tp=a.tp, pp=a.pp, dp=a.dp, ep=a.ep,
                                 etp=a.etp, vocab=VOCAB, iteration=ITERATION, optim=a.optim),
@@ -366,6 +384,171 @@ def run(a):
     ctx = mp.start_processes(save_rank, args=(world, mtd.free_port(), a), nprocs=world,
                              join=False, start_method="fork")
     return mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "moe save")
+
+
+# ---------------------------------------------------------------- load
+
+def compare_shard(sh, tensors, name, mismatches, perturb=False):
+    """One local shard (factories applied) against the truth's global tensor `name`; the
+    vocabulary keys' rows past the truth's (a larger padded vocabulary for the target TP) must
+    be zeros. Returns the number of values compared. perturb: compare with a copy of the truth
+    one of whose values is changed (the negative control)."""
+    want = tensors.get(name)
+    if want is None:
+        mismatches.append(f"{sh.key} {name}: not in the truth")
+        return 0
+    n = sh.prepend_axis_num
+    off = tuple(sh.global_offset[n:])
+    got = sh.data.reshape(tuple(sh.local_shape))
+    if want.dim() and sh.key.endswith(("word_embeddings.weight", "output_layer.weight")):
+        end = off[0] + got.shape[0]
+        if end > want.shape[0]:
+            want = torch.cat([want, want.new_zeros((end - want.shape[0], *want.shape[1:]))])
+    sl = tuple(slice(o, o + z) for o, z in zip(off, got.shape))
+    want = want[sl]
+    if perturb:
+        want = want.clone()
+        want.view(-1)[want.numel() // 2] += 1
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        mismatches.append(f"{sh.key} -> {name} at {off}: differs")
+    return got.numel()
+
+
+def load_rank(rank, world, port, a):
+    """Loads checkpoint a.ckpt into megatron-core's MoE GPTModel and chained
+    DistributedOptimizer built at a.tp/a.pp/a.dp/a.ep/a.etp, as training's load does
+    (dist_checkpointing.load of the model's and the optimizer's sharded state dicts in the
+    form the checkpoint's content_metadata names, load_state_dict(strict=True), the
+    optimizer's load_state_dict), then compares every shard the model and the optimizer hold
+    (the optimizer's by its own fully_reshardable sharded_state_dict) with a.truth."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    mtd.cpu_shims()
+    import mcore_cpu
+    mcore_cpu.shims()
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    parallel_state.initialize_model_parallel(
+        a.tp, a.pp, expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
+    torch.manual_seed(999)  # other values than the checkpoint's
+    model = build(a)
+    opt = None
+    non_distributed = a.optim == "non_distributed"
+    if not a.no_optimizer:
+        # non_distributed: training without --use-distributed-optimizer (a ChainedOptimizer
+        # of Float16OptimizerWithFloat16Params, the experts' own at EP > 1)
+        _, opt = mcore_cpu.ddp_and_optimizer([model], distributed=not non_distributed)
+        if not non_distributed:
+            mcore_cpu.allocate_state(opt)
+    iter_dir = pathlib.Path(a.ckpt) / f"iter_{ITERATION:07d}"
+    content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
+    sd = {"model": model.sharded_state_dict(),
+          "rng_state": mtd.rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())}
+    if opt is not None:
+        sd["optimizer"] = opt.sharded_state_dict(model.sharded_state_dict(), is_loading=True,
+                                                 metadata=content)
+    loaded = dist_checkpointing.load(sd, str(iter_dir))
+    model.load_state_dict(loaded["model"], strict=True)
+    if opt is not None:
+        opt.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
+    truth = a.truth
+    mismatches, checked, values, controls = [], 0, 0, []
+    after = model.sharded_state_dict()
+    apply_factories(after)
+    shards = [("model", sh, truth["model"]) for sh in nested_values(after)
+              if isinstance(sh, ShardedTensor)]
+    steps = []
+    if opt is not None and non_distributed:
+        # What each half holds after its load_state_dict: fp32 main params, moments, step,
+        # under the model's keys (the fully_reshardable form's names).
+        held, held_steps = {}, set()
+        for inner in opt.chained_optimizers:
+            for group in inner.float16_groups:
+                for p in group:
+                    st = inner.optimizer.state[p.main_param]
+                    held[id(p)] = {"param": p.main_param, "exp_avg": st["exp_avg"],
+                                   "exp_avg_sq": st["exp_avg_sq"]}
+                    held_steps.add(float(st["step"]))
+        from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+        from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+        osd = {}
+        for i, sh in enumerate(nested_values(model.sharded_state_dict())):
+            # the params (buffers such as the router's expert bias have no state)
+            if isinstance(sh, (ShardedTensor, ShardedTensorFactory)) and id(sh.data) in held:
+                for state in STATES:
+                    osd[f"{state}.{i}"] = make_sharded_optimizer_tensor(
+                        sh, held[id(sh.data)][state].clone(),
+                        prefix=f"optimizer.state.{state}")
+        apply_factories(osd)
+        shards += [("optimizer", sh, None) for sh in nested_values(osd)
+                   if isinstance(sh, ShardedTensor)]
+        steps = sorted(held_steps)
+        if steps != truth["steps"]:
+            mismatches.append(f"Adam steps {steps}, the source's {truth['steps']}")
+        if "distrib_optim_sharding_type" in content:
+            mismatches.append(f"content_metadata {content}")
+    elif opt is not None:
+        osd = opt.sharded_state_dict(model.sharded_state_dict(), metadata={
+            "distrib_optim_sharding_type": "fully_reshardable",
+            "chained_optim_avoid_prefix": True})
+        apply_factories(osd)
+        for sh in nested_values(osd):
+            if isinstance(sh, ShardedTensor) and sh.key.startswith("optimizer.state."):
+                shards.append(("optimizer", sh, None))
+        steps = sorted(mcore_cpu.held_steps(opt))
+        if steps != truth["steps"]:
+            mismatches.append(f"Adam steps {steps}, the source's {truth['steps']}")
+        if content.get("distrib_optim_sharding_type") != a.optim:
+            mismatches.append(f"content_metadata {content}")
+    for what, sh, tensors in shards:
+        name = truth_name(sh.key, sh.global_offset[:sh.prepend_axis_num])
+        if what == "optimizer":
+            state, name = name.split("/", 1)
+            tensors = truth["optimizer"][state]
+        values += compare_shard(sh, tensors, name, mismatches)
+        checked += 1
+        if not controls and ".mlp.experts." in name:  # negative control, once
+            missed = []
+            compare_shard(sh, tensors, name, missed, perturb=True)
+            controls.append(bool(missed))
+    if not controls or not all(controls):
+        mismatches.append(f"negative control (a changed expert value) not detected: {controls}")
+    experts = sum(1 for w, sh, _ in shards if w == "model" and EXPERTS_INFIX in sh.key)
+    mtd.report(a, {"rank": rank, "ok": not mismatches, "checked": checked, "values": values,
+                   "expert_shards": experts, "steps": steps,
+                   "mismatches": [m[:160] for m in mismatches[:10]]})
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    if mismatches:
+        sys.exit(1)
+
+
+def run_load(ckpt, truth, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable",
+             no_optimizer=False):
+    """`load` in the calling process (a test's, megatron-core imported once there; the ranks
+    forked from it): (every rank exited 0, the ranks' verdicts). truth: a truth.pt's dict (the
+    source's); the model is built with the vocabulary rows of the checkpoint's args
+    (padded_vocab_size, which ucp sets for the target TP)."""
+    import json
+    import tempfile
+    import time
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    iter_dir = pathlib.Path(ckpt) / f"iter_{ITERATION:07d}"
+    args = torch.load(iter_dir / "common.pt", weights_only=False)["args"]
+    a = argparse.Namespace(ckpt=str(ckpt), truth=truth, variant=variant, tp=tp, pp=pp, dp=dp,
+                           ep=ep, etp=etp or tp, optim=optim, no_optimizer=no_optimizer,
+                           vocab=args.padded_vocab_size)
+    with tempfile.TemporaryDirectory(prefix="ucp-moe-load-") as t:
+        a.report = os.path.join(t, "verdicts")
+        world = tp * pp * dp
+        ctx = mp.start_processes(load_rank, args=(world, mtd.free_port(), a), nprocs=world,
+                                 join=False, start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "moe load")
+        path = pathlib.Path(a.report)
+        lines = path.read_text().splitlines() if path.exists() else []
+    return ok, [json.loads(line) for line in lines]
 
 
 # ---------------------------------------------------------------- check
@@ -527,6 +710,23 @@ def describe(folder):
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "load":
+        lp = argparse.ArgumentParser(description="load mode")
+        lp.add_argument("ckpt")
+        lp.add_argument("--truth", required=True, help="the source save (its truth.pt)")
+        lp.add_argument("--variant", choices=("mixtral", "deepseek"), default="mixtral")
+        for k in ("tp", "pp", "dp", "ep"):
+            lp.add_argument(f"--{k}", type=int, default=1)
+        lp.add_argument("--etp", type=int, default=None)
+        lp.add_argument("--optim", default="fully_reshardable",
+                        choices=("fully_reshardable", "dp_reshardable", "non_distributed"))
+        la = lp.parse_args(sys.argv[2:])
+        truth = torch.load(pathlib.Path(la.truth) / "truth.pt", weights_only=False)
+        ok, verdicts = run_load(la.ckpt, truth, la.variant, la.tp, la.pp, la.dp, la.ep,
+                                la.etp, la.optim)
+        for v in verdicts:
+            print(v)
+        sys.exit(0 if ok and verdicts and all(v["ok"] for v in verdicts) else 1)
     if len(sys.argv) > 2 and sys.argv[1] in ("check", "describe"):
         if sys.argv[1] == "check":
             sys.exit(0 if check(sys.argv[2]) else 1)
@@ -547,6 +747,11 @@ def main():
                         "state is gathered in the fully_reshardable form either way)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--check", action="store_true", help="run `check` on the save afterwards")
+    p.add_argument("--size", metavar="LAYERS,HIDDEN,EXPERTS,MOE_FFN",
+                   help="another model size (the benchmarks': bench/moe_bench.py); heads, "
+                        "groups, top-k and the vocabulary stay")
+    p.add_argument("--no-truth", action="store_true",
+                   help="no truth.pt (a large save's: the whole model gathered on rank 0)")
     # Several saves in one process (megatron-core imported once): groups of
     # arguments separated by `--and`.
     groups, cur = [], []
@@ -560,9 +765,15 @@ def main():
     runs = []
     for g in groups:
         a = p.parse_args(g)
+        if a.size:
+            SIZE.update(zip(("layers", "hidden", "experts", "moe_ffn"),
+                            (int(x) for x in a.size.split(","))))
         if a.etp is None:
             a.etp = a.tp
         world = a.tp * a.pp * a.dp
+        if a.tp > 2:
+            p.error("--tp up to 2 (the vocabulary of 128 rows is Megatron's padding of 127 "
+                    "for TP 1 and 2)")
         if world % (a.etp * a.ep * a.pp) or SIZE["experts"] % a.ep:
             p.error(f"etp {a.etp} x ep {a.ep} x pp {a.pp} must divide the world {world} and "
                     f"ep the {SIZE['experts']} experts")

@@ -31,14 +31,13 @@ class TorchDistSource : public formats::Source {
     info_.topology = c_.topology;
     info_.settings["optimizer_sharding"] = c_.optimizer;
     info_.files = c_.files;
-    bool experts = false;
     for (const dcp::Entry& e : c_.dcp.metadata.entries) {
       if (e.tensor && e.fqn == "embedding.word_embeddings.weight")
         info_.dtype = std::string(DTypeName(e.dtype));
-      experts = experts || e.fqn.find(kExpertsInfix) != std::string::npos;
+      experts_ = experts_ || e.fqn.find(kExpertsInfix) != std::string::npos;
     }
     // A mixture-of-experts model: its expert parallel sizes too.
-    if (experts) {
+    if (experts_) {
       info_.settings["ep"] = c_.topology.ep;
       info_.settings["etp"] = c_.topology.ExpertTp();
     }
@@ -69,8 +68,20 @@ class TorchDistSource : public formats::Source {
   // the distributed optimizer's fully_reshardable state too, dp_reshardable
   // and dp_zero_gather_scatter state only across DP. The optimizer's kind must
   // be the run's.
+  //
+  // A mixture-of-experts model fits only at its own TP/PP/VPP/DP/EP/ETP: the
+  // optimizer's structure changes with EP (a ChainedOptimizer with an expert
+  // half only at EP > 1) and the expert half's dp_reshardable buckets with
+  // the expert data-parallel size; otherwise ucp writes a load folder.
   bool Fits(const formats::TargetOptions& o) const override {
     const bool distributed = o.values.Flag(kDistributedOptimizerOption);
+    if (experts_) {
+      const layouts::Topology& t = c_.topology;
+      const layouts::Topology& w = o.topology;
+      if (t.tp != w.tp || t.pp != w.pp || t.vpp != w.vpp || t.dp != w.dp ||
+          t.ep != w.ep || t.ExpertTp() != w.ExpertTp())
+        return false;
+    }
     if (c_.optimizer == "none") return true;
     if (c_.optimizer == "non_distributed") return !distributed;
     if (!distributed) return false;
@@ -96,6 +107,7 @@ class TorchDistSource : public formats::Source {
   Checkpoint c_;
   SourceOptions options_;
   formats::CheckpointInfo info_;
+  bool experts_ = false;  // routed experts (mixture of experts)
 };
 
 class TorchDistDriver : public formats::Driver {

@@ -816,7 +816,9 @@ void Planner::PlanBuckets() {
   // A mixture-of-experts model's ChainedOptimizer: chained_0 the dense half
   // (its buffers over DP), chained_1 the expert half (over expert DP, one
   // group per expert model-parallel rank etp + ETP * (ep + EP * pp)).
-  const int64_t dense_chain = experts_ ? 0 : -1;
+  // At EP 1 the experts are in the dense optimizer (not chained).
+  const bool chained = experts_ && c_.topology.ep > 1;
+  const int64_t dense_chain = chained ? 0 : -1;
   ChunkMembers chunks = BufferMembers();
   const layouts::Topology& t = c_.topology;
   for (int64_t pp = 0; pp < t.pp; ++pp) {
@@ -825,7 +827,7 @@ void Planner::PlanBuckets() {
     for (int64_t tp = 0; tp < t.tp; ++tp)
       PlanBufferGroup(keys, dense_chain, tp + t.tp * pp, t.dp, pp, tp, members);
   }
-  if (!experts_) return;
+  if (!chained) return;
   auto experts = ExpertMembers();
   const int64_t etp = t.ExpertTp();
   for (int64_t pp = 0; pp < t.pp; ++pp)
@@ -978,10 +980,34 @@ Planner::BufferMembers() {
   const Layout& layout = *layout_;
   const layouts::LayerPlacement placement(layout.NumLayers(vars_), t);
   std::map<std::pair<int64_t, int64_t>, std::vector<BufferMember>> chunks;
+  // Experts: ExpertMembers, but at EP 1 (no expert parallelism) in the dense
+  // buffers, in their places sorted as ExpertMembers sorts them.
+  const bool dense_experts = experts_ && t.ep == 1;
   for (Param& p : params_) {
-    if (p.buffer || p.rule->expert) continue;  // experts: ExpertMembers
+    if (p.buffer || (p.rule->expert && !dense_experts)) continue;
     const layouts::Home h = layouts::HomeOf(layout, *p.rule, p.name, placement);
     chunks[{h.pp_rank, h.vp_chunk}].push_back({&p, false});
+  }
+  if (dense_experts) {
+    std::map<const Param*, size_t> order;
+    for (const auto& [pe, per_chunk] : ExpertMembers())
+      for (const std::vector<BufferMember>& members : per_chunk)
+        for (const BufferMember& m : members)
+          order.emplace(m.param, order.size());
+    for (auto& [hk, members] : chunks) {
+      std::vector<size_t> at;
+      std::vector<BufferMember> sorted;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (!members[i].param->rule->expert) continue;
+        at.push_back(i);
+        sorted.push_back(members[i]);
+      }
+      std::stable_sort(sorted.begin(), sorted.end(),
+                       [&](const BufferMember& a, const BufferMember& b) {
+                         return order.at(a.param) < order.at(b.param);
+                       });
+      for (size_t i = 0; i < at.size(); ++i) members[at[i]] = sorted[i];
+    }
   }
   // named_parameters() lists a module's own params before its children's
   // (SharedExpertMLP's gate_weight before its linear_fc1 / linear_fc2);
@@ -1254,7 +1280,10 @@ void Planner::PlanGroups() {
     trainable.push_back(i);
     keys.push_back(megatron::DefaultGroupKey(params_[i].name,
                                              params_[i].full_shape.size()));
-    keys.back().is_expert_parallel = params_[i].rule->expert;
+    // megatron-core marks expert params allreduce=False (their own half of
+    // the optimizer) only with expert parallelism.
+    keys.back().is_expert_parallel =
+        params_[i].rule->expert && c_.topology.ep > 1;
   }
   const megatron::Grouping g = megatron::GroupParams(keys);
   group_of_.assign(params_.size(), -1);

@@ -20,6 +20,19 @@
 //   target DP, as the legacy writer lays out distrib_optim.pt);
 //   extra states and rng states as Megatron's ShardedObjects; common.pt and
 //   the common_state item (the args patched for the target).
+// Mixture of experts (a layout with experts; EP / ETP of the topology):
+//   routed experts under .mlp.experts.experts. with the global expert axis
+//   after the layer axis ([L, E, ...]; with a dense layer or a list-valued
+//   or > 1 moe_layer_freq every layer key per layer, decoder.layers.<g>.…
+//   [E, ...], as TransformerBlock's non_homogeneous_layers), each expert's
+//   matrices split over ETP (TpSizeFor), its chunks in the files of its EP
+//   rank's expert-DP ranks; one _extra_state object per (layer, global
+//   expert); at EP > 1 the chained optimizer: common state {0: dense, 1:
+//   expert} with each half's groups (is_expert_parallel), dp_reshardable
+//   buckets chained_0.… (dense, over DP) and chained_1.…dp_group_idx_<etp +
+//   ETP * (ep + EP * pp)> (experts of that EP rank in named_parameters()
+//   order, over expert DP); at EP 1 the experts are dense params of the one
+//   optimizer (megatron-core marks them expert-parallel only at EP > 1).
 // Files: global rank R = tp + TP * (dp + DP * pp) writes __R_0.distcp; each
 // chunk goes to the DP rank of its (tp, pp) with the fewest bytes so far
 // (the fully parallel save's spreading), objects first in each file. Units:
@@ -89,6 +102,8 @@ class TorchDistPlan : public formats::TargetPlan {
 
  private:
   void ReadMetadata();
+  // experts_, per_layer_, te_moe_norm_, the expert placement.
+  void ReadExpertSettings();
   void PlanKeys();
   // A trainable param of a (pp rank, chunk) buffer, in model order.
   struct Member {
@@ -97,14 +112,33 @@ class TorchDistPlan : public formats::TargetPlan {
     int64_t pp_rank;
     int64_t chunk;
     bool shared;  // shared_embedding: a tied copy or its original
+    // A routed expert's (layer, global expert, ep rank); -1 for the rest.
+    int64_t layer = -1, expert = -1, ep_rank = -1;
   };
+  // The target key of a canonical name: ModelKeyOf's, the layer put back
+  // into a per-layer key (per_layer_), and with a Transformer Engine MoE
+  // layer spec its pre_mlp_layernorm kept; `lead`: the offsets on the
+  // prepended axes (layer of a stacked key, then the global expert).
+  struct TargetKey {
+    std::string key;
+    int64_t layer = -1;   // the global layer (names with one)
+    int64_t expert = -1;  // the global expert (routed experts)
+    std::vector<int64_t> lead;
+    std::vector<int64_t> grid;  // the prepended axes' sizes
+  };
+  TargetKey KeyOf(const std::string& name) const;
   void PlanBuckets(std::vector<Member>& members);
   void AddTo(int64_t rank, dcp::PlannedItem item, bool object);
-  std::string GroupsObjectBytes() const;
+  // The optimizer's state dict object of a dp_reshardable group (chained
+  // optimizer: of half `half`, 0 dense, 1 experts; -1 not chained).
+  std::string GroupsObjectBytes(int half) const;
   size_t KeyIndex(const std::string& fqn, bool tensor, DType dtype,
                   const Shape& shape);
+  // Adds `item` to the file of the (expert) data-parallel rank of (tp_rank,
+  // pp_rank) (with ep_rank >= 0: of (etp rank tp_rank, ep_rank, pp_rank))
+  // holding the fewest bytes so far.
   void AddItem(int64_t tp_rank, int64_t pp_rank, dcp::PlannedItem item,
-               uint64_t bytes, bool object);
+               uint64_t bytes, bool object, int64_t ep_rank = -1);
   // The local tensor of TP rank `tp_rank` of a param's `kind`: its shard
   // and one op per piece (from the atom or its pad atom; destination: the
   // piece's box of the local tensor); the padded rows of a vocab rule.
@@ -116,11 +150,12 @@ class TorchDistPlan : public formats::TargetPlan {
   ShardOps OpsOf(const atoms::StoredParam& p, const Rule& rule,
                  const std::string& kind, int64_t tp_rank) const;
   // The chunks of TP rank `tp_rank` of a param's `kind` (ops from its atom
-  // and pad atom); stacked: prefixed with the layer dim.
+  // and pad atom); prefixed with the key's prepended axes (`lead`: a stacked
+  // key's layer, an expert key's global expert).
   std::vector<dcp::PlannedItem> Chunks(const atoms::StoredParam& p,
                                        const Rule& rule,
                                        const std::string& kind, int64_t tp_rank,
-                                       int64_t layer) const;
+                                       std::span<const int64_t> lead) const;
   std::string ObjectBytes(const std::string& blob_key) const;
 
   // PlanKeys' steps.
@@ -137,13 +172,14 @@ class TorchDistPlan : public formats::TargetPlan {
   // unless the state goes to buckets its optimizer state keys and chunks; a
   // trainable param joins `members`.
   void PlanParam(const std::string& name, const Rule& rule,
-                 const KeyOfName& key, int64_t pp_rank, int64_t vp_chunk,
+                 const TargetKey& key, int64_t pp_rank, int64_t vp_chunk,
                  std::vector<Member>& members);
-  // Chunks(p, rule, kind, tp_rank, layer) as items of key `key`, spread
-  // over the DP ranks of (tp_rank, pp_rank).
+  // Chunks(p, rule, kind, tp_rank, lead) as items of key `key`, spread
+  // over the (expert) DP ranks of (tp_rank, pp_rank) (ep_rank: AddItem).
   void AddChunks(const atoms::StoredParam& p, const Rule& rule,
-                 const std::string& kind, int64_t tp_rank, int64_t layer,
-                 int64_t pp_rank, size_t key, uint64_t element_size);
+                 const std::string& kind, int64_t tp_rank,
+                 std::span<const int64_t> lead, int64_t pp_rank,
+                 int64_t ep_rank, size_t key, uint64_t element_size);
   // The rng state objects of every (tp, pp), notes on fallbacks.
   void PlanRngStates();
   // The common_state object (in a file of TP rank 0 of the first stage).
@@ -165,8 +201,12 @@ class TorchDistPlan : public formats::TargetPlan {
   // One model chunk's buffer of a (tp, pp) group.
   struct ChunkBuffer {
     int64_t tp = 0, pp = 0, v = 0;
-    std::string prefix;  // optimizer.distributed.dp_group_idx_<group>
-    std::string dtype;   // (torch.<param dtype>, torch.<grad dtype>)
+    // The expert half's ep rank (its tp: the etp rank); -1: dense.
+    int64_t ep = -1;
+    int64_t dp = 1;  // the data-parallel size of the optimizer's sharding
+    // [chained_<i>.]optimizer.distributed.dp_group_idx_<group>
+    std::string prefix;
+    std::string dtype;  // (torch.<param dtype>, torch.<grad dtype>)
     DType param_dtype = DType::kBFloat16;
     std::vector<const Member*> members;  // the buffer's, in model order
     megatron::BufferLayout layout;       // indexed like `members`
@@ -177,12 +217,21 @@ class TorchDistPlan : public formats::TargetPlan {
     const Member* member;
   };
   using BucketMembers = std::vector<BucketMember>;
-  // The buckets of group (tp, pp), then its objects (DP rank 0's).
-  void PlanBucketGroup(const std::vector<Member>& members,
-                       const megatron::RunConfig& run, int64_t tp, int64_t pp);
+  // The global rank of data-parallel rank `r` of `buf`'s group.
+  int64_t BufferRank(const ChunkBuffer& buf, int64_t r) const {
+    return buf.ep >= 0 ? layouts::ExpertRank(placed_->topology, buf.tp, buf.ep,
+                                             r, buf.pp)
+                       : Rank(buf.tp, r, buf.pp);
+  }
+  // The buckets of group (tp, pp) (with ep >= 0: the expert half's group
+  // (etp rank tp, ep, pp) of the chained optimizer), then its objects (DP
+  // rank 0's).
+  void PlanBucketGroup(const std::vector<const Member*>& members,
+                       const megatron::RunConfig& run, int64_t tp, int64_t pp,
+                       int64_t ep);
   // Model chunk `v`'s members and buffer layout into `buf` (its tp and pp
   // set); `local_params` counts the elements of the stage's members.
-  void LayOutChunk(const std::vector<Member>& members,
+  void LayOutChunk(const std::vector<const Member*>& members,
                    const megatron::RunConfig& run, int64_t local_params,
                    int64_t v, MemberOps& ops, ChunkBuffer& buf) const;
   // Bucket `b` of `buf`: a key per state kind, each DP rank's slice of it.
@@ -192,6 +241,12 @@ class TorchDistPlan : public formats::TargetPlan {
   void PlanBucketSlice(const BucketMembers& order, const std::string& kind,
                        size_t key, int64_t rank, int64_t lo, int64_t hi,
                        MemberOps& ops);
+  // The optimizer's entry of the common dict (chained optimizer: half
+  // `half`).
+  Value* OptimizerCommon(
+      pickle::Arena& arena,
+      const std::function<Value*(const std::string&)>& import,
+      const std::function<Value*(float)>& scalar, int half) const;
   // The common dict; `scalar` makes a float32 scalar tensor node.
   pickle::Value* BuildCommon(
       pickle::Arena& arena,
@@ -202,9 +257,12 @@ class TorchDistPlan : public formats::TargetPlan {
   // distributed optimizer (its state_dict keeps torch Adam's step there),
   // none for the non-distributed one (the step is common_step) unless the
   // step is FusedAdam's, whose groups keep it.
+  // With `half` >= 0 only the groups of that half of the chained optimizer
+  // of a mixture-of-experts model (0: not is_expert_parallel, 1: is).
   std::vector<Value*> TargetGroups(
       pickle::Arena& arena,
-      const std::function<Value*(const std::string&)>& import) const;
+      const std::function<Value*(const std::string&)>& import,
+      int half = -1) const;
   std::vector<Value*> DefaultGroups(pickle::Arena& arena) const;
   const char* Sharding() const {
     return non_distributed_  ? "non_distributed"
@@ -224,6 +282,18 @@ class TorchDistPlan : public formats::TargetPlan {
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1, cp_ = 1;
   bool write_optimizer_ = false;
   bool dp_reshardable_ = false;
+  // Mixture of experts: routed experts placed by EP / ETP; every layer key
+  // per layer (Megatron's non_homogeneous_layers: a moe_layer_freq list or
+  // > 1); the MoE pre-MLP norm as pre_mlp_layernorm (Transformer Engine's
+  // layer spec; the local spec's is mlp.linear_fc1.layer_norm_weight).
+  bool experts_ = false;
+  // Experts in their own half of a ChainedOptimizer (EP > 1: megatron-core
+  // marks expert params allreduce=False only with expert parallelism; at
+  // EP 1 they are in the dense optimizer's groups and buffers).
+  bool expert_parallel_ = false;
+  bool per_layer_ = false;
+  bool te_moe_norm_ = false;
+  std::optional<layouts::ExpertPlacement> expert_placement_;
   bool non_distributed_ = false;
   // The Adam step (the iteration when the content holds none).
   megatron::TorchStep step_;
@@ -246,9 +316,11 @@ void TorchDistPlan::ReadMetadata() {
   const universal::Model& model = input_.model();
   meta_ = megatron::ReadMegatronExtras(model, input_.path())
               .value_or(megatron::MegatronExtras{});
-  placed_ = formats::PlaceTarget(
-      input_,
-      {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
+  formats::PlaceRequest request{options_.topology, options_.true_vocab_size,
+                                meta_.VocabSizeKnown()};
+  request.experts = true;
+  placed_ = formats::PlaceTarget(input_, request);
+  ReadExpertSettings();
   const universal::SourceInfo& source = model.source;
   source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
   source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
@@ -292,15 +364,126 @@ void TorchDistPlan::ReadMetadata() {
   }
 }
 
+void TorchDistPlan::ReadExpertSettings() {
+  const Layout& layout = placed_->layout;
+  if (!layout.experts()) return;
+  experts_ = true;
+  layouts::Topology& t = placed_->topology;
+  t.etp = t.ExpertTp();  // the args record it
+  expert_parallel_ = t.ep > 1;
+  expert_placement_.emplace(layout.NumExperts(placed_->vars), t.ep);
+  // TransformerBlock.sharded_state_dict: per-layer keys with a list-valued
+  // moe_layer_freq or one > 1; the universal content's variables say which
+  // layers are dense when there are no args.
+  std::optional<megatron::ArgsView> args;
+  if (std::shared_ptr<const torchfile::TorchFile> a = blobs_.Find("args")) {
+    try {
+      args.emplace(a->root(), "args");
+    } catch (const FormatError&) {
+    }
+  }
+  const pickle::Value* freq = args ? args->Find("moe_layer_freq") : nullptr;
+  if (freq != nullptr) {
+    per_layer_ = freq->kind == Kind::kList || freq->kind == Kind::kTuple ||
+                 (freq->kind == Kind::kInt && freq->i > 1);
+  }
+  for (int64_t l = 0; l < placed_->placement.num_layers(); ++l)
+    if (!layout.IsMoeLayer(l, placed_->vars)) per_layer_ = true;
+  // gpt_layer_specs: the local spec's MoE layer keeps its pre-MLP norm as
+  // mlp.linear_fc1.layer_norm_weight in the sharded state dict (its
+  // sharded_state_dict_keys_map), Transformer Engine's as pre_mlp_layernorm.
+  std::optional<std::string> impl;
+  if (args) {
+    try {
+      impl = args->Str("transformer_impl");
+    } catch (const FormatError&) {
+    }
+  }
+  te_moe_norm_ = impl && *impl == "transformer_engine";
+}
+
+TorchDistPlan::TargetKey TorchDistPlan::KeyOf(const std::string& name) const {
+  const KeyOfName k = ModelKeyOf(name);
+  TargetKey out;
+  out.key = k.key;
+  out.layer = k.layer;
+  out.expert = k.expert;
+  constexpr std::string_view kDecoder = "decoder.layers.";
+  if (k.layer >= 0 && te_moe_norm_ &&
+      name.find(".pre_mlp_layernorm.") != std::string::npos)
+    out.key = StrCat(kDecoder, name.substr(name.find("pre_mlp_layernorm.")));
+  if (k.layer >= 0 && !IsStacked(out.key))
+    throw FormatError("a layer name torch_dist cannot stack");
+  if (k.layer >= 0) {
+    if (per_layer_) {
+      out.key = StrCat(kDecoder, k.layer, ".", out.key.substr(kDecoder.size()));
+    } else {
+      out.lead.push_back(k.layer);
+      out.grid.push_back(placed_->placement.num_layers());
+    }
+  }
+  if (k.expert >= 0) {
+    out.lead.push_back(k.expert);
+    if (!expert_placement_)
+      throw FormatError("a routed expert's param in a layout without experts");
+    out.grid.push_back(expert_placement_->num_experts());
+  }
+  return out;
+}
+
 std::vector<Value*> TorchDistPlan::TargetGroups(
     pickle::Arena& arena,
-    const std::function<Value*(const std::string&)>& import) const {
+    const std::function<Value*(const std::string&)>& import, int half) const {
   std::vector<Value*> groups;
   if (Value* list = import("optimizer/param_groups");
       list != nullptr && list->kind == Kind::kList)
     groups.assign(list->items.begin(), list->items.end());
   else if (write_optimizer_)
     groups = DefaultGroups(arena);
+  if (experts_) {
+    // Each half's groups (not chained, EP 1: the dense ones); a source
+    // without expert parallelism has no expert groups: the expert half's
+    // are its dense groups of the keys Megatron's rule gives the routed
+    // experts, marked is_expert_parallel.
+    auto is_expert = [](const Value* g) {
+      const Value* x = g != nullptr && g->IsDictLike()
+                           ? pickle::DictGet(g, "is_expert_parallel")
+                           : nullptr;
+      return x != nullptr && x->kind == Kind::kBool && x->b;
+    };
+    std::vector<Value*> dense, expert;
+    for (Value* g : groups) (is_expert(g) ? expert : dense).push_back(g);
+    if (half == 1 && expert.empty()) {
+      std::vector<megatron::GroupKey> wanted;
+      for (const atoms::StoredParam& p : input_.params()) {
+        const Rule* r = placed_->layout.Find(p.info.fqn, placed_->vars);
+        if (r == nullptr || !r->expert ||
+            p.info.kind != atoms::ParamKind::kParam)
+          continue;
+        megatron::GroupKey k =
+            megatron::DefaultGroupKey(p.info.fqn, p.info.shape.size());
+        k.is_expert_parallel = true;
+        if (std::find(wanted.begin(), wanted.end(), k) == wanted.end())
+          wanted.push_back(k);
+      }
+      for (const megatron::GroupKey& k : wanted) {
+        for (Value* g : dense) {
+          megatron::GroupKey d = megatron::StoredGroupKey(g);
+          d.is_expert_parallel = true;
+          if (d != k) continue;
+          Value* copy = arena.Dict();
+          for (const auto& [key, v] : g->entries) {
+            const bool flag = key != nullptr && key->kind == Kind::kStr &&
+                              key->s == "is_expert_parallel";
+            copy->entries.emplace_back(key, flag ? arena.Bool(true) : v);
+          }
+          expert.push_back(copy);
+          break;
+        }
+      }
+    }
+    groups = half == 1 ? expert : dense;
+  }
   for (Value*& g : groups) {
     if (g == nullptr || !g->IsDictLike()) continue;
     Value* copy = arena.Dict();
@@ -347,6 +530,7 @@ std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
       continue;
     params.push_back(&p);
     keys.push_back(megatron::DefaultGroupKey(p.info.fqn, p.info.shape.size()));
+    keys.back().is_expert_parallel = r->expert && expert_parallel_;
   }
   const megatron::Grouping grouping = megatron::GroupParams(keys);
   std::vector<Value*> out;
@@ -434,11 +618,16 @@ size_t TorchDistPlan::KeyIndex(const std::string& fqn, bool tensor, DType dtype,
 }
 
 void TorchDistPlan::AddItem(int64_t tp_rank, int64_t pp_rank,
-                            dcp::PlannedItem item, uint64_t bytes,
-                            bool object) {
-  int64_t best = Rank(tp_rank, 0, pp_rank);
-  for (int64_t d = 1; d < placed_->topology.dp; ++d) {
-    const int64_t r = Rank(tp_rank, d, pp_rank);
+                            dcp::PlannedItem item, uint64_t bytes, bool object,
+                            int64_t ep_rank) {
+  const layouts::Topology& t = placed_->topology;
+  auto rank = [&](int64_t d) {
+    return ep_rank >= 0 ? layouts::ExpertRank(t, tp_rank, ep_rank, d, pp_rank)
+                        : Rank(tp_rank, d, pp_rank);
+  };
+  int64_t best = rank(0);
+  for (int64_t d = 1; d < (ep_rank >= 0 ? t.ExpertDp() : t.dp); ++d) {
+    const int64_t r = rank(d);
     if (rank_bytes_[static_cast<size_t>(r)] <
         rank_bytes_[static_cast<size_t>(best)])
       best = r;
@@ -479,9 +668,10 @@ TorchDistPlan::ShardOps TorchDistPlan::OpsOf(const atoms::StoredParam& p,
     pad_rows = stored_pad;
     if (pad != nullptr && dim < pad->shape.size()) pad_rows = pad->shape[dim];
   }
-  out.shard =
-      layouts::ShardFor(rule, full, rule.tp.split ? placed_->topology.tp : 1,
-                        rule.tp.split ? tp_rank : 0, out.padded, pad_rows);
+  out.shard = layouts::ShardFor(
+      rule, full,
+      rule.tp.split ? layouts::TpSizeFor(rule, placed_->topology) : 1,
+      rule.tp.split ? tp_rank : 0, out.padded, pad_rows);
   const reshape::SourceTensor main = input_.Tensor(*atom);
   for (const layouts::Piece& piece : out.shard.pieces) {
     reshape::CopyOp op;
@@ -500,11 +690,9 @@ TorchDistPlan::ShardOps TorchDistPlan::OpsOf(const atoms::StoredParam& p,
   return out;
 }
 
-std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
-                                                    const Rule& rule,
-                                                    const std::string& kind,
-                                                    int64_t tp_rank,
-                                                    int64_t layer) const {
+std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(
+    const atoms::StoredParam& p, const Rule& rule, const std::string& kind,
+    int64_t tp_rank, std::span<const int64_t> lead) const {
   ShardOps so = OpsOf(p, rule, kind, tp_rank);
   const layouts::LocalShard& shard = so.shard;
   const size_t dim = static_cast<size_t>(rule.tp.dim);
@@ -531,11 +719,12 @@ std::vector<dcp::PlannedItem> TorchDistPlan::Chunks(const atoms::StoredParam& p,
       out.push_back(std::move(it));
     }
   }
-  if (layer >= 0) {  // [1, ...] at [layer, ...], filled as [...]
+  if (!lead.empty()) {  // [1, .., 1, ...] at [lead..., ...], filled as [...]
     for (dcp::PlannedItem& it : out) {
       it.ops_shape = it.chunk.sizes;
-      it.chunk.offsets.insert(it.chunk.offsets.begin(), layer);
-      it.chunk.sizes.insert(it.chunk.sizes.begin(), 1);
+      it.chunk.offsets.insert(it.chunk.offsets.begin(), lead.begin(),
+                              lead.end());
+      it.chunk.sizes.insert(it.chunk.sizes.begin(), lead.size(), 1);
     }
   }
   return out;
@@ -617,9 +806,7 @@ bool TorchDistPlan::PlanEntry(const std::string& name, const std::string& kind,
                          home.pp_rank, home.vp_chunk, true});
     return false;
   }
-  const KeyOfName key = ModelKeyOf(name);
-  if (key.layer >= 0 && !IsStacked(key.key))
-    throw FormatError("a layer name torch_dist cannot stack");
+  const TargetKey key = KeyOf(name);
   if (kind != "opaque") {
     PlanParam(name, rule, key, home.pp_rank, home.vp_chunk, members);
     return false;
@@ -627,22 +814,23 @@ bool TorchDistPlan::PlanEntry(const std::string& name, const std::string& kind,
   // output_layer._extra_state: Megatron drops it for GPT.
   if (name == "output_layer._extra_state") return false;
   if (!input_.FindOpaque("extra_state/" + name)) return false;
-  const int64_t L = placed_->placement.num_layers();
+  // One object per layer of a stacked key (and per global expert of an
+  // expert key); shard_0_1 otherwise.
   const std::string fqn =
-      key.layer >= 0 ? ObjectKey(key.key, std::vector<int64_t>{key.layer},
-                                 std::vector<int64_t>{L})
-                     : ObjectKey(key.key, std::vector<int64_t>{0},
-                                 std::vector<int64_t>{1});
+      key.lead.empty()
+          ? ObjectKey(key.key, std::vector<int64_t>{0}, std::vector<int64_t>{1})
+          : ObjectKey(key.key, key.lead, key.grid);
   dcp::PlannedItem it;
   it.key = KeyIndex(fqn, false, DType::kUInt8, {});
   keys_[it.key].bytes = ObjectBytes("extra_state/" + name);
   const uint64_t size = keys_[it.key].bytes.size();
-  AddItem(0, home.pp_rank, std::move(it), size, true);
+  AddItem(0, home.pp_rank, std::move(it), size, true,
+          key.expert >= 0 ? expert_placement_->Locate(key.expert).ep_rank : -1);
   return true;
 }
 
 void TorchDistPlan::PlanParam(const std::string& name, const Rule& rule,
-                              const KeyOfName& key, int64_t pp_rank,
+                              const TargetKey& key, int64_t pp_rank,
                               int64_t vp_chunk, std::vector<Member>& members) {
   const atoms::StoredParam* p = input_.FindParam(name);
   if (p == nullptr) throw FormatError("the universal input has no such param");
@@ -652,16 +840,25 @@ void TorchDistPlan::PlanParam(const std::string& name, const Rule& rule,
   if (std::optional<int64_t> pd =
           layouts::PaddedDimSize(rule, placed_->vars, placed_->topology.tp))
     global[static_cast<size_t>(rule.tp.dim)] = *pd;
-  if (key.layer >= 0)
-    global.insert(global.begin(), placed_->placement.num_layers());
+  global.insert(global.begin(), key.grid.begin(), key.grid.end());
   const size_t mk = KeyIndex(key.key, true, p->info.dtype, global);
-  if (p->info.kind != atoms::ParamKind::kBuffer)
+  const int64_t ep_rank =
+      key.expert >= 0 ? expert_placement_->Locate(key.expert).ep_rank : -1;
+  if (p->info.kind != atoms::ParamKind::kBuffer) {
     members.push_back({p, &rule, pp_rank, vp_chunk, false});
+    if (key.expert >= 0) {
+      members.back().layer = key.layer;
+      members.back().expert = key.expert;
+      members.back().ep_rank = ep_rank;
+    }
+  }
   const bool with_state = write_optimizer_ && !dp_reshardable_ &&
                           p->info.kind != atoms::ParamKind::kBuffer &&
                           input_.FindAtom(name, "exp_avg") != nullptr;
-  for (int64_t r = 0; r < (rule.tp.split ? placed_->topology.tp : 1); ++r) {
-    AddChunks(*p, rule, weights, r, key.layer, pp_rank, mk,
+  const int64_t tp =
+      rule.tp.split ? layouts::TpSizeFor(rule, placed_->topology) : 1;
+  for (int64_t r = 0; r < tp; ++r) {
+    AddChunks(*p, rule, weights, r, key.lead, pp_rank, ep_rank, mk,
               ElementSize(p->info.dtype));
     if (!with_state) continue;
     for (const auto& [skey, atom] : non_distributed_
@@ -674,20 +871,21 @@ void TorchDistPlan::PlanParam(const std::string& name, const Rule& rule,
       }
       const size_t sk = KeyIndex(StrCat("optimizer.state.", skey, ".", key.key),
                                  true, DType::kFloat32, global);
-      AddChunks(*p, rule, atom, r, key.layer, pp_rank, sk, 4);
+      AddChunks(*p, rule, atom, r, key.lead, pp_rank, ep_rank, sk, 4);
     }
   }
 }
 
 void TorchDistPlan::AddChunks(const atoms::StoredParam& p, const Rule& rule,
                               const std::string& kind, int64_t tp_rank,
-                              int64_t layer, int64_t pp_rank, size_t key,
+                              std::span<const int64_t> lead, int64_t pp_rank,
+                              int64_t ep_rank, size_t key,
                               uint64_t element_size) {
-  for (dcp::PlannedItem& it : Chunks(p, rule, kind, tp_rank, layer)) {
+  for (dcp::PlannedItem& it : Chunks(p, rule, kind, tp_rank, lead)) {
     it.key = key;
     const uint64_t bytes =
         static_cast<uint64_t>(NumElements(it.chunk.sizes)) * element_size;
-    AddItem(tp_rank, pp_rank, std::move(it), bytes, false);
+    AddItem(tp_rank, pp_rank, std::move(it), bytes, false, ep_rank);
   }
 }
 
@@ -755,20 +953,23 @@ void TorchDistPlan::AddTo(int64_t rank, dcp::PlannedItem item, bool object) {
       std::move(item));
 }
 
-std::string TorchDistPlan::GroupsObjectBytes() const {
+std::string TorchDistPlan::GroupsObjectBytes(int half) const {
   // The optimizer's own state dict without its state: {'param_groups': [...]}.
-  return formats::SaveGraph(
-      [&](torchfile::TorchWriter& w, formats::GraphImporter& imp) {
-        pickle::Arena& a = w.arena();
-        Value* d = a.Dict();
-        formats::AppendEntry(
-            a, d, "param_groups",
-            a.List(TargetGroups(a, [&](const std::string& k) -> Value* {
+  return formats::SaveGraph([&](torchfile::TorchWriter& w,
+                                formats::GraphImporter& imp) {
+    pickle::Arena& a = w.arena();
+    Value* d = a.Dict();
+    formats::AppendEntry(
+        a, d, "param_groups",
+        a.List(TargetGroups(
+            a,
+            [&](const std::string& k) -> Value* {
               std::shared_ptr<const torchfile::TorchFile> f = blobs_.Find(k);
               return f != nullptr ? imp.Import(f, f->root()) : nullptr;
-            })));
-        return a.List({d});
-      });
+            },
+            half)));
+    return a.List({d});
+  });
 }
 
 // The item of the flat elements `fb` of a local tensor whose ops are `ops`,
@@ -832,36 +1033,130 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
       if (c.shared && c.param == m.param) m.shared = true;
   megatron::RunConfig run;
   run.grad_reduce_in_fp32 = true;
+  bool grouped_gemm = false;
   if (std::shared_ptr<const torchfile::TorchFile> a = blobs_.Find("args")) {
     try {
-      run = megatron::ReadRunConfig(megatron::ArgsView(a->root(), "args"));
+      const megatron::ArgsView args(a->root(), "args");
+      run = megatron::ReadRunConfig(args, experts_);
+      grouped_gemm = args.Bool("moe_grouped_gemm").value_or(false);
     } catch (const FormatError&) {
     }
   }
   run.cp = cp_;
+  std::vector<const Member*> dense, routed;
+  for (const Member& m : members)
+    (m.expert >= 0 && expert_parallel_ ? routed : dense).push_back(&m);
+  if (experts_ && placed_->topology.vpp > 1) {
+    throw UsageError(
+        "dp_reshardable optimizer state of a mixture-of-experts model with a "
+        "virtual pipeline (vpp ",
+        placed_->topology.vpp,
+        ") is not written (its expert buffers per model chunk are not "
+        "modelled): use fully_reshardable");
+  }
+  if (experts_ && !expert_parallel_ &&
+      placed_->topology.ExpertTp() != placed_->topology.tp) {
+    throw UsageError(
+        "dp_reshardable optimizer state of a mixture-of-experts model at ep "
+        "1 with etp ",
+        placed_->topology.ExpertTp(), " != tp ", placed_->topology.tp,
+        " is not written (the experts share the dense buffers): use "
+        "fully_reshardable");
+  }
+  // named_parameters() lists a module's own params before its children's
+  // (SharedExpertMLP's gate_weight before its linear_fc1 / linear_fc2),
+  // the sharded state dict (so the source's entries) after them.
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const std::string& name = dense[i]->param->info.fqn;
+    const size_t dot = name.rfind('.');
+    if (dot == std::string::npos) continue;
+    const std::string module = name.substr(0, dot + 1);
+    for (size_t j = 0; j < i; ++j) {
+      const std::string& other = dense[j]->param->info.fqn;
+      if (dense[j]->pp_rank == dense[i]->pp_rank &&
+          dense[j]->chunk == dense[i]->chunk && other.starts_with(module) &&
+          other.find('.', module.size()) != std::string::npos) {
+        std::rotate(dense.begin() + static_cast<ptrdiff_t>(j),
+                    dense.begin() + static_cast<ptrdiff_t>(i),
+                    dense.begin() + static_cast<ptrdiff_t>(i) + 1);
+        break;
+      }
+    }
+  }
+  // Each layer's routed experts in named_parameters() order, SequentialMLP's
+  // local experts one after the other (each one's keys in the source's
+  // order: linear_fc1, linear_fc2), grouped GEMM's linear_fc1.weight<i> of
+  // every expert, then linear_fc2.
+  std::map<std::string, size_t> key_rank;
+  for (const Member& m : members)
+    if (m.expert >= 0)
+      key_rank.try_emplace(ModelKeyOf(m.param->info.fqn).key, key_rank.size());
+  auto order = [&](const Member* m) {
+    const auto k =
+        static_cast<int64_t>(key_rank.at(ModelKeyOf(m->param->info.fqn).key));
+    return grouped_gemm ? std::tuple(m->layer, k, m->expert)
+                        : std::tuple(m->layer, m->expert, k);
+  };
+  auto by_order = [&](const Member* x, const Member* y) {
+    return order(x) < order(y);
+  };
+  // Without expert parallelism the experts are in the dense buffers: sorted
+  // in the places they hold there.
+  std::vector<size_t> at;
+  std::vector<const Member*> sorted;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    if (dense[i]->expert < 0) continue;
+    at.push_back(i);
+    sorted.push_back(dense[i]);
+  }
+  std::stable_sort(sorted.begin(), sorted.end(), by_order);
+  for (size_t i = 0; i < at.size(); ++i) dense[at[i]] = sorted[i];
   for (int64_t pp = 0; pp < placed_->topology.pp; ++pp)
     for (int64_t tp = 0; tp < placed_->topology.tp; ++tp)
-      PlanBucketGroup(members, run, tp, pp);
+      PlanBucketGroup(dense, run, tp, pp, -1);
+  if (!expert_parallel_) return;
+  // The expert half.
+  std::stable_sort(routed.begin(), routed.end(), by_order);
+  const layouts::Topology& t = placed_->topology;
+  for (int64_t pp = 0; pp < t.pp; ++pp) {
+    for (int64_t ep = 0; ep < t.ep; ++ep) {
+      std::vector<const Member*> mine;
+      for (const Member* m : routed)
+        if (m->pp_rank == pp && m->ep_rank == ep) mine.push_back(m);
+      for (int64_t x = 0; x < t.ExpertTp(); ++x)
+        PlanBucketGroup(mine, run, x, pp, ep);
+    }
+  }
 }
 
-void TorchDistPlan::PlanBucketGroup(const std::vector<Member>& members,
+void TorchDistPlan::PlanBucketGroup(const std::vector<const Member*>& members,
                                     const megatron::RunConfig& run, int64_t tp,
-                                    int64_t pp) {
+                                    int64_t pp, int64_t ep) {
+  const layouts::Topology& t = placed_->topology;
   const std::string grad = meta_.grad_dtype.value_or("float32");
   MemberOps ops(*this, tp);
   int64_t local_params = 0;
-  for (const Member& m : members)
-    if (m.pp_rank == pp)
-      local_params += NumElements(ops.Get(m, "fp32").shard.local_shape);
+  for (const Member* m : members)
+    if (m->pp_rank == pp)
+      local_params += NumElements(ops.Get(*m, "fp32").shard.local_shape);
   ChunkBuffer buf;
   buf.tp = tp;
   buf.pp = pp;
-  buf.prefix = StrCat("optimizer.distributed.dp_group_idx_",
-                      tp + placed_->topology.tp * pp);
+  buf.ep = ep;
+  buf.dp = ep >= 0 ? t.ExpertDp() : t.dp;
+  // A mixture-of-experts model's ChainedOptimizer: chained_0 the dense half
+  // (group tp + TP * pp), chained_1 the expert half (group etp + ETP * (ep +
+  // EP * pp), the expert model-parallel rank).
+  const int half = !expert_parallel_ ? -1 : ep >= 0 ? 1 : 0;
+  buf.prefix =
+      StrCat(half >= 0 ? StrCat("chained_", half, ".") : std::string(),
+             "optimizer.distributed.dp_group_idx_",
+             ep >= 0 ? tp + t.ExpertTp() * (ep + t.ep * pp) : tp + t.tp * pp);
   std::vector<std::vector<int64_t>> per_bucket, per_bucket_unpadded;
   std::vector<std::pair<DType, std::string>> dtypes;
-  for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
+  for (int64_t v = 0; v < t.vpp; ++v) {
     LayOutChunk(members, run, local_params, v, ops, buf);
+    if (ep >= 0 && buf.members.empty()) continue;  // no expert buffer
     dtypes.emplace_back(buf.param_dtype, grad);
     buf.dtype =
         StrCat("(torch.", DTypeName(buf.param_dtype), ", torch.", grad, ")");
@@ -884,34 +1179,37 @@ void TorchDistPlan::PlanBucketGroup(const std::vector<Member>& members,
                            std::vector<int64_t>{0}, std::vector<int64_t>{1}),
                  false, DType::kUInt8, {});
     keys_[it.key].bytes = std::move(bytes);
-    AddTo(Rank(tp, 0, pp), std::move(it), true);
+    AddTo(BufferRank(buf, 0), std::move(it), true);
   };
-  object("optimizer", GroupsObjectBytes());
+  object("optimizer", GroupsObjectBytes(half));
   object("per_bucket_numel", BucketSizesBytes(per_bucket, dtypes));
   object("per_bucket_numel_unpadded",
          BucketSizesBytes(per_bucket_unpadded, dtypes));
 }
 
-void TorchDistPlan::LayOutChunk(const std::vector<Member>& members,
+void TorchDistPlan::LayOutChunk(const std::vector<const Member*>& members,
                                 const megatron::RunConfig& run,
                                 int64_t local_params, int64_t v, MemberOps& ops,
                                 ChunkBuffer& buf) const {
   buf.v = v;
   buf.members.clear();
   std::vector<megatron::BufferParam> bparams;
-  for (const Member& m : members) {
-    if (m.pp_rank != buf.pp || m.chunk != v) continue;
-    buf.members.push_back(&m);
-    bparams.push_back({m.param->info.fqn,
-                       NumElements(ops.Get(m, "fp32").shard.local_shape),
-                       m.shared});
+  for (const Member* m : members) {
+    if (m->pp_rank != buf.pp || m->chunk != v) continue;
+    buf.members.push_back(m);
+    bparams.push_back({m->param->info.fqn,
+                       NumElements(ops.Get(*m, "fp32").shard.local_shape),
+                       m->shared});
   }
-  const megatron::BufferOptions bo = run.DistributedBufferOptions(
+  // The expert half's buckets are padded for the expert data-parallel size
+  // (the bucket size rule still the dense DP's, as get_model sets it).
+  megatron::BufferOptions bo = run.DistributedBufferOptions(
       placed_->topology.dp, buf.pp, v, local_params);
-  if (bo.dp != placed_->topology.dp) {
+  if (buf.ep >= 0) bo.dp = std::max<int64_t>(1, run.OptimizerDp(buf.dp));
+  if (bo.dp != buf.dp) {
     throw UsageError(
         "dp_reshardable optimizer state with the optimizer sharded over ",
-        bo.dp, " ranks at data-parallel size ", placed_->topology.dp,
+        bo.dp, " ranks at data-parallel size ", buf.dp,
         " (context parallelism or several distributed-optimizer "
         "instances) is not written");
   }
@@ -932,7 +1230,7 @@ void TorchDistPlan::LayOutChunk(const std::vector<Member>& members,
 void TorchDistPlan::PlanBucket(const ChunkBuffer& buf, size_t b,
                                MemberOps& ops) {
   const megatron::Bucket& bucket = buf.layout.buckets[b];
-  const int64_t dp = placed_->topology.dp;
+  const int64_t dp = buf.dp;
   const int64_t L = (bucket.end - bucket.start) / dp;
   const int64_t n = bucket.numel_unpadded;
   BucketMembers order;  // by start in the bucket
@@ -951,8 +1249,8 @@ void TorchDistPlan::PlanBucket(const ChunkBuffer& buf, size_t b,
                         ".bucket_idx_", b, ".", skey),
                  true, DType::kFloat32, {n});
     for (int64_t r = 0; r < dp; ++r) {
-      PlanBucketSlice(order, kind, key, Rank(buf.tp, r, buf.pp),
-                      std::min(r * L, n), std::min((r + 1) * L, n), ops);
+      PlanBucketSlice(order, kind, key, BufferRank(buf, r), std::min(r * L, n),
+                      std::min((r + 1) * L, n), ops);
     }
   }
 }
@@ -980,6 +1278,38 @@ void TorchDistPlan::PlanBucketSlice(const BucketMembers& order,
     at = z;
   }
   gap(hi);
+}
+
+pickle::Value* TorchDistPlan::OptimizerCommon(
+    pickle::Arena& arena,
+    const std::function<Value*(const std::string&)>& import,
+    const std::function<Value*(float)>& scalar, int half) const {
+  // The optimizer's own state dict without its per-param state (the
+  // groups' 'params' are not saved: each rank's own at load); the
+  // non-distributed optimizer's with {'state': {'common_step': tensor}}
+  // (torch Adam cannot load a state without a per-param step).
+  Value* opt = arena.Dict();
+  Value* inner = arena.Dict();
+  if (non_distributed_) {
+    Value* state = arena.Dict();
+    formats::AppendEntry(arena, state, "common_step",
+                         scalar(static_cast<float>(step_.value)));
+    formats::AppendEntry(arena, inner, "state", state);
+  }
+  formats::AppendEntry(arena, inner, "param_groups",
+                       arena.List(TargetGroups(arena, import, half)));
+  // dp_reshardable keeps the optimizer's own state dict (and the grad
+  // scaler's) as objects of each model-parallel group instead.
+  if (!dp_reshardable_) {
+    formats::AppendEntry(arena, opt, "optimizer", inner);
+    if (Value* gs = import("grad_scaler"))
+      formats::AppendEntry(arena, opt, "grad_scaler", gs);
+  }
+  if (!non_distributed_) {
+    formats::AppendEntry(arena, opt, "param_state_sharding_type",
+                         arena.Str(Sharding()));
+  }
+  return opt;
 }
 
 // The common dict of generate_state_dict, in its order.
@@ -1022,30 +1352,16 @@ pickle::Value* TorchDistPlan::BuildCommon(
   add("checkpoint_version", version != nullptr ? version : arena.Float(3.0));
   add("iteration", arena.Int(input_.model().iteration));
   if (write_optimizer_) {
-    // The optimizer's own state dict without its per-param state (the
-    // groups' 'params' are not saved: each rank's own at load); the
-    // non-distributed optimizer's with {'state': {'common_step': tensor}}
-    // (torch Adam cannot load a state without a per-param step).
-    Value* opt = arena.Dict();
-    Value* inner = arena.Dict();
-    if (non_distributed_) {
-      Value* state = arena.Dict();
-      formats::AppendEntry(arena, state, "common_step",
-                           scalar(static_cast<float>(step_.value)));
-      formats::AppendEntry(arena, inner, "state", state);
-    }
-    formats::AppendEntry(arena, inner, "param_groups",
-                         arena.List(TargetGroups(arena, import)));
-    // dp_reshardable keeps the optimizer's own state dict (and the grad
-    // scaler's) as objects of each model-parallel group instead.
-    if (!dp_reshardable_) {
-      formats::AppendEntry(arena, opt, "optimizer", inner);
-      if (Value* gs = import("grad_scaler"))
-        formats::AppendEntry(arena, opt, "grad_scaler", gs);
-    }
-    if (!non_distributed_) {
-      formats::AppendEntry(arena, opt, "param_state_sharding_type",
-                           arena.Str(Sharding()));
+    // A mixture-of-experts model's ChainedOptimizer: {0: the dense half's,
+    // 1: the expert half's} (its sharded_state_dict's dict of the two).
+    Value* opt =
+        OptimizerCommon(arena, import, scalar, expert_parallel_ ? 0 : -1);
+    if (expert_parallel_) {
+      Value* halves = arena.Dict();
+      halves->entries.emplace_back(arena.Int(0), opt);
+      halves->entries.emplace_back(arena.Int(1),
+                                   OptimizerCommon(arena, import, scalar, 1));
+      opt = halves;
     }
     add("optimizer", opt);
     add("opt_param_scheduler", import("top_level/opt_param_scheduler"));
@@ -1116,6 +1432,10 @@ formats::TargetSummary TorchDistPlan::Summary() const {
           ? StrCat(" --num-virtual-stages-per-pipeline-rank ",
                    placed_->topology.vpp)
           : std::string(),
+      experts_ ? StrCat(" --expert-model-parallel-size ", placed_->topology.ep,
+                        " --expert-tensor-parallel-size ",
+                        placed_->topology.ExpertTp())
+               : std::string(),
       options_.distributed_optimizer ? " --use-distributed-optimizer" : "",
       write_optimizer_ && options_.distributed_optimizer && !dp_reshardable_
           ? " --dist-ckpt-optim-fully-reshardable"

@@ -189,5 +189,74 @@ TEST(PlacedTargetTest, RequestLayoutAndCountedLayers) {
                LayoutError);
 }
 
+// A 2-layer Mixtral-like MoE model of 4 routed experts (mcore-moe-mixtral);
+// `bias`: the experts have biases.
+ParamsOnly Mixtral(bool bias = false) {
+  universal::Model m;
+  m.layout_yaml = layouts::Layout::Builtin("mcore-moe-mixtral").yaml();
+  for (const auto& [k, v] : std::vector<std::pair<std::string, int64_t>>{
+           {"num_layers", 2},
+           {"vocab_size", 128},
+           {"make_vocab_size_divisible_by", 64},
+           {"num_attention_heads", 4},
+           {"num_query_groups", 2},
+           {"num_moe_experts", 4}})
+    m.variables.Set(k, v);
+  std::vector<atoms::StoredParam> ps;
+  ps.push_back(Param("embedding.word_embeddings.weight", {128, 16}));
+  for (int l = 0; l < 2; ++l) {
+    ps.push_back(
+        Param(StrCat("decoder.layers.", l, ".mlp.router.weight"), {4, 16}));
+    for (int e = 0; e < 4; ++e) {
+      const std::string x = StrCat("decoder.layers.", l, ".mlp.experts.", e);
+      ps.push_back(Param(x + ".linear_fc1.weight", {16, 16}));
+      ps.push_back(Param(x + ".linear_fc2.weight", {16, 8}));
+      if (bias) ps.push_back(Param(x + ".linear_fc2.bias", {16}));
+    }
+  }
+  return ParamsOnly(std::move(m), std::move(ps));
+}
+
+TEST(PlacedTargetTest, ExpertSizesMegatronRefusesAreUsageErrorsNamingThem) {
+  const ParamsOnly moe = Mixtral();
+  PlaceRequest r{Topo(1, 1, 1, 3), std::nullopt};
+  r.topology.ep = 3;  // 4 experts
+  r.experts = true;
+  EXPECT_THAT([&] { PlaceTarget(moe, r); },
+              ThrowsMessage<UsageError>(
+                  HasSubstr("--ep 3 does not divide the 4 experts")));
+  // Expert parallelism without experts (Megatron-LM's arguments).
+  PlaceRequest dense{Topo(1, 1, 1, 2), std::nullopt};
+  dense.topology.ep = 2;
+  EXPECT_THAT([&] { PlaceTarget(Gpt(), dense); },
+              ThrowsMessage<UsageError>(HasSubstr("has no routed experts")));
+  // Expert biases with ETP > 1 (TransformerConfig: only with ETP 1).
+  const ParamsOnly biased = Mixtral(/*bias=*/true);
+  PlaceRequest b{Topo(2, 1, 1, 2), std::nullopt};
+  b.topology.ep = 2;
+  b.experts = true;
+  EXPECT_THAT([&] { PlaceTarget(biased, b); },
+              ThrowsMessage<UsageError>(HasSubstr("--etp 2: the experts have "
+                                                  "biases")));
+  // Control: at ETP 1 the size check passes (this layout then has no rule
+  // for expert biases).
+  b.topology.etp = 1;
+  EXPECT_THAT([&] { PlaceTarget(biased, b); },
+              ThrowsMessage<LayoutError>(HasSubstr("linear_fc2.bias")));
+}
+
+TEST(PlacedTargetTest, ExpertsPlacedOnlyForAWriterThatPlacesThem) {
+  const ParamsOnly moe = Mixtral();
+  PlaceRequest r{Topo(1, 1, 1, 4), std::nullopt};
+  r.topology.ep = 4;
+  EXPECT_THAT([&] { PlaceTarget(moe, r); },
+              ThrowsMessage<UsageError>(HasSubstr("mixture-of-experts")));
+  r.experts = true;
+  const PlacedTarget t = PlaceTarget(moe, r);
+  EXPECT_EQ(t.topology.ep, 4);
+  EXPECT_EQ(t.topology.ExpertDp(), 1);
+  EXPECT_EQ(t.layout.NumExperts(t.vars), 4);
+}
+
 }  // namespace
 }  // namespace ucp::formats
