@@ -341,7 +341,8 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
 
 
 def test_ep_etp_flags_listed_and_refused_as_megatron_refuses_them():
-    """--ep/--etp: listed by `ucp formats --json` for the two Megatron targets only; the sizes
+    """--ep/--etp: listed by `ucp formats --json` for the two Megatron targets (deepspeed: --ep
+    for its own MoE layers, refused for these experts); the sizes
     megatron-core 0.16 refuses are one usage line naming the numbers, nothing written: an ep
     that does not divide the 4 experts (MoELayer: num_moe_experts % ep_size == 0), etp x ep x
     pp not dividing the world (initialize_model_parallel's RuntimeError), --ep on a format
@@ -351,7 +352,10 @@ def test_ep_etp_flags_listed_and_refused_as_megatron_refuses_them():
     for name in ("megatron", "megatron-torch-dist"):
         assert formats[name]["target_topology"] == ["tp", "pp", "vpp", "dp", "ep", "etp"], \
             formats[name]
-    for name in ("deepspeed", "dcp", "mindspore"):
+    # DeepSpeed: --ep only (its MoE layers' expert groups split the dp ranks).
+    assert formats["deepspeed"]["target_topology"] == ["tp", "pp", "dp", "ep"], \
+        formats["deepspeed"]
+    for name in ("dcp", "mindspore"):
         assert "ep" not in formats[name]["target_topology"], formats[name]
     help_text = run("convert", "--help").stdout
     assert "--ep N" in help_text and "--etp N" in help_text, help_text

@@ -177,12 +177,13 @@ def ds_to_universal(input_folder, output_folder):
 # --- in a rank process ---------------------------------------------------------
 
 VOCAB = 11  # the rich model's vocabulary
+MOE_EXPERTS = 4  # the moe model's experts
 
 
-def model_and_engine(stage, dtype, extra=None, model="mlp", perturb=False):
+def model_and_engine(stage, dtype, extra=None, model="mlp", perturb=False, ep=2):
     """The engine of `model` at ZeRO `stage`. perturb: every param group's lr, weight decay,
     betas and eps differ from the ones the source trained with (a load must bring the
-    source's back from the checkpoint)."""
+    source's back from the checkpoint). ep: the moe model's expert-parallel size."""
     import deepspeed
     import torch
     import torch.nn as nn
@@ -216,6 +217,41 @@ def model_and_engine(stage, dtype, extra=None, model="mlp", perturb=False):
             logits = self.head(self.norm(h)).float()
             return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
 
+    class Expert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(6, 5)
+            self.fc2 = nn.Linear(5, 6)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    class Moe(nn.Module):
+        """deepspeed.moe.layer.MoE (MOE_EXPERTS experts over `ep` ranks, top-1 gate)
+        between two dense layers; each expert initialised from its global index, so
+        that experts differ whatever rank holds them."""
+        def __init__(self):
+            super().__init__()
+            from deepspeed.moe.layer import MoE
+            self.fc_in = nn.Linear(7, 6)
+            self.moe = MoE(hidden_size=6, expert=Expert(), num_experts=MOE_EXPERTS,
+                           ep_size=ep, k=1, min_capacity=4)
+            self.fc_out = nn.Linear(6, 5)
+            local = self.moe.num_local_experts
+            # DeepSpeed's expert-parallel groups are consecutive ranks (checked in globally(),
+            # once deepspeed.initialize has made them)
+            ep_rank = torch.distributed.get_rank() % ep
+            experts = self.moe.deepspeed_moe.experts.deepspeed_experts
+            for i, e in enumerate(experts):
+                g = torch.Generator().manual_seed(500 + ep_rank * local + i)
+                with torch.no_grad():
+                    for q in e.parameters():
+                        q.copy_(torch.randn(q.shape, generator=g) * 0.3)
+
+        def forward(self, x, y):
+            h, _, _ = self.moe(torch.relu(self.fc_in(x)))
+            return nn.functional.mse_loss(self.fc_out(h).float(), y.float())
+
     if dtype == "fp16":  # the module docstring: the CPU accelerator's fp16 flag only
         from deepspeed.accelerator import get_accelerator
         acc = get_accelerator()
@@ -223,8 +259,12 @@ def model_and_engine(stage, dtype, extra=None, model="mlp", perturb=False):
         acc.supported_dtypes = lambda: [torch.float, torch.half, torch.bfloat16]
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(1234)
-    net = MLP() if model == "mlp" else Rich()
+    net = {"mlp": MLP, "rich": Rich, "moe": Moe}[model]()
     params = net.parameters()
+    if model == "moe":  # DeepSpeed's expert groups (ZeRO partitions them over expert DP)
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        params = split_params_into_different_moe_groups_for_optimizer(
+            {"params": list(net.parameters()), "name": "params"})
     opt = {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}
     if model == "rich":
         # Two param groups (the weights with decay, the rest without; each its own lr);
@@ -255,14 +295,27 @@ def batch(model, dtype, g):
     if model == "rich":
         return (torch.randint(0, VOCAB, (2, 5), generator=g),
                 torch.randint(0, VOCAB, (2, 5), generator=g))
-    x = torch.randn(2, 7, generator=g)
-    y = torch.randn(2, 5, generator=g)
+    n = 8 if model == "moe" else 2  # moe: tokens for every expert
+    x = torch.randn(n, 7, generator=g)
+    y = torch.randn(n, 5, generator=g)
     if dtype in ("bf16", "fp16"):
         x = x.to(torch.bfloat16 if dtype == "bf16" else torch.float16)
     return x, y
 
 
 SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "scale_factor", "scale_window")
+
+
+def every_expert(engine, name):
+    """The moe model: a local expert param's name as every expert-parallel rank's
+    global one (an expert group lists each rank's experts); [name] otherwise."""
+    moe = getattr(engine.module, "moe", None)
+    head, sep, tail = name.partition(EXPERT_INFIX)
+    if moe is None or not sep:
+        return [name]
+    local, dot, rest = tail.partition(".")
+    return [f"{head}{sep}{e * moe.num_local_experts + int(local)}{dot}{rest}"
+            for e in range(moe.ep_size)]
 
 
 def optimizer_facts(engine):
@@ -282,7 +335,8 @@ def optimizer_facts(engine):
         lists = [g["params"] for g in inner.param_groups]
     groups = []
     for i, g in enumerate(inner.param_groups):
-        groups.append({"params": sorted(names.get(id(p), "?") for p in lists[i]),
+        groups.append({"params": sorted(n for p in lists[i]
+                                        for n in every_expert(engine, names.get(id(p), "?"))),
                        **{k: list(g[k]) if k == "betas" else g[k]
                           for k in ("lr", "weight_decay", "betas", "eps")}})
     scaler = getattr(opt, "loss_scaler", None) or getattr(opt, "loss_scale_config", None)
@@ -386,10 +440,46 @@ def in_memory(engine, stage, with_optimizer=True):
     return module, master, optim
 
 
+EXPERT_INFIX = "deepspeed_moe.experts.deepspeed_experts."
+
+
+def globally(engine, dicts):
+    """The moe model: `dicts` (name or name::kind -> tensor, each rank its own local experts)
+    under DeepSpeed's global expert names (the layer files' `...deepspeed_experts.{G}...`),
+    merged over all ranks: every rank gets every expert (the ranks of one expert-data-parallel
+    group hold equal copies; a difference between them is reported as a failure list)."""
+    import torch
+    from deepspeed.utils import groups
+    moe = engine.module.moe
+    ep_rank = groups._get_expert_parallel_rank(moe.expert_group_name)
+    assert ep_rank == torch.distributed.get_rank() % moe.ep_size, "Moe's expert init is wrong"
+    base = ep_rank * moe.num_local_experts
+
+    def rename(k):
+        head, sep, tail = k.partition(EXPERT_INFIX)
+        if not sep:
+            return k
+        local, dot, rest = tail.partition(".")
+        return f"{head}{sep}{base + int(local)}{dot}{rest}"
+
+    mine = [{rename(k): v for k, v in d.items()} for d in dicts]
+    everyone = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, mine)
+    merged = [{} for _ in dicts]
+    differ = []
+    for theirs in everyone:
+        for m, d in zip(merged, theirs):
+            for k, v in d.items():
+                if k in m and m[k] is not None and v is not None and not torch.equal(m[k], v):
+                    differ.append(f"{k}: expert-data-parallel copies differ")
+                m.setdefault(k, v)
+    return merged, differ
+
+
 def rank_make(a):
     import deepspeed
     import torch
-    engine = model_and_engine(a.stage, a.dtype, model=a.model)
+    engine = model_and_engine(a.stage, a.dtype, model=a.model, ep=a.ep)
     rank = torch.distributed.get_rank()
     g = torch.Generator().manual_seed(99 + rank)
     for _ in range(2):
@@ -399,6 +489,9 @@ def rank_make(a):
         engine.step()
     engine.save_checkpoint(a.out, tag="global_step2")
     module, master, optim = in_memory(engine, a.stage)
+    if a.model == "moe":
+        (module, master, optim), differ = globally(engine, (module, master, optim))
+        assert not differ, differ
     # DeepSpeed 0.14.5 at ZeRO 3 on CPU now and then trains to NaN when the
     # machine is loaded (seen 1 run in 8 with 4 makes at once on 2 cores; the
     # same seeds give finite numbers otherwise). A NaN source proves nothing
@@ -416,8 +509,7 @@ def rank_make(a):
         torch.save(module, out / "reference_module_params.pt")
         torch.save(master, out / "reference_fp32_master.pt")
         torch.save(optim, out / "reference_optim_state.pt")
-        shapes = {n: list(getattr(p, "ds_shape", p.shape))
-                  for n, p in engine.module.named_parameters()}
+        shapes = {n: list(t.shape) for n, t in module.items()}
         meta = dict(deepspeed_version=deepspeed.__version__, torch_version=torch.__version__,
                     zero_stage=a.stage, dtype=a.dtype, world_size=torch.distributed.get_world_size(),
                     model=a.model, steps=2, tag="global_step2", param_shapes=shapes,
@@ -426,6 +518,7 @@ def rank_make(a):
                     frozen=[n for n, p in engine.module.named_parameters()
                             if not p.requires_grad],
                     tied={"head.weight": "embed.weight"} if a.model == "rich" else {},
+                    **({"ep": a.ep, "num_experts": MOE_EXPERTS} if a.model == "moe" else {}),
                     optimizer_facts=optimizer_facts(engine))
         (out / "meta.json").write_text(json.dumps(meta, indent=1))
     torch.distributed.barrier()
@@ -439,7 +532,7 @@ def rank_load(a):
     import deepspeed
     import torch
     extra = {"checkpoint": {"load_universal": True}} if a.universal else None
-    engine = model_and_engine(a.stage, a.dtype, extra, model=a.model, perturb=True)
+    engine = model_and_engine(a.stage, a.dtype, extra, model=a.model, perturb=True, ep=a.ep)
     path, _ = engine.load_checkpoint(a.dir)
     failures = []
     if path is None:
@@ -457,7 +550,15 @@ def rank_load(a):
     optim = {}
     resaved_master = {}
     rank = torch.distributed.get_rank()
-    if a.stage == 0:  # not partitioned: every rank holds all of it
+    if a.model == "moe":
+        # Every expert's numbers from the ranks holding it; DeepSpeed's ds_to_universal
+        # converts no MoE checkpoint (deepspeedai/DeepSpeed#5716), so the moments are the
+        # engine's own (full_state: the fragment from the flat partition's state where
+        # DeepSpeed's API finds none).
+        module, master, optim = in_memory(engine, a.stage)
+        (module, master, optim), differ = globally(engine, (module, master, optim))
+        failures += differ
+    elif a.stage == 0:  # not partitioned: every rank holds all of it
         optim = in_memory(engine, a.stage)[2]
     else:
         resave = pathlib.Path(a.scratch) / "resave"
@@ -519,9 +620,9 @@ def rank_load(a):
         if not stale_masters:
             same(master.get(n) if master.get(n) is not None else module.get(n), want,
                  f"fp32 master {n}")
-        if rank == 0 and a.stage != 0:
+        if rank == 0 and a.stage != 0 and a.model != "moe":
             same(resaved_master.get(n), want, f"fp32 master {n} (re-saved)")
-    if a.stage == 0 or rank == 0:
+    if a.stage == 0 or rank == 0 or a.model == "moe":
         for k, t in want_optim.items():
             same(optim.get(k), t, f"optimizer state {k}")
     # The param groups (membership and hyper-parameters; the engine was made with other
@@ -574,8 +675,10 @@ def parse(argv):
         p.add_argument("--world", type=int, required=True)
         p.add_argument("--stage", type=int, required=True, choices=[0, 1, 2, 3])
         p.add_argument("--dtype", required=True, choices=["fp32", "bf16", "fp16"])
-        p.add_argument("--model", default="mlp", choices=["mlp", "rich"],
-                       help="rich: two param groups, a frozen weight, tied weights")
+        p.add_argument("--model", default="mlp", choices=["mlp", "rich", "moe"],
+                       help="rich: two param groups, a frozen weight, tied weights; moe: "
+                       "deepspeed.moe.layer.MoE with 4 experts")
+        p.add_argument("--ep", type=int, default=2, help="moe: the expert-parallel size")
     return ap.parse_args([str(x) for x in argv])
 
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,18 @@ struct Checkpoint {
   /// rank, (layer index, path) by index.
   std::vector<std::vector<std::pair<int64_t, std::filesystem::path>>>
       layer_files;
+  /// Mixture of experts (deepspeed.moe.layer.MoE): the expert files
+  /// layer_{L}_expert_{G}_mp_rank_00_model_states.pt by (MoE layer L, global
+  /// expert G); the legacy expert_{G}_mp_rank_00_model_states.pt (every
+  /// layer's params of expert G) under L = -1. Empty without experts.
+  std::map<std::pair<int64_t, int64_t>, std::filesystem::path> expert_files;
+  /// expp_rank_{E}_mp_rank_00_optim_states.pt by expert-parallel rank E
+  /// (stage 0's expert optimizer; DeepSpeed writes none under ZeRO, or
+  /// {'optimizer': None}).
+  std::map<int64_t, std::filesystem::path> expert_optim_files;
+  /// The expert-parallel size: dp over the partition_count of the first
+  /// expert group ('moe': True) of optimizer file 0; 1 without experts.
+  int64_t ep = 1;
   /// A universal folder: its zero/ folder (per-param atoms and
   /// optimizer_state.pt) replaces the optimizer files.
   std::filesystem::path zero_dir;
@@ -76,10 +89,13 @@ std::vector<formats::SavedCheckpoint> ListTags(
 /// Finds the checkpoint: `dir/latest`'s tag (or `tag`), or `dir` itself if it
 /// is a tag folder. Checks that every rank file the checkpoint's own world
 /// size and model parallelism need is there and that the files agree on
-/// them. Throws UsageError if there is no `latest` and no tag is given
-/// (naming the tags present), FormatError naming the missing / extra /
-/// mismatched file, or an unsupported layout (MoE expert files, an unknown
-/// ZeRO stage); IoError if `dir` is not a readable folder.
+/// them, and lists a mixture-of-experts checkpoint's expert files (which
+/// experts each MoE layer needs is checked by PlanSource). Throws
+/// UsageError if there is no `latest` and no tag is given (naming the tags
+/// present), FormatError naming the missing / extra / mismatched file, or
+/// an unsupported layout (expert files with model parallelism or at ZeRO
+/// stage 0 or 3, an unknown ZeRO stage); IoError if `dir` is not a
+/// readable folder.
 Checkpoint Discover(const std::filesystem::path& dir, const std::string& tag);
 
 /// Reads every rank file (index and pickle only) and plans the universal

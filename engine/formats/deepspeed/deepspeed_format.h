@@ -1,8 +1,9 @@
 #pragma once
 // DeepSpeed checkpoints (DeepSpeed 0.14-0.19 runtime/engine.py save_checkpoint,
 // checkpoint/constants.py, runtime/zero/stage_1_and_2.py), as this driver reads
-// and writes them, Megatron-DeepSpeed's model parallelism included (below); MoE
-// files are refused.
+// and writes them, Megatron-DeepSpeed's model parallelism and
+// mixture-of-experts layers (ZeRO 0-2, without model parallelism) included
+// (below).
 //
 // Folders
 //   <save>/latest                 the tag, no newline (written last)
@@ -57,6 +58,23 @@
 //   ZeRO 3: per sub-group, per param p = ceil(n/W); rank r holds
 //     padded(param)[r*p, (r+1)*p), params back to back.
 //
+// Mixture of experts (deepspeed.moe.layer.MoE, engine._save_moe_checkpoint):
+//   mp_rank_00_model_states.pt  the module without expert params, num_experts
+//     [per MoE layer]; DeepSpeed < 0.16: no param_shapes, buffer_names,
+//     ds_config (the groups then come from param_slice_mappings)
+//   layer_{L}_expert_{G}_mp_rank_00_model_states.pt  {<m>.deepspeed_moe.
+//     experts.deepspeed_experts.{G}.<p>: tensor} for MoE layer L (module
+//     order), global expert G (L, G unpadded); legacy expert_{G}_mp_rank_00_
+//     model_states.pt: every layer's params of expert G
+//   expp_rank_{E}_mp_rank_00_optim_states.pt  ZeRO 0: {'optimizer': ep rank
+//     E's torch optimizer state_dict} (ids over its dense params, then its
+//     local experts' in module order); under ZeRO {'optimizer': None} (0.19:
+//     not written)
+//   ZeRO 1/2: an expert group (param group with 'moe': True, 'name':
+//     'ep_size_{ep}') lists one rank's local experts (local index i, global
+//     ep_rank * E/ep + i); dp rank D holds ep rank D % ep's experts,
+//     partition D / ep of dp / ep (partition_count).
+//
 // Model parallelism (Megatron-DeepSpeed), read and written:
 //   mp rank = pp_rank * TP + tp_rank (PipelineModule) or tp_rank (GPTModel
 //   with --no-pipeline-parallel); mp_world_size = PP * TP; every file above
@@ -110,7 +128,8 @@
 //     "layout_yaml", "tied_layers" {"tied_modules.<k>": layer index},
 //     "variables", "vocab_size", "vocab_size_from"} for Megatron-DeepSpeed
 //     sources (the other mp ranks' opaque entries sit under
-//     /opaque/mp_rank_XX/...)}.
+//     /opaque/mp_rank_XX/...), "moe"? {"num_experts", "layers", "ep",
+//     "expert_groups", "legacy_names"} for mixture-of-experts sources}.
 
 #include <algorithm>
 #include <cstdint>
@@ -188,6 +207,64 @@ struct DeepSpeedModelParallel {
   bool operator==(const DeepSpeedModelParallel&) const = default;
 };
 
+/// The "moe" member of the "deepspeed" record: a mixture-of-experts source
+/// (deepspeed.moe.layer.MoE layers). Expert params are named in the
+/// universal file by their global expert id, as DeepSpeed's expert files
+/// name them: "<layer>.deepspeed_moe.experts.deepspeed_experts.<G>.<rest>".
+/// Unknown members stay in `other`.
+struct DeepSpeedMoe {
+  std::vector<int64_t> num_experts;  // per MoE layer (the model states')
+  /// Per MoE layer (DeepSpeed's moe_layer_id, module order): the module
+  /// path in front of kExpertInfix ("moe", "layers.3.mlp").
+  std::vector<std::string> layers;
+  int64_t ep = 1;  // the source's expert-parallel size
+  /// The optimizer groups holding expert params (ZeRO partitions them over
+  /// the expert-data-parallel ranks).
+  std::vector<int64_t> expert_groups;
+  bool legacy_names = false;  // expert_{G}_mp_rank_XX files (no layer)
+  json::Value other = json::Value::Object();
+
+  bool operator==(const DeepSpeedMoe&) const = default;
+};
+
+/// What separates a MoE layer's module path from the expert index in an
+/// expert param's name (DeepSpeed's moe_str_prefix, without its leading dot).
+inline constexpr std::string_view kExpertInfix =
+    "deepspeed_moe.experts.deepspeed_experts.";
+
+/// An expert param name split at kExpertInfix: the module path (without
+/// the dot), the expert index (local in the module, global in expert
+/// files) and the rest after the index's dot; absent for other names.
+struct ExpertName {
+  std::string layer;
+  int64_t expert = 0;
+  std::string rest;
+};
+inline std::optional<ExpertName> SplitExpertName(std::string_view name) {
+  const size_t at = name.find(kExpertInfix);
+  if (at == std::string_view::npos || (at > 0 && name[at - 1] != '.'))
+    return std::nullopt;
+  std::string_view t = name.substr(at + kExpertInfix.size());
+  size_t n = 0;
+  int64_t v = 0;
+  while (n < t.size() && n < 9 && t[n] >= '0' && t[n] <= '9')
+    v = v * 10 + (t[n++] - '0');
+  if (n == 0 || n >= t.size() || t[n] != '.') return std::nullopt;
+  return ExpertName{std::string(name.substr(0, at == 0 ? 0 : at - 1)), v,
+                    std::string(t.substr(n + 1))};
+}
+/// The name of expert `expert` of module path `layer`, param `rest`.
+inline std::string ExpertParamName(std::string_view layer, int64_t expert,
+                                   std::string_view rest) {
+  std::string s(layer);
+  if (!s.empty()) s += '.';
+  s += kExpertInfix;
+  s += std::to_string(expert);
+  s += '.';
+  s += rest;
+  return s;
+}
+
 /// The "deepspeed" root attribute, typed. Required: tag, stage, wrapper,
 /// lp_dtype (every record has them); the rest is an empty optional when
 /// absent. Unknown members stay in `other`.
@@ -207,6 +284,7 @@ struct DeepSpeedExtras {
   std::optional<double> step_value;  // an int / float step's value
   std::optional<int64_t> zero3_sub_groups;
   std::optional<DeepSpeedModelParallel> model_parallel;
+  std::optional<DeepSpeedMoe> moe;
   json::Value other = json::Value::Object();
 
   bool operator==(const DeepSpeedExtras&) const = default;

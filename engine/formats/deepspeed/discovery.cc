@@ -49,8 +49,8 @@ std::optional<int64_t> Digits(std::string_view& s) {
 
 // The DeepSpeed rank-file names (deepspeed_format.h).
 struct RankFileName {
-  enum Kind { kModel, kZ3Model, kOptim, kLayer, kExpert } kind;
-  int64_t dp = 0;
+  enum Kind { kModel, kZ3Model, kOptim, kLayer, kExpert, kExpertOptim } kind;
+  int64_t dp = 0;  // kExpert: the global expert; kExpertOptim: the ep rank
   int64_t mp = 0;  // kLayer: the tp rank
   bool bf16 = false;
   int64_t layer = 0;
@@ -65,13 +65,25 @@ std::optional<RankFileName> ParseRankFileName(std::string_view s) {
       return RankFileName{RankFileName::kModel, 0, *mp, false, 0};
     return std::nullopt;
   }
-  if (Eat(t, "expp_rank_")) return RankFileName{RankFileName::kExpert};
+  // The MoE files: expp_rank_E_mp_rank_XX_optim_states.pt,
+  // [layer_L_]expert_G_mp_rank_XX_model_states.pt (L, G unpadded).
+  auto expert = [](std::string_view& u, int64_t layer,
+                   RankFileName::Kind kind) -> std::optional<RankFileName> {
+    auto id = Digits(u);
+    if (!id || !Eat(u, "_mp_rank_")) return std::nullopt;
+    auto mp = Digits(u);
+    const std::string_view tail =
+        kind == RankFileName::kExpert ? "_model_states.pt" : "_optim_states.pt";
+    if (!mp || u != tail) return std::nullopt;
+    return RankFileName{kind, *id, *mp, false, layer};
+  };
+  if (Eat(t, "expp_rank_")) return expert(t, 0, RankFileName::kExpertOptim);
   if (Eat(t, "layer_")) {
     // layer_LL-model_TT-model_states.pt, layer_LL-model_states.pt (no model
     // axis), layer_LL_expert_EE_mp_rank_XX_model_states.pt (MoE).
     auto idx = Digits(t);
     if (!idx) return std::nullopt;
-    if (t.starts_with("_expert_")) return RankFileName{RankFileName::kExpert};
+    if (Eat(t, "_expert_")) return expert(t, *idx, RankFileName::kExpert);
     if (t == "-model_states.pt")
       return RankFileName{RankFileName::kLayer, 0, 0, false, *idx};
     if (!Eat(t, "-model_")) return std::nullopt;
@@ -80,7 +92,7 @@ std::optional<RankFileName> ParseRankFileName(std::string_view s) {
       return RankFileName{RankFileName::kLayer, 0, *tp, false, *idx};
     return std::nullopt;
   }
-  if (Eat(t, "expert_")) return RankFileName{RankFileName::kExpert};
+  if (Eat(t, "expert_")) return expert(t, -1, RankFileName::kExpert);
   r.bf16 = Eat(t, "bf16_");
   if (!Eat(t, "zero_pp_rank_")) return std::nullopt;
   auto dp = Digits(t);
@@ -149,6 +161,8 @@ struct TagFiles {
   std::map<int64_t, std::map<int64_t, fs::path>> z3_models, optims;  // mp, dp
   std::map<int64_t, std::map<int64_t, fs::path>> layers;  // tp -> idx -> file
   std::optional<bool> bf16_prefix;  // of the optimizer files
+  std::map<std::pair<int64_t, int64_t>, fs::path> experts;  // (L, G)
+  std::map<int64_t, fs::path> expert_optims;                // ep rank
 };
 
 // c.dir, c.tag and c.tag_dir of `path` (a save folder with `latest`, or a
@@ -190,9 +204,19 @@ TagFiles ListRankFiles(const Checkpoint& c) {
     if (!n) continue;
     switch (n->kind) {
       case RankFileName::kExpert:
-        throw FormatError(it->path().string(),
-                          ": mixture-of-experts files are not supported for "
-                          "DeepSpeed checkpoints yet");
+      case RankFileName::kExpertOptim:
+        if (n->mp != 0) {
+          throw FormatError(it->path().string(),
+                            ": mixture-of-experts files with model "
+                            "parallelism (mp rank ",
+                            n->mp, ") are not supported yet");
+        }
+        if (n->kind == RankFileName::kExpertOptim) {
+          f.expert_optims[n->dp] = it->path();
+        } else {
+          f.experts[{n->layer, n->dp}] = it->path();
+        }
+        break;
       case RankFileName::kLayer:
         f.layers[n->mp][n->layer] = it->path();
         break;
@@ -396,6 +420,65 @@ void CollectMpRanks(TagFiles& f, int64_t mp_world, const fs::path& first_model,
   }
 }
 
+// Mixture of experts: what is read (ZeRO 1/2 and BF16_Optimizer without
+// model parallelism), and no expert saved under both names.
+void CheckExperts(TagFiles& f, Checkpoint& c) {
+  const fs::path& any = !f.experts.empty() ? f.experts.begin()->second
+                                           : f.expert_optims.begin()->second;
+  if (c.mp_ranks.size() > 1 || c.pipeline) {
+    throw FormatError(any.string(),
+                      ": mixture-of-experts files with model parallelism are "
+                      "not supported yet");
+  }
+  if (c.stage == 3) {
+    throw FormatError(any.string(),
+                      ": mixture-of-experts files at ZeRO stage 3 are not "
+                      "supported (DeepSpeed itself refuses native MoE there)");
+  }
+  std::map<int64_t, fs::path> legacy, named;  // G -> a file
+  for (const auto& [key, path] : f.experts)
+    (key.first < 0 ? legacy : named).emplace(key.second, path);
+  for (const auto& [g, path] : legacy) {
+    if (auto it = named.find(g); it != named.end()) {
+      throw FormatError(c.tag_dir.string(), ": expert ", g, " saved twice: in ",
+                        it->second.filename().string(), " and in ",
+                        path.filename().string());
+    }
+  }
+  c.expert_files = f.experts;
+  c.expert_optim_files = f.expert_optims;
+  if (c.wrapper == Wrapper::kTorch) {  // stage 0: a file per ep rank
+    c.ep = std::max<int64_t>(1, static_cast<int64_t>(f.expert_optims.size()));
+    return;
+  }
+  if (c.first_optim == nullptr) return;
+  try {
+    const pickle::Value* osd =
+        Require(c.first_optim->root(), "optimizer_state_dict");
+    const auto& groups =
+        Items(Require(Require(osd, "base_optimizer_state"), "param_groups"),
+              "param_groups");
+    const auto& counts =
+        Items(Require(osd, "partition_count"), "partition_count");
+    for (size_t g = 0; g < groups.size() && g < counts.size(); ++g) {
+      const pickle::Value* moe = Get(groups[g], "moe");
+      if (moe == nullptr || moe->kind != pickle::Kind::kBool || !moe->b)
+        continue;
+      const int64_t edp = Int(counts[g], "partition_count");
+      if (edp < 1 || c.dp % edp != 0) {
+        throw FormatError("partition_count[", g, "] ", edp,
+                          " of an expert group does not divide dp_world_size ",
+                          c.dp);
+      }
+      c.ep = c.dp / edp;
+      break;
+    }
+  } catch (Error& e) {
+    e.AddContext("rank file ", c.first_optim->path().string());
+    throw;
+  }
+}
+
 }  // namespace
 
 Checkpoint Discover(const fs::path& path, const std::string& tag) {
@@ -415,6 +498,7 @@ Checkpoint Discover(const fs::path& path, const std::string& tag) {
   SplitModelParallel(f, mp_world, first_model, c);
   ReadStage(f, zprefix, c);
   CollectMpRanks(f, mp_world, first_model, zprefix, c);
+  if (!f.experts.empty() || !f.expert_optims.empty()) CheckExperts(f, c);
   c.model_files = c.mp_ranks[0].model_files;
   c.optim_files = c.mp_ranks[0].optim_files;
   return c;

@@ -44,7 +44,11 @@ class NativeSource : public formats::Source {
     info_.topology.tp = c_.tp;
     info_.topology.pp = c_.pp;
     info_.topology.dp = c_.dp;
+    info_.topology.ep = c_.ep;
     info_.settings["zero_stage"] = c_.stage;
+    for (const auto& [key, file] : c_.expert_files) info_.files.push_back(file);
+    for (const auto& [rank, file] : c_.expert_optim_files)
+      info_.files.push_back(file);
     for (const Checkpoint::MpRank& r : c_.mp_ranks) {
       info_.files.insert(info_.files.end(), r.model_files.begin(),
                          r.model_files.end());
@@ -65,12 +69,13 @@ class NativeSource : public formats::Source {
   NameListing ListNames() const override {
     return deepspeed::ListNames(c_, options_);
   }
-  // DeepSpeed loads native files only at the world size, model parallelism
-  // and ZeRO stage they were saved for.
+  // DeepSpeed loads native files only at the world size, model parallelism,
+  // expert parallelism and ZeRO stage they were saved for.
   bool Fits(const formats::TargetOptions& o) const override {
     const std::optional<int64_t> stage = o.values.Int(kZeroStageOption);
     return c_.tp == o.topology.tp && c_.pp == o.topology.pp &&
-           c_.dp == o.topology.dp && (!stage || *stage == c_.stage);
+           c_.dp == o.topology.dp && c_.ep == o.topology.ep &&
+           (!stage || *stage == c_.stage);
   }
 
  private:
@@ -129,7 +134,8 @@ class DeepSpeedDriver : public formats::Driver {
   }
   bool CanWrite() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {
-    return {.tp = true, .pp = true, .vpp = false, .dp = true};
+    // --ep: a mixture-of-experts model's expert-parallel size.
+    return {.tp = true, .pp = true, .vpp = false, .dp = true, .ep = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
     formats::OptionSpec fp16;

@@ -70,6 +70,40 @@ json::Value ModelParallelJson(const DeepSpeedModelParallel& mp) {
   return o;
 }
 
+DeepSpeedMoe ReadMoe(universal::RecordReader& r) {
+  DeepSpeedMoe m;
+  r.Member("num_experts", true, [&](const json::Value& v) {
+    for (const json::Value& n : v.items()) m.num_experts.push_back(n.AsInt());
+  });
+  r.Get("layers", m.layers);
+  r.Get("ep", m.ep);
+  r.Member("expert_groups", true, [&](const json::Value& v) {
+    for (const json::Value& n : v.items()) m.expert_groups.push_back(n.AsInt());
+  });
+  r.Get("legacy_names", m.legacy_names, /*required=*/false);
+  if (m.layers.size() != m.num_experts.size()) {
+    throw FormatError("moe: ", m.layers.size(), " layers but ",
+                      m.num_experts.size(), " num_experts");
+  }
+  m.other = r.Rest();
+  return m;
+}
+
+json::Value MoeJson(const DeepSpeedMoe& m) {
+  json::Value o = json::Value::Object();
+  json::Value counts = json::Value::Array();
+  for (int64_t n : m.num_experts) counts.Append(n);
+  o["num_experts"] = std::move(counts);
+  o["layers"] = ExtrasNames(m.layers);
+  o["ep"] = m.ep;
+  json::Value groups = json::Value::Array();
+  for (int64_t g : m.expert_groups) groups.Append(g);
+  o["expert_groups"] = std::move(groups);
+  if (m.legacy_names) o["legacy_names"] = true;
+  universal::PutOpaque(o, m.other);
+  return o;
+}
+
 }  // namespace
 
 std::optional<DeepSpeedExtras> ReadDeepSpeedExtras(
@@ -98,6 +132,8 @@ std::optional<DeepSpeedExtras> ReadDeepSpeedExtras(
   r->Object("model_parallel", false, [&](universal::RecordReader& mp) {
     x.model_parallel = ReadModelParallel(mp);
   });
+  r->Object("moe", false,
+            [&](universal::RecordReader& m) { x.moe = ReadMoe(m); });
   x.other = r->Rest();
   return x;
 }
@@ -122,6 +158,7 @@ void WriteDeepSpeedExtras(const DeepSpeedExtras& x, universal::Model& model) {
   o["lp_dtype"] = x.lp_dtype;
   if (x.model_parallel)
     o["model_parallel"] = ModelParallelJson(*x.model_parallel);
+  if (x.moe) o["moe"] = MoeJson(*x.moe);
   universal::PutOpaque(o, x.other);
   model.extras[std::string(kMetaAttr)] = std::move(o);
 }

@@ -142,6 +142,7 @@ void Planner::ReadModel() {
   for (const fs::path& p : c_.model_files) models_.push_back(Open(p));
   for (const fs::path& p : c_.optim_files) optims_.push_back(Open(p));
   model_ = models_[0]->root();
+  ReadExperts();  // its errors name the expert files
   const std::string where0 = StrCat("rank file ", c_.model_files[0].string());
   try {
     if (!view_.pipeline) {
@@ -158,6 +159,8 @@ void Planner::ReadModel() {
              StrCat("rank file ", le.file.string(), " > ", le.key)});
       }
     }
+    entries_.insert(entries_.end(), expert_entries_.begin(),
+                    expert_entries_.end());
     for (size_t i = 0; i < entries_.size(); ++i) {
       if (!entry_index_.emplace(entries_[i].name, i).second)
         throw FormatError("module entry ", entries_[i].name, " twice");
@@ -199,6 +202,7 @@ void Planner::ReadModel() {
       }
     }
     CollectTrainable(buffers);
+    ExpandExpertGroups();
     CollectUntrained(buffers);
   } catch (Error& e) {
     AddContextOnce(e, where0);
@@ -226,7 +230,7 @@ void Planner::CollectTrainable(const std::set<std::string>& buffers) {
         params_.push_back(std::move(p));
       }
     }
-  } else {
+  } else if (!ShapesFromMappings()) {
     if (c_.wrapper != Wrapper::kTorch) {
       throw FormatError(
           "param_shapes is None but the checkpoint has "
@@ -477,7 +481,7 @@ void Planner::PlanRoot() {
   src.pp = 1;
   src.vpp = 1;
   src.dp = c_.dp;
-  src.ep = 1;
+  src.ep = moe_ ? moe_->ep : 1;
   src.zero_stage = c_.stage;
   src.distributed_optimizer = false;
   src.dtype = std::string(DTypeName(lp_));
@@ -523,6 +527,7 @@ void Planner::PlanRoot() {
   meta.step_value = step_value_;
   if (sub_groups_ > 0) meta.zero3_sub_groups = sub_groups_;
   meta.lp_dtype = std::string(DTypeName(lp_));
+  meta.moe = moe_;
   WriteDeepSpeedExtras(meta, model);
 }
 
@@ -534,7 +539,9 @@ universal::SourcePlan Planner::Run() {
   } else if (c_.wrapper == Wrapper::kTorch) {
     // ZeRO 0 without bf16: the optimizer says which module params are
     // trainable (the others are frozen) before the module is planned.
-    if (fp16_ != Fp16::kNone) {
+    if (moe_) {
+      PlanTorchMoe();
+    } else if (fp16_ != Fp16::kNone) {
       PlanFp16Optimizer();
     } else {
       PlanTorchOptimizer();

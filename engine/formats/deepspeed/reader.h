@@ -138,6 +138,28 @@ class Planner {
       out.push_back(NumElements(params_[index_[n]].shape));
     return out;
   }
+  // Mixture of experts (reader_moe.cc): the expert files' params as module
+  // entries under their global names, every expert of every MoE layer once
+  // (moe_, moe_layer_of_); then the expert groups of param_shapes (local
+  // names, the same on every rank) as every rank's global names.
+  void ReadExperts();
+  void ExpandExpertGroups();
+  // DeepSpeed before 0.16 saves a MoE checkpoint's model states without
+  // param_shapes (_save_moe_checkpoint): each group's params are then those
+  // its param_slice_mappings name, rank after rank (flat order), shaped as
+  // the module's and the expert files' tensors. False if not such a case.
+  bool ShapesFromMappings();
+  // ZeRO 0 (fp32): the torch optimizer of each expert-parallel rank E in
+  // expp_rank_E_mp_rank_00_optim_states.pt; its dense groups as every
+  // rank's (rank 0's read), its expert groups ('moe': True) over rank E's
+  // experts.
+  void PlanTorchMoe();
+  struct ExpertGroup {
+    int64_t ep = 1;               // its expert-parallel size
+    std::vector<int64_t> numels;  // of the params of one rank, flat order
+    /// Per ep rank: the global names of its params, flat order.
+    std::vector<std::vector<std::string>> names;
+  };
   void PlanStep(const Param& p, const FilePtr& f, const pickle::Value* state,
                 const std::string& where);
   void PlanFrozen();
@@ -174,6 +196,10 @@ class Planner {
   // Sampled lp weights of the trainable params (MatchMaster), by index.
   std::map<size_t, std::vector<uint16_t>> lp_samples_;
   int64_t sub_groups_ = 0;
+  std::optional<DeepSpeedMoe> moe_;
+  std::vector<Entry> expert_entries_;            // the expert files' params
+  std::map<std::string, int64_t> moe_layer_of_;  // module path -> MoE layer
+  std::map<size_t, ExpertGroup> expert_groups_;  // by optimizer group
 };
 
 }  // namespace ucp::deepspeed::internal

@@ -81,30 +81,52 @@ void Planner::PlanFlat() {
                           " param groups, but param_shapes has ",
                           groups_.size(), " groups");
       }
+      if (counts.size() != groups_.size()) {
+        throw FormatError("partition_count has ", counts.size(),
+                          " entries, but param_shapes has ", groups_.size(),
+                          " groups");
+      }
       for (size_t g = 0; g < groups_.size(); ++g) {
         if (r == 0) group_dicts_.push_back(pgroups[g]);
-        if (Int(counts.at(g), "partition_count") != W) {
-          throw FormatError("partition_count[", g, "] is ",
-                            Int(counts.at(g), "partition_count"),
-                            " but dp_world_size is ", W,
-                            " (files from mixed world sizes?)");
+        // An expert group (MoE) is partitioned over the expert-data-parallel
+        // ranks (dp / ep), each holding its expert-parallel rank's experts
+        // (DeepSpeed's groups: ep rank = rank % ep, edp rank = rank / ep).
+        auto eg = expert_groups_.find(g);
+        const bool expert = eg != expert_groups_.end();
+        const int64_t Wg = expert ? W / eg->second.ep : W;
+        const int64_t part = expert ? r / eg->second.ep : r;
+        if (Int(counts.at(g), "partition_count") != Wg) {
+          throw FormatError(
+              "partition_count[", g, "] is ",
+              Int(counts.at(g), "partition_count"), " but ",
+              expert ? StrCat("the expert group's expert-data-parallel size "
+                              "is ",
+                              Wg, " (dp_world_size ", W,
+                              " / expert-parallel size ", eg->second.ep, ")")
+                     : StrCat("dp_world_size is ", W),
+              " (files from mixed world sizes?)");
         }
-        const std::vector<int64_t> numels = Numels(groups_[g]);
-        const ZeroGroup layout = ZeroLayout(numels, W);
+        const std::vector<std::string>& members =
+            expert ? eg->second.names[static_cast<size_t>(r % eg->second.ep)]
+                   : groups_[g];
+        const std::vector<int64_t> numels =
+            expert ? eg->second.numels : Numels(groups_[g]);
+        const ZeroGroup layout = ZeroLayout(numels, Wg);
         const int64_t ps = layout.partition;
         const std::string gw = StrCat(where0, " > group ", g);
         // fp32 partition: ZeRO strips the padding, BF16_Optimizer keeps it.
         const TensorInfo& ft = TensorAt(f, fp32[g], gw + " > fp32 partition");
-        const int64_t want = c_.wrapper == Wrapper::kBf16 ? ps : layout.Real(r);
+        const int64_t want =
+            c_.wrapper == Wrapper::kBf16 ? ps : layout.Real(part);
         if (ft.numel != want || ft.dtype != DType::kFloat32 ||
             ft.shape.size() != 1) {
           throw FormatError(
               "group ", g, ": fp32 partition of ", ft.numel, " ",
               DTypeName(ft.dtype), " elements, expected ", want, " float32 (",
-              layout.numel, " elements over ", W, " ranks, partition ", ps,
+              layout.numel, " elements over ", Wg, " ranks, partition ", ps,
               ", as the param_shapes of ", c_.model_files[0].string(), " say)");
         }
-        FlatGroup(f, groups_[g], ZeroWindows(numels, layout, r),
+        FlatGroup(f, members, ZeroWindows(numels, layout, part),
                   Tensor(f, ft, gw), "fp32 partition",
                   GetIndex(state, static_cast<int64_t>(g)), ps,
                   StrCat("group ", g), gw, g);

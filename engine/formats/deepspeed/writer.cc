@@ -37,27 +37,40 @@ class NativeWriter : public WriterBase {
   const std::string& tag() const { return tag_; }
 
  private:
-  enum class FileKind { kModelStates, kOptim, kLayer, kLatest };
+  enum class FileKind {
+    kModelStates,
+    kOptim,
+    kLayer,
+    kExpert,
+    kExpertOptim,
+    kLatest
+  };
   struct FileSpec {
     FileKind kind;
     int64_t pp = 0, tp = 0;
-    int64_t rank = 0;   // dp rank (ZeRO-3 model states, optimizer files)
-    int64_t layer = 0;  // layer file index
+    int64_t rank = 0;   // dp rank (ZeRO-3 model states, optimizer files);
+                        // kExpert: the global expert
+    int64_t layer = 0;  // layer file index; kExpert: the MoE layer
   };
   // The files of stage pp_rank_ and TP rank tp_rank_ (groups_ narrowed to
   // the stage's params for a pipeline).
   void Select(int64_t pp, int64_t tp);
   std::unique_ptr<FileBuild> ModelStatesFile(int64_t r);
   std::unique_ptr<FileBuild> LayerFile(int64_t idx);
+  std::unique_ptr<FileBuild> ExpertFile(int64_t layer, int64_t expert);
 
   std::vector<FileSpec> files_;
   std::vector<std::vector<size_t>> all_groups_;
   std::map<int64_t, std::vector<size_t>> by_layer_;
 
   Value* OptimFile(FileBuild& f, int64_t rank);
-  Value* TorchOptimizer(FileBuild& f);
+  /// The torch optimizer's state_dict (ZeRO 0 fp32) as dp rank `rank`
+  /// holds it (its ep rank's experts).
+  Value* TorchOptimizer(FileBuild& f, int64_t rank = 0);
   Value* Fp16Optimizer(FileBuild& f);
   Value* GroupDict(FileBuild& f, size_t g, Value* params);
+  /// An expert group's `name` as the target's ("ep_size_<ep>"); `group`.
+  Value* ExpertGroupName(FileBuild& f, size_t g, Value* group);
   /// The inner optimizer's state of one flat group: the step and each
   /// state kind over `windows` of `length` elements.
   Value* FlatState(FileBuild& f, const std::vector<size_t>& members,
@@ -81,6 +94,16 @@ Value* NativeWriter::FlatState(FileBuild& f, const std::vector<size_t>& members,
   return st;
 }
 
+Value* NativeWriter::ExpertGroupName(FileBuild& f, size_t g, Value* group) {
+  // DeepSpeed names an expert group by its expert-parallel size.
+  const Value* name = group->Get("name");
+  if (IsExpertGroup(g) && name != nullptr && name->kind == Kind::kStr &&
+      name->s.starts_with("ep_size_"))
+    AppendOrReplace(f.arena(), group, "name",
+                    f.arena().Str(StrCat("ep_size_", ep_)));
+  return group;
+}
+
 Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   pickle::Arena& a = f.arena();
   Value* d = nullptr;
@@ -93,14 +116,14 @@ Value* NativeWriter::GroupDict(FileBuild& f, size_t g, Value* params) {
   return d;
 }
 
-Value* NativeWriter::TorchOptimizer(FileBuild& f) {
+Value* NativeWriter::TorchOptimizer(FileBuild& f, int64_t rank) {
   pickle::Arena& a = f.arena();
   Value* state = a.Dict();
   std::vector<Value*> groups;
   int64_t id = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     std::vector<Value*> ids;
-    for (size_t i : groups_[g]) {
+    for (size_t i : RankMembers(g, rank)) {
       const TParam& p = params_[i];
       Value* st = a.Dict();
       const std::string where = StrCat("rank file ", f.path().string(),
@@ -117,7 +140,8 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f) {
       if (!st->entries.empty()) state->entries.emplace_back(a.Int(id), st);
       ids.push_back(a.Int(id++));
     }
-    groups.push_back(GroupDict(f, g, a.List(std::move(ids))));
+    groups.push_back(
+        ExpertGroupName(f, g, GroupDict(f, g, a.List(std::move(ids)))));
   }
   Value* opt = a.Dict();
   formats::AppendEntry(a, opt, "state", state);
@@ -233,25 +257,31 @@ Value* NativeWriter::OptimFile(FileBuild& f, int64_t r) {
     Value* state = a.Dict();
     std::vector<Value*> groups, fp32s, paddings, counts, mappings;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      const std::vector<int64_t> numels = Numels(groups_[g]);
-      const ZeroGroup layout = ZeroLayout(numels, W_);
+      // An expert group: this rank's ep rank's experts, partitioned over the
+      // expert-data-parallel ranks (ep rank r % ep, edp rank r / ep).
+      const bool expert = IsExpertGroup(g);
+      const std::vector<size_t>& members = RankMembers(g, r);
+      const int64_t Wg = expert ? W_ / ep_ : W_;
+      const int64_t part = expert ? r / ep_ : r;
+      const std::vector<int64_t> numels = Numels(members);
+      const ZeroGroup layout = ZeroLayout(numels, Wg);
       const int64_t ps = layout.partition;
-      const int64_t padding = layout.Padding(r, W_, bf16);
-      const std::vector<Window> windows = ZeroWindows(numels, layout, r);
+      const int64_t padding = layout.Padding(part, Wg, bf16);
+      const std::vector<Window> windows = ZeroWindows(numels, layout, part);
       const std::string gw = StrCat(fw, " > group ", g);
       // ZeRO strips the padding from the fp32 partition, BF16 keeps it.
-      const int64_t lean = bf16 ? ps : layout.Real(r);
+      const int64_t lean = bf16 ? ps : layout.Real(part);
       fp32s.push_back(f.AddTensor(
-          FlatTensor("fp32", groups_[g], windows, lean, gw + " > fp32")));
+          FlatTensor("fp32", members, windows, lean, gw + " > fp32")));
       state->entries.emplace_back(a.Int(static_cast<int64_t>(g)),
-                                  FlatState(f, groups_[g], windows, ps, gw));
-      groups.push_back(
-          GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))})));
+                                  FlatState(f, members, windows, ps, gw));
+      groups.push_back(ExpertGroupName(
+          f, g, GroupDict(f, g, a.List({a.Int(static_cast<int64_t>(g))}))));
       paddings.push_back(a.Int(padding));
-      counts.push_back(a.Int(W_));
+      counts.push_back(a.Int(Wg));
       Value* map = formats::NewOrderedDict(a);
       for (const Window& w : windows)
-        formats::AppendEntry(a, map, params_[groups_[g][w.member]].name,
+        formats::AppendEntry(a, map, RankName(members[w.member]),
                              FragmentAddress(a, w.end - w.begin, w.dst));
       mappings.push_back(map);
     }
@@ -295,6 +325,17 @@ NativeWriter::NativeWriter(const universal::UniversalInput& input,
         files_.push_back({FileKind::kOptim, pp, tp, r, 0});
     }
   }
+  if (moe_ && wrapper_ == Wrapper::kTorch && !options_.no_optimizer) {
+    // ZeRO 0: each ep rank's torch optimizer (its experts' state).
+    for (int64_t e = 0; e < ep_; ++e)
+      files_.push_back({FileKind::kExpertOptim, 0, 0, e, 0});
+  }
+  if (moe_) {
+    // Expert files: one per MoE layer and global expert, whatever the ep.
+    for (size_t l = 0; l < moe_->num_experts.size(); ++l)
+      for (int64_t g = 0; g < moe_->num_experts[l]; ++g)
+        files_.push_back({FileKind::kExpert, 0, 0, g, static_cast<int64_t>(l)});
+  }
   if (pipeline_) {
     // Layer files: one per layer index and TP rank, whatever the stages.
     for (size_t i = 0; i < params_.size(); ++i)
@@ -328,7 +369,12 @@ std::unique_ptr<FileBuild> NativeWriter::ModelStatesFile(int64_t r) {
   auto f = std::make_unique<FileBuild>(tag_dir_ / name);
   ModelStatesOptions o;
   o.rank = r;
-  if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer)
+  // A MoE save of DeepSpeed < 0.16 has no `optimizer` in its model states
+  // (the expp_rank files hold it).
+  const bool listed = !moe_ || !meta_ || !meta_->model_keys ||
+                      std::count(meta_->model_keys->begin(),
+                                 meta_->model_keys->end(), "optimizer") > 0;
+  if (wrapper_ == Wrapper::kTorch && !options_.no_optimizer && listed)
     o.optimizer = TorchOptimizer(*f);
   if (wrapper_ == Wrapper::kFp16 && !options_.no_optimizer)
     o.optimizer = Fp16Optimizer(*f);
@@ -358,6 +404,36 @@ std::unique_ptr<FileBuild> NativeWriter::LayerFile(int64_t idx) {
   return f;
 }
 
+// layer_{L}_expert_{G}_mp_rank_00_model_states.pt: the expert's params by
+// their global names, in the training dtype (DeepSpeed's
+// _save_moe_checkpoint).
+std::unique_ptr<FileBuild> NativeWriter::ExpertFile(int64_t layer,
+                                                    int64_t expert) {
+  auto f = std::make_unique<FileBuild>(
+      tag_dir_ / StrCat("layer_", layer, "_expert_", expert, "_", MpRank(),
+                        "_model_states.pt"));
+  pickle::Arena& a = f->arena();
+  Value* sd = a.Dict();
+  for (const auto& [i, at] : expert_of_) {
+    if (at != std::pair{layer, expert}) continue;
+    const TParam& p = params_[i];
+    DType dt;
+    const atoms::DatasetInfo& atom = WeightAtom(p, &dt);
+    formats::AppendEntry(
+        a, sd, p.name,
+        f->AddTensor(LocalTensor(
+            p, atom, atom.state_kind, dt,
+            StrCat("rank file ", f->path().string(), " > ", p.name))));
+  }
+  if (sd->entries.empty()) {
+    throw FormatError("universal input ", input_.path().string(),
+                      ": no params of expert ", expert, " of MoE layer ",
+                      layer);
+  }
+  f->SetRoot(sd);
+  return f;
+}
+
 std::unique_ptr<formats::PlannedFile> NativeWriter::PlanFile(size_t i) {
   const FileSpec& spec = files_.at(i);
   if (spec.kind == FileKind::kLatest)
@@ -382,6 +458,19 @@ std::unique_ptr<formats::PlannedFile> NativeWriter::PlanFile(size_t i) {
       case FileKind::kLayer:
         f = LayerFile(spec.layer);
         break;
+      case FileKind::kExpert:
+        f = ExpertFile(spec.layer, spec.rank);
+        break;
+      case FileKind::kExpertOptim: {
+        f = std::make_unique<FileBuild>(
+            tag_dir_ /
+            StrCat("expp_rank_", spec.rank, "_", MpRank(), "_optim_states.pt"));
+        Value* root = f->arena().Dict();
+        formats::AppendEntry(f->arena(), root, "optimizer",
+                             TorchOptimizer(*f, spec.rank));
+        f->SetRoot(root);
+        break;
+      }
       case FileKind::kLatest:
         break;
     }

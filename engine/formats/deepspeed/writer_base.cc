@@ -60,6 +60,7 @@ void WriterBase::Prepare(bool tensor_parallel) {
   ChooseTag();
   const std::map<std::string, size_t> index = CollectParams();
   AssignGroups(index);
+  PlaceExperts(/*native=*/tensor_parallel);
   const bool any_state = CollectStateKinds();
   OrderModuleKeys();
   ReadSubGroupSize();
@@ -76,6 +77,12 @@ void WriterBase::ReadTopology(bool tensor_parallel) {
   tp_ = t.tp;
   pp_ = t.pp;
   meta_ = ReadDeepSpeedExtras(input_.model(), input_.path());
+  if (t.ep != 1 && !(meta_ && meta_->moe)) {
+    throw UsageError("--ep ", t.ep,
+                     ": the model has no DeepSpeed mixture-of-experts layers "
+                     "(deepspeed.moe), so DeepSpeed's files have no expert "
+                     "parallelism for it");
+  }
   const DeepSpeedModelParallel* mp =
       meta_ && meta_->model_parallel ? &*meta_->model_parallel : nullptr;
   if (mp != nullptr) {
@@ -637,10 +644,13 @@ Value* WriterBase::ModelStates(FileBuild& f, const ModelStatesOptions& o) {
         // ZeRO-3 files list sub-groups; a universal folder lists the
         // optimizer's param groups (its optimizer_state.pt names those).
         if (stage_ == 3 && !o.universal_folder) groups = SubGroups();
-        for (const auto& g : groups) {
+        for (size_t k = 0; k < groups.size(); ++k) {
+          // Experts: rank 0's, under their local names.
+          const std::vector<size_t>& g =
+              stage_ == 3 ? groups[k] : RankMembers(k, 0);
           Value* d = formats::NewOrderedDict(a);
           for (size_t i : g)
-            formats::AppendEntry(a, d, params_[i].name,
+            formats::AppendEntry(a, d, RankName(i),
                                  TorchSize(a, params_[i].shape));
           list.push_back(d);
         }
@@ -710,6 +720,8 @@ Value* WriterBase::ModuleDict(
       continue;
     }
     const TParam& p = *by_name.at(k);
+    if (IsExpert(static_cast<size_t>(&p - params_.data())))
+      continue;  // in the expert files
     Value* node;
     if (stage_ == 3 && !p.buffer) {
       node = f.AddConstant(lp_, {0}, {});  // a released partition

@@ -57,7 +57,8 @@ class WriterBase {
   void Prepare(bool tensor_parallel = false);
   // Prepare's steps, in order.
   /// The target sizes, the source's record and, for a Megatron-DeepSpeed
-  /// source, its layout and variables.
+  /// source, its layout and variables. Throws UsageError for --ep > 1 without
+  /// DeepSpeed MoE layers.
   void ReadTopology(bool tensor_parallel);
   /// The training dtype, the ZeRO stage and the optimizer wrapper.
   void ChooseOptimizer();
@@ -141,6 +142,21 @@ class WriterBase {
   static void AppendOrReplace(pickle::Arena& a, pickle::Value* dict,
                               const std::string& key, pickle::Value* v);
 
+  /// Mixture of experts (writer_moe.cc), after AssignGroups: the target's
+  /// expert-parallel size (--ep) and, per expert group, the params of each
+  /// ep rank in its flat order; the local name of every expert param on
+  /// the rank holding it. Throws UsageError for an --ep not dividing --dp
+  /// or an expert count, a stage other than 1 or 2 (or 0 with fp32), or a
+  /// universal folder (`native` false); FormatError for a record that does
+  /// not fit the params.
+  void PlaceExperts(bool native);
+  /// Group g's params on dp rank `rank` (an expert group: its ep rank's).
+  const std::vector<size_t>& RankMembers(size_t g, int64_t rank) const;
+  /// The name param i has in its rank's module (experts: local index).
+  const std::string& RankName(size_t i) const;
+  bool IsExpert(size_t i) const { return expert_of_.count(i) > 0; }
+  bool IsExpertGroup(size_t g) const { return expert_members_.count(g) > 0; }
+
   /// ZeRO-3 sub-groups (stage3.py): walking each group's params, a
   /// sub-group closes when its partitions reach sub_group_size_ or at the
   /// group's last param.
@@ -199,6 +215,12 @@ class WriterBase {
   const pickle::Value* group_templates_ = nullptr;
   pickle::Arena json_groups_;
   std::set<std::string> notes_;
+  // Mixture of experts (PlaceExperts).
+  std::optional<DeepSpeedMoe> moe_;
+  int64_t ep_ = 1;
+  std::map<size_t, std::pair<int64_t, int64_t>> expert_of_;  // i -> (L, G)
+  std::map<size_t, std::string> local_name_;                 // i -> name
+  std::map<size_t, std::vector<std::vector<size_t>>> expert_members_;
 };
 
 }  // namespace ucp::deepspeed::internal

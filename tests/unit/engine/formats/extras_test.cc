@@ -210,6 +210,85 @@ TEST(DriverExtrasTest, DeepSpeedStructWrittenAndReadBackIsEqual) {
   }
 }
 
+// A mixture-of-experts record (deepspeed_format.h "moe"), written from the
+// spec, members in the reader's order, an unknown one kept.
+constexpr char kDeepSpeedMoe[] =
+    R"({"tag":"global_step2","stage":1,"wrapper":"zero","lp_dtype":"float32",)"
+    R"("moe":{"num_experts":[4,8],"layers":["moe","layers.3.mlp"],"ep":2,)"
+    R"("expert_groups":[1],"legacy_names":true,"moe_future":"x"}})";
+
+TEST(DriverExtrasTest, DeepSpeedMoeRecordReadAndWrittenBack) {
+  const std::optional<deepspeed::DeepSpeedExtras> x =
+      deepspeed::ReadDeepSpeedExtras(WithExtra("deepspeed", kDeepSpeedMoe),
+                                     "u.h5");
+  ASSERT_TRUE(x.has_value() && x->moe.has_value());
+  const deepspeed::DeepSpeedMoe& m = *x->moe;
+  EXPECT_EQ(m.num_experts, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(m.layers, (std::vector<std::string>{"moe", "layers.3.mlp"}));
+  EXPECT_EQ(m.ep, 2);
+  EXPECT_EQ(m.expert_groups, std::vector<int64_t>{1});
+  EXPECT_TRUE(m.legacy_names);
+  EXPECT_EQ(m.other.Dump(), R"({"moe_future":"x"})");
+  universal::Model out;
+  deepspeed::WriteDeepSpeedExtras(*x, out);
+  EXPECT_EQ(out.FindExtra("deepspeed")->Dump(),
+            json::Value::Parse(kDeepSpeedMoe).Dump());
+  deepspeed::DeepSpeedExtras changed = *x;  // negative control
+  changed.moe->num_experts[1] = 6;
+  universal::Model out2;
+  deepspeed::WriteDeepSpeedExtras(changed, out2);
+  EXPECT_NE(out2.FindExtra("deepspeed")->Dump(),
+            json::Value::Parse(kDeepSpeedMoe).Dump());
+  // Malformed: a member of the wrong type, layers and counts that disagree.
+  auto read = [](const std::string& moe) {
+    deepspeed::ReadDeepSpeedExtras(
+        WithExtra("deepspeed",
+                  R"({"tag":"t","stage":1,"wrapper":"zero","lp_dtype":"f",)"
+                  R"("moe":)" +
+                      moe + "}"),
+        "bad.h5");
+  };
+  EXPECT_NO_THROW(read(R"({"num_experts":[4],"layers":["m"],"ep":1,)"
+                       R"("expert_groups":[]})"));
+  EXPECT_THAT(
+      [&] {
+        read(R"({"num_experts":["4"],"layers":["m"],"ep":1,)"
+             R"("expert_groups":[]})");
+      },
+      ThrowsMessage<FormatError>(
+          HasSubstr("attribute deepspeed > member moe > member num_experts")));
+  EXPECT_THAT(
+      [&] {
+        read(R"({"num_experts":[4,4],"layers":["m"],"ep":1,)"
+             R"("expert_groups":[]})");
+      },
+      ThrowsMessage<FormatError>(
+          AllOf(HasSubstr("member moe"), HasSubstr("1 layers but 2"))));
+}
+
+TEST(DriverExtrasTest, DeepSpeedExpertNames) {
+  const auto x = deepspeed::SplitExpertName(
+      "layers.3.mlp.deepspeed_moe.experts.deepspeed_experts.12.fc1.weight");
+  ASSERT_TRUE(x.has_value());
+  EXPECT_EQ(x->layer, "layers.3.mlp");
+  EXPECT_EQ(x->expert, 12);
+  EXPECT_EQ(x->rest, "fc1.weight");
+  EXPECT_EQ(
+      deepspeed::ExpertParamName(x->layer, 5, x->rest),
+      "layers.3.mlp.deepspeed_moe.experts.deepspeed_experts.5.fc1.weight");
+  const auto top =
+      deepspeed::SplitExpertName("deepspeed_moe.experts.deepspeed_experts.0.w");
+  ASSERT_TRUE(top.has_value());
+  EXPECT_EQ(top->layer, "");
+  EXPECT_EQ(deepspeed::ExpertParamName("", 0, "w"),
+            "deepspeed_moe.experts.deepspeed_experts.0.w");
+  for (const char* no : {"moe.deepspeed_moe.gate.wg.weight", "fc1.weight",
+                         "moe.deepspeed_moe.experts.deepspeed_experts.x.w",
+                         "moe.deepspeed_moe.experts.deepspeed_experts.3",
+                         "moexdeepspeed_moe.experts.deepspeed_experts.3.w"})
+    EXPECT_FALSE(deepspeed::SplitExpertName(no).has_value()) << no;
+}
+
 TEST(DriverExtrasTest, MalformedDeepSpeedRecordNamesTheMember) {
   auto read = [](const std::string& text) {
     deepspeed::ReadDeepSpeedExtras(WithExtra("deepspeed", text), "bad.h5");
