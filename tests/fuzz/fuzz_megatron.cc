@@ -16,7 +16,7 @@
 #include <string>
 
 #include "engine/core/error.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 #include "engine/universal/write_universal.h"
 #include "tests/fuzz/fuzz_folder.h"
 

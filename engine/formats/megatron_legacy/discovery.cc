@@ -10,8 +10,8 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/megatron/args.h"
-#include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 #include "engine/torchfile/torch_file.h"
 
 namespace ucp::megatron {
