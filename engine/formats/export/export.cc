@@ -15,7 +15,7 @@
 #include "engine/core/progress.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/formats/emit.h"
-#include "engine/formats/export/hf_llama.h"
+#include "engine/formats/names/hf_llama.h"
 #include "engine/formats/target_plan.h"
 #include "engine/json/json.h"
 

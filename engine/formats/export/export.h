@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
-#include "engine/formats/export/hf_llama.h"
+#include "engine/formats/names/hf_llama.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
 

@@ -1,6 +1,6 @@
 // transformers' LlamaForCausalLM from a Megatron-core GPT (hf_llama.h).
 
-#include "engine/formats/export/hf_llama.h"
+#include "engine/formats/names/hf_llama.h"
 
 #include <charconv>
 #include <map>
