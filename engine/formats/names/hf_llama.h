@@ -44,6 +44,7 @@
 
 #include "engine/core/box.h"
 #include "engine/core/dtype.h"
+#include "engine/formats/exporter.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/mapped_input.h"
@@ -74,11 +75,8 @@ struct HfTensor {
   bool fp32 = false;
 };
 
-/// How `--hf` writes routed experts (`--hf-experts`): one tensor per expert
-/// and matrix (transformers 4's names, what save_pretrained writes), or one
-/// 3-D tensor per layer and matrix (transformers 5's in-memory form:
-/// `mlp.experts.gate_up_proj [E, 2I, H]`, `mlp.experts.down_proj [E, H, I]`).
-enum class HfExperts { kPerExpert, kFused };
+/// How `--hf` writes routed experts (`--hf-experts`, formats/exporter.h).
+using formats::HfExperts;
 
 struct HfModel {
   std::vector<HfTensor> tensors;  // in transformers' state-dict order
