@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/mindspore/extras.h"
 #include "engine/formats/name_map.h"
 #include "engine/formats/names/hf_llama.h"
 #include "engine/json/json.h"
