@@ -83,14 +83,14 @@ std::vector<Item> Collect(const universal::UniversalInput& input,
                           std::string& config) {
   std::vector<Item> items;
   if (o.hf) {
-    HfModel m = MapToHf(input, o.hf_experts);
+    names::HfModel m = names::MapToHf(input, o.hf_experts);
     ExportOptions fp32 = o;
     fp32.dtype = DType::kFloat32;
-    for (HfTensor& t : m.tensors) {
+    for (names::HfTensor& t : m.tensors) {
       items.push_back(
           ItemOf(input, t.fp32 ? fp32 : o, t.param, t.name, t.shape));
       Item& it = items.back();
-      for (HfPiece& p : t.pieces) {
+      for (names::HfPiece& p : t.pieces) {
         // Another param's atom (its own fp32 master or weights; converted).
         const atoms::DatasetInfo* atom = nullptr;
         if (!p.param.empty() && p.param != t.param)

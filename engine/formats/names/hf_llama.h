@@ -50,7 +50,7 @@
 #include "engine/universal/mapped_input.h"
 #include "layouts/variables.h"
 
-namespace ucp::exporting {
+namespace ucp::names {
 
 /// A box `src` of universal param `param` (empty: the tensor's own) copied to
 /// box `dst` of a row-major view of shape `dst_shape` starting at element
@@ -121,4 +121,4 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const std::function<std::string(const std::string&)>& hf_name,
     const layouts::Variables& given, std::string_view flag);
 
-}  // namespace ucp::exporting
+}  // namespace ucp::names
