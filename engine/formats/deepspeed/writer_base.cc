@@ -103,8 +103,12 @@ void WriterBase::ReadTopology(bool tensor_parallel) {
     std::vector<layouts::ParamShape> shapes;
     for (const atoms::StoredParam& p : input_.params())
       shapes.push_back({p.info.fqn, p.info.shape});
+    // The layout places the dense TP / PP / DP; DeepSpeed's own experts
+    // (deepspeed.moe) are not the layout's.
     formats::PlaceRequest request;
-    request.topology = options_.topology;
+    request.topology.tp = tp_;
+    request.topology.pp = pp_;
+    request.topology.dp = W_;
     // Vocabulary rows stored beyond vocab_size are the source's padding kept
     // as real rows (PlaceOnTp): placed as padding again.
     request.true_vocab_size = given.Find("vocab_size");
