@@ -12,7 +12,7 @@
 #include "engine/atoms/signature.h"
 #include "engine/core/error.h"
 #include "engine/core/progress.h"
-#include "engine/formats/export/export.h"
+#include "engine/formats/exporter.h"
 #include "engine/formats/name_map.h"
 #include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
@@ -70,7 +70,7 @@ DType ParseDType(const std::string& s) {
 // A lower bound of the export's size: every trainable param at the target
 // dtype.
 uint64_t ExportBytes(const universal::UniversalInput& input,
-                     const exporting::ExportOptions& o) {
+                     const formats::ExportOptions& o) {
   uint64_t total = 0;
   for (const atoms::StoredParam& p : input.params()) {
     if (p.info.kind == atoms::ParamKind::kParam && !p.info.frozen)
@@ -87,7 +87,7 @@ uint64_t ExportBytes(const universal::UniversalInput& input,
 // names match (a Megatron model read from DCP, say). None when it holds a
 // layout, or its names match none (--hf then says what it is not).
 std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
-    const universal::UniversalInput& input, const exporting::ExportOptions& o,
+    const universal::UniversalInput& input, const formats::ExportOptions& o,
     const layouts::Variables& given) {
   std::vector<std::unique_ptr<universal::UniversalInput>> views;
   if (!o.hf || !input.model().layout_yaml.empty()) return views;
@@ -146,27 +146,30 @@ int RunExport(const std::vector<std::string>& args) {
   if (!vm.count("source")) throw UsageError("export needs a source");
   const layouts::Variables given = ParseModelVars(model_var_args);
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
-  exporting::ExportOptions o;
+  formats::ExportOptions o;
   if (format == "safetensors") {
-    o.format = exporting::ExportFormat::kSafetensors;
+    o.format = formats::ExportFormat::kSafetensors;
   } else if (format == "torch" || format == "bin") {
-    o.format = exporting::ExportFormat::kTorch;
+    o.format = formats::ExportFormat::kTorch;
   } else {
     throw UsageError("--format ", format, ": use safetensors or torch");
   }
   o.dtype = ParseDType(dtype);
-  o.max_shard_bytes = exporting::ParseShardSize(shard);
+  o.max_shard_bytes = formats::ParseShardSize(shard);
   o.exclude_frozen = exclude_frozen;
   o.hf = hf;
   if (!hf && !vm["hf-experts"].defaulted())
     throw UsageError("--hf-experts ", hf_experts, ": only with --hf");
   if (hf_experts == "per-expert") {
-    o.hf_experts = exporting::HfExperts::kPerExpert;
+    o.hf_experts = formats::HfExperts::kPerExpert;
   } else if (hf_experts == "fused") {
-    o.hf_experts = exporting::HfExperts::kFused;
+    o.hf_experts = formats::HfExperts::kFused;
   } else {
     throw UsageError("--hf-experts ", hf_experts, ": use per-expert or fused");
   }
+  const formats::Exporter* found = formats::FindExporter("huggingface");
+  UCP_CHECK(found != nullptr, "no exporter huggingface linked");
+  const formats::Exporter& exporter = *found;
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();
   const fs::path source = vm["source"].as<std::string>();
@@ -176,7 +179,7 @@ int RunExport(const std::vector<std::string>& args) {
                   ": no such file or directory");
   }
   universal::StagedDirectory out(output);
-  exporting::ExportSummary s;
+  formats::ExportSummary s;
   json::Value from;
   if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
     atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
@@ -186,7 +189,7 @@ int RunExport(const std::vector<std::string>& args) {
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
     universal::CheckFreeSpace(output, ExportBytes(content, o));
-    s = exporting::Export(content, out.path(), o, executor);
+    s = exporter.Export(content, out.path(), o, executor);
     from["format"] = "universal";
     from["path"] = source.string();
   } else {
@@ -198,7 +201,7 @@ int RunExport(const std::vector<std::string>& args) {
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
     universal::CheckFreeSpace(output, ExportBytes(content, o));
-    s = exporting::Export(content, out.path(), o, executor);
+    s = exporter.Export(content, out.path(), o, executor);
     from = c->info().ToJson();
   }
   out.Commit();

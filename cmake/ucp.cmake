@@ -123,9 +123,9 @@ function(ucp_add_sanitized_modules)
     target_link_options(${target} INTERFACE ${UCP_SAN_FLAGS})
     target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
     # ucp::<dep> -> its sanitized library (created earlier in ARGN), also
-    # inside $<LINK_LIBRARY:WHOLE_ARCHIVE,ucp::<dep>> (the drivers
-    # megatron_torch_dist and megatron_fsdp link whole: before, their
-    # sanitized copies linked the unsanitized dcp and megatron).
+    # inside $<LINK_LIBRARY:WHOLE_ARCHIVE,ucp::<dep>> (export links the
+    # name maps whole: else its sanitized copy would link the unsanitized
+    # names).
     foreach(dep IN LISTS deps)
       if(dep MATCHES "WHOLE_ARCHIVE,ucp::([a-z_]+)>")
         set_property(GLOBAL APPEND PROPERTY UCP_SAN_WHOLE_MODULES ${CMAKE_MATCH_1})

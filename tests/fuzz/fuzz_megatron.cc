@@ -1,5 +1,5 @@
 // Fuzz harness: a Megatron-LM legacy rank file (model_optim_rng.pt) through
-// the Megatron reader (engine/formats/megatron/megatron.h). The input is
+// the Megatron reader (engine/formats/megatron_legacy/megatron.h). The input is
 // placed as the only rank file of a save folder at iteration 100 (tracker
 // "100", iter_0000100/mp_rank_00/; the generator's TP1 PP1 files read
 // through), then in place of rank 0's file of the two real Megatron-LM 23.06
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "engine/core/error.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 #include "engine/universal/write_universal.h"
 #include "tests/fuzz/fuzz_folder.h"
 

@@ -1,7 +1,8 @@
 #pragma once
-// PyTorch Distributed Checkpoint (DCP) checkpoints: discovery, reading into a
-// universal SourcePlan, and planning the files of a target (the "dcp"
-// driver; also the container of Megatron-core's torch_dist format).
+// PyTorch Distributed Checkpoint (DCP) checkpoints, the family's container:
+// discovery, items, reading a state dict into a universal SourcePlan (the
+// "dcp" driver of ../dcp_plain, Megatron-FSDP; Megatron-core's torch_dist
+// reads the container with keys of its own).
 //
 // A checkpoint folder (torch/distributed/checkpoint/filesystem.py):
 //   .metadata            pickled Metadata (metadata.h), written last: a
@@ -185,16 +186,5 @@ std::vector<formats::ArchiveSpan> Archives(const Checkpoint& checkpoint,
 json::Value Inventory(const Checkpoint& checkpoint,
                       std::string_view format = "dcp",
                       std::string_view title = "PyTorch DCP");
-
-/// The target: N files __R_0.distcp, every tensor chunked along dim 0 over
-/// N ranks as FSDP2 / DTensor Shard(0) chunks it (torch.chunk sizes; 0-d
-/// tensors whole, on the rank torch's save-plan dedup gives them), BYTE_IO
-/// items for the rest, and .metadata last. From DCP content the source's
-/// keys, BYTE_IO items and planner_data come back; from other formats
-/// model.<param>, optimizer.state.<param>.<kind> and the param groups.
-/// Throws FormatError if the universal content lacks a param's weights.
-std::unique_ptr<formats::TargetPlan> PlanTarget(
-    const universal::UniversalInput& input,
-    const formats::TargetOptions& options);
 
 }  // namespace ucp::dcp

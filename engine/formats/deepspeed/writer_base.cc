@@ -11,6 +11,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/common/state_dict.h"
 #include "engine/formats/common/train_state.h"
+#include "engine/formats/placed_target.h"
 #include "engine/reshape/slot_plan.h"
 #include "layouts/placement.h"
 
@@ -100,9 +101,30 @@ void WriterBase::ReadTopology(bool tensor_parallel) {
                        "Megatron-DeepSpeed source (made by an older ucp: "
                        "convert from the checkpoint again)");
     }
-    layout_ = layouts::Layout::ParseStored(*mp->layout_yaml, input_.path());
+    // The target facts every layout-placed writer starts from (layout,
+    // resolved variables, validated topology): formats::PlaceParams, on the
+    // layout and variables of the Megatron-DeepSpeed record.
+    layouts::Variables given;
     if (mp->variables)
-      for (const auto& [k, x] : *mp->variables) vars_.Set(k, x);
+      for (const auto& [k, x] : *mp->variables) given.Set(k, x);
+    std::vector<layouts::ParamShape> shapes;
+    for (const atoms::StoredParam& p : input_.params())
+      shapes.push_back({p.info.fqn, p.info.shape});
+    // The layout places the dense TP / PP / DP; DeepSpeed's own experts
+    // (deepspeed.moe) are not the layout's.
+    formats::PlaceRequest request;
+    request.topology.tp = tp_;
+    request.topology.pp = pp_;
+    request.topology.dp = W_;
+    // Vocabulary rows stored beyond vocab_size are the source's padding kept
+    // as real rows (PlaceOnTp): placed as padding again.
+    request.true_vocab_size = given.Find("vocab_size");
+    request.vocab_size_known = false;
+    formats::PlacedTarget placed = formats::PlaceParams(
+        layouts::Layout::ParseStored(*mp->layout_yaml, input_.path()),
+        std::move(given), shapes, request);
+    layout_ = std::move(placed.layout);
+    vars_ = std::move(placed.vars);
   } else if (tp_ != 1 || pp_ != 1) {
     throw UsageError(
         "--tp ", tp_, " --pp ", pp_,
@@ -219,16 +241,8 @@ std::map<std::string, size_t> WriterBase::CollectParams() {
     params_.push_back(std::move(p));
   }
   if (layout_) {
-    // The model must fit the TP size (heads, groups, divisible dims) before
-    // any param is cut.
-    std::vector<layouts::ParamShape> shapes;
-    for (const TParam& p : params_)
-      if (p.rule != nullptr) shapes.push_back({p.name, p.full});
-    layouts::Topology topo;
-    topo.tp = tp_;
-    topo.pp = pp_;
-    topo.dp = W_;
-    layouts::ValidateTopology(*layout_, shapes, vars_, topo);
+    // The model fits the TP size (heads, groups, divisible dims): checked
+    // by PlaceParams (ReadTopology) before any param is cut.
     for (TParam& p : params_) {
       if (p.rule == nullptr) continue;
       p.shape = layouts::ShardFor(*p.rule, p.full, tp_, 0, p.padded, p.pad_rows)

@@ -15,7 +15,8 @@
 #include "engine/core/progress.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/formats/emit.h"
-#include "engine/formats/export/hf_llama.h"
+#include "engine/formats/exporter.h"
+#include "engine/formats/names/hf_llama.h"
 #include "engine/formats/target_plan.h"
 #include "engine/json/json.h"
 
@@ -82,14 +83,14 @@ std::vector<Item> Collect(const universal::UniversalInput& input,
                           std::string& config) {
   std::vector<Item> items;
   if (o.hf) {
-    HfModel m = MapToHf(input, o.hf_experts);
+    names::HfModel m = names::MapToHf(input, o.hf_experts);
     ExportOptions fp32 = o;
     fp32.dtype = DType::kFloat32;
-    for (HfTensor& t : m.tensors) {
+    for (names::HfTensor& t : m.tensors) {
       items.push_back(
           ItemOf(input, t.fp32 ? fp32 : o, t.param, t.name, t.shape));
       Item& it = items.back();
-      for (HfPiece& p : t.pieces) {
+      for (names::HfPiece& p : t.pieces) {
         // Another param's atom (its own fp32 master or weights; converted).
         const atoms::DatasetInfo* atom = nullptr;
         if (!p.param.empty() && p.param != t.param)
@@ -283,42 +284,6 @@ std::string_view SafetensorsDType(DType dtype) {
                    " (use --format torch)");
 }
 
-uint64_t ParseShardSize(std::string_view text) {
-  size_t i = 0;
-  uint64_t value = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-    if (__builtin_mul_overflow(value, 10u, &value) ||
-        __builtin_add_overflow(value, static_cast<uint64_t>(text[i] - '0'),
-                               &value))
-      throw UsageError("--max-shard-size ", text, ": too large");
-    ++i;
-  }
-  if (i == 0)
-    throw UsageError("--max-shard-size ", text, ": not a size (e.g. 5GB)");
-  std::string unit;
-  for (char c : text.substr(i))
-    unit += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::map<std::string, uint64_t> kUnits = {
-      {"", 1},
-      {"B", 1},
-      {"KB", 1000ull},
-      {"MB", 1000'000ull},
-      {"GB", 1000'000'000ull},
-      {"TB", 1000'000'000'000ull},
-      {"KIB", 1ull << 10},
-      {"MIB", 1ull << 20},
-      {"GIB", 1ull << 30},
-      {"TIB", 1ull << 40}};
-  auto it = kUnits.find(unit);
-  if (it == kUnits.end())
-    throw UsageError("--max-shard-size ", text,
-                     ": not a size (e.g. 5GB, 500MB, 1GiB)");
-  uint64_t out;
-  if (__builtin_mul_overflow(value, it->second, &out) || out == 0)
-    throw UsageError("--max-shard-size ", text, ": out of range");
-  return out;
-}
-
 ExportSummary Export(const universal::UniversalInput& input,
                      const fs::path& out_dir, const ExportOptions& options,
                      const reshape::ExecutorOptions& executor) {
@@ -333,5 +298,23 @@ ExportSummary Export(const universal::UniversalInput& input,
   formats::Emit(plan, input, out_dir, o);
   return summary;
 }
+
+namespace {
+
+// `ucp export`'s exporter (formats/exporter.h).
+class HuggingFaceExporter : public formats::Exporter {
+ public:
+  std::string_view Name() const override { return "huggingface"; }
+  ExportSummary Export(
+      const universal::UniversalInput& input, const fs::path& out_dir,
+      const ExportOptions& options,
+      const reshape::ExecutorOptions& executor) const override {
+    return exporting::Export(input, out_dir, options, executor);
+  }
+};
+
+}  // namespace
+
+UCP_REGISTER_EXPORTER(HuggingFaceExporter);
 
 }  // namespace ucp::exporting

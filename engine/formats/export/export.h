@@ -1,5 +1,6 @@
 #pragma once
-// `ucp export`: the consolidated model of any universal content (a universal
+// `ucp export` (exporter "huggingface", formats/exporter.h): the
+// consolidated model of any universal content (a universal
 // file, or any readable checkpoint through its source plan), in the Hugging
 // Face conventions, streamed with memory bounded by the executor's budget.
 //
@@ -42,45 +43,25 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
-#include "engine/formats/export/hf_llama.h"
+#include "engine/formats/exporter.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
 
 namespace ucp::exporting {
 
-enum class ExportFormat { kSafetensors, kTorch };
-
-struct ExportOptions {
-  ExportFormat format = ExportFormat::kSafetensors;
-  DType dtype = DType::kFloat32;             // float32, bfloat16 or float16
-  uint64_t max_shard_bytes = 5'000'000'000;  // "5GB"
-  bool exclude_frozen = false;
-  /// A transformers model folder (hf_llama.h): LlamaForCausalLM's names,
-  /// q/k/v and gate/up split, config.json last.
-  bool hf = false;
-  /// With `hf`, a mixture of experts' routed experts (hf_llama.h HfExperts).
-  HfExperts hf_experts = HfExperts::kPerExpert;
-};
-
-struct ExportSummary {
-  int64_t tensors = 0;
-  uint64_t total_size = 0;         // bytes of tensor data
-  std::vector<std::string> files;  // written, in order (index last)
-  std::vector<std::string> notes;
-};
+using formats::ExportFormat;
+using formats::ExportOptions;
+using formats::ExportSummary;
 
 /// Writes the model into `out_dir` (an existing empty folder; each file is
-/// written under a temporary name and renamed when complete). Throws
+/// written under a temporary name and renamed when complete); registered as
+/// exporter "huggingface" (formats/exporter.h), which `ucp export` runs. Throws
 /// UsageError for a dtype that is not floating point, FormatError if a param
 /// has neither a `fp32` nor a `param` atom, IoError on write failures.
 ExportSummary Export(const universal::UniversalInput& input,
                      const std::filesystem::path& out_dir,
                      const ExportOptions& options,
                      const reshape::ExecutorOptions& executor);
-
-/// Hugging Face shard sizes: "5GB" = 5e9 bytes, "500MB", "100KB", "1GiB" =
-/// 2^30, "1000" bytes (case-insensitive). Throws UsageError.
-uint64_t ParseShardSize(std::string_view text);
 
 /// "F32", "BF16", ... Throws UsageError for dtypes safetensors lacks.
 std::string_view SafetensorsDType(DType dtype);

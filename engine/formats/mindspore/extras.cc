@@ -1,11 +1,11 @@
-// The "mindspore" root attribute (mindspore.h): its one serializer.
+// The "mindspore" root attribute (extras.h): its one serializer.
 
 #include "engine/universal/extras.h"
 
 #include <utility>
 
 #include "engine/core/error.h"
-#include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/mindspore/extras.h"
 #include "engine/universal/model.h"
 
 namespace ucp::mindspore {

@@ -28,7 +28,7 @@
 
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 #include "engine/json/json.h"
 #include "engine/universal/output_dir.h"
 #include "engine/universal/write_universal.h"

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "engine/core/error.h"
-#include "engine/formats/megatron/megatron.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 #include "engine/universal/write_universal.h"
 #include "tests/testutil/testutil.h"
 

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/formats/megatron/group_step.h"
+#include "engine/formats/megatron_legacy/group_step.h"
 
 namespace ucp::megatron {
 namespace {

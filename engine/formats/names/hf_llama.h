@@ -44,12 +44,13 @@
 
 #include "engine/core/box.h"
 #include "engine/core/dtype.h"
+#include "engine/formats/exporter.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/mapped_input.h"
 #include "layouts/variables.h"
 
-namespace ucp::exporting {
+namespace ucp::names {
 
 /// A box `src` of universal param `param` (empty: the tensor's own) copied to
 /// box `dst` of a row-major view of shape `dst_shape` starting at element
@@ -74,11 +75,8 @@ struct HfTensor {
   bool fp32 = false;
 };
 
-/// How `--hf` writes routed experts (`--hf-experts`): one tensor per expert
-/// and matrix (transformers 4's names, what save_pretrained writes), or one
-/// 3-D tensor per layer and matrix (transformers 5's in-memory form:
-/// `mlp.experts.gate_up_proj [E, 2I, H]`, `mlp.experts.down_proj [E, H, I]`).
-enum class HfExperts { kPerExpert, kFused };
+/// How `--hf` writes routed experts (`--hf-experts`, formats/exporter.h).
+using formats::HfExperts;
 
 struct HfModel {
   std::vector<HfTensor> tensors;  // in transformers' state-dict order
@@ -123,4 +121,4 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const std::function<std::string(const std::string&)>& hf_name,
     const layouts::Variables& given, std::string_view flag);
 
-}  // namespace ucp::exporting
+}  // namespace ucp::names

@@ -10,41 +10,12 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/megatron/args.h"
-#include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 #include "engine/torchfile/torch_file.h"
 
 namespace ucp::megatron {
 namespace fs = std::filesystem;
-
-std::string IterDirName(int64_t iteration, bool release) {
-  if (release) return std::string(kReleaseDir);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "iter_%07lld",
-                static_cast<long long>(iteration));
-  return buf;
-}
-
-std::string RngStateKey(int64_t tp_rank, int64_t pp_rank) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "rng_state/tp%02lld_pp%03lld",
-                static_cast<long long>(tp_rank),
-                static_cast<long long>(pp_rank));
-  return buf;
-}
-
-std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp) {
-  char buf[48];
-  if (pp == 1) {
-    std::snprintf(buf, sizeof buf, "mp_rank_%02lld",
-                  static_cast<long long>(tp_rank));
-  } else {
-    std::snprintf(buf, sizeof buf, "mp_rank_%02lld_%03lld",
-                  static_cast<long long>(tp_rank),
-                  static_cast<long long>(pp_rank));
-  }
-  return buf;
-}
 
 namespace {
 
@@ -64,53 +35,6 @@ bool IsIterDirName(std::string_view name) {
 }
 
 }  // namespace
-
-std::optional<int64_t> ParseIterDirName(std::string_view name) {
-  if (!name.starts_with("iter_")) return std::nullopt;
-  return ParseNumber(name.substr(5));
-}
-
-IterationFolder LocateIteration(const fs::path& path,
-                                std::optional<int64_t> iteration) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
-    throw IoError("checkpoint folder ", path.string(),
-                  " does not exist or is not a folder");
-  }
-  IterationFolder f;
-  const fs::path tracker = path / kTrackerFile;
-  const auto own = ParseIterDirName(path.filename().string());
-  if (iteration) {
-    f.dir = own && !fs::exists(tracker, ec) ? path.parent_path() : path;
-    f.iteration = *iteration;
-    f.iter_dir = f.dir / IterDirName(*iteration, false);
-    if (!fs::is_directory(f.iter_dir, ec)) {
-      throw UsageError("iteration ", *iteration, " is not in ", f.dir.string(),
-                       " (no ", f.iter_dir.filename().string(), ")");
-    }
-  } else if (fs::exists(tracker, ec)) {
-    f.dir = path;
-    const std::string text = ReadSmallFile(tracker, 1024);
-    const auto n = ParseNumber(TrimWhitespace(text));
-    if (!n) {
-      throw FormatError(tracker.string(), ": not an iteration number: '",
-                        std::string(TrimWhitespace(text)).substr(0, 40), "'");
-    }
-    f.iteration = *n;
-    f.iter_dir = path / IterDirName(*n, false);
-    if (!fs::is_directory(f.iter_dir, ec)) {
-      throw FormatError(tracker.string(), " names iteration ", *n, " but ",
-                        f.iter_dir.string(), " does not exist");
-    }
-  } else {
-    f.dir = path.parent_path();
-    f.iter_dir = path;
-    f.iteration = own.value_or(0);
-    f.named = own.has_value();
-  }
-  f.iter_dir = f.iter_dir.lexically_normal();
-  return f;
-}
 
 std::vector<formats::SavedCheckpoint> ListIterations(
     const std::filesystem::path& dir) {
@@ -133,27 +57,6 @@ std::vector<formats::SavedCheckpoint> ListIterations(
     out.push_back(std::move(c));
   }
   return out;
-}
-
-std::optional<RankDirNumbers> ParseRankDirName(std::string_view name) {
-  constexpr std::string_view kPrefix = "mp_rank_";
-  if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
-  name.remove_prefix(kPrefix.size());
-  std::vector<int64_t> nums;
-  while (true) {
-    const size_t us = name.find('_');
-    auto n = ParseNumber(name.substr(0, us));
-    if (!n) return std::nullopt;
-    nums.push_back(*n);
-    if (us == std::string_view::npos) break;
-    name.remove_prefix(us + 1);
-  }
-  if (nums.size() > 3) return std::nullopt;
-  RankDirNumbers r;
-  r.tp_rank = nums[0];
-  if (nums.size() > 1) r.second = nums[1];
-  if (nums.size() > 2) r.third = nums[2];
-  return r;
 }
 
 Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {

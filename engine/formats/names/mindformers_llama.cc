@@ -1,11 +1,11 @@
 // MindFormers' LLaMA names as name maps (engine/formats/name_map.h):
 //   mindformers-llama  from a Megatron-core GPTModel (the fused QKV split per
-//                      query group, linear_fc1 into w1 / w3: export's
+//                      query group, linear_fc1 into w1 / w3: hf_llama.h's
 //                      transformers LLaMA, then renamed) or from transformers'
 //                      LlamaForCausalLM names (renamed);
 //   hf-llama           from MindFormers' LLaMA names (renamed back);
 //   mcore-llama        from MindFormers' LLaMA names (renamed back, then
-//                      joined as export's McoreLlamaFromHf joins them).
+//                      joined as hf_llama.h's McoreLlamaFromHf joins them).
 // Written as MindSpore records, the moments take MindFormers' AdamW names
 // (adam_m. / adam_v.).
 // The renames are MindFormers' own, both ways (mindformers/models/llama/
@@ -26,12 +26,12 @@
 #include <utility>
 #include <vector>
 
-#include "engine/formats/export/hf_llama.h"
-#include "engine/formats/mindspore/mindspore.h"
+#include "engine/formats/mindspore/extras.h"
 #include "engine/formats/name_map.h"
+#include "engine/formats/names/hf_llama.h"
 #include "engine/json/json.h"
 
-namespace ucp::mindspore {
+namespace ucp::names {
 namespace {
 
 // transformers' name part, MindFormers' (in name_replace's order).
@@ -83,7 +83,7 @@ std::vector<universal::MappedParam> Renamed(
 
 std::optional<std::vector<universal::MappedParam>> MindFormersParams(
     const universal::UniversalInput& input, const layouts::Variables&) {
-  if (auto hf = exporting::HfLlamaParams(input, "--names mindformers-llama")) {
+  if (auto hf = HfLlamaParams(input, "--names mindformers-llama")) {
     for (universal::MappedParam& m : *hf)
       m.info.fqn = Rename(std::move(m.info.fqn), true);
     return hf;
@@ -105,12 +105,13 @@ std::optional<std::vector<universal::MappedParam>> HfFromMindFormers(
 // MindFormers' AdamW names its moments adam_m. / adam_v. (mindformers/core/
 // optim/adamw.py, clone_state): written so unless the source says otherwise.
 void AdamWMoments(universal::Model& model) {
-  MindSporeExtras meta =
-      ReadMindSporeExtras(model, "(the --names mindformers-llama view)")
-          .value_or(MindSporeExtras{});
+  mindspore::MindSporeExtras meta =
+      mindspore::ReadMindSporeExtras(model,
+                                     "(the --names mindformers-llama view)")
+          .value_or(mindspore::MindSporeExtras{});
   if (!meta.exp_avg_prefix) meta.exp_avg_prefix = "adam_m.";
   if (!meta.exp_avg_sq_prefix) meta.exp_avg_sq_prefix = "adam_v.";
-  WriteMindSporeExtras(meta, model);
+  mindspore::WriteMindSporeExtras(meta, model);
 }
 
 }  // namespace
@@ -129,7 +130,7 @@ UCP_REGISTER_NAME_MAP(
        if (!Has(input, "model.tok_embeddings.embedding_weight",
                 "model.layers.0.attention.wq.weight"))
          return std::nullopt;
-       return exporting::McoreLlamaFromHf(
+       return McoreLlamaFromHf(
            input, [](const std::string& n) { return Rename(n, false); }, given,
            "--names mcore-llama");
      },
@@ -138,4 +139,4 @@ UCP_REGISTER_NAME_MAP(hf_llama_from_mindformers,
                       {"hf-llama", "MindFormers' LLaMA names",
                        HfFromMindFormers, ""});
 
-}  // namespace ucp::mindspore
+}  // namespace ucp::names

@@ -1,4 +1,4 @@
-// Planning a DCP checkpoint from universal content (dcp.h): one unit per
+// Planning a DCP checkpoint from universal content (dcp_plain.h): one unit per
 // rank file __R_0.distcp, .metadata last.
 //
 // Items are placed as torch's save path places them: every tensor of one or
@@ -26,6 +26,7 @@
 #include "engine/formats/dcp/dcp.h"
 #include "engine/formats/dcp/items.h"
 #include "engine/formats/dcp/keys.h"
+#include "engine/formats/dcp_plain/dcp_plain.h"
 #include "engine/json/json.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/zip.h"

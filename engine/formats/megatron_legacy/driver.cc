@@ -7,8 +7,8 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
-#include "engine/formats/megatron/megatron.h"
 #include "engine/formats/megatron/megatron_format.h"
+#include "engine/formats/megatron_legacy/megatron.h"
 
 namespace ucp::megatron {
 namespace {

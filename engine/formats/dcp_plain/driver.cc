@@ -1,10 +1,11 @@
-// The "dcp" format driver: PyTorch Distributed Checkpoint folders, read and
-// written (dcp.h).
+// The "dcp" format driver: PyTorch Distributed Checkpoint folders, read
+// (../dcp/dcp.h) and written (dcp_plain.h).
 
 #include "engine/formats/driver.h"
 
 #include "engine/core/error.h"
 #include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp_plain/dcp_plain.h"
 
 namespace ucp::dcp {
 namespace {

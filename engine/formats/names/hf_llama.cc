@@ -1,6 +1,6 @@
 // transformers' LlamaForCausalLM from a Megatron-core GPT (hf_llama.h).
 
-#include "engine/formats/export/hf_llama.h"
+#include "engine/formats/names/hf_llama.h"
 
 #include <charconv>
 #include <map>
@@ -10,7 +10,7 @@
 #include "engine/formats/common/attrs.h"
 #include "engine/formats/name_map.h"
 
-namespace ucp::exporting {
+namespace ucp::names {
 namespace {
 
 constexpr std::string_view kLayers = "decoder.layers.";
@@ -756,4 +756,4 @@ UCP_REGISTER_NAME_MAP(hf_llama_from_mcore,
                        },
                        ""});
 
-}  // namespace ucp::exporting
+}  // namespace ucp::names
