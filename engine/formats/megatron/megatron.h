@@ -6,7 +6,8 @@
 // megatron_format.h for every key):
 //   <dir>/latest_checkpointed_iteration.txt   "N" or "release" (written last)
 //   <dir>/iter_{N:07d}/ (or release/)
-//     mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt   [+ distrib_optim.pt]
+//     mp_rank_{tp:02d}[_{pp:03d}][_{ep:03d}]/model_optim_rng.pt
+//                                               [+ distrib_optim.pt]
 
 #include <cstdint>
 #include <filesystem>
@@ -35,12 +36,16 @@ struct Checkpoint {
   std::filesystem::path iter_dir;  // iter_0000100 / release
   int64_t iteration = 0;
   bool release = false;
-  layouts::Topology topology;  // tp, pp, vpp (1 = none), dp from args
+  /// tp, pp, vpp (1 = none), dp, and for a mixture of experts ep (etp is
+  /// unset or tp: Megatron's legacy format has no other) from args.
+  layouts::Topology topology;
   bool distributed_optimizer = false;
-  /// rank_files[pp][tp] = .../mp_rank_TT[_PPP]/model_optim_rng.pt
+  /// rank_files[pp][ep * tp_size + tp] =
+  /// .../mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
   std::vector<std::vector<std::filesystem::path>> rank_files;
-  /// distrib_optim_files[pp][tp] = .../distrib_optim.pt (empty without the
-  /// distributed optimizer, or without optimizer state: --no-save-optim).
+  /// distrib_optim_files[pp][ep * tp_size + tp] = .../distrib_optim.pt
+  /// (empty without the distributed optimizer, or without optimizer state:
+  /// --no-save-optim).
   std::vector<std::vector<std::filesystem::path>> distrib_optim_files;
 };
 
@@ -51,7 +56,8 @@ struct Checkpoint {
 /// used and rank (0, 0) holds optimizer state) exists and that no rank
 /// folder is unexplained. Throws FormatError
 /// naming the missing or malformed file (or unsupported feature such as
-/// expert parallelism), IoError if `dir` is not a folder or unreadable.
+/// an expert tensor-parallel size other than TP), IoError if `dir` is not a
+/// folder or unreadable.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
 
