@@ -50,7 +50,8 @@ std::string FormatList(bool writable) {
       const formats::TopologyAxes a = d->TargetAxes();
       for (const auto& [on, flag] :
            {std::pair{a.tp, "--tp"}, std::pair{a.pp, "--pp"},
-            std::pair{a.vpp, "--vpp"}, std::pair{a.dp, "--dp"}}) {
+            std::pair{a.vpp, "--vpp"}, std::pair{a.dp, "--dp"},
+            std::pair{a.ep, "--ep"}, std::pair{a.etp, "--etp"}}) {
         if (on) takes += StrCat(takes.empty() ? "" : " ", flag);
       }
       if (!a.any()) takes = "no topology (any world size)";
@@ -98,7 +99,7 @@ const std::string& ToUniversalHelp() {
 const std::string& ReshapeHelp() {
   static const std::string h =
       "usage: ucp reshape FILE -o DIR [--format NAME] [--dp N --tp N --pp N\n"
-      "                   --vpp N] [format options] [options]\n"
+      "                   --vpp N --ep N --etp N] [format options] [options]\n"
       "\n"
       "Writes, from a universal file, the checkpoint for a new tensor / "
       "pipeline /\n"
@@ -126,7 +127,7 @@ const std::string& ReshapeHelp() {
 const std::string& ConvertHelp() {
   static const std::string h =
       "usage: ucp convert SRC -o DIR [--format NAME] [--dp N --tp N --pp N\n"
-      "                   --vpp N] [format options] [options]\n"
+      "                   --vpp N --ep N --etp N] [format options] [options]\n"
       "\n"
       "to-universal and reshape in one step, streaming: reads the checkpoint "
       "SRC\n"
@@ -306,6 +307,12 @@ void TargetArgs::Add(po::options_description& d, bool with_vocab,
       "dp", po::value<int64_t>(&dp)->value_name("N"),
       "data-parallel size (required by formats with a topology; formats "
       "without one, such as deepspeed-universal, take none)")(
+      "ep", po::value<int64_t>(&ep)->value_name("N"),
+      "expert-parallel size of a mixture-of-experts model (default 1; must "
+      "divide the expert count)")(
+      "etp", po::value<int64_t>(&etp)->value_name("N"),
+      "expert tensor-parallel size (default: --tp); etp x ep x pp must "
+      "divide the world tp x pp x dp")(
       "no-optimizer", po::bool_switch(&no_optimizer),
       "model weights only (no optimizer state)");
   std::string maps;
@@ -353,7 +360,9 @@ formats::TargetOptions TargetArgs::Options(
       {"tp", "tensor parallelism", tp, axes.tp, &o.topology.tp},
       {"pp", "pipeline parallelism", pp, axes.pp, &o.topology.pp},
       {"vpp", "virtual pipeline", vpp, axes.vpp, &o.topology.vpp},
-      {"dp", "data-parallel size", dp, axes.dp, &o.topology.dp}};
+      {"dp", "data-parallel size", dp, axes.dp, &o.topology.dp},
+      {"ep", "expert parallelism", ep, axes.ep, &o.topology.ep},
+      {"etp", "expert tensor parallelism", etp, axes.etp, nullptr}};
   std::string taken;
   for (const Axis& a : list)
     if (a.taken) taken += StrCat(taken.empty() ? "" : ", ", "--", a.name);
@@ -362,18 +371,35 @@ formats::TargetOptions TargetArgs::Options(
     if (!axes.any()) {
       throw UsageError("--", a.name, ": format '", driver.Name(),
                        "' is written without a topology (it loads at any "
-                       "world size): give no --tp, --pp, --vpp or --dp");
+                       "world size): give no --tp, --pp, --vpp, --dp, --ep "
+                       "or --etp");
     }
     if (!a.taken) {
       throw UsageError("--", a.name, ": format '", driver.Name(), "' has no ",
                        a.what, " (its topology options: ", taken, ")");
     }
     if (a.value < 1) throw UsageError("--", a.name, " must be >= 1");
-    *a.out = a.value;
+    if (a.out != nullptr) *a.out = a.value;
   }
+  if (etp != 0) o.topology.etp = etp;
   if (axes.dp && axes.dp_required && dp == 0) {
     throw UsageError("format '", driver.Name(),
                      "' needs the data-parallel size: pass --dp N");
+  }
+  // Megatron carves the expert grid (etp x ep x edp x pp) out of the same
+  // ranks as the dense one (initialize_model_parallel: "world_size is not
+  // divisible by expert_tensor_model_pipeline_parallel size").
+  if (ep != 0 || etp != 0) {
+    const layouts::Topology& t = o.topology;
+    const int64_t world = t.tp * t.pp * t.dp;
+    const int64_t grid = t.ExpertTp() * t.ep * t.pp;
+    if (world % grid != 0) {
+      throw UsageError("--etp ", t.ExpertTp(), " x --ep ", t.ep, " x --pp ",
+                       t.pp, " = ", grid, " does not divide the world of --tp ",
+                       t.tp, " x --pp ", t.pp, " x --dp ", t.dp, " = ", world,
+                       " ranks (the expert data-parallel size world / (etp x "
+                       "ep x pp) must be whole)");
+    }
   }
   formats::CheckOptions(driver.TargetOptionSpecs(), values, driver.Name(),
                         "targets");
@@ -397,6 +423,9 @@ std::string TargetArgs::Describe(const formats::Driver& driver) const {
           std::tuple{axes.dp, "dp", o.topology.dp}}) {
       if (taken) s += StrCat(s.empty() ? "" : ", ", name, " ", value);
     }
+    if (axes.ep && (ep != 0 || etp != 0)) {
+      s += StrCat(", ep ", o.topology.ep, ", etp ", o.topology.ExpertTp());
+    }
   }
   const std::string extra =
       formats::DescribeLayoutOptions(driver.TargetOptionSpecs(), values);
@@ -412,6 +441,10 @@ json::Value TargetArgs::TopologyJson(const formats::Driver& driver) const {
     j["pp"] = o.topology.pp;
     j["vpp"] = o.topology.vpp;
     j["dp"] = o.topology.dp;
+    if (driver.TargetAxes().ep) {
+      j["ep"] = o.topology.ep;
+      j["etp"] = o.topology.ExpertTp();
+    }
   }
   formats::LayoutOptionsJson(driver.TargetOptionSpecs(), values, j);
   return j;

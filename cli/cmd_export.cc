@@ -269,6 +269,8 @@ int RunFormats(const std::vector<std::string>& args) {
         if (ax.pp) t.Append("pp");
         if (ax.vpp) t.Append("vpp");
         if (ax.dp) t.Append("dp");
+        if (ax.ep) t.Append("ep");
+        if (ax.etp) t.Append("etp");
         e["target_topology"] = std::move(t);
         e["target_options"] = specs(d->TargetOptionSpecs());
       }

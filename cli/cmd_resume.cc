@@ -20,7 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kResumeHelp =
-    "usage: ucp resume SAVE_DIR --dp N [--tp N --pp N --vpp N]\n"
+    "usage: ucp resume SAVE_DIR --dp N [--tp N --pp N --vpp N --ep N --etp "
+    "N]\n"
     "                  [--distributed-optimizer | --zero-stage S] [--format "
     "F]\n"
     "                  [--global-batch-size B] [--ignore-data-skip | "

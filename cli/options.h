@@ -95,6 +95,7 @@ struct SourceArgs {
 struct TargetArgs {
   std::string format;
   int64_t tp = 0, pp = 0, vpp = 0, dp = 0;  // 0: not given
+  int64_t ep = 0, etp = 0;                  // 0: not given (etp: tp)
   bool no_optimizer = false;
   int64_t vocab_size = 0;
   std::string names;  // a name map (--names), "" for the source's names
@@ -114,12 +115,16 @@ struct TargetArgs {
   void Read(const po::variables_map& vm);
   /// The options for `driver`: the topology sizes it takes (--dp required
   /// when it takes one; none given when it takes none) and its own options.
-  /// Throws UsageError naming the option and what the format takes.
+  /// Throws UsageError naming the option and what the format takes, or the
+  /// numbers when the expert grid (etp x ep x pp) does not divide the world
+  /// (tp x pp x dp).
   formats::TargetOptions Options(const formats::Driver& driver) const;
-  /// "tp 2, pp 2, vpp 1, dp 4, distributed optimizer" for `driver`; "any
-  /// topology" for a format without one.
+  /// "tp 2, pp 2, vpp 1, dp 4, distributed optimizer" for `driver` (", ep 4,
+  /// etp 1" when --ep or --etp is given); "any topology" for a format
+  /// without one.
   std::string Describe(const formats::Driver& driver) const;
-  /// {"tp", "pp", "vpp", "dp", <layout options>} for `driver`.
+  /// {"tp", "pp", "vpp", "dp", "ep", "etp", <layout options>} for `driver`
+  /// ("ep" and "etp" for a format that takes them).
   json::Value TopologyJson(const formats::Driver& driver) const;
 };
 

@@ -80,15 +80,18 @@ struct TargetOptions {
   OptionValues values;
 };
 
-/// Which topology sizes a target format takes (--tp, --pp, --vpp, --dp).
-/// A format without any (a universal folder, a consolidated model) takes
-/// none of them.
+/// Which topology sizes a target format takes (--tp, --pp, --vpp, --dp, and
+/// for mixture-of-experts models --ep, --etp). A format without any (a
+/// universal folder, a consolidated model) takes none of them.
 struct TopologyAxes {
   bool tp = false, pp = false, vpp = false, dp = false;
+  /// Expert parallelism and expert tensor parallelism (Megatron's
+  /// --expert-model-parallel-size, --expert-tensor-parallel-size).
+  bool ep = false, etp = false;
   /// --dp must be given (when `dp`); false for a format whose rank layout
   /// may come from elsewhere (MindSpore's strategy files) or be none.
   bool dp_required = true;
-  bool any() const { return tp || pp || vpp || dp; }
+  bool any() const { return tp || pp || vpp || dp || ep || etp; }
 };
 
 /// An opened (discovered) checkpoint.

@@ -14,7 +14,8 @@ namespace ucp::formats {
 namespace {
 
 layouts::Topology CheckedTopology(const layouts::Topology& t) {
-  if (t.tp < 1 || t.pp < 1 || t.vpp < 1 || t.dp < 1) {
+  if (t.tp < 1 || t.pp < 1 || t.vpp < 1 || t.dp < 1 || t.ep < 1 ||
+      t.ExpertTp() < 1) {
     throw LayoutError("target topology ", t.ToString(), ": sizes must be >= 1");
   }
   if (t.vpp > 1 && t.pp == 1) {
@@ -24,6 +25,46 @@ layouts::Topology CheckedTopology(const layouts::Topology& t) {
                       "with pipeline parallelism)");
   }
   return t;
+}
+
+// What Megatron refuses of the expert sizes, as one usage line naming the
+// numbers: expert parallelism of a model without routed experts (Megatron-LM
+// arguments: "num_experts must be non None to use expert model
+// parallelism"), an expert count EP does not divide (MoELayer: num_moe_experts
+// % ep_size == 0), expert biases with ETP > 1 (TransformerConfig: "Bias in
+// Moe is only supported when ETP==1").
+void CheckExpertSizes(const layouts::Layout& layout,
+                      const layouts::Variables& vars,
+                      std::span<const layouts::ParamShape> shapes,
+                      const layouts::Topology& t) {
+  if (t.ep < 1 || t.ExpertTp() < 1) {
+    throw UsageError("--ep ", t.ep, ", --etp ", t.ExpertTp(),
+                     ": sizes must be >= 1");
+  }
+  if (!layout.experts()) {
+    if (t.ep > 1) {
+      throw UsageError("--ep ", t.ep, ": the model (layout ", layout.name(),
+                       ") has no routed experts; expert parallelism needs a "
+                       "mixture-of-experts model");
+    }
+    return;
+  }
+  const int64_t experts = layout.NumExperts(vars);
+  if (experts % t.ep != 0) {
+    throw UsageError("--ep ", t.ep, " does not divide the ", experts,
+                     " experts of each MoE layer (layout ", layout.name(),
+                     "; Megatron needs num_experts % ep == 0)");
+  }
+  if (t.ExpertTp() > 1) {
+    for (const layouts::ParamShape& p : shapes) {
+      if (layout.SplitExpert(p.name) && p.name.ends_with(".bias")) {
+        throw UsageError("--etp ", t.ExpertTp(), ": the experts have biases (",
+                         p.name,
+                         "); Megatron-core supports biases in MoE experts only "
+                         "with ETP 1");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -47,9 +88,10 @@ PlacedTarget PlaceParams(layouts::Layout layout, layouts::Variables given,
     given.Set("num_layers", layers);
   }
   layouts::Variables vars = layout.Resolve(given);
+  CheckExpertSizes(layout, vars, shapes, request.topology);
   // Routed experts are read (and exported), not yet placed into rank files
   // by EP / ETP: refused rather than written as if they were dense.
-  if (layout.experts()) {
+  if (layout.experts() && !request.experts) {
     throw UsageError(
         "a mixture-of-experts model (layout ", layout.name(),
         "): writing its rank files for an EP / ETP layout is not supported "

@@ -45,6 +45,9 @@ struct PlaceRequest {
   /// The layout of content that holds no descriptor (a built-in one its
   /// names match); absent: such content is refused.
   std::optional<layouts::Layout> layout;
+  /// Whether the writer places routed experts by EP / ETP (a layout with
+  /// experts is refused otherwise).
+  bool experts = false;
   /// Whether num_layers, when the content's variables do not set it, is
   /// counted from the params' layer indices (content that records no model
   /// variables, such as a MindSpore checkpoint's).
@@ -53,7 +56,9 @@ struct PlaceRequest {
 
 /// The placed target of `input` for `request`: placed by the input's layout
 /// descriptor, else by `request.layout`. Throws UsageError for a layout with
-/// routed experts (not placed by EP / ETP yet), FormatError naming the input
+/// routed experts unless `request.experts` or expert sizes Megatron
+/// refuses (--ep > 1 without routed experts, an expert count --ep does not
+/// divide, expert biases with --etp > 1), FormatError naming the input
 /// if it holds no layout descriptor and the request gives none, LayoutError
 /// if a target size is below 1, a virtual pipeline is asked for without
 /// pp > 1, or the layout's splits do not fit the target

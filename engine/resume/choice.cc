@@ -45,6 +45,7 @@ std::string LoadFolderName(const LoadFolderParts& parts) {
   if (parts.topology) {
     const layouts::Topology& t = *parts.topology;
     out += StrCat("-tp", t.tp, "-pp", t.pp, "-vpp", t.vpp, "-dp", t.dp);
+    if (t.ep != 1 || t.etp) out += StrCat("-ep", t.ep, "-etp", t.ExpertTp());
   }
   out += parts.options_suffix;
   if (!parts.other_format.empty()) out += "-" + parts.other_format;

@@ -98,7 +98,7 @@ struct LoadFolderParts {
   std::string names;           // the name map (--names), "" for none
 };
 
-/// "<checkpoint>[-tpT-ppP-vppV-dpD]<options_suffix>[-<other_format>]
+/// "<checkpoint>[-tpT-ppP-vppV-dpD[-epE-etpX]]<options_suffix>[-<other_format>]
 /// [-<names>]", the default load folder under SAVE_DIR/ucp-resume/.
 std::string LoadFolderName(const LoadFolderParts& parts);
 

@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 import torch
 
+import testmain  # noqa: E402
 from testmain import Tmp, run  # noqa: E402
 
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "moe_torch_dist"
@@ -337,6 +338,53 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         for name in SAVES:
             run("to-universal", DATA / name, "-o", t / "u.h5")
             (t / "u.h5").unlink()
+
+
+def test_ep_etp_flags_listed_and_refused_as_megatron_refuses_them():
+    """--ep/--etp: listed by `ucp formats --json` for the two Megatron targets only; the sizes
+    megatron-core 0.16 refuses are one usage line naming the numbers, nothing written: an ep
+    that does not divide the 4 experts (MoELayer: num_moe_experts % ep_size == 0), etp x ep x
+    pp not dividing the world (initialize_model_parallel's RuntimeError), --ep on a format
+    without expert parallelism. Control: the numbers next to them pass these checks
+    (they fail later only while a target refuses MoE models, with another message)."""
+    formats = {f["name"]: f for f in json.loads(run("formats", "--json").stdout)}
+    for name in ("megatron", "megatron-torch-dist"):
+        assert formats[name]["target_topology"] == ["tp", "pp", "vpp", "dp", "ep", "etp"], \
+            formats[name]
+    for name in ("deepspeed", "dcp", "mindspore"):
+        assert "ep" not in formats[name]["target_topology"], formats[name]
+    help_text = run("convert", "--help").stdout
+    assert "--ep N" in help_text and "--etp N" in help_text, help_text
+    src = DATA / "mixtral_tp1_pp2_dp2_ep2"
+    with Tmp("ucp-moe-flags-") as t:
+        cases = [
+            (["--tp", 1, "--dp", 3, "--ep", 3], ["--ep 3", "4 experts"]),
+            (["--tp", 1, "--dp", 8, "--ep", 8], ["--ep 8", "4 experts"]),
+            (["--tp", 1, "--dp", 2, "--ep", 2, "--etp", 2],
+             ["--etp 2 x --ep 2 x --pp 1 = 4", "--tp 1 x --pp 1 x --dp 2 = 2"]),
+            (["--tp", 2, "--pp", 2, "--dp", 1, "--ep", 4],
+             ["--etp 2 x --ep 4 x --pp 2 = 16", "= 4 ranks"]),
+        ]
+        for flags, needles in cases:
+            p = run("convert", src, "-o", t / "o", "--format", "megatron-torch-dist",
+                    "--distributed-optimizer", *flags, expect=2)
+            one_error_line(p, *needles)
+            assert not (t / "o").exists(), flags
+        p = run("convert", src, "-o", t / "o", "--format", "deepspeed", "--dp", 2, "--ep", 2,
+                expect=2)
+        one_error_line(p, "--ep", "no expert parallelism")
+        p = run("convert", src, "-o", t / "o", "--format", "megatron", "--tp", 1, "--dp", 3,
+                "--ep", 3, expect=2)
+        one_error_line(p, "--ep 3", "4 experts")
+        # Controls: valid sizes get past these checks.
+        for flags in (["--tp", 1, "--dp", 2, "--ep", 2], ["--tp", 2, "--dp", 2, "--ep", 2],
+                      ["--tp", 1, "--dp", 4, "--ep", 4, "--etp", 1]):
+            p = subprocess.run([str(testmain.UCP), "convert", str(src), "-o", str(t / "o"),
+                                "--format", "megatron", *map(str, flags)],
+                               capture_output=True, text=True)
+            assert "does not divide" not in p.stderr and "must be >= 1" not in p.stderr, \
+                (flags, p.stderr)
+            shutil.rmtree(t / "o", ignore_errors=True)
 
 
 def test_megatron_targets_refuse_experts_until_they_place_them():

@@ -386,10 +386,13 @@ void PatchArgs(pickle::Arena& arena, Value* ns, const ArgsPatch& p) {
       slot != nullptr && (*slot)->kind != Kind::kNone) {
     *slot = arena.Int(rank % p.gpus_per_node);
   }
+  // Mixture of experts: the target's ep and etp (--etp; unset: an etp that
+  // followed the source's tp follows the target's).
+  set("expert_model_parallel_size", arena.Int(t.ep), false);
   if (Value** slot = find("expert_tensor_parallel_size");
       slot != nullptr && (*slot)->kind == Kind::kInt &&
-      (*slot)->i == p.source_tp) {
-    *slot = arena.Int(t.tp);
+      (t.etp || (*slot)->i == p.source_tp)) {
+    *slot = arena.Int(t.ExpertTp());
   }
   if (t.tp == 1) set("sequence_parallel", arena.Bool(false), false);
   set("padded_vocab_size", arena.Int(p.padded_vocab_size), true);

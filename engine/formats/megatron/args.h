@@ -142,7 +142,9 @@ int64_t GlobalRank(const layouts::Topology& topology, int64_t cp,
 /// world_size, rank, local_rank,
 /// padded_vocab_size, use_distributed_optimizer, and the fields v0.13
 /// derives from the topology (transformer_pipeline_model_parallel_size,
-/// expert_tensor_parallel_size, inprocess_active_world_size,
+/// expert_model_parallel_size (topology.ep), expert_tensor_parallel_size
+/// (topology.etp when set, else the target tp where it was the source's),
+/// inprocess_active_world_size,
 /// overlap_p2p_comm, align_param_gather, sequence_parallel at TP 1,
 /// decoder_first/last_pipeline_num_layers). Only fields present in the
 /// Namespace are changed (plus the always-present topology sizes).

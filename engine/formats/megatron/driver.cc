@@ -134,7 +134,12 @@ class MegatronDriver : public formats::Driver {
   bool CanWrite() const override { return true; }
   bool PlacesByLayout() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {
-    return {.tp = true, .pp = true, .vpp = true, .dp = true};
+    return {.tp = true,
+            .pp = true,
+            .vpp = true,
+            .dp = true,
+            .ep = true,
+            .etp = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
     formats::OptionSpec d;

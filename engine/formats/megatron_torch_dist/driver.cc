@@ -154,7 +154,12 @@ class TorchDistDriver : public formats::Driver {
   bool CanWrite() const override { return true; }
   bool PlacesByLayout() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {
-    return {.tp = true, .pp = true, .vpp = true, .dp = true};
+    return {.tp = true,
+            .pp = true,
+            .vpp = true,
+            .dp = true,
+            .ep = true,
+            .etp = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
     formats::OptionSpec d;

@@ -208,6 +208,19 @@ TEST(LoadFolderNameTest, NamesTheCheckpointAndTheLayout) {
   EXPECT_EQ(LoadFolderName(p), "iter_0000010-tp1-pp4-vpp1-dp4-do");
 }
 
+TEST(LoadFolderNameTest, ExpertSizesWhenGiven) {
+  LoadFolderParts p;
+  p.checkpoint = "iter_0000010";
+  p.topology = layouts::Topology{2, 1, 1, 2};
+  p.topology->ep = 4;
+  EXPECT_EQ(LoadFolderName(p), "iter_0000010-tp2-pp1-vpp1-dp2-ep4-etp2");
+  p.topology->ep = 1;
+  p.topology->etp = 1;
+  EXPECT_EQ(LoadFolderName(p), "iter_0000010-tp2-pp1-vpp1-dp2-ep1-etp1");
+  p.topology->etp.reset();  // dense: as before
+  EXPECT_EQ(LoadFolderName(p), "iter_0000010-tp2-pp1-vpp1-dp2");
+}
+
 TEST(LoadFolderNameTest, AFormatWithoutTopologyAnotherFormatAndNames) {
   LoadFolderParts p;
   p.checkpoint = "model.ucp.h5";
