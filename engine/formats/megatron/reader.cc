@@ -73,6 +73,10 @@ struct Loaded {
   std::string vocab_source;       // where vocab_size came from
 
   const layouts::Topology& topology() const { return run.topology; }
+  // Megatron makes expert params expert-parallel (allreduce False: their own
+  // optimizer groups, buffers and ChainedOptimizer half) only with EP > 1;
+  // with EP 1 they are dense params.
+  bool Chained() const { return experts && run.topology.ep > 1; }
   SourceRank& Rank(int64_t pp, int64_t tp, int64_t ep = 0) {
     return ranks[static_cast<size_t>(
         (pp * run.topology.ep + ep) * run.topology.tp + tp)];
@@ -959,15 +963,15 @@ void Planner::PlanOptimizer() {
     const ParamState& ps = params_.at(n);
     if (ps.buffer) continue;
     keys.push_back(DefaultGroupKey(n, ps.full_shape.size()));
-    keys.back().is_expert_parallel = ps.rule->expert;
+    keys.back().is_expert_parallel = ps.rule->expert && L_.Chained();
     names.push_back(n);
   }
   std::vector<const Value*> stored;
   for (const SourceRank& sr : L_.ranks)
     stored.push_back(StoredGroups(pickle::DictGet(sr.root, "optimizer")));
-  if (auto one = L_.experts ? std::nullopt
-                            : SingleStoredGroup(
-                                  stored, GroupParams(keys).keys.size())) {
+  if (auto one = L_.Chained() ? std::nullopt
+                              : SingleStoredGroup(
+                                    stored, GroupParams(keys).keys.size())) {
     single_group_ = one;
     std::fill(keys.begin(), keys.end(), *one);
   }
@@ -994,7 +998,7 @@ void Planner::PlanRankOptimizer(SourceRank& sr) {
     if (opt->kind == Kind::kList) {
       // A ChainedOptimizer: a mixture-of-experts model's dense and expert
       // halves.
-      if (!L_.experts || opt->items.size() != 2) {
+      if (!L_.Chained() || opt->items.size() != 2) {
         throw FormatError(
             "'optimizer' is a list of ", opt->items.size(),
             " (a ChainedOptimizer): only a mixture-of-experts model's two "
@@ -1011,10 +1015,12 @@ void Planner::PlanRankOptimizer(SourceRank& sr) {
         }
       }
     } else {
-      if (L_.experts) {
+      if (L_.Chained()) {
         throw FormatError(
-            "'optimizer' is not a list: a mixture-of-experts model's "
-            "optimizer is a ChainedOptimizer of a dense and an expert half");
+            "'optimizer' is not a list: with expert parallelism (EP ",
+            L_.topology().ep,
+            ") the optimizer is a ChainedOptimizer of a dense and an expert "
+            "half");
       }
       distributed.push_back(PlanRankModelFileOptimizer(sr, opt, -1));
     }
@@ -1091,7 +1097,8 @@ std::vector<RankParam> Planner::RankParams(SourceRank& sr,
                          ? *single_group_
                          : DefaultGroupKey(ch.leaves[i].name,
                                            ch.leaves[i].tensor->shape.size()));
-      if (!single_group_) keys.back().is_expert_parallel = rule.expert;
+      if (!single_group_)
+        keys.back().is_expert_parallel = rule.expert && L_.Chained();
     }
   }
   return params;

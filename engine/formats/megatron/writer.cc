@@ -93,9 +93,13 @@ struct Entry {
   const atoms::StoredParam* param = nullptr;  // original for params/copies
 };
 
-// The target checkpoint as a plan: one unit per target rank (pp, tp) with
-// its distrib_optim.pt (distributed optimizer) and model_optim_rng.pt, then
-// the tracker.
+// Megatron's SequentialMLP spelling of a layer's local experts
+// (megatron_format.h).
+constexpr std::string_view kLocalExperts = "local_experts.";
+
+// The target checkpoint as a plan: one unit per target rank (pp, ep, tp)
+// with its distrib_optim.pt (distributed optimizer) and model_optim_rng.pt,
+// then the tracker.
 class MegatronPlan : public formats::TargetPlan {
  public:
   MegatronPlan(const universal::UniversalInput& input,
@@ -106,7 +110,8 @@ class MegatronPlan : public formats::TargetPlan {
   }
 
   size_t units() const override {
-    return static_cast<size_t>(placed_->topology.pp * placed_->topology.tp) + 1;
+    const layouts::Topology& t = placed_->topology;
+    return static_cast<size_t>(t.pp * t.ep * t.tp) + 1;
   }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t i) const override;
@@ -131,6 +136,13 @@ class MegatronPlan : public formats::TargetPlan {
     int64_t chunk;
     Shape local_shape;
     std::string local_name;
+    bool expert = false;  // a routed expert's (the expert half's)
+  };
+  // A target rank: its model coordinates (ep_rank 0 without experts).
+  struct Rank {
+    int64_t tp = 0;
+    int64_t pp = 0;
+    int64_t ep = 0;
   };
   // One rank's optimizer groups: the stored group dicts (templates, one per
   // group_keys_), the rank's grouping, and which groups hold an element of
@@ -144,27 +156,34 @@ class MegatronPlan : public formats::TargetPlan {
 
   // One rank file's root (model chunks, optimizer, args, rng state, ...,
   // in the source's key order), and its distrib_optim.pt's.
-  const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, File& model,
-                         File* distrib, BlobCache& blobs) const;
+  const Value* BuildRank(const Rank& rank, File& model, File* distrib,
+                         BlobCache& blobs) const;
   // Its steps: the model chunks (their params appended to `params`) ...
-  std::vector<Value*> BuildModelChunks(int64_t tp_rank, int64_t pp_rank,
-                                       File& model, BlobCache& blobs,
+  std::vector<Value*> BuildModelChunks(const Rank& rank, File& model,
+                                       BlobCache& blobs,
                                        std::vector<RankParam>* params) const;
   // ... the optimizer (and the distrib_optim.pt of a distributed one) ...
-  Value* BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
-                        const std::vector<RankParam>& params, File& model,
-                        File* distrib, BlobCache& blobs) const;
+  Value* BuildOptimizer(const Rank& rank, const std::vector<RankParam>& params,
+                        File& model, File* distrib, BlobCache& blobs) const;
+  // One optimizer over `params` (all, or one half of a mixture of experts'
+  // ChainedOptimizer) sharded over data-parallel size `dp`; with the
+  // distributed optimizer its distrib_optim.pt state into `*distrib_root`.
+  Value* BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
+                          const std::vector<RankParam>& params, int64_t dp,
+                          File& model, File* distrib, Value** distrib_root,
+                          BlobCache& blobs) const;
   std::vector<GroupKey> GroupKeysOf(const std::vector<RankParam>& params) const;
   std::vector<BufferLayout> DistributedBuffers(
       int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
-      std::vector<bool>* stepped) const;
+      int64_t dp, std::vector<bool>* stepped) const;
   std::vector<Value*> GroupDicts(File& model, const RankGroups& groups,
                                  std::vector<std::vector<int64_t>>* ids) const;
   void SetGroupStep(File& model, const RankGroups& groups, size_t gi,
                     Value* group) const;
-  void BuildDistribOptim(int64_t tp_rank, const std::vector<RankParam>& params,
-                         const std::vector<BufferLayout>& buffers,
-                         File& distrib) const;
+  Value* BuildDistribOptim(int64_t tp_rank,
+                           const std::vector<RankParam>& params,
+                           const std::vector<BufferLayout>& buffers,
+                           File& distrib) const;
   Value* LocalOptimizer(int64_t tp_rank, const std::vector<RankParam>& params,
                         const RankGroups& groups,
                         const std::vector<Value*>& group_nodes,
@@ -173,10 +192,11 @@ class MegatronPlan : public formats::TargetPlan {
   Value* ParamState(File& model, const Entry& e, int64_t id,
                     int64_t tp_rank) const;
   // ... the args and the rng state (nullptr: none written).
-  Value* BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
-                   BlobCache& blobs) const;
-  Value* BuildRngState(int64_t tp_rank, int64_t pp_rank, File& model,
-                       BlobCache& blobs) const;
+  Value* BuildArgs(const Rank& rank, File& model, BlobCache& blobs) const;
+  // The args' expert sizes (and the rank of a folder's writer) for `rank`.
+  void PatchExpertArgs(pickle::Arena& arena, Value* args,
+                       const Rank& rank) const;
+  Value* BuildRngState(const Rank& rank, File& model, BlobCache& blobs) const;
   Value* TensorFor(File& f, const Entry& e, const std::string& kind,
                    DType dtype, int64_t tp_rank, const std::string& name) const;
   std::vector<reshape::CopyOp> OpsFor(const Entry& e, const std::string& kind,
@@ -195,6 +215,8 @@ class MegatronPlan : public formats::TargetPlan {
 
   // The layout, variables, vocabulary rows, topology and placement.
   std::optional<formats::PlacedTarget> placed_;
+  // Mixture of experts: the routed experts over the target's ep ranks.
+  std::optional<layouts::ExpertPlacement> experts_;
   MegatronExtras meta_;
   std::vector<Entry> entries_;
   // chunk_entries_[pp][vp] = indices into entries_
@@ -243,9 +265,30 @@ void MegatronPlan::ReadMetadata() {
         "writes it without them");
   }
   meta_ = ReadMegatronExtras(model, store_.path()).value_or(MegatronExtras{});
-  placed_ = formats::PlaceTarget(
-      store_,
-      {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
+  placed_ =
+      formats::PlaceTarget(store_, {.topology = options_.topology,
+                                    .true_vocab_size = options_.true_vocab_size,
+                                    .vocab_size_known = meta_.VocabSizeKnown(),
+                                    .experts = true});
+  {
+    const layouts::Topology& t = placed_->topology;
+    if (!placed_->layout.experts()) {
+      if (t.ep > 1 || t.etp) {
+        throw UsageError("--ep ", t.ep, t.etp ? StrCat(" --etp ", *t.etp) : "",
+                         ": layout '", placed_->layout.name(),
+                         "' has no routed experts");
+      }
+    } else {
+      if (t.etp && *t.etp != t.tp) {
+        throw UsageError(
+            "--etp ", *t.etp, " with --tp ", t.tp,
+            ": Megatron's legacy format loads one folder per (tp, pp, ep) "
+            "and needs ETP = TP (use --format megatron-torch-dist for ETP "
+            "!= TP)");
+      }
+      experts_.emplace(placed_->layout.NumExperts(placed_->vars), t.ep);
+    }
+  }
   const universal::SourceInfo& source = model.source;
   source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
   source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
@@ -508,18 +551,28 @@ Value* MegatronPlan::Import(File& f, BlobCache& blobs,
 }
 
 std::vector<Value*> MegatronPlan::BuildModelChunks(
-    int64_t tp_rank, int64_t pp_rank, File& model, BlobCache& blobs,
+    const Rank& rank, File& model, BlobCache& blobs,
     std::vector<RankParam>* params) const {
   const Layout& layout = placed_->layout;
   const layouts::Topology& topo = placed_->topology;
+  const int64_t tp_rank = rank.tp;
   std::vector<Value*> chunk_nodes;
   for (int64_t v = 0; v < topo.vpp; ++v) {
     std::vector<std::pair<std::vector<std::string>, Value*>> leaves;
     for (size_t i :
-         chunk_entries_[static_cast<size_t>(pp_rank)][static_cast<size_t>(v)]) {
+         chunk_entries_[static_cast<size_t>(rank.pp)][static_cast<size_t>(v)]) {
       const Entry& e = entries_[i];
-      const std::string local =
+      std::string local =
           layouts::LocalName(layout, e.name, placed_->placement);
+      const bool expert = e.rule->expert && experts_;
+      if (expert) {
+        // This EP rank's experts only, as SequentialMLP's local_experts.<i>.
+        const std::optional<layouts::ExpertName> x = layout.SplitExpert(local);
+        UCP_CHECK(x.has_value(), "expert entry without expert index: ", local);
+        const layouts::ExpertLocation at = experts_->Locate(x->index);
+        if (at.ep_rank != rank.ep) continue;
+        local = StrCat(x->prefix, kLocalExperts, at.local_index, x->suffix);
+      }
       const std::string where =
           StrCat(Where(model), " > ",
                  topo.vpp == 1 ? std::string("model") : StrCat("model", v),
@@ -534,7 +587,7 @@ std::vector<Value*> MegatronPlan::BuildModelChunks(
                           p.info.dtype, tp_rank, where);
         if (e.kind != Entry::kBuffer) {
           params->push_back(
-              {i, v, model.archive().SpecOf(value)->shape, local});
+              {i, v, model.archive().SpecOf(value)->shape, local, expert});
         }
       }
       leaves.emplace_back(layout.KeyPath(local), value);
@@ -557,13 +610,17 @@ std::vector<GroupKey> MegatronPlan::GroupKeysOf(
                            static_cast<size_t>(stored) < group_keys_.size()
                        ? group_keys_[static_cast<size_t>(stored)]
                        : DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+    // Megatron makes routed experts expert-parallel only with EP > 1 (the
+    // source's EP may differ).
+    if (experts_)
+      keys.back().is_expert_parallel = rp.expert && placed_->topology.ep > 1;
   }
   return keys;
 }
 
 std::vector<BufferLayout> MegatronPlan::DistributedBuffers(
     int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
-    std::vector<bool>* stepped) const {
+    int64_t dp, std::vector<bool>* stepped) const {
   const layouts::Topology& topo = placed_->topology;
   int64_t local_params = 0;
   for (const RankParam& rp : params)
@@ -591,7 +648,7 @@ std::vector<BufferLayout> MegatronPlan::DistributedBuffers(
       which.push_back(k);
     }
     const BufferOptions bo =
-        run_.DistributedBufferOptions(topo.dp, pp_rank, v, local_params);
+        run_.DistributedBufferOptions(dp, pp_rank, v, local_params);
     BufferLayout lay = ComputeBufferLayout(bp, bo);
     for (size_t j = 0; j < which.size(); ++j) {
       if (lay.DpRankHolds(j, bo.dp, 0)) (*stepped)[g.group_of[which[j]]] = true;
@@ -660,11 +717,28 @@ std::vector<Value*> MegatronPlan::GroupDicts(
   for (size_t gi = 0; gi < g.keys.size(); ++gi) {
     size_t ci = 0;
     while (ci < group_keys_.size() && !(group_keys_[ci] == g.keys[gi])) ++ci;
+    // Experts made expert-parallel (or dense) by another EP than the
+    // source's: the group of the same hyper-parameters, the flag changed.
+    bool flip = false;
+    if (ci == group_keys_.size() && experts_) {
+      GroupKey other = g.keys[gi];
+      other.is_expert_parallel = !other.is_expert_parallel;
+      ci = 0;
+      while (ci < group_keys_.size() && !(group_keys_[ci] == other)) ++ci;
+      flip = ci < group_keys_.size();
+    }
     if (ci == group_keys_.size()) {
       throw FormatError("optimizer group ", g.keys[gi].ToString(),
                         " of this rank is not in the universal file");
     }
     Value* d = model.Import(groups.file, groups.templates->items[ci]);
+    if (flip) {
+      for (auto& [k, v] : d->entries) {
+        if (k != nullptr && k->kind == Kind::kStr &&
+            k->s == "is_expert_parallel")
+          v = arena.Bool(g.keys[gi].is_expert_parallel);
+      }
+    }
     SetGroupStep(model, groups, gi, d);
     if (target_format_ != TargetOptimizer::kDistributed) {
       std::vector<Value*> id_nodes;
@@ -679,10 +753,10 @@ std::vector<Value*> MegatronPlan::GroupDicts(
   return group_nodes;
 }
 
-void MegatronPlan::BuildDistribOptim(int64_t tp_rank,
-                                     const std::vector<RankParam>& params,
-                                     const std::vector<BufferLayout>& buffers,
-                                     File& distrib) const {
+Value* MegatronPlan::BuildDistribOptim(int64_t tp_rank,
+                                       const std::vector<RankParam>& params,
+                                       const std::vector<BufferLayout>& buffers,
+                                       File& distrib) const {
   pickle::Arena& da = distrib.arena();
   Value* droot = da.Dict();
   AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
@@ -729,7 +803,7 @@ void MegatronPlan::BuildDistribOptim(int64_t tp_rank,
     per_dtype->entries.emplace_back(key, world);
     droot->entries.emplace_back(da.Int(v), per_dtype);
   }
-  distrib.SetRoot(droot);
+  return droot;
 }
 
 Value* MegatronPlan::ParamState(File& model, const Entry& e, int64_t id,
@@ -805,10 +879,43 @@ Value* MegatronPlan::LocalOptimizer(
   return optimizer;
 }
 
-Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
+Value* MegatronPlan::BuildOptimizer(const Rank& rank,
                                     const std::vector<RankParam>& params,
                                     File& model, File* distrib,
                                     BlobCache& blobs) const {
+  const layouts::Topology& t = placed_->topology;
+  if (!experts_ || t.ep == 1) {  // EP 1: experts are dense params
+    Value* droot = nullptr;
+    Value* opt = BuildOptimizerOf(rank.tp, rank.pp, params, t.dp, model,
+                                  distrib, &droot, blobs);
+    if (distrib != nullptr) distrib->SetRoot(droot);
+    return opt;
+  }
+  // A ChainedOptimizer: [dense half, expert half] (the expert one over
+  // expert DP); distrib_optim.pt [dense state, expert state], the dense
+  // state None but in EP rank 0's folders (its DP rank 0 writes it).
+  pickle::Arena& arena = model.arena();
+  std::vector<Value*> halves, states;
+  for (int half = 0; half < 2; ++half) {
+    std::vector<RankParam> mine;
+    for (const RankParam& rp : params)
+      if (rp.expert == (half == 1)) mine.push_back(rp);
+    Value* droot = nullptr;
+    halves.push_back(BuildOptimizerOf(
+        rank.tp, rank.pp, mine, half == 0 ? t.dp : t.ExpertDp(), model,
+        half == 0 && rank.ep > 0 ? nullptr : distrib, &droot, blobs));
+    if (distrib != nullptr)
+      states.push_back(droot != nullptr ? droot : distrib->arena().None());
+  }
+  if (distrib != nullptr) distrib->SetRoot(distrib->arena().List(states));
+  return arena.List(halves);
+}
+
+Value* MegatronPlan::BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
+                                      const std::vector<RankParam>& params,
+                                      int64_t dp, File& model, File* distrib,
+                                      Value** distrib_root,
+                                      BlobCache& blobs) const {
   RankGroups groups;
   groups.file = blobs.Get("optimizer/param_groups");
   groups.templates = groups.file->root();
@@ -832,8 +939,10 @@ Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
   groups.stepped.assign(groups.g.keys.size(), true);
   std::vector<BufferLayout> buffers;
   const bool distributed = target_format_ == TargetOptimizer::kDistributed;
-  if (distributed)
-    buffers = DistributedBuffers(pp_rank, params, groups.g, &groups.stepped);
+  if (distributed) {
+    buffers =
+        DistributedBuffers(pp_rank, params, groups.g, dp, &groups.stepped);
+  }
   std::vector<std::vector<int64_t>> ids;
   const std::vector<Value*> group_nodes = GroupDicts(model, groups, &ids);
   if (!distributed) {
@@ -848,12 +957,14 @@ Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
   if (store_.FindOpaque("grad_scaler"))
     AppendEntry(arena, optimizer, "grad_scaler",
                 Import(model, blobs, "grad_scaler"));
-  BuildDistribOptim(tp_rank, params, buffers, *distrib);
+  if (distrib != nullptr)
+    *distrib_root = BuildDistribOptim(tp_rank, params, buffers, *distrib);
   return optimizer;
 }
 
-Value* MegatronPlan::BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
+Value* MegatronPlan::BuildArgs(const Rank& rank, File& model,
                                BlobCache& blobs) const {
+  const int64_t tp_rank = rank.tp, pp_rank = rank.pp;
   Value* args = Import(model, blobs, "args");
   ArgsPatch patch;
   patch.topology = placed_->topology;
@@ -868,12 +979,51 @@ Value* MegatronPlan::BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
   patch.source_tp = source_tp_;
   patch.padded_vocab_size = placed_->PaddedVocabSize();
   PatchArgs(model.arena(), args, patch);
+  if (experts_) PatchExpertArgs(model.arena(), args, rank);
   return args;
 }
 
-Value* MegatronPlan::BuildRngState(int64_t tp_rank, int64_t pp_rank,
-                                   File& model, BlobCache& blobs) const {
-  std::string rk = RngStateKey(tp_rank, pp_rank);
+void MegatronPlan::PatchExpertArgs(pickle::Arena& arena, Value* args,
+                                   const Rank& rank) const {
+  // argparse.Namespace: an object whose state is its attribute dict.
+  Value* dict =
+      args != nullptr && args->kind == Kind::kObject ? args->state : nullptr;
+  if (dict != nullptr && dict->kind == Kind::kTuple && !dict->items.empty())
+    dict = dict->items[0];
+  UCP_CHECK(dict != nullptr && dict->kind == Kind::kDict,
+            "args has no attribute dict");
+  auto set = [&](std::string_view name, Value* value) {
+    for (auto& [k, v] : dict->entries) {
+      if (k != nullptr && k->kind == Kind::kStr && k->s == name) {
+        v = value;
+        return;
+      }
+    }
+    dict->entries.emplace_back(arena.Str(std::string(name)), value);
+  };
+  const layouts::Topology& t = placed_->topology;
+  set("expert_model_parallel_size", arena.Int(t.ep));
+  set("expert_tensor_parallel_size", arena.Int(t.ExpertTp()));
+  // The folder of EP rank e is written by expert-DP rank 0 there, i.e.
+  // (ETP = TP) data-parallel rank e: rank tp + TP * (e + DP * pp).
+  if (rank.ep > 0) {
+    const int64_t global = layouts::DenseRank(t, rank.tp, rank.ep, rank.pp);
+    for (auto& [k, v] : dict->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || v == nullptr ||
+          v->kind != Kind::kInt)
+        continue;
+      if (k->s == "rank") v = arena.Int(global);
+      if (k->s == "local_rank") v = arena.Int(global % gpus_per_node_);
+    }
+  }
+}
+
+Value* MegatronPlan::BuildRngState(const Rank& rank, File& model,
+                                   BlobCache& blobs) const {
+  const int64_t tp_rank = rank.tp, pp_rank = rank.pp;
+  std::string rk = RngStateKey(tp_rank, pp_rank, rank.ep);
+  if (rank.ep > 0 && store_.FindOpaque(rk) == nullptr)
+    rk = RngStateKey(tp_rank, pp_rank);  // the EP rank 0 folder's
   const bool own = store_.FindOpaque(rk) != nullptr;
   if (!own) {
     rk = RngStateKey(tp_rank % source_tp_, pp_rank % source_pp_);
@@ -899,17 +1049,16 @@ Value* MegatronPlan::BuildRngState(int64_t tp_rank, int64_t pp_rank,
   return rng;
 }
 
-const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
-                                     File& model, File* distrib,
-                                     BlobCache& blobs) const {
+const Value* MegatronPlan::BuildRank(const Rank& rank, File& model,
+                                     File* distrib, BlobCache& blobs) const {
   pickle::Arena& arena = model.arena();
   const int64_t vpp = placed_->topology.vpp;
   std::vector<RankParam> params;
   const std::vector<Value*> chunk_nodes =
-      BuildModelChunks(tp_rank, pp_rank, model, blobs, &params);
-  Value* optimizer = write_optimizer_ ? BuildOptimizer(tp_rank, pp_rank, params,
-                                                       model, distrib, blobs)
-                                      : nullptr;
+      BuildModelChunks(rank, model, blobs, &params);
+  Value* optimizer = write_optimizer_
+                         ? BuildOptimizer(rank, params, model, distrib, blobs)
+                         : nullptr;
   // The rank file's root, keys in the source's order.
   Value* root = arena.Dict();
   for (const std::string& key : top_level_keys_) {
@@ -922,9 +1071,9 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
     } else if (key == "optimizer") {
       if (optimizer != nullptr) AppendEntry(arena, root, key, optimizer);
     } else if (key == "args") {
-      AppendEntry(arena, root, key, BuildArgs(tp_rank, pp_rank, model, blobs));
+      AppendEntry(arena, root, key, BuildArgs(rank, model, blobs));
     } else if (key == "rng_state") {
-      if (Value* rng = BuildRngState(tp_rank, pp_rank, model, blobs))
+      if (Value* rng = BuildRngState(rank, model, blobs))
         AppendEntry(arena, root, key, rng);
     } else if (key == "opt_param_scheduler" && !write_optimizer_) {
       // checkpointing.py:generate_state_dict: no scheduler without the
@@ -970,9 +1119,13 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
                                : std::to_string(store_.model().iteration)));
     return files;
   }
-  const int64_t pp = static_cast<int64_t>(i) / placed_->topology.tp;
-  const int64_t tp = static_cast<int64_t>(i) % placed_->topology.tp;
-  const fs::path dir = IterDir() / RankDirName(tp, pp, placed_->topology.pp);
+  const layouts::Topology& t = placed_->topology;
+  Rank rank;
+  rank.pp = static_cast<int64_t>(i) / (t.ep * t.tp);
+  rank.ep = static_cast<int64_t>(i) % (t.ep * t.tp) / t.tp;
+  rank.tp = static_cast<int64_t>(i) % t.tp;
+  const fs::path dir =
+      IterDir() / RankDirName(rank.tp, rank.pp, t.pp, rank.ep, t.ep);
   File* distrib = nullptr;
   if (target_format_ == TargetOptimizer::kDistributed && write_optimizer_) {
     auto d = std::make_unique<File>(dir / kDistribOptimFile);
@@ -984,7 +1137,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
     // Blobs stay open only while this rank file is planned (their imported
     // tensors keep the ones they need).
     BlobCache blobs(store_);
-    model->SetRoot(BuildRank(tp, pp, *model, distrib, blobs));
+    model->SetRoot(BuildRank(rank, *model, distrib, blobs));
   } catch (Error& e) {
     e.AddContext(Where(*model));
     throw;
@@ -1001,6 +1154,7 @@ formats::TargetSummary MegatronPlan::Summary() const {
                              " --pipeline-model-parallel-size ", t.pp);
   if (t.vpp > 1)
     flags += StrCat(" --num-virtual-stages-per-pipeline-rank ", t.vpp);
+  if (experts_) flags += StrCat(" --expert-model-parallel-size ", t.ep);
   if (options_.distributed_optimizer) flags += " --use-distributed-optimizer";
   if (options_.no_optimizer) flags += " --no-load-optim";
   if (options_.rng_state == RngStateMode::kDrop) flags += " --no-load-rng";
