@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
@@ -454,6 +455,15 @@ class Planner {
                         size_t v, const std::string& bwhere);
   void NoteGroups(const Value* groups, const Grouping& g,
                   const std::string& where);
+  // Megatron-core v0.16 keeps a group that is empty on a rank when another
+  // rank has it (a pipeline stage without experts keeps the expert half's
+  // group): `groups` without the stored groups whose key none of the rank's
+  // params (`keys`) has and that list no params (the distributed
+  // optimizer's list none), and `*fp32_groups` (if not null) without their
+  // lists. Returns `groups` itself when nothing is dropped.
+  const Value* DropEmptyGroups(const Value* groups,
+                               std::span<const GroupKey> keys,
+                               const Value** fp32_groups);
   void PlanOpaque();
   void PlanRoot();
   std::string Blob(const TorchFile* file, const Value* v);
@@ -476,6 +486,7 @@ class Planner {
   // trainer that did not use Megatron's grouping rule): its key, else none.
   std::optional<GroupKey> single_group_;
   std::string grad_dtype_;
+  pickle::Arena arena_;  // DropEmptyGroups' lists
 };
 
 reshape::SourceTensor Planner::Tensor(
@@ -940,6 +951,33 @@ void Planner::NoteGroups(const Value* groups, const Grouping& g,
   }
 }
 
+const Value* Planner::DropEmptyGroups(const Value* groups,
+                                      std::span<const GroupKey> keys,
+                                      const Value** fp32_groups) {
+  if (groups == nullptr || groups->kind != Kind::kList) return groups;
+  std::vector<Value*> kept, kept_fp32;
+  const Value* fp32 = *fp32_groups;
+  const bool fp32_ok = fp32 != nullptr && fp32->kind == Kind::kList &&
+                       fp32->items.size() == groups->items.size();
+  for (size_t i = 0; i < groups->items.size(); ++i) {
+    const Value* d = groups->items[i];
+    bool drop = false;
+    if (d != nullptr && d->IsDictLike()) {
+      const GroupKey k = StoredGroupKey(d);
+      const Value* ids = d->Get("params");
+      drop =
+          std::find(keys.begin(), keys.end(), k) == keys.end() &&
+          (ids == nullptr || (ids->kind == Kind::kList && ids->items.empty()));
+    }
+    if (drop) continue;
+    kept.push_back(const_cast<Value*>(d));
+    if (fp32_ok) kept_fp32.push_back(const_cast<Value*>(fp32->items[i]));
+  }
+  if (kept.size() == groups->items.size()) return groups;
+  if (fp32_ok) *fp32_groups = arena_.List(std::move(kept_fp32));
+  return arena_.List(std::move(kept));
+}
+
 // Whether the rank files hold optimizer state: all of them or none.
 void Planner::FindOptimizer() {
   const Value* opt0 = pickle::DictGet(L_.ranks.front().root, "optimizer");
@@ -1037,8 +1075,9 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
     throw FormatError("'optimizer' is not a dict");
   std::vector<GroupKey> keys;
   std::vector<RankParam> params = RankParams(sr, keys, half);
-  const RankOptimizer o = ClassifyOptimizer(opt);
-  const Value* groups = o.inner->Get("param_groups");
+  RankOptimizer o = ClassifyOptimizer(opt);
+  const Value* groups =
+      DropEmptyGroups(o.inner->Get("param_groups"), keys, &o.fp32_groups);
   const Grouping g = MatchGrouping(groups, keys);
   NoteGroups(groups, g, "optimizer param_groups");
   if (o.format == OptimizerFormat::kDistributed) return params;
@@ -1302,7 +1341,7 @@ void Planner::PlanDistributedHalf(SourceRank& sr,
     size_t buffers = 0;
     for (const auto& [k, val] : root->entries)
       if (k != nullptr && k->kind == Kind::kInt) ++buffers;
-    if (buffers != sr.chunks.size()) {
+    if (buffers != (params.empty() ? 0 : sr.chunks.size())) {
       throw FormatError("holds ", buffers, " gradient buffers for ",
                         sr.chunks.size(),
                         " model chunks (params of several dtypes in one "
@@ -1312,7 +1351,7 @@ void Planner::PlanDistributedHalf(SourceRank& sr,
     int64_t local_params = 0;
     for (const RankParam& rp : params)
       local_params += sr.chunks[rp.chunk].leaves[rp.leaf].tensor->numel;
-    for (size_t v = 0; v < sr.chunks.size(); ++v)
+    for (size_t v = 0; v < sr.chunks.size() && !params.empty(); ++v)
       PlanDistributedBuffer(sr, params, root, v, local_params, dp, dwhere);
   } catch (Error& e) {
     e.AddContext(dwhere);

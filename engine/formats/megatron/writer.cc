@@ -168,10 +168,12 @@ class MegatronPlan : public formats::TargetPlan {
   // One optimizer over `params` (all, or one half of a mixture of experts'
   // ChainedOptimizer) sharded over data-parallel size `dp`; with the
   // distributed optimizer its distrib_optim.pt state into `*distrib_root`.
+  // `half`: 0 / 1 the dense / expert half of a ChainedOptimizer, -1 the
+  // only optimizer.
   Value* BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
-                          const std::vector<RankParam>& params, int64_t dp,
-                          File& model, File* distrib, Value** distrib_root,
-                          BlobCache& blobs) const;
+                          const std::vector<RankParam>& params, int half,
+                          int64_t dp, File& model, File* distrib,
+                          Value** distrib_root, BlobCache& blobs) const;
   std::vector<GroupKey> GroupKeysOf(const std::vector<RankParam>& params) const;
   std::vector<BufferLayout> DistributedBuffers(
       int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
@@ -760,7 +762,8 @@ Value* MegatronPlan::BuildDistribOptim(int64_t tp_rank,
   pickle::Arena& da = distrib.arena();
   Value* droot = da.Dict();
   AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
-  for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
+  // No params (a ChainedOptimizer's half without params here): no buffers.
+  for (int64_t v = 0; v < placed_->topology.vpp && !params.empty(); ++v) {
     const BufferLayout& lay = buffers[static_cast<size_t>(v)];
     std::vector<size_t> members;
     for (size_t k = 0; k < params.size(); ++k)
@@ -886,7 +889,7 @@ Value* MegatronPlan::BuildOptimizer(const Rank& rank,
   const layouts::Topology& t = placed_->topology;
   if (!experts_ || t.ep == 1) {  // EP 1: experts are dense params
     Value* droot = nullptr;
-    Value* opt = BuildOptimizerOf(rank.tp, rank.pp, params, t.dp, model,
+    Value* opt = BuildOptimizerOf(rank.tp, rank.pp, params, -1, t.dp, model,
                                   distrib, &droot, blobs);
     if (distrib != nullptr) distrib->SetRoot(droot);
     return opt;
@@ -902,7 +905,7 @@ Value* MegatronPlan::BuildOptimizer(const Rank& rank,
       if (rp.expert == (half == 1)) mine.push_back(rp);
     Value* droot = nullptr;
     halves.push_back(BuildOptimizerOf(
-        rank.tp, rank.pp, mine, half == 0 ? t.dp : t.ExpertDp(), model,
+        rank.tp, rank.pp, mine, half, half == 0 ? t.dp : t.ExpertDp(), model,
         half == 0 && rank.ep > 0 ? nullptr : distrib, &droot, blobs));
     if (distrib != nullptr)
       states.push_back(droot != nullptr ? droot : distrib->arena().None());
@@ -913,8 +916,8 @@ Value* MegatronPlan::BuildOptimizer(const Rank& rank,
 
 Value* MegatronPlan::BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
                                       const std::vector<RankParam>& params,
-                                      int64_t dp, File& model, File* distrib,
-                                      Value** distrib_root,
+                                      int half, int64_t dp, File& model,
+                                      File* distrib, Value** distrib_root,
                                       BlobCache& blobs) const {
   RankGroups groups;
   groups.file = blobs.Get("optimizer/param_groups");
@@ -932,9 +935,31 @@ Value* MegatronPlan::BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
     sorted_groups = sorted_groups || (d != nullptr && d->IsDictLike() &&
                                       d->Get("default_config") != nullptr);
   }
-  groups.g = GroupParams(GroupKeysOf(params),
-                         sorted_groups ? GroupOrder::kOverridesSorted
-                                       : GroupOrder::kFirstAppearance);
+  const GroupOrder order = sorted_groups ? GroupOrder::kOverridesSorted
+                                         : GroupOrder::kFirstAppearance;
+  groups.g = GroupParams(GroupKeysOf(params), order);
+  if (params.empty() && half >= 0) {
+    // A half without params on this rank (a pipeline stage without
+    // experts): megatron-core v0.16 keeps the groups the other ranks'
+    // half has, empty.
+    std::vector<GroupKey> keys;
+    for (const Entry& e : entries_) {
+      if (e.kind != Entry::kParam || e.param == nullptr || e.rule == nullptr ||
+          e.rule->expert != (half == 1))
+        continue;
+      const int64_t stored = e.param->info.group;
+      GroupKey k =
+          stored >= 0 && static_cast<size_t>(stored) < group_keys_.size()
+              ? group_keys_[static_cast<size_t>(stored)]
+              : DefaultGroupKey(e.name, e.param->info.shape.size());
+      k.is_expert_parallel = half == 1;
+      if (std::find(keys.begin(), keys.end(), k) == keys.end())
+        keys.push_back(k);
+    }
+    groups.g = GroupParams(keys, order);
+    for (std::vector<size_t>& m : groups.g.members) m.clear();
+    groups.g.group_of.clear();
+  }
   // Which groups hold an element of DP rank 0's shard (distributed only).
   groups.stepped.assign(groups.g.keys.size(), true);
   std::vector<BufferLayout> buffers;
@@ -1101,7 +1126,7 @@ void MegatronPlan::Prepare() {
     BlobCache blobs(store_);
     if (auto args = blobs.Find("args")) {
       try {
-        run_ = ReadRunConfig(ArgsView(args->root(), "args"));
+        run_ = ReadRunConfig(ArgsView(args->root(), "args"), /*experts=*/true);
       } catch (const FormatError&) {
       }
     }
