@@ -6,6 +6,7 @@
   megatron_legacy_real.py load --ckpt SAVE_DIR --view VIEW_DIR --tp T --pp P [--vpp V] [--dp D]
                                [--ep E] [--optim float16|distributed] [--variant NAME]
   megatron_legacy_real.py compare SOURCE_VIEW TARGET_VIEW
+  megatron_legacy_real.py compare-truth TRUTH_PT TARGET_VIEW   (make_moe_torch_dist.py's truth)
 
 The model: megatron-core's GPTModel of get_gpt_layer_local_spec() (GQA 4 heads / 2 groups, SwiGLU,
 RMSNorm, bf16, rotary embeddings, 4 layers, hidden 32, ffn 48, true vocabulary 100 =
@@ -189,7 +190,7 @@ def train(models, wrapped, opt):
         assert ok, "the optimizer step was skipped"
 
 
-def rank_dir(save, tp_rank, pp_rank, pp, ep_rank=0, ep=1):
+def rank_dir(save, tp_rank, pp_rank, pp, ep_rank=0, ep=1, iteration=STEPS):
     """get_checkpoint_name's folder: mp_rank_TT[_PPP][_EEE] (the PP suffix with PP > 1, the EP
     suffix with EP > 1)."""
     name = f"mp_rank_{tp_rank:02d}"
@@ -197,7 +198,7 @@ def rank_dir(save, tp_rank, pp_rank, pp, ep_rank=0, ep=1):
         name += f"_{pp_rank:03d}"
     if ep > 1:
         name += f"_{ep_rank:03d}"
-    return pathlib.Path(save) / f"iter_{STEPS:07d}" / name
+    return pathlib.Path(save) / f"iter_{iteration:07d}" / name
 
 
 def save_args(a, world):
@@ -286,10 +287,11 @@ def load_rank(rank, world, port, a):
     torch.manual_seed(a.seed + 1000)  # not the source's weights
     models, wrapped, opt = build(a)
     tracker = pathlib.Path(a.ckpt) / "latest_checkpointed_iteration.txt"
-    assert tracker.read_text().strip() == str(STEPS), f"{tracker}: {tracker.read_text()!r}"
+    assert tracker.read_text().strip() == str(a.iteration), \
+        f"{tracker}: {tracker.read_text()!r}"
     path = rank_dir(a.ckpt, parallel_state.get_tensor_model_parallel_rank(),
                     parallel_state.get_pipeline_model_parallel_rank(), a.pp,
-                    parallel_state.get_expert_model_parallel_rank(), a.ep)
+                    parallel_state.get_expert_model_parallel_rank(), a.ep, a.iteration)
     sd = torch.load(path / "model_optim_rng.pt", map_location="cpu", weights_only=False)
     args = sd["args"]
     want_args = [("tensor_model_parallel_size", a.tp), ("pipeline_model_parallel_size", a.pp)]
@@ -297,7 +299,7 @@ def load_rank(rank, world, port, a):
         want_args += [("expert_model_parallel_size", a.ep)]
     problems = [f"{path}: args.{k} {getattr(args, k, None)!r}, expected {want!r}"
                 for k, want in want_args if getattr(args, k, None) != want]
-    if sd.get("checkpoint_version") != 3.0 or sd.get("iteration") != STEPS:
+    if sd.get("checkpoint_version") != 3.0 or sd.get("iteration") != a.iteration:
         problems.append(f"{path}: checkpoint_version {sd.get('checkpoint_version')!r}, "
                         f"iteration {sd.get('iteration')!r}")
     assert not problems, problems
@@ -429,10 +431,12 @@ def run(a, deadline_s=120):
 
 
 def options(mode, tp, pp, vpp=1, dp=1, optim="float16", variant="gqa_swiglu_untied", seed=1,
-            ep=1, etp=None, **paths):
+            ep=1, etp=None, iteration=STEPS, **paths):
+    """The arguments of a save or load; `iteration`: the checkpoint a load expects (another
+    tool's save, e.g. make_moe_torch_dist.py's iteration 10, converted)."""
     a = argparse.Namespace(mode=mode, tp=tp, pp=pp, vpp=vpp, dp=dp, optim=optim,
-                           variant=variant, seed=seed, ep=ep, etp=etp, out=None, ckpt=None,
-                           view=None)
+                           variant=variant, seed=seed, ep=ep, etp=etp, iteration=iteration,
+                           out=None, ckpt=None, view=None)
     for k, v in paths.items():
         setattr(a, k, str(v))
     return a
@@ -510,9 +514,74 @@ def compare(source_view, target_view, min_values=1):
                           "kinds": kinds, "steps": len(dst_steps), "problems": problems[:20]}
 
 
+def view_tensors(view):
+    """The assembled VIEW under make_moe_torch_dist.py's truth names: {"model": {name: tensor},
+    "param" | "exp_avg" | "exp_avg_sq": {name: tensor}} (a key stacked over layers split into
+    decoder.layers.<l>.…, an expert key into …mlp.experts.<e>.…), the steps, and the problems
+    assemble found."""
+    import re
+    full, mask, steps, _, problems = assemble(view)
+    out = {}
+    for (kind, key), t in full.items():
+        if not bool(mask[(kind, key)].all()):
+            problems.append(f"{key}: elements no rank holds")
+        group = "model"
+        if kind == "optimizer":
+            group, key = key[len("optimizer.state."):].split(".", 1)
+        items = [(key, t)]
+        if ".mlp.experts.experts." in key:
+            head, rest = key.split(".mlp.experts.experts.")
+            if re.fullmatch(r"decoder\.layers\.\d+", head):
+                items = [(f"{head}.mlp.experts.{e}.{rest}", t[e]) for e in range(t.shape[0])]
+            else:
+                items = [(f"decoder.layers.{l}.mlp.experts.{e}.{rest}", t[l, e])
+                         for l in range(t.shape[0]) for e in range(t.shape[1])]
+        elif key.startswith("decoder.layers.") and not re.match(r"decoder\.layers\.\d+\.", key):
+            rest = key[len("decoder.layers."):]
+            items = [(f"decoder.layers.{l}.{rest}", t[l]) for l in range(t.shape[0])]
+        for name, x in items:
+            out.setdefault(group, {})[name] = x
+    return out, steps, problems
+
+
+def compare_truth(truth_path, view, min_values=1):
+    """Every value of make_moe_torch_dist.py's truth (the source's model and fully_reshardable
+    optimizer state, gathered from the saving ranks' memory) equal bit for bit in the target
+    VIEW (the vocabulary rows the truth has), the same names, every Adam step the truth's.
+    Returns (ok, report dict)."""
+    truth = torch.load(truth_path, weights_only=False)
+    got, steps, problems = view_tensors(view)
+    want = {"model": truth["model"], **truth.get("optimizer", {})}
+    checked = 0
+    for group, tensors in want.items():
+        have = got.get(group, {})
+        if set(have) != set(tensors):
+            problems.append(f"{group}: only in the truth {sorted(set(tensors) - set(have))[:6]}, "
+                            f"only in the target {sorted(set(have) - set(tensors))[:6]}")
+        for name, s in tensors.items():
+            t = have.get(name)
+            if t is None:
+                continue
+            if any(name.endswith(n) for n in VOCAB_KEYS) and t.shape[0] >= s.shape[0]:
+                t = t[:s.shape[0]]
+            if s.shape != t.shape or s.dtype != t.dtype:
+                problems.append(f"{group} {name}: {tuple(t.shape)} {t.dtype}, the truth's "
+                                f"{tuple(s.shape)} {s.dtype}")
+            elif not torch.equal(s, t):
+                problems.append(f"{group} {name}: {int((s != t).sum())} of {s.numel()} values "
+                                "differ")
+            checked += s.numel()
+    if not steps or set(steps) != set(truth["steps"]):
+        problems.append(f"target steps {sorted(set(steps))}, the truth's {truth['steps']}")
+    if checked < min_values:
+        problems.append(f"only {checked} values compared (at least {min_values} expected)")
+    return not problems, {"ok": not problems, "checked": checked, "groups": sorted(want),
+                          "steps": len(steps), "problems": problems[:20]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("save", "load", "compare"))
+    ap.add_argument("mode", choices=("save", "load", "compare", "compare-truth"))
     ap.add_argument("views", nargs="*", help="compare: SOURCE_VIEW TARGET_VIEW")
     ap.add_argument("--out")
     ap.add_argument("--ckpt")
@@ -526,9 +595,10 @@ def main():
     ap.add_argument("--optim", choices=("float16", "distributed"), default="float16")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="gqa_swiglu_untied")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--iteration", type=int, default=STEPS, help="load: the expected iteration")
     a = ap.parse_args()
-    if a.mode == "compare":
-        ok, report = compare(*a.views)
+    if a.mode in ("compare", "compare-truth"):
+        ok, report = (compare if a.mode == "compare" else compare_truth)(*a.views)
         print(json.dumps(report))
     else:
         ok, message = run(a)

@@ -126,6 +126,7 @@ class MegatronPlan : public formats::TargetPlan {
   void BuildEntries();
   void ReadTorchStep();
   void NoteUnknownVocab();
+  void OrderExperts(std::vector<size_t>& chunk) const;
   fs::path IterDir() const {
     return IterDirName(store_.model().iteration, release_);
   }
@@ -476,6 +477,44 @@ void MegatronPlan::BuildEntries() {
                   [static_cast<size_t>(e.home.vp_chunk)]
                       .push_back(i);
   }
+  if (experts_) {
+    for (auto& stage : chunk_entries_)
+      for (std::vector<size_t>& chunk : stage) OrderExperts(chunk);
+  }
+}
+
+// A layer's routed experts in the order SequentialMLP's state_dict() and
+// named_parameters() list them (the distributed optimizer's buffers follow
+// it): expert by expert, each one's entries in their order, where the
+// layer's first expert entry is (a torch_dist source lists every expert's
+// fc1 before the fc2s).
+void MegatronPlan::OrderExperts(std::vector<size_t>& chunk) const {
+  const Layout& layout = placed_->layout;
+  auto expert_of = [&](size_t i) -> std::optional<layouts::ExpertName> {
+    const Entry& e = entries_[i];
+    if (e.rule == nullptr || !e.rule->expert) return std::nullopt;
+    return layout.SplitExpert(e.name);
+  };
+  std::vector<size_t> out;
+  std::set<int64_t> done;  // layers whose experts are out
+  for (size_t i : chunk) {
+    const std::optional<layouts::ExpertName> x = expert_of(i);
+    if (!x) {
+      out.push_back(i);
+      continue;
+    }
+    if (!done.insert(x->layer).second) continue;
+    std::vector<std::pair<int64_t, size_t>> layer;  // (expert, entry)
+    for (size_t j : chunk) {
+      const std::optional<layouts::ExpertName> y = expert_of(j);
+      if (y && y->layer == x->layer) layer.emplace_back(y->index, j);
+    }
+    std::stable_sort(
+        layer.begin(), layer.end(),
+        [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [expert, j] : layer) out.push_back(j);
+  }
+  chunk = std::move(out);
 }
 
 std::vector<reshape::CopyOp> MegatronPlan::OpsFor(const Entry& e,
