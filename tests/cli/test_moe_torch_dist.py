@@ -388,13 +388,13 @@ def test_ep_etp_flags_listed_and_refused_as_megatron_refuses_them():
 
 
 def test_megatron_targets_refuse_experts_until_they_place_them():
-    """Megatron's rank files (torch_dist, legacy) are not written for an EP / ETP layout yet:
-    a MoE model to either is one usage error line and nothing under the output name (not
-    files that place the experts as if they were dense); DCP takes it (any layout)."""
+    """Megatron's torch_dist rank files are not written for an EP / ETP layout yet: a MoE
+    model to it is one usage error line and nothing under the output name (not files that
+    place the experts as if they were dense); DCP takes it (any layout). (The legacy format
+    places them: tests/cli/test_moe_legacy.py.)"""
     name = "mixtral_tp1_pp2_dp2_ep2"
     with Tmp() as t:
-        for fmt, extra in (("megatron-torch-dist", ["--distributed-optimizer"]),
-                           ("megatron", [])):
+        for fmt, extra in (("megatron-torch-dist", ["--distributed-optimizer"]),):
             for src in (DATA / name, universal(name)):
                 cmd = "convert" if src.is_dir() else "reshape"
                 p = run(cmd, src, "-o", t / "o", "--format", fmt, "--tp", 1, "--pp", 1,
