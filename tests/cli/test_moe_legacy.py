@@ -163,6 +163,24 @@ def test_torch_dist_to_legacy():
         assert not ok and any("values differ" in x for x in bad["problems"]), bad
 
 
+def test_resume_fits_only_the_same_ep():
+    """ucp resume over a legacy MoE save folder: the same TP / PP / DP / EP and optimizer fit
+    (the save folder itself is printed, nothing written); another EP gets a load folder with one
+    rank folder per (tp, ep)."""
+    src = source("moe_mixtral", 1, 1, 2, 2, "distributed")
+    with Tmp("ucp-moe-legacy-") as t:
+        save = t / "save"
+        shutil.copytree(src / "save", save)
+        p = run("resume", save, *flags(1, 1, 2, 2, "distributed"))
+        assert p.stdout.strip() == str(save), p.stdout
+        assert not (save / "ucp-resume").exists()
+        p = run("resume", save, *flags(1, 1, 4, 4, "distributed"))
+        load_dir = pathlib.Path(p.stdout.strip())
+        assert load_dir != save and load_dir.is_relative_to(save), p.stdout
+        ranks = sorted(x.name for x in (load_dir / ITER).glob("mp_rank_*"))
+        assert ranks == [f"mp_rank_00_{e:03d}" for e in range(4)], ranks
+
+
 def run_both(*args, expect):
     """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too (UCP_SAN:
     ASan + UBSan): the same exit code and stderr, so no sanitizer report."""

@@ -168,6 +168,20 @@ std::optional<RankDirNumbers> ParseRankDirName(std::string_view name) {
   return r;
 }
 
+RunConfig ReadLegacyRunConfig(const ArgsView& args) {
+  RunConfig run = ReadRunConfig(args, /*experts=*/true);
+  // A dense model's expert sizes (Megatron's args always carry them) place
+  // nothing.
+  if (!run.variables.Has("num_moe_experts")) {
+    if (run.topology.ep > 1) {
+      throw FormatError(args.where(), ": expert_model_parallel_size ",
+                        run.topology.ep, " but no num_experts");
+    }
+    run.topology.etp.reset();
+  }
+  return run;
+}
+
 Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -245,7 +259,7 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
     const pickle::Value* args =
         root != nullptr && root->IsDictLike() ? root->Get("args") : nullptr;
     if (args == nullptr) throw FormatError("no 'args' entry");
-    run = ReadRunConfig(ArgsView(args, "args"), /*experts=*/true);
+    run = ReadLegacyRunConfig(ArgsView(args, "args"));
     if (run.topology.etp && *run.topology.etp != run.topology.tp) {
       throw FormatError(
           "args say expert_tensor_parallel_size ", *run.topology.etp,

@@ -17,6 +17,7 @@
 
 #include "engine/atoms/atom_store.h"
 #include "engine/formats/driver.h"
+#include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/rng_state.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
@@ -60,6 +61,11 @@ struct Checkpoint {
 /// folder or unreadable.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
+
+/// The run's settings from a legacy rank file's args (ReadRunConfig with
+/// experts; a dense model's expert sizes dropped). Throws FormatError as
+/// ReadRunConfig, or for an expert-parallel size without num_experts.
+RunConfig ReadLegacyRunConfig(const ArgsView& args);
 
 /// The iter_* folders of save folder `dir` (complete or not). Never throws.
 std::vector<formats::SavedCheckpoint> ListIterations(

@@ -122,7 +122,7 @@ void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
   if (sr.root == nullptr || !sr.root->IsDictLike())
     throw FormatError("the file does not hold a dict");
   const ArgsView args(pickle::DictGet(sr.root, "args"), "args");
-  RunConfig run = ReadRunConfig(args, /*experts=*/true);
+  RunConfig run = ReadLegacyRunConfig(args);
   if (p == 0 && r == 0 && sr.ep_rank == 0) {
     L.run = run;
   } else if (!(run.topology == L.run.topology) ||
