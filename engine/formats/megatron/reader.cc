@@ -706,28 +706,39 @@ void Planner::CollectParams() {
 
 std::vector<std::pair<SourceRank*, size_t>> Planner::MergedEntries(int64_t p,
                                                                    int64_t v) {
-  std::vector<std::pair<SourceRank*, size_t>> out;
   const Layout& layout = *L_.layout;
-  auto layer_of = [&](const RankChunk& ch, size_t i) -> int64_t {
-    if (!ch.rules[i]->expert) return -1;
-    const auto x = layout.SplitExpert(ch.canonical[i]);
-    return x ? x->layer : -1;
-  };
+  const int64_t ep = L_.topology().ep;
+  // Per EP rank (TP rank 0): each leaf's expert layer (-1: not an expert
+  // entry) and layer -> its expert leaves in order.
+  std::vector<std::vector<int64_t>> layer_of(static_cast<size_t>(ep));
+  std::vector<std::map<int64_t, std::vector<size_t>>> layers(
+      static_cast<size_t>(ep));
+  for (int64_t e = 0; e < ep; ++e) {
+    const RankChunk& ch = L_.Rank(p, 0, e).chunks[static_cast<size_t>(v)];
+    std::vector<int64_t>& of = layer_of[static_cast<size_t>(e)];
+    of.assign(ch.leaves.size(), -1);
+    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+      if (!ch.rules[i]->expert) continue;
+      const auto x = layout.SplitExpert(ch.canonical[i]);
+      if (!x) continue;
+      of[i] = x->layer;
+      layers[static_cast<size_t>(e)][x->layer].push_back(i);
+    }
+  }
+  std::vector<std::pair<SourceRank*, size_t>> out;
   std::set<int64_t> done;  // layers whose experts are out
   SourceRank& r0 = L_.Rank(p, 0, 0);
-  const RankChunk& ch0 = r0.chunks[static_cast<size_t>(v)];
-  for (size_t i = 0; i < ch0.leaves.size(); ++i) {
-    const int64_t layer = layer_of(ch0, i);
+  for (size_t i = 0; i < layer_of[0].size(); ++i) {
+    const int64_t layer = layer_of[0][i];
     if (layer < 0) {
       out.emplace_back(&r0, i);
       continue;
     }
     if (!done.insert(layer).second) continue;
-    for (int64_t e = 0; e < L_.topology().ep; ++e) {
-      SourceRank& sr = L_.Rank(p, 0, e);
-      const RankChunk& ch = sr.chunks[static_cast<size_t>(v)];
-      for (size_t j = 0; j < ch.leaves.size(); ++j)
-        if (layer_of(ch, j) == layer) out.emplace_back(&sr, j);
+    for (int64_t e = 0; e < ep; ++e) {
+      auto it = layers[static_cast<size_t>(e)].find(layer);
+      if (it == layers[static_cast<size_t>(e)].end()) continue;
+      for (size_t j : it->second) out.emplace_back(&L_.Rank(p, 0, e), j);
     }
   }
   return out;

@@ -490,29 +490,32 @@ void MegatronPlan::BuildEntries() {
 // fc1 before the fc2s).
 void MegatronPlan::OrderExperts(std::vector<size_t>& chunk) const {
   const Layout& layout = placed_->layout;
-  auto expert_of = [&](size_t i) -> std::optional<layouts::ExpertName> {
-    const Entry& e = entries_[i];
-    if (e.rule == nullptr || !e.rule->expert) return std::nullopt;
-    return layout.SplitExpert(e.name);
-  };
+  // Each entry's (layer, expert) once; layer -> (expert, entry) in order.
+  std::vector<int64_t> layer_of(chunk.size(), -1);
+  std::map<int64_t, std::vector<std::pair<int64_t, size_t>>> layers;
+  for (size_t k = 0; k < chunk.size(); ++k) {
+    const Entry& e = entries_[chunk[k]];
+    if (e.rule == nullptr || !e.rule->expert) continue;
+    const std::optional<layouts::ExpertName> x = layout.SplitExpert(e.name);
+    if (!x) continue;
+    layer_of[k] = x->layer;
+    layers[x->layer].emplace_back(x->index, chunk[k]);
+  }
+  if (layers.empty()) return;
   std::vector<size_t> out;
-  std::set<int64_t> done;  // layers whose experts are out
-  for (size_t i : chunk) {
-    const std::optional<layouts::ExpertName> x = expert_of(i);
-    if (!x) {
-      out.push_back(i);
+  out.reserve(chunk.size());
+  for (size_t k = 0; k < chunk.size(); ++k) {
+    if (layer_of[k] < 0) {
+      out.push_back(chunk[k]);
       continue;
     }
-    if (!done.insert(x->layer).second) continue;
-    std::vector<std::pair<int64_t, size_t>> layer;  // (expert, entry)
-    for (size_t j : chunk) {
-      const std::optional<layouts::ExpertName> y = expert_of(j);
-      if (y && y->layer == x->layer) layer.emplace_back(y->index, j);
-    }
+    auto it = layers.find(layer_of[k]);
+    if (it == layers.end()) continue;  // this layer's experts are out
     std::stable_sort(
-        layer.begin(), layer.end(),
+        it->second.begin(), it->second.end(),
         [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [expert, j] : layer) out.push_back(j);
+    for (const auto& [expert, j] : it->second) out.push_back(j);
+    layers.erase(it);
   }
   chunk = std::move(out);
 }
