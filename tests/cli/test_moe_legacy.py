@@ -202,9 +202,9 @@ def one_error_line(p, *needles):
 def test_damaged_moe_saves_are_one_clear_error():
     """An EP rank's folder missing, a rank file holding one more local expert than E / EP
     (its last one then global expert 2 on EP rank 0, which EP rank 1 holds too), a rank file
-    lacking a local expert (global 3 gone), a cut rank file: one error line naming the file or
-    the layer and the global experts, exit 3, nothing under the output name; also through the
-    sanitized ucp_san. Control: the intact save reads."""
+    lacking a local expert (global 3 gone), args with ETP other than TP, a cut rank file: one
+    error line naming the file or the layer and the global experts, exit 3, nothing under the
+    output name; also through the sanitized ucp_san. Control: the intact save reads."""
     src = source("moe_mixtral", 1, 1, 2, 2, "distributed") / "save"
     fc1 = "decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight"
     with Tmp("ucp-moe-legacy-bad-") as t:
@@ -242,6 +242,18 @@ def test_damaged_moe_saves_are_one_clear_error():
         rewrite(d / ITER / "mp_rank_00_001" / "model_optim_rng.pt", drop_expert)
         p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
         one_error_line(p, "layer 0", "global experts 3 missing", "of 4 experts over 2 EP ranks")
+        assert not (t / "u.h5").exists()
+
+        # A run whose args say ETP 2 at TP 1 (a layout the legacy folders cannot hold).
+        d = t / "etp"
+        shutil.copytree(src, d)
+
+        def etp2(sd):
+            sd["args"].expert_tensor_parallel_size = 2
+        rewrite(d / ITER / "mp_rank_00_000" / "model_optim_rng.pt", etp2)
+        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
+        one_error_line(p, "mp_rank_00_000", "expert_tensor_parallel_size 2",
+                       "tensor_model_parallel_size 1", "ETP = TP")
         assert not (t / "u.h5").exists()
 
         d = t / "cut"
