@@ -111,7 +111,8 @@ universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const SourceOptions& options);
 
 struct TargetOptions {
-  layouts::Topology topology;  // tp, pp, vpp, dp
+  /// tp, pp, vpp, dp; ep for a mixture of experts (etp unset or tp).
+  layouts::Topology topology;
   bool distributed_optimizer = false;
   /// Overrides the universal file's vocabulary size for the padding. Must
   /// not be below the stored rows, unless the universal file did not know
@@ -144,8 +145,10 @@ struct TargetSummary {
 /// optimizer state laid out for the new DP), tracker file last. Each file is
 /// written under a temporary name and renamed when complete. Throws
 /// LayoutError if the topology does not divide heads, query groups, layers
-/// or split dims (or asks for VPP > 1 with PP = 1); FormatError if the
-/// universal file lacks what Megatron needs; IoError on write failures.
+/// or split dims (or asks for VPP > 1 with PP = 1); UsageError for an etp
+/// other than tp (the legacy format has one folder per (tp, pp, ep)) or ep /
+/// etp for a model without routed experts; FormatError if the universal
+/// file lacks what Megatron needs; IoError on write failures.
 TargetSummary WriteTarget(const universal::UniversalInput& input,
                           const std::filesystem::path& out_dir,
                           const TargetOptions& options,

@@ -2,18 +2,21 @@
 // (WriteTarget). What is written: megatron_format.h (as Megatron-core v0.13
 // saves it); the driver's metadata in the universal file: same header.
 //
-// Plan per target rank (tp_rank, pp_rank):
+// Plan per target rank (tp_rank, pp_rank, ep_rank):
 //   entries    the universal file's entries in canonical order (+ tied
 //              copies where their rule exists) whose home is one of this
 //              stage's chunks, renamed to local layer indices and nested by
-//              the layout;
+//              the layout; of the routed experts only the EP rank's, as
+//              local_experts.<i>, expert by expert;
 //   tensors    one executor job per tensor: its pieces (layouts::ShardFor for
 //              the target tp and padded vocabulary) copied from the atoms and
 //              pad atoms; elements no piece covers (padding beyond the stored
 //              padding rows, buffer alignment gaps) are zero;
 //   optimizer  groups recomputed for the rank (param_groups.h), group dicts
 //              from /opaque/optimizer/param_groups; distrib_optim.pt world
-//              tensors laid out by buffer_layout.h for the target DP.
+//              tensors laid out by buffer_layout.h for the target DP; with
+//              EP > 1 a ChainedOptimizer's dense and expert halves (the
+//              expert one over expert DP).
 // The plan (formats::TargetPlan) has one unit per rank, planned on demand:
 // distrib_optim.pt before model_optim_rng.pt; the tracker is the last unit.
 // The emit stage (formats/emit.h) writes it.
