@@ -261,10 +261,15 @@ void ResolveVariables(const SourceOptions& options, Loaded& L) {
   L.placement.emplace(L.layout->NumLayers(L.vars), L.run.topology);
   if (L.layout->experts()) {
     L.experts.emplace(L.layout->NumExperts(L.vars), L.run.topology.ep);
-  } else if (L.run.topology.ep > 1) {
-    throw LayoutError("args say expert_model_parallel_size ", L.run.topology.ep,
-                      " but layout '", L.layout->name(),
-                      "' has no experts section");
+  } else if (L.run.variables.Has("num_moe_experts")) {
+    // Args of a mixture-of-experts model over rank files of a dense one.
+    throw FormatError(
+        L.ranks.front().Where(), ": args say num_experts ",
+        L.run.variables.Get("num_moe_experts"), " (expert parallelism ",
+        L.run.topology.ep,
+        "), a mixture-of-experts model, but the rank files hold no routed "
+        "experts (layout '",
+        L.layout->name(), "')");
   }
 }
 
