@@ -391,20 +391,11 @@ def test_ep_etp_flags_listed_and_refused_as_megatron_refuses_them():
             shutil.rmtree(t / "o", ignore_errors=True)
 
 
-def test_megatron_targets_refuse_experts_until_they_place_them():
-    """Megatron's legacy rank files are not written for an EP / ETP layout yet: a MoE model to
-    them is one usage error line and nothing under the output name (not files that place the
-    experts as if they were dense); DCP takes it (any layout). (torch_dist writes them:
-    test_moe_torch_dist_write.py.)"""
+def test_dcp_target_takes_a_moe_model():
+    """The two Megatron targets place experts (test_moe_torch_dist_write.py, test_moe_legacy.py);
+    DCP, whose ranks hold any layout, takes a MoE model too."""
     name = "mixtral_tp1_pp2_dp2_ep2"
     with Tmp() as t:
-        for fmt, extra in (("megatron", []),):
-            for src in (DATA / name, universal(name)):
-                cmd = "convert" if src.is_dir() else "reshape"
-                p = run(cmd, src, "-o", t / "o", "--format", fmt, "--tp", 1, "--pp", 1,
-                        "--dp", 1, *extra, expect=2)
-                one_error_line(p, "mixture-of-experts", "mcore-moe-mixtral")
-                assert not (t / "o").exists(), (fmt, cmd)
         run("convert", DATA / name, "-o", t / "dcp", "--format", "dcp", "--dp", 1)
         assert (t / "dcp" / ".metadata").exists()
 

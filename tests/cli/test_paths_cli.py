@@ -260,9 +260,10 @@ def rewritten_copy(t, edit, which="model_optim_rng.pt"):
 
 
 def test_megatron_refusals_are_one_clear_line():
-    """A ChainedOptimizer (a list of optimizers), a mixture-of-experts model
-    and the distributed-optimizer format before Megatron-core v0.7 are
-    refused in one line naming the file and the reason; nothing written."""
+    """A ChainedOptimizer (a list of optimizers) of a dense model, args of a
+    mixture-of-experts model over a dense model's rank files and the
+    distributed-optimizer format before Megatron-core v0.7 are refused in one
+    line naming the file and the reason; nothing written."""
     def chained(d):
         d["optimizer"] = [d["optimizer"], d["optimizer"]]
 

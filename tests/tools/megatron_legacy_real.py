@@ -2,10 +2,11 @@
 (the tests' PyPI environment: run with its python), on CPU with gloo, one forked process per rank.
 
   megatron_legacy_real.py save --out SAVE_DIR --view VIEW_DIR --tp T --pp P [--vpp V] [--dp D]
-                               [--optim float16|distributed] [--variant NAME]
+                               [--ep E] [--optim float16|distributed] [--variant NAME]
   megatron_legacy_real.py load --ckpt SAVE_DIR --view VIEW_DIR --tp T --pp P [--vpp V] [--dp D]
-                               [--optim float16|distributed] [--variant NAME]
+                               [--ep E] [--optim float16|distributed] [--variant NAME]
   megatron_legacy_real.py compare SOURCE_VIEW TARGET_VIEW
+  megatron_legacy_real.py compare-truth TRUTH_PT TARGET_VIEW   (make_moe_torch_dist.py's truth)
 
 The model: megatron-core's GPTModel of get_gpt_layer_local_spec() (GQA 4 heads / 2 groups, SwiGLU,
 RMSNorm, bf16, rotary embeddings, 4 layers, hidden 32, ffn 48, true vocabulary 100 =
@@ -15,6 +16,18 @@ first unbucketed, as training's get_model), megatron-core's optimizer from get_m
 (bf16: Float16OptimizerWithFloat16Params over torch's Adam, or with --optim distributed the
 DistributedOptimizer). VARIANTS: no linear biases and an untied output layer, or biases and tied
 embeddings (the last stage's copy of the word embeddings with PP > 1).
+
+Mixture of experts (--variant moe_mixtral | moe_deepseek; no VPP): make_moe_torch_dist.py's models
+(its config and get_gpt_decoder_block_spec, local spec: 2 layers, 4 routed experts of ffn 8, top-2,
+SequentialMLP; deepseek: a dense first layer, then a MoE layer with a shared expert and the
+sigmoid router's fp32 expert bias), every (layer, global expert) made distinct, at --ep E (ETP =
+TP: the legacy loader reads one folder per (tp, pp, ep)). megatron-core's optimizer is then a
+ChainedOptimizer (dense half over DP, expert half over expert DP). What Megatron-LM's
+save_checkpoint writes for it: mp_rank_TT[_PPP]_EEE/ (the EP suffix with EP > 1) from the ranks
+of expert-DP rank 0, each holding the dense params and its EP rank's local experts
+(...mlp.experts.local_experts.<i>..., i local), "optimizer" the list of both halves' state dicts,
+and distrib_optim.pt the list [dense state or None, expert state or None] (each half's DP rank 0
+writes its state: the dense one in the EP rank 0 folders only).
 
 save: two real optimizer steps (optimizer.step(): fp32 main params, Adam, grad clipping, the
 distributed optimizer's param all-gather) from gradients set to a function of each param's values
@@ -65,16 +78,42 @@ warnings.filterwarnings("ignore")
 STEPS = 2
 LR = 7.5e-4  # the param groups' lr at the save (what a scheduler would have set)
 VARIANTS = {"gqa_swiglu_untied": {"bias": False, "tied": False},
-            "gqa_swiglu_bias_tied": {"bias": True, "tied": True}}
+            "gqa_swiglu_bias_tied": {"bias": True, "tied": True},
+            # Mixture of experts (make_moe_torch_dist.py's models: 2 layers, 4 routed experts of
+            # ffn 8, top-2, SequentialMLP): every layer MoE, or a dense first layer then a MoE
+            # layer with a shared expert and the sigmoid router's expert bias.
+            "moe_mixtral": {"bias": False, "tied": False, "moe": "mixtral"},
+            "moe_deepseek": {"bias": False, "tied": False, "moe": "deepseek"}}
 
 
-def init(rank, world, port, tp, pp, vpp):
+def init(rank, world, port, tp, pp, vpp, ep=1, etp=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     mcore_cpu.shims()
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(
-        tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+        tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp or tp)
+
+
+def moe_model(a):
+    """The MoE variants' GPTModel of this rank (make_moe_torch_dist.py's config and layer spec,
+    the vocabulary padded for the TP as Megatron pads it), each (layer, global expert) made
+    distinct, in bf16 as Float16Module leaves it but the router's expert bias in fp32 (Megatron
+    keeps it so)."""
+    import make_moe_torch_dist as moe
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    cfg = moe.config(argparse.Namespace(variant=VARIANTS[a.variant]["moe"], tp=a.tp, pp=a.pp,
+                                        ep=a.ep, etp=a.etp or a.tp))
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=mtd.padded_vocab(a.tp),
+                 max_sequence_length=64, pre_process=parallel_state.is_pipeline_first_stage(),
+                 post_process=parallel_state.is_pipeline_last_stage(),
+                 share_embeddings_and_output_weights=False, position_embedding_type="rope")
+    moe.distinct_experts(m, a.seed)
+    return cfg, m
 
 
 def build(a):
@@ -89,6 +128,22 @@ def build(a):
     from megatron.core.transformer.transformer_config import TransformerConfig
     v = VARIANTS[a.variant]
     S = mtd.SIZE
+    if v.get("moe"):
+        cfg, m = moe_model(a)
+        bias = {n: b.clone() for n, b in m.named_buffers() if n.endswith("expert_bias")}
+        wrapped_model = Float16Module(cfg, m)
+        for n, b in bias.items():
+            m.get_buffer(n).data = b
+        dist = a.optim == "distributed"
+        ddp = DistributedDataParallelConfig(use_distributed_optimizer=dist,
+                                            grad_reduce_in_fp32=True)
+        wrapped = [DistributedDataParallel(cfg, ddp, wrapped_model)]
+        opt = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-5, weight_decay=0.1,
+                            adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=True,
+                            params_dtype=torch.bfloat16, use_distributed_optimizer=dist,
+                            clip_grad=1.0), wrapped)
+        return [m], wrapped, opt
     cfg = TransformerConfig(
         num_layers=S["layers"], hidden_size=S["hidden"], num_attention_heads=S["heads"],
         num_query_groups=S["groups"], ffn_hidden_size=S["ffn"], use_cpu_initialization=True,
@@ -135,14 +190,35 @@ def train(models, wrapped, opt):
         assert ok, "the optimizer step was skipped"
 
 
-def rank_dir(save, tp_rank, pp_rank, pp):
-    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-    return pathlib.Path(save) / f"iter_{STEPS:07d}" / name
+def rank_dir(save, tp_rank, pp_rank, pp, ep_rank=0, ep=1, iteration=STEPS):
+    """get_checkpoint_name's folder: mp_rank_TT[_PPP][_EEE] (the PP suffix with PP > 1, the EP
+    suffix with EP > 1)."""
+    name = f"mp_rank_{tp_rank:02d}"
+    if pp > 1:
+        name += f"_{pp_rank:03d}"
+    if ep > 1:
+        name += f"_{ep_rank:03d}"
+    return pathlib.Path(save) / f"iter_{iteration:07d}" / name
 
 
 def save_args(a, world):
     S = mtd.SIZE
     v = VARIANTS[a.variant]
+    if v.get("moe"):
+        import make_moe_torch_dist as moe
+        M = moe.SIZE
+        deepseek = v["moe"] == "deepseek"
+        ns = save_args(argparse.Namespace(**dict(vars(a), variant="gqa_swiglu_untied")), world)
+        ns.__dict__.update(
+            num_layers=M["layers"], hidden_size=M["hidden"], ffn_hidden_size=M["ffn"],
+            num_attention_heads=M["heads"], num_query_groups=M["groups"],
+            kv_channels=M["hidden"] // M["heads"], expert_model_parallel_size=a.ep,
+            expert_tensor_parallel_size=a.etp or a.tp, num_experts=M["experts"],
+            moe_ffn_hidden_size=M["moe_ffn"], moe_router_topk=M["topk"],
+            moe_grouped_gemm=False, moe_layer_freq=[0, 1] if deepseek else 1,
+            moe_shared_expert_intermediate_size=M["shared_ffn"] if deepseek else None,
+            moe_router_enable_expert_bias=deepseek)
+        return ns
     return argparse.Namespace(
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
         virtual_pipeline_model_parallel_size=a.vpp if a.vpp > 1 else None,
@@ -166,18 +242,23 @@ def save_rank(rank, world, port, a):
     import numpy as np
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
-    init(rank, world, port, a.tp, a.pp, a.vpp)
+    init(rank, world, port, a.tp, a.pp, a.vpp, a.ep, a.etp)
     torch.manual_seed(a.seed)  # the same global model on every rank (CPU initialization)
     models, wrapped, opt = build(a)
     train(models, wrapped, opt)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    dp_rank = parallel_state.get_data_parallel_rank()
-    path = rank_dir(a.out, tp_rank, pp_rank, a.pp)
+    path = rank_dir(a.out, tp_rank, pp_rank, a.pp,
+                    parallel_state.get_expert_model_parallel_rank(), a.ep)
     path.mkdir(parents=True, exist_ok=True)
-    if a.optim == "distributed":  # every DP rank takes part in the gather
+    if a.optim == "distributed":
+        # Every (expert) DP rank takes part in the gathers; a ChainedOptimizer (MoE: dense and
+        # expert halves) writes [dense state or None, expert state or None] on the ranks that
+        # are DP rank 0 of either half's group.
         opt.save_parameter_state(str(path / "distrib_optim.pt"))
-    if dp_rank == 0:
+    # save_checkpoint: the ranks of expert-DP rank 0 write model_optim_rng.pt (with EP 1 the
+    # DP rank 0 ones; with MoE each EP rank's local experts and the dense params).
+    if parallel_state.get_expert_data_parallel_rank() == 0:
         sd = {"args": save_args(a, world), "checkpoint_version": 3.0, "iteration": STEPS}
         for c, m in enumerate(wrapped):
             sd["model" if len(wrapped) == 1 else f"model{c}"] = \
@@ -202,20 +283,23 @@ def save_rank(rank, world, port, a):
 
 def load_rank(rank, world, port, a):
     from megatron.core import parallel_state
-    init(rank, world, port, a.tp, a.pp, a.vpp)
+    init(rank, world, port, a.tp, a.pp, a.vpp, a.ep, a.etp)
     torch.manual_seed(a.seed + 1000)  # not the source's weights
     models, wrapped, opt = build(a)
     tracker = pathlib.Path(a.ckpt) / "latest_checkpointed_iteration.txt"
-    assert tracker.read_text().strip() == str(STEPS), f"{tracker}: {tracker.read_text()!r}"
+    assert tracker.read_text().strip() == str(a.iteration), \
+        f"{tracker}: {tracker.read_text()!r}"
     path = rank_dir(a.ckpt, parallel_state.get_tensor_model_parallel_rank(),
-                    parallel_state.get_pipeline_model_parallel_rank(), a.pp)
+                    parallel_state.get_pipeline_model_parallel_rank(), a.pp,
+                    parallel_state.get_expert_model_parallel_rank(), a.ep, a.iteration)
     sd = torch.load(path / "model_optim_rng.pt", map_location="cpu", weights_only=False)
     args = sd["args"]
+    want_args = [("tensor_model_parallel_size", a.tp), ("pipeline_model_parallel_size", a.pp)]
+    if VARIANTS[a.variant].get("moe"):
+        want_args += [("expert_model_parallel_size", a.ep)]
     problems = [f"{path}: args.{k} {getattr(args, k, None)!r}, expected {want!r}"
-                for k, want in (("tensor_model_parallel_size", a.tp),
-                                ("pipeline_model_parallel_size", a.pp))
-                if getattr(args, k, None) != want]
-    if sd.get("checkpoint_version") != 3.0 or sd.get("iteration") != STEPS:
+                for k, want in want_args if getattr(args, k, None) != want]
+    if sd.get("checkpoint_version") != 3.0 or sd.get("iteration") != a.iteration:
         problems.append(f"{path}: checkpoint_version {sd.get('checkpoint_version')!r}, "
                         f"iteration {sd.get('iteration')!r}")
     assert not problems, problems
@@ -293,10 +377,10 @@ def distributed_view(opt, msd):
         tensors = opt._get_main_param_and_optimizer_states(sh.data)
         pieces.append((r.start, r.end, {k: tensors[k].detach().reshape(-1).clone()
                                         for k in ("param", "exp_avg", "exp_avg_sq")}))
-    group = parallel_state.get_data_parallel_group()
+    group = opt.data_parallel_group  # the expert half's: the expert-DP group
     every = [None] * torch.distributed.get_world_size(group)
     torch.distributed.all_gather_object(every, pieces, group=group)
-    if parallel_state.get_data_parallel_rank() != 0:
+    if torch.distributed.get_rank(group) != 0:
         return None
     out = {}
     for i, sh in enumerate(shs):
@@ -323,6 +407,8 @@ def run(a, deadline_s=120):
     world = a.tp * a.pp * a.dp
     fn = {"save": save_rank, "load": load_rank}[a.mode]
     mtd.preload()
+    if VARIANTS[a.variant].get("moe"):
+        import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
     import megatron.core.distributed  # noqa: F401
     import megatron.core.transformer.module  # noqa: F401
     import torch.multiprocessing as mp
@@ -345,9 +431,12 @@ def run(a, deadline_s=120):
 
 
 def options(mode, tp, pp, vpp=1, dp=1, optim="float16", variant="gqa_swiglu_untied", seed=1,
-            **paths):
+            ep=1, etp=None, iteration=STEPS, **paths):
+    """The arguments of a save or load; `iteration`: the checkpoint a load expects (another
+    tool's save, e.g. make_moe_torch_dist.py's iteration 10, converted)."""
     a = argparse.Namespace(mode=mode, tp=tp, pp=pp, vpp=vpp, dp=dp, optim=optim,
-                           variant=variant, seed=seed, out=None, ckpt=None, view=None)
+                           variant=variant, seed=seed, ep=ep, etp=etp, iteration=iteration,
+                           out=None, ckpt=None, view=None)
     for k, v in paths.items():
         setattr(a, k, str(v))
     return a
@@ -425,9 +514,74 @@ def compare(source_view, target_view, min_values=1):
                           "kinds": kinds, "steps": len(dst_steps), "problems": problems[:20]}
 
 
+def view_tensors(view):
+    """The assembled VIEW under make_moe_torch_dist.py's truth names: {"model": {name: tensor},
+    "param" | "exp_avg" | "exp_avg_sq": {name: tensor}} (a key stacked over layers split into
+    decoder.layers.<l>.…, an expert key into …mlp.experts.<e>.…), the steps, and the problems
+    assemble found."""
+    import re
+    full, mask, steps, _, problems = assemble(view)
+    out = {}
+    for (kind, key), t in full.items():
+        if not bool(mask[(kind, key)].all()):
+            problems.append(f"{key}: elements no rank holds")
+        group = "model"
+        if kind == "optimizer":
+            group, key = key[len("optimizer.state."):].split(".", 1)
+        items = [(key, t)]
+        if ".mlp.experts.experts." in key:
+            head, rest = key.split(".mlp.experts.experts.")
+            if re.fullmatch(r"decoder\.layers\.\d+", head):
+                items = [(f"{head}.mlp.experts.{e}.{rest}", t[e]) for e in range(t.shape[0])]
+            else:
+                items = [(f"decoder.layers.{l}.mlp.experts.{e}.{rest}", t[l, e])
+                         for l in range(t.shape[0]) for e in range(t.shape[1])]
+        elif key.startswith("decoder.layers.") and not re.match(r"decoder\.layers\.\d+\.", key):
+            rest = key[len("decoder.layers."):]
+            items = [(f"decoder.layers.{l}.{rest}", t[l]) for l in range(t.shape[0])]
+        for name, x in items:
+            out.setdefault(group, {})[name] = x
+    return out, steps, problems
+
+
+def compare_truth(truth_path, view, min_values=1):
+    """Every value of make_moe_torch_dist.py's truth (the source's model and fully_reshardable
+    optimizer state, gathered from the saving ranks' memory) equal bit for bit in the target
+    VIEW (the vocabulary rows the truth has), the same names, every Adam step the truth's.
+    Returns (ok, report dict)."""
+    truth = torch.load(truth_path, weights_only=False)
+    got, steps, problems = view_tensors(view)
+    want = {"model": truth["model"], **truth.get("optimizer", {})}
+    checked = 0
+    for group, tensors in want.items():
+        have = got.get(group, {})
+        if set(have) != set(tensors):
+            problems.append(f"{group}: only in the truth {sorted(set(tensors) - set(have))[:6]}, "
+                            f"only in the target {sorted(set(have) - set(tensors))[:6]}")
+        for name, s in tensors.items():
+            t = have.get(name)
+            if t is None:
+                continue
+            if any(name.endswith(n) for n in VOCAB_KEYS) and t.shape[0] >= s.shape[0]:
+                t = t[:s.shape[0]]
+            if s.shape != t.shape or s.dtype != t.dtype:
+                problems.append(f"{group} {name}: {tuple(t.shape)} {t.dtype}, the truth's "
+                                f"{tuple(s.shape)} {s.dtype}")
+            elif not torch.equal(s, t):
+                problems.append(f"{group} {name}: {int((s != t).sum())} of {s.numel()} values "
+                                "differ")
+            checked += s.numel()
+    if not steps or set(steps) != set(truth["steps"]):
+        problems.append(f"target steps {sorted(set(steps))}, the truth's {truth['steps']}")
+    if checked < min_values:
+        problems.append(f"only {checked} values compared (at least {min_values} expected)")
+    return not problems, {"ok": not problems, "checked": checked, "groups": sorted(want),
+                          "steps": len(steps), "problems": problems[:20]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("save", "load", "compare"))
+    ap.add_argument("mode", choices=("save", "load", "compare", "compare-truth"))
     ap.add_argument("views", nargs="*", help="compare: SOURCE_VIEW TARGET_VIEW")
     ap.add_argument("--out")
     ap.add_argument("--ckpt")
@@ -436,12 +590,15 @@ def main():
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--vpp", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel (MoE variants)")
+    ap.add_argument("--etp", type=int, default=None, help="expert tensor parallel (default: --tp)")
     ap.add_argument("--optim", choices=("float16", "distributed"), default="float16")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="gqa_swiglu_untied")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--iteration", type=int, default=STEPS, help="load: the expected iteration")
     a = ap.parse_args()
-    if a.mode == "compare":
-        ok, report = compare(*a.views)
+    if a.mode in ("compare", "compare-truth"):
+        ok, report = (compare if a.mode == "compare" else compare_truth)(*a.views)
         print(json.dumps(report))
     else:
         ok, message = run(a)

@@ -42,17 +42,29 @@ std::string RngStateKey(int64_t tp_rank, int64_t pp_rank) {
   return buf;
 }
 
-std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp) {
+std::string RngStateKey(int64_t tp_rank, int64_t pp_rank, int64_t ep_rank) {
+  std::string key = RngStateKey(tp_rank, pp_rank);
+  if (ep_rank == 0) return key;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "_ep%03lld", static_cast<long long>(ep_rank));
+  return key + buf;
+}
+
+std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp,
+                        int64_t ep_rank, int64_t ep) {
   char buf[48];
-  if (pp == 1) {
-    std::snprintf(buf, sizeof buf, "mp_rank_%02lld",
-                  static_cast<long long>(tp_rank));
-  } else {
-    std::snprintf(buf, sizeof buf, "mp_rank_%02lld_%03lld",
-                  static_cast<long long>(tp_rank),
-                  static_cast<long long>(pp_rank));
+  std::snprintf(buf, sizeof buf, "mp_rank_%02lld",
+                static_cast<long long>(tp_rank));
+  std::string name = buf;
+  if (pp > 1) {
+    std::snprintf(buf, sizeof buf, "_%03lld", static_cast<long long>(pp_rank));
+    name += buf;
   }
-  return buf;
+  if (ep > 1) {
+    std::snprintf(buf, sizeof buf, "_%03lld", static_cast<long long>(ep_rank));
+    name += buf;
+  }
+  return name;
 }
 
 std::optional<int64_t> ParseIterDirName(std::string_view name) {

@@ -11,13 +11,28 @@
 //   <save>/latest_checkpointed_iteration.txt   "N" or "release"; written last
 //   <save>/iter_{N:07d}/ (or release/)
 //       mp_rank_{tp:02d}/            PP == 1
-//       mp_rank_{tp:02d}_{pp:03d}/   PP > 1 (a second suffix _{ep:03d} would
-//                                    follow with expert parallelism; EP > 1
-//                                    is not supported. "mp_rank_00_001" is
-//                                    read as PP rank 1 because args say PP>1)
-//           model_optim_rng.pt       written by DP rank 0 of each (tp, pp)
+//       mp_rank_{tp:02d}_{pp:03d}/   PP > 1
+//       mp_rank_{tp:02d}[_{pp:03d}]_{ep:03d}/   EP > 1 (mixture of experts;
+//                                    "mp_rank_00_001" is PP rank 1 or EP rank
+//                                    1 as the args' PP and EP say)
+//           model_optim_rng.pt       written by expert-DP rank 0 of each
+//                                    (tp, pp, ep) (DP rank 0 without EP):
+//                                    the dense params and the EP rank's
+//                                    local experts
 //           distrib_optim.pt         with --use-distributed-optimizer (not
 //                                    with --no-save-optim)
+//
+// Mixture of experts (SequentialMLP, ETP = TP: the legacy loader reads one
+// folder per (tp, pp, ep)): a rank file's experts are
+// decoder.layers.<l>.mlp.experts.local_experts.<i>.* with i the local
+// index (global = ep_rank * E/EP + i); the universal file names them
+// decoder.layers.<l>.mlp.experts.<global>.* (layouts/README.md). The
+// optimizer is a ChainedOptimizer: 'optimizer' is the list [dense half,
+// expert half] of the entries below (the expert half: the expert params, its
+// groups is_expert_parallel=True), and distrib_optim.pt the list [dense state
+// or None, expert state or None]: each half's DP rank 0 writes its state, so
+// the dense one is in the EP rank 0 folders only, the expert one (buffers
+// sharded over expert DP = DP / EP) in every folder.
 //
 // model_optim_rng.pt: a dict, keys in this order (generate_state_dict, then
 // save_checkpoint):
@@ -208,8 +223,11 @@ IterationFolder LocateIteration(const std::filesystem::path& path,
 /// The universal file's opaque key of a rank's rng state:
 /// "rng_state/tp01_pp003".
 std::string RngStateKey(int64_t tp_rank, int64_t pp_rank);
-/// "mp_rank_01" (pp == 1) or "mp_rank_01_003".
-std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp);
+/// "mp_rank_01" (pp == 1) or "mp_rank_01_003", then "_EEE" with ep > 1.
+std::string RankDirName(int64_t tp_rank, int64_t pp_rank, int64_t pp,
+                        int64_t ep_rank = 0, int64_t ep = 1);
+/// "rng_state/tp01_pp003", then "_ep002" for ep rank > 0.
+std::string RngStateKey(int64_t tp_rank, int64_t pp_rank, int64_t ep_rank);
 
 /// The numbers of "mp_rank_TT[_AAA[_BBB]]"; absent if the name is not one.
 struct RankDirNumbers {

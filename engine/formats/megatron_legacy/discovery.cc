@@ -59,6 +59,20 @@ std::vector<formats::SavedCheckpoint> ListIterations(
   return out;
 }
 
+RunConfig ReadLegacyRunConfig(const ArgsView& args) {
+  RunConfig run = ReadRunConfig(args, /*experts=*/true);
+  // A dense model's expert sizes (Megatron's args always carry them) place
+  // nothing.
+  if (!run.variables.Has("num_moe_experts")) {
+    if (run.topology.ep > 1) {
+      throw FormatError(args.where(), ": expert_model_parallel_size ",
+                        run.topology.ep, " but no num_experts");
+    }
+    run.topology.etp.reset();
+  }
+  return run;
+}
+
 Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -111,9 +125,11 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
                       "missing");
   }
 
-  // Rank (0, 0) names the topology: mp_rank_00 (PP 1) or mp_rank_00_000.
+  // Rank (0, 0) names the topology: mp_rank_00 (PP 1), mp_rank_00_000 (PP
+  // or EP > 1) or mp_rank_00_000_000 (both).
   fs::path first;
-  for (const char* name : {"mp_rank_00", "mp_rank_00_000"}) {
+  for (const char* name :
+       {"mp_rank_00", "mp_rank_00_000", "mp_rank_00_000_000"}) {
     const fs::path p = c.iter_dir / name / kModelFile;
     if (fs::exists(p, ec)) {
       first = p;
@@ -134,7 +150,14 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
     const pickle::Value* args =
         root != nullptr && root->IsDictLike() ? root->Get("args") : nullptr;
     if (args == nullptr) throw FormatError("no 'args' entry");
-    run = ReadRunConfig(ArgsView(args, "args"));
+    run = ReadLegacyRunConfig(ArgsView(args, "args"));
+    if (run.topology.etp && *run.topology.etp != run.topology.tp) {
+      throw FormatError(
+          "args say expert_tensor_parallel_size ", *run.topology.etp,
+          " but tensor_model_parallel_size ", run.topology.tp,
+          ": Megatron's legacy format keeps one folder per (tp, pp, ep) and "
+          "needs ETP = TP (save with --ckpt-format torch_dist instead)");
+    }
     const pickle::Value* opt = root->Get("optimizer");
     has_optimizer = opt != nullptr && opt->kind != pickle::Kind::kNone;
   } catch (Error& e) {
@@ -151,8 +174,9 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
   if (distrib_files)
     c.distrib_optim_files.assign(static_cast<size_t>(t.pp), {});
   for (int64_t p = 0; p < t.pp; ++p) {
-    for (int64_t r = 0; r < t.tp; ++r) {
-      const fs::path rd = c.iter_dir / RankDirName(r, p, t.pp);
+    for (int64_t x = 0; x < t.ep * t.tp; ++x) {
+      const int64_t r = x % t.tp;
+      const fs::path rd = c.iter_dir / RankDirName(r, p, t.pp, x / t.tp, t.ep);
       const fs::path mf = rd / kModelFile;
       if (!fs::is_regular_file(mf, ec)) {
         throw FormatError("missing rank file ", mf.string(), " (topology ",
@@ -177,14 +201,21 @@ Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
     const std::string name = it->path().filename().string();
     auto nums = ParseRankDirName(name);
     if (!nums) continue;
-    const bool pp_suffix = t.pp > 1;
-    const bool ok =
-        nums->tp_rank < t.tp && !nums->third &&
-        (pp_suffix ? nums->second && *nums->second < t.pp : !nums->second);
+    // The suffixes the topology gives: _PPP with PP > 1, then _EEE with
+    // EP > 1.
+    std::vector<int64_t> suffixes;
+    if (nums->second) suffixes.push_back(*nums->second);
+    if (nums->third) suffixes.push_back(*nums->third);
+    std::vector<int64_t> limits;
+    if (t.pp > 1) limits.push_back(t.pp);
+    if (t.ep > 1) limits.push_back(t.ep);
+    bool ok = nums->tp_rank < t.tp && suffixes.size() == limits.size();
+    for (size_t k = 0; ok && k < limits.size(); ++k)
+      ok = suffixes[k] < limits[k];
     if (!ok) {
       throw FormatError(c.iter_dir.string(), ": unexpected rank folder '", name,
-                        "' for topology ", t.ToString(),
-                        " (expert parallelism is not supported)");
+                        "' for topology ", t.ToString(), " (args of ",
+                        first.string(), ")");
     }
   }
   if (ec) {

@@ -52,6 +52,7 @@ class MegatronSource : public formats::Source {
     return ParseRngStateMode(o.values) == RngStateMode::kKeep &&
            t.tp == o.topology.tp && t.pp == o.topology.pp &&
            t.vpp == o.topology.vpp && t.dp == o.topology.dp &&
+           t.ep == o.topology.ep && t.ExpertTp() == o.topology.ExpertTp() &&
            checkpoint_.distributed_optimizer ==
                o.values.Flag(kDistributedOptimizerOption);
   }

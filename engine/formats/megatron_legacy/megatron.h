@@ -6,7 +6,8 @@
 // megatron_format.h for every key):
 //   <dir>/latest_checkpointed_iteration.txt   "N" or "release" (written last)
 //   <dir>/iter_{N:07d}/ (or release/)
-//     mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt   [+ distrib_optim.pt]
+//     mp_rank_{tp:02d}[_{pp:03d}][_{ep:03d}]/model_optim_rng.pt
+//                                               [+ distrib_optim.pt]
 
 #include <cstdint>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "engine/atoms/atom_store.h"
 #include "engine/formats/driver.h"
+#include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/rng_state.h"
 #include "engine/reshape/executor.h"
 #include "engine/universal/input.h"
@@ -35,12 +37,16 @@ struct Checkpoint {
   std::filesystem::path iter_dir;  // iter_0000100 / release
   int64_t iteration = 0;
   bool release = false;
-  layouts::Topology topology;  // tp, pp, vpp (1 = none), dp from args
+  /// tp, pp, vpp (1 = none), dp, and for a mixture of experts ep (etp is
+  /// unset or tp: Megatron's legacy format has no other) from args.
+  layouts::Topology topology;
   bool distributed_optimizer = false;
-  /// rank_files[pp][tp] = .../mp_rank_TT[_PPP]/model_optim_rng.pt
+  /// rank_files[pp][ep * tp_size + tp] =
+  /// .../mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
   std::vector<std::vector<std::filesystem::path>> rank_files;
-  /// distrib_optim_files[pp][tp] = .../distrib_optim.pt (empty without the
-  /// distributed optimizer, or without optimizer state: --no-save-optim).
+  /// distrib_optim_files[pp][ep * tp_size + tp] = .../distrib_optim.pt
+  /// (empty without the distributed optimizer, or without optimizer state:
+  /// --no-save-optim).
   std::vector<std::vector<std::filesystem::path>> distrib_optim_files;
 };
 
@@ -51,9 +57,15 @@ struct Checkpoint {
 /// used and rank (0, 0) holds optimizer state) exists and that no rank
 /// folder is unexplained. Throws FormatError
 /// naming the missing or malformed file (or unsupported feature such as
-/// expert parallelism), IoError if `dir` is not a folder or unreadable.
+/// an expert tensor-parallel size other than TP), IoError if `dir` is not a
+/// folder or unreadable.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
+
+/// The run's settings from a legacy rank file's args (ReadRunConfig with
+/// experts; a dense model's expert sizes dropped). Throws FormatError as
+/// ReadRunConfig, or for an expert-parallel size without num_experts.
+RunConfig ReadLegacyRunConfig(const ArgsView& args);
 
 /// The iter_* folders of save folder `dir` (complete or not). Never throws.
 std::vector<formats::SavedCheckpoint> ListIterations(
@@ -99,7 +111,8 @@ universal::SourcePlan PlanSource(const Checkpoint& checkpoint,
                                  const SourceOptions& options);
 
 struct TargetOptions {
-  layouts::Topology topology;  // tp, pp, vpp, dp
+  /// tp, pp, vpp, dp; ep for a mixture of experts (etp unset or tp).
+  layouts::Topology topology;
   bool distributed_optimizer = false;
   /// Overrides the universal file's vocabulary size for the padding. Must
   /// not be below the stored rows, unless the universal file did not know
@@ -132,8 +145,10 @@ struct TargetSummary {
 /// optimizer state laid out for the new DP), tracker file last. Each file is
 /// written under a temporary name and renamed when complete. Throws
 /// LayoutError if the topology does not divide heads, query groups, layers
-/// or split dims (or asks for VPP > 1 with PP = 1); FormatError if the
-/// universal file lacks what Megatron needs; IoError on write failures.
+/// or split dims (or asks for VPP > 1 with PP = 1); UsageError for an etp
+/// other than tp (the legacy format has one folder per (tp, pp, ep)) or ep /
+/// etp for a model without routed experts; FormatError if the universal
+/// file lacks what Megatron needs; IoError on write failures.
 TargetSummary WriteTarget(const universal::UniversalInput& input,
                           const std::filesystem::path& out_dir,
                           const TargetOptions& options,

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 
 #include "engine/core/error.h"
 #include "engine/formats/common/attrs.h"
@@ -49,6 +50,7 @@ struct RankChunk {
 struct SourceRank {
   int64_t tp_rank = 0;
   int64_t pp_rank = 0;
+  int64_t ep_rank = 0;
   fs::path path;
   fs::path distrib_path;
   std::shared_ptr<const TorchFile> file;
@@ -60,8 +62,11 @@ struct SourceRank {
 
 struct Loaded {
   RunConfig run;
-  std::vector<SourceRank> ranks;  // pp-major, tp-minor
+  std::vector<SourceRank> ranks;  // pp-major, then ep, tp-minor
   std::optional<Layout> layout;
+  // Mixture of experts: the routed experts over the ep ranks (the layout
+  // has an experts section).
+  std::optional<layouts::ExpertPlacement> experts;
   layouts::Variables vars;
   std::optional<layouts::LayerPlacement> placement;
   bool vocab_known = false;       // vocab_size set (true or padded size)
@@ -69,8 +74,13 @@ struct Loaded {
   std::string vocab_source;       // where vocab_size came from
 
   const layouts::Topology& topology() const { return run.topology; }
-  SourceRank& Rank(int64_t pp, int64_t tp) {
-    return ranks[static_cast<size_t>(pp * run.topology.tp + tp)];
+  // Megatron makes expert params expert-parallel (allreduce False: their own
+  // optimizer groups, buffers and ChainedOptimizer half) only with EP > 1;
+  // with EP 1 they are dense params.
+  bool Chained() const { return experts && run.topology.ep > 1; }
+  SourceRank& Rank(int64_t pp, int64_t tp, int64_t ep = 0) {
+    return ranks[static_cast<size_t>(
+        (pp * run.topology.ep + ep) * run.topology.tp + tp)];
   }
 };
 
@@ -99,6 +109,11 @@ bool IsModelKey(std::string_view key) {
                      [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// Megatron's SequentialMLP spelling of expert i of a layer, and the
+// canonical one (layouts/README.md, "Mixture of experts").
+constexpr std::string_view kLocalExpertsInfix = ".mlp.experts.local_experts.";
+constexpr std::string_view kExpertsInfix = ".mlp.experts.";
+
 // Reads rank (p, r)'s args into `L.run` (rank (0, 0)) or checks them against
 // it, and flattens its model chunks. Throws FormatError naming no file.
 void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
@@ -107,8 +122,8 @@ void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
   if (sr.root == nullptr || !sr.root->IsDictLike())
     throw FormatError("the file does not hold a dict");
   const ArgsView args(pickle::DictGet(sr.root, "args"), "args");
-  RunConfig run = ReadRunConfig(args);
-  if (p == 0 && r == 0) {
+  RunConfig run = ReadLegacyRunConfig(args);
+  if (p == 0 && r == 0 && sr.ep_rank == 0) {
     L.run = run;
   } else if (!(run.topology == L.run.topology) ||
              run.distributed_optimizer != L.run.distributed_optimizer ||
@@ -118,7 +133,8 @@ void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
         " vs ", L.run.topology.ToString(), ", model ", run.variables.ToString(),
         " vs ", L.run.variables.ToString());
   }
-  if (L.run.topology.tp != t0.tp || L.run.topology.pp != t0.pp) {
+  if (L.run.topology.tp != t0.tp || L.run.topology.pp != t0.pp ||
+      L.run.topology.ep != t0.ep) {
     throw FormatError("args say ", L.run.topology.ToString(),
                       " but the checkpoint was discovered as ", t0.ToString());
   }
@@ -139,6 +155,15 @@ void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
       e.AddContext(chunk.key);
       throw;
     }
+    // SequentialMLP's local experts under the canonical spelling, still
+    // with the local index (NameLeaves makes it global).
+    for (ChunkLeaf& leaf : chunk.leaves) {
+      const size_t at = leaf.name.find(kLocalExpertsInfix);
+      if (at == std::string::npos) continue;
+      leaf.name.erase(at + kExpertsInfix.size(),
+                      kLocalExpertsInfix.size() - kExpertsInfix.size());
+      leaf.key_path = {leaf.name};
+    }
     sr.chunks.push_back(std::move(chunk));
   }
 }
@@ -147,12 +172,14 @@ void ReadRankFile(const layouts::Topology& t0, int64_t p, int64_t r,
 void OpenRankFiles(const Checkpoint& c, Loaded& L) {
   const layouts::Topology& t0 = c.topology;
   for (int64_t p = 0; p < t0.pp; ++p) {
-    for (int64_t r = 0; r < t0.tp; ++r) {
+    for (int64_t x = 0; x < t0.ep * t0.tp; ++x) {
+      const int64_t r = x % t0.tp;
       SourceRank sr;
       sr.tp_rank = r;
       sr.pp_rank = p;
+      sr.ep_rank = x / t0.tp;
       sr.path =
-          c.rank_files.at(static_cast<size_t>(p)).at(static_cast<size_t>(r));
+          c.rank_files.at(static_cast<size_t>(p)).at(static_cast<size_t>(x));
       // TorchFile's own errors name the file.
       sr.file = std::make_shared<const TorchFile>(TorchFile::Open(sr.path));
       try {
@@ -163,7 +190,7 @@ void OpenRankFiles(const Checkpoint& c, Loaded& L) {
       }
       if (!c.distrib_optim_files.empty()) {
         sr.distrib_path = c.distrib_optim_files.at(static_cast<size_t>(p))
-                              .at(static_cast<size_t>(r));
+                              .at(static_cast<size_t>(x));
         sr.distrib =
             std::make_shared<const TorchFile>(TorchFile::Open(sr.distrib_path));
       }
@@ -232,6 +259,18 @@ void ResolveVariables(const SourceOptions& options, Loaded& L) {
   }
   L.vars = L.layout->Resolve(vars);
   L.placement.emplace(L.layout->NumLayers(L.vars), L.run.topology);
+  if (L.layout->experts()) {
+    L.experts.emplace(L.layout->NumExperts(L.vars), L.run.topology.ep);
+  } else if (L.run.variables.Has("num_moe_experts")) {
+    // Args of a mixture-of-experts model over rank files of a dense one.
+    throw FormatError(
+        L.ranks.front().Where(), ": args say num_experts ",
+        L.run.variables.Get("num_moe_experts"), " (expert parallelism ",
+        L.run.topology.ep,
+        "), a mixture-of-experts model, but the rank files hold no routed "
+        "experts (layout '",
+        L.layout->name(), "')");
+  }
 }
 
 // Each leaf's canonical name. Throws LayoutError if a leaf's nesting does
@@ -247,9 +286,24 @@ void NameLeaves(Loaded& L) {
             throw LayoutError("nesting does not follow layout '", layout.name(),
                               "'");
           }
-          ch.canonical.push_back(
+          std::string name =
               layouts::CanonicalName(layout, leaf.name, *L.placement,
-                                     sr.pp_rank, static_cast<int64_t>(v)));
+                                     sr.pp_rank, static_cast<int64_t>(v));
+          // A local expert index -> global (ep rank * E/EP + local).
+          if (const auto x = layout.SplitExpert(name); x && L.experts) {
+            const int64_t local = L.experts->local_experts();
+            const int64_t global = sr.ep_rank * local + x->index;
+            if (global >= L.experts->num_experts()) {
+              throw FormatError("layer ", x->layer, ": local expert ", x->index,
+                                " of EP rank ", sr.ep_rank,
+                                " would be global expert ", global,
+                                ", but the model has ",
+                                L.experts->num_experts(), " experts (", local,
+                                " per EP rank of ", L.run.topology.ep, ")");
+            }
+            name = layout.WithExpert(name, global);
+          }
+          ch.canonical.push_back(std::move(name));
         } catch (Error& e) {
           e.AddContext(sr.Where(), " > ", ch.key, " > ", leaf.name);
           throw;
@@ -331,19 +385,30 @@ class Planner {
                               int64_t tp_rank) const;
 
   void CollectParams();
+  // Mixture of experts: the (rank, leaf index) of chunk (p, v)'s entries in
+  // canonical order: TP rank 0 of EP rank 0's, each layer's experts those
+  // of every EP rank in EP order.
+  std::vector<std::pair<SourceRank*, size_t>> MergedEntries(int64_t p,
+                                                            int64_t v);
+  // Every expert entry of every MoE layer held once per TP rank across the
+  // rank files. Throws FormatError naming the layer and the missing or
+  // duplicated global experts.
+  void CheckExpertsCovered() const;
   void PlanModel();
   void FindOptimizer();
   void PlanOptimizer();
   void PlanRankOptimizer(SourceRank& sr);
   // The optimizer state of rank file `sr` (its errors name no file): the
   // params for PlanDistributed if it is the distributed optimizer's.
+  // `opt` is the 'optimizer' entry, or one half of a ChainedOptimizer's
+  // list (`half` 0 dense, 1 expert; -1: all params).
   std::optional<std::vector<RankParam>> PlanRankModelFileOptimizer(
-      SourceRank& sr);
+      SourceRank& sr, const Value* opt, int half);
   // PlanRankModelFileOptimizer's steps.
   // The rank's params in named_parameters() order (tied copies are real
   // params here), their group keys appended to `keys`.
-  std::vector<RankParam> RankParams(SourceRank& sr,
-                                    std::vector<GroupKey>& keys);
+  std::vector<RankParam> RankParams(SourceRank& sr, std::vector<GroupKey>& keys,
+                                    int half);
   // How a rank file keeps its optimizer state.
   struct RankOptimizer {
     OptimizerFormat format = OptimizerFormat::kNone;
@@ -367,12 +432,22 @@ class Planner {
                                             const Value* st, int64_t id);
   // The distributed optimizer's state of rank `sr` from its
   // distrib_optim.pt (errors name that file).
-  void PlanDistributed(SourceRank& sr, const std::vector<RankParam>& params);
+  // `halves`: one entry (no experts) or the dense and the expert half's
+  // params (distrib_optim.pt then holds a list of two, an entry None where
+  // this rank is not DP rank 0 of that half's group).
+  void PlanDistributed(
+      SourceRank& sr,
+      const std::vector<std::optional<std::vector<RankParam>>>& halves);
   // PlanDistributed's steps: buffer `v` (model chunk v) of `root`.
+  // One half's (or the only) state dict `root` over data-parallel size
+  // `dp`.
+  void PlanDistributedHalf(SourceRank& sr, const std::vector<RankParam>& params,
+                           const Value* root, int64_t dp,
+                           const std::string& dwhere);
   void PlanDistributedBuffer(SourceRank& sr,
                              const std::vector<RankParam>& params,
                              const Value* root, size_t v, int64_t local_params,
-                             const std::string& dwhere);
+                             int64_t dp, const std::string& dwhere);
   // Checks buffer key `dtkey` is a (param dtype, grad dtype) pair, its
   // param dtype the members'; keeps the first grad dtype.
   void CheckBufferDtypes(const RankChunk& ch,
@@ -385,6 +460,15 @@ class Planner {
                         size_t v, const std::string& bwhere);
   void NoteGroups(const Value* groups, const Grouping& g,
                   const std::string& where);
+  // Megatron-core v0.16 keeps a group that is empty on a rank when another
+  // rank has it (a pipeline stage without experts keeps the expert half's
+  // group): `groups` without the stored groups whose key none of the rank's
+  // params (`keys`) has and that list no params (the distributed
+  // optimizer's list none), and `*fp32_groups` (if not null) without their
+  // lists. Returns `groups` itself when nothing is dropped.
+  const Value* DropEmptyGroups(const Value* groups,
+                               std::span<const GroupKey> keys,
+                               const Value** fp32_groups);
   void PlanOpaque();
   void PlanRoot();
   std::string Blob(const TorchFile* file, const Value* v);
@@ -407,6 +491,7 @@ class Planner {
   // trainer that did not use Megatron's grouping rule): its key, else none.
   std::optional<GroupKey> single_group_;
   std::string grad_dtype_;
+  pickle::Arena arena_;  // DropEmptyGroups' lists
 };
 
 reshape::SourceTensor Planner::Tensor(
@@ -504,22 +589,35 @@ void Planner::CollectParams() {
           throw;
         }
       }
-      if (sr.tp_rank > 0) {
-        const RankChunk& ref = L_.Rank(sr.pp_rank, 0).chunks[v];
-        if (ref.canonical != ch.canonical) {
-          size_t k = 0;
-          while (k < ref.canonical.size() && k < ch.canonical.size() &&
-                 ref.canonical[k] == ch.canonical[k])
-            ++k;
-          throw FormatError(
-              sr.Where(), " > ", ch.key, ": entries differ from TP rank 0 (",
-              L_.Rank(sr.pp_rank, 0).path.string(), ") at position ", k, ": ",
-              k < ch.canonical.size() ? ch.canonical[k] : "<end>", " vs ",
-              k < ref.canonical.size() ? ref.canonical[k] : "<end>");
-        }
+      // Every TP rank of a (pp, ep) holds the same names; every EP rank
+      // the same names but for its experts.
+      const SourceRank& ref_rank = sr.tp_rank > 0
+                                       ? L_.Rank(sr.pp_rank, 0, sr.ep_rank)
+                                       : L_.Rank(sr.pp_rank, 0, 0);
+      if (&ref_rank == &sr) continue;
+      const RankChunk& ref = ref_rank.chunks[v];
+      auto names = [&](const RankChunk& c) {
+        if (sr.tp_rank > 0) return c.canonical;
+        std::vector<std::string> out;
+        for (size_t i = 0; i < c.canonical.size(); ++i)
+          if (!c.rules[i]->expert) out.push_back(c.canonical[i]);
+        return out;
+      };
+      const std::vector<std::string> mine = names(ch);
+      const std::vector<std::string> theirs = names(ref);
+      if (mine != theirs) {
+        size_t k = 0;
+        while (k < theirs.size() && k < mine.size() && theirs[k] == mine[k])
+          ++k;
+        throw FormatError(sr.Where(), " > ", ch.key, ": entries differ from ",
+                          sr.tp_rank > 0 ? "TP rank 0 (" : "EP rank 0 (",
+                          ref_rank.path.string(), ") at position ", k, ": ",
+                          k < mine.size() ? mine[k] : "<end>", " vs ",
+                          k < theirs.size() ? theirs[k] : "<end>");
       }
     }
   }
+  if (L_.experts) CheckExpertsCovered();
 
   // The vocabulary from the padded rows when nothing else says it.
   if (!L_.vocab_known) {
@@ -541,12 +639,13 @@ void Planner::CollectParams() {
     }
   }
 
-  // Canonical sequence from TP rank 0 of every chunk in global order.
+  // Canonical sequence from TP rank 0 of every chunk in global order (the
+  // experts of every EP rank in place of EP rank 0's).
   int64_t order = 0;
   ForChunksInOrder(L_, [&](int64_t p, int64_t v) {
-    SourceRank& sr = L_.Rank(p, 0);
-    RankChunk& ch = sr.chunks[static_cast<size_t>(v)];
-    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+    for (const auto& [sp, i] : MergedEntries(p, v)) {
+      SourceRank& sr = *sp;
+      RankChunk& ch = sr.chunks[static_cast<size_t>(v)];
       const Rule& rule = *ch.rules[i];
       const std::string& name = ch.canonical[i];
       if (rule.tied_to) continue;
@@ -607,6 +706,123 @@ void Planner::CollectParams() {
           copies.push_back(ch.canonical[i]);
       }
     }
+  }
+}
+
+std::vector<std::pair<SourceRank*, size_t>> Planner::MergedEntries(int64_t p,
+                                                                   int64_t v) {
+  const Layout& layout = *L_.layout;
+  const int64_t ep = L_.topology().ep;
+  // Per EP rank (TP rank 0): each leaf's expert layer (-1: not an expert
+  // entry) and layer -> its expert leaves in order.
+  std::vector<std::vector<int64_t>> layer_of(static_cast<size_t>(ep));
+  std::vector<std::map<int64_t, std::vector<size_t>>> layers(
+      static_cast<size_t>(ep));
+  for (int64_t e = 0; e < ep; ++e) {
+    const RankChunk& ch = L_.Rank(p, 0, e).chunks[static_cast<size_t>(v)];
+    std::vector<int64_t>& of = layer_of[static_cast<size_t>(e)];
+    of.assign(ch.leaves.size(), -1);
+    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+      if (!ch.rules[i]->expert) continue;
+      const auto x = layout.SplitExpert(ch.canonical[i]);
+      if (!x) continue;
+      of[i] = x->layer;
+      layers[static_cast<size_t>(e)][x->layer].push_back(i);
+    }
+  }
+  std::vector<std::pair<SourceRank*, size_t>> out;
+  std::set<int64_t> done;  // layers whose experts are out
+  SourceRank& r0 = L_.Rank(p, 0, 0);
+  for (size_t i = 0; i < layer_of[0].size(); ++i) {
+    const int64_t layer = layer_of[0][i];
+    if (layer < 0) {
+      out.emplace_back(&r0, i);
+      continue;
+    }
+    if (!done.insert(layer).second) continue;
+    for (int64_t e = 0; e < ep; ++e) {
+      auto it = layers[static_cast<size_t>(e)].find(layer);
+      if (it == layers[static_cast<size_t>(e)].end()) continue;
+      for (size_t j : it->second) out.emplace_back(&L_.Rank(p, 0, e), j);
+    }
+  }
+  return out;
+}
+
+void Planner::CheckExpertsCovered() const {
+  const Layout& layout = *L_.layout;
+  const int64_t num = L_.experts->num_experts();
+  // (canonical name, tp rank) -> the rank files holding it.
+  std::map<std::pair<std::string, int64_t>, std::vector<const SourceRank*>>
+      held;
+  std::map<std::string, std::string> templates;  // suffix -> a name
+  for (const SourceRank& sr : L_.ranks) {
+    for (const RankChunk& ch : sr.chunks) {
+      for (size_t i = 0; i < ch.canonical.size(); ++i) {
+        if (!ch.rules[i]->expert) continue;
+        const auto x = layout.SplitExpert(ch.canonical[i]);
+        if (!x) continue;
+        if (!layout.IsMoeLayer(x->layer, L_.vars)) {
+          throw FormatError(sr.Where(), " > ", ch.key, " > ", ch.leaves[i].name,
+                            ": layer ", x->layer,
+                            " holds routed experts, but the model's MoE "
+                            "layers (moe_layer_freq) make it dense");
+        }
+        templates.emplace(x->suffix, ch.canonical[i]);
+        held[{ch.canonical[i], sr.tp_rank}].push_back(&sr);
+      }
+    }
+  }
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string out;
+    for (int64_t e : v) out += StrCat(out.empty() ? "" : ", ", e);
+    return out;
+  };
+  std::vector<std::string> problems;
+  const int64_t tp = L_.topology().tp;
+  for (int64_t l = 0; l < L_.placement->num_layers(); ++l) {
+    if (!layout.IsMoeLayer(l, L_.vars)) continue;
+    for (const auto& [suffix, name] : templates) {
+      for (int64_t r = 0; r < tp; ++r) {
+        std::vector<int64_t> missing, twice;
+        std::string where;
+        for (int64_t e = 0; e < num; ++e) {
+          const std::string n = layout.WithExpert(layout.WithLayer(name, l), e);
+          const auto it = held.find({n, r});
+          const size_t count = it == held.end() ? 0 : it->second.size();
+          if (count == 0) missing.push_back(e);
+          if (count > 1) {
+            twice.push_back(e);
+            if (where.empty()) {
+              where =
+                  StrCat(" (expert ", e, " in ", it->second[0]->path.string(),
+                         " and ", it->second[1]->path.string(), ")");
+            }
+          }
+        }
+        if (missing.empty() && twice.empty()) continue;
+        problems.push_back(
+            StrCat("layer ", l, " ", layout.experts()->infix, "*", suffix,
+                   tp > 1 ? StrCat(" (tp rank ", r, ")") : "", ": ",
+                   missing.empty()
+                       ? ""
+                       : StrCat("global experts ", list(missing), " missing"),
+                   !missing.empty() && !twice.empty() ? ", " : "",
+                   twice.empty() ? ""
+                                 : StrCat("global experts ", list(twice),
+                                          " stored more than once", where)));
+      }
+    }
+  }
+  if (!problems.empty()) {
+    throw FormatError(
+        c_.iter_dir.string(), ": ", problems.front(), " (of ", num,
+        " experts over ", L_.topology().ep,
+        " EP ranks; every expert of every MoE layer must be stored exactly "
+        "once across the rank files)",
+        problems.size() > 1
+            ? StrCat(" (and ", problems.size() - 1, " more problems)")
+            : "");
   }
 }
 
@@ -751,6 +967,33 @@ void Planner::NoteGroups(const Value* groups, const Grouping& g,
   }
 }
 
+const Value* Planner::DropEmptyGroups(const Value* groups,
+                                      std::span<const GroupKey> keys,
+                                      const Value** fp32_groups) {
+  if (groups == nullptr || groups->kind != Kind::kList) return groups;
+  std::vector<Value*> kept, kept_fp32;
+  const Value* fp32 = *fp32_groups;
+  const bool fp32_ok = fp32 != nullptr && fp32->kind == Kind::kList &&
+                       fp32->items.size() == groups->items.size();
+  for (size_t i = 0; i < groups->items.size(); ++i) {
+    const Value* d = groups->items[i];
+    bool drop = false;
+    if (d != nullptr && d->IsDictLike()) {
+      const GroupKey k = StoredGroupKey(d);
+      const Value* ids = d->Get("params");
+      drop =
+          std::find(keys.begin(), keys.end(), k) == keys.end() &&
+          (ids == nullptr || (ids->kind == Kind::kList && ids->items.empty()));
+    }
+    if (drop) continue;
+    kept.push_back(const_cast<Value*>(d));
+    if (fp32_ok) kept_fp32.push_back(const_cast<Value*>(fp32->items[i]));
+  }
+  if (kept.size() == groups->items.size()) return groups;
+  if (fp32_ok) *fp32_groups = arena_.List(std::move(kept_fp32));
+  return arena_.List(std::move(kept));
+}
+
 // Whether the rank files hold optimizer state: all of them or none.
 void Planner::FindOptimizer() {
   const Value* opt0 = pickle::DictGet(L_.ranks.front().root, "optimizer");
@@ -766,26 +1009,23 @@ void Planner::FindOptimizer() {
 
 void Planner::PlanOptimizer() {
   if (!has_optimizer_) return;
-  const Value* opt0 = pickle::DictGet(L_.ranks.front().root, "optimizer");
-  if (opt0->kind == Kind::kList) {
-    throw FormatError(L_.ranks.front().Where(),
-                      ": 'optimizer' is a list (a ChainedOptimizer of "
-                      "several optimizers, e.g. mixture of experts): not "
-                      "supported");
-  }
-  // Canonical groups over the canonical params.
+  // Canonical groups over the canonical params (experts: their own,
+  // is_expert_parallel groups).
   std::vector<GroupKey> keys;
   std::vector<std::string> names;
   for (const std::string& n : param_order_) {
     const ParamState& ps = params_.at(n);
     if (ps.buffer) continue;
     keys.push_back(DefaultGroupKey(n, ps.full_shape.size()));
+    keys.back().is_expert_parallel = ps.rule->expert && L_.Chained();
     names.push_back(n);
   }
   std::vector<const Value*> stored;
   for (const SourceRank& sr : L_.ranks)
     stored.push_back(StoredGroups(pickle::DictGet(sr.root, "optimizer")));
-  if (auto one = SingleStoredGroup(stored, GroupParams(keys).keys.size())) {
+  if (auto one = L_.Chained() ? std::nullopt
+                              : SingleStoredGroup(
+                                    stored, GroupParams(keys).keys.size())) {
     single_group_ = one;
     std::fill(keys.begin(), keys.end(), *one);
   }
@@ -806,24 +1046,54 @@ void Planner::PlanOptimizer() {
 void Planner::PlanRankOptimizer(SourceRank& sr) {
   // The distributed optimizer's tensors live in distrib_optim.pt, whose
   // errors name that file; everything else names the model file.
-  std::optional<std::vector<RankParam>> distributed;
+  std::vector<std::optional<std::vector<RankParam>>> distributed;
   try {
-    distributed = PlanRankModelFileOptimizer(sr);
+    const Value* opt = pickle::DictGet(sr.root, "optimizer");
+    if (opt->kind == Kind::kList) {
+      // A ChainedOptimizer: a mixture-of-experts model's dense and expert
+      // halves.
+      if (!L_.Chained() || opt->items.size() != 2) {
+        throw FormatError(
+            "'optimizer' is a list of ", opt->items.size(),
+            " (a ChainedOptimizer): only a mixture-of-experts model's two "
+            "halves (dense, experts) are supported");
+      }
+      for (int half = 0; half < 2; ++half) {
+        try {
+          distributed.push_back(
+              PlanRankModelFileOptimizer(sr, opt->items[half], half));
+        } catch (Error& e) {
+          e.AddContext("optimizer[", half, "] (the ",
+                       half == 0 ? "dense" : "expert", " half)");
+          throw;
+        }
+      }
+    } else {
+      if (L_.Chained()) {
+        throw FormatError(
+            "'optimizer' is not a list: with expert parallelism (EP ",
+            L_.topology().ep,
+            ") the optimizer is a ChainedOptimizer of a dense and an expert "
+            "half");
+      }
+      distributed.push_back(PlanRankModelFileOptimizer(sr, opt, -1));
+    }
   } catch (Error& e) {
     e.AddContext(sr.Where());
     throw;
   }
-  if (distributed) PlanDistributed(sr, *distributed);
+  if (distributed.front()) PlanDistributed(sr, distributed);
 }
 
 std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
-    SourceRank& sr) {
-  const Value* opt = pickle::DictGet(sr.root, "optimizer");
-  if (!opt->IsDictLike()) throw FormatError("'optimizer' is not a dict");
+    SourceRank& sr, const Value* opt, int half) {
+  if (opt == nullptr || !opt->IsDictLike())
+    throw FormatError("'optimizer' is not a dict");
   std::vector<GroupKey> keys;
-  std::vector<RankParam> params = RankParams(sr, keys);
-  const RankOptimizer o = ClassifyOptimizer(opt);
-  const Value* groups = o.inner->Get("param_groups");
+  std::vector<RankParam> params = RankParams(sr, keys, half);
+  RankOptimizer o = ClassifyOptimizer(opt);
+  const Value* groups =
+      DropEmptyGroups(o.inner->Get("param_groups"), keys, &o.fp32_groups);
   const Grouping g = MatchGrouping(groups, keys);
   NoteGroups(groups, g, "optimizer param_groups");
   if (o.format == OptimizerFormat::kDistributed) return params;
@@ -863,13 +1133,15 @@ std::optional<std::vector<RankParam>> Planner::PlanRankModelFileOptimizer(
 }
 
 std::vector<RankParam> Planner::RankParams(SourceRank& sr,
-                                           std::vector<GroupKey>& keys) {
+                                           std::vector<GroupKey>& keys,
+                                           int half) {
   std::vector<RankParam> params;
   for (size_t v = 0; v < sr.chunks.size(); ++v) {
     RankChunk& ch = sr.chunks[v];
     for (size_t i = 0; i < ch.leaves.size(); ++i) {
       const Rule& rule = *ch.rules[i];
       if (rule.entry != EntryKind::kParam) continue;
+      if (half >= 0 && rule.expert != (half == 1)) continue;
       RankParam rp;
       rp.chunk = v;
       rp.leaf = i;
@@ -880,6 +1152,8 @@ std::vector<RankParam> Planner::RankParams(SourceRank& sr,
                          ? *single_group_
                          : DefaultGroupKey(ch.leaves[i].name,
                                            ch.leaves[i].tensor->shape.size()));
+      if (!single_group_)
+        keys.back().is_expert_parallel = rule.expert && L_.Chained();
     }
   }
   return params;
@@ -1029,11 +1303,46 @@ BufferLayout MatchBufferLayout(const std::vector<BufferParam>& bparams,
                     bo.dp, ") gives ", layout.numel_unpadded());
 }
 
-void Planner::PlanDistributed(SourceRank& sr,
-                              const std::vector<RankParam>& params) {
+void Planner::PlanDistributed(
+    SourceRank& sr,
+    const std::vector<std::optional<std::vector<RankParam>>>& halves) {
   const std::string dwhere = StrCat("rank file ", sr.distrib_path.string());
+  const Value* root = sr.distrib->root();
+  if (halves.size() == 1) {
+    PlanDistributedHalf(sr, *halves.front(), root, L_.topology().dp, dwhere);
+    return;
+  }
+  // [dense state or None, expert state or None]: the dense half's DP rank 0
+  // is in EP rank 0's folder, every folder holds its experts' state.
+  if (root == nullptr || root->kind != Kind::kList ||
+      root->items.size() != halves.size()) {
+    throw FormatError(dwhere, ": does not hold a list of ", halves.size(),
+                      " (a mixture-of-experts model's ChainedOptimizer: dense "
+                      "and expert states)");
+  }
+  for (size_t h = 0; h < halves.size(); ++h) {
+    const Value* item = root->items[h];
+    const bool expected = h == 1 || sr.ep_rank == 0;
+    const bool none = item == nullptr || item->kind == Kind::kNone;
+    if (none && !expected) continue;
+    if (none || !expected) {
+      throw FormatError(
+          dwhere, ": entry ", h, " (the ", h == 0 ? "dense" : "expert",
+          " half's state) is ", none ? "None" : "present",
+          ", but the ranks of this folder are ", expected ? "" : "not ",
+          "DP rank 0 of that half's group");
+    }
+    PlanDistributedHalf(sr, *halves[h], item,
+                        h == 0 ? L_.topology().dp : L_.topology().ExpertDp(),
+                        StrCat(dwhere, " > [", h, "]"));
+  }
+}
+
+void Planner::PlanDistributedHalf(SourceRank& sr,
+                                  const std::vector<RankParam>& params,
+                                  const Value* root, int64_t dp,
+                                  const std::string& dwhere) {
   try {
-    const Value* root = sr.distrib->root();
     if (root == nullptr || !root->IsDictLike())
       throw FormatError("does not hold a dict");
     const Value* coalesced = root->Get("buckets_coalesced");
@@ -1048,7 +1357,7 @@ void Planner::PlanDistributed(SourceRank& sr,
     size_t buffers = 0;
     for (const auto& [k, val] : root->entries)
       if (k != nullptr && k->kind == Kind::kInt) ++buffers;
-    if (buffers != sr.chunks.size()) {
+    if (buffers != (params.empty() ? 0 : sr.chunks.size())) {
       throw FormatError("holds ", buffers, " gradient buffers for ",
                         sr.chunks.size(),
                         " model chunks (params of several dtypes in one "
@@ -1058,8 +1367,8 @@ void Planner::PlanDistributed(SourceRank& sr,
     int64_t local_params = 0;
     for (const RankParam& rp : params)
       local_params += sr.chunks[rp.chunk].leaves[rp.leaf].tensor->numel;
-    for (size_t v = 0; v < sr.chunks.size(); ++v)
-      PlanDistributedBuffer(sr, params, root, v, local_params, dwhere);
+    for (size_t v = 0; v < sr.chunks.size() && !params.empty(); ++v)
+      PlanDistributedBuffer(sr, params, root, v, local_params, dp, dwhere);
   } catch (Error& e) {
     e.AddContext(dwhere);
     throw;
@@ -1069,7 +1378,7 @@ void Planner::PlanDistributed(SourceRank& sr,
 void Planner::PlanDistributedBuffer(SourceRank& sr,
                                     const std::vector<RankParam>& params,
                                     const Value* root, size_t v,
-                                    int64_t local_params,
+                                    int64_t local_params, int64_t dp,
                                     const std::string& dwhere) {
   const RunConfig& run = L_.run;
   RankChunk& ch = sr.chunks[v];
@@ -1087,7 +1396,7 @@ void Planner::PlanDistributedBuffer(SourceRank& sr,
     members.push_back(&rp);
   }
   const BufferOptions bo = run.DistributedBufferOptions(
-      run.topology.dp, sr.pp_rank, static_cast<int64_t>(v), local_params);
+      dp, sr.pp_rank, static_cast<int64_t>(v), local_params);
   const Value* gbuf = GetInt(root, static_cast<int64_t>(v));
   if (gbuf == nullptr || !gbuf->IsDictLike() || gbuf->entries.size() != 1) {
     throw FormatError("buffer ", v, " (model chunk ", v,
@@ -1188,14 +1497,14 @@ void Planner::PlanOpaque() {
   auto add = [&](std::string key, std::string bytes) {
     plan_.opaque.push_back({std::move(key), std::move(bytes)});
   };
-  // Model entries kept as objects: TP rank 0's.
+  // Model entries kept as objects: TP rank 0's (experts': their EP
+  // rank's).
   ForChunksInOrder(L_, [&](int64_t p, int64_t v) {
-    SourceRank& sr = L_.Rank(p, 0);
-    RankChunk& ch = sr.chunks[static_cast<size_t>(v)];
-    for (size_t i = 0; i < ch.leaves.size(); ++i) {
+    for (const auto& [sp, i] : MergedEntries(p, v)) {
+      const RankChunk& ch = sp->chunks[static_cast<size_t>(v)];
       if (ch.rules[i]->entry != EntryKind::kOpaque) continue;
       add("extra_state/" + ch.canonical[i],
-          Blob(sr.file.get(), ch.leaves[i].value));
+          Blob(sp->file.get(), ch.leaves[i].value));
     }
   });
   for (const auto& [k, v] : r0.root->entries) {
@@ -1214,7 +1523,8 @@ void Planner::PlanOpaque() {
   for (SourceRank& sr : L_.ranks) {
     const Value* rng = pickle::DictGet(sr.root, "rng_state");
     if (rng == nullptr) continue;
-    add(RngStateKey(sr.tp_rank, sr.pp_rank), Blob(sr.file.get(), rng));
+    add(RngStateKey(sr.tp_rank, sr.pp_rank, sr.ep_rank),
+        Blob(sr.file.get(), rng));
   }
   if (has_optimizer_) {
     const Value* opt = pickle::DictGet(r0.root, "optimizer");
@@ -1288,7 +1598,8 @@ void Planner::PlanRoot() {
   src.vpp = t.vpp;
   src.dp = t.dp;
   src.cp = run.cp;
-  src.ep = 1;
+  src.ep = t.ep;
+  if (L_.experts) src.other["etp"] = t.ExpertTp();
   src.first_stage_layers = t.first_stage_layers;
   src.last_stage_layers = t.last_stage_layers;
   src.distributed_optimizer = run.distributed_optimizer;
@@ -1385,10 +1696,12 @@ NameListing ListNames(const Checkpoint& checkpoint,
   NameListing out;
   std::set<std::string> seen;
   ForChunksInOrder(L, [&](int64_t p, int64_t v) {
-    for (int64_t r = 0; r < L.topology().tp; ++r) {
-      const RankChunk& ch = L.Rank(p, r).chunks[static_cast<size_t>(v)];
-      for (const std::string& n : ch.canonical)
-        if (seen.insert(n).second) out.names.push_back(n);
+    for (int64_t e = 0; e < L.topology().ep; ++e) {
+      for (int64_t r = 0; r < L.topology().tp; ++r) {
+        const RankChunk& ch = L.Rank(p, r, e).chunks[static_cast<size_t>(v)];
+        for (const std::string& n : ch.canonical)
+          if (seen.insert(n).second) out.names.push_back(n);
+      }
     }
   });
   out.variables = L.vars;

@@ -2,18 +2,21 @@
 // (WriteTarget). What is written: megatron_format.h (as Megatron-core v0.13
 // saves it); the driver's metadata in the universal file: same header.
 //
-// Plan per target rank (tp_rank, pp_rank):
+// Plan per target rank (tp_rank, pp_rank, ep_rank):
 //   entries    the universal file's entries in canonical order (+ tied
 //              copies where their rule exists) whose home is one of this
 //              stage's chunks, renamed to local layer indices and nested by
-//              the layout;
+//              the layout; of the routed experts only the EP rank's, as
+//              local_experts.<i>, expert by expert;
 //   tensors    one executor job per tensor: its pieces (layouts::ShardFor for
 //              the target tp and padded vocabulary) copied from the atoms and
 //              pad atoms; elements no piece covers (padding beyond the stored
 //              padding rows, buffer alignment gaps) are zero;
 //   optimizer  groups recomputed for the rank (param_groups.h), group dicts
 //              from /opaque/optimizer/param_groups; distrib_optim.pt world
-//              tensors laid out by buffer_layout.h for the target DP.
+//              tensors laid out by buffer_layout.h for the target DP; with
+//              EP > 1 a ChainedOptimizer's dense and expert halves (the
+//              expert one over expert DP).
 // The plan (formats::TargetPlan) has one unit per rank, planned on demand:
 // distrib_optim.pt before model_optim_rng.pt; the tracker is the last unit.
 // The emit stage (formats/emit.h) writes it.
@@ -93,9 +96,13 @@ struct Entry {
   const atoms::StoredParam* param = nullptr;  // original for params/copies
 };
 
-// The target checkpoint as a plan: one unit per target rank (pp, tp) with
-// its distrib_optim.pt (distributed optimizer) and model_optim_rng.pt, then
-// the tracker.
+// Megatron's SequentialMLP spelling of a layer's local experts
+// (megatron_format.h).
+constexpr std::string_view kLocalExperts = "local_experts.";
+
+// The target checkpoint as a plan: one unit per target rank (pp, ep, tp)
+// with its distrib_optim.pt (distributed optimizer) and model_optim_rng.pt,
+// then the tracker.
 class MegatronPlan : public formats::TargetPlan {
  public:
   MegatronPlan(const universal::UniversalInput& input,
@@ -106,7 +113,8 @@ class MegatronPlan : public formats::TargetPlan {
   }
 
   size_t units() const override {
-    return static_cast<size_t>(placed_->topology.pp * placed_->topology.tp) + 1;
+    const layouts::Topology& t = placed_->topology;
+    return static_cast<size_t>(t.pp * t.ep * t.tp) + 1;
   }
   std::vector<std::unique_ptr<formats::PlannedFile>> Plan(
       size_t i) const override;
@@ -121,6 +129,7 @@ class MegatronPlan : public formats::TargetPlan {
   void BuildEntries();
   void ReadTorchStep();
   void NoteUnknownVocab();
+  void OrderExperts(std::vector<size_t>& chunk) const;
   fs::path IterDir() const {
     return IterDirName(store_.model().iteration, release_);
   }
@@ -131,6 +140,13 @@ class MegatronPlan : public formats::TargetPlan {
     int64_t chunk;
     Shape local_shape;
     std::string local_name;
+    bool expert = false;  // a routed expert's (the expert half's)
+  };
+  // A target rank: its model coordinates (ep_rank 0 without experts).
+  struct Rank {
+    int64_t tp = 0;
+    int64_t pp = 0;
+    int64_t ep = 0;
   };
   // One rank's optimizer groups: the stored group dicts (templates, one per
   // group_keys_), the rank's grouping, and which groups hold an element of
@@ -144,27 +160,36 @@ class MegatronPlan : public formats::TargetPlan {
 
   // One rank file's root (model chunks, optimizer, args, rng state, ...,
   // in the source's key order), and its distrib_optim.pt's.
-  const Value* BuildRank(int64_t tp_rank, int64_t pp_rank, File& model,
-                         File* distrib, BlobCache& blobs) const;
+  const Value* BuildRank(const Rank& rank, File& model, File* distrib,
+                         BlobCache& blobs) const;
   // Its steps: the model chunks (their params appended to `params`) ...
-  std::vector<Value*> BuildModelChunks(int64_t tp_rank, int64_t pp_rank,
-                                       File& model, BlobCache& blobs,
+  std::vector<Value*> BuildModelChunks(const Rank& rank, File& model,
+                                       BlobCache& blobs,
                                        std::vector<RankParam>* params) const;
   // ... the optimizer (and the distrib_optim.pt of a distributed one) ...
-  Value* BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
-                        const std::vector<RankParam>& params, File& model,
-                        File* distrib, BlobCache& blobs) const;
+  Value* BuildOptimizer(const Rank& rank, const std::vector<RankParam>& params,
+                        File& model, File* distrib, BlobCache& blobs) const;
+  // One optimizer over `params` (all, or one half of a mixture of experts'
+  // ChainedOptimizer) sharded over data-parallel size `dp`; with the
+  // distributed optimizer its distrib_optim.pt state into `*distrib_root`.
+  // `half`: 0 / 1 the dense / expert half of a ChainedOptimizer, -1 the
+  // only optimizer.
+  Value* BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
+                          const std::vector<RankParam>& params, int half,
+                          int64_t dp, File& model, File* distrib,
+                          Value** distrib_root, BlobCache& blobs) const;
   std::vector<GroupKey> GroupKeysOf(const std::vector<RankParam>& params) const;
   std::vector<BufferLayout> DistributedBuffers(
       int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
-      std::vector<bool>* stepped) const;
+      int64_t dp, std::vector<bool>* stepped) const;
   std::vector<Value*> GroupDicts(File& model, const RankGroups& groups,
                                  std::vector<std::vector<int64_t>>* ids) const;
   void SetGroupStep(File& model, const RankGroups& groups, size_t gi,
                     Value* group) const;
-  void BuildDistribOptim(int64_t tp_rank, const std::vector<RankParam>& params,
-                         const std::vector<BufferLayout>& buffers,
-                         File& distrib) const;
+  Value* BuildDistribOptim(int64_t tp_rank,
+                           const std::vector<RankParam>& params,
+                           const std::vector<BufferLayout>& buffers,
+                           File& distrib) const;
   Value* LocalOptimizer(int64_t tp_rank, const std::vector<RankParam>& params,
                         const RankGroups& groups,
                         const std::vector<Value*>& group_nodes,
@@ -173,10 +198,11 @@ class MegatronPlan : public formats::TargetPlan {
   Value* ParamState(File& model, const Entry& e, int64_t id,
                     int64_t tp_rank) const;
   // ... the args and the rng state (nullptr: none written).
-  Value* BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
-                   BlobCache& blobs) const;
-  Value* BuildRngState(int64_t tp_rank, int64_t pp_rank, File& model,
-                       BlobCache& blobs) const;
+  Value* BuildArgs(const Rank& rank, File& model, BlobCache& blobs) const;
+  // The args' expert sizes (and the rank of a folder's writer) for `rank`.
+  void PatchExpertArgs(pickle::Arena& arena, Value* args,
+                       const Rank& rank) const;
+  Value* BuildRngState(const Rank& rank, File& model, BlobCache& blobs) const;
   Value* TensorFor(File& f, const Entry& e, const std::string& kind,
                    DType dtype, int64_t tp_rank, const std::string& name) const;
   std::vector<reshape::CopyOp> OpsFor(const Entry& e, const std::string& kind,
@@ -195,6 +221,8 @@ class MegatronPlan : public formats::TargetPlan {
 
   // The layout, variables, vocabulary rows, topology and placement.
   std::optional<formats::PlacedTarget> placed_;
+  // Mixture of experts: the routed experts over the target's ep ranks.
+  std::optional<layouts::ExpertPlacement> experts_;
   MegatronExtras meta_;
   std::vector<Entry> entries_;
   // chunk_entries_[pp][vp] = indices into entries_
@@ -243,9 +271,30 @@ void MegatronPlan::ReadMetadata() {
         "writes it without them");
   }
   meta_ = ReadMegatronExtras(model, store_.path()).value_or(MegatronExtras{});
-  placed_ = formats::PlaceTarget(
-      store_,
-      {options_.topology, options_.true_vocab_size, meta_.VocabSizeKnown()});
+  placed_ =
+      formats::PlaceTarget(store_, {.topology = options_.topology,
+                                    .true_vocab_size = options_.true_vocab_size,
+                                    .vocab_size_known = meta_.VocabSizeKnown(),
+                                    .experts = true});
+  {
+    const layouts::Topology& t = placed_->topology;
+    if (!placed_->layout.experts()) {
+      if (t.ep > 1 || t.etp) {
+        throw UsageError("--ep ", t.ep, t.etp ? StrCat(" --etp ", *t.etp) : "",
+                         ": layout '", placed_->layout.name(),
+                         "' has no routed experts");
+      }
+    } else {
+      if (t.etp && *t.etp != t.tp) {
+        throw UsageError(
+            "--etp ", *t.etp, " with --tp ", t.tp,
+            ": Megatron's legacy format loads one folder per (tp, pp, ep) "
+            "and needs ETP = TP (use --format megatron-torch-dist for ETP "
+            "!= TP)");
+      }
+      experts_.emplace(placed_->layout.NumExperts(placed_->vars), t.ep);
+    }
+  }
   const universal::SourceInfo& source = model.source;
   source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
   source_pp_ = universal::SourceInfo::SizeOr1(source.pp);
@@ -431,6 +480,47 @@ void MegatronPlan::BuildEntries() {
                   [static_cast<size_t>(e.home.vp_chunk)]
                       .push_back(i);
   }
+  if (experts_) {
+    for (auto& stage : chunk_entries_)
+      for (std::vector<size_t>& chunk : stage) OrderExperts(chunk);
+  }
+}
+
+// A layer's routed experts in the order SequentialMLP's state_dict() and
+// named_parameters() list them (the distributed optimizer's buffers follow
+// it): expert by expert, each one's entries in their order, where the
+// layer's first expert entry is (a torch_dist source lists every expert's
+// fc1 before the fc2s).
+void MegatronPlan::OrderExperts(std::vector<size_t>& chunk) const {
+  const Layout& layout = placed_->layout;
+  // Each entry's (layer, expert) once; layer -> (expert, entry) in order.
+  std::vector<int64_t> layer_of(chunk.size(), -1);
+  std::map<int64_t, std::vector<std::pair<int64_t, size_t>>> layers;
+  for (size_t k = 0; k < chunk.size(); ++k) {
+    const Entry& e = entries_[chunk[k]];
+    if (e.rule == nullptr || !e.rule->expert) continue;
+    const std::optional<layouts::ExpertName> x = layout.SplitExpert(e.name);
+    if (!x) continue;
+    layer_of[k] = x->layer;
+    layers[x->layer].emplace_back(x->index, chunk[k]);
+  }
+  if (layers.empty()) return;
+  std::vector<size_t> out;
+  out.reserve(chunk.size());
+  for (size_t k = 0; k < chunk.size(); ++k) {
+    if (layer_of[k] < 0) {
+      out.push_back(chunk[k]);
+      continue;
+    }
+    auto it = layers.find(layer_of[k]);
+    if (it == layers.end()) continue;  // this layer's experts are out
+    std::stable_sort(
+        it->second.begin(), it->second.end(),
+        [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [expert, j] : it->second) out.push_back(j);
+    layers.erase(it);
+  }
+  chunk = std::move(out);
 }
 
 std::vector<reshape::CopyOp> MegatronPlan::OpsFor(const Entry& e,
@@ -508,18 +598,28 @@ Value* MegatronPlan::Import(File& f, BlobCache& blobs,
 }
 
 std::vector<Value*> MegatronPlan::BuildModelChunks(
-    int64_t tp_rank, int64_t pp_rank, File& model, BlobCache& blobs,
+    const Rank& rank, File& model, BlobCache& blobs,
     std::vector<RankParam>* params) const {
   const Layout& layout = placed_->layout;
   const layouts::Topology& topo = placed_->topology;
+  const int64_t tp_rank = rank.tp;
   std::vector<Value*> chunk_nodes;
   for (int64_t v = 0; v < topo.vpp; ++v) {
     std::vector<std::pair<std::vector<std::string>, Value*>> leaves;
     for (size_t i :
-         chunk_entries_[static_cast<size_t>(pp_rank)][static_cast<size_t>(v)]) {
+         chunk_entries_[static_cast<size_t>(rank.pp)][static_cast<size_t>(v)]) {
       const Entry& e = entries_[i];
-      const std::string local =
+      std::string local =
           layouts::LocalName(layout, e.name, placed_->placement);
+      const bool expert = e.rule->expert && experts_;
+      if (expert) {
+        // This EP rank's experts only, as SequentialMLP's local_experts.<i>.
+        const std::optional<layouts::ExpertName> x = layout.SplitExpert(local);
+        UCP_CHECK(x.has_value(), "expert entry without expert index: ", local);
+        const layouts::ExpertLocation at = experts_->Locate(x->index);
+        if (at.ep_rank != rank.ep) continue;
+        local = StrCat(x->prefix, kLocalExperts, at.local_index, x->suffix);
+      }
       const std::string where =
           StrCat(Where(model), " > ",
                  topo.vpp == 1 ? std::string("model") : StrCat("model", v),
@@ -534,7 +634,7 @@ std::vector<Value*> MegatronPlan::BuildModelChunks(
                           p.info.dtype, tp_rank, where);
         if (e.kind != Entry::kBuffer) {
           params->push_back(
-              {i, v, model.archive().SpecOf(value)->shape, local});
+              {i, v, model.archive().SpecOf(value)->shape, local, expert});
         }
       }
       leaves.emplace_back(layout.KeyPath(local), value);
@@ -557,13 +657,17 @@ std::vector<GroupKey> MegatronPlan::GroupKeysOf(
                            static_cast<size_t>(stored) < group_keys_.size()
                        ? group_keys_[static_cast<size_t>(stored)]
                        : DefaultGroupKey(rp.local_name, rp.local_shape.size()));
+    // Megatron makes routed experts expert-parallel only with EP > 1 (the
+    // source's EP may differ).
+    if (experts_)
+      keys.back().is_expert_parallel = rp.expert && placed_->topology.ep > 1;
   }
   return keys;
 }
 
 std::vector<BufferLayout> MegatronPlan::DistributedBuffers(
     int64_t pp_rank, const std::vector<RankParam>& params, const Grouping& g,
-    std::vector<bool>* stepped) const {
+    int64_t dp, std::vector<bool>* stepped) const {
   const layouts::Topology& topo = placed_->topology;
   int64_t local_params = 0;
   for (const RankParam& rp : params)
@@ -591,7 +695,7 @@ std::vector<BufferLayout> MegatronPlan::DistributedBuffers(
       which.push_back(k);
     }
     const BufferOptions bo =
-        run_.DistributedBufferOptions(topo.dp, pp_rank, v, local_params);
+        run_.DistributedBufferOptions(dp, pp_rank, v, local_params);
     BufferLayout lay = ComputeBufferLayout(bp, bo);
     for (size_t j = 0; j < which.size(); ++j) {
       if (lay.DpRankHolds(j, bo.dp, 0)) (*stepped)[g.group_of[which[j]]] = true;
@@ -660,11 +764,28 @@ std::vector<Value*> MegatronPlan::GroupDicts(
   for (size_t gi = 0; gi < g.keys.size(); ++gi) {
     size_t ci = 0;
     while (ci < group_keys_.size() && !(group_keys_[ci] == g.keys[gi])) ++ci;
+    // Experts made expert-parallel (or dense) by another EP than the
+    // source's: the group of the same hyper-parameters, the flag changed.
+    bool flip = false;
+    if (ci == group_keys_.size() && experts_) {
+      GroupKey other = g.keys[gi];
+      other.is_expert_parallel = !other.is_expert_parallel;
+      ci = 0;
+      while (ci < group_keys_.size() && !(group_keys_[ci] == other)) ++ci;
+      flip = ci < group_keys_.size();
+    }
     if (ci == group_keys_.size()) {
       throw FormatError("optimizer group ", g.keys[gi].ToString(),
                         " of this rank is not in the universal file");
     }
     Value* d = model.Import(groups.file, groups.templates->items[ci]);
+    if (flip) {
+      for (auto& [k, v] : d->entries) {
+        if (k != nullptr && k->kind == Kind::kStr &&
+            k->s == "is_expert_parallel")
+          v = arena.Bool(g.keys[gi].is_expert_parallel);
+      }
+    }
     SetGroupStep(model, groups, gi, d);
     if (target_format_ != TargetOptimizer::kDistributed) {
       std::vector<Value*> id_nodes;
@@ -679,14 +800,15 @@ std::vector<Value*> MegatronPlan::GroupDicts(
   return group_nodes;
 }
 
-void MegatronPlan::BuildDistribOptim(int64_t tp_rank,
-                                     const std::vector<RankParam>& params,
-                                     const std::vector<BufferLayout>& buffers,
-                                     File& distrib) const {
+Value* MegatronPlan::BuildDistribOptim(int64_t tp_rank,
+                                       const std::vector<RankParam>& params,
+                                       const std::vector<BufferLayout>& buffers,
+                                       File& distrib) const {
   pickle::Arena& da = distrib.arena();
   Value* droot = da.Dict();
   AppendEntry(da, droot, "buckets_coalesced", da.Bool(true));
-  for (int64_t v = 0; v < placed_->topology.vpp; ++v) {
+  // No params (a ChainedOptimizer's half without params here): no buffers.
+  for (int64_t v = 0; v < placed_->topology.vpp && !params.empty(); ++v) {
     const BufferLayout& lay = buffers[static_cast<size_t>(v)];
     std::vector<size_t> members;
     for (size_t k = 0; k < params.size(); ++k)
@@ -729,7 +851,7 @@ void MegatronPlan::BuildDistribOptim(int64_t tp_rank,
     per_dtype->entries.emplace_back(key, world);
     droot->entries.emplace_back(da.Int(v), per_dtype);
   }
-  distrib.SetRoot(droot);
+  return droot;
 }
 
 Value* MegatronPlan::ParamState(File& model, const Entry& e, int64_t id,
@@ -805,10 +927,43 @@ Value* MegatronPlan::LocalOptimizer(
   return optimizer;
 }
 
-Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
+Value* MegatronPlan::BuildOptimizer(const Rank& rank,
                                     const std::vector<RankParam>& params,
                                     File& model, File* distrib,
                                     BlobCache& blobs) const {
+  const layouts::Topology& t = placed_->topology;
+  if (!experts_ || t.ep == 1) {  // EP 1: experts are dense params
+    Value* droot = nullptr;
+    Value* opt = BuildOptimizerOf(rank.tp, rank.pp, params, -1, t.dp, model,
+                                  distrib, &droot, blobs);
+    if (distrib != nullptr) distrib->SetRoot(droot);
+    return opt;
+  }
+  // A ChainedOptimizer: [dense half, expert half] (the expert one over
+  // expert DP); distrib_optim.pt [dense state, expert state], the dense
+  // state None but in EP rank 0's folders (its DP rank 0 writes it).
+  pickle::Arena& arena = model.arena();
+  std::vector<Value*> halves, states;
+  for (int half = 0; half < 2; ++half) {
+    std::vector<RankParam> mine;
+    for (const RankParam& rp : params)
+      if (rp.expert == (half == 1)) mine.push_back(rp);
+    Value* droot = nullptr;
+    halves.push_back(BuildOptimizerOf(
+        rank.tp, rank.pp, mine, half, half == 0 ? t.dp : t.ExpertDp(), model,
+        half == 0 && rank.ep > 0 ? nullptr : distrib, &droot, blobs));
+    if (distrib != nullptr)
+      states.push_back(droot != nullptr ? droot : distrib->arena().None());
+  }
+  if (distrib != nullptr) distrib->SetRoot(distrib->arena().List(states));
+  return arena.List(halves);
+}
+
+Value* MegatronPlan::BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
+                                      const std::vector<RankParam>& params,
+                                      int half, int64_t dp, File& model,
+                                      File* distrib, Value** distrib_root,
+                                      BlobCache& blobs) const {
   RankGroups groups;
   groups.file = blobs.Get("optimizer/param_groups");
   groups.templates = groups.file->root();
@@ -825,15 +980,39 @@ Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
     sorted_groups = sorted_groups || (d != nullptr && d->IsDictLike() &&
                                       d->Get("default_config") != nullptr);
   }
-  groups.g = GroupParams(GroupKeysOf(params),
-                         sorted_groups ? GroupOrder::kOverridesSorted
-                                       : GroupOrder::kFirstAppearance);
+  const GroupOrder order = sorted_groups ? GroupOrder::kOverridesSorted
+                                         : GroupOrder::kFirstAppearance;
+  groups.g = GroupParams(GroupKeysOf(params), order);
+  if (params.empty() && half >= 0) {
+    // A half without params on this rank (a pipeline stage without
+    // experts): megatron-core v0.16 keeps the groups the other ranks'
+    // half has, empty.
+    std::vector<GroupKey> keys;
+    for (const Entry& e : entries_) {
+      if (e.kind != Entry::kParam || e.param == nullptr || e.rule == nullptr ||
+          e.rule->expert != (half == 1))
+        continue;
+      const int64_t stored = e.param->info.group;
+      GroupKey k =
+          stored >= 0 && static_cast<size_t>(stored) < group_keys_.size()
+              ? group_keys_[static_cast<size_t>(stored)]
+              : DefaultGroupKey(e.name, e.param->info.shape.size());
+      k.is_expert_parallel = half == 1;
+      if (std::find(keys.begin(), keys.end(), k) == keys.end())
+        keys.push_back(k);
+    }
+    groups.g = GroupParams(keys, order);
+    for (std::vector<size_t>& m : groups.g.members) m.clear();
+    groups.g.group_of.clear();
+  }
   // Which groups hold an element of DP rank 0's shard (distributed only).
   groups.stepped.assign(groups.g.keys.size(), true);
   std::vector<BufferLayout> buffers;
   const bool distributed = target_format_ == TargetOptimizer::kDistributed;
-  if (distributed)
-    buffers = DistributedBuffers(pp_rank, params, groups.g, &groups.stepped);
+  if (distributed) {
+    buffers =
+        DistributedBuffers(pp_rank, params, groups.g, dp, &groups.stepped);
+  }
   std::vector<std::vector<int64_t>> ids;
   const std::vector<Value*> group_nodes = GroupDicts(model, groups, &ids);
   if (!distributed) {
@@ -848,12 +1027,14 @@ Value* MegatronPlan::BuildOptimizer(int64_t tp_rank, int64_t pp_rank,
   if (store_.FindOpaque("grad_scaler"))
     AppendEntry(arena, optimizer, "grad_scaler",
                 Import(model, blobs, "grad_scaler"));
-  BuildDistribOptim(tp_rank, params, buffers, *distrib);
+  if (distrib != nullptr)
+    *distrib_root = BuildDistribOptim(tp_rank, params, buffers, *distrib);
   return optimizer;
 }
 
-Value* MegatronPlan::BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
+Value* MegatronPlan::BuildArgs(const Rank& rank, File& model,
                                BlobCache& blobs) const {
+  const int64_t tp_rank = rank.tp, pp_rank = rank.pp;
   Value* args = Import(model, blobs, "args");
   ArgsPatch patch;
   patch.topology = placed_->topology;
@@ -868,12 +1049,51 @@ Value* MegatronPlan::BuildArgs(int64_t tp_rank, int64_t pp_rank, File& model,
   patch.source_tp = source_tp_;
   patch.padded_vocab_size = placed_->PaddedVocabSize();
   PatchArgs(model.arena(), args, patch);
+  if (experts_) PatchExpertArgs(model.arena(), args, rank);
   return args;
 }
 
-Value* MegatronPlan::BuildRngState(int64_t tp_rank, int64_t pp_rank,
-                                   File& model, BlobCache& blobs) const {
-  std::string rk = RngStateKey(tp_rank, pp_rank);
+void MegatronPlan::PatchExpertArgs(pickle::Arena& arena, Value* args,
+                                   const Rank& rank) const {
+  // argparse.Namespace: an object whose state is its attribute dict.
+  Value* dict =
+      args != nullptr && args->kind == Kind::kObject ? args->state : nullptr;
+  if (dict != nullptr && dict->kind == Kind::kTuple && !dict->items.empty())
+    dict = dict->items[0];
+  UCP_CHECK(dict != nullptr && dict->kind == Kind::kDict,
+            "args has no attribute dict");
+  auto set = [&](std::string_view name, Value* value) {
+    for (auto& [k, v] : dict->entries) {
+      if (k != nullptr && k->kind == Kind::kStr && k->s == name) {
+        v = value;
+        return;
+      }
+    }
+    dict->entries.emplace_back(arena.Str(std::string(name)), value);
+  };
+  const layouts::Topology& t = placed_->topology;
+  set("expert_model_parallel_size", arena.Int(t.ep));
+  set("expert_tensor_parallel_size", arena.Int(t.ExpertTp()));
+  // The folder of EP rank e is written by expert-DP rank 0 there, i.e.
+  // (ETP = TP) data-parallel rank e: rank tp + TP * (e + DP * pp).
+  if (rank.ep > 0) {
+    const int64_t global = layouts::DenseRank(t, rank.tp, rank.ep, rank.pp);
+    for (auto& [k, v] : dict->entries) {
+      if (k == nullptr || k->kind != Kind::kStr || v == nullptr ||
+          v->kind != Kind::kInt)
+        continue;
+      if (k->s == "rank") v = arena.Int(global);
+      if (k->s == "local_rank") v = arena.Int(global % gpus_per_node_);
+    }
+  }
+}
+
+Value* MegatronPlan::BuildRngState(const Rank& rank, File& model,
+                                   BlobCache& blobs) const {
+  const int64_t tp_rank = rank.tp, pp_rank = rank.pp;
+  std::string rk = RngStateKey(tp_rank, pp_rank, rank.ep);
+  if (rank.ep > 0 && store_.FindOpaque(rk) == nullptr)
+    rk = RngStateKey(tp_rank, pp_rank);  // the EP rank 0 folder's
   const bool own = store_.FindOpaque(rk) != nullptr;
   if (!own) {
     rk = RngStateKey(tp_rank % source_tp_, pp_rank % source_pp_);
@@ -899,17 +1119,16 @@ Value* MegatronPlan::BuildRngState(int64_t tp_rank, int64_t pp_rank,
   return rng;
 }
 
-const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
-                                     File& model, File* distrib,
-                                     BlobCache& blobs) const {
+const Value* MegatronPlan::BuildRank(const Rank& rank, File& model,
+                                     File* distrib, BlobCache& blobs) const {
   pickle::Arena& arena = model.arena();
   const int64_t vpp = placed_->topology.vpp;
   std::vector<RankParam> params;
   const std::vector<Value*> chunk_nodes =
-      BuildModelChunks(tp_rank, pp_rank, model, blobs, &params);
-  Value* optimizer = write_optimizer_ ? BuildOptimizer(tp_rank, pp_rank, params,
-                                                       model, distrib, blobs)
-                                      : nullptr;
+      BuildModelChunks(rank, model, blobs, &params);
+  Value* optimizer = write_optimizer_
+                         ? BuildOptimizer(rank, params, model, distrib, blobs)
+                         : nullptr;
   // The rank file's root, keys in the source's order.
   Value* root = arena.Dict();
   for (const std::string& key : top_level_keys_) {
@@ -922,9 +1141,9 @@ const Value* MegatronPlan::BuildRank(int64_t tp_rank, int64_t pp_rank,
     } else if (key == "optimizer") {
       if (optimizer != nullptr) AppendEntry(arena, root, key, optimizer);
     } else if (key == "args") {
-      AppendEntry(arena, root, key, BuildArgs(tp_rank, pp_rank, model, blobs));
+      AppendEntry(arena, root, key, BuildArgs(rank, model, blobs));
     } else if (key == "rng_state") {
-      if (Value* rng = BuildRngState(tp_rank, pp_rank, model, blobs))
+      if (Value* rng = BuildRngState(rank, model, blobs))
         AppendEntry(arena, root, key, rng);
     } else if (key == "opt_param_scheduler" && !write_optimizer_) {
       // checkpointing.py:generate_state_dict: no scheduler without the
@@ -952,7 +1171,7 @@ void MegatronPlan::Prepare() {
     BlobCache blobs(store_);
     if (auto args = blobs.Find("args")) {
       try {
-        run_ = ReadRunConfig(ArgsView(args->root(), "args"));
+        run_ = ReadRunConfig(ArgsView(args->root(), "args"), /*experts=*/true);
       } catch (const FormatError&) {
       }
     }
@@ -970,9 +1189,13 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
                                : std::to_string(store_.model().iteration)));
     return files;
   }
-  const int64_t pp = static_cast<int64_t>(i) / placed_->topology.tp;
-  const int64_t tp = static_cast<int64_t>(i) % placed_->topology.tp;
-  const fs::path dir = IterDir() / RankDirName(tp, pp, placed_->topology.pp);
+  const layouts::Topology& t = placed_->topology;
+  Rank rank;
+  rank.pp = static_cast<int64_t>(i) / (t.ep * t.tp);
+  rank.ep = static_cast<int64_t>(i) % (t.ep * t.tp) / t.tp;
+  rank.tp = static_cast<int64_t>(i) % t.tp;
+  const fs::path dir =
+      IterDir() / RankDirName(rank.tp, rank.pp, t.pp, rank.ep, t.ep);
   File* distrib = nullptr;
   if (target_format_ == TargetOptimizer::kDistributed && write_optimizer_) {
     auto d = std::make_unique<File>(dir / kDistribOptimFile);
@@ -984,7 +1207,7 @@ std::vector<std::unique_ptr<formats::PlannedFile>> MegatronPlan::Plan(
     // Blobs stay open only while this rank file is planned (their imported
     // tensors keep the ones they need).
     BlobCache blobs(store_);
-    model->SetRoot(BuildRank(tp, pp, *model, distrib, blobs));
+    model->SetRoot(BuildRank(rank, *model, distrib, blobs));
   } catch (Error& e) {
     e.AddContext(Where(*model));
     throw;
@@ -1001,6 +1224,7 @@ formats::TargetSummary MegatronPlan::Summary() const {
                              " --pipeline-model-parallel-size ", t.pp);
   if (t.vpp > 1)
     flags += StrCat(" --num-virtual-stages-per-pipeline-rank ", t.vpp);
+  if (experts_) flags += StrCat(" --expert-model-parallel-size ", t.ep);
   if (options_.distributed_optimizer) flags += " --use-distributed-optimizer";
   if (options_.no_optimizer) flags += " --no-load-optim";
   if (options_.rng_state == RngStateMode::kDrop) flags += " --no-load-rng";
