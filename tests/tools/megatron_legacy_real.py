@@ -86,6 +86,12 @@ VARIANTS = {"gqa_swiglu_untied": {"bias": False, "tied": False},
             "moe_deepseek": {"bias": False, "tied": False, "moe": "deepseek"}}
 
 
+def vocab_divisor(variant):
+    """Megatron's --make-vocab-size-divisible-by of the variant's args: 64 for the MoE variants,
+    as make_moe_torch_dist.py's saves say (their 128 rows at TP 1 and 2), else Megatron's 128."""
+    return 64 if VARIANTS[variant].get("moe") else 128
+
+
 def init(rank, world, port, tp, pp, vpp, ep=1, etp=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -108,7 +114,8 @@ def moe_model(a):
     cfg = moe.config(argparse.Namespace(variant=VARIANTS[a.variant]["moe"], tp=a.tp, pp=a.pp,
                                         ep=a.ep, etp=a.etp or a.tp))
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
-    m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=mtd.padded_vocab(a.tp),
+    m = GPTModel(config=cfg, transformer_layer_spec=spec,
+                 vocab_size=mtd.padded_vocab(a.tp, vocab_divisor(a.variant)),
                  max_sequence_length=64, pre_process=parallel_state.is_pipeline_first_stage(),
                  post_process=parallel_state.is_pipeline_last_stage(),
                  share_embeddings_and_output_weights=False, position_embedding_type="rope")
@@ -217,7 +224,9 @@ def save_args(a, world):
             moe_ffn_hidden_size=M["moe_ffn"], moe_router_topk=M["topk"],
             moe_grouped_gemm=False, moe_layer_freq=[0, 1] if deepseek else 1,
             moe_shared_expert_intermediate_size=M["shared_ffn"] if deepseek else None,
-            moe_router_enable_expert_bias=deepseek)
+            moe_router_enable_expert_bias=deepseek,
+            make_vocab_size_divisible_by=vocab_divisor(a.variant),
+            padded_vocab_size=mtd.padded_vocab(a.tp, vocab_divisor(a.variant)))
         return ns
     return argparse.Namespace(
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
