@@ -605,8 +605,9 @@ void ZipReader::ReleaseCache() const noexcept {
     if (!cached) continue;
     try {
       im.DataOffset(i);
-    } catch (const FormatError&) {
-      // Reported again when the entry is read.
+    } catch (const Error&) {
+      // Reported again when the entry is read (a corrupt header; or a read,
+      // if another thread replaced the window meanwhile).
     }
   }
   im.cache_live.store(false, std::memory_order_release);
