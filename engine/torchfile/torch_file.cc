@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "engine/core/aligned_buffer.h"
 #include "engine/core/checked.h"
@@ -45,6 +46,9 @@ constexpr int64_t kLegacyProtocolVersion = 1001;
 // dozens of pickle bytes), far below what a hostile pickle could make them.
 constexpr uint64_t kMinPathBudget = uint64_t{64} << 20;
 constexpr uint64_t kPathBudgetPerPickleByte = 16;
+// A torch.save archive's first local headers, pickle and small records
+// are read with its magic number.
+constexpr uint64_t kSniffBytes = 4096;
 
 struct StorageLoc {
   const ZipEntry* entry = nullptr;  // zip
@@ -93,7 +97,8 @@ struct TorchFile::Impl {
     file->ReadExact(dst, n, offset + rel);
   }
 
-  void LoadZip();
+  // `head`: the archive's first bytes, already read.
+  void LoadZip(std::span<const std::byte> head);
   void LoadLegacy();
   void CollectStorages(bool legacy);
   void LocateZipStorages();
@@ -105,9 +110,9 @@ struct TorchFile::Impl {
   }
 };
 
-void TorchFile::Impl::LoadZip() {
+void TorchFile::Impl::LoadZip(std::span<const std::byte> head) {
   format = Format::kZip;
-  zip.emplace(ZipReader::Open(file, offset, length));
+  zip.emplace(ZipReader::Open(file, offset, length, head));
   const std::vector<ZipEntry>& entries = zip->entries();
   if (entries.empty()) Fail("not a torch.save file (empty zip archive)");
   const std::string& first = entries.front().name;
@@ -442,11 +447,15 @@ TorchFile TorchFile::OpenFile(std::shared_ptr<const File> file, uint64_t offset,
   impl->offset = offset;
   impl->length = length;
   Impl& im = *impl;
-  unsigned char head[8] = {};
-  const size_t head_len = static_cast<size_t>(std::min<uint64_t>(8, length));
-  im.ReadAt(head, head_len, 0);
+  // The first local headers and small records of a torch.save archive (the
+  // zip reader keeps them until ReleaseCache): one pread with the magic.
+  std::vector<std::byte> first(
+      static_cast<size_t>(std::min<uint64_t>(kSniffBytes, length)));
+  im.ReadAt(first.data(), first.size(), 0);
+  const auto* head = reinterpret_cast<const unsigned char*>(first.data());
+  const size_t head_len = std::min<size_t>(8, first.size());
   if (head_len >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) {
-    im.LoadZip();
+    im.LoadZip(first);
     try {
       im.CollectStorages(/*legacy=*/false);
     } catch (Error& e) {
@@ -455,6 +464,7 @@ TorchFile TorchFile::OpenFile(std::shared_ptr<const File> file, uint64_t offset,
       throw;
     }
     im.LocateZipStorages();
+    im.zip->ReleaseCache();
   } else if (head_len >= 8 && std::memcmp(head, "PYTORCH1", 8) == 0) {
     im.Fail("not a torch.save file (a TorchScript file of torch < 1.4)");
   } else if (head_len >= 2 && head[0] == 0x80) {

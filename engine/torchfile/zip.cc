@@ -55,6 +55,15 @@ constexpr uint16_t kPaddingExtraId = 0x4246;  // "FB", as torch writes it
 constexpr uint16_t kUtf8Flag = 0x0800;
 // deflate cannot compress by more than about 1032:1.
 constexpr uint64_t kMaxDeflateRatio = 1032;
+// The end records of an archive are looked for in its last kTailProbe bytes
+// first (a torch.save archive's directory is a few hundred bytes), then in
+// the last 22 + 65535 (the longest comment); an archive of up to kWholeRead
+// bytes is read whole. A local header outside the cache is read with the
+// kHeaderWindow bytes after it (the next records' headers and small
+// records), until ReleaseCache.
+constexpr uint64_t kTailProbe = 4096;
+constexpr uint64_t kWholeRead = 65536;
+constexpr uint64_t kHeaderWindow = 4096;
 
 uint16_t Get16(const unsigned char* p) {
   return static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -98,6 +107,17 @@ struct ZipReader::Impl {
   // Relative data offset of each entry once its local header was read; 0 =
   // not yet (a data offset is never 0).
   std::unique_ptr<std::atomic<uint64_t>[]> data_offsets;
+  // Bytes of the archive read with the end records (kTail) and with a local
+  // header or given to Open (kHeaders): the small reads that follow
+  // (directory, local headers, pickles) are served from them.
+  struct Window {
+    uint64_t at = 0;  // archive offset of bytes[0]
+    std::vector<unsigned char> bytes;
+  };
+  static constexpr size_t kTail = 0, kHeaders = 1;
+  mutable std::mutex cache_mu;
+  mutable Window cache[2];
+  std::atomic<bool> cache_live{true};
 
   std::string Describe() const {
     std::string s = file->path().string();
@@ -114,7 +134,30 @@ struct ZipReader::Impl {
   }
 
   void ReadAt(void* dst, size_t n, uint64_t rel) const {
-    file->ReadExact(dst, n, offset + rel);
+    if (!FromCache(dst, n, rel)) file->ReadExact(dst, n, offset + rel);
+  }
+  // Copies [rel, rel + n) from the cache if it holds them.
+  bool FromCache(void* dst, size_t n, uint64_t rel) const {
+    if (!cache_live.load(std::memory_order_acquire) || n > kWholeRead) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(cache_mu);
+    for (const Window& w : cache) {
+      if (rel >= w.at && FitsWithin(rel - w.at, n, w.bytes.size())) {
+        std::memcpy(dst, w.bytes.data() + (rel - w.at), n);
+        return true;
+      }
+    }
+    return false;
+  }
+  // Reads [rel, rel + n) into window `slot` (replacing it) unless released.
+  void Cache(size_t slot, uint64_t rel, size_t n) const {
+    std::vector<unsigned char> bytes(n);
+    file->ReadExact(bytes.data(), n, offset + rel);
+    if (!cache_live.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cache[slot].bytes = std::move(bytes);
+    cache[slot].at = rel;
   }
 
   size_t IndexOf(const ZipEntry& entry) const {
@@ -188,27 +231,44 @@ void ZipReader::Impl::Parse() {
 ZipReader::Impl::EndRecord ZipReader::Impl::ReadEndRecord() const {
   if (size < kEocdSize) Fail("not a zip archive (only ", size, " bytes)");
   // The end of central directory record is in the last 22 + 65535 bytes.
-  const uint64_t tail_len = std::min<uint64_t>(size, kEocdSize + 0xFFFF);
-  const uint64_t tail_start = size - tail_len;
-  std::vector<unsigned char> tail(tail_len);
-  ReadAt(tail.data(), tail.size(), tail_start);
   // Prefer a record whose comment ends exactly at the end of the archive (a
   // comment may itself contain the signature), else the last one that fits.
+  // A shorter tail is scanned first, in the same order: a record ending
+  // exactly there is the one the whole tail would give.
+  const uint64_t max_tail = std::min<uint64_t>(size, kEocdSize + 0xFFFF);
+  const uint64_t probe = size <= kWholeRead ? size : kTailProbe;
   std::optional<uint64_t> eocd;
-  std::optional<uint64_t> fits;
-  for (uint64_t p = tail_len - kEocdSize + 1; p-- > 0;) {
-    const unsigned char* q = tail.data() + p;
-    if (Get32(q) != kEocdSig) continue;
-    const uint64_t end = p + kEocdSize + Get16(q + 20);
-    if (end == tail_len) {
-      eocd = tail_start + p;
+  for (const uint64_t tail_len : {std::min(probe, max_tail), max_tail}) {
+    const uint64_t tail_start = size - tail_len;
+    const Window& h = cache[kHeaders];
+    if (tail_start >= h.at &&
+        FitsWithin(tail_start - h.at, tail_len, h.bytes.size())) {
+      const auto from = h.bytes.begin() + (tail_start - h.at);
+      cache[kTail].bytes.assign(from, from + tail_len);
+      cache[kTail].at = tail_start;
+    } else {
+      Cache(kTail, tail_start, static_cast<size_t>(tail_len));
+    }
+    const std::vector<unsigned char>& tail = cache[kTail].bytes;
+    std::optional<uint64_t> fits;
+    for (uint64_t p = tail_len - kEocdSize + 1; p-- > 0;) {
+      const unsigned char* q = tail.data() + p;
+      if (Get32(q) != kEocdSig) continue;
+      const uint64_t end = p + kEocdSize + Get16(q + 20);
+      if (end == tail_len) {
+        eocd = tail_start + p;
+        break;
+      }
+      if (end < tail_len && !fits) fits = tail_start + p;
+    }
+    if (eocd || tail_len == max_tail) {
+      if (!eocd) eocd = fits;
       break;
     }
-    if (end < tail_len && !fits) fits = tail_start + p;
   }
-  if (!eocd) eocd = fits;
   if (!eocd) Fail("not a zip archive (no end of central directory record)");
-  const unsigned char* e = tail.data() + (*eocd - tail_start);
+  const unsigned char* e =
+      cache[kTail].bytes.data() + (*eocd - cache[kTail].at);
   EndRecord d;
   d.eocd = *eocd;
   d.disk = Get16(e + 4);
@@ -368,7 +428,17 @@ uint64_t ZipReader::Impl::DataOffset(size_t index) const {
   if (cached != 0) return offset + cached;
   const ZipEntry& ent = entries[index];
   std::string header(kLocalHeaderSize + ent.name.size(), '\0');
-  ReadAt(header.data(), header.size(), ent.local_header_offset);
+  if (!FromCache(header.data(), header.size(), ent.local_header_offset)) {
+    if (cache_live.load(std::memory_order_acquire)) {
+      // The headers near the start of the archive in one read.
+      const uint64_t lho = ent.local_header_offset;
+      const uint64_t start = lho < kHeaderWindow ? 0 : lho;
+      const uint64_t end = std::min<uint64_t>(
+          size, std::max<uint64_t>(start + kHeaderWindow, lho + header.size()));
+      Cache(kHeaders, start, static_cast<size_t>(end - start));
+    }
+    ReadAt(header.data(), header.size(), ent.local_header_offset);
+  }
   const auto* h = reinterpret_cast<const unsigned char*>(header.data());
   if (Get32(h) != kLocalSig) {
     Fail("bad local header signature for entry ", ent.name, " at ",
@@ -464,8 +534,12 @@ ZipReader ZipReader::Open(const std::filesystem::path& path, uint64_t offset,
 }
 
 ZipReader ZipReader::Open(std::shared_ptr<const File> file, uint64_t offset,
-                          uint64_t length) {
+                          uint64_t length, std::span<const std::byte> head) {
   auto impl = std::make_unique<Impl>();
+  if (!head.empty() && head.size() <= std::min<uint64_t>(length, kWholeRead)) {
+    const auto* h = reinterpret_cast<const unsigned char*>(head.data());
+    impl->cache[Impl::kHeaders].bytes.assign(h, h + head.size());
+  }
   impl->file_size = file->Size();
   if (!FitsWithin(offset, length, impl->file_size)) {
     throw FormatError(file->path().string(), ": archive at bytes ", offset,
@@ -513,6 +587,34 @@ std::string ZipReader::ReadRecord(const ZipEntry& entry,
   return out;
 }
 
+void ZipReader::ReleaseCache() const noexcept {
+  Impl& im = *impl_;
+  if (!im.cache_live.load(std::memory_order_acquire)) return;
+  for (size_t i = 0; i < im.entries.size(); ++i) {
+    const ZipEntry& e = im.entries[i];
+    bool cached = false;
+    {
+      std::lock_guard<std::mutex> lock(im.cache_mu);
+      for (const Impl::Window& w : im.cache) {
+        cached = cached ||
+                 (e.local_header_offset >= w.at &&
+                  FitsWithin(e.local_header_offset - w.at,
+                             kLocalHeaderSize + e.name.size(), w.bytes.size()));
+      }
+    }
+    if (!cached) continue;
+    try {
+      im.DataOffset(i);
+    } catch (const Error&) {
+      // Reported again when the entry is read (a corrupt header; or a read,
+      // if another thread replaced the window meanwhile).
+    }
+  }
+  im.cache_live.store(false, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(im.cache_mu);
+  for (Impl::Window& w : im.cache) std::vector<unsigned char>().swap(w.bytes);
+}
+
 void ZipReader::ReadRange(const ZipEntry& entry, uint64_t offset,
                           std::span<std::byte> dst) const {
   const size_t index = impl_->IndexOf(entry);
@@ -523,8 +625,10 @@ void ZipReader::ReadRange(const ZipEntry& entry, uint64_t offset,
   }
   if (dst.empty()) return;
   if (entry.method == kZipStored) {
-    impl_->file->ReadExact(dst.data(), dst.size(),
-                           impl_->DataOffset(index) + offset);
+    const uint64_t at = impl_->DataOffset(index) + offset;
+    if (!impl_->FromCache(dst.data(), dst.size(), at - impl_->offset)) {
+      impl_->file->ReadExact(dst.data(), dst.size(), at);
+    }
     return;
   }
   if (entry.method != kZipDeflated) {
@@ -781,7 +885,17 @@ struct Chunk {
 struct RecordState {
   std::mutex mu;
   std::map<uint64_t, Chunk> chunks;  // by start offset, disjoint, merged
+  // A small record written whole in one Write: its bytes, written with its
+  // local header (and its neighbours') by Commit in one pwrite.
+  std::string staged;
+  bool is_staged = false;
 };
+
+// Records up to this size written whole are kept for Commit (the pickles,
+// byteorder and version records of torch.save archives, small tensors).
+constexpr uint64_t kStagedRecordMax = 4096;
+// Commit writes headers and staged records in pwrites of about this size.
+constexpr size_t kCommitRunMax = size_t{1} << 20;
 
 }  // namespace
 
@@ -867,8 +981,12 @@ void ZipWriter::Write(size_t index, uint64_t offset,
     }
     if (data.empty()) return;
     const uint32_t crc = Crc32(data);
-    im.file().WriteExact(data.data(), data.size(),
-                         im.base + r.data_offset + offset);
+    const bool stage =
+        offset == 0 && data.size() == r.size && r.size <= kStagedRecordMax;
+    if (!stage) {
+      im.file().WriteExact(data.data(), data.size(),
+                           im.base + r.data_offset + offset);
+    }
     RecordState& st = im.states[index];
     std::lock_guard<std::mutex> lock(st.mu);
     auto next = st.chunks.upper_bound(offset);
@@ -883,6 +1001,10 @@ void ZipWriter::Write(size_t index, uint64_t offset,
       throw UsageError("record ", r.name, ": bytes [", offset, ", ",
                        std::min(end, prev->first + prev->second.len),
                        ") written twice");
+    }
+    if (stage) {
+      st.staged.assign(reinterpret_cast<const char*>(data.data()), data.size());
+      st.is_staged = true;
     }
     std::map<uint64_t, Chunk>::iterator cur;
     if (prev != st.chunks.end() && prev->first + prev->second.len == offset) {
@@ -933,17 +1055,38 @@ void ZipWriter::Commit() {
       }
       crcs[i] = st.chunks.begin()->second.crc;
     }
+    // One pwrite per contiguous run of local headers, staged records and
+    // the directory (the data of the other records lies between the runs).
     File& f = im.file();
+    std::string run;
+    uint64_t run_at = 0;  // archive offset of run[0]
+    auto flush = [&] {
+      if (!run.empty()) f.WriteExact(run.data(), run.size(), im.base + run_at);
+      run.clear();
+    };
     for (size_t i = 0; i < im.layout.records.size(); ++i) {
       const ZipPlannedRecord& r = im.layout.records[i];
-      std::string h = EncodeLocalHeader(r, crcs[i], im.options.alignment);
-      f.WriteExact(h.data(), h.size(), im.base + r.header_offset);
+      if (run.size() >= kCommitRunMax) flush();
+      if (run.empty()) run_at = r.header_offset;
+      UCP_CHECK(run_at + run.size() == r.header_offset);
+      run += EncodeLocalHeader(r, crcs[i], im.options.alignment);
+      RecordState& st = im.states[i];
+      if (r.size == 0) continue;
+      if (st.is_staged) {
+        run += st.staged;
+        std::string().swap(st.staged);
+      } else {
+        flush();
+      }
     }
-    std::string d = EncodeDirectory(im.layout, crcs);
-    UCP_CHECK(im.layout.central_directory_offset + d.size() ==
-              im.layout.total_size);
-    f.WriteExact(d.data(), d.size(),
-                 im.base + im.layout.central_directory_offset);
+    if (!run.empty() &&
+        run_at + run.size() != im.layout.central_directory_offset) {
+      flush();
+    }
+    if (run.empty()) run_at = im.layout.central_directory_offset;
+    run += EncodeDirectory(im.layout, crcs);
+    UCP_CHECK(run_at + run.size() == im.layout.total_size);
+    flush();
     if (im.out) im.out->Commit();
     im.committed = true;
   } catch (...) {

@@ -41,7 +41,16 @@
 // records: torch's own (flags 0x0808, data descriptors, zero CRC/sizes in the
 // local headers), Python zipfile's, zip64 sizes/offsets, an archive embedded
 // in a larger file. Open() reads only the end records and the central
-// directory; a local header is read the first time its data is located.
+// directory (the last 4 KiB of the archive, or up to 64 KiB for a long
+// comment, or the whole archive up to 64 KiB, in one pread); a local header
+// is read the first time its data is located (with the 4 KiB around it, until
+// ReleaseCache, so that the headers and small records at the start of a
+// torch.save archive cost one pread).
+//
+// ZipWriter writes each record's data as it comes, except records of up to
+// 4 KiB written whole in one Write: those are kept and written by Commit with
+// the local headers next to them, one pwrite per contiguous run of headers,
+// small records and directory.
 
 #include <cstddef>
 #include <cstdint>
@@ -114,9 +123,11 @@ class ZipReader {
   /// encrypted or multi-disk archives).
   static ZipReader Open(const std::filesystem::path& path, uint64_t offset = 0,
                         std::optional<uint64_t> length = std::nullopt);
-  /// The same on an already opened file (shared with the caller).
+  /// The same on an already opened file (shared with the caller). `head`:
+  /// the archive's first bytes if the caller read them (up to 64 KiB), kept
+  /// to serve the local headers and small records they hold (ReleaseCache).
   static ZipReader Open(std::shared_ptr<const File> file, uint64_t offset,
-                        uint64_t length);
+                        uint64_t length, std::span<const std::byte> head = {});
 
   ZipReader(ZipReader&&) noexcept;
   ZipReader& operator=(ZipReader&&) noexcept;
@@ -144,6 +155,14 @@ class ZipReader {
   /// inflate to its declared size; IoError on read failure.
   std::string ReadRecord(const ZipEntry& entry,
                          uint64_t max_bytes = uint64_t{1} << 32) const;
+
+  /// Until this is called, the bytes read with the end records and with the
+  /// local headers (a few KiB) are kept to serve the small reads that follow
+  /// (directory, other local headers, pickles) without another pread; this
+  /// resolves the data offsets of the entries whose local headers they hold
+  /// and frees them. Call it once the archive's small records are read.
+  /// Thread-safe.
+  void ReleaseCache() const noexcept;
 
   /// Reads dst.size() bytes starting at byte `offset` of the uncompressed
   /// content: one pread for stored entries (no copy), the whole record is
