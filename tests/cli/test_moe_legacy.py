@@ -12,9 +12,10 @@ params, Adam moments, steps, param groups, in megatron-core's own global coordin
 expert at its global index) must equal what the source ranks held, bit for bit. Negative
 control: one byte of ucp's output changed, the same judgment fails. A torch_dist MoE save of the
 real megatron-core (tests/tools/make_moe_torch_dist.py, fixture moe_torch_dist_ckpts) converted
-to the legacy format is judged against its truth the same way. Damaged legacy MoE saves (an EP
-folder missing, a rank file holding an expert twice or lacking one, a cut rank file) are one
-clear error line, also through the sanitized ucp_san.
+to the legacy format is judged against its truth the same way; legacy saves sent to torch_dist
+and back (the distributed and the non-distributed optimizer's halves) against their source.
+Damaged legacy MoE saves (an EP folder missing, a rank file holding an expert twice or lacking
+one, a cut rank file) are one clear error line, also through the sanitized ucp_san.
 """
 import functools
 import os
