@@ -12,9 +12,10 @@ params, Adam moments, steps, param groups, in megatron-core's own global coordin
 expert at its global index) must equal what the source ranks held, bit for bit. Negative
 control: one byte of ucp's output changed, the same judgment fails. A torch_dist MoE save of the
 real megatron-core (tests/tools/make_moe_torch_dist.py, fixture moe_torch_dist_ckpts) converted
-to the legacy format is judged against its truth the same way. Damaged legacy MoE saves (an EP
-folder missing, a rank file holding an expert twice or lacking one, a cut rank file) are one
-clear error line, also through the sanitized ucp_san.
+to the legacy format is judged against its truth the same way; legacy saves sent to torch_dist
+and back (the distributed and the non-distributed optimizer's halves) against their source.
+Damaged legacy MoE saves (an EP folder missing, a rank file holding an expert twice or lacking
+one, a cut rank file) are one clear error line, also through the sanitized ucp_san.
 """
 import functools
 import os
@@ -65,15 +66,23 @@ def load(ckpt, view, variant, tp, pp, dp, ep, optim, iteration=mlr.STEPS):
     assert ok, msg
 
 
-def convert_and_judge(src_key, target, negative=None):
+def convert_and_judge(src_key, target, negative=None, via=None):
     """Converts source `src_key` (source()'s arguments) with ucp to `target` (tp, pp, dp, ep,
     optim), loads it with megatron-core and compares with the source's view; `negative`: (rank
     folder, model key) of ucp's output to damage (damage()), after which the same judgment must
-    fail on values."""
+    fail on values; `via`: (tp, pp, dp, ep, optim) of a torch_dist save the source is converted
+    to first, the target then converted from it."""
     variant = src_key[0]
     src = source(*src_key)
     with Tmp("ucp-moe-legacy-") as t:
-        p = run("convert", src / "save", "-o", t / "out", *flags(*target))
+        origin = src / "save"
+        if via is not None:
+            run("convert", origin, "-o", t / "mid", "--format", "megatron-torch-dist",
+                *flags(*via))
+            check_torch_dist_optimizer(t / "mid" / ITER / "common.pt", via[-1])
+            origin = t / "mid"
+        p = run("convert", origin, "-o", t / "out", *flags(*target),
+                *(["--format", "megatron"] if via is not None else []))
         assert "--expert-model-parallel-size" in p.stdout + p.stderr, p
         load(t / "out", t / "view", variant, *target)
         ok, report = mlr.compare(src / "view", t / "view", MIN_VALUES)
@@ -87,6 +96,19 @@ def convert_and_judge(src_key, target, negative=None):
         ok, bad = mlr.compare(src / "view", t / "view", MIN_VALUES)
         assert not ok and any("values differ" in x for x in bad["problems"]), bad
         print("negative control:", negative, bad["problems"][:2])
+
+
+def check_torch_dist_optimizer(common, optim):
+    """The torch_dist save's common state holds the ChainedOptimizer's two halves {0: dense, 1:
+    expert}, each with its Adam step as the optimizer `optim` keeps it (the non-distributed
+    one's optimizer.state.common_step, the distributed one's on its param groups)."""
+    opt = torch.load(common, weights_only=False)["optimizer"]
+    assert isinstance(opt, dict) and sorted(opt) == [0, 1], opt
+    for half in opt.values():
+        if optim == "distributed":
+            assert all(g["step"] == mlr.STEPS for g in half["optimizer"]["param_groups"]), half
+        else:
+            assert float(half["optimizer"]["state"]["common_step"]) == mlr.STEPS, half
 
 
 def rewrite(path, change):
@@ -140,6 +162,27 @@ def test_deepseek_pp_change_with_ep_fixed():
     convert_and_judge(("moe_deepseek", 1, 1, 2, 2, "float16"), (1, 2, 2, 2, "distributed"),
                       negative=("mp_rank_00_001_001",
                                 "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"))
+
+
+def test_mixtral_legacy_torch_dist_legacy_distributed():
+    """Legacy -> torch_dist -> legacy, Mixtral-like, the distributed optimizer at TP 1 DP 2 EP 2
+    throughout (torch_dist's fully_reshardable form of both halves between): megatron-core
+    loads the final folder with every value and step of the source."""
+    convert_and_judge(("moe_mixtral", 1, 1, 2, 2, "distributed"), (1, 1, 2, 2, "distributed"),
+                      via=(1, 1, 2, 2, "distributed"),
+                      negative=("mp_rank_00_001",
+                                "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"))
+
+
+def test_deepseek_legacy_torch_dist_legacy_non_distributed():
+    """Legacy -> torch_dist -> legacy, DeepSeek-like with the non-distributed optimizer
+    (Float16OptimizerWithFloat16Params in each half) at TP 1 DP 2 EP 2: torch_dist keeps each
+    half's Adam step as its optimizer[0|1].optimizer.state.common_step, which must come back as
+    every param's step (megatron-core's load of a state without it: KeyError 'step')."""
+    convert_and_judge(("moe_deepseek", 1, 1, 2, 2, "float16"), (1, 1, 2, 2, "float16"),
+                      via=(1, 1, 2, 2, "float16"),
+                      negative=("mp_rank_00_000",
+                                "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight"))
 
 
 def test_torch_dist_to_legacy():

@@ -104,9 +104,9 @@ def init(rank, world, port, tp, pp, vpp, ep=1, etp=None):
 
 def moe_model(a):
     """The MoE variants' GPTModel of this rank (make_moe_torch_dist.py's config and layer spec,
-    the vocabulary padded for the TP as Megatron pads it), each (layer, global expert) made
-    distinct, in bf16 as Float16Module leaves it but the router's expert bias in fp32 (Megatron
-    keeps it so)."""
+    the vocabulary padded for the TP as Megatron pads it: a.vocab rows, else this tool's
+    padding), each (layer, global expert) made distinct, in bf16 as Float16Module leaves it
+    but the router's expert bias in fp32 (Megatron keeps it so)."""
     import make_moe_torch_dist as moe
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -115,7 +115,8 @@ def moe_model(a):
                                         ep=a.ep, etp=a.etp or a.tp))
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     m = GPTModel(config=cfg, transformer_layer_spec=spec,
-                 vocab_size=mtd.padded_vocab(a.tp, vocab_divisor(a.variant)),
+                 vocab_size=getattr(a, "vocab", None)
+                 or mtd.padded_vocab(a.tp, vocab_divisor(a.variant)),
                  max_sequence_length=64, pre_process=parallel_state.is_pipeline_first_stage(),
                  post_process=parallel_state.is_pipeline_last_stage(),
                  share_embeddings_and_output_weights=False, position_embedding_type="rope")
@@ -293,8 +294,6 @@ def save_rank(rank, world, port, a):
 def load_rank(rank, world, port, a):
     from megatron.core import parallel_state
     init(rank, world, port, a.tp, a.pp, a.vpp, a.ep, a.etp)
-    torch.manual_seed(a.seed + 1000)  # not the source's weights
-    models, wrapped, opt = build(a)
     tracker = pathlib.Path(a.ckpt) / "latest_checkpointed_iteration.txt"
     assert tracker.read_text().strip() == str(a.iteration), \
         f"{tracker}: {tracker.read_text()!r}"
@@ -303,6 +302,16 @@ def load_rank(rank, world, port, a):
                     parallel_state.get_expert_model_parallel_rank(), a.ep, a.iteration)
     sd = torch.load(path / "model_optim_rng.pt", map_location="cpu", weights_only=False)
     args = sd["args"]
+    if VARIANTS[a.variant].get("moe"):
+        # The run's vocabulary as Megatron pads it for this TP (_vocab_size_with_padding: the
+        # NullTokenizer's vocab_size + 1 rounded up to make_vocab_size_divisible_by x TP), from
+        # the run's args, not from the padded_vocab_size ucp wrote: another tool's save
+        # (make_moe_torch_dist.py's, divisible by 64) keeps its own padding.
+        assert args.tokenizer_type == "NullTokenizer", args.tokenizer_type
+        m = args.make_vocab_size_divisible_by * a.tp
+        a.vocab = -(-(args.vocab_size + 1) // m) * m
+    torch.manual_seed(a.seed + 1000)  # not the source's weights
+    models, wrapped, opt = build(a)
     want_args = [("tensor_model_parallel_size", a.tp), ("pipeline_model_parallel_size", a.pp)]
     if VARIANTS[a.variant].get("moe"):
         want_args += [("expert_model_parallel_size", a.ep)]

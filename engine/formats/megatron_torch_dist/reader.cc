@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "engine/core/error.h"
@@ -48,6 +49,24 @@ const Value* ObjectRoot(const torchfile::TorchFile& f) {
   if (v != nullptr && v->kind == Kind::kList && v->items.size() == 1)
     return v->items[0];
   return v;
+}
+
+// A ChainedOptimizer's halves in the common state's `optimizer`: a list, or
+// the {0: dense, 1: expert} dict dist_checkpointing keeps (its
+// sharded_state_dict's dict of the two); empty for one optimizer.
+std::vector<const Value*> ChainedHalves(const Value* opt) {
+  std::vector<const Value*> halves;
+  if (opt != nullptr && opt->kind == Kind::kList) {
+    halves.assign(opt->items.begin(), opt->items.end());
+  } else if (opt != nullptr && opt->IsDictLike() && !opt->entries.empty() &&
+             std::all_of(
+                 opt->entries.begin(), opt->entries.end(), [&](const auto& kv) {
+                   return kv.first != nullptr && kv.first->kind == Kind::kInt &&
+                          kv.first->i == &kv - &opt->entries.front();
+                 })) {
+    for (const auto& kv : opt->entries) halves.push_back(kv.second);
+  }
+  return halves;
 }
 
 class Planner {
@@ -1220,17 +1239,7 @@ void Planner::PlanGroups() {
   // groups in each half's chained_<i>.optimizer.distributed.dp_group_idx_0.
   // optimizer object.
   pickle::Arena chained_arena;
-  std::vector<const Value*> halves;
-  if (opt != nullptr && opt->kind == Kind::kList) {
-    halves.assign(opt->items.begin(), opt->items.end());
-  } else if (opt != nullptr && opt->IsDictLike() && !opt->entries.empty() &&
-             std::all_of(
-                 opt->entries.begin(), opt->entries.end(), [&](const auto& kv) {
-                   return kv.first != nullptr && kv.first->kind == Kind::kInt &&
-                          kv.first->i == &kv - &opt->entries.front();
-                 })) {
-    for (const auto& kv : opt->entries) halves.push_back(kv.second);
-  }
+  const std::vector<const Value*> halves = ChainedHalves(opt);
   if (experts_ && !halves.empty()) {
     std::vector<Value*> all;
     for (size_t i = 0; i < halves.size(); ++i) {
@@ -1345,31 +1354,54 @@ void Planner::PlanGroups() {
 // common state (optimizer.py, Float16OptimizerWithFloat16Params /
 // FP32Optimizer sharded_state_dict); kept as a scalar 'step' atom of each
 // param with state, as the legacy reader keeps torch Adam's per-param step.
-// A python number there (an optimizer of another kind) stays in the common
-// state's opaque copy.
+// A mixture-of-experts model's ChainedOptimizer (EP > 1) keeps one per half,
+// optimizer[i].optimizer.state.common_step: the dense half's (0) for the
+// dense params, the expert half's (1) for the experts. A half without it
+// (megatron-core saves none for a half holding no state) gives its params
+// no step. A python number there (an optimizer of another kind) stays in the
+// common state's opaque copy.
 void Planner::PlanCommonStep() {
-  const Value* state = pickle::DictGet(
-      pickle::DictGet(pickle::DictGet(c_.common, "optimizer"), "optimizer"),
-      "state");
-  const Value* step = pickle::DictGet(state, "common_step");
-  if (step == nullptr || c_.common_file == nullptr) return;
-  const torchfile::TensorInfo* t = c_.common_file->FindTensor(step);
-  if (t == nullptr) return;
-  const std::string where = StrCat(c_.iter_dir.string(), " > ", c_.common_in,
-                                   " > optimizer.optimizer.state.common_step");
-  if (t->numel != 1) {
-    throw FormatError(where, ": a tensor of shape ", ShapeString(t->shape),
-                      ", expected one number");
-  }
-  reshape::SourceTensor src = sources_.Tensor(c_.common_file, *t, where);
-  src.shape = {};
+  struct Step {
+    reshape::SourceTensor src;
+    DType dtype;
+    std::string where;
+  };
+  const Value* opt = pickle::DictGet(c_.common, "optimizer");
+  const std::vector<const Value*> halves = ChainedHalves(opt);
+  const bool chained = experts_ && c_.topology.ep > 1 && !halves.empty();
+  // Half h's step (the one optimizer's without a chain); absent: nullopt.
+  auto step_of = [&](size_t h) -> std::optional<Step> {
+    const Value* o = !chained ? opt : h < halves.size() ? halves[h] : nullptr;
+    const Value* step = pickle::DictGet(
+        pickle::DictGet(pickle::DictGet(o, "optimizer"), "state"),
+        "common_step");
+    if (step == nullptr || c_.common_file == nullptr) return std::nullopt;
+    const torchfile::TensorInfo* t = c_.common_file->FindTensor(step);
+    if (t == nullptr) return std::nullopt;
+    const std::string where =
+        StrCat(c_.iter_dir.string(), " > ", c_.common_in, " > optimizer",
+               chained ? StrCat("[", h, "]") : std::string(),
+               ".optimizer.state.common_step");
+    if (t->numel != 1) {
+      throw FormatError(where, ": a tensor of shape ", ShapeString(t->shape),
+                        ", expected one number");
+    }
+    reshape::SourceTensor src = sources_.Tensor(c_.common_file, *t, where);
+    src.shape = {};
+    return Step{std::move(src), t->dtype, where};
+  };
+  const std::optional<Step> dense = step_of(0);
+  const std::optional<Step> expert = chained ? step_of(1) : std::nullopt;
   for (const Param& p : params_) {
     if (p.buffer || atoms_.count({p.name, "exp_avg"}) == 0) continue;
+    const std::optional<Step>& s = chained && p.rule->expert ? expert : dense;
+    if (!s) continue;
     universal::AtomPlan a;
     a.param = p.name;
     a.state_kind = "step";
-    a.dtype = t->dtype;
-    a.fragments.push_back({src, Box::Whole({}), Box::Whole({}), false, where});
+    a.dtype = s->dtype;
+    a.fragments.push_back(
+        {s->src, Box::Whole({}), Box::Whole({}), false, s->where});
     atoms_.emplace(std::make_pair(p.name, std::string("step")),
                    plan_.atoms.size());
     plan_.atoms.push_back(std::move(a));
