@@ -41,6 +41,7 @@
 #include "engine/formats/megatron/buffer_layout.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron/target.h"
 #include "engine/formats/megatron/torch_step.h"
 #include "engine/formats/megatron_legacy/group_step.h"
 #include "engine/formats/megatron_legacy/megatron.h"
@@ -270,12 +271,10 @@ void MegatronPlan::ReadMetadata() {
         "legacy format's rank files carry them; --format megatron-torch-dist "
         "writes it without them");
   }
-  meta_ = ReadMegatronExtras(model, store_.path()).value_or(MegatronExtras{});
-  placed_ =
-      formats::PlaceTarget(store_, {.topology = options_.topology,
-                                    .true_vocab_size = options_.true_vocab_size,
-                                    .vocab_size_known = meta_.VocabSizeKnown(),
-                                    .experts = true});
+  MegatronTarget target =
+      PlaceMegatronTarget(store_, options_.topology, options_.true_vocab_size);
+  meta_ = std::move(target.meta);
+  placed_ = std::move(target.placed);
   {
     const layouts::Topology& t = placed_->topology;
     if (!placed_->layout.experts()) {

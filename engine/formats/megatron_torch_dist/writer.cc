@@ -54,6 +54,7 @@
 #include "engine/formats/megatron/args.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron/param_groups.h"
+#include "engine/formats/megatron/target.h"
 #include "engine/formats/megatron/torch_step.h"
 #include "engine/formats/megatron_torch_dist/keys.h"
 #include "engine/formats/megatron_torch_dist/torch_dist.h"
@@ -314,12 +315,10 @@ class TorchDistPlan : public formats::TargetPlan {
 
 void TorchDistPlan::ReadMetadata() {
   const universal::Model& model = input_.model();
-  meta_ = megatron::ReadMegatronExtras(model, input_.path())
-              .value_or(megatron::MegatronExtras{});
-  formats::PlaceRequest request{options_.topology, options_.true_vocab_size,
-                                meta_.VocabSizeKnown()};
-  request.experts = true;
-  placed_ = formats::PlaceTarget(input_, request);
+  megatron::MegatronTarget target = megatron::PlaceMegatronTarget(
+      input_, options_.topology, options_.true_vocab_size);
+  meta_ = std::move(target.meta);
+  placed_ = std::move(target.placed);
   ReadExpertSettings();
   const universal::SourceInfo& source = model.source;
   source_tp_ = universal::SourceInfo::SizeOr1(source.tp);
