@@ -393,6 +393,11 @@ formats::TargetOptions TargetArgs::Options(
     const layouts::Topology& t = o.topology;
     const int64_t world = t.tp * t.pp * t.dp;
     const int64_t grid = t.ExpertTp() * t.ep * t.pp;
+    if (world % grid != 0 && !axes.etp) {  // expert groups split the dp ranks
+      throw UsageError("--ep ", t.ep, " does not divide --dp ", t.dp,
+                       " (each expert group is a set of --ep data-parallel "
+                       "ranks; the expert data-parallel size is dp / ep)");
+    }
     if (world % grid != 0) {
       throw UsageError("--etp ", t.ExpertTp(), " x --ep ", t.ep, " x --pp ",
                        t.pp, " = ", grid, " does not divide the world of --tp ",

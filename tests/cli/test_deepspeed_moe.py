@@ -274,6 +274,8 @@ def test_malformed_moe_saves_are_one_clear_error():
         p = run_both("convert", src, "-o", t / "out", "--dp", 3, "--ep", 3, expect=2)
         one_error_line(p, "--ep 3 does not divide the 4 experts of MoE layer 0")
         p = run_both("convert", src, "-o", t / "out", "--dp", 2, "--ep", 4, expect=2)
+        one_error_line(p, "--ep 4 does not divide --dp 2")
+        assert "--etp" not in p.stderr, p.stderr  # DeepSpeed has no expert tensor parallelism
         assert not (t / "out").exists()
 
 
