@@ -142,13 +142,14 @@ void CheckTiling(const Entry& e, const fs::path& where) {
   }
 }
 
-// Merges `m` (of metadata file `file`, rank `rank`) into the checkpoint.
-void Merge(Checkpoint& c, Metadata m, const fs::path& file, int64_t rank) {
+// Merges `m` (of metadata file `file`, rank `rank`) into the checkpoint; the
+// first file merged gives the version and the extra attributes.
+void Merge(Checkpoint& c, Metadata m, const fs::path& file, int64_t rank,
+           bool first) {
   Metadata& all = c.metadata;
-  if (all.arena == nullptr) {
+  if (first) {
     all.version = m.version;
     all.extra = m.extra;
-    all.arena = m.arena;
     all.planner_data = m.planner_data;
   } else {
     std::set<std::string> known;
@@ -314,7 +315,7 @@ Checkpoint Discover(const fs::path& path, const std::string& name) {
     const std::string bytes = ReadSmallFile(f, size_t{1} << 31);
     const int64_t rank =
         c.rank_local ? *RankOfMetadata(f.filename().string()) : 0;
-    Merge(c, ParseMetadata(bytes, f), f, rank);
+    Merge(c, ParseMetadata(bytes, f), f, rank, i == 0);
   }
   // Every chunk has an item, every item a file.
   std::set<fs::path> files;

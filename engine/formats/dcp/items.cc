@@ -68,8 +68,7 @@ std::unique_ptr<formats::TorchSaveRunFile> ItemFiles::RankFile(
 }
 
 std::unique_ptr<formats::PlannedFile> ItemFiles::MetadataFile(
-    std::vector<std::pair<std::string, const pickle::Value*>> extra,
-    std::shared_ptr<pickle::Arena> arena) const {
+    std::vector<std::pair<std::string, std::string>> extra) const {
   for (int64_t r = 0; r < world(); ++r)
     if (spans_[static_cast<size_t>(r)].size() !=
         items_[static_cast<size_t>(r)].size())
@@ -100,7 +99,6 @@ std::unique_ptr<formats::PlannedFile> ItemFiles::MetadataFile(
   for (const PlannedKey& k : keys_)
     if (!k.path.empty()) m.planner_data.emplace_back(k.fqn, k.path);
   m.extra = std::move(extra);
-  m.arena = std::move(arena);
   std::random_device rd;
   char uuid[40];
   std::snprintf(uuid, sizeof uuid, "%08x-%04x-4%03x-a%03x-%08x%04x", rd(),

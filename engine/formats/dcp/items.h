@@ -70,10 +70,10 @@ class ItemFiles {
   std::unique_ptr<formats::TorchSaveRunFile> RankFile(int64_t rank) const;
 
   /// The .metadata (rank files not planned yet are planned for their
-  /// places), with `extra` attributes (nodes of `arena`) after torch's own.
+  /// places), with `extra` attributes (name, the value pickled: as
+  /// Metadata::extra) after torch's own.
   std::unique_ptr<formats::PlannedFile> MetadataFile(
-      std::vector<std::pair<std::string, const pickle::Value*>> extra = {},
-      std::shared_ptr<pickle::Arena> arena = nullptr) const;
+      std::vector<std::pair<std::string, std::string>> extra = {}) const;
 
  private:
   std::vector<PlannedKey> keys_;

@@ -182,15 +182,15 @@ Metadata ParseMetadata(std::string_view bytes,
                        const std::filesystem::path& path) {
   const std::string where = path.string();
   Metadata m;
-  m.arena = std::make_shared<pickle::Arena>();
+  pickle::Arena arena;  // the parsed graph, dropped on return
   const Value* root;
   try {
-    root = pickle::Unpickle(bytes, *m.arena);
+    root = pickle::Unpickle(bytes, arena);
   } catch (Error& e) {
     e.AddContext(where);
     throw;
   }
-  for (const Value& v : m.arena->nodes()) {
+  for (const Value& v : arena.nodes()) {
     if (v.kind == Kind::kGlobal && !IsAllowed(v)) {
       throw FormatError(where, ": unknown global ", v.module, ".", v.name,
                         " (not a DCP metadata class; nothing is executed)");
@@ -221,7 +221,8 @@ Metadata ParseMetadata(std::string_view bytes,
       throw FormatError(where, ": Metadata attribute that is not a str");
     if (k->s == "version" && v != nullptr && v->kind == Kind::kStr)
       m.version = v->s;
-    if (!kKnown.count(k->s)) m.extra.emplace_back(k->s, v);
+    if (!kKnown.count(k->s))
+      m.extra.emplace_back(k->s, v != nullptr ? pickle::Pickle(v) : "");
   }
   const Value* sdm = state->Get("state_dict_metadata");
   if (sdm == nullptr || !sdm->IsDictLike())
@@ -397,8 +398,9 @@ std::string PickleMetadata(const Metadata& m, const std::string& save_id) {
                          {a.Str("storage_data"), sd},
                          {a.Str("storage_meta"), storage_meta},
                          {a.Str("version"), a.Str("1.0.0")}});
-  for (const auto& [name, v] : m.extra)
-    state->entries.emplace_back(a.Str(name), a.Copy(v));
+  for (const auto& [name, bytes] : m.extra)
+    state->entries.emplace_back(
+        a.Str(name), bytes.empty() ? a.None() : pickle::Unpickle(bytes, a));
   return pickle::Pickle(obj(kMeta, "Metadata", state));
 }
 

@@ -91,10 +91,11 @@ struct Metadata {
   std::vector<std::pair<std::string, std::vector<PathComponent>>>
       planner_data;     // in the file's order
   std::string version;  // "" if absent
-  /// Other attributes of the Metadata object (Megatron-core's mcore_data),
-  /// nodes of `arena`.
-  std::vector<std::pair<std::string, const pickle::Value*>> extra;
-  std::shared_ptr<pickle::Arena> arena;
+  /// Other attributes of the Metadata object (Megatron-core's mcore_data):
+  /// name and the value as a pickle of its own (protocol 2), so that a run
+  /// holds them as bytes, not as a graph of a node per field (megatron-core's
+  /// per-key records are most of a large save's .metadata).
+  std::vector<std::pair<std::string, std::string>> extra;
 
   const Entry* Find(std::string_view fqn) const;
 };

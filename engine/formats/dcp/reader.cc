@@ -11,6 +11,7 @@
 #include "engine/formats/dcp/dcp.h"
 #include "engine/formats/dcp/keys.h"
 #include "engine/json/json.h"
+#include "engine/pickle/pickle.h"
 
 namespace ucp::dcp {
 namespace {
@@ -308,8 +309,10 @@ universal::SourcePlan Reader::Run() {
   if (!c_.metadata.extra.empty()) {
     pickle::Arena arena;
     Value* d = arena.Dict();
-    for (const auto& [name, v] : c_.metadata.extra)
-      d->entries.emplace_back(arena.Str(name), arena.Copy(v));
+    for (const auto& [name, bytes] : c_.metadata.extra)
+      d->entries.emplace_back(
+          arena.Str(name),
+          bytes.empty() ? arena.None() : pickle::Unpickle(bytes, arena));
     plan_.opaque.push_back(
         {"dcp/metadata_extra", formats::SaveBlob(nullptr, d)});
   }

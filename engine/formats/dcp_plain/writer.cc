@@ -28,6 +28,7 @@
 #include "engine/formats/dcp/keys.h"
 #include "engine/formats/dcp_plain/dcp_plain.h"
 #include "engine/json/json.h"
+#include "engine/pickle/pickle.h"
 #include "engine/torchfile/torch_file.h"
 #include "engine/torchfile/zip.h"
 
@@ -455,19 +456,17 @@ std::vector<std::unique_ptr<formats::PlannedFile>> DcpPlan::Plan(
   }
   // .metadata, last, with the attributes the source kept beside its
   // metadata (Megatron's mcore_data).
-  std::vector<std::pair<std::string, const pickle::Value*>> extra;
-  std::shared_ptr<pickle::Arena> arena;
+  std::vector<std::pair<std::string, std::string>> extra;
   if (const atoms::DatasetInfo* d = input_.FindOpaque("dcp/metadata_extra")) {
     std::shared_ptr<const torchfile::TorchFile> f = input_.OpenBlob(*d);
     if (f->root() != nullptr && f->root()->IsDictLike()) {
-      arena = std::make_shared<pickle::Arena>();
       for (const auto& [name, v] : f->root()->entries) {
         if (name != nullptr && name->kind == Kind::kStr)
-          extra.emplace_back(name->s, arena->Copy(v));
+          extra.emplace_back(name->s, v != nullptr ? pickle::Pickle(v) : "");
       }
     }
   }
-  out.push_back(files_->MetadataFile(std::move(extra), std::move(arena)));
+  out.push_back(files_->MetadataFile(std::move(extra)));
   return out;
 }
 

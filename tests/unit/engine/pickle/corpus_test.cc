@@ -61,7 +61,6 @@ const std::vector<Entry>& Corpus() {
   return *corpus;
 }
 
-
 // Follows one path component the way make_pickle_corpus.py descends.
 const Value* Step(const Value* v, const json& component) {
   if (v->IsDictLike()) {
@@ -357,7 +356,10 @@ TEST(PickleCorpusTest, CopyPreservesSharingAndCycles) {
   }
 }
 
-TEST(PickleCorpusTest, LargePickleIsFast) {
+// A 4 MiB pickle of 100K+ nodes parses and writes back byte for byte. Its
+// times are printed, not asserted (performance is the benches' business:
+// a timed test fails on a loaded machine, not on a slow parser).
+TEST(PickleCorpusTest, LargePickleRoundTrips) {
   const fs::path path = testutil::TestDataDir() / "pickle" / "perf.p2.pkl";
   const std::string data = testutil::ReadFile(path);
   ASSERT_GT(data.size(), 4u << 20);
@@ -378,8 +380,6 @@ TEST(PickleCorpusTest, LargePickleIsFast) {
   std::cout << "perf.p2.pkl: " << data.size() << " bytes, " << arena.size()
             << " nodes, Unpickle " << unpickle_s << " s, Pickle " << pickle_s
             << " s\n";
-  EXPECT_LT(unpickle_s, 1.0);
-  EXPECT_LT(pickle_s, 1.0);
 }
 
 }  // namespace
