@@ -42,24 +42,26 @@ def truth(name):
     return TRUTH[name]
 
 
-def convert(src, out, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable"):
+def convert(src, out, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable", vpp=1):
     """`ucp convert SRC -o OUT` for the layout, with --json: its target_topology names ep and
     etp."""
-    flags = ["--tp", tp, "--pp", pp, "--dp", dp, "--ep", ep, "--json"]
+    flags = ["--tp", tp, "--pp", pp, "--vpp", vpp, "--dp", dp, "--ep", ep, "--json"]
     if optim != "non_distributed":  # else the optimizer of a run without the distributed one
         flags += ["--distributed-optimizer", "--optimizer-sharding", optim]
     if etp is not None:
         flags += ["--etp", etp]
     doc = json.loads(run("convert", src, "-o", out, *flags).stdout)
     topo = doc["target_topology"]
-    assert (topo["tp"], topo["pp"], topo["dp"], topo["ep"], topo["etp"]) == \
-        (tp, pp, dp, ep, etp or tp), topo
+    assert (topo["tp"], topo["pp"], topo["vpp"], topo["dp"], topo["ep"], topo["etp"]) == \
+        (tp, pp, vpp, dp, ep, etp or tp), topo
     return out
 
 
-def loads(ckpt, source, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable"):
+def loads(ckpt, source, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable",
+          vpp=1):
     """megatron-core's load of `ckpt` at the layout, compared with save `source`'s truth."""
-    ok, verdicts = moe.run_load(ckpt, truth(source), variant, tp, pp, dp, ep, etp, optim)
+    ok, verdicts = moe.run_load(ckpt, truth(source), variant, tp, pp, dp, ep, etp, optim,
+                                vpp=vpp)
     world = tp * pp * dp
     assert ok and len(verdicts) == world and all(v["ok"] for v in verdicts), \
         (ckpt, ok, verdicts)
@@ -115,6 +117,22 @@ def test_conversions_load_in_megatron_core_with_every_shard_of_the_source():
         out = convert(src, WORK / name, tp, pp, dp, ep, etp, optim)
         loads(out, source, variant, tp, pp, dp, ep, etp, optim)
         done[name] = out
+
+
+def test_a_virtual_pipeline_is_read_and_written_in_both_forms():
+    """A 4-layer Mixtral-like save at PP 2 x VPP 2 (two model chunks a rank, each with its own
+    DDP buffers, the chained optimizer's state dp_reshardable: buckets per chunk, dense over DP
+    and expert over expert-DP) is read: converted to EP 4 without a pipeline; that is written
+    back at PP 2 x VPP 2 in the dp_reshardable and the fully_reshardable forms. megatron-core
+    loads each at its layout (the chunks built as training builds them) with every shard of
+    the source."""
+    name = "mixtral_l4_tp1_pp2_vpp2_dp2_ep2_dpr"
+    assert truth(name)["config"]["vpp"] == 2 and truth(name)["config"]["layers"] == 4
+    ep4 = convert(DATA / name, WORK / "vpp_to_ep4", 1, 1, 4, 4, 1)
+    loads(ep4, name, "mixtral", 1, 1, 4, 4, 1)
+    for optim in ("dp_reshardable", "fully_reshardable"):
+        out = convert(ep4, WORK / f"vpp2_{optim}", 1, 2, 2, 2, 1, optim, vpp=2)
+        loads(out, name, "mixtral", 1, 2, 2, 2, 1, optim, vpp=2)
 
 
 def flip_expert_byte(iter_dir):

@@ -2,7 +2,7 @@
 environment: run with its python), on CPU with gloo, one process per rank, and the truth of
 each: the whole model and its optimizer state gathered from the ranks' memory.
 
-  make_moe_torch_dist.py --out DIR [--variant mixtral|deepseek] [--tp T] [--pp P] [--dp D]
+  make_moe_torch_dist.py --out DIR [--variant mixtral|deepseek] [--tp T] [--pp P] [--vpp V] [--dp D]
                          [--ep E] [--etp X] [--no-optimizer] [--seed S]
                          [--size LAYERS,HIDDEN,EXPERTS,MOE_FFN] [--no-truth]
                          one save folder DIR (iter_0000010/, latest_checkpointed_iteration.txt)
@@ -12,7 +12,7 @@ each: the whole model and its optimizer state gathered from the ranks' memory.
                                           problem
   make_moe_torch_dist.py describe DIR     what the save holds: keys, global shapes, chunks,
                                           the _extra_state objects, common.pt
-  make_moe_torch_dist.py load CKPT --truth SAVE [--variant V] [--tp T] [--pp P] [--dp D]
+  make_moe_torch_dist.py load CKPT --truth SAVE [--variant V] [--tp T] [--pp P] [--vpp V] [--dp D]
                          [--ep E] [--etp X] [--optim fully_reshardable|dp_reshardable|
                          non_distributed]
                                           megatron-core loads CKPT (a torch_dist save, e.g.
@@ -154,28 +154,55 @@ def config(a):
         normalization="RMSNorm", add_bias_linear=False, bf16=True,
         params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+        virtual_pipeline_model_parallel_size=vpp_of(a) if vpp_of(a) > 1 else None,
         expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp, **kw)
 
 
+def vpp_of(a):
+    return getattr(a, "vpp", 1) or 1
+
+
 def build(a):
+    """This rank's model chunks (one, or VPP of them: the layers of virtual stage v each)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     cfg = config(a)
-    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
-    model = GPTModel(config=cfg, transformer_layer_spec=spec,
-                     vocab_size=getattr(a, "vocab", None) or VOCAB,
-                     max_sequence_length=64,
-                     pre_process=parallel_state.is_pipeline_first_stage(),
-                     post_process=parallel_state.is_pipeline_last_stage(),
-                     share_embeddings_and_output_weights=False, position_embedding_type="rope")
-    # Training's Float16Module casts every param (the local spec's norms are fp32) to bf16;
-    # the router's expert bias is an fp32 buffer Megatron keeps in fp32.
-    bias = {n: b.clone() for n, b in model.named_buffers() if n.endswith("expert_bias")}
-    model = model.to(torch.bfloat16)
-    for n, b in bias.items():
-        model.get_buffer(n).data = b
-    return model
+    vpp = vpp_of(a)
+    models = []
+    for v in range(vpp):
+        kw = {"vp_stage": v} if vpp > 1 else {}
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False,
+                                          normalization="RMSNorm", **kw)
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, **kw) \
+            if vpp > 1 else parallel_state.is_pipeline_first_stage()
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, **kw) \
+            if vpp > 1 else parallel_state.is_pipeline_last_stage()
+        model = GPTModel(config=cfg, transformer_layer_spec=spec,
+                         vocab_size=getattr(a, "vocab", None) or VOCAB,
+                         max_sequence_length=64, pre_process=pre, post_process=post,
+                         share_embeddings_and_output_weights=False,
+                         position_embedding_type="rope", **kw)
+        # Training's Float16Module casts every param (the local spec's norms are fp32) to
+        # bf16; the router's expert bias is an fp32 buffer Megatron keeps in fp32.
+        bias = {n: b.clone() for n, b in model.named_buffers() if n.endswith("expert_bias")}
+        model = model.to(torch.bfloat16)
+        for n, b in bias.items():
+            model.get_buffer(n).data = b
+        models.append(model)
+    return models
+
+
+def model_sd_keys(models):
+    """[(state dict key, chunk)]: "model", or "model0".."model{VPP-1}" as training names them."""
+    if len(models) == 1:
+        return [("model", models[0])]
+    return [(f"model{i}", m) for i, m in enumerate(models)]
+
+
+def model_sd(models):
+    """The model part of training's state dict, each chunk's sharded_state_dict."""
+    return {k: m.sharded_state_dict() for k, m in model_sd_keys(models)}
 
 
 def coordinates():
@@ -294,21 +321,24 @@ def save_rank(rank, world, port, a):
     mcore_cpu.shims()  # also the MoE dispatcher's CUDA stream
     from megatron.core import dist_checkpointing, parallel_state
     parallel_state.initialize_model_parallel(
-        a.tp, a.pp, expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
+        a.tp, a.pp, virtual_pipeline_model_parallel_size=vpp_of(a) if vpp_of(a) > 1 else None,
+        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
     torch.manual_seed(a.seed)  # the same global model on every rank (CPU initialization)
-    model = build(a)
-    distinct_experts(model, a.seed)
+    models = build(a)
+    for model in models:
+        distinct_experts(model, a.seed)
     opt = None
     if not a.no_optimizer:
-        chunks, opt = mcore_cpu.ddp_and_optimizer([model])
+        chunks, opt = mcore_cpu.ddp_and_optimizer(models)
         mcore_cpu.train_steps(chunks, opt, REAL_STEPS)
     content = {"distrib_optim_sharding_type": a.optim,
                "distrib_optim_fully_reshardable_mem_efficient": False,
                "singleton_local_shards": False, "chained_optim_avoid_prefix": True}
-    sd = {"model": model.sharded_state_dict()}
+    sd = model_sd(models)
     args = argparse.Namespace(
         tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
-        virtual_pipeline_model_parallel_size=None, data_parallel_size=a.dp,
+        virtual_pipeline_model_parallel_size=vpp_of(a) if vpp_of(a) > 1 else None,
+        data_parallel_size=a.dp,
         expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp, world_size=world,
         num_layers=SIZE["layers"], hidden_size=SIZE["hidden"], ffn_hidden_size=SIZE["ffn"],
         num_attention_heads=SIZE["heads"], group_query_attention=True,
@@ -336,10 +366,10 @@ def save_rank(rank, world, port, a):
         sd["optimizer"] = opt.sharded_state_dict(sd, metadata=content)
         sd["opt_param_scheduler"] = {"max_lr": 1e-3, "num_steps": 640}
     # What the truth needs, before the save (which consumes nothing, but keep it apart).
-    pieces, objects = local_pieces(model.sharded_state_dict()) if not a.no_truth else ([], {})
+    pieces, objects = local_pieces(model_sd(models)) if not a.no_truth else ([], {})
     opt_pieces = []
     if opt is not None and not a.no_truth:
-        osd = opt.sharded_state_dict({"model": model.sharded_state_dict()},
+        osd = opt.sharded_state_dict(model_sd(models),
                                      metadata=dict(content,
                                                    distrib_optim_sharding_type="fully_reshardable"))
         opt_pieces = [x for x in local_pieces(osd)[0] if "/" in x[0]]
@@ -361,7 +391,7 @@ def save_rank(rank, world, port, a):
     if rank == 0 and not a.no_truth:
         truth = {"model": assemble([e[0] for e in every]), "extra_state": {},
                  "config": dict(SIZE, variant=a.variant, tp=a.tp, pp=a.pp, dp=a.dp, ep=a.ep,
-                                etp=a.etp, vocab=VOCAB, iteration=ITERATION, optim=a.optim),
+                                etp=a.etp, vpp=vpp_of(a), vocab=VOCAB, iteration=ITERATION, optim=a.optim),
                  "ranks": [e[3] for e in every], "sharding": [e[5] for e in every],
                  "steps": sorted({s for e in every for s in e[4]})}
         for e in every:
@@ -378,6 +408,7 @@ def save_rank(rank, world, port, a):
 
 def run(a):
     import time
+    SIZE.update(getattr(a, "sizes", {}))
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
     world = a.tp * a.pp * a.dp
@@ -430,31 +461,33 @@ def load_rank(rank, world, port, a):
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
     parallel_state.initialize_model_parallel(
-        a.tp, a.pp, expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
+        a.tp, a.pp, virtual_pipeline_model_parallel_size=vpp_of(a) if vpp_of(a) > 1 else None,
+        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
     torch.manual_seed(999)  # other values than the checkpoint's
-    model = build(a)
+    models = build(a)
     opt = None
     non_distributed = a.optim == "non_distributed"
     if not a.no_optimizer:
         # non_distributed: training without --use-distributed-optimizer (a ChainedOptimizer
         # of Float16OptimizerWithFloat16Params, the experts' own at EP > 1)
-        _, opt = mcore_cpu.ddp_and_optimizer([model], distributed=not non_distributed)
+        _, opt = mcore_cpu.ddp_and_optimizer(models, distributed=not non_distributed)
         if not non_distributed:
             mcore_cpu.allocate_state(opt)
     iter_dir = pathlib.Path(a.ckpt) / f"iter_{ITERATION:07d}"
     content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
-    sd = {"model": model.sharded_state_dict(),
-          "rng_state": mtd.rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())}
+    sd = model_sd(models)
+    sd["rng_state"] = mtd.rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())
     if opt is not None:
-        sd["optimizer"] = opt.sharded_state_dict(model.sharded_state_dict(), is_loading=True,
+        sd["optimizer"] = opt.sharded_state_dict(model_sd(models), is_loading=True,
                                                  metadata=content)
     loaded = dist_checkpointing.load(sd, str(iter_dir))
-    model.load_state_dict(loaded["model"], strict=True)
+    for key, model in model_sd_keys(models):
+        model.load_state_dict(loaded[key], strict=True)
     if opt is not None:
         opt.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     truth = a.truth
     mismatches, checked, values, controls = [], 0, 0, []
-    after = model.sharded_state_dict()
+    after = model_sd(models)
     apply_factories(after)
     shards = [("model", sh, truth["model"]) for sh in nested_values(after)
               if isinstance(sh, ShardedTensor)]
@@ -473,7 +506,7 @@ def load_rank(rank, world, port, a):
         from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
         from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
         osd = {}
-        for i, sh in enumerate(nested_values(model.sharded_state_dict())):
+        for i, sh in enumerate(nested_values(model_sd(models))):
             # the params (buffers such as the router's expert bias have no state)
             if isinstance(sh, (ShardedTensor, ShardedTensorFactory)) and id(sh.data) in held:
                 for state in STATES:
@@ -489,7 +522,7 @@ def load_rank(rank, world, port, a):
         if "distrib_optim_sharding_type" in content:
             mismatches.append(f"content_metadata {content}")
     elif opt is not None:
-        osd = opt.sharded_state_dict(model.sharded_state_dict(), metadata={
+        osd = opt.sharded_state_dict(model_sd(models), metadata={
             "distrib_optim_sharding_type": "fully_reshardable",
             "chained_optim_avoid_prefix": True})
         apply_factories(osd)
@@ -525,7 +558,7 @@ def load_rank(rank, world, port, a):
 
 
 def run_load(ckpt, truth, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable",
-             no_optimizer=False):
+             no_optimizer=False, vpp=1):
     """`load` in the calling process (a test's, megatron-core imported once there; the ranks
     forked from it): (every rank exited 0, the ranks' verdicts). truth: a truth.pt's dict (the
     source's); the model is built with the vocabulary rows of the checkpoint's args
@@ -539,7 +572,9 @@ def run_load(ckpt, truth, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_
     args = torch.load(iter_dir / "common.pt", weights_only=False)["args"]
     a = argparse.Namespace(ckpt=str(ckpt), truth=truth, variant=variant, tp=tp, pp=pp, dp=dp,
                            ep=ep, etp=etp or tp, optim=optim, no_optimizer=no_optimizer,
-                           vocab=args.padded_vocab_size)
+                           vocab=args.padded_vocab_size, vpp=vpp)
+    # the source's model size (a --size save's), whatever SIZE holds now
+    SIZE.update({k: truth["config"][k] for k in SIZE if k in truth["config"]})
     with tempfile.TemporaryDirectory(prefix="ucp-moe-load-") as t:
         a.report = os.path.join(t, "verdicts")
         world = tp * pp * dp
@@ -715,7 +750,7 @@ def main():
         lp.add_argument("ckpt")
         lp.add_argument("--truth", required=True, help="the source save (its truth.pt)")
         lp.add_argument("--variant", choices=("mixtral", "deepseek"), default="mixtral")
-        for k in ("tp", "pp", "dp", "ep"):
+        for k in ("tp", "pp", "dp", "ep", "vpp"):
             lp.add_argument(f"--{k}", type=int, default=1)
         lp.add_argument("--etp", type=int, default=None)
         lp.add_argument("--optim", default="fully_reshardable",
@@ -723,7 +758,7 @@ def main():
         la = lp.parse_args(sys.argv[2:])
         truth = torch.load(pathlib.Path(la.truth) / "truth.pt", weights_only=False)
         ok, verdicts = run_load(la.ckpt, truth, la.variant, la.tp, la.pp, la.dp, la.ep,
-                                la.etp, la.optim)
+                                la.etp, la.optim, vpp=la.vpp)
         for v in verdicts:
             print(v)
         sys.exit(0 if ok and verdicts and all(v["ok"] for v in verdicts) else 1)
@@ -737,6 +772,7 @@ def main():
     p.add_argument("--variant", choices=("mixtral", "deepseek"), default="mixtral")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--vpp", type=int, default=1, help="model chunks per pipeline stage")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--etp", type=int, default=None, help="default: --tp")
@@ -763,17 +799,23 @@ def main():
             cur.append(x)
     groups.append(cur)
     runs = []
+    default_size = dict(SIZE)
     for g in groups:
         a = p.parse_args(g)
+        SIZE.clear()
+        SIZE.update(default_size)  # each save its own size (run() sets it again)
         if a.size:
             SIZE.update(zip(("layers", "hidden", "experts", "moe_ffn"),
                             (int(x) for x in a.size.split(","))))
+        a.sizes = dict(SIZE)
         if a.etp is None:
             a.etp = a.tp
         world = a.tp * a.pp * a.dp
         if a.tp > 2:
             p.error("--tp up to 2 (the vocabulary of 128 rows is Megatron's padding of 127 "
                     "for TP 1 and 2)")
+        if SIZE["layers"] % (a.pp * a.vpp):
+            p.error(f"pp {a.pp} x vpp {a.vpp} must divide the {SIZE['layers']} layers")
         if world % (a.etp * a.ep * a.pp) or SIZE["experts"] % a.ep:
             p.error(f"etp {a.etp} x ep {a.ep} x pp {a.pp} must divide the world {world} and "
                     f"ep the {SIZE['experts']} experts")

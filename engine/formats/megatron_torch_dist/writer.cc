@@ -1045,14 +1045,6 @@ void TorchDistPlan::PlanBuckets(std::vector<Member>& members) {
   std::vector<const Member*> dense, routed;
   for (const Member& m : members)
     (m.expert >= 0 && expert_parallel_ ? routed : dense).push_back(&m);
-  if (experts_ && placed_->topology.vpp > 1) {
-    throw UsageError(
-        "dp_reshardable optimizer state of a mixture-of-experts model with a "
-        "virtual pipeline (vpp ",
-        placed_->topology.vpp,
-        ") is not written (its expert buffers per model chunk are not "
-        "modelled): use fully_reshardable");
-  }
   if (experts_ && !expert_parallel_ &&
       placed_->topology.ExpertTp() != placed_->topology.tp) {
     throw UsageError(

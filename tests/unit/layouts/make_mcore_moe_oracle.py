@@ -39,7 +39,7 @@ def rank_fn(rank, world, port, a, out):
     parallel_state.initialize_model_parallel(
         a.tp, a.pp, expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
     torch.manual_seed(1)
-    model = moe.build(a)
+    model, = moe.build(a)  # one chunk (no VPP)
     sd = model.sharded_state_dict()
     apply_factories(sd)
     entries = [[sh.key, list(sh.global_shape), list(sh.global_offset), list(sh.local_shape),
