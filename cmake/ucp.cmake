@@ -296,7 +296,12 @@ function(_ucp_apply_timeouts)
   _ucp_read_test_times(${UCP_TEST_TIMES})
   get_property(_tests DIRECTORY PROPERTY TESTS)
   foreach(_t IN LISTS _tests)
-    _ucp_test_limit(${_t} ${UCP_UNMEASURED_TIMEOUT} _limit _procs)
+    _ucp_test_limit(${_t} ${UCP_UNMEASURED_TIMEOUT} _limit _procs _secs)
+    # COST: ctest -jN starts the longest tests first (a fresh build folder has
+    # no cost data of its own), so that no long test starts last.
+    if(_secs)
+      set_tests_properties(${_t} PROPERTIES COST ${_secs})
+    endif()
     get_test_property(${_t} TIMEOUT _set)
     if(NOT _set)
       set_tests_properties(${_t} PROPERTIES TIMEOUT ${_limit})
