@@ -138,6 +138,10 @@ void TorchArchive::OpenIn(std::shared_ptr<OutputFile> shared, uint64_t offset,
 
 void TorchArchive::Commit() { writer_->Commit(); }
 
+void TorchArchive::Commit(torchfile::ZipWriter::PendingRun& carry) {
+  writer_->Commit(carry);
+}
+
 // --- TorchSaveFile ---------------------------------------------------------
 
 TorchSaveFile::TorchSaveFile(fs::path path,
@@ -233,8 +237,13 @@ void TorchSaveRunFile::Open(const fs::path& out_dir) {
 
 void TorchSaveRunFile::Commit() {
   UCP_CHECK(out_ != nullptr, path_.string(), ": Commit before Open");
+  // Archive i's directory and archive i + 1's first headers are contiguous:
+  // each archive's last run is carried into the next one's first pwrite.
+  torchfile::ZipWriter::PendingRun carry;
   for (Entry& e : archives_)
-    if (e.archive) e.archive->Commit();
+    if (e.archive) e.archive->Commit(carry);
+  if (!carry.bytes.empty())
+    out_->file().WriteExact(carry.bytes.data(), carry.bytes.size(), carry.at);
   out_->Commit();
   out_.reset();
 }

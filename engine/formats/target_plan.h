@@ -129,6 +129,8 @@ class TorchArchive {
   void OpenIn(std::shared_ptr<OutputFile> shared, uint64_t offset,
               std::vector<reshape::Job>& jobs);
   void Commit();
+  /// After OpenIn: as TorchWriter::Commit(carry).
+  void Commit(torchfile::ZipWriter::PendingRun& carry);
 
  private:
   void WriteKnown(std::vector<reshape::Job>& jobs);

@@ -360,6 +360,12 @@ void TorchWriter::Commit() {
   im.zip->Commit();
 }
 
+void TorchWriter::Commit(ZipWriter::PendingRun& carry) {
+  Impl& im = *impl_;
+  if (!im.zip) throw UsageError("TorchWriter::Begin was not called");
+  im.zip->Commit(carry);
+}
+
 std::string TorchWriter::Contents() const {
   if (!impl_->zip) throw UsageError("TorchWriter::Begin was not called");
   return impl_->zip->Contents();

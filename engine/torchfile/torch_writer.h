@@ -151,6 +151,9 @@ class TorchWriter {
   /// UsageError (naming the incomplete tensor) if data is missing or Begin()
   /// was not called, IoError; the temporary file is then removed.
   void Commit();
+  /// Commit of an archive embedded among others laid back to back (OpenIn):
+  /// as ZipWriter::Commit(carry), its last run left in `carry`.
+  void Commit(ZipWriter::PendingRun& carry);
 
   /// The committed file's bytes when written in memory
   /// (TorchWriterOptions::in_memory). Throws UsageError otherwise or before

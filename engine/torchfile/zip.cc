@@ -1026,7 +1026,17 @@ void ZipWriter::Write(size_t index, uint64_t offset,
   }
 }
 
-void ZipWriter::Commit() {
+void ZipWriter::Commit() { CommitRuns(nullptr); }
+
+void ZipWriter::Commit(PendingRun& carry) {
+  if (impl_->shared == nullptr) {
+    throw UsageError("zip writer for ", impl_->path.string(),
+                     ": a carried run is for an embedded archive");
+  }
+  CommitRuns(&carry);
+}
+
+void ZipWriter::CommitRuns(PendingRun* carry) {
   Impl& im = *impl_;
   if (im.committed) {
     throw UsageError("zip writer for ", im.path.string(),
@@ -1061,7 +1071,18 @@ void ZipWriter::Commit() {
     std::string run;
     uint64_t run_at = 0;  // archive offset of run[0]
     auto flush = [&] {
-      if (!run.empty()) f.WriteExact(run.data(), run.size(), im.base + run_at);
+      if (run.empty()) return;
+      uint64_t at = im.base + run_at;
+      if (carry != nullptr && !carry->bytes.empty()) {
+        if (carry->at + carry->bytes.size() == at) {  // the previous archive's
+          run.insert(0, carry->bytes);                // end: one pwrite
+          at = carry->at;
+        } else {
+          f.WriteExact(carry->bytes.data(), carry->bytes.size(), carry->at);
+        }
+        carry->bytes.clear();
+      }
+      f.WriteExact(run.data(), run.size(), at);
       run.clear();
     };
     for (size_t i = 0; i < im.layout.records.size(); ++i) {
@@ -1086,7 +1107,23 @@ void ZipWriter::Commit() {
     if (run.empty()) run_at = im.layout.central_directory_offset;
     run += EncodeDirectory(im.layout, crcs);
     UCP_CHECK(run_at + run.size() == im.layout.total_size);
-    flush();
+    if (carry != nullptr) {
+      // The directory run is left to the next archive (or the caller); a
+      // carry not joined by this archive's runs is written first.
+      if (!carry->bytes.empty() &&
+          carry->at + carry->bytes.size() == im.base + run_at &&
+          carry->bytes.size() < kCommitRunMax) {  // archives of small records
+        carry->bytes += run;
+      } else {
+        if (!carry->bytes.empty())
+          f.WriteExact(carry->bytes.data(), carry->bytes.size(), carry->at);
+        carry->at = im.base + run_at;
+        carry->bytes = std::move(run);
+      }
+      run.clear();
+    } else {
+      flush();
+    }
     if (im.out) im.out->Commit();
     im.committed = true;
   } catch (...) {

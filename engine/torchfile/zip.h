@@ -281,11 +281,26 @@ class ZipWriter {
   /// is removed), IoError on write/rename failure.
   void Commit();
 
+  /// Bytes due at an offset of a shared file, not written yet.
+  struct PendingRun {
+    uint64_t at = 0;
+    std::string bytes;
+  };
+  /// Commit of an embedded archive among archives laid back to back: its
+  /// first run of headers is written together with `carry` when it starts
+  /// where `carry` ends (else `carry` is written first), and its last run
+  /// (the directory and end records, which end where the next archive starts)
+  /// is left in `carry` for the next archive's Commit or for the caller to
+  /// write: one pwrite fewer per archive. Throws as Commit().
+  void Commit(PendingRun& carry);
+
   /// The committed archive's bytes, for an in-memory writer. Throws
   /// UsageError for another writer or before Commit(), IoError.
   std::string Contents() const;
 
  private:
+  void CommitRuns(PendingRun* carry);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
