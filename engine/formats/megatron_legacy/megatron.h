@@ -50,15 +50,16 @@ struct Checkpoint {
   std::vector<std::vector<std::filesystem::path>> distrib_optim_files;
 };
 
-/// Finds the checkpoint in `dir`: the tracker file's iteration (or
-/// `iteration` if given), or `dir` itself if it is an iter_* / release
-/// folder. Reads the args of rank (0, 0) for the topology and checks that
-/// every rank file (and distrib_optim.pt when the distributed optimizer was
-/// used and rank (0, 0) holds optimizer state) exists and that no rank
-/// folder is unexplained. Throws FormatError
-/// naming the missing or malformed file (or unsupported feature such as
-/// an expert tensor-parallel size other than TP), IoError if `dir` is not a
-/// folder or unreadable.
+/// Finds the checkpoint in `dir` (LocateIteration, release/ accepted): the
+/// tracker file's iteration or release folder (or `iteration` if given), or
+/// `dir` itself if it is an iter_* / release folder. Reads the args of rank
+/// (0, 0) for the topology and checks that every rank file (and
+/// distrib_optim.pt when the distributed optimizer was used and rank (0, 0)
+/// holds optimizer state) exists and that no rank folder is unexplained.
+/// Throws FormatError naming the missing or malformed file (or unsupported
+/// feature such as an expert tensor-parallel size other than TP), IoError if
+/// `dir` is not a folder or unreadable, UsageError for an `iteration` the
+/// folder lacks.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
 
