@@ -13,29 +13,6 @@
 namespace ucp::megatron {
 namespace fs = std::filesystem;
 
-std::vector<formats::SavedCheckpoint> ListIterations(
-    const std::filesystem::path& dir) {
-  std::vector<formats::SavedCheckpoint> out;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const auto n = ParseIterDirName(name);
-    if (!n || !it->is_directory(ec)) continue;
-    // Megatron's other format (torch_dist) keeps DCP files there.
-    std::error_code e2;
-    if (std::filesystem::exists(it->path() / "metadata.json", e2) ||
-        std::filesystem::exists(it->path() / ".metadata", e2))
-      continue;
-    formats::SavedCheckpoint c;
-    c.name = name;
-    c.iteration = *n;
-    c.selector.Set(kIterationOption, std::to_string(c.iteration));
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
 RunConfig ReadLegacyRunConfig(const ArgsView& args) {
   RunConfig run = ReadRunConfig(args, /*experts=*/true);
   // A dense model's expert sizes (Megatron's args always carry them) place

@@ -26,8 +26,8 @@
 
 namespace ucp::megatron {
 
-/// The options the driver declares (driver.cc).
-inline constexpr const char* kIterationOption = "iteration";
+/// The target option the driver declares (driver.cc); its source option is
+/// the family's kIterationOption (iteration_driver.h).
 inline constexpr const char* kDistributedOptimizerOption =
     "distributed-optimizer";
 
@@ -67,10 +67,6 @@ Checkpoint Discover(const std::filesystem::path& dir,
 /// experts; a dense model's expert sizes dropped). Throws FormatError as
 /// ReadRunConfig, or for an expert-parallel size without num_experts.
 RunConfig ReadLegacyRunConfig(const ArgsView& args);
-
-/// The iter_* folders of save folder `dir` (complete or not). Never throws.
-std::vector<formats::SavedCheckpoint> ListIterations(
-    const std::filesystem::path& dir);
 
 struct SourceOptions {
   /// A builtin layout name or a YAML file; empty: detect from the names.
