@@ -15,13 +15,12 @@ namespace ucp::megatron {
 namespace fs = std::filesystem;
 
 std::vector<formats::OptionSpec> IterationDriver::SourceOptionSpecs() const {
-  formats::OptionSpec it;
-  it.name = kIterationOption;
-  it.type = formats::OptionSpec::Type::kInt;
-  it.help =
-      StrCat(HelpPrefix(), ": the iteration to read (default: the tracker's)");
-  it.min = 0;
-  std::vector<formats::OptionSpec> specs = {std::move(it)};
+  std::vector<formats::OptionSpec> specs = {
+      {.name = kIterationOption,
+       .type = formats::OptionSpec::Type::kInt,
+       .help = StrCat(HelpPrefix(),
+                      ": the iteration to read (default: the tracker's)"),
+       .min = 0}};
   for (formats::OptionSpec& s : MoreSourceOptionSpecs())
     specs.push_back(std::move(s));
   return specs;

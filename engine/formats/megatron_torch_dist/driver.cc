@@ -181,14 +181,12 @@ class TorchDistDriver : public megatron::IterationDriver {
  protected:
   std::string_view HelpPrefix() const override { return "torch_dist"; }
   std::vector<formats::OptionSpec> MoreSourceOptionSpecs() const override {
-    formats::OptionSpec impl;
-    impl.name = kTransformerImplOption;
-    impl.type = formats::OptionSpec::Type::kString;
-    impl.help =
-        "torch_dist: the layer spec the run used, local or transformer_engine "
-        "(default: args.transformer_impl, else transformer_engine); local "
-        "names the norms input_layernorm / pre_mlp_layernorm";
-    return {impl};
+    return {{.name = kTransformerImplOption,
+             .type = formats::OptionSpec::Type::kString,
+             .help = "torch_dist: the layer spec the run used, local or "
+                     "transformer_engine (default: args.transformer_impl, "
+                     "else transformer_engine); local names the norms "
+                     "input_layernorm / pre_mlp_layernorm"}};
   }
   bool HoldsIteration(const fs::path& iter_dir) const override {
     return HoldsTorchDistFiles(iter_dir);
