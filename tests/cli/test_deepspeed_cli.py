@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
 import check_deepspeed as ck  # noqa: E402
 import check_universal as cu  # noqa: E402
+from testmain import one_error_line  # noqa: E402
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
 FIXTURES = pathlib.Path(os.environ["UCP_FIXTURES"]) / "deepspeed-0.14.5"
@@ -42,14 +43,6 @@ def run(*args, expect=0):
     p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
     assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return p
-
-
-def one_error_line(p, kind, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 class Tmp:
@@ -190,7 +183,7 @@ def copy_fixture(name, dst):
 
 def check_failure(args, kind, code, needles, output):
     p = run(*args, expect=code)
-    one_error_line(p, kind, *needles)
+    one_error_line(p, *needles, kind=kind)
     assert not pathlib.Path(output).exists(), output
     assert not list(pathlib.Path(output).parent.glob(f".{pathlib.Path(output).name}*")), "staging left"
 
@@ -216,7 +209,7 @@ def test_bad_input():
         data[info.header_offset + 30 + name_len + extra_len + 5] ^= 0x10
         victim.write_bytes(bytes(data))
         p = run("verify", src, "-q", expect=3)
-        one_error_line(p, "format error", victim.name, info.filename, "CRC-32 mismatch")
+        one_error_line(p, victim.name, info.filename, "CRC-32 mismatch", kind="format error")
         # Truncated optimizer file.
         src = copy_fixture("ds0145_z2_fp32_w2_mlp", t / "trunc")
         victim = src / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
@@ -411,7 +404,7 @@ def test_megatron_deepspeed_tp_pp():
             h5.unlink()
         # Without model parallelism no layout applies: one clear line.
         p = run("layout", "check", FIXTURES / "ds0145_z2_fp32_w2_mlp", expect=2)
-        one_error_line(p, "usage error", "no layout descriptor applies")
+        one_error_line(p, "no layout descriptor applies", kind="usage error")
         # --vocab-size overrides universal_checkpoint_info: the padded
         # rows become part of the tensor.
         case = t / "gen" / "pipe_bf16opt_tp2_pp2_dp2"
@@ -455,7 +448,6 @@ def test_megatron_deepspeed_tp_pp():
                       ["layer_02-model_01-model_states.pt", "2.input_layernorm.weight"], t / "o.h5")
         f.write_bytes(saved)
         run("to-universal", case, "-o", t / "ok.h5", "-q")
-
 
 
 def same_files(a, b, where):

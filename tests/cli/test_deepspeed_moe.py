@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -43,10 +42,9 @@ TOOLS = pathlib.Path(os.environ["UCP_SOURCE_DIR"]) / "tests" / "tools"
 sys.path.insert(0, str(TOOLS))
 import deepspeed_real  # noqa: E402 (imports DeepSpeed only when a command runs)
 import testmain  # noqa: E402
-from testmain import run  # noqa: E402
+from testmain import fails, one_error_line, run, run_both  # noqa: E402
 
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="ucp-dsmoe-"))
-SAN = os.environ.get("UCP_SAN")
 EXPERT = "moe.deepspeed_moe.experts.deepspeed_experts."
 
 # (stage, dtype, world, ep) of the source -> its targets (world, ep, stage).
@@ -175,24 +173,6 @@ def test_zero0_fp32_world2_ep2():
     run_case(0, "fp32", 2, 2)
 
 
-def run_both(*args, expect):
-    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too (UCP_SAN):
-    the same exit code and the same stderr, so no sanitizer report."""
-    p = run(*args, expect=expect)
-    if SAN:
-        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
-        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
-                                                                 q.stderr[-3000:])
-    return p
-
-
-def one_error_line(p, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
-
-
 def test_malformed_moe_saves_are_one_clear_error():
     """A missing expert file, an expert saved twice (under both file names; another expert's
     params in its file), an expert group's partition_count that is not dp / ep: one error line
@@ -220,26 +200,22 @@ def test_malformed_moe_saves_are_one_clear_error():
 
         d, tag = damaged("missing")
         (tag / "layer_0_expert_2_mp_rank_00_model_states.pt").unlink()
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "expert 2 of MoE layer 0 is missing",
-                       "layer_0_expert_2_mp_rank_00_model_states.pt")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "expert 2 of MoE layer 0 is missing",
+              "layer_0_expert_2_mp_rank_00_model_states.pt", out=t / "u.h5")
 
         d, tag = damaged("twice")
         shutil.copy(tag / "layer_0_expert_1_mp_rank_00_model_states.pt",
                     tag / "expert_1_mp_rank_00_model_states.pt")
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "expert 1 saved twice", "layer_0_expert_1_mp_rank_00_model_states.pt",
-                       "expert_1_mp_rank_00_model_states.pt")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "expert 1 saved twice",
+              "layer_0_expert_1_mp_rank_00_model_states.pt", "expert_1_mp_rank_00_model_states.pt",
+              out=t / "u.h5")
 
         d, tag = damaged("other")  # expert 3's file holds expert 1's params
         shutil.copy(tag / "layer_0_expert_1_mp_rank_00_model_states.pt",
                     tag / "layer_0_expert_3_mp_rank_00_model_states.pt")
-        p = run_both("convert", d, "-o", t / "out", "--dp", 2, "--ep", 1, expect=3)
-        one_error_line(p, "layer_0_expert_3_mp_rank_00_model_states.pt", EXPERT + "1.",
-                       "a param of expert 1 in expert 3's file")
-        assert not (t / "out").exists()
+        fails(["convert", d, "-o", t / "out", "--dp", 2, "--ep", 1], 3,
+              "layer_0_expert_3_mp_rank_00_model_states.pt", EXPERT + "1.",
+              "a param of expert 1 in expert 3's file", out=t / "out")
 
         d, tag = damaged("count")
         f = tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
@@ -247,10 +223,8 @@ def test_malformed_moe_saves_are_one_clear_error():
         assert o["optimizer_state_dict"]["partition_count"] == [2, 1]
         o["optimizer_state_dict"]["partition_count"] = [2, 2]
         torch.save(o, f)
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, str(f), "partition_count[1] is 2",
-                       "expert-data-parallel size is 1")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, str(f), "partition_count[1] is 2",
+              "expert-data-parallel size is 1", out=t / "u.h5")
 
         # ucp resume skips a newer save missing an expert, with that reason, and resumes
         # from the intact one: as saved at its own ep, resharded at another; ucp verify
@@ -271,12 +245,11 @@ def test_malformed_moe_saves_are_one_clear_error():
         one_error_line(p, "expert 1 of MoE layer 0 is missing")
 
         # --ep that does not divide the experts or the data-parallel size: usage errors.
-        p = run_both("convert", src, "-o", t / "out", "--dp", 3, "--ep", 3, expect=2)
-        one_error_line(p, "--ep 3 does not divide the 4 experts of MoE layer 0")
-        p = run_both("convert", src, "-o", t / "out", "--dp", 2, "--ep", 4, expect=2)
-        one_error_line(p, "--ep 4 does not divide --dp 2")
-        assert "--etp" not in p.stderr, p.stderr  # DeepSpeed has no expert tensor parallelism
-        assert not (t / "out").exists()
+        fails(["convert", src, "-o", t / "out", "--dp", 3, "--ep", 3], 2,
+              "--ep 3 does not divide the 4 experts of MoE layer 0", out=t / "out")
+        line = fails(["convert", src, "-o", t / "out", "--dp", 2, "--ep", 4], 2,
+                     "--ep 4 does not divide --dp 2", out=t / "out")
+        assert "--etp" not in line, line  # DeepSpeed has no expert tensor parallelism
 
 
 if __name__ == "__main__":

@@ -20,21 +20,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
 sys.path.insert(0, str(HERE.parent / "tools" / "stubs"))
 
-from testmain import UCP, run  # noqa: E402
+from testmain import UCP, one_error_line, run  # noqa: E402
 import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron"
 TOOLS = HERE.parent / "tools"
 PY = os.environ.get("UCP_PYTHON", "/usr/bin/python3")
 VARIANT = "gqa_swiglu_bias_untied"
 SRC = DATA / VARIANT / "tp2_pp2_vpp1_dp2_do"
-
-
-def one_error_line(p, kind, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 def tree_hash(path):
@@ -134,7 +126,7 @@ def copy_source(t):
 def check_failure(args, kind, code, needles, output, source):
     before = tree_hash(source)
     p = run(*args, expect=code)
-    one_error_line(p, kind, *needles)
+    one_error_line(p, *needles, kind=kind)
     assert not output.exists(), f"{output} left behind"
     assert not list(output.parent.glob("." + output.name + "*")), "staging left behind"
     assert tree_hash(source) == before, "source modified"
@@ -186,12 +178,12 @@ def test_replicas_that_disagree():
         check_failure(["to-universal", src, "-o", t / "u.h5"], "format error", 3,
                       ["replicas differ", name, "mp_rank_01_000"], t / "u.h5", src)
         p = run("verify", src, expect=3)
-        one_error_line(p, "format error", "replicas differ", name)
+        one_error_line(p, "replicas differ", name, kind="format error")
         # With a manifest (the replicas are hashed as the records are read
         # whole) the same.
         run("manifest", src, "-q")
         p = run("verify", src, expect=3)
-        one_error_line(p, "format error", "replicas differ", name, "mp_rank_01_000")
+        one_error_line(p, "replicas differ", name, "mp_rank_01_000", kind="format error")
 
 
 def run_counting_reads(*args, expect=0):
@@ -270,7 +262,7 @@ def test_verify_reads_every_byte_once():
         data[at] ^= 0x08
         victim.write_bytes(bytes(data))
         p = run("verify", src, expect=3)
-        one_error_line(p, "format error", victim, record, "CRC-32 mismatch")
+        one_error_line(p, victim, record, "CRC-32 mismatch", kind="format error")
 
 
 def test_shapes_that_disagree():
@@ -296,7 +288,7 @@ def test_layout_leaving_a_param_unmatched():
         bad.write_text(yaml[:start] + yaml[end:])  # drop the final-norm rule
         p = run("layout", "check", SRC, "--layout", bad, expect=4)
         assert "decoder.final_layernorm.weight" in p.stdout and "PROBLEM" in p.stdout
-        one_error_line(p, "layout error", "decoder.final_layernorm.weight")
+        one_error_line(p, "decoder.final_layernorm.weight", kind="layout error")
         check_failure(["to-universal", SRC, "-o", t / "u.h5", "--layout", bad],
                       "layout error", 4, ["decoder.final_layernorm.weight"], t / "u.h5", SRC)
 
@@ -321,22 +313,22 @@ def test_refuses_to_overwrite():
         run("to-universal", SRC, "-o", t / "u.h5", "-q")
         before = (t / "u.h5").read_bytes()
         p = run("to-universal", SRC, "-o", t / "u.h5", expect=2)
-        one_error_line(p, "usage error", "already exists", "--force")
+        one_error_line(p, "already exists", "--force", kind="usage error")
         assert (t / "u.h5").read_bytes() == before
         (t / "out").mkdir()
         (t / "out" / "keep.txt").write_text("mine")
         p = run("reshape", t / "u.h5", "-o", t / "out", "--tp", 1, "--pp", 1, "--dp", 1, expect=2)
-        one_error_line(p, "usage error", "already exists")
+        one_error_line(p, "already exists", kind="usage error")
         assert (t / "out" / "keep.txt").read_text() == "mine"
         p = run("reshape", t / "u.h5", "-o", t / "x", "--tp", 1, expect=2)
-        one_error_line(p, "usage error", "needs the data-parallel size", "--dp")
+        one_error_line(p, "needs the data-parallel size", "--dp", kind="usage error")
 
 
 def test_output_folder_missing_and_options_checked_first():
     with Tmp() as t:
         # The missing folder is named, not the temporary file inside it.
         p = run("to-universal", SRC, "-o", t / "no" / "such" / "u.h5", expect=5)
-        one_error_line(p, "i/o error", t / "no" / "such", "does not exist")
+        one_error_line(p, t / "no" / "such", "does not exist", kind="i/o error")
         assert "ucp-tmp" not in p.stderr, p.stderr
         assert not (t / "no").exists()
         # A bad --memory / --threads is a usage error before any work: no
@@ -344,9 +336,9 @@ def test_output_folder_missing_and_options_checked_first():
         for flags in (["--memory", "12X"], ["--memory", "1M"], ["--threads", -1]):
             p = run("reshape", SRC, "-o", t / "out", "--tp", 1, "--pp", 1, "--dp", 1,
                     *flags, expect=2)
-            one_error_line(p, "usage error")
+            one_error_line(p, kind="usage error")
             p = run("to-universal", SRC, "-o", t / "u.h5", *flags, expect=2)
-            one_error_line(p, "usage error")
+            one_error_line(p, kind="usage error")
             assert list(t.iterdir()) == [], list(t.iterdir())
         # Size suffixes in any case.
         run("to-universal", SRC, "-o", t / "u.h5", "--memory", "64m", "-q")
@@ -364,7 +356,7 @@ def test_damaged_universal_file_metadata():
                         str(bad)], check=True)
         for cmd in (["inspect"], ["verify", "-q"]):
             p = run(*cmd, bad, expect=3)
-            one_error_line(p, "format error", bad, "attribute model", "JSON")
+            one_error_line(p, bad, "attribute model", "JSON", kind="format error")
         # A stored layout descriptor that is not valid YAML: the universal
         # file is damaged (format error, 3), not a bad user layout (4).
         bad = t / "bad layout.h5"
@@ -376,7 +368,7 @@ def test_damaged_universal_file_metadata():
         for cmd in (["verify", "-q"], ["reshape", "-q", "-o", t / "o", "--tp", 1, "--pp", 1,
                                        "--dp", 1]):
             p = run(*cmd, bad, expect=3)
-            one_error_line(p, "format error", bad, "attribute layout")
+            one_error_line(p, bad, "attribute layout", kind="format error")
         assert not (t / "o").exists()
         # A param's tied_copies that is not a JSON list of names (bad JSON;
         # a list holding a number): the file is damaged, the param named.
@@ -392,7 +384,7 @@ def test_damaged_universal_file_metadata():
             for cmd in (["verify", "-q"], ["reshape", "-q", "-o", t / "o", "--tp", 1, "--pp", 1,
                                            "--dp", 1]):
                 p = run(*cmd, bad, expect=3)
-                one_error_line(p, "format error", bad, "tied_copies", "JSON list of names")
+                one_error_line(p, bad, "tied_copies", "JSON list of names", kind="format error")
             assert not (t / "o").exists()
         # A byte of libhdf5's global heap (where string attributes live)
         # damaged: HDF5 itself crashes on it; ucp reports a corrupt file.
@@ -403,7 +395,7 @@ def test_damaged_universal_file_metadata():
         for cmd in (["inspect"], ["verify", "-q"], ["reshape", "-q", "-o", t / "o", "--tp", 1,
                                                      "--pp", 1, "--dp", 1]):
             p = run(*cmd, t / "heap.h5", expect=3)
-            one_error_line(p, "format error", "heap.h5", "HDF5 crashed")
+            one_error_line(p, "heap.h5", "HDF5 crashed", kind="format error")
         assert not (t / "o").exists()
 
 

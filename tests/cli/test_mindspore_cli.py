@@ -21,16 +21,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
 import oracle_checks  # noqa: E402
 
-from testmain import UCP, run  # noqa: E402
+from testmain import UCP, one_error_line, run  # noqa: E402
 import testmain  # noqa: E402
-
-
-def one_error_line(p, kind, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 def train_and_save(path, crc=False, bf16=False):
@@ -139,7 +131,7 @@ def test_bf16_and_crc():
         data[200] ^= 0x10
         (t / "c.ckpt").write_bytes(bytes(data))
         p = run("to-universal", t / "c.ckpt", "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "c.ckpt", "CRC-32")
+        one_error_line(p, "c.ckpt", "CRC-32", kind="format error")
         assert not (t / "x.h5").exists()
 
 
@@ -162,7 +154,7 @@ def test_folder_export_and_dcp_round_trip():
             old["fc1.weight"].tobytes()
         p = run("to-universal", t / "save", "--checkpoint", "nope.ckpt", "-o", t / "n.h5",
                 expect=2)
-        one_error_line(p, "usage error", "nope.ckpt", "net_rank_0-1_2.ckpt")
+        one_error_line(p, "nope.ckpt", "net_rank_0-1_2.ckpt", kind="usage error")
         run("export", t / "save", "-o", t / "hf", "-q")
         from safetensors.numpy import load_file
         hf = load_file(str(t / "hf" / "model.safetensors"))
@@ -335,12 +327,12 @@ def test_what_it_cannot_read_is_one_clear_error():
         data = (t / "net.ckpt").read_bytes()
         (t / "cut.ckpt").write_bytes(data[:len(data) // 2])
         p = run("to-universal", t / "cut.ckpt", "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "cut.ckpt")
+        one_error_line(p, "cut.ckpt", kind="format error")
         for r in ("rank_0", "rank_1"):
             (t / "sharded" / r).mkdir(parents=True)
             (t / "sharded" / r / "net.ckpt").write_bytes(data)
         p = run("to-universal", t / "sharded", "-o", t / "y.h5", expect=3)
-        one_error_line(p, "format error", "sharded", "strategy")
+        one_error_line(p, "sharded", "strategy", kind="format error")
         assert not (t / "x.h5").exists() and not (t / "y.h5").exists()
 
 

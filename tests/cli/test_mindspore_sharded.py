@@ -35,18 +35,10 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
 import oracle_checks  # noqa: E402
 
-from testmain import UCP, run  # noqa: E402
+from testmain import UCP, one_error_line, run  # noqa: E402
 import testmain  # noqa: E402
 NAMES = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 MOMENTS = ("moment1.", "moment2.")
-
-
-def one_error_line(p, kind, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 def ms():
@@ -359,7 +351,7 @@ def test_safetensors_rank_files():
         assert_same(load(t / "merged" / "rank_0" / "m0.ckpt"), want, "merged by MindSpore")
         p = run("convert", t / "src", "-o", t / "bad", "--format", "mindspore",
                 "--file-format", "h5", expect=2)
-        one_error_line(p, "usage error", "--file-format h5", "ckpt or safetensors")
+        one_error_line(p, "--file-format h5", "ckpt or safetensors", kind="usage error")
         assert not (t / "bad").exists()
     mindformers_safetensors_folder()  # (in this process: MindSpore imported once)
 
@@ -401,7 +393,7 @@ def test_remove_redundancy_saves_read():
         os.remove(f)
         m.save_checkpoint(kept, f)
         p = run("to-universal", save, "--strategy", strategy, "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "fc1.weight")
+        one_error_line(p, "fc1.weight", kind="format error")
         assert not (t / "x.h5").exists()
 
 
@@ -416,7 +408,7 @@ def test_a_strategy_of_other_names():
         write_strategy(t / "other.ckpt", {"layer.0.w": ([2, 2], [0, -1], 0, 0)})
         p = run("convert", t / "src", "-o", t / "x", "--format", "mindspore",
                 "--target-strategy", t / "other.ckpt", expect=2)
-        one_error_line(p, "usage error", "other.ckpt", "names none", "fc1.weight")
+        one_error_line(p, "other.ckpt", "names none", "fc1.weight", kind="usage error")
         assert not (t / "x").exists()
         some = {k: v for k, v in LAYOUTS["tp"].items() if k.startswith("fc1")}
         write_strategy(t / "some.ckpt", some)
@@ -499,7 +491,7 @@ def test_inspect_lists_the_records():
         data = (t / "src" / "rank_0" / "net.ckpt").read_bytes()
         (t / "cut.ckpt").write_bytes(data[:len(data) // 2])
         p = run("inspect", t / "cut.ckpt", expect=3)
-        one_error_line(p, "format error", "cut.ckpt", "damaged")
+        one_error_line(p, "cut.ckpt", "damaged", kind="format error")
 
 
 def test_sharded_to_sharded_is_what_transform_checkpoints_gives():
@@ -613,7 +605,7 @@ def test_checkpoint2_one_rank():
             (t / "u.h5").unlink()
         p = run("to-universal", t / "save", "--checkpoint", "iteration_00000009", "-o",
                 t / "x.h5", expect=2)
-        one_error_line(p, "usage error", "iteration_00000009", "iteration_00000002")
+        one_error_line(p, "iteration_00000009", "iteration_00000002", kind="usage error")
         run("convert", t / "save", "-o", t / "one", "--format", "mindspore", "-q")
         assert_same(load(only_ckpt(t / "one" / "rank_0")), want, "from Checkpoint 2.0")
         # A newer iteration folder the tracker does not name is a save that did not finish:
@@ -652,11 +644,11 @@ def test_checkpoint2_sharded():
         before = sorted(str(p) for p in t.rglob("*"))
         (it / "model-0000001-0000004.safetensors").rename(t / "aside")
         p = run("to-universal", t / "save", "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "rank 1", "missing")
+        one_error_line(p, "rank 1", "missing", kind="format error")
         (t / "aside").rename(it / "model-0000001-0000004.safetensors")
         (it / "metadata.json").rename(t / "aside")
         p = run("to-universal", t / "save", "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "metadata.json")
+        one_error_line(p, "metadata.json", kind="format error")
         assert not (t / "x.h5").exists()
         (t / "aside").rename(it / "metadata.json")
         assert sorted(str(p) for p in t.rglob("*")) == before
@@ -833,12 +825,12 @@ def test_what_it_cannot_read_is_one_clear_error():
         want, save, strategy = sharded_by_mindspore(t, "tp")
         # No strategy beside it.
         p = run("to-universal", save, "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "strategy", "--strategy")
+        one_error_line(p, "strategy", "--strategy", kind="format error")
         # A strategy for another world size.
         write_strategy(t / "pp8.ckpt", {"fc1.weight": ([2, 2, 2], [0, -1], 0, 0)})
         p = run("to-universal", save, "--strategy", t / "pp8.ckpt", "-o", t / "x.h5",
                 expect=3)
-        one_error_line(p, "format error", "4 rank folders", "8 ranks")
+        one_error_line(p, "4 rank folders", "8 ranks", kind="format error")
         # A strategy that says a split param is whole on every rank: the
         # ranks' different slices are replicas that differ.
         other = dict(LAYOUTS["tp"])
@@ -846,27 +838,27 @@ def test_what_it_cannot_read_is_one_clear_error():
         write_strategy(t / "bad.ckpt", other)
         p = run("to-universal", save, "--strategy", t / "bad.ckpt", "-o", t / "x.h5",
                 expect=3)
-        one_error_line(p, "format error", "rank_0", "rank_1", "fc1.weight")
+        one_error_line(p, "rank_0", "rank_1", "fc1.weight", kind="format error")
         # One that cuts a dim into parts that do not divide it.
         other["fc1.weight"] = ([3], [0, -1], 0, 0)
         write_strategy(t / "bad.ckpt", other)
         p = run("to-universal", save, "--strategy", t / "bad.ckpt", "-o", t / "x.h5",
                 expect=3)
-        one_error_line(p, "format error", "bad.ckpt", "fc1.weight", "3 devices")
+        one_error_line(p, "bad.ckpt", "fc1.weight", "3 devices", kind="format error")
         # A damaged strategy file.
         (t / "junk.ckpt").write_bytes(b"\x1a\xff\xff\xff")
         p = run("to-universal", save, "--strategy", t / "junk.ckpt", "-o", t / "x.h5",
                 expect=3)
-        one_error_line(p, "format error", "junk.ckpt", "strategy")
+        one_error_line(p, "junk.ckpt", "strategy", kind="format error")
         # A rank folder without the step's file.
         os.remove(only_ckpt(save / "rank_1"))
         p = run("to-universal", save, "--strategy", strategy, "-o", t / "x.h5", expect=3)
-        one_error_line(p, "format error", "rank_1")
+        one_error_line(p, "rank_1", kind="format error")
         assert not (t / "x.h5").exists()
         # --strategy on one file is a usage error.
         p = run("to-universal", save / "rank_0" / "r0.ckpt", "--strategy", strategy,
                 "-o", t / "x.h5", expect=2)
-        one_error_line(p, "usage error", "--strategy")
+        one_error_line(p, "--strategy", kind="usage error")
 
 
 # MindFormers' LLaMA (mindformers/models/llama) as its shard() calls cut it
@@ -1032,17 +1024,17 @@ def test_tp_pp_dp_refusals():
         train_and_save(t / "net" / "rank_0" / "net.ckpt")
         p = run("convert", t / "net", "-o", t / "o1", "--format", "mindspore", "--tp", 2,
                 expect=2)
-        one_error_line(p, "usage error", "--tp 2", "fc1.weight", "--strategy")
+        one_error_line(p, "--tp 2", "fc1.weight", "--strategy", kind="usage error")
         assert not (t / "o1").exists()
         mindformers_llama(t / "llama" / "rank_0" / "llama.ckpt")
         p = run("convert", t / "llama", "-o", t / "o2", "--format", "mindspore", "--tp", 3,
                 expect=4)
-        one_error_line(p, "layout error", "model.layers.0.attention.wq.weight", "tp 3")
+        one_error_line(p, "model.layers.0.attention.wq.weight", "tp 3", kind="layout error")
         assert not (t / "o2").exists()
         write_strategy(t / "s.ckpt", LAYOUTS["tp"])
         p = run("convert", t / "llama", "-o", t / "o3", "--format", "mindspore", "--tp", 2,
                 "--target-strategy", t / "s.ckpt", expect=2)
-        one_error_line(p, "usage error", "--strategy", "--tp")
+        one_error_line(p, "--strategy", "--tp", kind="usage error")
         assert not (t / "o3").exists()
         # MindFormers' qkv_concat: w_qkv is cut by an mp-dependent
         # interleaving the layout does not describe.
@@ -1054,7 +1046,7 @@ def test_tp_pp_dp_refusals():
         m.save_checkpoint(items, f)
         p = run("convert", t / "llama", "-o", t / "o4", "--format", "mindspore", "--tp", 2,
                 expect=2)
-        one_error_line(p, "usage error", "--tp 2")
+        one_error_line(p, "--tp 2", kind="usage error")
         assert not (t / "o4").exists()
 
 

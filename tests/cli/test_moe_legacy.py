@@ -21,7 +21,6 @@ import functools
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -32,13 +31,12 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 sys.path.insert(0, str(HERE))
 import megatron_legacy_real as mlr  # noqa: E402
 import testmain  # noqa: E402
-from testmain import Tmp, run  # noqa: E402
+from testmain import Tmp, fails, one_error_line, run  # noqa: E402
 
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="ucp-moe-legacy-"))
 ITER = f"iter_{mlr.STEPS:07d}"
 # The MoE model: about 8 k elements of each kind (weights, main params, two moments).
 MIN_VALUES = 30_000
-SAN = os.environ.get("UCP_SAN")
 TORCH_DIST = pathlib.Path(os.environ.get("UCP_TESTDATA", "/nonexistent")) / "moe_torch_dist"
 
 
@@ -224,24 +222,6 @@ def test_resume_fits_only_the_same_ep():
         assert ranks == [f"mp_rank_00_{e:03d}" for e in range(4)], ranks
 
 
-def run_both(*args, expect):
-    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too (UCP_SAN:
-    ASan + UBSan): the same exit code and stderr, so no sanitizer report."""
-    p = run(*args, expect=expect)
-    if SAN:
-        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
-        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
-                                                                 q.stderr[-3000:])
-    return p
-
-
-def one_error_line(p, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
-
-
 def test_damaged_moe_saves_are_one_clear_error():
     """An EP rank's folder missing, a rank file holding one more local expert than E / EP
     (its last one then global expert 2 on EP rank 0, which EP rank 1 holds too), a rank file
@@ -257,9 +237,8 @@ def test_damaged_moe_saves_are_one_clear_error():
         d = t / "nofolder"
         shutil.copytree(src, d)
         shutil.rmtree(d / ITER / "mp_rank_00_001")
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "missing rank file", "mp_rank_00_001", "ep=2")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "missing rank file", "mp_rank_00_001",
+              "ep=2", out=t / "u.h5")
 
         d = t / "twice"
         shutil.copytree(src, d)
@@ -271,10 +250,9 @@ def test_damaged_moe_saves_are_one_clear_error():
             items.insert(at, (fc1.format(2), m[fc1.format(1)].clone()))
             sd["model"] = type(m)(items)
         rewrite(d / ITER / "mp_rank_00_000" / "model_optim_rng.pt", add_expert)
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "layer 1", "linear_fc1.weight", "global experts 2 stored more than once",
-                       "mp_rank_00_000", "mp_rank_00_001")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "layer 1", "linear_fc1.weight",
+              "global experts 2 stored more than once", "mp_rank_00_000", "mp_rank_00_001",
+              out=t / "u.h5")
 
         d = t / "lacking"
         shutil.copytree(src, d)
@@ -283,9 +261,8 @@ def test_damaged_moe_saves_are_one_clear_error():
             sd["model"] = type(sd["model"])(
                 (k, v) for k, v in sd["model"].items() if "local_experts.1." not in k)
         rewrite(d / ITER / "mp_rank_00_001" / "model_optim_rng.pt", drop_expert)
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "layer 0", "global experts 3 missing", "of 4 experts over 2 EP ranks")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "layer 0", "global experts 3 missing",
+              "of 4 experts over 2 EP ranks", out=t / "u.h5")
 
         # A run whose args say ETP 2 at TP 1 (a layout the legacy folders cannot hold).
         d = t / "etp"
@@ -294,18 +271,16 @@ def test_damaged_moe_saves_are_one_clear_error():
         def etp2(sd):
             sd["args"].expert_tensor_parallel_size = 2
         rewrite(d / ITER / "mp_rank_00_000" / "model_optim_rng.pt", etp2)
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "mp_rank_00_000", "expert_tensor_parallel_size 2",
-                       "tensor_model_parallel_size 1", "ETP = TP")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "mp_rank_00_000",
+              "expert_tensor_parallel_size 2", "tensor_model_parallel_size 1", "ETP = TP",
+              out=t / "u.h5")
 
         d = t / "cut"
         shutil.copytree(src, d)
         victim = d / ITER / "mp_rank_00_001" / "distrib_optim.pt"
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "mp_rank_00_001/distrib_optim.pt")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "mp_rank_00_001/distrib_optim.pt",
+              out=t / "u.h5")
 
 
 def test_etp_other_than_tp_is_one_usage_error():

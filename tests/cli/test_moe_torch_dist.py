@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import testmain  # noqa: E402
-from testmain import Tmp, run  # noqa: E402
+from testmain import Tmp, fails, one_error_line, run  # noqa: E402
 
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "moe_torch_dist"
 ITER = "iter_0000010"
@@ -223,26 +223,6 @@ def save_meta(iter_dir, meta):
         pickle.dump(meta, f)
 
 
-SAN = os.environ.get("UCP_SAN")
-
-
-def run_both(*args, expect):
-    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too (UCP_SAN:
-    ASan + UBSan): the same exit code and the same stderr, so no sanitizer report."""
-    p = run(*args, expect=expect)
-    if SAN:
-        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
-        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
-                                                                 q.stderr[-3000:])
-    return p
-
-
-
-def one_error_line(p, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 def drop_keys(iter_dir, doomed):
@@ -279,28 +259,24 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
         meta.storage_data = {k: v for k, v in meta.storage_data.items()
                              if not (k.fqn == fc1 and k.offset[0] >= 2)}
         save_meta(d / ITER, meta)
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, str(d / ITER), fc1, "layer 1", "global experts 2, 3 missing")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, str(d / ITER), fc1, "layer 1",
+              "global experts 2, 3 missing", out=t / "u.h5")
 
         # A MoE layer's fc2 experts gone (model and optimizer keys).
         d = t / "nofc2"
         shutil.copytree(src, d)
         assert drop_keys(d / ITER, lambda k: k.endswith(
             "decoder.layers.1.mlp.experts.experts.linear_fc2.weight")) == 4
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "layer 1", "linear_fc2.weight", "global experts 0, 1, 2, 3 missing")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "layer 1", "linear_fc2.weight",
+              "global experts 0, 1, 2, 3 missing", out=t / "u.h5")
 
         # The expert half of the optimizer lost (every expert's exp_avg_sq keys).
         d = t / "noexpertstate"
         shutil.copytree(src, d)
         assert drop_keys(d / ITER, lambda k: k.startswith("optimizer.state.exp_avg_sq.") and
                          ".mlp.experts.experts." in k) == 2
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "layer 1", "optimizer state exp_avg_sq",
-                       "global experts 0, 1, 2, 3 missing")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "layer 1", "optimizer state exp_avg_sq",
+              "global experts 0, 1, 2, 3 missing", out=t / "u.h5")
 
         # Doubled: (layer 1, expert 3)'s chunks stored at expert 1's index.
         d = t / "doubled"
@@ -321,18 +297,14 @@ def test_a_lost_or_doubled_expert_is_one_clear_error():
             data[k] = v
         meta.storage_data = data
         save_meta(d / ITER, meta)
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, fc1, "overlap")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, fc1, "overlap", out=t / "u.h5")
 
         # A cut rank file.
         d = t / "cut"
         shutil.copytree(src, d)
         victim = d / ITER / "__1_0.distcp"
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-        p = run_both("to-universal", d, "-o", t / "u.h5", expect=3)
-        one_error_line(p, "__1_0.distcp")
-        assert not (t / "u.h5").exists()
+        fails(["to-universal", d, "-o", t / "u.h5"], 3, "__1_0.distcp", out=t / "u.h5")
 
         # Control: the intact saves read.
         for name in SAVES:

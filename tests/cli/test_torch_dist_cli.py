@@ -24,7 +24,7 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 TOOL = HERE.parent / "tools" / "megatron_torch_dist.py"
-from testmain import UCP, run  # noqa: E402
+from testmain import UCP, one_error_line, run  # noqa: E402
 import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron_torch_dist"
 FIXTURE = pathlib.Path(os.environ["UCP_FIXTURES"]) / "megatron-core-torch-dist" / "tp2pp1dp1"
@@ -38,13 +38,6 @@ FSBS = DATA / "tp2_pp1_dp2_fsbs"          # DPR's state as core <= 0.14's fully_
 NONDIST = DATA / "tp2_pp2_dp1_nondist"     # the non-distributed optimizer's state
 FSMS = DATA / "tp2_pp2_dp1_fsms"           # SRC's state as core <= 0.14 saved it
 ITER = "iter_0000010"
-
-
-def one_error_line(p, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,9 @@
 """What the tests/cli/test_*.py scripts share (each runs with its own folder first on sys.path:
 `import testmain`): UCP (the binary under test), run (ucp with arguments, asserting its exit
-code), Tmp (a temporary folder removed on exit), and the runner at the end of each script:
+code), run_both (the same, and the sanitized ucp_san when ctest gives one), one_error_line (the
+one stderr line of a failed run, holding what it must name), fails (a run that exits with one
+error line and writes nothing), Tmp (a temporary folder removed on exit), and the runner at the
+end of each script:
 
   if __name__ == "__main__":
       import testmain
@@ -21,6 +24,8 @@ import tempfile
 import time
 
 UCP = pathlib.Path(os.environ["UCP_BINARY_DIR"]) / "cli" / "ucp"
+# ucp built with ASan + UBSan (ucp_san), when ctest runs the script; None otherwise.
+SAN = os.environ.get("UCP_SAN")
 
 
 def run(*args, expect=0):
@@ -28,6 +33,43 @@ def run(*args, expect=0):
     p = subprocess.run([str(UCP), *map(str, args)], capture_output=True, text=True)
     assert p.returncode == expect, (args, p.returncode, p.stdout[-3000:], p.stderr[-3000:])
     return p
+
+
+def run_both(*args, expect):
+    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too (UCP_SAN:
+    ASan + UBSan): the same exit code and the same stderr, so no sanitizer report."""
+    p = run(*args, expect=expect)
+    if SAN:
+        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
+                                                                 q.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, *needles, kind=None):
+    """The one line a failed ucp run `p` printed on stderr (asserted: exactly one), holding
+    str() of every needle and, with `kind` ("usage error", "format error", ...), starting
+    "ucp: KIND:"; returned."""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    if kind is not None:
+        assert lines[0].startswith(f"ucp: {kind}:"), lines[0]
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def fails(args, expect, *needles, out, kind=None):
+    """ucp ARGS (and ucp_san ARGS, run_both) exits `expect` with one error line holding every
+    needle (one_error_line), and nothing is written: nothing at `out`, no staging folder
+    (`.NAME.ucp-*`) beside it. Returns the line."""
+    line = one_error_line(run_both(*args, expect=expect), *needles, kind=kind)
+    out = pathlib.Path(out)
+    assert not out.exists(), (args, "output left behind", out)
+    if out.parent.is_dir():
+        left = [q.name for q in out.parent.iterdir() if q.name.startswith(f".{out.name}.ucp-")]
+        assert not left, (args, "staging left behind", left)
+    return line
 
 
 class Tmp:

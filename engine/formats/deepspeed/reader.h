@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,17 @@ class Planner {
   void CollectUntrained(const std::set<std::string>& buffers);
   void PlanModule();
   void PlanTorchOptimizer();
+  // ZeRO 0's torch optimizer (plain, and each ep rank's of a mixture of
+  // experts): optimizer group `g`'s param `ids` (keys of `state`, file `f`)
+  // matched to `candidates` (indices into params_, module order), each id
+  // the next candidate not `taken` whose shape is its state's; the members
+  // join groups_[g] and their state is planned. Throws FormatError for an id
+  // no candidate is left for (`who` names the candidates: "module").
+  void MatchTorchGroup(const FilePtr& f, const pickle::Value* state, size_t g,
+                       const std::vector<pickle::Value*>& ids,
+                       const std::vector<size_t>& candidates,
+                       std::string_view who, std::vector<bool>& taken,
+                       const std::string& where0);
   void PlanFp16Optimizer();  // FP16_Optimizer / FP16_UnfusedOptimizer
   // ZeRO 0: module params the optimizer does not hold (not `taken`) were
   // not given to it: frozen.

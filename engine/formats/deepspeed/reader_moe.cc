@@ -324,50 +324,14 @@ void Planner::PlanTorchMoe() {
           }
         }
         if (!expert && e > 0) continue;
-        size_t next = 0;
-        for (const Value* id : ids) {
-          const int64_t key = Int(id, "param id");
-          const Value* st = GetIndex(state, key);
-          std::optional<Shape> shape;
-          if (st != nullptr) {
-            for (const std::string& k : Keys(st, "state")) {
-              const torchfile::TensorInfo* t =
-                  k == "step" ? nullptr : f->FindTensor(Get(st, k));
-              if (t != nullptr) {
-                shape = t->shape;
-                break;
-              }
-            }
-          }
-          while (next < params_.size() &&
-                 (params_[next].buffer || taken[next] ||
-                  rank_of(params_[next]) != (expert ? e : -1) ||
-                  (shape && params_[next].shape != *shape)))
-            ++next;
-          if (next >= params_.size()) {
-            throw FormatError(
-                "param_groups[", g, "] names param id ", key,
-                shape ? StrCat(" (state of shape ", ShapeString(*shape), ")")
-                      : std::string(),
-                " but no ", expert ? StrCat("expert of ep rank ", e) : "",
-                " param is left to match it");
-          }
-          taken[next] = true;
-          Param& p = params_[next++];
-          p.group = static_cast<int64_t>(g);
-          groups_[g].push_back(p.name);
-          if (st == nullptr) continue;  // never stepped
-          const std::string where = StrCat(where0, " > state[", key, "]");
-          for (const std::string& k : Keys(st, "state")) {
-            if (k == "step") continue;
-            const torchfile::TensorInfo& t =
-                TensorAt(f, Get(st, k), where + " > " + k);
-            state_kinds_.insert(k);
-            Whole(Atom(p, k, t.dtype, false), Tensor(f, t, where),
-                  where + " > " + k);
-          }
-          PlanStep(p, f, st, where);
-        }
+        std::vector<size_t> candidates;
+        for (size_t i = 0; i < params_.size(); ++i)
+          if (!params_[i].buffer && rank_of(params_[i]) == (expert ? e : -1))
+            candidates.push_back(i);
+        MatchTorchGroup(
+            f, state, g, ids, candidates,
+            expert ? StrCat("expert of ep rank ", e) : std::string("dense"),
+            taken, where0);
       }
     } catch (Error& err) {
       AddContextOnce(err, where0);

@@ -28,62 +28,73 @@ void Planner::PlanTorchOptimizer() {
   try {
     const Value* state = RequireDict(opt, "state");
     const auto& groups = Items(Require(opt, "param_groups"), "param_groups");
-    // ids: torch numbers params over the groups in order. Groups are the
-    // module's params filtered (weight decay or not, ...): each group takes
-    // the module's params in order, skipping those taken by earlier groups
-    // and those whose shape differs from the id's state (frozen params,
-    // which the optimizer does not hold).
+    // Groups are the module's params filtered (weight decay or not, ...):
+    // each group takes the module's params in order.
+    std::vector<size_t> module;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!params_[i].buffer) module.push_back(i);
     std::vector<bool> taken(params_.size(), false);
     groups_.assign(groups.size(), {});
     for (size_t g = 0; g < groups.size(); ++g) {
-      size_t next = 0;
       group_dicts_.push_back(groups[g]);
-      for (const Value* id : Items(Require(groups[g], "params"), "params")) {
-        const int64_t key = Int(id, "param id");
-        const Value* st = GetIndex(state, key);
-        std::optional<Shape> shape;
-        if (st != nullptr) {
-          for (const std::string& k : Keys(st, "state")) {
-            const TensorInfo* t =
-                k == "step" ? nullptr : models_[0]->FindTensor(Get(st, k));
-            if (t != nullptr) {
-              shape = t->shape;
-              break;
-            }
-          }
-        }
-        while (next < params_.size() &&
-               (params_[next].buffer || taken[next] ||
-                (shape && params_[next].shape != *shape)))
-          ++next;
-        if (next >= params_.size()) {
-          throw FormatError(
-              "param_groups[", g, "] names param id ", key,
-              shape ? StrCat(" (state of shape ", ShapeString(*shape), ")")
-                    : std::string(),
-              " but no module param is left to match it");
-        }
-        taken[next] = true;
-        Param& p = params_[next++];
-        p.group = static_cast<int64_t>(g);
-        groups_[g].push_back(p.name);
-        if (st == nullptr) continue;  // never stepped
-        const std::string where = StrCat(where0, " > state[", key, "]");
-        for (const std::string& k : Keys(st, "state")) {
-          if (k == "step") continue;
-          const TensorInfo& t =
-              TensorAt(models_[0], Get(st, k), where + " > " + k);
-          state_kinds_.insert(k);
-          Whole(Atom(p, k, t.dtype, false), Tensor(models_[0], t, where),
-                where + " > " + k);
-        }
-        PlanStep(p, models_[0], st, where);
-      }
+      MatchTorchGroup(models_[0], state, g,
+                      Items(Require(groups[g], "params"), "params"), module,
+                      "module", taken, where0);
     }
     MarkFrozen(taken);
   } catch (Error& e) {
     AddContextOnce(e, where0);
     throw;
+  }
+}
+
+void Planner::MatchTorchGroup(const FilePtr& f, const Value* state, size_t g,
+                              const std::vector<Value*>& ids,
+                              const std::vector<size_t>& candidates,
+                              std::string_view who, std::vector<bool>& taken,
+                              const std::string& where0) {
+  // torch numbers params over the groups in order: each id is the next
+  // candidate not taken by an earlier id whose shape is its state's (a
+  // frozen param, which the optimizer does not hold, is skipped).
+  size_t next = 0;
+  for (const Value* id : ids) {
+    const int64_t key = Int(id, "param id");
+    const Value* st = GetIndex(state, key);
+    std::optional<Shape> shape;
+    if (st != nullptr) {
+      for (const std::string& k : Keys(st, "state")) {
+        const TensorInfo* t = k == "step" ? nullptr : f->FindTensor(Get(st, k));
+        if (t != nullptr) {
+          shape = t->shape;
+          break;
+        }
+      }
+    }
+    while (next < candidates.size() &&
+           (taken[candidates[next]] ||
+            (shape && params_[candidates[next]].shape != *shape)))
+      ++next;
+    if (next >= candidates.size()) {
+      throw FormatError(
+          "param_groups[", g, "] names param id ", key,
+          shape ? StrCat(" (state of shape ", ShapeString(*shape), ")")
+                : std::string(),
+          " but no ", who, " param is left to match it");
+    }
+    const size_t i = candidates[next++];
+    taken[i] = true;
+    Param& p = params_[i];
+    p.group = static_cast<int64_t>(g);
+    groups_[g].push_back(p.name);
+    if (st == nullptr) continue;  // never stepped
+    const std::string where = StrCat(where0, " > state[", key, "]");
+    for (const std::string& k : Keys(st, "state")) {
+      if (k == "step") continue;
+      const TensorInfo& t = TensorAt(f, Get(st, k), where + " > " + k);
+      state_kinds_.insert(k);
+      Whole(Atom(p, k, t.dtype, false), Tensor(f, t, where), where + " > " + k);
+    }
+    PlanStep(p, f, st, where);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "engine/formats/megatron/megatron_format.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <system_error>
@@ -22,6 +23,23 @@ std::optional<int64_t> ParseNumber(std::string_view s) {
   if (ec != std::errc() || ptr != s.data() + s.size() || v < 0)
     return std::nullopt;
   return v;
+}
+
+// "iter_0000050, iter_0000100": the iter_N folders of `dir`, sorted; "none".
+std::string IterationsIn(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    std::error_code e2;
+    if (ParseIterDirName(name) && it->is_directory(e2))
+      names.push_back(std::move(name));
+  }
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
 }
 
 }  // namespace
@@ -73,42 +91,56 @@ std::optional<int64_t> ParseIterDirName(std::string_view name) {
 }
 
 IterationFolder LocateIteration(const fs::path& path,
-                                std::optional<int64_t> iteration) {
+                                std::optional<int64_t> iteration,
+                                ReleaseFolder release) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
     throw IoError("checkpoint folder ", path.string(),
                   " does not exist or is not a folder");
   }
+  const bool release_ok = release == ReleaseFolder::kAccepted;
   IterationFolder f;
   const fs::path tracker = path / kTrackerFile;
-  const auto own = ParseIterDirName(path.filename().string());
+  const std::string leaf = path.filename().string();
+  const auto own = ParseIterDirName(leaf);
+  const bool own_release = release_ok && leaf == kReleaseDir;
   if (iteration) {
-    f.dir = own && !fs::exists(tracker, ec) ? path.parent_path() : path;
+    const bool iter_folder = own || own_release;
+    f.dir = iter_folder && !fs::exists(tracker, ec) ? path.parent_path() : path;
     f.iteration = *iteration;
     f.iter_dir = f.dir / IterDirName(*iteration, false);
     if (!fs::is_directory(f.iter_dir, ec)) {
-      throw UsageError("iteration ", *iteration, " is not in ", f.dir.string(),
-                       " (no ", f.iter_dir.filename().string(), ")");
+      // The caller's choice: say which iterations the folder has.
+      throw UsageError("--iteration ", *iteration, ": no ",
+                       f.iter_dir.filename().string(), " in ", f.dir.string(),
+                       " (iterations here: ", IterationsIn(f.dir), ")");
     }
   } else if (fs::exists(tracker, ec)) {
     f.dir = path;
     const std::string text = ReadSmallFile(tracker, 1024);
-    const auto n = ParseNumber(TrimWhitespace(text));
-    if (!n) {
-      throw FormatError(tracker.string(), ": not an iteration number: '",
-                        std::string(TrimWhitespace(text)).substr(0, 40), "'");
+    const std::string_view held = TrimWhitespace(text);
+    const auto n = ParseNumber(held);
+    f.release = release_ok && held == kReleaseDir;
+    if (!n && !f.release) {
+      throw FormatError(tracker.string(), ": tracker holds '",
+                        std::string(held).substr(0, 40),
+                        "', expected an iteration number",
+                        release_ok ? " or 'release'" : "");
     }
-    f.iteration = *n;
-    f.iter_dir = path / IterDirName(*n, false);
+    f.iteration = n.value_or(0);
+    f.iter_dir = path / IterDirName(f.iteration, f.release);
     if (!fs::is_directory(f.iter_dir, ec)) {
-      throw FormatError(tracker.string(), " names iteration ", *n, " but ",
-                        f.iter_dir.string(), " does not exist");
+      throw FormatError(tracker.string(), " names ",
+                        f.release ? std::string(kReleaseDir)
+                                  : StrCat("iteration ", f.iteration),
+                        " but ", f.iter_dir.string(), " does not exist");
     }
   } else {
     f.dir = path.parent_path();
     f.iter_dir = path;
     f.iteration = own.value_or(0);
-    f.named = own.has_value();
+    f.release = own_release;
+    f.named = own.has_value() || own_release;
   }
   f.iter_dir = f.iter_dir.lexically_normal();
   return f;

@@ -204,22 +204,35 @@ std::string IterDirName(int64_t iteration, bool release);
 /// N of "iter_N" (digits only); absent for any other name.
 std::optional<int64_t> ParseIterDirName(std::string_view name);
 
-/// Where the DCP-container formats' (torch_dist, Megatron-FSDP) iteration
-/// folder of `path` lies: `iteration`'s in the save folder (`path`, or its
-/// parent when `path` is an iter_N folder without a tracker); else the
-/// tracker's; else `path` itself, `named` telling whether its name is iter_N
-/// (its iteration, else 0).
+/// Which folder of a save folder holds the checkpoint to read, and how it
+/// was found (LocateIteration).
 struct IterationFolder {
   std::filesystem::path dir;       // the save folder
   std::filesystem::path iter_dir;  // lexically normal
   int64_t iteration = 0;
+  /// The release/ folder (a converted checkpoint; iteration 0).
+  bool release = false;
+  /// False when `path` was neither a save folder (with a tracker) nor an
+  /// iter_N (or accepted release/) folder: then it is `iter_dir` itself.
   bool named = true;
 };
-/// Throws IoError if `path` is not a folder, FormatError naming a tracker
-/// that holds no number or names a missing folder, UsageError for an
+/// Whether a checkpoint may be Megatron's release/ folder (the tracker saying
+/// "release", or the folder itself): the legacy format's converted
+/// checkpoints; the DCP-container formats (torch_dist, Megatron-FSDP) take
+/// iter_N folders only.
+enum class ReleaseFolder : bool { kRefused, kAccepted };
+/// The iteration folder of `path`, as Megatron's loader finds it:
+/// `iteration`'s in the save folder (`path`, or its parent when `path` is an
+/// iteration folder without a tracker); else the tracker's (an iteration
+/// number, or "release" when accepted); else `path` itself, `named` telling
+/// whether its name is iter_N (its iteration, else 0) or an accepted
+/// release. Throws IoError if `path` is not a folder, FormatError naming a
+/// tracker that holds no iteration or names a missing folder, UsageError
+/// "--iteration N: no iter_N in DIR (iterations here: ...)" for an
 /// `iteration` the save folder lacks.
-IterationFolder LocateIteration(const std::filesystem::path& path,
-                                std::optional<int64_t> iteration);
+IterationFolder LocateIteration(
+    const std::filesystem::path& path, std::optional<int64_t> iteration,
+    ReleaseFolder release = ReleaseFolder::kRefused);
 /// The universal file's opaque key of a rank's rng state:
 /// "rng_state/tp01_pp003".
 std::string RngStateKey(int64_t tp_rank, int64_t pp_rank);

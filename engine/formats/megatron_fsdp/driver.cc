@@ -4,6 +4,7 @@
 #include "engine/formats/driver.h"
 
 #include "engine/core/error.h"
+#include "engine/formats/megatron/iteration_driver.h"
 #include "engine/formats/megatron_fsdp/megatron_fsdp.h"
 
 namespace ucp::megatron_fsdp {
@@ -50,7 +51,7 @@ class FsdpSource : public formats::Source {
   formats::CheckpointInfo info_;
 };
 
-class FsdpDriver : public formats::Driver {
+class FsdpDriver : public megatron::IterationDriver {
  public:
   std::string_view Name() const override { return "megatron-fsdp"; }
   std::string_view Summary() const override {
@@ -65,25 +66,16 @@ class FsdpDriver : public formats::Driver {
     return IsFsdpFolder(path) ? formats::Confidence::kYes
                               : formats::Confidence::kNo;
   }
-  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
-    formats::OptionSpec it;
-    it.name = kIterationOption;
-    it.type = formats::OptionSpec::Type::kInt;
-    it.help = "Megatron-FSDP: the iteration to read (default: the tracker's)";
-    it.min = 0;
-    return {it};
+
+ protected:
+  std::string_view HelpPrefix() const override { return "Megatron-FSDP"; }
+  bool HoldsIteration(const fs::path& iter_dir) const override {
+    return HoldsFsdpFiles(iter_dir);
   }
-  std::vector<formats::SavedCheckpoint> ListCheckpoints(
-      const fs::path& dir) const override {
-    return ListIterations(dir);
-  }
-  std::unique_ptr<formats::Source> Open(
-      const fs::path& path,
+  std::unique_ptr<formats::Source> OpenIteration(
+      const fs::path& path, std::optional<int64_t> iteration,
       const formats::SourceOptions& options) const override {
-    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
-                          "sources");
-    return std::make_unique<FsdpSource>(
-        Discover(path, options.values.Int(kIterationOption)), options);
+    return std::make_unique<FsdpSource>(Discover(path, iteration), options);
   }
 };
 

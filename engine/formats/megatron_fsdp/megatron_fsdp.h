@@ -56,8 +56,6 @@
 
 namespace ucp::megatron_fsdp {
 
-inline constexpr const char* kIterationOption = "iteration";
-
 struct Checkpoint {
   std::filesystem::path dir;       // the save folder
   std::filesystem::path iter_dir;  // iter_NNNNNNN
@@ -76,10 +74,10 @@ struct Checkpoint {
 /// iteration. Never throws.
 bool IsFsdpFolder(const std::filesystem::path& dir);
 
-/// The iter_N folders of save folder `dir` that are DCP folders without
-/// metadata.json. Never throws.
-std::vector<formats::SavedCheckpoint> ListIterations(
-    const std::filesystem::path& dir);
+/// True if iteration folder `iter_dir` is a DCP folder (complete, or with a
+/// .distcp file) without torch_dist's metadata.json or common.pt. Never
+/// throws.
+bool HoldsFsdpFiles(const std::filesystem::path& iter_dir);
 
 /// Finds the checkpoint (a save folder: `iteration`, else the tracker's; or
 /// an iteration folder) and reads its DCP metadata and args. Throws IoError,

@@ -338,31 +338,17 @@ bool IsFsdpFolder(const fs::path& dir) {
          fs::exists(dir.parent_path() / megatron::kTrackerFile, ec);
 }
 
-std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
-  std::vector<formats::SavedCheckpoint> out;
+bool HoldsFsdpFiles(const fs::path& iter_dir) {
+  // An unfinished save (no .metadata yet) is one: Open says so.
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const auto n = megatron::ParseIterDirName(name);
-    std::error_code e2;
-    if (!n || !it->is_directory(e2)) continue;
-    // An unfinished save (no .metadata yet) is listed: Open says so.
-    if (fs::exists(it->path() / "metadata.json", e2) ||
-        fs::exists(it->path() / "common.pt", e2))
-      continue;
-    bool distcp = IsDcpIterFolder(it->path());
-    for (fs::directory_iterator f(it->path(), e2), fe;
-         !distcp && !e2 && f != fe; f.increment(e2))
-      distcp = f->path().extension() == ".distcp";
-    if (!distcp) continue;
-    formats::SavedCheckpoint c;
-    c.name = name;
-    c.iteration = *n;
-    c.selector.Set(kIterationOption, std::to_string(*n));
-    out.push_back(std::move(c));
-  }
-  return out;
+  if (fs::exists(iter_dir / "metadata.json", ec) ||
+      fs::exists(iter_dir / "common.pt", ec))
+    return false;
+  bool distcp = IsDcpIterFolder(iter_dir);
+  for (fs::directory_iterator f(iter_dir, ec), fe; !distcp && !ec && f != fe;
+       f.increment(ec))
+    distcp = f->path().extension() == ".distcp";
+  return distcp;
 }
 
 Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {

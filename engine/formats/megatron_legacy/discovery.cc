@@ -1,10 +1,6 @@
 // Finding a Megatron checkpoint on disk: tracker, iteration folder, rank
 // folders (naming in megatron_format.h).
 
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cstdio>
 #include <system_error>
 
 #include "engine/core/error.h"
@@ -16,48 +12,6 @@
 
 namespace ucp::megatron {
 namespace fs = std::filesystem;
-
-namespace {
-
-std::optional<int64_t> ParseNumber(std::string_view s) {
-  if (s.empty()) return std::nullopt;
-  int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || ptr != s.data() + s.size() || v < 0)
-    return std::nullopt;
-  return v;
-}
-
-bool IsIterDirName(std::string_view name) {
-  if (name == kReleaseDir) return true;
-  return name.size() > 5 && name.substr(0, 5) == "iter_" &&
-         ParseNumber(name.substr(5)).has_value();
-}
-
-}  // namespace
-
-std::vector<formats::SavedCheckpoint> ListIterations(
-    const std::filesystem::path& dir) {
-  std::vector<formats::SavedCheckpoint> out;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name == kReleaseDir || !IsIterDirName(name) || !it->is_directory(ec))
-      continue;
-    // Megatron's other format (torch_dist) keeps DCP files there.
-    std::error_code e2;
-    if (std::filesystem::exists(it->path() / "metadata.json", e2) ||
-        std::filesystem::exists(it->path() / ".metadata", e2))
-      continue;
-    formats::SavedCheckpoint c;
-    c.name = name;
-    c.iteration = *ParseNumber(std::string_view(name).substr(5));
-    c.selector.Set(kIterationOption, std::to_string(c.iteration));
-    out.push_back(std::move(c));
-  }
-  return out;
-}
 
 RunConfig ReadLegacyRunConfig(const ArgsView& args) {
   RunConfig run = ReadRunConfig(args, /*experts=*/true);
@@ -74,56 +28,19 @@ RunConfig ReadLegacyRunConfig(const ArgsView& args) {
 }
 
 Checkpoint Discover(const fs::path& dir, std::optional<int64_t> iteration) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    throw IoError("checkpoint folder ", dir.string(),
-                  " does not exist or is not a folder");
-  }
-  Checkpoint c;
-  const fs::path tracker = dir / kTrackerFile;
-  const std::string leaf = dir.filename().string();
-  if (fs::exists(tracker, ec) && !iteration) {
-    c.dir = dir;
-    const std::string text = ReadSmallFile(tracker, 1024);
-    std::string_view t = TrimWhitespace(text);
-    if (t == kReleaseDir) {
-      c.release = true;
-    } else if (auto n = ParseNumber(t)) {
-      c.iteration = *n;
-    } else {
-      throw FormatError(tracker.string(), ": tracker holds '", t,
-                        "', expected an iteration number or 'release'");
-    }
-    c.iter_dir = dir / IterDirName(c.iteration, c.release);
-  } else if (iteration) {
-    c.dir = dir;
-    c.iteration = *iteration;
-    c.iter_dir = dir / IterDirName(*iteration, false);
-  } else if (IsIterDirName(leaf)) {
-    c.dir = dir.parent_path();
-    c.iter_dir = dir;
-    c.release = leaf == kReleaseDir;
-    if (!c.release) c.iteration = *ParseNumber(leaf.substr(5));
-  } else {
+  IterationFolder at =
+      LocateIteration(dir, iteration, ReleaseFolder::kAccepted);
+  if (!at.named) {
     throw FormatError(dir.string(), ": no ", kTrackerFile,
                       " and not an iter_NNNNNNN / release folder: not a "
                       "Megatron checkpoint");
   }
-  if (!fs::is_directory(c.iter_dir, ec)) {
-    if (iteration) {
-      // The caller's choice: say which iterations the folder has.
-      std::string have;
-      for (const formats::SavedCheckpoint& s : ListIterations(dir))
-        have += (have.empty() ? "" : ", ") + s.name;
-      throw UsageError("--iteration ", *iteration, ": no ",
-                       c.iter_dir.filename().string(), " in ", dir.string(),
-                       " (iterations here: ", have.empty() ? "none" : have,
-                       ")");
-    }
-    throw FormatError(c.iter_dir.string(),
-                      ": the iteration folder named by the tracker is "
-                      "missing");
-  }
+  Checkpoint c;
+  c.dir = std::move(at.dir);
+  c.iter_dir = std::move(at.iter_dir);
+  c.iteration = at.iteration;
+  c.release = at.release;
+  std::error_code ec;
 
   // Rank (0, 0) names the topology: mp_rank_00 (PP 1), mp_rank_00_000 (PP
   // or EP > 1) or mp_rank_00_000_000 (both).

@@ -7,6 +7,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/formats/megatron/iteration_driver.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron_legacy/megatron.h"
 
@@ -75,7 +76,7 @@ bool HoldsRankDir(const fs::path& dir) {
   return false;
 }
 
-class MegatronDriver : public formats::Driver {
+class MegatronDriver : public IterationDriver {
  public:
   std::string_view Name() const override { return "megatron"; }
   std::string_view Summary() const override {
@@ -103,26 +104,6 @@ class MegatronDriver : public formats::Driver {
         return formats::Confidence::kYes;
     }
     return tracker ? formats::Confidence::kMaybe : formats::Confidence::kNo;
-  }
-  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
-    formats::OptionSpec it;
-    it.name = kIterationOption;
-    it.type = formats::OptionSpec::Type::kInt;
-    it.help = "Megatron: the iteration to read (default: the tracker's)";
-    it.min = 0;
-    return {it};
-  }
-  std::vector<formats::SavedCheckpoint> ListCheckpoints(
-      const fs::path& dir) const override {
-    return ListIterations(dir);
-  }
-  std::unique_ptr<formats::Source> Open(
-      const fs::path& path,
-      const formats::SourceOptions& options) const override {
-    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
-                          "sources");
-    return std::make_unique<MegatronSource>(
-        Discover(path, options.values.Int(kIterationOption)), options);
   }
   bool HasTracker() const override { return true; }
   void WriteTracker(const fs::path& dir,
@@ -161,6 +142,20 @@ class MegatronDriver : public formats::Driver {
     o.no_optimizer = options.no_optimizer;
     o.rng_state = ParseRngStateMode(options.values);
     return megatron::PlanTarget(input, o, {});
+  }
+
+ protected:
+  std::string_view HelpPrefix() const override { return "Megatron"; }
+  // Not the DCP files of Megatron's other format (torch_dist).
+  bool HoldsIteration(const fs::path& iter_dir) const override {
+    std::error_code ec;
+    return !fs::exists(iter_dir / "metadata.json", ec) &&
+           !fs::exists(iter_dir / ".metadata", ec);
+  }
+  std::unique_ptr<formats::Source> OpenIteration(
+      const fs::path& path, std::optional<int64_t> iteration,
+      const formats::SourceOptions& options) const override {
+    return std::make_unique<MegatronSource>(Discover(path, iteration), options);
   }
 };
 

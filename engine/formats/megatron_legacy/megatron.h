@@ -26,8 +26,8 @@
 
 namespace ucp::megatron {
 
-/// The options the driver declares (driver.cc).
-inline constexpr const char* kIterationOption = "iteration";
+/// The target option the driver declares (driver.cc); its source option is
+/// the family's kIterationOption (iteration_driver.h).
 inline constexpr const char* kDistributedOptimizerOption =
     "distributed-optimizer";
 
@@ -50,15 +50,16 @@ struct Checkpoint {
   std::vector<std::vector<std::filesystem::path>> distrib_optim_files;
 };
 
-/// Finds the checkpoint in `dir`: the tracker file's iteration (or
-/// `iteration` if given), or `dir` itself if it is an iter_* / release
-/// folder. Reads the args of rank (0, 0) for the topology and checks that
-/// every rank file (and distrib_optim.pt when the distributed optimizer was
-/// used and rank (0, 0) holds optimizer state) exists and that no rank
-/// folder is unexplained. Throws FormatError
-/// naming the missing or malformed file (or unsupported feature such as
-/// an expert tensor-parallel size other than TP), IoError if `dir` is not a
-/// folder or unreadable.
+/// Finds the checkpoint in `dir` (LocateIteration, release/ accepted): the
+/// tracker file's iteration or release folder (or `iteration` if given), or
+/// `dir` itself if it is an iter_* / release folder. Reads the args of rank
+/// (0, 0) for the topology and checks that every rank file (and
+/// distrib_optim.pt when the distributed optimizer was used and rank (0, 0)
+/// holds optimizer state) exists and that no rank folder is unexplained.
+/// Throws FormatError naming the missing or malformed file (or unsupported
+/// feature such as an expert tensor-parallel size other than TP), IoError if
+/// `dir` is not a folder or unreadable, UsageError for an `iteration` the
+/// folder lacks.
 Checkpoint Discover(const std::filesystem::path& dir,
                     std::optional<int64_t> iteration = std::nullopt);
 
@@ -66,10 +67,6 @@ Checkpoint Discover(const std::filesystem::path& dir,
 /// experts; a dense model's expert sizes dropped). Throws FormatError as
 /// ReadRunConfig, or for an expert-parallel size without num_experts.
 RunConfig ReadLegacyRunConfig(const ArgsView& args);
-
-/// The iter_* folders of save folder `dir` (complete or not). Never throws.
-std::vector<formats::SavedCheckpoint> ListIterations(
-    const std::filesystem::path& dir);
 
 struct SourceOptions {
   /// A builtin layout name or a YAML file; empty: detect from the names.

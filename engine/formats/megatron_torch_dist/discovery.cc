@@ -59,26 +59,11 @@ bool IsTorchDistFolder(const fs::path& dir) {
   }
 }
 
-std::vector<formats::SavedCheckpoint> ListIterations(const fs::path& dir) {
-  std::vector<formats::SavedCheckpoint> out;
+bool HoldsTorchDistFiles(const fs::path& iter_dir) {
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const auto n = megatron::ParseIterDirName(name);
-    if (!n || !it->is_directory(ec)) continue;
-    std::error_code e2;
-    if (!fs::exists(it->path() / kMetadataJson, e2) &&
-        !fs::exists(it->path() / dcp::kMetadataFile, e2) &&
-        !fs::exists(it->path() / "__0_0.distcp", e2))
-      continue;
-    formats::SavedCheckpoint c;
-    c.name = name;
-    c.iteration = *n;
-    c.selector.Set(kIterationOption, std::to_string(*n));
-    out.push_back(std::move(c));
-  }
-  return out;
+  return fs::exists(iter_dir / kMetadataJson, ec) ||
+         fs::exists(iter_dir / dcp::kMetadataFile, ec) ||
+         fs::exists(iter_dir / "__0_0.distcp", ec);
 }
 
 Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {

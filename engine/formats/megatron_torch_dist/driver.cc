@@ -7,6 +7,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/formats/megatron/iteration_driver.h"
 #include "engine/formats/megatron/megatron_format.h"
 #include "engine/formats/megatron_torch_dist/keys.h"
 #include "engine/formats/megatron_torch_dist/torch_dist.h"
@@ -110,7 +111,7 @@ class TorchDistSource : public formats::Source {
   bool experts_ = false;  // routed experts (mixture of experts)
 };
 
-class TorchDistDriver : public formats::Driver {
+class TorchDistDriver : public megatron::IterationDriver {
  public:
   std::string_view Name() const override { return "megatron-torch-dist"; }
   std::string_view Summary() const override {
@@ -126,36 +127,9 @@ class TorchDistDriver : public formats::Driver {
     if (IsTorchDistFolder(path)) return formats::Confidence::kYes;
     if (!fs::exists(path / megatron::kTrackerFile, ec))
       return formats::Confidence::kNo;
-    for (const formats::SavedCheckpoint& c : ListIterations(path))
+    for (const formats::SavedCheckpoint& c : ListCheckpoints(path))
       if (IsTorchDistFolder(path / c.name)) return formats::Confidence::kYes;
     return formats::Confidence::kNo;
-  }
-  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
-    formats::OptionSpec it;
-    it.name = kIterationOption;
-    it.type = formats::OptionSpec::Type::kInt;
-    it.help = "torch_dist: the iteration to read (default: the tracker's)";
-    it.min = 0;
-    formats::OptionSpec impl;
-    impl.name = kTransformerImplOption;
-    impl.type = formats::OptionSpec::Type::kString;
-    impl.help =
-        "torch_dist: the layer spec the run used, local or transformer_engine "
-        "(default: args.transformer_impl, else transformer_engine); local "
-        "names the norms input_layernorm / pre_mlp_layernorm";
-    return {it, impl};
-  }
-  std::vector<formats::SavedCheckpoint> ListCheckpoints(
-      const fs::path& dir) const override {
-    return ListIterations(dir);
-  }
-  std::unique_ptr<formats::Source> Open(
-      const fs::path& path,
-      const formats::SourceOptions& options) const override {
-    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
-                          "sources");
-    return std::make_unique<TorchDistSource>(
-        Discover(path, options.values.Int(kIterationOption)), options);
   }
   bool HasTracker() const override { return true; }
   void WriteTracker(const fs::path& dir,
@@ -202,6 +176,26 @@ class TorchDistDriver : public formats::Driver {
     o.no_optimizer = options.no_optimizer;
     o.true_vocab_size = options.true_vocab_size;
     return torch_dist::PlanTarget(input, o);
+  }
+
+ protected:
+  std::string_view HelpPrefix() const override { return "torch_dist"; }
+  std::vector<formats::OptionSpec> MoreSourceOptionSpecs() const override {
+    return {{.name = kTransformerImplOption,
+             .type = formats::OptionSpec::Type::kString,
+             .help = "torch_dist: the layer spec the run used, local or "
+                     "transformer_engine (default: args.transformer_impl, "
+                     "else transformer_engine); local names the norms "
+                     "input_layernorm / pre_mlp_layernorm"}};
+  }
+  bool HoldsIteration(const fs::path& iter_dir) const override {
+    return HoldsTorchDistFiles(iter_dir);
+  }
+  std::unique_ptr<formats::Source> OpenIteration(
+      const fs::path& path, std::optional<int64_t> iteration,
+      const formats::SourceOptions& options) const override {
+    return std::make_unique<TorchDistSource>(Discover(path, iteration),
+                                             options);
   }
 };
 

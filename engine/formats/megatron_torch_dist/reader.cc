@@ -43,6 +43,22 @@ struct Param {
   bool buffer = false;
 };
 
+// A model key of the metadata, listed once (CollectParams): a tensor, or an
+// object (a layer's extra state) kept opaque.
+struct ListedKey {
+  std::string key;
+  bool stacked = false;  // a decoder key stacked over the layers
+  bool opaque = false;
+  int64_t experts = 0;  // an expert key's expert count, else 0
+  const dcp::Entry* entry = nullptr;
+};
+// The model keys in the canonical order's three runs: the keys before the
+// first stacked one, the stacked keys, the rest.
+struct ListedKeys {
+  std::vector<ListedKey> before, layer, after;
+  int64_t stacked_layers = -1;  // the stacked keys' layer count; -1: none
+};
+
 // The object a ShardedObject's item holds (saved as torch.save([object])).
 const Value* ObjectRoot(const torchfile::TorchFile& f) {
   const Value* v = f.root();
@@ -77,6 +93,12 @@ class Planner {
  private:
   void ReadSettings();
   void CollectParams();
+  // CollectParams' steps: every model key once, in runs (num_layers_ and
+  // experts_ set; FormatError for layer counts that disagree), and the model
+  // variables, the args' else what the shapes tell (vocab_source_ and
+  // true_vocab_known_ set).
+  ListedKeys ListModelKeys();
+  layouts::Variables ModelVariables(const ListedKeys& keys);
   void PlanTensor(const dcp::Entry& e, const KeyInfo& k);
   // Mixture of experts: the expert count on expert keys' axes, and every
   // expert of every MoE layer held exactly once (model and optimizer).
@@ -87,6 +109,27 @@ class Planner {
   // its model key's shape; FormatError naming `where` otherwise.
   std::optional<Shape> FlattenedLocal(const dcp::Entry& e, const KeyInfo& k,
                                       const std::string& where) const;
+  // The atom kind optimizer key `e` fills (fp32, exp_avg, exp_avg_sq);
+  // FormatError for a state or dtype ucp does not read.
+  std::string StateKind(const dcp::Entry& e, const KeyInfo& k) const;
+  // A box of the model key's global tensor an item holds: its source, offset
+  // and size (the key's prepended layer / expert axes included).
+  struct KeyBox {
+    reshape::SourceTensor src;
+    Shape offset, size;
+  };
+  // The boxes chunk `chunk` (read from `whole`) holds: itself, or when its
+  // key holds flattened ranges of local tensors of shape `flat`, the boxes
+  // its range covers.
+  static std::vector<KeyBox> ChunkBoxes(const reshape::SourceTensor& whole,
+                                        const dcp::Chunk& chunk,
+                                        const std::optional<Shape>& flat,
+                                        const std::string& iw);
+  // A box's slices along the prepended axes as fragments of the params they
+  // are (a stacked key's layers, an expert key's global experts), into atom
+  // `kind` (a model key: the param's own).
+  void PlaceBox(const KeyBox& box, const dcp::Entry& e, const KeyInfo& k,
+                const std::string& kind, const std::string& iw);
   // Box {off, sub} of param p's tensor, read from `src`, as fragments of
   // `atom` (rows beyond the true vocabulary to its pad rows).
   static void AddFragments(const Param& p, universal::AtomPlan& atom,
@@ -246,25 +289,16 @@ Param& Planner::ParamAt(const std::string& key, int64_t layer, int64_t expert,
   return params_[it->second];
 }
 
-// Names, shapes and the canonical entry order: the keys before the first
-// stacked one, every layer's stacked keys (and their extra states) in the
-// order the metadata lists them, then the rest. An expert key names one
-// param per global expert (layouts/README.md, "Mixture of experts").
-void Planner::CollectParams() {
-  struct Listed {
-    std::string key;
-    bool stacked = false;
-    bool opaque = false;
-    int64_t experts = 0;  // an expert key's expert count, else 0
-    const dcp::Entry* entry = nullptr;
-  };
-  std::vector<Listed> before, layer, after;
+// The model keys once each: the keys before the first stacked one, every
+// stacked key, then the rest; the layer count.
+ListedKeys Planner::ListModelKeys() {
+  ListedKeys out;
   std::set<std::string> seen;
   bool any_stacked = false;
-  int64_t stacked_layers = -1;
+  int64_t& stacked_layers = out.stacked_layers;
   for (const dcp::Entry& e : c_.dcp.metadata.entries) {
     const KeyInfo k = ClassifyKey(e.fqn, e.tensor);
-    Listed l;
+    ListedKey l;
     l.entry = &e;
     const KeyAxes axes = AxesOf(k.model_key);
     if (k.kind == KeyInfo::kModel) {
@@ -305,13 +339,13 @@ void Planner::CollectParams() {
     if (!seen.insert(l.key).second) continue;
     any_stacked = any_stacked || l.stacked;
     experts_ = experts_ || l.experts > 0;
-    (l.stacked ? layer : any_stacked ? after : before).push_back(l);
+    (l.stacked ? out.layer : any_stacked ? out.after : out.before).push_back(l);
   }
   // Per-layer keys (a decoder of dense and MoE layers): the layer count is
   // the highest layer number + 1.
   int64_t listed_layers = -1;
-  for (const std::vector<Listed>* v : {&before, &after})
-    for (const Listed& l : *v)
+  for (const std::vector<ListedKey>* v : {&out.before, &out.after})
+    for (const ListedKey& l : *v)
       listed_layers = std::max(listed_layers, AxesOf(l.key).layer + 1);
   if (stacked_layers >= 0 && listed_layers > stacked_layers) {
     throw FormatError(c_.iter_dir.string(), ": per-layer keys up to layer ",
@@ -331,35 +365,12 @@ void Planner::CollectParams() {
                         listed_layers - 1);
     }
   }
+  return out;
+}
 
-  // Canonical names in order (for the layout and the entry list).
-  struct Named {
-    std::string name;
-    std::string key;
-    int64_t layer;
-    int64_t expert;
-    bool opaque;
-    const dcp::Entry* entry;
-  };
-  std::vector<Named> names;
-  auto add = [&](const Listed& l, int64_t g) {
-    for (int64_t x = l.experts > 0 ? 0 : -1; x < l.experts; ++x) {
-      names.push_back({CanonicalName(l.key, g, x, local_spec_), l.key, g, x,
-                       l.opaque, l.entry});
-      if (x < 0) break;
-    }
-  };
-  for (const Listed& l : before) add(l, -1);
-  for (int64_t g = 0; g < num_layers_; ++g)
-    for (const Listed& l : layer) add(l, g);
-  for (const Listed& l : after) add(l, -1);
-
-  std::vector<std::string> all;
-  for (const Named& n : names) all.push_back(n.name);
-  layout_ = Layout::FromSpec(o_.layout, all);
-  const Layout& layout = *layout_;
-
-  // Model variables: the args', else what the shapes tell.
+// Model variables: the args', else what the shapes tell; the vocabulary's
+// size from the option, the args' tokenizer, else the stored rows.
+layouts::Variables Planner::ModelVariables(const ListedKeys& keys) {
   layouts::Variables vars;
   if (run_) vars = run_->variables;
   const dcp::Entry* emb =
@@ -377,10 +388,11 @@ void Planner::CollectParams() {
       vars.Set("swiglu", fc1->size[1] == 2 * fc2->size[2] ? 1 : 0);
   }
   // Without num_experts in the args: the expert axis of the first expert
-  // key (every other one is checked against it below).
+  // key (every other one is checked against it, CheckExpertCounts).
   if (!vars.Has("num_moe_experts")) {
-    for (const std::vector<Listed>* v : {&before, &layer, &after})
-      for (const Listed& l : *v)
+    for (const std::vector<ListedKey>* v :
+         {&keys.before, &keys.layer, &keys.after})
+      for (const ListedKey& l : *v)
         if (l.experts > 0 && !vars.Has("num_moe_experts"))
           vars.Set("num_moe_experts", l.experts);
   }
@@ -396,7 +408,43 @@ void Planner::CollectParams() {
     vocab_source_ = "the stored rows (true size unknown)";
   }
   if (vocab) vars.Set("vocab_size", *vocab);
-  vars_ = layout.Resolve(vars);
+  return vars;
+}
+
+// Names, shapes and the canonical entry order: the keys before the first
+// stacked one, every layer's stacked keys (and their extra states) in the
+// order the metadata lists them, then the rest. An expert key names one
+// param per global expert (layouts/README.md, "Mixture of experts").
+void Planner::CollectParams() {
+  const ListedKeys keys = ListModelKeys();
+
+  // Canonical names in order (for the layout and the entry list).
+  struct Named {
+    std::string name;
+    std::string key;
+    int64_t layer;
+    int64_t expert;
+    bool opaque;
+    const dcp::Entry* entry;
+  };
+  std::vector<Named> names;
+  auto add = [&](const ListedKey& l, int64_t g) {
+    for (int64_t x = l.experts > 0 ? 0 : -1; x < l.experts; ++x) {
+      names.push_back({CanonicalName(l.key, g, x, local_spec_), l.key, g, x,
+                       l.opaque, l.entry});
+      if (x < 0) break;
+    }
+  };
+  for (const ListedKey& l : keys.before) add(l, -1);
+  for (int64_t g = 0; g < num_layers_; ++g)
+    for (const ListedKey& l : keys.layer) add(l, g);
+  for (const ListedKey& l : keys.after) add(l, -1);
+
+  std::vector<std::string> all;
+  for (const Named& n : names) all.push_back(n.name);
+  layout_ = Layout::FromSpec(o_.layout, all);
+  const Layout& layout = *layout_;
+  vars_ = layout.Resolve(ModelVariables(keys));
 
   for (const Named& n : names) {
     const Rule* rule = nullptr;
@@ -653,39 +701,101 @@ void Planner::AddFragments(const Param& p, universal::AtomPlan& atom,
   }
 }
 
-void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
-  const bool model = k.kind == KeyInfo::kModel;
-  if (!model) states_read_.insert(k.state);
-  const KeyAxes axes = AxesOf(k.model_key);
-  const bool stacked = axes.stacked;
+std::string Planner::StateKind(const dcp::Entry& e, const KeyInfo& k) const {
   std::string kind;
-  if (!model) {
-    if (k.state == "param" || k.state == "fp32_param") {
-      kind = "fp32";
-    } else if (k.state == "exp_avg" || k.state == "exp_avg_sq") {
-      kind = k.state;
-    } else {
-      throw FormatError(Where(e), ": optimizer state '", k.state,
-                        "' is not read (param, fp32_param, exp_avg, "
-                        "exp_avg_sq are)");
-    }
-    if (e.dtype != DType::kFloat32) {
-      throw FormatError(Where(e), ": optimizer state in ", DTypeName(e.dtype),
-                        ", expected float32");
-    }
+  if (k.state == "param" || k.state == "fp32_param") {
+    kind = "fp32";
+  } else if (k.state == "exp_avg" || k.state == "exp_avg_sq") {
+    kind = k.state;
+  } else {
+    throw FormatError(Where(e), ": optimizer state '", k.state,
+                      "' is not read (param, fp32_param, exp_avg, "
+                      "exp_avg_sq are)");
   }
-  const std::string where = Where(e);
-  auto atom_of = [&](Param& p) -> universal::AtomPlan& {
+  if (e.dtype != DType::kFloat32) {
+    throw FormatError(Where(e), ": optimizer state in ", DTypeName(e.dtype),
+                      ", expected float32");
+  }
+  return kind;
+}
+
+std::vector<Planner::KeyBox> Planner::ChunkBoxes(
+    const reshape::SourceTensor& whole, const dcp::Chunk& chunk,
+    const std::optional<Shape>& flat, const std::string& iw) {
+  if (!flat) return {{whole, chunk.offsets, chunk.sizes}};
+  std::vector<KeyBox> boxes;
+  const size_t n = flat->size();
+  const int64_t start = chunk.offsets[n];
+  for (const FlatBox& fb : FlatBoxes(*flat, start, start + chunk.sizes[n])) {
+    const reshape::SourceTensor piece =
+        reshape::FlatView(whole, fb.first - start, fb.box.size, iw);
+    Shape at(n);
+    for (size_t d = 0; d < n; ++d)
+      at[d] = chunk.offsets[d] * (*flat)[d] + fb.box.offset[d];
+    boxes.push_back({piece, at, fb.box.size});
+  }
+  return boxes;
+}
+
+void Planner::PlaceBox(const KeyBox& box, const dcp::Entry& e, const KeyInfo& k,
+                       const std::string& kind, const std::string& iw) {
+  const bool model = k.kind == KeyInfo::kModel;
+  const KeyAxes axes = AxesOf(k.model_key);
+  const size_t lead = axes.count();
+  const Shape& bo = box.offset;
+  const Shape& bs = box.size;
+  Shape sub(bs.begin() + static_cast<ptrdiff_t>(lead), bs.end());
+  Shape off(bo.begin() + static_cast<ptrdiff_t>(lead), bo.end());
+  // Element strides of the prepended axes in the item's tensor.
+  std::vector<int64_t> step(lead);
+  int64_t inner = NumElements(sub);
+  for (size_t d = lead; d-- > 0;) {
+    step[d] = box.src.stride.empty() ? inner : box.src.stride[d];
+    inner *= bs[d];
+  }
+  const int64_t count =
+      lead == 0 ? 1
+                : NumElements(Shape(bs.begin(),
+                                    bs.begin() + static_cast<ptrdiff_t>(lead)));
+  for (int64_t i = 0; i < count; ++i) {
+    // Index i over the prepended axes (the last fastest).
+    std::vector<int64_t> at(lead);
+    int64_t rest = i, elems = 0;
+    for (size_t d = lead; d-- > 0;) {
+      at[d] = rest % bs[d];
+      rest /= bs[d];
+      elems += at[d] * step[d];
+    }
+    const int64_t layer = axes.stacked ? bo[0] + at[0] : -1;
+    const int64_t expert = axes.experts ? bo[lead - 1] + at[lead - 1] : -1;
+    Param& p = model ? params_[param_of_.at({k.model_key, layer, expert})]
+                     : ParamAt(k.model_key, layer, expert, Where(e));
     std::string ak = kind;
     if (model) {
       const bool low = p.dtype != DType::kFloat32;
       ak = p.buffer ? "param" : (low && has_optimizer_ ? "param" : "fp32");
     }
-    return AtomFor(p, ak, where);
-  };
-  // Every param this key holds must have its shape. The prepended axes: a
-  // stacked key's layers, an expert key's global experts.
-  const size_t lead = axes.count();
+    universal::AtomPlan& atom = AtomFor(p, ak, Where(e));
+    reshape::SourceTensor src = box.src;
+    src.byte_offset += static_cast<uint64_t>(elems) * ElementSize(e.dtype);
+    if (!src.stride.empty())
+      src.stride.erase(src.stride.begin(),
+                       src.stride.begin() + static_cast<ptrdiff_t>(lead));
+    src.shape = sub;
+    AddFragments(p, atom, src, off, sub, iw);
+    if (p.expert >= 0) {
+      expert_cover_[{static_cast<size_t>(&p - params_.data()),
+                     model ? std::string("model") : k.state}] +=
+          NumElements(sub);
+    }
+  }
+}
+
+void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
+  const bool model = k.kind == KeyInfo::kModel;
+  if (!model) states_read_.insert(k.state);
+  const std::string kind = model ? std::string() : StateKind(e, k);
+  const std::string where = Where(e);
   // fully_sharded_model_space (core <= 0.14) stores an N-D key's flattened
   // ranges reformulated: global [grid..., local numel], where the grid is
   // the model key's chunk grid and local its chunk's shape; a range of
@@ -730,73 +840,11 @@ void Planner::PlanTensor(const dcp::Entry& e, const KeyInfo& k) {
                             " tensor, the metadata says ", DTypeName(e.dtype),
                             " ", ShapeString(chunk.sizes));
         }
+        // Every param this key holds must have its shape.
         const reshape::SourceTensor whole =
             sources_.Tensor(open_.back(), *t, iw);
-        // The chunk as boxes of the model key's global tensor: itself, or
-        // (a flattened range of a local tensor) the boxes its range covers.
-        std::vector<std::tuple<reshape::SourceTensor, Shape, Shape>> boxes;
-        if (!flat) {
-          boxes.emplace_back(whole, chunk.offsets, chunk.sizes);
-        } else {
-          const size_t n = flat->size();
-          const int64_t start = chunk.offsets[n];
-          for (const FlatBox& fb :
-               FlatBoxes(*flat, start, start + chunk.sizes[n])) {
-            const reshape::SourceTensor piece =
-                reshape::FlatView(whole, fb.first - start, fb.box.size, iw);
-            Shape at(n);
-            for (size_t d = 0; d < n; ++d)
-              at[d] = chunk.offsets[d] * (*flat)[d] + fb.box.offset[d];
-            boxes.emplace_back(piece, at, fb.box.size);
-          }
-        }
-        for (const auto& [bsrc, bo, bs] : boxes) {
-          Shape sub(bs.begin() + static_cast<ptrdiff_t>(lead), bs.end());
-          Shape off(bo.begin() + static_cast<ptrdiff_t>(lead), bo.end());
-          // Element strides of the prepended axes in the item's tensor.
-          std::vector<int64_t> step(lead);
-          int64_t inner = NumElements(sub);
-          for (size_t d = lead; d-- > 0;) {
-            step[d] = bsrc.stride.empty() ? inner : bsrc.stride[d];
-            inner *= bs[d];
-          }
-          const int64_t count =
-              lead == 0
-                  ? 1
-                  : NumElements(Shape(
-                        bs.begin(), bs.begin() + static_cast<ptrdiff_t>(lead)));
-          for (int64_t i = 0; i < count; ++i) {
-            // Index i over the prepended axes (the last fastest).
-            std::vector<int64_t> at(lead);
-            int64_t rest = i, elems = 0;
-            for (size_t d = lead; d-- > 0;) {
-              at[d] = rest % bs[d];
-              rest /= bs[d];
-              elems += at[d] * step[d];
-            }
-            const int64_t layer = stacked ? bo[0] + at[0] : -1;
-            const int64_t expert =
-                axes.experts ? bo[lead - 1] + at[lead - 1] : -1;
-            Param& p = model
-                           ? params_[param_of_.at({k.model_key, layer, expert})]
-                           : ParamAt(k.model_key, layer, expert, where);
-            universal::AtomPlan& atom = atom_of(p);
-            reshape::SourceTensor src = bsrc;
-            src.byte_offset +=
-                static_cast<uint64_t>(elems) * ElementSize(e.dtype);
-            if (!src.stride.empty())
-              src.stride.erase(
-                  src.stride.begin(),
-                  src.stride.begin() + static_cast<ptrdiff_t>(lead));
-            src.shape = sub;
-            AddFragments(p, atom, src, off, sub, iw);
-            if (p.expert >= 0) {
-              expert_cover_[{static_cast<size_t>(&p - params_.data()),
-                             model ? std::string("model") : k.state}] +=
-                  NumElements(sub);
-            }
-          }
-        }
+        for (const KeyBox& box : ChunkBoxes(whole, chunk, flat, iw))
+          PlaceBox(box, e, k, kind, iw);
       } catch (Error& err) {
         if (std::string_view(err.what()).find(item.file.string()) ==
             std::string_view::npos)

@@ -96,7 +96,6 @@
 
 namespace ucp::torch_dist {
 
-inline constexpr const char* kIterationOption = "iteration";
 inline constexpr const char* kTransformerImplOption = "transformer-impl";
 inline constexpr const char* kDistributedOptimizerOption =
     "distributed-optimizer";
@@ -156,10 +155,10 @@ struct Checkpoint {
 Checkpoint Discover(const std::filesystem::path& path,
                     std::optional<int64_t> iteration);
 
-/// The iter_* folders of save folder `dir` holding a metadata.json or a
-/// .metadata (complete or not). Never throws.
-std::vector<formats::SavedCheckpoint> ListIterations(
-    const std::filesystem::path& dir);
+/// True if iteration folder `iter_dir` holds a metadata.json, a .metadata or
+/// a first rank file (a checkpoint of this format, complete or not). Never
+/// throws.
+bool HoldsTorchDistFiles(const std::filesystem::path& iter_dir);
 
 /// True if `dir` is an iter folder of this format (metadata.json naming the
 /// torch_dist backend). Never throws.

@@ -26,9 +26,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/formats/mindspore/extras.h"
 #include "engine/formats/name_map.h"
 #include "engine/formats/names/hf_llama.h"
+#include "engine/formats/names/mindspore_extras.h"
 #include "engine/json/json.h"
 
 namespace ucp::names {

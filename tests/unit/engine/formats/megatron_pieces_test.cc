@@ -11,6 +11,7 @@
 #include "engine/formats/megatron/param_groups.h"
 #include "engine/pickle/pickle.h"
 #include "engine/pickle/value.h"
+#include "tests/testutil/testutil.h"
 
 namespace ucp::megatron {
 namespace {
@@ -43,6 +44,75 @@ TEST(MegatronNaming, Folders) {
                           "mp_rank_00_001_002_003", "mp_rank_-1"}) {
     EXPECT_FALSE(ParseRankDirName(bad)) << bad;
   }
+}
+
+// LocateIteration against Megatron's loader (training/checkpointing.py:
+// read_metadata reads the tracker, "release" or an iteration number;
+// get_checkpoint_name joins iter_{N:07d} or release; --ckpt-step picks an
+// iteration instead of the tracker's).
+TEST(MegatronNaming, LocateIterationAsMegatronsLoaderDoes) {
+  namespace fs = std::filesystem;
+  testutil::TempDir tmp;
+  const fs::path save = tmp / "save";
+  fs::create_directories(save / "iter_0000100");
+  fs::create_directories(save / "iter_0000050");
+  fs::create_directories(save / "release");
+  fs::create_directories(save / "other");
+  const fs::path tracker = save / "latest_checkpointed_iteration.txt";
+  testutil::WriteFile(tracker, "100\n");
+  IterationFolder f = LocateIteration(save, std::nullopt);
+  EXPECT_EQ(f.dir, save);
+  EXPECT_EQ(f.iter_dir, save / "iter_0000100");
+  EXPECT_EQ(f.iteration, 100);
+  EXPECT_TRUE(f.named);
+  EXPECT_FALSE(f.release);
+  // An explicit iteration, from the save folder or from an iteration folder
+  // (whose save folder is its parent); one the folder lacks names those it
+  // has, sorted.
+  for (const fs::path& from : {save, save / "iter_0000100"}) {
+    f = LocateIteration(from, 50);
+    EXPECT_EQ(f.dir, save) << from;
+    EXPECT_EQ(f.iter_dir, save / "iter_0000050") << from;
+    EXPECT_EQ(f.iteration, 50);
+  }
+  EXPECT_THAT([&] { LocateIteration(save, 70); },
+              testing::ThrowsMessage<UsageError>(testing::AllOf(
+                  HasSubstr("--iteration 70"), HasSubstr("iter_0000070"),
+                  HasSubstr("iterations here: iter_0000050, iter_0000100"))));
+  // The release folder: the legacy format's only.
+  testutil::WriteFile(tracker, "release");
+  f = LocateIteration(save, std::nullopt, ReleaseFolder::kAccepted);
+  EXPECT_TRUE(f.release);
+  EXPECT_EQ(f.iteration, 0);
+  EXPECT_EQ(f.iter_dir, save / "release");
+  EXPECT_THAT([&] { LocateIteration(save, std::nullopt); },
+              testing::ThrowsMessage<FormatError>(testing::AllOf(
+                  HasSubstr(tracker.string()), HasSubstr("'release'"),
+                  testing::Not(HasSubstr("or 'release'")))));
+  // A tracker that holds no iteration, or names a folder that is not there.
+  testutil::WriteFile(tracker, "1OO");
+  EXPECT_THAT(
+      [&] { LocateIteration(save, std::nullopt, ReleaseFolder::kAccepted); },
+      testing::ThrowsMessage<FormatError>(testing::AllOf(
+          HasSubstr(tracker.string()), HasSubstr("'1OO'"),
+          HasSubstr("an iteration number or 'release'"))));
+  testutil::WriteFile(tracker, "30");
+  EXPECT_THAT([&] { LocateIteration(save, std::nullopt); },
+              testing::ThrowsMessage<FormatError>(testing::AllOf(
+                  HasSubstr("iteration 30"), HasSubstr("iter_0000030"))));
+  fs::remove(tracker);
+  // The folder itself, without a tracker.
+  f = LocateIteration(save / "iter_0000100", std::nullopt);
+  EXPECT_EQ(f.dir, save);
+  EXPECT_EQ(f.iteration, 100);
+  EXPECT_TRUE(f.named);
+  f = LocateIteration(save / "release", std::nullopt, ReleaseFolder::kAccepted);
+  EXPECT_TRUE(f.named && f.release);
+  EXPECT_FALSE(LocateIteration(save / "release", std::nullopt).named);
+  f = LocateIteration(save / "other", std::nullopt);
+  EXPECT_FALSE(f.named);
+  EXPECT_EQ(f.iteration, 0);
+  EXPECT_THROW(LocateIteration(save / "missing", std::nullopt), IoError);
 }
 
 TEST(MegatronGroups, DefaultKeyAndFirstAppearance) {

@@ -1,8 +1,10 @@
 #pragma once
 // The "mindspore" record of the universal file (MindSporeExtras), with its
-// one serializer (extras.cc): module mindspore_extras, which the driver and
-// the name maps (../names) both take, so that the maps need none of the
-// driver's headers.
+// one serializer (mindspore_extras.cc): module mindspore_extras, kept with
+// the name maps because both the MindSpore driver (../mindspore, which
+// writes and reads the record) and the maps (MindFormers' AdamW moment
+// names, mindformers_llama.cc) take it: a driver may include a family's
+// header, a family no driver's.
 
 #include <cstdint>
 #include <filesystem>

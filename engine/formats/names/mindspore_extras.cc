@@ -1,11 +1,11 @@
-// The "mindspore" root attribute (extras.h): its one serializer.
+// The "mindspore" root attribute (mindspore_extras.h): its one serializer.
 
-#include "engine/universal/extras.h"
+#include "engine/formats/names/mindspore_extras.h"
 
 #include <utility>
 
 #include "engine/core/error.h"
-#include "engine/formats/mindspore/extras.h"
+#include "engine/universal/extras.h"
 #include "engine/universal/model.h"
 
 namespace ucp::mindspore {
