@@ -24,6 +24,7 @@
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/common/train_state.h"
 #include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/experts.h"
 #include "engine/formats/dcp/items.h"
 #include "engine/formats/dcp/keys.h"
 #include "engine/formats/dcp_plain/dcp_plain.h"
@@ -46,6 +47,9 @@ struct Key {
   DType dtype = DType::kFloat32;
   Shape shape;
   const atoms::DatasetInfo* atom = nullptr;  // tensor from an atom
+  // A stacked expert tensor (../dcp/experts.h): expert e's atom, restacked
+  // on dim 0 (a 0-d state: `atom`, expert 0's).
+  std::vector<const atoms::DatasetInfo*> experts;
   std::vector<std::byte> constant;           // else a known 0-d tensor
   std::string bytes;                         // object: torch.save bytes
   std::vector<PathComponent> path;
@@ -75,6 +79,7 @@ class DcpPlan : public formats::TargetPlan {
  private:
   void BuildKeys(const formats::TargetOptions& options);
   void KeysFromDcp(const DcpExtras& meta);
+  void StackExperts(const DcpKeyRecord& j, Key& k) const;
   void KeysFromOtherFormats(const formats::TargetOptions& options);
   void PlaceItems();
   std::string OpaqueBytes(const atoms::DatasetInfo& d) const;
@@ -111,6 +116,44 @@ std::string DcpPlan::OpaqueBytes(const atoms::DatasetInfo& d) const {
   return b;
 }
 
+// A stacked expert key of a DCP source: its experts' atoms, each expert
+// once, all of one dtype and shape.
+void DcpPlan::StackExperts(const DcpKeyRecord& j, Key& k) const {
+  const std::optional<StackedName> n = SplitStacked(k.cls.param);
+  if (!n || j.experts > (int64_t{1} << 20)) {
+    throw FormatError("key ", k.fqn, ": ", j.experts,
+                      " experts recorded, but '", k.cls.param,
+                      "' names no stacked expert tensor");
+  }
+  for (int64_t x = 0; x < j.experts; ++x) {
+    const std::string param = ExpertParam(*n, x);
+    const std::string kind =
+        k.cls.kind == KeyClass::kState
+            ? k.cls.state
+            : (input_.FindAtom(param, "fp32") != nullptr ? "fp32" : "param");
+    const atoms::DatasetInfo& a = AtomOf(param, kind);
+    if (!k.experts.empty() && (a.dtype != k.experts[0]->dtype ||
+                               a.shape != k.experts[0]->shape)) {
+      throw FormatError("universal input ", input_.path().string(),
+                        " > param ", param, " > ", kind, ": ",
+                        DTypeName(a.dtype), " ", ShapeString(a.shape),
+                        ", but expert 0's is ",
+                        DTypeName(k.experts[0]->dtype), " ",
+                        ShapeString(k.experts[0]->shape),
+                        " (one stacked tensor ", k.fqn, " holds both)");
+    }
+    k.experts.push_back(&a);
+  }
+  k.atom = k.experts.front();
+  k.dtype = k.atom->dtype;
+  k.shape = k.atom->shape;
+  if (k.shape.empty()) {  // a step: expert 0's
+    k.experts.clear();
+  } else {
+    k.shape.insert(k.shape.begin(), j.experts);
+  }
+}
+
 // The source was DCP: its keys in its order, its objects verbatim, its
 // planner_data.
 void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
@@ -132,7 +175,9 @@ void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
                k.cls.kind == KeyClass::kTensor;
     auto pit = paths.find(k.fqn);
     k.path = pit != paths.end() ? pit->second : PathOf(k.cls, k.fqn);
-    if (k.tensor) {
+    if (k.tensor && j.experts > 0) {
+      StackExperts(j, k);
+    } else if (k.tensor) {
       const std::string kind =
           k.cls.kind == KeyClass::kState
               ? k.cls.state
@@ -432,6 +477,20 @@ void DcpPlan::PlaceItems() {
       p.chunk = std::move(it.chunk);
       if (!k.constant.empty()) {
         p.constant = k.constant;
+      } else if (!k.experts.empty() && NumElements(p.chunk.sizes) > 0) {
+        // Each expert's rows of the chunk from its own atom.
+        const Shape off(p.chunk.offsets.begin() + 1, p.chunk.offsets.end());
+        const Shape sub(p.chunk.sizes.begin() + 1, p.chunk.sizes.end());
+        for (int64_t i = 0; i < p.chunk.sizes[0]; ++i) {
+          reshape::CopyOp op;
+          op.src = input_.Tensor(
+              *k.experts[static_cast<size_t>(p.chunk.offsets[0] + i)]);
+          op.src_box = Box{off, sub};
+          op.dst_box = Box::Whole(sub);
+          op.dst_offset = i * NumElements(sub);
+          op.dst_shape = sub;
+          p.ops.push_back(std::move(op));
+        }
       } else if (k.tensor &&
                  (NumElements(p.chunk.sizes) > 0 || p.chunk.sizes.empty())) {
         reshape::CopyOp op;
