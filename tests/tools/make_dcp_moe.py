@@ -16,7 +16,6 @@ torchtitan's: (dp_shard_mod_ep, ep), ep the inner dim, so FSDP2 gives the expert
 
 Usage:
   make_dcp_moe.py --out DIR [--case NAME ...]
-  make_dcp_moe.py --load-check CKPT TRUTH WORLD      (see load_check)
 
 Cases (DIR/<case>/ckpt the save, DIR/<case>/truth.pt {key path: full tensor or object}):
   ep2_fsdp2          E=4 at ep 2 x fsdp 2: experts Shard(0) over ep, FSDP Shard(0) on top
@@ -268,10 +267,10 @@ def make(out, case):
 
 # --- load mode: torch's dcp.load of a checkpoint (ucp's output) at WORLD ranks --------------
 
-def load_rank(rank, world, port, ckpt, truth_path, results):
+def load_rank(rank, world, port, ckpt, truth_path, result_path):
     """Loads `ckpt` into DTensors laid out over `world` ranks (1-D mesh: experts and every
-    tensor of 2+ dims Shard(1) at odd worlds, else Shard(0); 1-D tensors Shard(0)), the param
-    groups as objects; rank 0 puts the full tensors in `results`."""
+    tensor of 2+ dims Shard(1) at odd worlds, else Shard(0); 1-D tensors Shard(0); 0-d plain);
+    rank 0 saves the full tensors to `result_path`."""
     from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -291,24 +290,25 @@ def load_rank(rank, world, port, ckpt, truth_path, results):
     dcp.load(sd, checkpoint_id=str(ckpt))
     got = {k: full(v) for k, v in flatten(sd).items()}
     if rank == 0:
-        results.put({k: v for k, v in got.items()})
+        torch.save(got, result_path)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def load_check(ckpt, truth_path, world):
     """{key path: tensor} torch's dcp.load gives at `world` ranks (every tensor of truth.pt)."""
-    ctx = mp.get_context("fork")
-    results = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=load_rank, args=(r, world, port, ckpt, truth_path, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = results.get()
+    import tempfile
     import oracle_checks
-    oracle_checks.join_ranks(procs, 120, f"dcp.load at {world} ranks")
-    return got
+    ctx = mp.get_context("fork")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as t:
+        result = os.path.join(t, "got.pt")
+        procs = [ctx.Process(target=load_rank, args=(r, world, port, ckpt, truth_path, result))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        oracle_checks.join_ranks(procs, 120, f"dcp.load at {world} ranks")
+        return torch.load(result, weights_only=True)
 
 
 def main(argv=None):

@@ -11,9 +11,7 @@
 namespace ucp::dcp {
 namespace {
 
-bool IsStem(std::string_view s) {
-  return s == "w1" || s == "w2" || s == "w3";
-}
+bool IsStem(std::string_view s) { return s == "w1" || s == "w2" || s == "w3"; }
 
 // "w1" or "w1_EFD": the stem and the suffix.
 std::optional<std::pair<std::string, std::string>> StemAndSuffix(
@@ -45,8 +43,8 @@ std::optional<StackedName> FindStacked(std::string_view key) {
   if (at == std::string_view::npos) return std::nullopt;
   const size_t end = at + kExpertsInfix.size();
   const size_t dot = key.find('.', end);
-  return SplitStacked(key.substr(0, dot == std::string_view::npos ? key.size()
-                                                                   : dot));
+  return SplitStacked(
+      key.substr(0, dot == std::string_view::npos ? key.size() : dot));
 }
 
 std::string ExpertParam(const StackedName& n, int64_t e) {

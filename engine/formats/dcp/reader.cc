@@ -57,7 +57,7 @@ class Reader {
   formats::SourceTable sources_{plan_};
   FileCache files_;
   std::vector<std::shared_ptr<const torchfile::TorchFile>> open_;
-  std::vector<KeyClass> classes_;  // per entry
+  std::vector<KeyClass> classes_;           // per entry
   std::map<std::string, Stacked> stacked_;  // by the stacked param's name
   std::vector<Param> params_;
   std::map<std::string, size_t> index_;
@@ -118,8 +118,9 @@ void Reader::DetectExperts() {
         for (int64_t x = std::min(num, want); x < std::max(num, want); ++x)
           v.push_back(x);
         throw FormatError(
-            c_.path.string(), " > ", fe->fqn, ": layer ", base, "*: global experts ",
-            IndexList(v), want > num ? " missing" : " beyond the router's",
+            c_.path.string(), " > ", fe->fqn, ": layer ", base,
+            "*: global experts ", IndexList(v),
+            want > num ? " missing" : " beyond the router's",
             " (the stacked experts hold ", num, ", the router ",
             router->second->fqn, " ", want,
             "; every expert of every MoE layer must be stored exactly once)");

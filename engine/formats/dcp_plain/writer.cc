@@ -9,7 +9,9 @@
 // torch's save-plan dedup (_dedup_save_plans.py) then gives each item listed
 // by several ranks to the one with the fewest bytes so far, walking rank 0's
 // list, then rank 1's, ...; a file holds its objects first, then its
-// tensors, back to back (filesystem.py).
+// tensors, back to back (filesystem.py). At --ep N, torchtitan's stacked
+// routed experts (../dcp/experts.h) are placed as its EP x FSDP layout
+// places them (ExpertChunk).
 
 #include <algorithm>
 #include <cstring>
@@ -50,8 +52,8 @@ struct Key {
   // A stacked expert tensor (../dcp/experts.h): expert e's atom, restacked
   // on dim 0 (a 0-d state: `atom`, expert 0's).
   std::vector<const atoms::DatasetInfo*> experts;
-  std::vector<std::byte> constant;           // else a known 0-d tensor
-  std::string bytes;                         // object: torch.save bytes
+  std::vector<std::byte> constant;  // else a known 0-d tensor
+  std::string bytes;                // object: torch.save bytes
   std::vector<PathComponent> path;
 };
 
@@ -66,8 +68,11 @@ class DcpPlan : public formats::TargetPlan {
  public:
   DcpPlan(const universal::UniversalInput& input,
           const formats::TargetOptions& options)
-      : input_(input), world_(std::max<int64_t>(1, options.topology.dp)) {
+      : input_(input),
+        world_(std::max<int64_t>(1, options.topology.dp)),
+        ep_(std::max<int64_t>(1, options.topology.ep)) {
     BuildKeys(options);
+    CheckExpertParallel();
     PlaceItems();
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
@@ -81,6 +86,8 @@ class DcpPlan : public formats::TargetPlan {
   void KeysFromDcp(const DcpExtras& meta);
   void StackExperts(const DcpKeyRecord& j, Key& k) const;
   void KeysFromOtherFormats(const formats::TargetOptions& options);
+  void CheckExpertParallel() const;
+  Chunk ExpertChunk(const Shape& shape, int64_t rank) const;
   void PlaceItems();
   std::string OpaqueBytes(const atoms::DatasetInfo& d) const;
   const atoms::DatasetInfo& AtomOf(const std::string& param,
@@ -88,6 +95,7 @@ class DcpPlan : public formats::TargetPlan {
 
   const universal::UniversalInput& input_;
   int64_t world_;
+  int64_t ep_;  // --ep: stacked experts Shard(0) over ep, then FSDP's shard
   std::vector<Key> keys_;
   std::optional<ItemFiles> files_;
   mutable std::set<std::string> notes_;
@@ -132,12 +140,11 @@ void DcpPlan::StackExperts(const DcpKeyRecord& j, Key& k) const {
             ? k.cls.state
             : (input_.FindAtom(param, "fp32") != nullptr ? "fp32" : "param");
     const atoms::DatasetInfo& a = AtomOf(param, kind);
-    if (!k.experts.empty() && (a.dtype != k.experts[0]->dtype ||
-                               a.shape != k.experts[0]->shape)) {
-      throw FormatError("universal input ", input_.path().string(),
-                        " > param ", param, " > ", kind, ": ",
-                        DTypeName(a.dtype), " ", ShapeString(a.shape),
-                        ", but expert 0's is ",
+    if (!k.experts.empty() &&
+        (a.dtype != k.experts[0]->dtype || a.shape != k.experts[0]->shape)) {
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        param, " > ", kind, ": ", DTypeName(a.dtype), " ",
+                        ShapeString(a.shape), ", but expert 0's is ",
                         DTypeName(k.experts[0]->dtype), " ",
                         ShapeString(k.experts[0]->shape),
                         " (one stacked tensor ", k.fqn, " holds both)");
@@ -376,6 +383,50 @@ void DcpPlan::BuildKeys(const formats::TargetOptions& options) {
   KeysFromOtherFormats(options);
 }
 
+// --ep N: the target has stacked experts, each tensor's E a multiple of N
+// (the CLI checked that N divides --dp).
+void DcpPlan::CheckExpertParallel() const {
+  if (ep_ == 1) return;
+  bool any = false;
+  for (const Key& k : keys_) {
+    if (k.experts.empty()) continue;
+    any = true;
+    if (k.shape[0] % ep_ != 0) {
+      throw UsageError("--ep ", ep_, " does not divide the ", k.shape[0],
+                       " experts of ", k.fqn);
+    }
+  }
+  if (!any) {
+    throw UsageError("--ep ", ep_,
+                     ": the model has no stacked routed experts (torchtitan's "
+                     "moe.experts.w1, ...); give no --ep");
+  }
+}
+
+// Rank `rank`'s chunk of a stacked expert tensor at --ep: torchtitan's mesh
+// (dp_shard_mod_ep, ep), ep the inner dim; the experts Shard(0) over ep
+// (E / ep each), then FSDP over the dp / ep ranks of the outer dim: Shard(0)
+// of the local experts, or Shard(1) when they are fewer than those ranks
+// (torchtitan's shard_placement_fn); torch.chunk sizes, the last short or
+// empty.
+Chunk DcpPlan::ExpertChunk(const Shape& shape, int64_t rank) const {
+  const int64_t fsdp = world_ / ep_;
+  const int64_t local = shape[0] / ep_;
+  const int64_t e = rank % ep_, f = rank / ep_;
+  Chunk c;
+  c.offsets.assign(shape.size(), 0);
+  c.sizes = shape;
+  c.offsets[0] = e * local;
+  c.sizes[0] = local;
+  const size_t dim = local >= fsdp ? 0 : 1;
+  const int64_t n = dim == 0 ? local : shape[1];
+  const int64_t cs = (n + fsdp - 1) / fsdp;
+  const int64_t begin = std::min(f * cs, n);
+  c.offsets[dim] += begin;
+  c.sizes[dim] = std::max<int64_t>(0, std::min((f + 1) * cs, n) - begin);
+  return c;
+}
+
 void DcpPlan::PlaceItems() {
   // Every rank's list in the state dict's order.
   std::vector<std::vector<ItemRef>> lists(static_cast<size_t>(world_));
@@ -388,6 +439,18 @@ void DcpPlan::PlaceItems() {
     const uint64_t es = ElementSize(k.dtype);
     if (k.shape.empty()) {
       for (auto& l : lists) l.push_back({i, {}, es});
+      continue;
+    }
+    if (!k.experts.empty() && ep_ > 1) {
+      // Empty chunks are not listed (one could share its offsets with
+      // another rank's chunk).
+      for (int64_t r = 0; r < world_; ++r) {
+        Chunk c = ExpertChunk(k.shape, r);
+        const int64_t n = NumElements(c.sizes);
+        if (n == 0) continue;
+        lists[static_cast<size_t>(r)].push_back(
+            {i, std::move(c), static_cast<uint64_t>(n) * es});
+      }
       continue;
     }
     const int64_t d0 = k.shape[0];
@@ -538,6 +601,7 @@ formats::TargetSummary DcpPlan::Summary() const {
       "world size (written for ",
       world_, " ranks)");
   s.details["world_size"] = world_;
+  if (ep_ > 1) s.details["ep"] = ep_;
   return s;
 }
 
