@@ -247,8 +247,8 @@ def nonempty_chunks(ckpt):
 def test_ep_places_experts_as_torchtitan():
     """--dp 4 --ep 2: every stacked expert key's chunks are the boxes the real FSDP2-on-EP save
     has, on the same ranks (Shard(0) of the local experts, or Shard(1) with one local expert;
-    torchtitan's mesh (dp_shard_mod_ep, ep)), the state equal to
-    the source's; an --ep not dividing the experts or --dp is one usage error line."""
+    torchtitan's mesh (dp_shard_mod_ep, ep)), the state equal to the source's, also as the EP x
+    FSDP2 model and Adam of the save load it (ep2_fsdp2); an --ep not dividing the experts or --dp is one usage error line."""
     for case in ("ep2_fsdp2", "ep2_fsdp2_suffix"):
         with Tmp() as t:
             run("convert", DATA / case / "ckpt", "-o", t / "o", "--dp", 4, "--ep", 2, "-q")
@@ -257,6 +257,11 @@ def test_ep_places_experts_as_torchtitan():
                                                                   set(want.items()))[:3])
             oracle_checks.checked(lambda g: same_state(g, truth(case), f"{case} --ep 2"),
                                   full_view(t / "o"), min_values(case) // 2, f"{case} --ep 2")
+            if case == "ep2_fsdp2":
+                # loaded as torchtitan loads: its EP x FSDP2 model and a fresh Adam
+                got = gen.torchtitan_load(case, t / "o")
+                oracle_checks.checked(lambda g: same_state(g, truth(case), f"{case} torchtitan"),
+                                      got, min_values(case) // 2, f"{case} torchtitan")
             # the plain --dp 4 layout is not torchtitan's (the check above can fail)
             run("convert", DATA / case / "ckpt", "-o", t / "p", "--dp", 4, "-q")
             assert nonempty_chunks(t / "p") != want, case

@@ -311,6 +311,45 @@ def load_check(ckpt, truth_path, world):
         return torch.load(result, weights_only=True)
 
 
+def torchtitan_load_rank(rank, world, port, case, ckpt, result_path):
+    """The case's model, parallelized as at its save (EP x FSDP2), with a fresh Adam: loads
+    `ckpt` as torchtitan's checkpointer does (get_state_dict, dcp.load, set_state_dict); rank 0
+    saves the full state get_state_dict then gives to `result_path`."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    experts, ep, suffix, old_order = SPEC[case]
+    torch.manual_seed(123)  # other values than the save's
+    model = Transformer(experts, suffix, old_order)
+    parallelize(model, experts, ep, rank)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optimizer": osd}
+    dcp.load(sd, checkpoint_id=str(ckpt))
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+    msd, osd = get_state_dict(model, opt)
+    got = {k: full(v) for k, v in flatten({"model": msd, "optimizer": osd}).items()}
+    if rank == 0:
+        torch.save(got, result_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def torchtitan_load(case, ckpt):
+    """{key path: tensor or object} of the case's EP x FSDP2 model and Adam after loading
+    `ckpt` (torchtitan_load_rank) on 4 ranks."""
+    import tempfile
+    import oracle_checks
+    with tempfile.TemporaryDirectory() as t:
+        result = os.path.join(t, "got.pt")
+        ctx = mp.start_processes(torchtitan_load_rank,
+                                 args=(WORLD, free_port(), case, ckpt, result), nprocs=WORLD,
+                                 join=False, start_method="fork")
+        oracle_checks.join_context(ctx, 120, f"{case}: torchtitan-style load")
+        return torch.load(result, weights_only=False)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
