@@ -294,6 +294,37 @@ def test_round_trip_is_the_identity():
             assert sorted(ka) == sorted(kb) and any(e for _, e in ka), (ka[:5], kb[:5])
 
 
+def test_per_expert_params_of_other_content_are_restacked():
+    """A universal file whose content is not DCP's (its "dcp" record removed with h5py, as
+    another format's reader leaves it) but holds per-expert params named as torchtitan's experts
+    are held: the dcp target restacks them as <layer>.moe.experts.<w1|w2|w3> with their Adam
+    state, which torch's dcp_to_torch_save gives equal to the save's stacked tensors; the param
+    groups list the stacked params."""
+    for case in gen.CASES:
+        with Tmp() as t:
+            run("to-universal", DATA / case / "ckpt", "-o", t / "u.h5", "-q")
+            with h5py.File(t / "u.h5", "r+") as f:
+                del f.attrs["dcp"]
+            run("reshape", t / "u.h5", "-o", t / "o", "--format", "dcp", "--dp", 2, "-q")
+            view = full_view(t / "o")
+            want = {}
+            for path, v in truth(case).items():
+                if not isinstance(v, torch.Tensor):
+                    continue
+                if path[0] == "model":
+                    s = stacked(path[1])
+                    want[("model", f"{s[0]}{s[1][:2]}" if s else path[1])] = v
+                elif path[:2] == ("optimizer", "state"):
+                    s = stacked(path[2])
+                    want[(*path[:2], f"{s[0]}{s[1][:2]}" if s else path[2], path[3])] = v
+            got = {k: v for k, v in view.items() if k in want}
+            oracle_checks.checked(lambda g: same_state(g, want, f"{case} restacked"), got,
+                                  min_values(case) // 2, f"{case} restacked")
+            params = view[("optimizer", "param_groups", 0, "params")]
+            assert "layers.2.moe.experts.w2" in params and \
+                not any(".experts.0." in p for p in params), params
+
+
 def edit_metadata(ckpt, fn):
     m = dcp.FileSystemReader(str(ckpt)).read_metadata()
     fn(m)

@@ -54,6 +54,7 @@ std::string ExpertParam(const StackedName& n, int64_t e) {
 std::optional<ExpertParamName> SplitExpertParam(std::string_view name) {
   const size_t at = name.rfind(kExpertsInfix);
   if (at == std::string_view::npos) return std::nullopt;
+  if (at != 0 && name[at - 1] != '.') return std::nullopt;
   const size_t end = at + kExpertsInfix.size();
   const size_t dot = name.find('.', end);
   if (dot == std::string_view::npos || dot == end) return std::nullopt;

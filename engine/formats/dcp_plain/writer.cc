@@ -85,6 +85,8 @@ class DcpPlan : public formats::TargetPlan {
   void BuildKeys(const formats::TargetOptions& options);
   void KeysFromDcp(const DcpExtras& meta);
   void StackExperts(const DcpKeyRecord& j, Key& k) const;
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>>
+  ExpertStacks() const;
   void KeysFromOtherFormats(const formats::TargetOptions& options);
   void CheckExpertParallel() const;
   Chunk ExpertChunk(const Shape& shape, int64_t rank) const;
@@ -220,7 +222,87 @@ void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
 }
 
 // Another format's content: get_state_dict's layout.
+// Per-expert params named as torchtitan's experts are held
+// (<layer>.moe.experts.<e>.<w1|w2|w3>, ../dcp/experts.h) in content that is
+// not DCP's: restacked as <layer>.moe.experts.<w1|w2|w3>, experts 0..E-1 each
+// once. Returns {expert param -> (stacked param, its experts' params)}.
+std::map<std::string, std::pair<std::string, std::vector<std::string>>>
+DcpPlan::ExpertStacks() const {
+  std::map<std::string, std::map<int64_t, std::string>> by_stack;
+  for (const atoms::StoredParam& p : input_.params()) {
+    if (p.info.kind == atoms::ParamKind::kBuffer) continue;
+    if (const std::optional<ExpertParamName> x = SplitExpertParam(p.info.fqn))
+      by_stack[x->prefix + x->stem][x->expert] = p.info.fqn;
+  }
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& [stacked, experts] : by_stack) {
+    const int64_t num = experts.rbegin()->first + 1;
+    std::vector<int64_t> missing;
+    std::vector<std::string> names;
+    for (int64_t x = 0; x < num; ++x) {
+      const auto it = experts.find(x);
+      if (it == experts.end()) {
+        missing.push_back(x);
+      } else {
+        names.push_back(it->second);
+      }
+    }
+    if (!missing.empty()) {
+      throw FormatError("universal input ", input_.path().string(), " > ",
+                        stacked, ": global experts ", IndexList(missing),
+                        " missing (of ", num,
+                        "; torchtitan's stacked tensor needs every expert)");
+    }
+    for (const std::string& n : names) out[n] = {stacked, names};
+  }
+  return out;
+}
+
 void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
+  const auto stacks = ExpertStacks();
+  // A stacked key of the experts' atoms of `kind` (the weights: each one's
+  // fp32, else its param atom).
+  auto add_stacked = [&](KeyClass cls, const std::string& kind,
+                         const std::vector<std::string>& experts) {
+    Key k;
+    k.cls = std::move(cls);
+    k.fqn = k.cls.kind == KeyClass::kModel
+                ? StrCat("model.", k.cls.param)
+                : StrCat("optimizer.state.", k.cls.param, ".", k.cls.state);
+    k.tensor = true;
+    for (const std::string& e : experts) {
+      const atoms::DatasetInfo* a =
+          kind.empty() ? input_.FindAtom(e, "fp32") : input_.FindAtom(e, kind);
+      if (a == nullptr && kind.empty()) a = input_.FindAtom(e, "param");
+      if (a == nullptr) {
+        throw FormatError("universal input ", input_.path().string(),
+                          " > param ", e, ": no '",
+                          kind.empty() ? "fp32" : kind, "' atom, which ",
+                          experts.front(), " has (one stacked tensor ", k.fqn,
+                          " holds both)");
+      }
+      if (!k.experts.empty() && (a->dtype != k.experts[0]->dtype ||
+                                 a->shape != k.experts[0]->shape)) {
+        throw FormatError("universal input ", input_.path().string(),
+                          " > param ", e, ": ", DTypeName(a->dtype), " ",
+                          ShapeString(a->shape), ", but ", experts.front(),
+                          "'s is ", DTypeName(k.experts[0]->dtype), " ",
+                          ShapeString(k.experts[0]->shape),
+                          " (one stacked tensor ", k.fqn, " holds both)");
+      }
+      k.experts.push_back(a);
+    }
+    k.atom = k.experts.front();
+    k.dtype = k.atom->dtype;
+    k.shape = k.atom->shape;
+    if (k.shape.empty()) {
+      k.experts.clear();
+    } else {
+      k.shape.insert(k.shape.begin(), static_cast<int64_t>(experts.size()));
+    }
+    k.path = PathOf(k.cls, k.fqn);
+    keys_.push_back(std::move(k));
+  };
   auto add_tensor = [&](KeyClass cls, const atoms::DatasetInfo& atom) {
     Key k;
     k.cls = std::move(cls);
@@ -244,6 +326,12 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     KeyClass c;
     c.kind = KeyClass::kModel;
     c.param = p.info.fqn;
+    if (const auto st = stacks.find(p.info.fqn); st != stacks.end()) {
+      if (st->second.second.front() != p.info.fqn) continue;  // stacked
+      c.param = st->second.first;
+      add_stacked(std::move(c), "", st->second.second);
+      continue;
+    }
     add_tensor(std::move(c), *w);
   }
   if (options.no_optimizer) return;
@@ -283,8 +371,17 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     c.kind = KeyClass::kState;
     c.param = p.info.fqn;
     c.state = "step";
+    const auto st = stacks.find(p.info.fqn);
+    if (st != stacks.end()) {
+      if (st->second.second.front() != p.info.fqn) continue;  // stacked
+      c.param = st->second.first;
+    }
     if (const atoms::DatasetInfo* s = input_.FindAtom(p.info.fqn, "step")) {
-      add_tensor(c, *s);
+      if (st != stacks.end()) {
+        add_stacked(c, "step", st->second.second);
+      } else {
+        add_tensor(c, *s);
+      }
     } else {
       Key k;
       k.cls = c;
@@ -300,7 +397,11 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     for (const std::string& kind : kinds) {
       if (const atoms::DatasetInfo* a = input_.FindAtom(p.info.fqn, kind)) {
         c.state = kind;
-        add_tensor(c, *a);
+        if (st != stacks.end()) {
+          add_stacked(c, kind, st->second.second);
+        } else {
+          add_tensor(c, *a);
+        }
       }
     }
   }
@@ -310,6 +411,11 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     if (p.info.kind == atoms::ParamKind::kBuffer || p.info.frozen) continue;
     const size_t g = static_cast<size_t>(std::max<int64_t>(0, p.info.group));
     if (members.size() <= g) members.resize(g + 1);
+    if (const auto st = stacks.find(p.info.fqn); st != stacks.end()) {
+      if (st->second.second.front() == p.info.fqn)
+        members[g].push_back(st->second.first);
+      continue;
+    }
     members[g].push_back(p.info.fqn);
   }
   std::shared_ptr<const torchfile::TorchFile> templates;

@@ -47,6 +47,7 @@ TEST(DcpExpertsTest, StackedNamesAndTheirExperts) {
   EXPECT_EQ(x->expert, 37);
   EXPECT_EQ(x->stem, "w3");
   EXPECT_FALSE(SplitExpertParam("layers.12.moe.experts.w3"));
+  EXPECT_FALSE(SplitExpertParam("layers.12.block_sparse_moe.experts.1.w3"));
   EXPECT_FALSE(SplitExpertParam("layers.12.moe.experts.-1.w3"));
   EXPECT_FALSE(SplitExpertParam("layers.12.moe.experts.1.w3.weight"));
 }
