@@ -3,7 +3,9 @@ run with its python). The saves (tests/tools/make_dcp_moe.py: EP x FSDP2 on 4 CP
 state, the shape-suffixed names, an empty chunk) are read by ucp into one param per global expert,
 compared with h5py against what the ranks held (DTensor.full_tensor() of every key, truth.pt);
 written back by ucp for other world sizes, restacked, and loaded by torch's own dcp.load at 1, 2
-and 3 ranks, equal to the saved state; DCP -> universal -> DCP -> universal is the identity (h5py);
+and 3 ranks, equal to the saved state; with --ep 2 placed as the real EP x FSDP2 save is, and
+loaded by that model and its Adam; per-expert params of content that is not DCP's restacked;
+DCP -> universal -> DCP -> universal is the identity (h5py);
 a save that lost an expert, holds one twice or has a gap is one error line naming the file, the key
 and the experts, nothing written, under the sanitized ucp_san too.
 """
@@ -191,8 +193,9 @@ def flip_expert_byte(ckpt, fqn):
     f.write_bytes(bytes(data))
 
 
-# dcp.load at M ranks (a few seconds each): every M of 2 and 3, every case once.
-MULTI = {("ep2_fsdp2", 2), ("ep2_fsdp2_suffix", 3), ("uneven_e3", 2), ("uneven_e3", 3)}
+# dcp.load at M ranks (a few seconds each): M = 2 and 3 once each, the FSDP Shard(1) save and
+# the uneven one (test_ep_places_experts_as_torchtitan loads ep2_fsdp2 at 4 ranks).
+MULTI = {("ep2_fsdp2_suffix", 2), ("uneven_e3", 3)}
 
 
 def test_torch_loads_ucps_files_at_other_worlds():
