@@ -338,8 +338,9 @@ def edit_metadata(ckpt, fn):
 def test_lost_doubled_or_cut_experts_are_one_clear_error():
     """An expert lost (layer 1's stacked tensors hold 3 of the router's 4: each rank's local
     experts under the global name, KempnerForge#202), an expert's chunk saved over another's (a
-    duplicate), a chunk dropped (a gap): one error line naming the folder, the key and the global
-    experts, from verify, to-universal and convert, nothing written; resume skips such a save."""
+    duplicate), a chunk dropped (a gap), a stacked tensor's Adam moment lost: one error line
+    naming the folder, the key and the global experts, from verify, to-universal and convert,
+    nothing written; resume skips such a save."""
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
     case = "ep2_fsdp2"
     with Tmp() as t:
@@ -369,7 +370,14 @@ def test_lost_doubled_or_cut_experts_are_one_clear_error():
             i = next(i for i, x in enumerate(ch) if x.offsets[0] == 2)
             ch.pop(i)
 
-        cases = [(lose_last_expert, ("model.layers.1.moe.experts.", "global experts 3 missing",
+        def lose_moments(m):
+            key = "optimizer.state.layers.2.moe.experts.w1.exp_avg"
+            del m.state_dict_metadata[key]
+            m.storage_data = {k: v for k, v in m.storage_data.items() if k.fqn != key}
+
+        cases = [(lose_moments, ("optimizer.state.layers.2.moe.experts.w1.exp_avg", "missing",
+                                 "global experts 0-3")),
+                 (lose_last_expert, ("model.layers.1.moe.experts.", "global experts 3 missing",
                                      "router")),
                  (doubled, ("model.layers.1.moe.experts.w2", "overlap",
                             "global experts 0 stored more than once")),

@@ -45,6 +45,7 @@ class Reader {
   void Classify();
   void DetectExperts();
   void PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s);
+  void CheckExpertStates() const;
   void ReadParamGroups();
   Param& ParamOf(const std::string& name, const Shape& shape, const Entry& e);
   void PlanTensor(const Entry& e, const KeyClass& k);
@@ -252,6 +253,31 @@ void Reader::PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s) {
           err.AddContext(iw);
         throw;
       }
+    }
+  }
+}
+
+// Every stacked expert tensor an optimizer updates has each optimizer state
+// the others have: a save whose experts lost their moments (stale Adam state
+// after a conversion) is refused naming the key.
+void Reader::CheckExpertStates() const {
+  std::set<std::string> kinds;
+  for (const auto& [param, s] : stacked_)
+    for (const std::string& kind : state_kinds_)
+      if (atom_of_.count({ExpertParam(s.name, 0), kind})) kinds.insert(kind);
+  std::set<std::string> optimized;
+  for (const std::vector<std::string>& g : group_params_)
+    optimized.insert(g.begin(), g.end());
+  for (const auto& [param, s] : stacked_) {
+    const std::string first = ExpertParam(s.name, 0);
+    if (s.experts == 0 || (!optimized.empty() && !optimized.count(first)))
+      continue;
+    for (const std::string& kind : kinds) {
+      if (atom_of_.count({first, kind})) continue;
+      throw FormatError(c_.path.string(), " > optimizer.state.", param, ".",
+                        kind, ": missing (global experts 0-", s.experts - 1,
+                        " of ", param, " without their ", kind,
+                        ", which the other stacked experts have)");
     }
   }
 }
@@ -465,6 +491,7 @@ universal::SourcePlan Reader::Run() {
       PlanTensor(e, k);
     }
   }
+  CheckExpertStates();
   // Groups and frozen params (listed in no group of an optimizer).
   std::map<std::string, int64_t> group_of;
   for (size_t g = 0; g < group_params_.size(); ++g)
