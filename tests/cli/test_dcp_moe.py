@@ -251,7 +251,8 @@ def test_ep_places_experts_as_torchtitan():
     """--dp 4 --ep 2: every stacked expert key's chunks are the boxes the real FSDP2-on-EP save
     has, on the same ranks (Shard(0) of the local experts, or Shard(1) with one local expert;
     torchtitan's mesh (dp_shard_mod_ep, ep)), the state equal to the source's, also as the EP x
-    FSDP2 model and Adam of the save load it (ep2_fsdp2); an --ep not dividing the experts or --dp is one usage error line."""
+    FSDP2 model and Adam of the save load it (ep2_fsdp2); an --ep not dividing the experts or
+    --dp is one usage error line."""
     for case in ("ep2_fsdp2", "ep2_fsdp2_suffix"):
         with Tmp() as t:
             run("convert", DATA / case / "ckpt", "-o", t / "o", "--dp", 4, "--ep", 2, "-q")

@@ -279,13 +279,15 @@ def load_rank(rank, world, port, ckpt, truth_path, result_path):
     want = torch.load(truth_path, weights_only=False)
     sd = {}
     for path, v in want.items():
+        if not isinstance(v, torch.Tensor):
+            continue
         d = sd
         for k in path[:-1]:
-            d = d.setdefault(k, {} if not isinstance(k, int) else {})
-        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            d = d.setdefault(k, {})
+        if v.dim() > 0:
             dim = 1 if (v.dim() > 1 and world % 2 == 1) else 0
             d[path[-1]] = distribute_tensor(torch.zeros_like(v), mesh, [Shard(dim)])
-        elif isinstance(v, torch.Tensor):
+        else:
             d[path[-1]] = torch.zeros_like(v)
     dcp.load(sd, checkpoint_id=str(ckpt))
     got = {k: full(v) for k, v in flatten(sd).items()}
