@@ -327,8 +327,9 @@ def test_ep_etp_flags_listed_and_refused_as_megatron_refuses_them():
     # DeepSpeed: --ep only (its MoE layers' expert groups split the dp ranks).
     assert formats["deepspeed"]["target_topology"] == ["tp", "pp", "dp", "ep"], \
         formats["deepspeed"]
-    for name in ("dcp", "mindspore"):
-        assert "ep" not in formats[name]["target_topology"], formats[name]
+    # DCP: --ep for torchtitan's stacked experts (engine/formats/dcp_plain/README.md).
+    assert formats["dcp"]["target_topology"] == ["dp", "ep"], formats["dcp"]
+    assert "ep" not in formats["mindspore"]["target_topology"], formats["mindspore"]
     help_text = run("convert", "--help").stdout
     assert "--ep N" in help_text and "--etp N" in help_text, help_text
     src = DATA / "mixtral_tp1_pp2_dp2_ep2"

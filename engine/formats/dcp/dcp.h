@@ -36,7 +36,9 @@
 // (for other formats), the key order, kinds and planner_data in the root
 // attribute "dcp" (DcpExtras below): {"keys": [{"key", "class", "param"?,
 // "state"?}...] in the metadata's order, "planner_data": {fqn: [path
-// component (str | int)...]} in state-dict order, "version", "world"}.
+// component (str | int)...]} in state-dict order, "version", "world"}; a
+// stacked expert key (experts.h: torchtitan's moe.experts.w1 ...) becomes one
+// param per global expert, its record adding "experts" (E) and "order".
 
 #include <cstdint>
 #include <filesystem>
@@ -69,6 +71,10 @@ struct DcpKeyRecord {
   std::string key;
   std::string cls;           // KeyClassName
   std::string param, state;  // empty if none
+  // A stacked expert tensor (experts.h): its experts (0: not one) and the
+  // order its suffix or shape tells ("EFD", "EDF").
+  int64_t experts = 0;
+  std::string order;
 };
 
 /// The "dcp" root attribute, typed. Unknown members stay in `other`.

@@ -10,6 +10,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/experts.h"
 
 namespace ucp::dcp {
 namespace {
@@ -87,6 +88,19 @@ bool Overlap(const Chunk& a, const Chunk& b) {
   return true;
 }
 
+// For a stacked expert tensor (experts.h): the global experts a tiling
+// problem touches, for the message; empty otherwise.
+std::string ExpertsNamed(const Entry& e, bool twice) {
+  if (e.size.size() != 3 || !FindStacked(e.fqn)) return "";
+  std::vector<int64_t> missing, doubled;
+  ExpertCoverage(e.size, e.chunks, missing, doubled);
+  const std::vector<int64_t>& v = twice ? doubled : missing;
+  if (v.empty()) return "";
+  return StrCat(" (global experts ", IndexList(v),
+                twice ? " stored more than once" : " missing or incomplete",
+                ", of ", e.size[0], ")");
+}
+
 // Every element of the tensor in exactly one chunk (empty chunks, as
 // torch writes for ranks past the end, ignored).
 void CheckTiling(const Entry& e, const fs::path& where) {
@@ -128,7 +142,7 @@ void CheckTiling(const Entry& e, const fs::path& where) {
       if (Overlap(*boxes[i], *boxes[j])) {
         throw FormatError(where.string(), " > ", e.fqn, ": chunks ",
                           BoxString(*boxes[i]), " and ", BoxString(*boxes[j]),
-                          " overlap");
+                          " overlap", ExpertsNamed(e, true));
       }
     }
   }
@@ -138,7 +152,8 @@ void CheckTiling(const Entry& e, const fs::path& where) {
     throw FormatError(where.string(), " > ", e.fqn, ": the chunks cover ",
                       total, " of the ", Volume(e.size), " elements of ",
                       ShapeString(e.size),
-                      " (a hole: loading would keep stale values there)");
+                      " (a hole: loading would keep stale values there)",
+                      ExpertsNamed(e, false));
   }
 }
 

@@ -24,6 +24,8 @@ std::optional<DcpExtras> ReadDcpExtras(const universal::Model& model,
       item.Get("class", k.cls);
       item.Get("param", k.param, /*required=*/false);
       item.Get("state", k.state, /*required=*/false);
+      item.Get("experts", k.experts, /*required=*/false);
+      item.Get("order", k.order, /*required=*/false);
     }
   });
   r->Member("planner_data", false, [&](const json::Value& v) {
@@ -55,6 +57,10 @@ void WriteDcpExtras(const DcpExtras& x, universal::Model& model) {
     j["class"] = r.cls;
     if (!r.param.empty()) j["param"] = r.param;
     if (!r.state.empty()) j["state"] = r.state;
+    if (r.experts > 0) {
+      j["experts"] = r.experts;
+      j["order"] = r.order;
+    }
     keys.Append(std::move(j));
   }
   o["keys"] = std::move(keys);

@@ -9,6 +9,7 @@
 #include "engine/formats/common/source_table.h"
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/experts.h"
 #include "engine/formats/dcp/keys.h"
 #include "engine/json/json.h"
 #include "engine/pickle/pickle.h"
@@ -34,7 +35,18 @@ class Reader {
     bool frozen = false;
     int64_t group = 0;
   };
+  // torchtitan's stacked routed experts (experts.h): each key of one split
+  // into one param per global expert.
+  struct Stacked {
+    StackedName name;
+    int64_t experts = 0;
+    std::string order;  // the dims after E, as the suffix spells them
+    Shape per;          // one expert's slice
+  };
   void Classify();
+  void DetectExperts();
+  void PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s);
+  void CheckExpertStates() const;
   void ReadParamGroups();
   Param& ParamOf(const std::string& name, const Shape& shape, const Entry& e);
   void PlanTensor(const Entry& e, const KeyClass& k);
@@ -47,7 +59,8 @@ class Reader {
   formats::SourceTable sources_{plan_};
   FileCache files_;
   std::vector<std::shared_ptr<const torchfile::TorchFile>> open_;
-  std::vector<KeyClass> classes_;  // per entry
+  std::vector<KeyClass> classes_;           // per entry
+  std::map<std::string, Stacked> stacked_;  // by the stacked param's name
   std::vector<Param> params_;
   std::map<std::string, size_t> index_;
   // Param groups: the dict entries (key, value) of each, and their params.
@@ -63,6 +76,211 @@ void Reader::Classify() {
   const KeyNames names = KeyNames::From(c_.metadata);
   for (const Entry& e : c_.metadata.entries)
     classes_.push_back(names.Classify(e.fqn, e.tensor));
+}
+
+// Stacked expert tensors: 3-D model tensors named <prefix>moe.experts.<w1|
+// w2|w3>[_XYZ] (experts.h). Every one of a layer holds the same E experts,
+// the layer's router (<prefix>moe.router.gate.weight [E, D]) as many: a save
+// that lost experts (each rank's local experts under the global name) or
+// names more is refused naming the layer and the global experts.
+void Reader::DetectExperts() {
+  std::map<std::string, const Entry*> model;
+  for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
+    const Entry& e = c_.metadata.entries[i];
+    const KeyClass& k = classes_[i];
+    if (e.tensor && (k.kind == KeyClass::kModel || k.kind == KeyClass::kTensor))
+      model.emplace(k.param, &e);
+  }
+  std::map<std::string, std::vector<std::pair<std::string, const Entry*>>>
+      layers;
+  for (const auto& [param, e] : model) {
+    if (e->size.size() != 3) continue;
+    if (const std::optional<StackedName> n = SplitStacked(param))
+      layers[n->prefix].emplace_back(param, e);
+  }
+  for (const auto& [prefix, members] : layers) {
+    const auto& [first, fe] = members.front();
+    const int64_t num = fe->size[0];
+    for (const auto& [param, e] : members) {
+      if (e->size[0] != num) {
+        throw FormatError(c_.path.string(), " > ", e->fqn, ": holds ",
+                          e->size[0], " experts, but ", first, " holds ", num,
+                          " (the stacked experts of one MoE layer disagree)");
+      }
+    }
+    const std::string base =
+        prefix.substr(0, prefix.size() - std::string_view("experts.").size());
+    const auto router = model.find(base + "router.gate.weight");
+    int64_t dim = -1;
+    if (router != model.end() && router->second->size.size() == 2) {
+      const int64_t want = router->second->size[0];
+      dim = router->second->size[1];
+      if (want != num) {
+        std::vector<int64_t> v;
+        for (int64_t x = std::min(num, want); x < std::max(num, want); ++x)
+          v.push_back(x);
+        throw FormatError(
+            c_.path.string(), " > ", fe->fqn, ": layer ", base,
+            "*: global experts ", IndexList(v),
+            want > num ? " missing" : " beyond the router's",
+            " (the stacked experts hold ", num, ", the router ",
+            router->second->fqn, " ", want,
+            "; every expert of every MoE layer must be stored exactly once)");
+      }
+    }
+    for (const auto& [param, e] : members) {
+      Stacked st;
+      st.name = *SplitStacked(param);
+      st.experts = num;
+      st.per = Shape(e->size.begin() + 1, e->size.end());
+      // The suffix tells the order; else the router's D (w1 / w3 [F, D] in
+      // torchtitan's order, [D, F] in older saves).
+      const bool w2 = st.name.stem == "w2";
+      const bool d_last = st.per[1] == dim && st.per[0] != dim;
+      const bool d_first = st.per[0] == dim && st.per[1] != dim;
+      if (!st.name.suffix.empty()) {
+        st.order = st.name.suffix.substr(1);
+      } else if (w2) {
+        st.order = d_last ? "EFD" : "EDF";
+      } else {
+        st.order = d_first ? "EDF" : "EFD";
+      }
+      stacked_.emplace(param, std::move(st));
+    }
+  }
+}
+
+// A stacked expert key (its model tensor or an optimizer state of it): one
+// atom per global expert, each chunk's rows the experts' fragments; a 0-d
+// state (the step) given to every expert.
+void Reader::PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s) {
+  const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
+  const bool state = k.kind == KeyClass::kState;
+  const std::string kind =
+      state ? k.state : (e.dtype == DType::kFloat32 ? "fp32" : "param");
+  if (state && (kind == "fp32" || kind == "param")) {
+    throw FormatError(where, ": optimizer state named '", kind,
+                      "' (reserved by the universal file)");
+  }
+  Shape stacked = s.per;
+  stacked.insert(stacked.begin(), s.experts);
+  if (!e.size.empty() && e.size != stacked) {
+    throw FormatError(where, ": shape ", ShapeString(e.size), " but the ",
+                      "stacked experts' is ", ShapeString(stacked));
+  }
+  std::vector<size_t> atoms;
+  for (int64_t x = 0; x < s.experts; ++x) {
+    Param& p = ParamOf(ExpertParam(s.name, x), s.per, e);
+    if (state) {
+      state_kinds_.insert(kind);
+      has_optimizer_ = true;
+    } else {
+      p.dtype = e.dtype;
+      p.buffer = !IsFloatingPoint(e.dtype);
+      if (!p.buffer && !model_dtype_known_) {
+        model_dtype_ = e.dtype;
+        model_dtype_known_ = true;
+      }
+    }
+    const auto [slot, fresh] =
+        atom_of_.try_emplace({p.name, kind}, plan_.atoms.size());
+    if (fresh) {
+      universal::AtomPlan a;
+      a.param = p.name;
+      a.state_kind = kind;
+      a.dtype = e.dtype;
+      a.shape = e.size.empty() ? e.size : s.per;
+      plan_.atoms.push_back(std::move(a));
+    }
+    const universal::AtomPlan& atom = plan_.atoms[slot->second];
+    if (atom.dtype != e.dtype || (e.size.empty() != atom.shape.empty())) {
+      throw FormatError(where, ": a ", DTypeName(e.dtype), " ",
+                        ShapeString(e.size), " part of ", p.name, "'s ", kind,
+                        ", which is ", DTypeName(atom.dtype), " ",
+                        ShapeString(atom.shape));
+    }
+    atoms.push_back(slot->second);
+  }
+  for (const Chunk& chunk : e.chunks) {
+    if (!e.size.empty() && NumElements(chunk.sizes) == 0) continue;
+    const ItemKey key{e.fqn, chunk.offsets};
+    for (const Item& item : c_.items.at(key)) {
+      const std::string iw = StrCat("rank file ", item.file.string(), " > ",
+                                    e.fqn, " > chunk ", BoxString(chunk));
+      try {
+        open_.push_back(OpenItem(item, key, files_));
+        const torchfile::TorchFile& f = *open_.back();
+        const torchfile::TensorInfo* t = f.FindTensor(f.root());
+        if (t == nullptr) throw FormatError("the item is not a tensor");
+        if (t->dtype != e.dtype || t->shape != chunk.sizes) {
+          throw FormatError("the item holds a ", DTypeName(t->dtype), " ",
+                            ShapeString(t->shape),
+                            " tensor, the metadata says ", DTypeName(e.dtype),
+                            " ", ShapeString(chunk.sizes));
+        }
+        const reshape::SourceTensor whole =
+            sources_.Tensor(open_.back(), *t, iw);
+        if (e.size.empty()) {  // the step: every expert's
+          for (size_t a : atoms) {
+            universal::Fragment fr;
+            fr.src = whole;
+            fr.where = iw;
+            plan_.atoms[a].fragments.push_back(std::move(fr));
+          }
+          continue;
+        }
+        const Shape sub(chunk.sizes.begin() + 1, chunk.sizes.end());
+        const Shape off(chunk.offsets.begin() + 1, chunk.offsets.end());
+        const int64_t row =
+            whole.stride.empty() ? NumElements(sub) : whole.stride[0];
+        for (int64_t i = 0; i < chunk.sizes[0]; ++i) {
+          const int64_t x = chunk.offsets[0] + i;
+          universal::Fragment fr;
+          fr.src = whole;
+          fr.src.byte_offset +=
+              static_cast<uint64_t>(i * row) * ElementSize(e.dtype);
+          if (!fr.src.stride.empty())
+            fr.src.stride.erase(fr.src.stride.begin());
+          fr.src.shape = sub;
+          fr.src_box = Box::Whole(sub);
+          fr.atom_box = Box{off, sub};
+          fr.where = StrCat(iw, " (global expert ", x, ")");
+          plan_.atoms[atoms[static_cast<size_t>(x)]].fragments.push_back(
+              std::move(fr));
+        }
+      } catch (Error& err) {
+        if (std::string_view(err.what()).find(item.file.string()) ==
+            std::string_view::npos)
+          err.AddContext(iw);
+        throw;
+      }
+    }
+  }
+}
+
+// Every stacked expert tensor an optimizer updates has each optimizer state
+// the others have: a save whose experts lost their moments (stale Adam state
+// after a conversion) is refused naming the key.
+void Reader::CheckExpertStates() const {
+  std::set<std::string> kinds;
+  for (const auto& [param, s] : stacked_)
+    for (const std::string& kind : state_kinds_)
+      if (atom_of_.count({ExpertParam(s.name, 0), kind})) kinds.insert(kind);
+  std::set<std::string> optimized;
+  for (const std::vector<std::string>& g : group_params_)
+    optimized.insert(g.begin(), g.end());
+  for (const auto& [param, s] : stacked_) {
+    const std::string first = ExpertParam(s.name, 0);
+    if (s.experts == 0 || (!optimized.empty() && !optimized.count(first)))
+      continue;
+    for (const std::string& kind : kinds) {
+      if (atom_of_.count({first, kind})) continue;
+      throw FormatError(c_.path.string(), " > optimizer.state.", param, ".",
+                        kind, ": missing (global experts 0-", s.experts - 1,
+                        " of ", param, " without their ", kind,
+                        ", which the other stacked experts have)");
+    }
+  }
 }
 
 const Value* Reader::ItemValue(const ItemKey& key, const std::string& where) {
@@ -141,6 +359,10 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
   const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
   ParamPlace place{k.param, e.size, {}};
   if (namer_) place = namer_(e.fqn, k.param, e.size);
+  if (const auto s = stacked_.find(place.param); s != stacked_.end()) {
+    PlanStacked(e, k, s->second);
+    return;
+  }
   if (place.param.empty()) {  // an object in a tensor
     if (e.chunks.size() != 1) {
       throw FormatError(where, ": ", e.chunks.size(), " chunks of a tensor ",
@@ -242,7 +464,22 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
 
 universal::SourcePlan Reader::Run() {
   Classify();
+  if (!namer_) DetectExperts();
   ReadParamGroups();
+  // A group lists a stacked expert tensor: its experts' params.
+  for (std::vector<std::string>& names : group_params_) {
+    std::vector<std::string> out;
+    for (std::string& n : names) {
+      const auto s = stacked_.find(n);
+      if (s == stacked_.end()) {
+        out.push_back(std::move(n));
+        continue;
+      }
+      for (int64_t x = 0; x < s->second.experts; ++x)
+        out.push_back(ExpertParam(s->second.name, x));
+    }
+    names = std::move(out);
+  }
   // Model weights first (their shapes are the params'), then the rest.
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < c_.metadata.entries.size(); ++i) {
@@ -255,6 +492,7 @@ universal::SourcePlan Reader::Run() {
       PlanTensor(e, k);
     }
   }
+  CheckExpertStates();
   // Groups and frozen params (listed in no group of an optimizer).
   std::map<std::string, int64_t> group_of;
   for (size_t g = 0; g < group_params_.size(); ++g)
@@ -288,6 +526,11 @@ universal::SourcePlan Reader::Run() {
     const KeyClass& k = classes_[i];
     meta.keys.push_back(
         {e.fqn, std::string(KeyClassName(k.kind)), k.param, k.state});
+    if (const auto s = stacked_.find(k.param);
+        e.tensor && s != stacked_.end()) {
+      meta.keys.back().experts = s->second.experts;
+      meta.keys.back().order = s->second.order;
+    }
     if (e.tensor) continue;
     const ItemKey key{e.fqn, std::nullopt};
     plan_.opaque.push_back({StrCat("dcp/bytes/", e.fqn),

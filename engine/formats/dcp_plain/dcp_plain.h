@@ -17,7 +17,12 @@ namespace ucp::dcp {
 /// items for the rest, and .metadata last. From DCP content the source's
 /// keys, BYTE_IO items and planner_data come back; from other formats
 /// model.<param>, optimizer.state.<param>.<kind> and the param groups.
-/// Throws FormatError if the universal content lacks a param's weights.
+/// torchtitan's stacked experts (../dcp/experts.h), held one param per
+/// expert, are restacked; at --ep N (options.topology.ep) placed Shard(0)
+/// over N ep ranks with FSDP's shard on top, as torchtitan does.
+/// Throws FormatError if the universal content lacks a param's weights (an
+/// expert's too), UsageError if --ep N is given for a model without stacked
+/// experts or does not divide their count.
 std::unique_ptr<formats::TargetPlan> PlanTarget(
     const universal::UniversalInput& input,
     const formats::TargetOptions& options);

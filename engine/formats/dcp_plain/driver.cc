@@ -85,7 +85,10 @@ class DcpDriver : public formats::Driver {
         Discover(path, options.values.String(kCheckpointOption).value_or("")));
   }
   bool CanWrite() const override { return true; }
-  formats::TopologyAxes TargetAxes() const override { return {.dp = true}; }
+  // --ep: torchtitan's stacked experts sharded over an ep mesh (writer.cc).
+  formats::TopologyAxes TargetAxes() const override {
+    return {.dp = true, .ep = true};
+  }
   std::unique_ptr<formats::TargetPlan> PlanTarget(
       const universal::UniversalInput& input,
       const formats::TargetOptions& options) const override {

@@ -9,7 +9,9 @@
 // torch's save-plan dedup (_dedup_save_plans.py) then gives each item listed
 // by several ranks to the one with the fewest bytes so far, walking rank 0's
 // list, then rank 1's, ...; a file holds its objects first, then its
-// tensors, back to back (filesystem.py).
+// tensors, back to back (filesystem.py). At --ep N, torchtitan's stacked
+// routed experts (../dcp/experts.h) are placed as its EP x FSDP layout
+// places them (ExpertChunk).
 
 #include <algorithm>
 #include <cstring>
@@ -24,6 +26,7 @@
 #include "engine/formats/common/torch_blob.h"
 #include "engine/formats/common/train_state.h"
 #include "engine/formats/dcp/dcp.h"
+#include "engine/formats/dcp/experts.h"
 #include "engine/formats/dcp/items.h"
 #include "engine/formats/dcp/keys.h"
 #include "engine/formats/dcp_plain/dcp_plain.h"
@@ -47,8 +50,11 @@ struct Key {
   DType dtype = DType::kFloat32;
   Shape shape;
   const atoms::DatasetInfo* atom = nullptr;  // tensor from an atom
-  std::vector<std::byte> constant;           // else a known 0-d tensor
-  std::string bytes;                         // object: torch.save bytes
+  // A stacked expert tensor (../dcp/experts.h): expert e's atom, restacked
+  // on dim 0 (a 0-d state: `atom`, expert 0's).
+  std::vector<const atoms::DatasetInfo*> experts;
+  std::vector<std::byte> constant;  // else a known 0-d tensor
+  std::string bytes;                // object: torch.save bytes
   std::vector<PathComponent> path;
 };
 
@@ -63,8 +69,11 @@ class DcpPlan : public formats::TargetPlan {
  public:
   DcpPlan(const universal::UniversalInput& input,
           const formats::TargetOptions& options)
-      : input_(input), world_(std::max<int64_t>(1, options.topology.dp)) {
+      : input_(input),
+        world_(std::max<int64_t>(1, options.topology.dp)),
+        ep_(std::max<int64_t>(1, options.topology.ep)) {
     BuildKeys(options);
+    CheckExpertParallel();
     PlaceItems();
   }
   size_t units() const override { return static_cast<size_t>(world_) + 1; }
@@ -76,7 +85,12 @@ class DcpPlan : public formats::TargetPlan {
  private:
   void BuildKeys(const formats::TargetOptions& options);
   void KeysFromDcp(const DcpExtras& meta);
+  void StackExperts(const DcpKeyRecord& j, Key& k) const;
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>>
+  ExpertStacks() const;
   void KeysFromOtherFormats(const formats::TargetOptions& options);
+  void CheckExpertParallel() const;
+  Chunk ExpertChunk(const Shape& shape, int64_t rank) const;
   void PlaceItems();
   std::string OpaqueBytes(const atoms::DatasetInfo& d) const;
   const atoms::DatasetInfo& AtomOf(const std::string& param,
@@ -84,6 +98,7 @@ class DcpPlan : public formats::TargetPlan {
 
   const universal::UniversalInput& input_;
   int64_t world_;
+  int64_t ep_;  // --ep: stacked experts Shard(0) over ep, then FSDP's shard
   std::vector<Key> keys_;
   std::optional<ItemFiles> files_;
   mutable std::set<std::string> notes_;
@@ -112,6 +127,43 @@ std::string DcpPlan::OpaqueBytes(const atoms::DatasetInfo& d) const {
   return b;
 }
 
+// A stacked expert key of a DCP source: its experts' atoms, each expert
+// once, all of one dtype and shape.
+void DcpPlan::StackExperts(const DcpKeyRecord& j, Key& k) const {
+  const std::optional<StackedName> n = SplitStacked(k.cls.param);
+  if (!n || j.experts > (int64_t{1} << 20)) {
+    throw FormatError("key ", k.fqn, ": ", j.experts,
+                      " experts recorded, but '", k.cls.param,
+                      "' names no stacked expert tensor");
+  }
+  for (int64_t x = 0; x < j.experts; ++x) {
+    const std::string param = ExpertParam(*n, x);
+    const std::string kind =
+        k.cls.kind == KeyClass::kState
+            ? k.cls.state
+            : (input_.FindAtom(param, "fp32") != nullptr ? "fp32" : "param");
+    const atoms::DatasetInfo& a = AtomOf(param, kind);
+    if (!k.experts.empty() &&
+        (a.dtype != k.experts[0]->dtype || a.shape != k.experts[0]->shape)) {
+      throw FormatError("universal input ", input_.path().string(), " > param ",
+                        param, " > ", kind, ": ", DTypeName(a.dtype), " ",
+                        ShapeString(a.shape), ", but expert 0's is ",
+                        DTypeName(k.experts[0]->dtype), " ",
+                        ShapeString(k.experts[0]->shape),
+                        " (one stacked tensor ", k.fqn, " holds both)");
+    }
+    k.experts.push_back(&a);
+  }
+  k.atom = k.experts.front();
+  k.dtype = k.atom->dtype;
+  k.shape = k.atom->shape;
+  if (k.shape.empty()) {  // a step: expert 0's
+    k.experts.clear();
+  } else {
+    k.shape.insert(k.shape.begin(), j.experts);
+  }
+}
+
 // The source was DCP: its keys in its order, its objects verbatim, its
 // planner_data.
 void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
@@ -133,7 +185,9 @@ void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
                k.cls.kind == KeyClass::kTensor;
     auto pit = paths.find(k.fqn);
     k.path = pit != paths.end() ? pit->second : PathOf(k.cls, k.fqn);
-    if (k.tensor) {
+    if (k.tensor && j.experts > 0) {
+      StackExperts(j, k);
+    } else if (k.tensor) {
       const std::string kind =
           k.cls.kind == KeyClass::kState
               ? k.cls.state
@@ -169,7 +223,87 @@ void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
 }
 
 // Another format's content: get_state_dict's layout.
+// Per-expert params named as torchtitan's experts are held
+// (<layer>.moe.experts.<e>.<w1|w2|w3>, ../dcp/experts.h) in content that is
+// not DCP's: restacked as <layer>.moe.experts.<w1|w2|w3>, experts 0..E-1 each
+// once. Returns {expert param -> (stacked param, its experts' params)}.
+std::map<std::string, std::pair<std::string, std::vector<std::string>>>
+DcpPlan::ExpertStacks() const {
+  std::map<std::string, std::map<int64_t, std::string>> by_stack;
+  for (const atoms::StoredParam& p : input_.params()) {
+    if (p.info.kind == atoms::ParamKind::kBuffer) continue;
+    if (const std::optional<ExpertParamName> x = SplitExpertParam(p.info.fqn))
+      by_stack[x->prefix + x->stem][x->expert] = p.info.fqn;
+  }
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& [stacked, experts] : by_stack) {
+    const int64_t num = experts.rbegin()->first + 1;
+    std::vector<int64_t> missing;
+    std::vector<std::string> names;
+    for (int64_t x = 0; x < num; ++x) {
+      const auto it = experts.find(x);
+      if (it == experts.end()) {
+        missing.push_back(x);
+      } else {
+        names.push_back(it->second);
+      }
+    }
+    if (!missing.empty()) {
+      throw FormatError("universal input ", input_.path().string(), " > ",
+                        stacked, ": global experts ", IndexList(missing),
+                        " missing (of ", num,
+                        "; torchtitan's stacked tensor needs every expert)");
+    }
+    for (const std::string& n : names) out[n] = {stacked, names};
+  }
+  return out;
+}
+
 void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
+  const auto stacks = ExpertStacks();
+  // A stacked key of the experts' atoms of `kind` (the weights: each one's
+  // fp32, else its param atom).
+  auto add_stacked = [&](KeyClass cls, const std::string& kind,
+                         const std::vector<std::string>& experts) {
+    Key k;
+    k.cls = std::move(cls);
+    k.fqn = k.cls.kind == KeyClass::kModel
+                ? StrCat("model.", k.cls.param)
+                : StrCat("optimizer.state.", k.cls.param, ".", k.cls.state);
+    k.tensor = true;
+    for (const std::string& e : experts) {
+      const atoms::DatasetInfo* a =
+          kind.empty() ? input_.FindAtom(e, "fp32") : input_.FindAtom(e, kind);
+      if (a == nullptr && kind.empty()) a = input_.FindAtom(e, "param");
+      if (a == nullptr) {
+        throw FormatError("universal input ", input_.path().string(),
+                          " > param ", e, ": no '",
+                          kind.empty() ? "fp32" : kind, "' atom, which ",
+                          experts.front(), " has (one stacked tensor ", k.fqn,
+                          " holds both)");
+      }
+      if (!k.experts.empty() && (a->dtype != k.experts[0]->dtype ||
+                                 a->shape != k.experts[0]->shape)) {
+        throw FormatError("universal input ", input_.path().string(),
+                          " > param ", e, ": ", DTypeName(a->dtype), " ",
+                          ShapeString(a->shape), ", but ", experts.front(),
+                          "'s is ", DTypeName(k.experts[0]->dtype), " ",
+                          ShapeString(k.experts[0]->shape),
+                          " (one stacked tensor ", k.fqn, " holds both)");
+      }
+      k.experts.push_back(a);
+    }
+    k.atom = k.experts.front();
+    k.dtype = k.atom->dtype;
+    k.shape = k.atom->shape;
+    if (k.shape.empty()) {
+      k.experts.clear();
+    } else {
+      k.shape.insert(k.shape.begin(), static_cast<int64_t>(experts.size()));
+    }
+    k.path = PathOf(k.cls, k.fqn);
+    keys_.push_back(std::move(k));
+  };
   auto add_tensor = [&](KeyClass cls, const atoms::DatasetInfo& atom) {
     Key k;
     k.cls = std::move(cls);
@@ -193,6 +327,12 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     KeyClass c;
     c.kind = KeyClass::kModel;
     c.param = p.info.fqn;
+    if (const auto st = stacks.find(p.info.fqn); st != stacks.end()) {
+      if (st->second.second.front() != p.info.fqn) continue;  // stacked
+      c.param = st->second.first;
+      add_stacked(std::move(c), "", st->second.second);
+      continue;
+    }
     add_tensor(std::move(c), *w);
   }
   if (options.no_optimizer) return;
@@ -232,8 +372,17 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     c.kind = KeyClass::kState;
     c.param = p.info.fqn;
     c.state = "step";
+    const auto st = stacks.find(p.info.fqn);
+    if (st != stacks.end()) {
+      if (st->second.second.front() != p.info.fqn) continue;  // stacked
+      c.param = st->second.first;
+    }
     if (const atoms::DatasetInfo* s = input_.FindAtom(p.info.fqn, "step")) {
-      add_tensor(c, *s);
+      if (st != stacks.end()) {
+        add_stacked(c, "step", st->second.second);
+      } else {
+        add_tensor(c, *s);
+      }
     } else {
       Key k;
       k.cls = c;
@@ -249,7 +398,11 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     for (const std::string& kind : kinds) {
       if (const atoms::DatasetInfo* a = input_.FindAtom(p.info.fqn, kind)) {
         c.state = kind;
-        add_tensor(c, *a);
+        if (st != stacks.end()) {
+          add_stacked(c, kind, st->second.second);
+        } else {
+          add_tensor(c, *a);
+        }
       }
     }
   }
@@ -259,6 +412,11 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
     if (p.info.kind == atoms::ParamKind::kBuffer || p.info.frozen) continue;
     const size_t g = static_cast<size_t>(std::max<int64_t>(0, p.info.group));
     if (members.size() <= g) members.resize(g + 1);
+    if (const auto st = stacks.find(p.info.fqn); st != stacks.end()) {
+      if (st->second.second.front() == p.info.fqn)
+        members[g].push_back(st->second.first);
+      continue;
+    }
     members[g].push_back(p.info.fqn);
   }
   std::shared_ptr<const torchfile::TorchFile> templates;
@@ -332,6 +490,50 @@ void DcpPlan::BuildKeys(const formats::TargetOptions& options) {
   KeysFromOtherFormats(options);
 }
 
+// --ep N: the target has stacked experts, each tensor's E a multiple of N
+// (the CLI checked that N divides --dp).
+void DcpPlan::CheckExpertParallel() const {
+  if (ep_ == 1) return;
+  bool any = false;
+  for (const Key& k : keys_) {
+    if (k.experts.empty()) continue;
+    any = true;
+    if (k.shape[0] % ep_ != 0) {
+      throw UsageError("--ep ", ep_, " does not divide the ", k.shape[0],
+                       " experts of ", k.fqn);
+    }
+  }
+  if (!any) {
+    throw UsageError("--ep ", ep_,
+                     ": the model has no stacked routed experts (torchtitan's "
+                     "moe.experts.w1, ...); give no --ep");
+  }
+}
+
+// Rank `rank`'s chunk of a stacked expert tensor at --ep: torchtitan's mesh
+// (dp_shard_mod_ep, ep), ep the inner dim; the experts Shard(0) over ep
+// (E / ep each), then FSDP over the dp / ep ranks of the outer dim: Shard(0)
+// of the local experts, or Shard(1) when they are fewer than those ranks
+// (torchtitan's shard_placement_fn); torch.chunk sizes, the last short or
+// empty.
+Chunk DcpPlan::ExpertChunk(const Shape& shape, int64_t rank) const {
+  const int64_t fsdp = world_ / ep_;
+  const int64_t local = shape[0] / ep_;
+  const int64_t e = rank % ep_, f = rank / ep_;
+  Chunk c;
+  c.offsets.assign(shape.size(), 0);
+  c.sizes = shape;
+  c.offsets[0] = e * local;
+  c.sizes[0] = local;
+  const size_t dim = local >= fsdp ? 0 : 1;
+  const int64_t n = dim == 0 ? local : shape[1];
+  const int64_t cs = (n + fsdp - 1) / fsdp;
+  const int64_t begin = std::min(f * cs, n);
+  c.offsets[dim] += begin;
+  c.sizes[dim] = std::max<int64_t>(0, std::min((f + 1) * cs, n) - begin);
+  return c;
+}
+
 void DcpPlan::PlaceItems() {
   // Every rank's list in the state dict's order.
   std::vector<std::vector<ItemRef>> lists(static_cast<size_t>(world_));
@@ -344,6 +546,18 @@ void DcpPlan::PlaceItems() {
     const uint64_t es = ElementSize(k.dtype);
     if (k.shape.empty()) {
       for (auto& l : lists) l.push_back({i, {}, es});
+      continue;
+    }
+    if (!k.experts.empty() && ep_ > 1) {
+      // Empty chunks are not listed (one could share its offsets with
+      // another rank's chunk).
+      for (int64_t r = 0; r < world_; ++r) {
+        Chunk c = ExpertChunk(k.shape, r);
+        const int64_t n = NumElements(c.sizes);
+        if (n == 0) continue;
+        lists[static_cast<size_t>(r)].push_back(
+            {i, std::move(c), static_cast<uint64_t>(n) * es});
+      }
       continue;
     }
     const int64_t d0 = k.shape[0];
@@ -433,6 +647,20 @@ void DcpPlan::PlaceItems() {
       p.chunk = std::move(it.chunk);
       if (!k.constant.empty()) {
         p.constant = k.constant;
+      } else if (!k.experts.empty() && NumElements(p.chunk.sizes) > 0) {
+        // Each expert's rows of the chunk from its own atom.
+        const Shape off(p.chunk.offsets.begin() + 1, p.chunk.offsets.end());
+        const Shape sub(p.chunk.sizes.begin() + 1, p.chunk.sizes.end());
+        for (int64_t i = 0; i < p.chunk.sizes[0]; ++i) {
+          reshape::CopyOp op;
+          op.src = input_.Tensor(
+              *k.experts[static_cast<size_t>(p.chunk.offsets[0] + i)]);
+          op.src_box = Box{off, sub};
+          op.dst_box = Box::Whole(sub);
+          op.dst_offset = i * NumElements(sub);
+          op.dst_shape = sub;
+          p.ops.push_back(std::move(op));
+        }
       } else if (k.tensor &&
                  (NumElements(p.chunk.sizes) > 0 || p.chunk.sizes.empty())) {
         reshape::CopyOp op;
@@ -478,6 +706,7 @@ formats::TargetSummary DcpPlan::Summary() const {
       "world size (written for ",
       world_, " ranks)");
   s.details["world_size"] = world_;
+  if (ep_ > 1) s.details["ep"] = ep_;
   return s;
 }
 

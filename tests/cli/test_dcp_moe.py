@@ -1,0 +1,408 @@
+"""torchtitan mixture-of-experts DCP saves against the real torch (the tests' PyPI environment,
+run with its python). The saves (tests/tools/make_dcp_moe.py: EP x FSDP2 on 4 CPU ranks, Adam
+state, the shape-suffixed names, an empty chunk) are read by ucp into one param per global expert,
+compared with h5py against what the ranks held (DTensor.full_tensor() of every key, truth.pt);
+written back by ucp for other world sizes, restacked, and loaded by torch's own dcp.load at 1, 2
+and 3 ranks, equal to the saved state; with --ep 2 placed as the real EP x FSDP2 save is, and
+loaded by that model and its Adam; per-expert params of content that is not DCP's restacked;
+DCP -> universal -> DCP -> universal is the identity (h5py);
+a save that lost an expert, holds one twice or has a gap is one error line naming the file, the key
+and the experts, nothing written, under the sanitized ucp_san too.
+"""
+import io
+import json
+import os
+import pathlib
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import h5py
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+import make_dcp_moe as gen  # noqa: E402
+import oracle_checks  # noqa: E402
+
+from testmain import run  # noqa: E402
+import testmain  # noqa: E402
+DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "dcp_moe"
+SAN = os.environ.get("UCP_SAN")
+STEMS = {"w1", "w2", "w3", "w1_EFD", "w2_EDF", "w3_EFD"}
+
+
+def Tmp():
+    return testmain.Tmp("ucp-dcpmoe-")
+
+
+def truth(case):
+    return torch.load(DATA / case / "truth.pt", weights_only=False)
+
+
+def run_both(*args, expect):
+    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too: the same exit
+    code and stderr, so no sanitizer report."""
+    p = run(*args, expect=expect)
+    if SAN:
+        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
+                                                                 q.stderr[-3000:])
+    return p
+
+
+def one_error_line(p, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+def as_bytes(t):
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def stacked(param):
+    """('layers.1.moe.experts.', 'w1') for a stacked expert param, else None."""
+    head, _, base = param.rpartition(".")
+    return (head + ".", base) if head.endswith("moe.experts") and base in STEMS else None
+
+
+def expected_atoms(case):
+    """{(universal param, kind): tensor} a save's universal file must hold, from truth.pt alone:
+    each stacked expert tensor (and its Adam state) as one param per global expert, named
+    <layer>.moe.experts.<e>.<w1|w2|w3>, the slice of row e; the rest under its own name."""
+    want = {}
+
+    def put(param, kind, t):
+        s = stacked(param)
+        if s is None:
+            want[(param, kind)] = t
+            return
+        prefix, base = s
+        for e in range(t.shape[0] if t.dim() else n_experts[prefix]):
+            want[(f"{prefix}{e}.{base[:2]}", kind)] = t[e] if t.dim() else t
+
+    tr = truth(case)
+    n_experts = {stacked(p[1])[0]: v.shape[0] for p, v in tr.items()
+                 if p[0] == "model" and stacked(p[1])}
+    for path, v in tr.items():
+        if path[0] == "model":
+            put(path[1], "fp32", v)
+        elif path[:2] == ("optimizer", "state"):
+            put(path[2], path[3], v)
+    return want
+
+
+def h5_atoms(h5):
+    out = {}
+    with h5py.File(h5, "r") as f:
+        for name, g in f["params"].items():
+            for kind, d in g.items():
+                if isinstance(d, h5py.Dataset):
+                    out[(name, kind)] = d[()]
+    return out
+
+
+def compare_atoms(want, got):
+    assert set(want) == set(got), sorted(map(str, set(want) ^ set(got)))[:10]
+    n = 0
+    for k, t in want.items():
+        a = got[k]
+        assert a.shape == tuple(t.shape), (k, a.shape, tuple(t.shape))
+        assert np.ascontiguousarray(a).tobytes() == as_bytes(t), k
+        n += t.numel()
+    return n
+
+
+def min_values(case):
+    """Fewest values a universal file holds (model and both moments): every expert's."""
+    experts, *_ = gen.SPEC[case]
+    per_expert = 3 * gen.EXPERT_FFN * gen.DIM
+    return 3 * 2 * experts * per_expert
+
+
+def test_reads_one_param_per_expert():
+    """Each case: verified, and its universal file holds every expert's slice of the stacked
+    tensors and of their Adam moments and step, and every other param, as the ranks held them."""
+    for case in gen.CASES:
+        ckpt = DATA / case / "ckpt"
+        run("verify", ckpt, "-q")
+        with Tmp() as t:
+            run("to-universal", ckpt, "-o", t / "u.h5", "-q")
+            got = h5_atoms(t / "u.h5")
+            want = expected_atoms(case)
+            experts = {k for k in want if ".moe.experts." in k[0]}
+            assert len(experts) >= 2 * 3 * gen.SPEC[case][0] * 4, (case, len(experts))
+            oracle_checks.checked(lambda g: compare_atoms(want, g), got, min_values(case),
+                                  f"{case} universal")
+            # The order each key's suffix or shape tells, kept for the writer.
+            with h5py.File(t / "u.h5", "r") as f:
+                rec = json.loads(f.attrs["dcp"])
+            orders = {k["key"]: k["order"] for k in rec["keys"] if k.get("experts")}
+            old = gen.SPEC[case][3]
+            w1 = next(k for k in orders if k.startswith("model.layers.1.moe.experts.w1"))
+            assert orders[w1] == ("EDF" if old else "EFD"), orders
+            # inspect lists the per-expert params of the universal file
+            p = run("inspect", t / "u.h5")
+            assert "layers.2.moe.experts.1.w2" in p.stdout, p.stdout[:2000]
+
+
+def full_view(ckpt):
+    """dcp_to_torch_save's state of a checkpoint (torch's own single-process load), flattened."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory() as t:
+        dcp_to_torch_save(str(ckpt), os.path.join(t, "sd.pt"))
+        return gen.flatten(torch.load(os.path.join(t, "sd.pt"), weights_only=False))
+
+
+def same_state(got, want, where):
+    assert set(got) == set(want), (where, sorted(map(str, set(got) ^ set(want)))[:10])
+    n = 0
+    for k, v in want.items():
+        g = got[k]
+        if isinstance(v, torch.Tensor):
+            assert isinstance(g, torch.Tensor) and g.dtype == v.dtype and g.shape == v.shape, \
+                (where, k)
+            assert as_bytes(g) == as_bytes(v), (where, k)
+            n += v.numel()
+        else:
+            assert g == v, (where, k, g, v)
+            n += 1
+    return n
+
+
+def flip_expert_byte(ckpt, fqn):
+    """One byte of the tensor data of key `fqn`'s first non-empty item in a DCP folder."""
+    md = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    idx, info = next((k, v) for k, v in md.storage_data.items()
+                     if k.fqn == fqn and v.length > 0)
+    f = ckpt / info.relative_path
+    data = bytearray(f.read_bytes())
+    item = bytes(data[info.offset:info.offset + info.length])
+    z = zipfile.ZipFile(io.BytesIO(item))
+    rec = next(i for i in z.infolist() if i.filename.endswith("data/0"))
+    start = info.offset + rec.header_offset + 30 + len(rec.filename.encode()) + \
+        int.from_bytes(item[rec.header_offset + 28:rec.header_offset + 30], "little")
+    data[start + 1] ^= 0x10
+    f.write_bytes(bytes(data))
+
+
+# dcp.load at M ranks (a few seconds each): M = 2 and 3 once each, the FSDP Shard(1) save and
+# the uneven one (test_ep_places_experts_as_torchtitan loads ep2_fsdp2 at 4 ranks).
+MULTI = {("ep2_fsdp2_suffix", 2), ("uneven_e3", 3)}
+
+
+def test_torch_loads_ucps_files_at_other_worlds():
+    """ucp's --dp M output (M = 1, 2, 3) loaded by torch: dcp_to_torch_save in one process (every
+    key and object), and for some (case, M) (MULTI) dcp.load into DTensors at M ranks (experts
+    Shard(0), or Shard(1) at 3): the saved state bit for bit; a byte changed in an expert item of
+    ucp's output fails the check."""
+    for case in gen.CASES:
+        want = truth(case)
+        tensors = {k: v for k, v in want.items() if isinstance(v, torch.Tensor)}
+        for m in (1, 2, 3):
+            with Tmp() as t:
+                out = t / "o"
+                run("convert", DATA / case / "ckpt", "-o", out, "--dp", m, "-q")
+                assert len(list(out.glob("__*_0.distcp"))) == m
+                md = dcp.FileSystemReader(str(out)).read_metadata()
+                keys = [k for k in md.state_dict_metadata if ".moe.experts." in k]
+                assert keys and all(stacked(k.split(".", 1)[1]) or k.startswith("optimizer")
+                                    for k in keys), keys
+                view = full_view(out)
+                oracle_checks.checked(lambda g: same_state(g, want, f"{case} -> {m}"), view,
+                                      min_values(case) // 2, f"{case} -> {m}")
+                if (case, m) in MULTI:
+                    got = gen.load_check(out, DATA / case / "truth.pt", m)
+                    oracle_checks.checked(lambda g: same_state(g, tensors, f"{case} -> {m}"), got,
+                                          min_values(case) // 2, f"{case} -> {m}")
+                if m == 2:
+                    w1 = next(k for k in md.state_dict_metadata
+                              if k.startswith("model.layers.2.moe.experts.w1"))
+                    flip_expert_byte(out, w1)
+                    try:
+                        same_state(full_view(out), want, "flipped")
+                    except (AssertionError, RuntimeError):
+                        pass
+                    else:
+                        raise AssertionError(f"{case}: a byte of {w1} changed in ucp's output "
+                                             "and torch's load still equals the source")
+
+
+def nonempty_chunks(ckpt):
+    """{key: sorted (offsets, sizes, rank of the file holding it) of its non-empty chunks} of
+    the stacked expert keys (each chunk saved once: torch's dedup)."""
+    md = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    rank = {(k.fqn, tuple(k.offset)): int(v.relative_path.split("_")[2])
+            for k, v in md.storage_data.items() if k.offset is not None}
+    return {k: sorted((tuple(c.offsets), tuple(c.sizes), rank[(k, tuple(c.offsets))])
+                      for c in v.chunks if 0 not in c.sizes)
+            for k, v in md.state_dict_metadata.items()
+            if ".moe.experts." in k and hasattr(v, "chunks") and len(v.size) == 3}
+
+
+def test_ep_places_experts_as_torchtitan():
+    """--dp 4 --ep 2: every stacked expert key's chunks are the boxes the real FSDP2-on-EP save
+    has, on the same ranks (Shard(0) of the local experts, or Shard(1) with one local expert;
+    torchtitan's mesh (dp_shard_mod_ep, ep)), the state equal to the source's, also as the EP x
+    FSDP2 model and Adam of the save load it (ep2_fsdp2); an --ep not dividing the experts or
+    --dp is one usage error line."""
+    for case in ("ep2_fsdp2", "ep2_fsdp2_suffix"):
+        with Tmp() as t:
+            run("convert", DATA / case / "ckpt", "-o", t / "o", "--dp", 4, "--ep", 2, "-q")
+            want, got = nonempty_chunks(DATA / case / "ckpt"), nonempty_chunks(t / "o")
+            assert len(want) >= 12 and got == want, (case, sorted(set(got.items()) ^
+                                                                  set(want.items()))[:3])
+            oracle_checks.checked(lambda g: same_state(g, truth(case), f"{case} --ep 2"),
+                                  full_view(t / "o"), min_values(case) // 2, f"{case} --ep 2")
+            if case == "ep2_fsdp2":
+                # loaded as torchtitan loads: its EP x FSDP2 model and a fresh Adam
+                got = gen.torchtitan_load(case, t / "o")
+                oracle_checks.checked(lambda g: same_state(g, truth(case), f"{case} torchtitan"),
+                                      got, min_values(case) // 2, f"{case} torchtitan")
+            # the plain --dp 4 layout is not torchtitan's (the check above can fail)
+            run("convert", DATA / case / "ckpt", "-o", t / "p", "--dp", 4, "-q")
+            assert nonempty_chunks(t / "p") != want, case
+    with Tmp() as t:
+        one_error_line(run("convert", DATA / "uneven_e3" / "ckpt", "-o", t / "o", "--dp", 4,
+                           "--ep", 2, expect=2), "--ep 2", "3 experts")
+        one_error_line(run("convert", DATA / "ep2_fsdp2" / "ckpt", "-o", t / "o", "--dp", 4,
+                           "--ep", 3, expect=2), "--ep 3", "--dp 4")
+        assert not (t / "o").exists()
+
+
+def test_round_trip_is_the_identity():
+    """DCP -> universal -> DCP (--dp 2, reshape) -> universal, and the streaming convert: the two
+    universal files hold the same datasets bit for bit (h5py), and the key record."""
+    for case in gen.CASES:
+        with Tmp() as t:
+            run("to-universal", DATA / case / "ckpt", "-o", t / "a.h5", "-q")
+            run("reshape", t / "a.h5", "-o", t / "d", "--dp", 2, "-q")
+            run("to-universal", t / "d", "-o", t / "b.h5", "-q")
+            run("convert", DATA / case / "ckpt", "-o", t / "e", "--dp", 3, "-q")
+            run("to-universal", t / "e", "-o", t / "c.h5", "-q")
+            a = h5_atoms(t / "a.h5")
+            want = {k: torch.from_numpy(np.array(v)) for k, v in a.items()}
+            for other in ("b.h5", "c.h5"):
+                oracle_checks.checked(lambda g: compare_atoms(want, g), h5_atoms(t / other),
+                                      min_values(case), f"{case} round trip {other}")
+            with h5py.File(t / "a.h5", "r") as f, h5py.File(t / "b.h5", "r") as g:
+                ka = [(k["key"], k.get("experts")) for k in json.loads(f.attrs["dcp"])["keys"]]
+                kb = [(k["key"], k.get("experts")) for k in json.loads(g.attrs["dcp"])["keys"]]
+            assert sorted(ka) == sorted(kb) and any(e for _, e in ka), (ka[:5], kb[:5])
+
+
+def test_per_expert_params_of_other_content_are_restacked():
+    """A universal file whose content is not DCP's (its "dcp" record removed with h5py, as
+    another format's reader leaves it) but holds per-expert params named as torchtitan's experts
+    are held: the dcp target restacks them as <layer>.moe.experts.<w1|w2|w3> with their Adam
+    state, which torch's dcp_to_torch_save gives equal to the save's stacked tensors; the param
+    groups list the stacked params."""
+    for case in gen.CASES:
+        with Tmp() as t:
+            run("to-universal", DATA / case / "ckpt", "-o", t / "u.h5", "-q")
+            with h5py.File(t / "u.h5", "r+") as f:
+                del f.attrs["dcp"]
+            run("reshape", t / "u.h5", "-o", t / "o", "--format", "dcp", "--dp", 2, "-q")
+            view = full_view(t / "o")
+            want = {}
+            for path, v in truth(case).items():
+                if not isinstance(v, torch.Tensor):
+                    continue
+                if path[0] == "model":
+                    s = stacked(path[1])
+                    want[("model", f"{s[0]}{s[1][:2]}" if s else path[1])] = v
+                elif path[:2] == ("optimizer", "state"):
+                    s = stacked(path[2])
+                    want[(*path[:2], f"{s[0]}{s[1][:2]}" if s else path[2], path[3])] = v
+            got = {k: v for k, v in view.items() if k in want}
+            oracle_checks.checked(lambda g: same_state(g, want, f"{case} restacked"), got,
+                                  min_values(case) // 2, f"{case} restacked")
+            params = view[("optimizer", "param_groups", 0, "params")]
+            assert "layers.2.moe.experts.w2" in params and \
+                not any(".experts.0." in p for p in params), params
+
+
+def edit_metadata(ckpt, fn):
+    m = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    fn(m)
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(m, f)
+
+
+def test_lost_doubled_or_cut_experts_are_one_clear_error():
+    """An expert lost (layer 1's stacked tensors hold 3 of the router's 4: each rank's local
+    experts under the global name, KempnerForge#202), an expert's chunk saved over another's (a
+    duplicate), a chunk dropped (a gap), a stacked tensor's Adam moment lost: one error line
+    naming the folder, the key and the global experts, from verify, to-universal and convert,
+    nothing written; resume skips such a save."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    case = "ep2_fsdp2"
+    with Tmp() as t:
+        def fresh():
+            c = t / "c"
+            if c.exists():
+                shutil.rmtree(c)
+            shutil.copytree(DATA / case / "ckpt", c)
+            return c
+
+        def lose_last_expert(m):
+            for k, v in m.state_dict_metadata.items():
+                if k.startswith(("model.layers.1.moe.experts.",
+                                 "optimizer.state.layers.1.moe.experts.")) and len(v.size) == 3:
+                    n = v.size[0] - 1
+                    v.size = torch.Size([n, *v.size[1:]])
+                    v.chunks = [ch for ch in v.chunks if ch.offsets[0] < n]
+
+        def doubled(m):
+            ch = m.state_dict_metadata["model.layers.1.moe.experts.w2"].chunks
+            i = next(i for i, x in enumerate(ch) if x.offsets[0] == 1)
+            ch[i] = ChunkStorageMetadata(offsets=torch.Size([0, *ch[i].offsets[1:]]),
+                                         sizes=ch[i].sizes)
+
+        def gap(m):
+            ch = m.state_dict_metadata["optimizer.state.layers.2.moe.experts.w3.exp_avg"].chunks
+            i = next(i for i, x in enumerate(ch) if x.offsets[0] == 2)
+            ch.pop(i)
+
+        def lose_moments(m):
+            key = "optimizer.state.layers.2.moe.experts.w1.exp_avg"
+            del m.state_dict_metadata[key]
+            m.storage_data = {k: v for k, v in m.storage_data.items() if k.fqn != key}
+
+        cases = [(lose_moments, ("optimizer.state.layers.2.moe.experts.w1.exp_avg", "missing",
+                                 "global experts 0-3")),
+                 (lose_last_expert, ("model.layers.1.moe.experts.", "global experts 3 missing",
+                                     "router")),
+                 (doubled, ("model.layers.1.moe.experts.w2", "overlap",
+                            "global experts 0 stored more than once")),
+                 (gap, ("optimizer.state.layers.2.moe.experts.w3.exp_avg",
+                        "global experts 2 missing or incomplete"))]
+        for fn, needles in cases:
+            c = fresh()
+            edit_metadata(c, fn)
+            for args in (("verify", c), ("to-universal", c, "-o", t / "u.h5"),
+                         ("convert", c, "-o", t / "o", "--dp", 2)):
+                one_error_line(run_both(*args, expect=3), str(c), *needles)
+                assert not (t / "u.h5").exists() and not (t / "o").exists()
+        # resume: the newest save lost an expert: skipped with that reason, the older one taken.
+        save = t / "save"
+        save.mkdir()
+        shutil.copytree(DATA / case / "ckpt", save / "step-10")
+        shutil.copytree(DATA / case / "ckpt", save / "step-20")
+        edit_metadata(save / "step-20", lose_last_expert)
+        r = json.loads(run("resume", save, "--dp", 2, "--json").stdout)
+        assert r["load"] == str(save / "step-10"), r
+        skipped = {s["name"]: s for s in r["skipped"]}
+        assert "global experts 3 missing" in json.dumps(skipped.get("step-20")), r
+
+
+if __name__ == "__main__":
+    import testmain
+    testmain.run_tests(globals())
