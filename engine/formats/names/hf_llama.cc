@@ -432,6 +432,39 @@ class DecoderMapper {
     m_.tensors.push_back(std::move(q));
     m_.tensors.push_back(std::move(k));
     m_.tensors.push_back(std::move(v));
+    // The fused QKV's bias (add_qkv_bias: Qwen2's q/k/v biases), split alike.
+    if (info_.arch == MoeArch::kNone &&
+        params_.count(l + "self_attention.linear_qkv.bias")) {
+      const atoms::StoredParam& b =
+          Find({l + "self_attention.linear_qkv.bias"}, 1);
+      if (b.info.shape[0] != rows) {
+        throw UsageError(where_, " > ", b.info.fqn, ": shape ",
+                         ShapeString(b.info.shape), ", the weight's rows are ",
+                         rows);
+      }
+      auto span = [](int64_t begin, int64_t end) {
+        Box x;
+        x.offset = {begin};
+        x.size = {end - begin};
+        return x;
+      };
+      HfTensor qb{h + "self_attn.q_proj.bias", b.info.fqn, {nq_ * d}};
+      HfTensor kb{h + "self_attn.k_proj.bias", b.info.fqn, {ng_ * d}};
+      HfTensor vb{h + "self_attn.v_proj.bias", b.info.fqn, {ng_ * d}};
+      for (int64_t g = 0; g < ng_; ++g) {
+        const int64_t at = g * (r + 2) * d;
+        qb.pieces.push_back(
+            {"", span(at, at + r * d), span(g * r * d, (g + 1) * r * d)});
+        kb.pieces.push_back(
+            {"", span(at + r * d, at + (r + 1) * d), span(g * d, (g + 1) * d)});
+        vb.pieces.push_back({"", span(at + (r + 1) * d, at + (r + 2) * d),
+                             span(g * d, (g + 1) * d)});
+      }
+      m_.tensors.push_back(std::move(qb));
+      m_.tensors.push_back(std::move(kb));
+      m_.tensors.push_back(std::move(vb));
+      qkv_bias_ = true;
+    }
     if (info_.qk_norm) {
       Whole(h + "self_attn.q_norm.weight",
             Find({l + "self_attention.q_layernorm.weight"}, 1));
@@ -552,7 +585,14 @@ class DecoderMapper {
     } else if (moe_ && info_.arch == MoeArch::kGlm4Moe) {
       type = "glm4_moe";
     }
-    arch.Append(ArchName(info_.arch));
+    // q/k/v biases without an output projection bias: Qwen2's attention
+    // (LLaMA's attention_bias biases o_proj too).
+    if (qkv_bias_) {
+      type = "qwen2";
+      arch.Append("Qwen2ForCausalLM");
+    } else {
+      arch.Append(ArchName(info_.arch));
+    }
     c["architectures"] = std::move(arch);
     c["model_type"] = type;
     c["hidden_size"] = hidden_;
@@ -563,16 +603,26 @@ class DecoderMapper {
     c["head_dim"] = head_dim_;
     c["vocab_size"] = vocab_;
     c["hidden_act"] = "silu";
-    c["rms_norm_eps"] = Number(args_, "norm_epsilon").value_or(1e-5);
-    c["rope_theta"] = Number(args_, "rotary_base").value_or(10000.0);
+    // Megatron's args, else what the source recorded beside its variables
+    // (a transformers folder's config.json).
+    const json::Value& other = input_.model().variables.other;
+    c["rms_norm_eps"] =
+        Number(args_, "norm_epsilon")
+            .value_or(Number(other, "norm_epsilon").value_or(1e-5));
+    c["rope_theta"] =
+        Number(args_, "rotary_base")
+            .value_or(Number(other, "rotary_base").value_or(10000.0));
     c["max_position_embeddings"] =
         Int(args_, "max_position_embeddings")
-            .value_or(Int(args_, "seq_length").value_or(4096));
+            .value_or(
+                Int(args_, "seq_length")
+                    .value_or(
+                        model_.Find("max_position_embeddings").value_or(4096)));
     c["tie_word_embeddings"] = tied_;
     if (moe_ && info_.arch != MoeArch::kNone) {
       AddMoeConfig(c, info_, where_);
     } else {
-      c["attention_bias"] = false;
+      if (!qkv_bias_) c["attention_bias"] = false;
       c["mlp_bias"] = false;
     }
     return c;
@@ -593,6 +643,7 @@ class DecoderMapper {
   int64_t nq_ = 0, ng_ = 0, layers_ = 0, hidden_ = 0, vocab_ = 0;
   int64_t head_dim_ = 0, ffn_ = 0;
   bool tied_ = false;
+  bool qkv_bias_ = false;  // Qwen2ForCausalLM
 };
 
 }  // namespace
@@ -639,9 +690,14 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
   if (!by_hf.count("model.embed_tokens.weight") ||
       !by_hf.count("model.layers.0.self_attn.q_proj.weight"))
     return std::nullopt;
-  const std::optional<int64_t> groups = given.Find("num_query_groups")
-                                            ? given.Find("num_query_groups")
-                                            : given.Find("num_attention_heads");
+  // --model-var first, then what the source records (a transformers folder:
+  // its key / value heads).
+  const layouts::Variables recorded =
+      formats::ModelVariables(input.model().variables);
+  std::optional<int64_t> groups = given.Find("num_query_groups");
+  if (!groups) groups = given.Find("num_attention_heads");
+  if (!groups) groups = recorded.Find("num_query_groups");
+  if (!groups) groups = recorded.Find("num_attention_heads");
   if (!groups || *groups < 1) {
     throw UsageError(where,
                      ": the query groups of the attention are not recorded "
@@ -701,6 +757,39 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
                             Rows(at + qg + kg, at + qg + 2 * kg, hidden)});
     }
     out.push_back(std::move(qkv));
+    // Query / key / value biases (Qwen2): joined per query group likewise.
+    if (by_hf.count(h + "self_attn.q_proj.bias")) {
+      const atoms::StoredParam& qb = find(h + "self_attn.q_proj.bias", 1);
+      const atoms::StoredParam& kb = find(h + "self_attn.k_proj.bias", 1);
+      const atoms::StoredParam& vb = find(h + "self_attn.v_proj.bias", 1);
+      if (qb.info.shape[0] != nq || kb.info.shape[0] != nk ||
+          vb.info.shape[0] != nk) {
+        throw UsageError(where, " > ", qb.info.fqn, " ",
+                         ShapeString(qb.info.shape), ", ", kb.info.fqn, " ",
+                         ShapeString(kb.info.shape), ", ", vb.info.fqn, " ",
+                         ShapeString(vb.info.shape),
+                         ": not the biases of the q / k / v rows");
+      }
+      universal::MappedParam bias;
+      bias.info.fqn = l + "self_attention.linear_qkv.bias";
+      bias.info.shape = {nq + 2 * nk};
+      auto span = [](int64_t begin, int64_t end) {
+        Box b;
+        b.offset = {begin};
+        b.size = {end - begin};
+        return b;
+      };
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t at = g * (qg + 2 * kg);
+        bias.pieces.push_back(
+            {qb.info.fqn, span(g * qg, (g + 1) * qg), span(at, at + qg)});
+        bias.pieces.push_back({kb.info.fqn, span(g * kg, (g + 1) * kg),
+                               span(at + qg, at + qg + kg)});
+        bias.pieces.push_back({vb.info.fqn, span(g * kg, (g + 1) * kg),
+                               span(at + qg + kg, at + qg + 2 * kg)});
+      }
+      out.push_back(std::move(bias));
+    }
     whole(l + "self_attention.linear_proj.weight",
           find(h + "self_attn.o_proj.weight", 2));
     whole(l + "mlp.linear_fc1.layer_norm_weight",

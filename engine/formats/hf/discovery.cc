@@ -1,0 +1,258 @@
+// Finding a transformers model folder's files and reading its config.json
+// and index (hf.h).
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/hf/hf.h"
+
+namespace ucp::hf {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kConfig = "config.json";
+constexpr const char* kSingle = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+// config.json and the index are small; anything larger is not one.
+constexpr uint64_t kMaxJsonBytes = 64ull << 20;
+
+// The architectures ucp imports and their model_type.
+constexpr std::pair<const char*, const char*> kArchitectures[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"}};
+
+json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw FormatError(what, " ", path.string(), ": no such file");
+  const File f = File::OpenRead(path);
+  const uint64_t size = f.Size();
+  if (size > kMaxJsonBytes) {
+    throw FormatError(what, " ", path.string(), ": ", size,
+                      " bytes, more than a ", what, " holds");
+  }
+  std::string text(size, '\0');
+  f.ReadExact(text.data(), size, 0);
+  try {
+    json::Value v = json::Value::Parse(text);
+    if (!v.is_object()) throw FormatError("not a JSON object");
+    return v;
+  } catch (Error& e) {
+    e.AddContext(what, " ", path.string());
+    throw;
+  }
+}
+
+class ConfigReader {
+ public:
+  ConfigReader(const json::Value& j, fs::path path)
+      : j_(j), where_(StrCat("config.json ", path.string())) {}
+
+  // A positive integer setting; `fallback` when absent or null (0: required).
+  int64_t Int(const char* key, int64_t fallback = 0) const {
+    const json::Value* v = j_.Find(key);
+    if (v == nullptr || v->is_null()) {
+      if (fallback > 0) return fallback;
+      throw FormatError(where_, ": no ", key);
+    }
+    if (!v->is_int() || v->AsInt() < 1)
+      throw FormatError(where_, " > ", key, ": not an integer >= 1");
+    return v->AsInt();
+  }
+  bool Bool(const char* key, bool fallback) const {
+    const json::Value* v = j_.Find(key);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_bool())
+      throw FormatError(where_, " > ", key, ": not true or false");
+    return v->AsBool();
+  }
+  double Number(const json::Value& in, const char* key, double fallback) const {
+    const json::Value* v = in.Find(key);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_number())
+      throw FormatError(where_, " > ", key, ": not a number");
+    return v->AsDouble();
+  }
+  // A setting ucp does not import: one usage error naming it.
+  [[noreturn]] void Refuse(const std::string& setting,
+                           const std::string& arch) const {
+    throw UsageError(where_, ": ", setting, ", which ucp does not import for ",
+                     arch, " (README of engine/formats/hf)");
+  }
+
+  ModelConfig Read() const {
+    ModelConfig c;
+    c.json = j_;
+    const json::Value* archs = j_.Find("architectures");
+    if (archs == nullptr || !archs->is_array() || archs->size() != 1 ||
+        !archs->items()[0].is_string()) {
+      throw UsageError(where_,
+                       ": no single \"architectures\" entry (ucp imports ",
+                       KnownList(), ")");
+    }
+    c.architecture = archs->items()[0].AsString();
+    for (const auto& [arch, type] : kArchitectures)
+      if (c.architecture == arch) c.model_type = type;
+    if (c.model_type.empty()) {
+      throw UsageError(where_, ": architecture ", c.architecture,
+                       " is not one ucp imports (", KnownList(), ")");
+    }
+    if (const json::Value* t = j_.Find("model_type");
+        t != nullptr && (!t->is_string() || t->AsString() != c.model_type)) {
+      throw FormatError(where_, ": model_type ", t->Dump(), " is not ",
+                        c.architecture, "'s \"", c.model_type, "\"");
+    }
+    c.layers = Int("num_hidden_layers");
+    c.hidden = Int("hidden_size");
+    c.heads = Int("num_attention_heads");
+    c.kv_heads = Int("num_key_value_heads", c.heads);
+    c.ffn = Int("intermediate_size");
+    c.vocab = Int("vocab_size");
+    c.max_positions = Int("max_position_embeddings", 4096);
+    if (c.heads % c.kv_heads != 0) {
+      throw FormatError(where_, ": num_attention_heads ", c.heads,
+                        " is not a multiple of num_key_value_heads ",
+                        c.kv_heads);
+    }
+    if (c.hidden % c.heads != 0 && j_.Find("head_dim") == nullptr) {
+      throw FormatError(where_, ": hidden_size ", c.hidden,
+                        " is not a multiple of num_attention_heads ", c.heads,
+                        " (and there is no head_dim)");
+    }
+    c.head_dim = Int("head_dim", c.hidden / c.heads);
+    c.tied = Bool("tie_word_embeddings", false);
+    c.rms_norm_eps = Number(j_, "rms_norm_eps", 1e-6);
+    c.rope_theta = Number(j_, "rope_theta", 10000.0);
+    // transformers 5 moves the rotary settings into rope_parameters.
+    if (const json::Value* rp = j_.Find("rope_parameters");
+        rp != nullptr && rp->is_object()) {
+      c.rope_theta = Number(*rp, "rope_theta", c.rope_theta);
+    }
+    if (const json::Value* act = j_.Find("hidden_act");
+        act != nullptr && (!act->is_string() || act->AsString() != "silu")) {
+      Refuse(StrCat("hidden_act ", act->Dump()), c.architecture);
+    }
+    if (c.model_type == "qwen2") {
+      c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
+    } else {
+      if (Bool("attention_bias", false))
+        Refuse("attention_bias true", c.architecture);
+    }
+    if (Bool("mlp_bias", false)) Refuse("mlp_bias true", c.architecture);
+    return c;
+  }
+
+ private:
+  static std::string KnownList() {
+    std::string s;
+    for (const auto& [arch, type] : kArchitectures)
+      s += StrCat(s.empty() ? "" : ", ", arch);
+    return s;
+  }
+
+  const json::Value& j_;
+  std::string where_;
+};
+
+// A shard name of the index: a plain file name in the folder.
+bool IsPlainName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+std::vector<WeightFile> ReadIndexed(const fs::path& dir,
+                                    const fs::path& index) {
+  const json::Value j = ReadJsonFile(index, "index");
+  const std::string where = StrCat("index ", index.string());
+  const json::Value* map = j.Find("weight_map");
+  if (map == nullptr || !map->is_object() || map->size() == 0)
+    throw FormatError(where, ": no weight_map");
+  std::map<std::string, std::string> shard_of;  // tensor -> shard
+  std::vector<std::string> shards;              // first-named order
+  for (const auto& [tensor, shard] : map->members()) {
+    if (!shard.is_string() || !IsPlainName(shard.AsString())) {
+      throw FormatError(where, " > weight_map > ", tensor,
+                        ": not a file name of the folder");
+    }
+    if (!shard_of.emplace(tensor, shard.AsString()).second)
+      throw FormatError(where, " > weight_map: ", tensor, " named twice");
+    if (std::find(shards.begin(), shards.end(), shard.AsString()) ==
+        shards.end())
+      shards.push_back(shard.AsString());
+  }
+  std::vector<WeightFile> files;
+  std::set<std::string> found;
+  for (const std::string& shard : shards) {
+    const fs::path path = dir / shard;
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) {
+      throw FormatError(where, " names shard ", shard,
+                        ", which is not in the folder");
+    }
+    WeightFile f{path, formats::ReadSafetensorsHeader(path)};
+    for (const formats::SafetensorsTensor& t : f.tensors) {
+      auto it = shard_of.find(t.name);
+      if (it == shard_of.end()) {
+        throw FormatError("safetensors file ", path.string(), " > ", t.name,
+                          ": a tensor the index ", index.string(),
+                          " does not name");
+      }
+      if (it->second != shard) {
+        throw FormatError("safetensors file ", path.string(), " > ", t.name,
+                          ": the index ", index.string(), " puts it in ",
+                          it->second);
+      }
+      found.insert(t.name);
+    }
+    files.push_back(std::move(f));
+  }
+  for (const auto& [tensor, shard] : shard_of) {
+    if (!found.count(tensor)) {
+      throw FormatError(where, " > weight_map > ", tensor, ": not in shard ",
+                        shard);
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
+bool LooksLikeFolder(const fs::path& dir) noexcept {
+  try {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return false;
+    if (!fs::is_regular_file(dir / kConfig, ec)) return false;
+    return fs::is_regular_file(dir / kSingle, ec) ||
+           fs::is_regular_file(dir / kIndex, ec);
+  } catch (...) {
+    return false;
+  }
+}
+
+Folder OpenFolder(const fs::path& dir) {
+  Folder f;
+  f.dir = dir;
+  const fs::path config = dir / kConfig;
+  f.config = ConfigReader(ReadJsonFile(config, "config.json"), config).Read();
+  std::error_code ec;
+  if (fs::is_regular_file(dir / kSingle, ec)) {
+    f.files.push_back(
+        {dir / kSingle, formats::ReadSafetensorsHeader(dir / kSingle)});
+  } else if (fs::is_regular_file(dir / kIndex, ec)) {
+    f.index = dir / kIndex;
+    f.files = ReadIndexed(dir, f.index);
+  } else {
+    throw FormatError(dir.string(), ": no ", kSingle, " and no ", kIndex,
+                      " (a transformers model folder's weights)");
+  }
+  return f;
+}
+
+}  // namespace ucp::hf

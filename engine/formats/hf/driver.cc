@@ -1,0 +1,72 @@
+// The "hf" format driver: Hugging Face transformers model folders, read
+// (hf.h).
+
+#include "engine/formats/driver.h"
+
+#include "engine/core/error.h"
+#include "engine/formats/hf/hf.h"
+
+namespace ucp::hf {
+namespace {
+
+namespace fs = std::filesystem;
+
+class HfSource : public formats::Source {
+ public:
+  explicit HfSource(Folder f) : f_(std::move(f)) {
+    info_.format = "hf";
+    info_.dir = f_.dir;
+    info_.path = f_.dir;
+    info_.settings["architecture"] = f_.config.architecture;
+    info_.settings["layers"] = f_.config.layers;
+    info_.settings["files"] = static_cast<int64_t>(f_.files.size());
+    for (const WeightFile& w : f_.files) {
+      info_.files.push_back(w.path);
+      if (info_.dtype.empty() && !w.tensors.empty())
+        info_.dtype = std::string(DTypeName(w.tensors.front().dtype));
+    }
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override { return PlanSource(f_); }
+  json::Value Inventory() const override { return hf::Inventory(f_); }
+
+ private:
+  Folder f_;
+  formats::CheckpointInfo info_;
+};
+
+class HfDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "hf"; }
+  std::string_view Summary() const override {
+    return "Hugging Face transformers model folder (config.json + "
+           "model.safetensors or shards with model.safetensors.index.json; "
+           "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), read: "
+           "weights only, under transformers' names (--names mcore-llama "
+           "for a Megatron target)";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    return LooksLikeFolder(path) ? formats::Confidence::kYes
+                                 : formats::Confidence::kNo;
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) {
+      throw FormatError(path.string(),
+                        ": not a folder (a transformers model folder holds "
+                        "config.json and model.safetensors)");
+    }
+    return std::make_unique<HfSource>(OpenFolder(path));
+  }
+};
+
+UCP_REGISTER_DRIVER(HfDriver);
+
+}  // namespace
+}  // namespace ucp::hf
