@@ -350,6 +350,16 @@ def test_malformed_folders():
         index = json.loads((good / "model.safetensors.index.json").read_text())
         shards = sorted(set(index["weight_map"].values()))
         run("to-universal", good, "-o", t / "ok.h5", "-q")  # the undamaged folder converts
+        n = len(index["weight_map"])
+        assert n == 4 * 9 + 3, n
+        # verify, inspect and layout check read it as a checkpoint
+        p = run("verify", good)
+        assert f"{n} atoms" in p.stdout, p.stdout
+        j = json.loads(run("inspect", good, "--json").stdout)
+        assert [len(c["tensors"]) for c in j["checkpoints"]] == [n], j["checkpoints"]
+        j = json.loads(run("layout", "check", good, "--json").stdout)
+        assert j["problems"] == 0 and len(j["params"]) == n, j
+        assert {x["rule"] for x in j["params"]} >= {"qkv_colwise", "o_proj_rowwise", "lm_head"}
 
         def damaged(name, fn):
             d = t / name
@@ -394,6 +404,8 @@ def test_malformed_folders():
         refused(d, 2, "config.json", "GPT2LMHeadModel", "LlamaForCausalLM")
         d = damaged("layers", config(num_hidden_layers=3))
         refused(d, 2, "model.layers.3.", "no place", "num_hidden_layers 3")
+        p = run("layout", "check", d, expect=2)  # its layout check names the layer too
+        assert "model.layers.3." in p.stderr, p.stderr
 
 
 if __name__ == "__main__":

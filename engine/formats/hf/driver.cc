@@ -31,6 +31,22 @@ class HfSource : public formats::Source {
   }
   universal::SourcePlan Plan() const override { return PlanSource(f_); }
   json::Value Inventory() const override { return hf::Inventory(f_); }
+  // The tensors' names under transformers' own plan (NamesLayoutYaml), once
+  // they are the architecture's (a missing tensor, one with no place or a
+  // shape config.json disagrees with: what Plan throws).
+  NameListing ListNames() const override {
+    (void)PlanSource(f_);
+    NameListing l;
+    for (const WeightFile& w : f_.files)
+      for (const formats::SafetensorsTensor& t : w.tensors)
+        l.names.push_back(t.name);
+    l.variables.Set("num_layers", f_.config.layers);
+    l.variables.Set("vocab_size", f_.config.vocab);
+    l.variables.Set("tied", f_.config.tied ? 1 : 0);
+    l.layout_name = StrCat("transformers-", f_.config.model_type);
+    l.layout_yaml = NamesLayoutYaml(f_.config);
+    return l;
+  }
 
  private:
   Folder f_;

@@ -99,4 +99,13 @@ universal::SourcePlan PlanSource(const Folder& folder);
 /// What `ucp inspect` shows: every tensor with dtype, shape and file.
 json::Value Inventory(const Folder& folder);
 
+/// A layout descriptor of transformers' names (`ucp layout check`): how
+/// transformers' own tensor-parallel plan (base_model_tp_plan of the three
+/// configs) cuts each tensor: q/k/v, gate/up (and the q/k/v biases) by rows
+/// (dim 0), o_proj / down_proj by columns (dim 1), the embedding and lm_head
+/// by vocabulary rows, norms replicated. Only `layout check` uses it (the
+/// universal content holds no layout: a Megatron target takes Megatron-core's
+/// through --names mcore-llama).
+std::string NamesLayoutYaml(const ModelConfig& config);
+
 }  // namespace ucp::hf

@@ -233,6 +233,30 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   return plan;
 }
 
+std::string NamesLayoutYaml(const ModelConfig& c) {
+  return StrCat(
+      "name: transformers-", c.model_type, "\n", "description: transformers' ",
+      c.architecture, " (names and tensor-parallel plan)\n",
+      "layers: {prefix: \"model.layers.\", count: num_layers}\n", "rules:\n",
+      "  - name: embed_tokens\n", "    match: \"model.embed_tokens.weight\"\n",
+      "    stage: first\n", "    tp: {split: {dim: 0}}\n",
+      "  - name: qkv_colwise\n",
+      "    match: \"model.layers.*.self_attn.{q,k,v}_proj.{weight,bias}\"\n",
+      "    tp: {split: {dim: 0}}\n", "  - name: o_proj_rowwise\n",
+      "    match: \"model.layers.*.self_attn.o_proj.weight\"\n",
+      "    tp: {split: {dim: 1}}\n", "  - name: gate_up_colwise\n",
+      "    match: \"model.layers.*.mlp.{gate,up}_proj.weight\"\n",
+      "    tp: {split: {dim: 0}}\n", "  - name: down_proj_rowwise\n",
+      "    match: \"model.layers.*.mlp.down_proj.weight\"\n",
+      "    tp: {split: {dim: 1}}\n", "  - name: norms\n",
+      "    match: \"model.layers.*.{input,post_attention}_layernorm.weight\"\n",
+      "    tp: replicated\n", "  - name: final_norm\n",
+      "    match: \"model.norm.weight\"\n", "    stage: last\n",
+      "    tp: replicated\n", "  - name: lm_head\n",
+      "    match: \"lm_head.weight\"\n", "    when: \"!tied\"\n",
+      "    stage: last\n", "    tp: {split: {dim: 0}}\n");
+}
+
 json::Value Inventory(const Folder& folder) {
   const ModelConfig& c = folder.config;
   json::Value j;
