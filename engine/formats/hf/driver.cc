@@ -30,6 +30,8 @@ class HfSource : public formats::Source {
     return info_;
   }
   universal::SourcePlan Plan() const override { return PlanSource(f_); }
+  // from_pretrained loads a model folder whatever the parallel layout.
+  bool Fits(const formats::TargetOptions&) const override { return true; }
   json::Value Inventory() const override { return hf::Inventory(f_); }
   // The tensors' names under transformers' own plan (NamesLayoutYaml), once
   // they are the architecture's (a missing tensor, one with no place or a
@@ -66,6 +68,14 @@ class HfDriver : public formats::Driver {
   formats::Confidence Probe(const fs::path& path) const override {
     return LooksLikeFolder(path) ? formats::Confidence::kYes
                                  : formats::Confidence::kNo;
+  }
+  // A model folder is one checkpoint (no iterations).
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    if (!LooksLikeFolder(dir)) return {};
+    formats::SavedCheckpoint c;
+    c.name = dir.filename().string();
+    return {c};
   }
   std::unique_ptr<formats::Source> Open(
       const fs::path& path,
