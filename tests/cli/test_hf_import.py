@@ -407,6 +407,30 @@ def test_malformed_folders():
         p = run("layout", "check", d, expect=2)  # its layout check names the layer too
         assert "model.layers.3." in p.stderr, p.stderr
 
+        # A tied model's saved lm_head: a replica of the embedding, compared bit for bit.
+        from safetensors.torch import load_file, save_file
+        head_shard = index["weight_map"]["lm_head.weight"]
+        emb = load_file(str(good / index["weight_map"]["model.embed_tokens.weight"]))
+
+        def tied(delta):
+            def fn(d):
+                config(tie_word_embeddings=True)(d)
+                tensors = load_file(str(d / head_shard))
+                tensors["lm_head.weight"] = emb["model.embed_tokens.weight"].clone()
+                tensors["lm_head.weight"][7, 3] += delta
+                save_file(tensors, str(d / head_shard), metadata={"format": "pt"})
+            return fn
+        d = damaged("tied", tied(0.0))
+        p = run("to-universal", d, "-o", t / "tied.h5")
+        assert "(1 replicas verified)" in p.stdout, p.stdout
+        d = damaged("tied-differs", tied(0.5))
+        refused(d, 3, "lm_head.weight", "model.embed_tokens.weight", "differ")
+        # Megatron's legacy format carries args, which a transformers folder has not.
+        p = run("convert", good, "-o", t / "legacy", "--format", "megatron", "--tp", 1, "--pp",
+                1, "--dp", 1, "--names", "mcore-llama", expect=2)
+        one_error_line(p, "no Megatron args", "megatron-torch-dist")
+        assert not (t / "legacy").exists()
+
 
 if __name__ == "__main__":
     import testmain
