@@ -21,10 +21,13 @@ weight is random (norms and biases too: a misplaced one shows).
   tensors bit for bit (same names, dtype and values, read with the safetensors package), and
   transformers loads the export with no key missing.
 - `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
+- The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
+  gives back the same tensors bit for bit.
 - Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
   header cut short, a config that disagrees with the shapes, an unknown architecture, a tensor
-  with no place: one error line naming the file and tensor / setting, non-zero exit, nothing
-  written.
+  with no place, a tied model's saved lm_head that differs from the embedding: one error line
+  naming the file and tensor / setting, non-zero exit, nothing written; each also through the
+  sanitized ucp_san (UCP_SAN: ASan + UBSan), with the same line and no sanitizer report.
 """
 import argparse
 import contextlib
@@ -32,6 +35,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import time
 
@@ -44,6 +48,7 @@ import megatron_torch_dist as mtd  # noqa: E402
 
 from testmain import Tmp, run  # noqa: E402
 
+SAN = os.environ.get("UCP_SAN")  # ucp_san (ASan + UBSan) under ctest
 TOKENS = (2, 12)
 MIN_VALUES = 2000  # values each oracle compares at least
 MODELS = {
@@ -324,6 +329,21 @@ def check_model(kind):
             f"num_query_groups={s['num_key_value_heads']}", "--vocab-size", s["vocab_size"])
         assert_same_tensors(read_safetensors(t / "exp2"), hf_tensors,
                             "export --hf of the TP2·PP2 torch_dist output")
+        # The same model as torch.save shards with their index (pytorch_model-*.bin, as older
+        # transformers saved it): the same tensors back, bit for bit.
+        names = sorted(hf_tensors)
+        weight_map = {}
+        (t / "bin").mkdir()
+        shutil.copy(src / "config.json", t / "bin")
+        for i, part in enumerate((names[:len(names) // 2], names[len(names) // 2:])):
+            shard = f"pytorch_model-{i + 1:05d}-of-00002.bin"
+            torch.save({n: hf_tensors[n] for n in part}, t / "bin" / shard)
+            weight_map.update({n: shard for n in part})
+        (t / "bin" / "pytorch_model.bin.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}))
+        run("export", t / "bin", "-o", t / "exp3", "--hf", "-q")
+        assert_same_tensors(read_safetensors(t / "exp3"), hf_tensors,
+                            "export --hf of the pytorch_model-*.bin folder")
         # DCP under transformers' names: torch's dcp.load
         run("convert", src, "-o", t / "dcp", "--format", "dcp", "--dp", 2, "-q")
         import torch.distributed.checkpoint as dcp
@@ -339,6 +359,24 @@ def test_llama_gqa_untied():
 
 def test_qwen2_bias_tied():
     check_model("qwen2")
+
+
+def test_mistral():
+    """MistralForCausalLM (LLaMA's tensors under its own config): the universal file's export
+    --hf gives back transformers' tensors bit for bit (bf16, a single model.safetensors)."""
+    import transformers
+    with Tmp("ucp-hf-mistral-") as t:
+        cfg = transformers.MistralConfig(hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=1,
+                                         intermediate_size=56, vocab_size=90,
+                                         max_position_embeddings=64, sliding_window=16)
+        torch.manual_seed(3)
+        transformers.MistralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(t / "hf")
+        want = read_safetensors(t / "hf")
+        assert {v.dtype for v in want.values()} == {torch.bfloat16}
+        run("to-universal", t / "hf", "-o", t / "u.h5", "-q")
+        run("export", t / "u.h5", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q")
+        assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of Mistral")
 
 
 def test_malformed_folders():
@@ -369,9 +407,13 @@ def test_malformed_folders():
 
         def refused(d, code, *needles):
             out = t / f"out-{d.name}"
-            p = run("convert", d, "-o", out, "--format", "megatron-torch-dist", "--tp", 1,
-                    "--pp", 1, "--dp", 1, "--names", "mcore-llama", expect=code)
+            args = ("convert", d, "-o", out, "--format", "megatron-torch-dist", "--tp", 1,
+                    "--pp", 1, "--dp", 1, "--names", "mcore-llama")
+            p = run(*args, expect=code)
             one_error_line(p, *needles)
+            if SAN:  # the sanitized build: the same line, no sanitizer report
+                q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                assert q.returncode == code and q.stderr == p.stderr, (q.returncode, q.stderr)
             assert not out.exists(), out
             assert not any(x.name.startswith("out-" + d.name) for x in t.iterdir())
 

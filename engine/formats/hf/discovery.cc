@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "engine/core/error.h"
 #include "engine/core/file.h"
+#include "engine/formats/common/state_dict.h"
 #include "engine/formats/hf/hf.h"
 
 namespace ucp::hf {
@@ -18,6 +21,8 @@ namespace fs = std::filesystem;
 constexpr const char* kConfig = "config.json";
 constexpr const char* kSingle = "model.safetensors";
 constexpr const char* kIndex = "model.safetensors.index.json";
+constexpr const char* kTorchSingle = "pytorch_model.bin";
+constexpr const char* kTorchIndex = "pytorch_model.bin.index.json";
 // config.json and the index are small; anything larger is not one.
 constexpr uint64_t kMaxJsonBytes = 64ull << 20;
 
@@ -167,6 +172,35 @@ bool IsPlainName(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
+// A weight file's tensors: a safetensors header, or the leaves of a
+// torch.save file's state dict (each must be a tensor).
+WeightFile ReadWeightFile(const fs::path& path) {
+  if (path.extension() != ".bin")
+    return {path, formats::ReadSafetensorsHeader(path), nullptr, {}};
+  WeightFile f;
+  f.path = path;
+  try {
+    f.torch = std::make_shared<const torchfile::TorchFile>(
+        torchfile::TorchFile::Open(path));
+    for (const formats::ChunkLeaf& leaf :
+         formats::FlattenChunk(*f.torch, f.torch->root())) {
+      if (leaf.tensor == nullptr)
+        throw FormatError(leaf.name, ": not a tensor");
+      formats::SafetensorsTensor t;
+      t.name = leaf.name;
+      t.dtype = leaf.tensor->dtype;
+      t.shape = leaf.tensor->shape;
+      f.tensors.push_back(std::move(t));
+      f.torch_tensors.push_back(leaf.tensor);
+    }
+  } catch (Error& e) {
+    if (std::string_view(e.what()).find(path.string()) == std::string::npos)
+      e.AddContext("torch.save file ", path.string());
+    throw;
+  }
+  return f;
+}
+
 std::vector<WeightFile> ReadIndexed(const fs::path& dir,
                                     const fs::path& index) {
   const json::Value j = ReadJsonFile(index, "index");
@@ -196,18 +230,18 @@ std::vector<WeightFile> ReadIndexed(const fs::path& dir,
       throw FormatError(where, " names shard ", shard,
                         ", which is not in the folder");
     }
-    WeightFile f{path, formats::ReadSafetensorsHeader(path)};
+    WeightFile f = ReadWeightFile(path);
+    const char* kind = f.torch ? "torch.save file " : "safetensors file ";
     for (const formats::SafetensorsTensor& t : f.tensors) {
       auto it = shard_of.find(t.name);
       if (it == shard_of.end()) {
-        throw FormatError("safetensors file ", path.string(), " > ", t.name,
+        throw FormatError(kind, path.string(), " > ", t.name,
                           ": a tensor the index ", index.string(),
                           " does not name");
       }
       if (it->second != shard) {
-        throw FormatError("safetensors file ", path.string(), " > ", t.name,
-                          ": the index ", index.string(), " puts it in ",
-                          it->second);
+        throw FormatError(kind, path.string(), " > ", t.name, ": the index ",
+                          index.string(), " puts it in ", it->second);
       }
       found.insert(t.name);
     }
@@ -229,8 +263,9 @@ bool LooksLikeFolder(const fs::path& dir) noexcept {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return false;
     if (!fs::is_regular_file(dir / kConfig, ec)) return false;
-    return fs::is_regular_file(dir / kSingle, ec) ||
-           fs::is_regular_file(dir / kIndex, ec);
+    for (const char* f : {kSingle, kIndex, kTorchSingle, kTorchIndex})
+      if (fs::is_regular_file(dir / f, ec)) return true;
+    return false;
   } catch (...) {
     return false;
   }
@@ -242,17 +277,22 @@ Folder OpenFolder(const fs::path& dir) {
   const fs::path config = dir / kConfig;
   f.config = ConfigReader(ReadJsonFile(config, "config.json"), config).Read();
   std::error_code ec;
-  if (fs::is_regular_file(dir / kSingle, ec)) {
-    f.files.push_back(
-        {dir / kSingle, formats::ReadSafetensorsHeader(dir / kSingle)});
-  } else if (fs::is_regular_file(dir / kIndex, ec)) {
-    f.index = dir / kIndex;
-    f.files = ReadIndexed(dir, f.index);
-  } else {
-    throw FormatError(dir.string(), ": no ", kSingle, " and no ", kIndex,
-                      " (a transformers model folder's weights)");
+  // transformers' order of preference.
+  for (const auto& [single, index] :
+       {std::pair(kSingle, kIndex), std::pair(kTorchSingle, kTorchIndex)}) {
+    if (fs::is_regular_file(dir / single, ec)) {
+      f.files.push_back(ReadWeightFile(dir / single));
+      return f;
+    }
+    if (fs::is_regular_file(dir / index, ec)) {
+      f.index = dir / index;
+      f.files = ReadIndexed(dir, f.index);
+      return f;
+    }
   }
-  return f;
+  throw FormatError(dir.string(), ": no ", kSingle, ", ", kIndex, ", ",
+                    kTorchSingle, " or ", kTorchIndex,
+                    " (a transformers model folder's weights)");
 }
 
 }  // namespace ucp::hf

@@ -60,7 +60,8 @@ class HfDriver : public formats::Driver {
   std::string_view Name() const override { return "hf"; }
   std::string_view Summary() const override {
     return "Hugging Face transformers model folder (config.json + "
-           "model.safetensors or shards with model.safetensors.index.json; "
+           "model.safetensors or shards with model.safetensors.index.json, "
+           "or pytorch_model.bin and its shards; "
            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), read: "
            "weights only, under transformers' names (--names mcore-llama "
            "for a Megatron target)";

@@ -7,12 +7,16 @@
 //   DIR/model.safetensors.index.json      {"metadata": {"total_size": n},
 //                                          "weight_map": {tensor: shard}}
 //   DIR/model-00001-of-0000N.safetensors  the shards it names
-// (safetensors container: ../common/safetensors.h). transformers
-// (modeling_utils.py, load_state_dict / _get_resolved_checkpoint_files)
-// takes model.safetensors before the index. Every shard the index names must
-// exist, every tensor it names must be in its shard, and every tensor of a
-// shard must be named by the index (for that shard); a shard name is a plain
-// file name in DIR.
+//   DIR/pytorch_model.bin                 or torch.save files of the state
+//   DIR/pytorch_model.bin.index.json      dict (older transformers,
+//   DIR/pytorch_model-0000i-of-0000N.bin  safe_serialization=False)
+// (safetensors container: ../common/safetensors.h; torch.save files are read
+// by ucp's torchfile reader, no pickle executed). transformers
+// (modeling_utils.py, _get_resolved_checkpoint_files) takes model.safetensors,
+// its index, pytorch_model.bin, its index, in that order. Every shard the
+// index names must exist, every tensor it names must be in its shard, and
+// every tensor of a shard must be named by the index (for that shard); a
+// shard name is a plain file name in DIR.
 //
 // Architectures (config.json "architectures"[0]): LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM; their tensors (i < num_hidden_layers,
@@ -48,14 +52,20 @@
 #include "engine/core/dtype.h"
 #include "engine/formats/common/safetensors.h"
 #include "engine/json/json.h"
+#include "engine/torchfile/torch_file.h"
 #include "engine/universal/source_plan.h"
 
 namespace ucp::hf {
 
-/// One weight file of the folder and its tensors (header order).
+/// One weight file of the folder and its tensors (header or state-dict
+/// order): a safetensors file (`tensors` with their offsets), or a torch.save
+/// file (`torch` set; `tensors` name, dtype and shape each of `torch_tensors`
+/// in the same order, offsets unused).
 struct WeightFile {
   std::filesystem::path path;
   std::vector<formats::SafetensorsTensor> tensors;
+  std::shared_ptr<const torchfile::TorchFile> torch;
+  std::vector<const torchfile::TensorInfo*> torch_tensors;
 };
 
 /// The model config.json describes, checked.
@@ -80,7 +90,7 @@ struct Folder {
 };
 
 /// Whether `dir` looks like a transformers model folder (config.json and
-/// model.safetensors or its index). Never throws.
+/// model.safetensors, pytorch_model.bin or an index of either). Never throws.
 bool LooksLikeFolder(const std::filesystem::path& dir) noexcept;
 
 /// Reads config.json, the index and every file's header. Throws UsageError

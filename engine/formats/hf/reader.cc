@@ -8,6 +8,7 @@
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/formats/common/attrs.h"
+#include "engine/formats/common/source_table.h"
 #include "engine/formats/hf/hf.h"
 
 namespace ucp::hf {
@@ -89,6 +90,7 @@ void SetVariable(universal::ModelInfo& m, const char* name, int64_t value,
 struct Located {
   size_t file = 0;
   const formats::SafetensorsTensor* tensor = nullptr;
+  size_t index = 0;  // in the file's tensors
 };
 
 }  // namespace
@@ -96,31 +98,45 @@ struct Located {
 universal::SourcePlan PlanSource(const Folder& folder) {
   const ModelConfig& c = folder.config;
   universal::SourcePlan plan;
+  formats::SourceTable torch_sources(plan);
   std::map<std::string, Located> by_name;
+  std::vector<uint32_t> source_of(folder.files.size(), 0);
   for (size_t f = 0; f < folder.files.size(); ++f) {
-    plan.sources.push_back(
-        std::make_unique<SafetensorsSource>(folder.files[f].path));
-    for (const formats::SafetensorsTensor& t : folder.files[f].tensors) {
-      if (!by_name.emplace(t.name, Located{f, &t}).second) {
-        throw FormatError("safetensors file ", folder.files[f].path.string(),
-                          " > ", t.name, ": also in another file");
+    const WeightFile& w = folder.files[f];
+    if (!w.torch) {
+      source_of[f] = static_cast<uint32_t>(plan.sources.size());
+      plan.sources.push_back(std::make_unique<SafetensorsSource>(w.path));
+    }
+    for (size_t i = 0; i < w.tensors.size(); ++i) {
+      if (!by_name.emplace(w.tensors[i].name, Located{f, &w.tensors[i], i})
+               .second) {
+        throw FormatError(w.torch ? "torch.save file " : "safetensors file ",
+                          w.path.string(), " > ", w.tensors[i].name,
+                          ": also in another file");
       }
     }
   }
   auto where = [&](const Located& at) {
-    return StrCat("safetensors file ", folder.files[at.file].path.string(),
-                  " > ", at.tensor->name);
+    const WeightFile& w = folder.files[at.file];
+    return StrCat(w.torch ? "torch.save file " : "safetensors file ",
+                  w.path.string(), " > ", at.tensor->name);
   };
   auto fragment = [&](const Located& at) {
     const formats::SafetensorsTensor& t = *at.tensor;
+    const WeightFile& w = folder.files[at.file];
     universal::Fragment fr;
-    fr.src.source = static_cast<uint32_t>(at.file);
-    fr.src.byte_offset = t.offset;
-    fr.src.dtype = t.dtype;
-    fr.src.shape = t.shape;
+    fr.where = where(at);
+    if (w.torch) {  // any layout torch writes (strides, shared storages)
+      fr.src =
+          torch_sources.Tensor(w.torch, *w.torch_tensors[at.index], fr.where);
+    } else {
+      fr.src.source = source_of[at.file];
+      fr.src.byte_offset = t.offset;
+      fr.src.dtype = t.dtype;
+      fr.src.shape = t.shape;
+    }
     fr.src_box = Box::Whole(t.shape);
     fr.atom_box = Box::Whole(t.shape);
-    fr.where = where(at);
     return fr;
   };
   std::map<std::string, bool> used;
@@ -193,7 +209,7 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   universal::SourceInfo& src = model.source;
   src.framework = "transformers";
   src.driver = "hf";
-  src.format = "safetensors";
+  src.format = folder.files.front().torch ? "torch" : "safetensors";
   if (const json::Value* v = c.json.Find("transformers_version");
       v != nullptr && v->is_string())
     src.framework_version = v->AsString();
@@ -269,7 +285,8 @@ json::Value Inventory(const Folder& folder) {
   std::string text =
       StrCat(folder.dir.string(), "  (transformers ", c.architecture, ", ",
              c.layers, " layers, ", count, " tensors in ", folder.files.size(),
-             " safetensors file", folder.files.size() == 1 ? "" : "s", ")\n");
+             folder.files.front().torch ? " torch.save" : " safetensors",
+             " file", folder.files.size() == 1 ? "" : "s", ")\n");
   json::Value tensors = json::Value::Array();
   for (const WeightFile& f : folder.files) {
     const std::string file = f.path.filename().string();
@@ -281,11 +298,14 @@ json::Value Inventory(const Folder& folder) {
       for (int64_t d : t.shape) shape.Append(d);
       x["shape"] = std::move(shape);
       x["file"] = file;
-      x["offset"] = t.offset;
-      x["bytes"] = t.bytes;
+      if (!f.torch) {
+        x["offset"] = t.offset;
+        x["bytes"] = t.bytes;
+      }
       tensors.Append(std::move(x));
       text += StrCat("  ", t.name, "  ", DTypeName(t.dtype), " ",
-                     ShapeString(t.shape), "  ", file, " @", t.offset, "\n");
+                     ShapeString(t.shape), "  ", file,
+                     f.torch ? "" : StrCat(" @", t.offset), "\n");
     }
   }
   j["tensors"] = std::move(tensors);

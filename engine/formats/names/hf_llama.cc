@@ -695,8 +695,8 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
   const layouts::Variables recorded =
       formats::ModelVariables(input.model().variables);
   std::optional<int64_t> groups = given.Find("num_query_groups");
-  if (!groups) groups = given.Find("num_attention_heads");
   if (!groups) groups = recorded.Find("num_query_groups");
+  if (!groups) groups = given.Find("num_attention_heads");
   if (!groups) groups = recorded.Find("num_attention_heads");
   if (!groups || *groups < 1) {
     throw UsageError(where,

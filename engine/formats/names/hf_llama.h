@@ -114,10 +114,10 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
 /// for transformers' own names): q/k/v_proj joined per query group into
 /// linear_qkv and gate/up_proj into linear_fc1 ([gate; up]), the inverse of
 /// MapToHfLlama; q/k/v_proj biases (Qwen2) joined alike into
-/// linear_qkv.bias. The query groups are `given`'s num_query_groups, else its
-/// num_attention_heads (no GQA), else those the source records in its model
-/// variables (a transformers folder: num_key_value_heads). Absent when the
-/// names are not LLaMA's.
+/// linear_qkv.bias. The query groups are `given`'s num_query_groups, else
+/// those the source records in its model variables (a transformers folder:
+/// num_key_value_heads), else the heads (no GQA: `given`'s, then the
+/// recorded num_attention_heads). Absent when the names are not LLaMA's.
 /// Throws UsageError (starting with `flag`) naming what is missing: the
 /// query groups, a param, a shape the groups do not divide, a param with no
 /// place in the model.
