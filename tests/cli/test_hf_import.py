@@ -399,6 +399,9 @@ def test_malformed_folders():
         assert j["problems"] == 0 and len(j["params"]) == n, j
         assert {x["rule"] for x in j["params"]} >= {"qkv_colwise", "o_proj_rowwise", "lm_head"}
 
+        from safetensors.torch import load_file, save_file
+        head_shard = index["weight_map"]["lm_head.weight"]
+
         def damaged(name, fn):
             d = t / name
             shutil.copytree(good, d)
@@ -442,6 +445,19 @@ def test_malformed_folders():
             return fn
         d = damaged("ffn", config(intermediate_size=64))
         refused(d, 3, "mlp.gate_proj.weight", "[48, 32]", "intermediate_size 64")
+        def escaping(d):  # a shard named outside the folder
+            j = dict(index, weight_map=dict(index["weight_map"]))
+            j["weight_map"][unnamed] = "../" + shards[0]
+            (d / "model.safetensors.index.json").write_text(json.dumps(j))
+        d = damaged("escaping", escaping)
+        refused(d, 3, "model.safetensors.index.json", unnamed, "not a file name of the folder")
+
+        def fp8(d):  # quantized weights: named, not read as something else
+            tensors = load_file(str(d / head_shard))
+            tensors["lm_head.weight"] = tensors["lm_head.weight"].to(torch.float8_e4m3fn)
+            save_file(tensors, str(d / head_shard), metadata={"format": "pt"})
+        d = damaged("fp8", fp8)
+        refused(d, 2, "lm_head.weight", "float8", "quantized")
         d = damaged("arch", config(architectures=["GPT2LMHeadModel"], model_type="gpt2"))
         refused(d, 2, "config.json", "GPT2LMHeadModel", "LlamaForCausalLM")
         d = damaged("layers", config(num_hidden_layers=3))
@@ -450,8 +466,6 @@ def test_malformed_folders():
         assert "model.layers.3." in p.stderr, p.stderr
 
         # A tied model's saved lm_head: a replica of the embedding, compared bit for bit.
-        from safetensors.torch import load_file, save_file
-        head_shard = index["weight_map"]["lm_head.weight"]
         emb = load_file(str(good / index["weight_map"]["model.embed_tokens.weight"]))
 
         def tied(delta):
