@@ -1,10 +1,12 @@
 """Hugging Face model folders as a source (`--from hf`), against the real frameworks (the tests'
 PyPI environment).
 
-transformers makes two small random models with its own `save_pretrained`, sharded with an index
+transformers makes small random models with its own `save_pretrained`, sharded with an index
 (`max_shard_size`): a LlamaForCausalLM with grouped-query attention (4 heads, 2 key / value heads)
-and untied embeddings, and a Qwen2ForCausalLM with its q/k/v biases and tied embeddings. Every
-weight is random (norms and biases too: a misplaced one shows).
+and untied embeddings, a Qwen2ForCausalLM with its q/k/v biases and tied embeddings, a
+Qwen3ForCausalLM with its QK norms (megatron-core's qk_layernorm) and a head dim that is not
+hidden / heads (kv_channels). Every weight is random (norms and biases too: a misplaced one
+shows).
 - ucp converts each to Megatron-core torch_dist under Megatron's names (`--names mcore-llama`)
   at TP1·PP1 and TP2·PP2; the real megatron-core builds the GPTModel the config describes, loads
   the checkpoint with dist_checkpointing.load and load_state_dict (every key but the
@@ -62,7 +64,16 @@ MODELS = {
                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                   vocab_size=150, tie_word_embeddings=True, rms_norm_eps=1e-6,
                   max_position_embeddings=64, rope_theta=10000.0),
+    # QK norms, a head dim that is not hidden / heads, untied
+    "qwen3": dict(arch="Qwen3ForCausalLM", hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=40, vocab_size=120, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6, max_position_embeddings=64, rope_theta=1000000.0),
 }
+
+
+def head_dim(s):
+    return s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
 
 
 def one_error_line(p, *needles):
@@ -80,7 +91,8 @@ def make_hf(out, kind, seed=1):
     arch = spec.pop("arch")
     theta = spec.pop("rope_theta")
     cfg_cls = {"LlamaForCausalLM": transformers.LlamaConfig,
-               "Qwen2ForCausalLM": transformers.Qwen2Config}[arch]
+               "Qwen2ForCausalLM": transformers.Qwen2Config,
+               "Qwen3ForCausalLM": transformers.Qwen3Config}[arch]
     cfg = cfg_cls(**spec, rope_parameters={"rope_type": "default", "rope_theta": theta})
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(cfg).float()
@@ -111,7 +123,7 @@ def megatron_reference(sd, kind, tp):
     keeps it (the module's doc)."""
     s = MODELS[kind]
     nq, ng = s["num_attention_heads"], s["num_key_value_heads"]
-    d = s["hidden_size"] // nq
+    d = head_dim(s)
     vocab = padded_vocab(s["vocab_size"], tp)
     out = {}
 
@@ -135,6 +147,9 @@ def megatron_reference(sd, kind, tp):
             out[m + f"self_attention.linear_qkv.{part}"] = \
                 torch.cat([q, k, v], dim=1).reshape((-1,) + rest)
         out[m + "self_attention.linear_qkv.layer_norm_weight"] = sd[h + "input_layernorm.weight"]
+        if kind == "qwen3":  # Megatron's qk_layernorm
+            out[m + "self_attention.q_layernorm.weight"] = sd[h + "self_attn.q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = sd[h + "self_attn.k_norm.weight"]
         out[m + "self_attention.linear_proj.weight"] = sd[h + "self_attn.o_proj.weight"]
         out[m + "mlp.linear_fc1.layer_norm_weight"] = sd[h + "post_attention_layernorm.weight"]
         out[m + "mlp.linear_fc1.weight"] = torch.cat([sd[h + "mlp.gate_proj.weight"],
@@ -160,14 +175,16 @@ def build_gpt(kind, tp):
     cfg = TransformerConfig(
         num_layers=s["num_hidden_layers"], hidden_size=s["hidden_size"],
         num_attention_heads=s["num_attention_heads"], num_query_groups=s["num_key_value_heads"],
-        ffn_hidden_size=s["intermediate_size"], use_cpu_initialization=True,
+        ffn_hidden_size=s["intermediate_size"], kv_channels=head_dim(s),
+        qk_layernorm=kind == "qwen3", use_cpu_initialization=True,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         normalization="RMSNorm", layernorm_epsilon=s["rms_norm_eps"], add_bias_linear=False,
         add_qkv_bias=kind == "qwen2", params_dtype=torch.float32, pipeline_dtype=torch.float32,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size())
     return GPTModel(
-        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
+        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(
+            qk_layernorm=kind == "qwen3", normalization="RMSNorm"),
         vocab_size=padded_vocab(s["vocab_size"], tp), max_sequence_length=64,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
@@ -359,6 +376,10 @@ def test_llama_gqa_untied():
 
 def test_qwen2_bias_tied():
     check_model("qwen2")
+
+
+def test_qwen3_qk_norm():
+    check_model("qwen3")
 
 
 def test_mistral():

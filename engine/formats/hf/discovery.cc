@@ -30,7 +30,8 @@ constexpr uint64_t kMaxJsonBytes = 64ull << 20;
 constexpr std::pair<const char*, const char*> kArchitectures[] = {
     {"LlamaForCausalLM", "llama"},
     {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"}};
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"}};
 
 json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
   std::error_code ec;
@@ -143,6 +144,7 @@ class ConfigReader {
         act != nullptr && (!act->is_string() || act->AsString() != "silu")) {
       Refuse(StrCat("hidden_act ", act->Dump()), c.architecture);
     }
+    c.qk_norm = c.model_type == "qwen3";  // Qwen3Attention: q_norm, k_norm
     if (c.model_type == "qwen2") {
       c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
     } else {

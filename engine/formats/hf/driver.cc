@@ -62,7 +62,8 @@ class HfDriver : public formats::Driver {
     return "Hugging Face transformers model folder (config.json + "
            "model.safetensors or shards with model.safetensors.index.json, "
            "or pytorch_model.bin and its shards; "
-           "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), read: "
+           "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+           "Qwen3ForCausalLM), read: "
            "weights only, under transformers' names (--names mcore-llama "
            "for a Megatron target)";
   }

@@ -19,7 +19,7 @@
 // shard name is a plain file name in DIR.
 //
 // Architectures (config.json "architectures"[0]): LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM; their tensors (i < num_hidden_layers,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; their tensors (i < num_hidden_layers,
 // d = head_dim or hidden_size / num_attention_heads, nq = num_attention_heads,
 // nkv = num_key_value_heads (default nq), H = hidden_size,
 // I = intermediate_size, V = vocab_size):
@@ -29,6 +29,7 @@
 //   model.layers.i.self_attn.{k,v}_proj.weight     [nkv * d, H]
 //   model.layers.i.self_attn.{q,k,v}_proj.bias     Qwen2 only: [nq * d],
 //                                                  [nkv * d]
+//   model.layers.i.self_attn.{q,k}_norm.weight     Qwen3 only: [d]
 //   model.layers.i.self_attn.o_proj.weight         [H, nq * d]
 //   model.layers.i.post_attention_layernorm.weight [H]
 //   model.layers.i.mlp.{gate,up}_proj.weight       [I, H]
@@ -37,8 +38,9 @@
 //   lm_head.weight                                 [V, H] (untied; a tied
 //                                                  model's copy, if saved,
 //                                                  must equal the embedding)
-// (modeling_llama.py, modeling_mistral.py, modeling_qwen2.py; LLaMA's
-// attention_bias / mlp_bias and hidden_act other than silu are refused).
+// (modeling_llama.py, modeling_mistral.py, modeling_qwen2.py,
+// modeling_qwen3.py; LLaMA's and Qwen3's attention_bias, mlp_bias and
+// hidden_act other than silu are refused).
 // The universal content keeps these names, each tensor in its own dtype
 // (float32: the `fp32` state, else `param`), and the model variables the
 // Megatron layouts and `ucp export --hf` use (README.md).
@@ -76,6 +78,7 @@ struct ModelConfig {
   int64_t ffn = 0, vocab = 0, max_positions = 0;
   bool tied = false;
   bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   json::Value json;  // config.json as read

@@ -57,6 +57,10 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
     if (c.qkv_bias) out.push_back({l + "self_attn.k_proj.bias", {kv}});
     out.push_back({l + "self_attn.v_proj.weight", {kv, h}});
     if (c.qkv_bias) out.push_back({l + "self_attn.v_proj.bias", {kv}});
+    if (c.qk_norm) {
+      out.push_back({l + "self_attn.q_norm.weight", {c.head_dim}});
+      out.push_back({l + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     out.push_back({l + "self_attn.o_proj.weight", {h, q}});
     out.push_back({l + "mlp.gate_proj.weight", {c.ffn, h}});
     out.push_back({l + "mlp.up_proj.weight", {c.ffn, h}});
@@ -230,6 +234,7 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   SetVariable(vars, "tied", c.tied ? 1 : 0, true);
   SetVariable(vars, "add_qkv_bias", c.qkv_bias ? 1 : 0, true);
   SetVariable(vars, "add_bias_linear", 0, true);
+  SetVariable(vars, "qk_layernorm", c.qk_norm ? 1 : 0, true);
   if (!vars.other.is_object()) vars.other = json::Value::Object();
   vars.other["norm_epsilon"] = c.rms_norm_eps;
   vars.other["rotary_base"] = c.rope_theta;
@@ -264,8 +269,9 @@ std::string NamesLayoutYaml(const ModelConfig& c) {
       "    match: \"model.layers.*.mlp.{gate,up}_proj.weight\"\n",
       "    tp: {split: {dim: 0}}\n", "  - name: down_proj_rowwise\n",
       "    match: \"model.layers.*.mlp.down_proj.weight\"\n",
-      "    tp: {split: {dim: 1}}\n", "  - name: norms\n",
-      "    match: \"model.layers.*.{input,post_attention}_layernorm.weight\"\n",
+      "    tp: {split: {dim: 1}}\n", "  - name: norms\n", "    match:\n",
+      "      - \"model.layers.*.{input,post_attention}_layernorm.weight\"\n",
+      "      - \"model.layers.*.self_attn.{q,k}_norm.weight\"\n",
       "    tp: replicated\n", "  - name: final_norm\n",
       "    match: \"model.norm.weight\"\n", "    stage: last\n",
       "    tp: replicated\n", "  - name: lm_head\n",

@@ -270,6 +270,11 @@ class DecoderMapper {
       info_ = MoeOf(args_, model_, where_, layers_,
                     [&](const std::string& n) { return params_.count(n) > 0; });
     }
+    // A dense model's QK norms (Megatron's qk_layernorm: Qwen3's q/k_norm);
+    // the hf-llama map (no experts asked for) keeps refusing them.
+    if (moe_ && info_.arch == MoeArch::kNone &&
+        params_.count(StrCat(kLayers, 0, ".self_attention.q_layernorm.weight")))
+      info_.qk_norm = true;
     if (Int(args_, "qk_layernorm").value_or(0) != 0 && !info_.qk_norm)
       Refuse("QK layer norms");
     model_name_ = ArchName(info_.arch);
@@ -586,8 +591,12 @@ class DecoderMapper {
       type = "glm4_moe";
     }
     // q/k/v biases without an output projection bias: Qwen2's attention
-    // (LLaMA's attention_bias biases o_proj too).
-    if (qkv_bias_) {
+    // (LLaMA's attention_bias biases o_proj too); QK norms: Qwen3's.
+    if (info_.arch == MoeArch::kNone && info_.qk_norm) {
+      if (qkv_bias_) Refuse("q/k/v biases with QK layer norms");
+      type = "qwen3";
+      arch.Append("Qwen3ForCausalLM");
+    } else if (qkv_bias_) {
       type = "qwen2";
       arch.Append("Qwen2ForCausalLM");
     } else {
@@ -623,6 +632,7 @@ class DecoderMapper {
       AddMoeConfig(c, info_, where_);
     } else {
       if (!qkv_bias_) c["attention_bias"] = false;
+      if (info_.qk_norm) c["attention_bias"] = false;
       c["mlp_bias"] = false;
     }
     return c;
@@ -789,6 +799,14 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
                                span(at + qg + kg, at + qg + 2 * kg)});
       }
       out.push_back(std::move(bias));
+    }
+    // QK norms (Qwen3's q/k_norm: RMSNorm over each head's dim, before the
+    // rotary embedding, as Megatron's qk_layernorm).
+    if (by_hf.count(h + "self_attn.q_norm.weight")) {
+      whole(l + "self_attention.q_layernorm.weight",
+            find(h + "self_attn.q_norm.weight", 1));
+      whole(l + "self_attention.k_layernorm.weight",
+            find(h + "self_attn.k_norm.weight", 1));
     }
     whole(l + "self_attention.linear_proj.weight",
           find(h + "self_attn.o_proj.weight", 2));
