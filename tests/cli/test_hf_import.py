@@ -25,6 +25,9 @@ shows).
 - `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
 - The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
   gives back the same tensors bit for bit.
+- A MixtralForCausalLM (bf16, per-expert names): megatron-core's MoE GPTModel loads the torch_dist
+  output at EP 1 and gives transformers' logits; EP 2 and back gives the tensors bit for bit.
+  A bf16 MistralForCausalLM comes back bit for bit.
 - Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
   header cut short, a config that disagrees with the shapes, an unknown architecture, a tensor
   with no place, a tied model's saved lm_head that differs from the embedding: one error line
@@ -380,6 +383,107 @@ def test_qwen2_bias_tied():
 
 def test_qwen3_qk_norm():
     check_model("qwen3")
+
+
+def moe_rank(rank, world, port, a):
+    """megatron-core's Mixtral-like MoE GPTModel (moe_hf_oracle.build: every layer MoE, softmax
+    router, top-2 of 4 experts) loaded from ucp's torch_dist folder a.ckpt at world 1; its fp32
+    forward against transformers' logits (a.tokens, a.logits)."""
+    mtd.init(rank, world, port, 1, 1, 1)
+    import mcore_cpu
+    mcore_cpu.shims()
+    import moe_hf_oracle
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+    model = moe_hf_oracle.build("mixtral", 999)  # other values than the checkpoint's
+    sd = {"model": model.sharded_state_dict()}
+    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
+        del sd["model"][k]
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "iter_0000000"))
+    res = model.load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    model.config.bf16 = False
+    m = model.float().eval()
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    for mod in m.modules():
+        if hasattr(mod, "input_in_bf16"):
+            mod.input_in_bf16 = mod.input_in_float16 = False
+    mrandom.get_cuda_rng_tracker().fork = lambda *x, **k: contextlib.nullcontext()
+    b, n = TOKENS
+    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
+    with torch.no_grad():
+        got = m(a.tokens, torch.arange(n).expand(b, n), attention_mask=mask)
+        diff = float((got - a.logits).abs().max())
+        tol = 1e-5 * float(a.logits.abs().max())
+        if not diff <= tol:
+            problems.append(f"logits differ by up to {diff} (tolerance {tol})")
+        # negative control: expert 3 of layer 1 changed moves the logits
+        m.decoder.layers[1].mlp.experts.local_experts[3].linear_fc2.weight.add_(0.5)
+        moved = m(a.tokens, torch.arange(n).expand(b, n), attention_mask=mask)
+        control = float((moved - a.logits).abs().max()) > tol
+    mtd.report(a, {"ok": not problems, "problems": problems[:10], "logits": got.numel(),
+                   "max_abs_diff": diff, "control_logits": control})
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def test_mixtral():
+    """MixtralForCausalLM (transformers' per-expert names, bf16, sharded): to torch_dist under
+    Megatron-core's names (router, each expert's w1 / w3 as [gate; up], w2 as fc2; layout
+    mcore-moe-mixtral) at EP 1, which megatron-core's MoE GPTModel loads with every key and
+    whose fp32 forward gives transformers' logits within 1e-5; at EP 2 x DP 2 and back with
+    `ucp export --hf`, transformers' tensors bit for bit."""
+    import transformers
+    import make_moe_torch_dist as mm
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    size = mm.SIZE
+    with Tmp("ucp-hf-mixtral-") as t:
+        cfg = transformers.MixtralConfig(
+            hidden_size=size["hidden"], num_hidden_layers=size["layers"],
+            num_attention_heads=size["heads"], num_key_value_heads=size["groups"],
+            intermediate_size=size["moe_ffn"], num_local_experts=size["experts"],
+            num_experts_per_tok=size["topk"], vocab_size=mm.VOCAB, rms_norm_eps=1e-5,
+            max_position_embeddings=64, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        torch.manual_seed(4)
+        model = transformers.MixtralForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                norm = name.endswith("norm.weight")
+                p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
+        model.to(torch.bfloat16).save_pretrained(t / "hf", max_shard_size="20KB")
+        want = read_safetensors(t / "hf")
+        model = transformers.MixtralForCausalLM.from_pretrained(str(t / "hf"),
+                                                                dtype=torch.float32)
+        tokens = torch.randint(0, mm.VOCAB, TOKENS, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits = model.eval()(tokens).logits
+        run("convert", t / "hf", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
+        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits,
+                               report=str(t / "verdicts"))
+        ctx = mp.start_processes(moe_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
+                                 start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf import mixtral")
+        v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
+            if (t / "verdicts").exists() else []
+        assert ok and len(v) == 1 and v[0]["ok"] and v[0]["control_logits"], v
+        assert v[0]["logits"] >= MIN_VALUES, v
+        print(f"mixtral ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+        run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        run("export", t / "ep2", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q",
+            "--model-var", f"num_attention_heads={size['heads']}", "--model-var",
+            f"num_query_groups={size['groups']}", "--model-var", f"moe_router_topk={size['topk']}",
+            "--vocab-size", mm.VOCAB)
+        assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of EP 2")
+        c = json.loads((t / "exp" / "config.json").read_text())
+        assert c["architectures"] == ["MixtralForCausalLM"] and c["num_local_experts"] == 4, c
 
 
 def test_mistral():

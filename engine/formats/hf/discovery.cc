@@ -31,7 +31,8 @@ constexpr std::pair<const char*, const char*> kArchitectures[] = {
     {"LlamaForCausalLM", "llama"},
     {"MistralForCausalLM", "mistral"},
     {"Qwen2ForCausalLM", "qwen2"},
-    {"Qwen3ForCausalLM", "qwen3"}};
+    {"Qwen3ForCausalLM", "qwen3"},
+    {"MixtralForCausalLM", "mixtral"}};
 
 json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
   std::error_code ec;
@@ -145,6 +146,14 @@ class ConfigReader {
       Refuse(StrCat("hidden_act ", act->Dump()), c.architecture);
     }
     c.qk_norm = c.model_type == "qwen3";  // Qwen3Attention: q_norm, k_norm
+    if (c.model_type == "mixtral") {
+      c.experts = Int("num_local_experts");
+      c.topk = Int("num_experts_per_tok");
+      if (c.topk > c.experts) {
+        throw FormatError(where_, ": num_experts_per_tok ", c.topk,
+                          " is more than num_local_experts ", c.experts);
+      }
+    }
     if (c.model_type == "qwen2") {
       c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
     } else {

@@ -19,7 +19,8 @@
 // shard name is a plain file name in DIR.
 //
 // Architectures (config.json "architectures"[0]): LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; their tensors (i < num_hidden_layers,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM;
+// their tensors (i < num_hidden_layers,
 // d = head_dim or hidden_size / num_attention_heads, nq = num_attention_heads,
 // nkv = num_key_value_heads (default nq), H = hidden_size,
 // I = intermediate_size, V = vocab_size):
@@ -34,6 +35,11 @@
 //   model.layers.i.post_attention_layernorm.weight [H]
 //   model.layers.i.mlp.{gate,up}_proj.weight       [I, H]
 //   model.layers.i.mlp.down_proj.weight            [H, I]
+//   Mixtral instead (j < num_local_experts, E of them; transformers' per-
+//   expert names, which transformers 5 still saves):
+//   model.layers.i.block_sparse_moe.gate.weight    [E, H] (the router)
+//   model.layers.i.block_sparse_moe.experts.j.{w1,w3}.weight [I, H] (gate, up)
+//   model.layers.i.block_sparse_moe.experts.j.w2.weight      [H, I]
 //   model.norm.weight                              [H]
 //   lm_head.weight                                 [V, H] (untied; a tied
 //                                                  model's copy, if saved,
@@ -79,6 +85,8 @@ struct ModelConfig {
   bool tied = false;
   bool qkv_bias = false;  // Qwen2
   bool qk_norm = false;   // Qwen3
+  int64_t experts = 0;    // Mixtral: num_local_experts (0: dense)
+  int64_t topk = 0;       // Mixtral: num_experts_per_tok
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   json::Value json;  // config.json as read

@@ -62,9 +62,20 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
       out.push_back({l + "self_attn.k_norm.weight", {c.head_dim}});
     }
     out.push_back({l + "self_attn.o_proj.weight", {h, q}});
-    out.push_back({l + "mlp.gate_proj.weight", {c.ffn, h}});
-    out.push_back({l + "mlp.up_proj.weight", {c.ffn, h}});
-    out.push_back({l + "mlp.down_proj.weight", {h, c.ffn}});
+    if (c.experts > 0) {  // Mixtral's sparse MoE block
+      const std::string m = l + "block_sparse_moe.";
+      out.push_back({m + "gate.weight", {c.experts, h}});
+      for (int64_t j = 0; j < c.experts; ++j) {
+        const std::string x = StrCat(m, "experts.", j, ".");
+        out.push_back({x + "w1.weight", {c.ffn, h}});
+        out.push_back({x + "w2.weight", {h, c.ffn}});
+        out.push_back({x + "w3.weight", {c.ffn, h}});
+      }
+    } else {
+      out.push_back({l + "mlp.gate_proj.weight", {c.ffn, h}});
+      out.push_back({l + "mlp.up_proj.weight", {c.ffn, h}});
+      out.push_back({l + "mlp.down_proj.weight", {h, c.ffn}});
+    }
     out.push_back({l + "input_layernorm.weight", {h}});
     out.push_back({l + "post_attention_layernorm.weight", {h}});
   }
@@ -235,6 +246,11 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   SetVariable(vars, "add_qkv_bias", c.qkv_bias ? 1 : 0, true);
   SetVariable(vars, "add_bias_linear", 0, true);
   SetVariable(vars, "qk_layernorm", c.qk_norm ? 1 : 0, true);
+  if (c.experts > 0) {
+    SetVariable(vars, "num_moe_experts", c.experts);
+    SetVariable(vars, "moe_router_topk", c.topk);
+    SetVariable(vars, "moe_ffn_hidden_size", c.ffn);
+  }
   if (!vars.other.is_object()) vars.other = json::Value::Object();
   vars.other["norm_epsilon"] = c.rms_norm_eps;
   vars.other["rotary_base"] = c.rope_theta;
@@ -267,7 +283,14 @@ std::string NamesLayoutYaml(const ModelConfig& c) {
       "    match: \"model.layers.*.self_attn.o_proj.weight\"\n",
       "    tp: {split: {dim: 1}}\n", "  - name: gate_up_colwise\n",
       "    match: \"model.layers.*.mlp.{gate,up}_proj.weight\"\n",
-      "    tp: {split: {dim: 0}}\n", "  - name: down_proj_rowwise\n",
+      "    tp: {split: {dim: 0}}\n", "  - name: router\n",
+      "    match: \"model.layers.*.block_sparse_moe.gate.weight\"\n",
+      "    tp: replicated\n", "  - name: expert_w1_w3_colwise\n",
+      "    match: "
+      "\"model.layers.*.block_sparse_moe.experts.*.{w1,w3}.weight\"\n",
+      "    tp: {split: {dim: 0}}\n", "  - name: expert_w2_rowwise\n",
+      "    match: \"model.layers.*.block_sparse_moe.experts.*.w2.weight\"\n",
+      "    tp: {split: {dim: 1}}\n", "  - name: down_proj_rowwise\n",
       "    match: \"model.layers.*.mlp.down_proj.weight\"\n",
       "    tp: {split: {dim: 1}}\n", "  - name: norms\n", "    match:\n",
       "      - \"model.layers.*.{input,post_attention}_layernorm.weight\"\n",

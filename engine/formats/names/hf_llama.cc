@@ -810,24 +810,49 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     }
     whole(l + "self_attention.linear_proj.weight",
           find(h + "self_attn.o_proj.weight", 2));
+    // [gate; up] of two transformers tensors as one fc1.
+    auto gate_up = [&](const std::string& fqn, const std::string& gate_name,
+                       const std::string& up_name) {
+      const atoms::StoredParam& gate = find(gate_name, 2);
+      const atoms::StoredParam& up = find(up_name, 2);
+      if (gate.info.shape != up.info.shape) {
+        throw UsageError(where, " > ", gate.info.fqn, " ",
+                         ShapeString(gate.info.shape), " and ", up.info.fqn,
+                         " ", ShapeString(up.info.shape), " differ");
+      }
+      const int64_t ffn = gate.info.shape[0], cols = gate.info.shape[1];
+      universal::MappedParam fc1;
+      fc1.info.fqn = fqn;
+      fc1.info.shape = {2 * ffn, cols};
+      fc1.pieces.push_back(
+          {gate.info.fqn, Rows(0, ffn, cols), Rows(0, ffn, cols)});
+      fc1.pieces.push_back(
+          {up.info.fqn, Rows(0, ffn, cols), Rows(ffn, 2 * ffn, cols)});
+      out.push_back(std::move(fc1));
+    };
+    const std::string moe = h + "block_sparse_moe.";
+    if (by_hf.count(moe + "gate.weight")) {
+      // Mixtral's sparse MoE block (layout mcore-moe-mixtral): the router,
+      // each expert's w1 / w3 as [gate; up], w2 as fc2; the MoE layer's norm
+      // is pre_mlp_layernorm (no fc1 to fuse it into).
+      whole(l + "pre_mlp_layernorm.weight",
+            find(h + "post_attention_layernorm.weight", 1));
+      whole(l + "mlp.router.weight", find(moe + "gate.weight", 2));
+      int64_t e = 0;
+      for (; by_hf.count(StrCat(moe, "experts.", e, ".w1.weight")); ++e) {
+        const std::string x = StrCat(moe, "experts.", e, ".");
+        const std::string m = StrCat(l, "mlp.experts.", e, ".");
+        gate_up(m + "linear_fc1.weight", x + "w1.weight", x + "w3.weight");
+        whole(m + "linear_fc2.weight", find(x + "w2.weight", 2));
+      }
+      if (e == 0)
+        throw UsageError(where, ": ", moe, "gate.weight but no expert 0");
+      continue;
+    }
     whole(l + "mlp.linear_fc1.layer_norm_weight",
           find(h + "post_attention_layernorm.weight", 1));
-    const atoms::StoredParam& gate = find(h + "mlp.gate_proj.weight", 2);
-    const atoms::StoredParam& up = find(h + "mlp.up_proj.weight", 2);
-    if (gate.info.shape != up.info.shape) {
-      throw UsageError(where, " > ", gate.info.fqn, " ",
-                       ShapeString(gate.info.shape), " and ", up.info.fqn, " ",
-                       ShapeString(up.info.shape), " differ");
-    }
-    const int64_t ffn = gate.info.shape[0], cols = gate.info.shape[1];
-    universal::MappedParam fc1;
-    fc1.info.fqn = l + "mlp.linear_fc1.weight";
-    fc1.info.shape = {2 * ffn, cols};
-    fc1.pieces.push_back(
-        {gate.info.fqn, Rows(0, ffn, cols), Rows(0, ffn, cols)});
-    fc1.pieces.push_back(
-        {up.info.fqn, Rows(0, ffn, cols), Rows(ffn, 2 * ffn, cols)});
-    out.push_back(std::move(fc1));
+    gate_up(l + "mlp.linear_fc1.weight", h + "mlp.gate_proj.weight",
+            h + "mlp.up_proj.weight");
     whole(l + "mlp.linear_fc2.weight", find(h + "mlp.down_proj.weight", 2));
   }
   whole("decoder.final_layernorm.weight", find("model.norm.weight", 1));
