@@ -370,7 +370,6 @@ def check_model(kind):
         state = {"model": {k: torch.empty_like(v) for k, v in hf_tensors.items()}}
         dcp.load(state, checkpoint_id=str(t / "dcp"))
         assert_same_tensors(state["model"], hf_tensors, "dcp.load")
-        return logits
 
 
 def test_llama_gqa_untied():
