@@ -25,8 +25,9 @@ shows).
 - `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
 - The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
   gives back the same tensors bit for bit.
-- A MixtralForCausalLM (bf16, per-expert names): megatron-core's MoE GPTModel loads the torch_dist
-  output at EP 1 and gives transformers' logits; EP 2 and back gives the tensors bit for bit.
+- A MixtralForCausalLM and a Qwen3MoeForCausalLM (QK norms, layer 0 dense) (bf16, per-expert
+  names): megatron-core's MoE GPTModel loads the torch_dist output at EP 1 and gives
+  transformers' logits; EP 2 and back gives the tensors bit for bit.
   A bf16 MistralForCausalLM comes back bit for bit.
 - Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
   header cut short, a config that disagrees with the shapes, an unknown architecture, a tensor
@@ -385,9 +386,10 @@ def test_qwen3_qk_norm():
 
 
 def moe_rank(rank, world, port, a):
-    """megatron-core's Mixtral-like MoE GPTModel (moe_hf_oracle.build: every layer MoE, softmax
-    router, top-2 of 4 experts) loaded from ucp's torch_dist folder a.ckpt at world 1; its fp32
-    forward against transformers' logits (a.tokens, a.logits)."""
+    """megatron-core's MoE GPTModel of a.variant (moe_hf_oracle.build: mixtral, every layer MoE;
+    qwen3, QK norms and layer 0 dense; softmax router, top-2 of 4 experts) loaded from ucp's
+    torch_dist folder a.ckpt at world 1; its fp32 forward against transformers' logits
+    (a.tokens, a.logits)."""
     mtd.init(rank, world, port, 1, 1, 1)
     import mcore_cpu
     mcore_cpu.shims()
@@ -395,7 +397,7 @@ def moe_rank(rank, world, port, a):
     from megatron.core import dist_checkpointing
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.moe import moe_utils
-    model = moe_hf_oracle.build("mixtral", 999)  # other values than the checkpoint's
+    model = moe_hf_oracle.build(a.variant, 999)  # other values than the checkpoint's
     sd = {"model": model.sharded_state_dict()}
     for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
         del sd["model"][k]
@@ -430,10 +432,10 @@ def moe_rank(rank, world, port, a):
         sys.exit(1)
 
 
-def test_mixtral():
-    """MixtralForCausalLM (transformers' per-expert names, bf16, sharded): to torch_dist under
-    Megatron-core's names (router, each expert's w1 / w3 as [gate; up], w2 as fc2; layout
-    mcore-moe-mixtral) at EP 1, which megatron-core's MoE GPTModel loads with every key and
+def check_moe(variant):
+    """A transformers MoE model (bf16, per-expert names, sharded) of moe_hf_oracle's sizes: to
+    torch_dist under Megatron-core's names (router, each expert's gate / up as [gate; up], down
+    as fc2) at EP 1, which megatron-core's MoE GPTModel of that variant loads with every key and
     whose fp32 forward gives transformers' logits within 1e-5; at EP 2 x DP 2 and back with
     `ucp export --hf`, transformers' tensors bit for bit."""
     import transformers
@@ -441,39 +443,46 @@ def test_mixtral():
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
     size = mm.SIZE
-    with Tmp("ucp-hf-mixtral-") as t:
-        cfg = transformers.MixtralConfig(
-            hidden_size=size["hidden"], num_hidden_layers=size["layers"],
-            num_attention_heads=size["heads"], num_key_value_heads=size["groups"],
-            intermediate_size=size["moe_ffn"], num_local_experts=size["experts"],
-            num_experts_per_tok=size["topk"], vocab_size=mm.VOCAB, rms_norm_eps=1e-5,
-            max_position_embeddings=64, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    common = dict(hidden_size=size["hidden"], num_hidden_layers=size["layers"],
+                  num_attention_heads=size["heads"], num_key_value_heads=size["groups"],
+                  num_experts_per_tok=size["topk"], vocab_size=mm.VOCAB, rms_norm_eps=1e-5,
+                  max_position_embeddings=64, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if variant == "mixtral":
+        arch = "MixtralForCausalLM"
+        cfg = transformers.MixtralConfig(intermediate_size=size["moe_ffn"],
+                                         num_local_experts=size["experts"], **common)
+    else:  # Qwen3-MoE: QK norms, layer 0 dense
+        arch = "Qwen3MoeForCausalLM"
+        cfg = transformers.Qwen3MoeConfig(
+            head_dim=size["hidden"] // size["heads"], intermediate_size=size["ffn"],
+            moe_intermediate_size=size["moe_ffn"], num_experts=size["experts"],
+            mlp_only_layers=[0], norm_topk_prob=True, **common)
+    with Tmp(f"ucp-hf-{variant}-") as t:
         torch.manual_seed(4)
-        model = transformers.MixtralForCausalLM(cfg)
+        model = getattr(transformers, arch)(cfg)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 norm = name.endswith("norm.weight")
                 p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
         model.to(torch.bfloat16).save_pretrained(t / "hf", max_shard_size="20KB")
         want = read_safetensors(t / "hf")
-        model = transformers.MixtralForCausalLM.from_pretrained(str(t / "hf"),
-                                                                dtype=torch.float32)
+        model = getattr(transformers, arch).from_pretrained(str(t / "hf"), dtype=torch.float32)
         tokens = torch.randint(0, mm.VOCAB, TOKENS, generator=torch.Generator().manual_seed(5))
         with torch.no_grad():
             logits = model.eval()(tokens).logits
         run("convert", t / "hf", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
-        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits,
+        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits, variant=variant,
                                report=str(t / "verdicts"))
         ctx = mp.start_processes(moe_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
                                  start_method="fork")
-        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf import mixtral")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, f"hf import {variant}")
         v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
             if (t / "verdicts").exists() else []
         assert ok and len(v) == 1 and v[0]["ok"] and v[0]["control_logits"], v
         assert v[0]["logits"] >= MIN_VALUES, v
-        print(f"mixtral ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+        print(f"{variant} ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
         run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
         run("export", t / "ep2", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q",
@@ -482,7 +491,15 @@ def test_mixtral():
             "--vocab-size", mm.VOCAB)
         assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of EP 2")
         c = json.loads((t / "exp" / "config.json").read_text())
-        assert c["architectures"] == ["MixtralForCausalLM"] and c["num_local_experts"] == 4, c
+        assert c["architectures"] == [arch], c
+
+
+def test_mixtral():
+    check_moe("mixtral")
+
+
+def test_qwen3_moe():
+    check_moe("qwen3")
 
 
 def test_mistral():

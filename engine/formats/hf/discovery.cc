@@ -28,11 +28,9 @@ constexpr uint64_t kMaxJsonBytes = 64ull << 20;
 
 // The architectures ucp imports and their model_type.
 constexpr std::pair<const char*, const char*> kArchitectures[] = {
-    {"LlamaForCausalLM", "llama"},
-    {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},
-    {"Qwen3ForCausalLM", "qwen3"},
-    {"MixtralForCausalLM", "mixtral"}};
+    {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
+    {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"}};
 
 json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
   std::error_code ec;
@@ -145,14 +143,51 @@ class ConfigReader {
         act != nullptr && (!act->is_string() || act->AsString() != "silu")) {
       Refuse(StrCat("hidden_act ", act->Dump()), c.architecture);
     }
-    c.qk_norm = c.model_type == "qwen3";  // Qwen3Attention: q_norm, k_norm
-    if (c.model_type == "mixtral") {
+    // Qwen3Attention: q_norm, k_norm
+    c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+    if (c.model_type == "mixtral") {  // every layer sparse
       c.experts = Int("num_local_experts");
+      c.moe_ffn = c.ffn;
+      c.moe_layer.assign(static_cast<size_t>(c.layers), true);
+    } else if (c.model_type == "qwen3_moe") {
+      // (transformers 5 writes num_local_experts, 4 num_experts)
+      c.experts =
+          Int(j_.Find("num_local_experts") != nullptr ? "num_local_experts"
+                                                      : "num_experts");
+      c.moe_ffn = Int("moe_intermediate_size");
+      const int64_t step = Int("decoder_sparse_step", 1);
+      std::vector<int64_t> dense;
+      if (const json::Value* m = j_.Find("mlp_only_layers");
+          m != nullptr && !m->is_null()) {
+        if (!m->is_array())
+          throw FormatError(where_, " > mlp_only_layers: not a list");
+        for (const json::Value& x : m->items()) {
+          if (!x.is_int())
+            throw FormatError(where_, " > mlp_only_layers: not integers");
+          dense.push_back(x.AsInt());
+        }
+      }
+      for (int64_t i = 0; i < c.layers; ++i) {
+        c.moe_layer.push_back(std::find(dense.begin(), dense.end(), i) ==
+                                  dense.end() &&
+                              (i + 1) % step == 0);
+      }
+      // Megatron's router: softmax over the top-k logits, i.e. the top-k
+      // probabilities renormalized.
+      if (!Bool("norm_topk_prob", false))
+        Refuse(
+            "norm_topk_prob false (Megatron's router renormalizes the "
+            "top-k probabilities)",
+            c.architecture);
+    }
+    if (c.experts > 0) {
       c.topk = Int("num_experts_per_tok");
       if (c.topk > c.experts) {
         throw FormatError(where_, ": num_experts_per_tok ", c.topk,
-                          " is more than num_local_experts ", c.experts);
+                          " is more than the ", c.experts, " experts");
       }
+    } else {
+      c.moe_layer.assign(static_cast<size_t>(c.layers), false);
     }
     if (c.model_type == "qwen2") {
       c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without

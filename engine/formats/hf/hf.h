@@ -19,8 +19,8 @@
 // shard name is a plain file name in DIR.
 //
 // Architectures (config.json "architectures"[0]): LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM;
-// their tensors (i < num_hidden_layers,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM,
+// Qwen3MoeForCausalLM; their tensors (i < num_hidden_layers,
 // d = head_dim or hidden_size / num_attention_heads, nq = num_attention_heads,
 // nkv = num_key_value_heads (default nq), H = hidden_size,
 // I = intermediate_size, V = vocab_size):
@@ -40,6 +40,11 @@
 //   model.layers.i.block_sparse_moe.gate.weight    [E, H] (the router)
 //   model.layers.i.block_sparse_moe.experts.j.{w1,w3}.weight [I, H] (gate, up)
 //   model.layers.i.block_sparse_moe.experts.j.w2.weight      [H, I]
+//   Qwen3-MoE's sparse layers (not in mlp_only_layers, (i + 1) a multiple
+//   of decoder_sparse_step; I' = moe_intermediate_size), the others dense:
+//   model.layers.i.mlp.gate.weight                 [E, H] (the router)
+//   model.layers.i.mlp.experts.j.{gate,up}_proj.weight [I', H]
+//   model.layers.i.mlp.experts.j.down_proj.weight  [H, I']
 //   model.norm.weight                              [H]
 //   lm_head.weight                                 [V, H] (untied; a tied
 //                                                  model's copy, if saved,
@@ -83,10 +88,12 @@ struct ModelConfig {
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t ffn = 0, vocab = 0, max_positions = 0;
   bool tied = false;
-  bool qkv_bias = false;  // Qwen2
-  bool qk_norm = false;   // Qwen3
-  int64_t experts = 0;    // Mixtral: num_local_experts (0: dense)
-  int64_t topk = 0;       // Mixtral: num_experts_per_tok
+  bool qkv_bias = false;        // Qwen2
+  bool qk_norm = false;         // Qwen3
+  int64_t experts = 0;          // num_local_experts / num_experts (0: dense)
+  int64_t topk = 0;             // num_experts_per_tok
+  int64_t moe_ffn = 0;          // an expert's intermediate size
+  std::vector<bool> moe_layer;  // per layer: a sparse MoE block
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   json::Value json;  // config.json as read

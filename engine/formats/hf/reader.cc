@@ -62,14 +62,22 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
       out.push_back({l + "self_attn.k_norm.weight", {c.head_dim}});
     }
     out.push_back({l + "self_attn.o_proj.weight", {h, q}});
-    if (c.experts > 0) {  // Mixtral's sparse MoE block
+    if (c.moe_layer[static_cast<size_t>(i)] && c.model_type == "mixtral") {
       const std::string m = l + "block_sparse_moe.";
       out.push_back({m + "gate.weight", {c.experts, h}});
       for (int64_t j = 0; j < c.experts; ++j) {
         const std::string x = StrCat(m, "experts.", j, ".");
-        out.push_back({x + "w1.weight", {c.ffn, h}});
-        out.push_back({x + "w2.weight", {h, c.ffn}});
-        out.push_back({x + "w3.weight", {c.ffn, h}});
+        out.push_back({x + "w1.weight", {c.moe_ffn, h}});
+        out.push_back({x + "w2.weight", {h, c.moe_ffn}});
+        out.push_back({x + "w3.weight", {c.moe_ffn, h}});
+      }
+    } else if (c.moe_layer[static_cast<size_t>(i)]) {  // Qwen3-MoE's
+      out.push_back({l + "mlp.gate.weight", {c.experts, h}});
+      for (int64_t j = 0; j < c.experts; ++j) {
+        const std::string x = StrCat(l, "mlp.experts.", j, ".");
+        out.push_back({x + "gate_proj.weight", {c.moe_ffn, h}});
+        out.push_back({x + "up_proj.weight", {c.moe_ffn, h}});
+        out.push_back({x + "down_proj.weight", {h, c.moe_ffn}});
       }
     } else {
       out.push_back({l + "mlp.gate_proj.weight", {c.ffn, h}});
@@ -249,7 +257,7 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   if (c.experts > 0) {
     SetVariable(vars, "num_moe_experts", c.experts);
     SetVariable(vars, "moe_router_topk", c.topk);
-    SetVariable(vars, "moe_ffn_hidden_size", c.ffn);
+    SetVariable(vars, "moe_ffn_hidden_size", c.moe_ffn);
   }
   if (!vars.other.is_object()) vars.other = json::Value::Object();
   vars.other["norm_epsilon"] = c.rms_norm_eps;
@@ -271,35 +279,57 @@ universal::SourcePlan PlanSource(const Folder& folder) {
 }
 
 std::string NamesLayoutYaml(const ModelConfig& c) {
-  return StrCat(
-      "name: transformers-", c.model_type, "\n", "description: transformers' ",
-      c.architecture, " (names and tensor-parallel plan)\n",
-      "layers: {prefix: \"model.layers.\", count: num_layers}\n", "rules:\n",
-      "  - name: embed_tokens\n", "    match: \"model.embed_tokens.weight\"\n",
-      "    stage: first\n", "    tp: {split: {dim: 0}}\n",
-      "  - name: qkv_colwise\n",
-      "    match: \"model.layers.*.self_attn.{q,k,v}_proj.{weight,bias}\"\n",
-      "    tp: {split: {dim: 0}}\n", "  - name: o_proj_rowwise\n",
-      "    match: \"model.layers.*.self_attn.o_proj.weight\"\n",
-      "    tp: {split: {dim: 1}}\n", "  - name: gate_up_colwise\n",
-      "    match: \"model.layers.*.mlp.{gate,up}_proj.weight\"\n",
-      "    tp: {split: {dim: 0}}\n", "  - name: router\n",
-      "    match: \"model.layers.*.block_sparse_moe.gate.weight\"\n",
-      "    tp: replicated\n", "  - name: expert_w1_w3_colwise\n",
-      "    match: "
-      "\"model.layers.*.block_sparse_moe.experts.*.{w1,w3}.weight\"\n",
-      "    tp: {split: {dim: 0}}\n", "  - name: expert_w2_rowwise\n",
-      "    match: \"model.layers.*.block_sparse_moe.experts.*.w2.weight\"\n",
-      "    tp: {split: {dim: 1}}\n", "  - name: down_proj_rowwise\n",
-      "    match: \"model.layers.*.mlp.down_proj.weight\"\n",
-      "    tp: {split: {dim: 1}}\n", "  - name: norms\n", "    match:\n",
-      "      - \"model.layers.*.{input,post_attention}_layernorm.weight\"\n",
-      "      - \"model.layers.*.self_attn.{q,k}_norm.weight\"\n",
-      "    tp: replicated\n", "  - name: final_norm\n",
-      "    match: \"model.norm.weight\"\n", "    stage: last\n",
-      "    tp: replicated\n", "  - name: lm_head\n",
-      "    match: \"lm_head.weight\"\n", "    when: \"!tied\"\n",
-      "    stage: last\n", "    tp: {split: {dim: 0}}\n");
+  return StrCat("name: transformers-", c.model_type, "\n",
+                "description: transformers' ", c.architecture,
+                " (names and tensor-parallel plan)\n",
+                R"(layers: {prefix: "model.layers.", count: num_layers}
+rules:
+  - name: embed_tokens
+    match: "model.embed_tokens.weight"
+    stage: first
+    tp: {split: {dim: 0}}
+  - name: qkv_colwise
+    match: "model.layers.*.self_attn.{q,k,v}_proj.{weight,bias}"
+    tp: {split: {dim: 0}}
+  - name: o_proj_rowwise
+    match: "model.layers.*.self_attn.o_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: gate_up_colwise
+    match: "model.layers.*.mlp.{gate,up}_proj.weight"
+    tp: {split: {dim: 0}}
+  - name: router
+    match:
+      - "model.layers.*.block_sparse_moe.gate.weight"
+      - "model.layers.*.mlp.gate.weight"
+    tp: replicated
+  - name: expert_gate_up_colwise
+    match:
+      - "model.layers.*.block_sparse_moe.experts.*.{w1,w3}.weight"
+      - "model.layers.*.mlp.experts.*.{gate,up}_proj.weight"
+    tp: {split: {dim: 0}}
+  - name: expert_down_rowwise
+    match:
+      - "model.layers.*.block_sparse_moe.experts.*.w2.weight"
+      - "model.layers.*.mlp.experts.*.down_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: down_proj_rowwise
+    match: "model.layers.*.mlp.down_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: norms
+    match:
+      - "model.layers.*.{input,post_attention}_layernorm.weight"
+      - "model.layers.*.self_attn.{q,k}_norm.weight"
+    tp: replicated
+  - name: final_norm
+    match: "model.norm.weight"
+    stage: last
+    tp: replicated
+  - name: lm_head
+    match: "lm_head.weight"
+    when: "!tied"
+    stage: last
+    tp: {split: {dim: 0}}
+)");
 }
 
 json::Value Inventory(const Folder& folder) {

@@ -849,6 +849,26 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
         throw UsageError(where, ": ", moe, "gate.weight but no expert 0");
       continue;
     }
+    if (by_hf.count(h + "mlp.gate.weight")) {
+      // Qwen3-MoE's sparse block (layouts mcore-moe-mixtral /
+      // mcore-moe-deepseek): the router, each expert's gate / up as
+      // [gate; up], down as fc2.
+      whole(l + "pre_mlp_layernorm.weight",
+            find(h + "post_attention_layernorm.weight", 1));
+      whole(l + "mlp.router.weight", find(h + "mlp.gate.weight", 2));
+      int64_t e = 0;
+      for (; by_hf.count(StrCat(h, "mlp.experts.", e, ".gate_proj.weight"));
+           ++e) {
+        const std::string x = StrCat(h, "mlp.experts.", e, ".");
+        const std::string m = StrCat(l, "mlp.experts.", e, ".");
+        gate_up(m + "linear_fc1.weight", x + "gate_proj.weight",
+                x + "up_proj.weight");
+        whole(m + "linear_fc2.weight", find(x + "down_proj.weight", 2));
+      }
+      if (e == 0)
+        throw UsageError(where, ": ", h, "mlp.gate.weight but no expert 0");
+      continue;
+    }
     whole(l + "mlp.linear_fc1.layer_norm_weight",
           find(h + "post_attention_layernorm.weight", 1));
     gate_up(l + "mlp.linear_fc1.weight", h + "mlp.gate_proj.weight",
