@@ -25,8 +25,8 @@ shows).
 - `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
 - The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
   gives back the same tensors bit for bit.
-- A MixtralForCausalLM and a Qwen3MoeForCausalLM (QK norms, layer 0 dense) (bf16, per-expert
-  names): megatron-core's MoE GPTModel loads the torch_dist output at EP 1 and gives
+- A MixtralForCausalLM, a Qwen3MoeForCausalLM (QK norms, layer 0 dense) and a
+  Qwen2MoeForCausalLM (layer 0 dense, a gated shared expert) (bf16, per-expert names): megatron-core's MoE GPTModel loads the torch_dist output at EP 1 and gives
   transformers' logits; EP 2 and back gives the tensors bit for bit.
   A bf16 MistralForCausalLM comes back bit for bit.
 - Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
@@ -387,7 +387,8 @@ def test_qwen3_qk_norm():
 
 def moe_rank(rank, world, port, a):
     """megatron-core's MoE GPTModel of a.variant (moe_hf_oracle.build: mixtral, every layer MoE;
-    qwen3, QK norms and layer 0 dense; softmax router, top-2 of 4 experts) loaded from ucp's
+    qwen3, QK norms and layer 0 dense; qwen2, layer 0 dense and a shared expert with its sigmoid
+    gate; softmax router, top-2 of 4 experts) loaded from ucp's
     torch_dist folder a.ckpt at world 1; its fp32 forward against transformers' logits
     (a.tokens, a.logits)."""
     mtd.init(rank, world, port, 1, 1, 1)
@@ -452,6 +453,12 @@ def check_moe(variant):
         arch = "MixtralForCausalLM"
         cfg = transformers.MixtralConfig(intermediate_size=size["moe_ffn"],
                                          num_local_experts=size["experts"], **common)
+    elif variant == "qwen2":  # Qwen2-MoE: layer 0 dense, a gated shared expert, no QKV bias
+        arch = "Qwen2MoeForCausalLM"
+        cfg = transformers.Qwen2MoeConfig(
+            intermediate_size=size["ffn"], moe_intermediate_size=size["moe_ffn"],
+            shared_expert_intermediate_size=size["shared_ffn"], num_experts=size["experts"],
+            mlp_only_layers=[0], norm_topk_prob=True, qkv_bias=False, **common)
     else:  # Qwen3-MoE: QK norms, layer 0 dense
         arch = "Qwen3MoeForCausalLM"
         cfg = transformers.Qwen3MoeConfig(
@@ -500,6 +507,10 @@ def test_mixtral():
 
 def test_qwen3_moe():
     check_moe("qwen3")
+
+
+def test_qwen2_moe():
+    check_moe("qwen2")
 
 
 def test_mistral():

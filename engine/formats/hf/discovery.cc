@@ -28,9 +28,10 @@ constexpr uint64_t kMaxJsonBytes = 64ull << 20;
 
 // The architectures ucp imports and their model_type.
 constexpr std::pair<const char*, const char*> kArchitectures[] = {
-    {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
-    {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"}};
+    {"LlamaForCausalLM", "llama"},       {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},       {"Qwen3ForCausalLM", "qwen3"},
+    {"MixtralForCausalLM", "mixtral"},   {"Qwen2MoeForCausalLM", "qwen2_moe"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"}};
 
 json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
   std::error_code ec;
@@ -149,7 +150,9 @@ class ConfigReader {
       c.experts = Int("num_local_experts");
       c.moe_ffn = c.ffn;
       c.moe_layer.assign(static_cast<size_t>(c.layers), true);
-    } else if (c.model_type == "qwen3_moe") {
+    } else if (c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe") {
+      if (c.model_type == "qwen2_moe")
+        c.shared_ffn = Int("shared_expert_intermediate_size");
       // (transformers 5 writes num_local_experts, 4 num_experts)
       c.experts =
           Int(j_.Find("num_local_experts") != nullptr ? "num_local_experts"
@@ -191,6 +194,8 @@ class ConfigReader {
     }
     if (c.model_type == "qwen2") {
       c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
+    } else if (c.model_type == "qwen2_moe") {
+      c.qkv_bias = Bool("qkv_bias", true);  // (transformers 5's setting)
     } else {
       if (Bool("attention_bias", false))
         Refuse("attention_bias true", c.architecture);

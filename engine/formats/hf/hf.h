@@ -20,9 +20,9 @@
 //
 // Architectures (config.json "architectures"[0]): LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM,
-// Qwen3MoeForCausalLM; their tensors (i < num_hidden_layers,
-// d = head_dim or hidden_size / num_attention_heads, nq = num_attention_heads,
-// nkv = num_key_value_heads (default nq), H = hidden_size,
+// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; their tensors (i <
+// num_hidden_layers, d = head_dim or hidden_size / num_attention_heads, nq =
+// num_attention_heads, nkv = num_key_value_heads (default nq), H = hidden_size,
 // I = intermediate_size, V = vocab_size):
 //   model.embed_tokens.weight                      [V, H]
 //   model.layers.i.input_layernorm.weight          [H]
@@ -45,6 +45,11 @@
 //   model.layers.i.mlp.gate.weight                 [E, H] (the router)
 //   model.layers.i.mlp.experts.j.{gate,up}_proj.weight [I', H]
 //   model.layers.i.mlp.experts.j.down_proj.weight  [H, I']
+//   Qwen2-MoE's likewise, with its gated shared expert (S =
+//   shared_expert_intermediate_size; q/k/v biases unless qkv_bias false):
+//   model.layers.i.mlp.shared_expert.{gate,up}_proj.weight [S, H]
+//   model.layers.i.mlp.shared_expert.down_proj.weight      [H, S]
+//   model.layers.i.mlp.shared_expert_gate.weight           [1, H]
 //   model.norm.weight                              [H]
 //   lm_head.weight                                 [V, H] (untied; a tied
 //                                                  model's copy, if saved,
@@ -93,6 +98,7 @@ struct ModelConfig {
   int64_t experts = 0;          // num_local_experts / num_experts (0: dense)
   int64_t topk = 0;             // num_experts_per_tok
   int64_t moe_ffn = 0;          // an expert's intermediate size
+  int64_t shared_ffn = 0;       // Qwen2-MoE's gated shared expert (0: none)
   std::vector<bool> moe_layer;  // per layer: a sparse MoE block
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;

@@ -79,6 +79,13 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
         out.push_back({x + "up_proj.weight", {c.moe_ffn, h}});
         out.push_back({x + "down_proj.weight", {h, c.moe_ffn}});
       }
+      if (c.shared_ffn > 0) {  // Qwen2-MoE's gated shared expert
+        const std::string x = l + "mlp.shared_expert.";
+        out.push_back({x + "gate_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "up_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "down_proj.weight", {h, c.shared_ffn}});
+        out.push_back({l + "mlp.shared_expert_gate.weight", {1, h}});
+      }
     } else {
       out.push_back({l + "mlp.gate_proj.weight", {c.ffn, h}});
       out.push_back({l + "mlp.up_proj.weight", {c.ffn, h}});
@@ -258,6 +265,10 @@ universal::SourcePlan PlanSource(const Folder& folder) {
     SetVariable(vars, "num_moe_experts", c.experts);
     SetVariable(vars, "moe_router_topk", c.topk);
     SetVariable(vars, "moe_ffn_hidden_size", c.moe_ffn);
+    if (c.shared_ffn > 0) {
+      SetVariable(vars, "moe_shared_expert_intermediate_size", c.shared_ffn);
+      SetVariable(vars, "moe_shared_expert_gate", 1, true);
+    }
   }
   if (!vars.other.is_object()) vars.other = json::Value::Object();
   vars.other["norm_epsilon"] = c.rms_norm_eps;
@@ -315,6 +326,15 @@ rules:
   - name: down_proj_rowwise
     match: "model.layers.*.mlp.down_proj.weight"
     tp: {split: {dim: 1}}
+  - name: shared_expert_gate_up_colwise
+    match: "model.layers.*.mlp.shared_expert.{gate,up}_proj.weight"
+    tp: {split: {dim: 0}}
+  - name: shared_expert_down_rowwise
+    match: "model.layers.*.mlp.shared_expert.down_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: shared_expert_gate
+    match: "model.layers.*.mlp.shared_expert_gate.weight"
+    tp: replicated
   - name: norms
     match:
       - "model.layers.*.{input,post_attention}_layernorm.weight"

@@ -867,6 +867,16 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
       }
       if (e == 0)
         throw UsageError(where, ": ", h, "mlp.gate.weight but no expert 0");
+      // Qwen2-MoE's shared expert and its sigmoid gate.
+      if (by_hf.count(h + "mlp.shared_expert.gate_proj.weight")) {
+        const std::string x = h + "mlp.shared_expert.";
+        gate_up(l + "mlp.shared_experts.linear_fc1.weight",
+                x + "gate_proj.weight", x + "up_proj.weight");
+        whole(l + "mlp.shared_experts.linear_fc2.weight",
+              find(x + "down_proj.weight", 2));
+        whole(l + "mlp.shared_experts.gate_weight",
+              find(h + "mlp.shared_expert_gate.weight", 2));
+      }
       continue;
     }
     whole(l + "mlp.linear_fc1.layer_norm_weight",
