@@ -17,6 +17,7 @@
 #include "engine/formats/target_layout.h"
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
+#include "engine/universal/mapped_input.h"
 #include "engine/universal/output_dir.h"
 #include "layouts/layout.h"
 
@@ -84,13 +85,27 @@ uint64_t ExportBytes(const universal::UniversalInput& input,
 // one is given the views a Megatron target gets (target_layout.h): a LLaMA
 // under another framework's names (MindFormers', transformers' own) read
 // under Megatron-core's first (name map mcore-llama), then the layout its
-// names match (a Megatron model read from DCP, say). None when it holds a
-// layout, or its names match none (--hf then says what it is not).
+// names match (a Megatron model read from DCP, say). Content with a layout
+// but without the variables --model-var gives (a torch_dist checkpoint
+// written from another framework's: no args) is viewed with them. None when
+// it holds a layout and nothing is given, or its names match none (--hf then
+// says what it is not).
 std::vector<std::unique_ptr<universal::UniversalInput>> HfViews(
     const universal::UniversalInput& input, const formats::ExportOptions& o,
     const layouts::Variables& given) {
   std::vector<std::unique_ptr<universal::UniversalInput>> views;
-  if (!o.hf || !input.model().layout_yaml.empty()) return views;
+  if (!o.hf) return views;
+  if (!input.model().layout_yaml.empty()) {
+    if (given.values().empty()) return views;
+    universal::Model model = input.model();
+    for (const auto& [k, v] : given.values()) model.variables.Set(k, v);
+    std::vector<universal::MappedParam> params;
+    for (const atoms::StoredParam& p : input.params())
+      params.push_back(universal::WholeParam(p, p.info.fqn));
+    views.push_back(
+        universal::MappedInput(input, std::move(params), std::move(model)));
+    return views;
+  }
   if (auto mapped = formats::MapNamesIfKnown(input, "mcore-llama", given))
     views.push_back(std::move(mapped));
   const universal::UniversalInput& named = views.empty() ? input : *views[0];

@@ -270,6 +270,11 @@ class DecoderMapper {
       info_ = MoeOf(args_, model_, where_, layers_,
                     [&](const std::string& n) { return params_.count(n) > 0; });
     }
+    // A dense model's QK norms (Megatron's qk_layernorm: Qwen3's q/k_norm);
+    // the hf-llama map (no experts asked for) keeps refusing them.
+    if (moe_ && info_.arch == MoeArch::kNone &&
+        params_.count(StrCat(kLayers, 0, ".self_attention.q_layernorm.weight")))
+      info_.qk_norm = true;
     if (Int(args_, "qk_layernorm").value_or(0) != 0 && !info_.qk_norm)
       Refuse("QK layer norms");
     model_name_ = ArchName(info_.arch);
@@ -432,6 +437,39 @@ class DecoderMapper {
     m_.tensors.push_back(std::move(q));
     m_.tensors.push_back(std::move(k));
     m_.tensors.push_back(std::move(v));
+    // The fused QKV's bias (add_qkv_bias: Qwen2's q/k/v biases), split alike.
+    if (info_.arch == MoeArch::kNone &&
+        params_.count(l + "self_attention.linear_qkv.bias")) {
+      const atoms::StoredParam& b =
+          Find({l + "self_attention.linear_qkv.bias"}, 1);
+      if (b.info.shape[0] != rows) {
+        throw UsageError(where_, " > ", b.info.fqn, ": shape ",
+                         ShapeString(b.info.shape), ", the weight's rows are ",
+                         rows);
+      }
+      auto span = [](int64_t begin, int64_t end) {
+        Box x;
+        x.offset = {begin};
+        x.size = {end - begin};
+        return x;
+      };
+      HfTensor qb{h + "self_attn.q_proj.bias", b.info.fqn, {nq_ * d}};
+      HfTensor kb{h + "self_attn.k_proj.bias", b.info.fqn, {ng_ * d}};
+      HfTensor vb{h + "self_attn.v_proj.bias", b.info.fqn, {ng_ * d}};
+      for (int64_t g = 0; g < ng_; ++g) {
+        const int64_t at = g * (r + 2) * d;
+        qb.pieces.push_back(
+            {"", span(at, at + r * d), span(g * r * d, (g + 1) * r * d)});
+        kb.pieces.push_back(
+            {"", span(at + r * d, at + (r + 1) * d), span(g * d, (g + 1) * d)});
+        vb.pieces.push_back({"", span(at + (r + 1) * d, at + (r + 2) * d),
+                             span(g * d, (g + 1) * d)});
+      }
+      m_.tensors.push_back(std::move(qb));
+      m_.tensors.push_back(std::move(kb));
+      m_.tensors.push_back(std::move(vb));
+      qkv_bias_ = true;
+    }
     if (info_.qk_norm) {
       Whole(h + "self_attn.q_norm.weight",
             Find({l + "self_attention.q_layernorm.weight"}, 1));
@@ -552,7 +590,18 @@ class DecoderMapper {
     } else if (moe_ && info_.arch == MoeArch::kGlm4Moe) {
       type = "glm4_moe";
     }
-    arch.Append(ArchName(info_.arch));
+    // q/k/v biases without an output projection bias: Qwen2's attention
+    // (LLaMA's attention_bias biases o_proj too); QK norms: Qwen3's.
+    if (info_.arch == MoeArch::kNone && info_.qk_norm) {
+      if (qkv_bias_) Refuse("q/k/v biases with QK layer norms");
+      type = "qwen3";
+      arch.Append("Qwen3ForCausalLM");
+    } else if (qkv_bias_) {
+      type = "qwen2";
+      arch.Append("Qwen2ForCausalLM");
+    } else {
+      arch.Append(ArchName(info_.arch));
+    }
     c["architectures"] = std::move(arch);
     c["model_type"] = type;
     c["hidden_size"] = hidden_;
@@ -563,16 +612,27 @@ class DecoderMapper {
     c["head_dim"] = head_dim_;
     c["vocab_size"] = vocab_;
     c["hidden_act"] = "silu";
-    c["rms_norm_eps"] = Number(args_, "norm_epsilon").value_or(1e-5);
-    c["rope_theta"] = Number(args_, "rotary_base").value_or(10000.0);
+    // Megatron's args, else what the source recorded beside its variables
+    // (a transformers folder's config.json).
+    const json::Value& other = input_.model().variables.other;
+    c["rms_norm_eps"] =
+        Number(args_, "norm_epsilon")
+            .value_or(Number(other, "norm_epsilon").value_or(1e-5));
+    c["rope_theta"] =
+        Number(args_, "rotary_base")
+            .value_or(Number(other, "rotary_base").value_or(10000.0));
     c["max_position_embeddings"] =
         Int(args_, "max_position_embeddings")
-            .value_or(Int(args_, "seq_length").value_or(4096));
+            .value_or(
+                Int(args_, "seq_length")
+                    .value_or(
+                        model_.Find("max_position_embeddings").value_or(4096)));
     c["tie_word_embeddings"] = tied_;
     if (moe_ && info_.arch != MoeArch::kNone) {
       AddMoeConfig(c, info_, where_);
     } else {
-      c["attention_bias"] = false;
+      if (!qkv_bias_) c["attention_bias"] = false;
+      if (info_.qk_norm) c["attention_bias"] = false;
       c["mlp_bias"] = false;
     }
     return c;
@@ -593,6 +653,7 @@ class DecoderMapper {
   int64_t nq_ = 0, ng_ = 0, layers_ = 0, hidden_ = 0, vocab_ = 0;
   int64_t head_dim_ = 0, ffn_ = 0;
   bool tied_ = false;
+  bool qkv_bias_ = false;  // Qwen2ForCausalLM
 };
 
 }  // namespace
@@ -639,9 +700,14 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
   if (!by_hf.count("model.embed_tokens.weight") ||
       !by_hf.count("model.layers.0.self_attn.q_proj.weight"))
     return std::nullopt;
-  const std::optional<int64_t> groups = given.Find("num_query_groups")
-                                            ? given.Find("num_query_groups")
-                                            : given.Find("num_attention_heads");
+  // --model-var first, then what the source records (a transformers folder:
+  // its key / value heads).
+  const layouts::Variables recorded =
+      formats::ModelVariables(input.model().variables);
+  std::optional<int64_t> groups = given.Find("num_query_groups");
+  if (!groups) groups = recorded.Find("num_query_groups");
+  if (!groups) groups = given.Find("num_attention_heads");
+  if (!groups) groups = recorded.Find("num_attention_heads");
   if (!groups || *groups < 1) {
     throw UsageError(where,
                      ": the query groups of the attention are not recorded "
@@ -701,26 +767,122 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
                             Rows(at + qg + kg, at + qg + 2 * kg, hidden)});
     }
     out.push_back(std::move(qkv));
+    // Query / key / value biases (Qwen2): joined per query group likewise.
+    if (by_hf.count(h + "self_attn.q_proj.bias")) {
+      const atoms::StoredParam& qb = find(h + "self_attn.q_proj.bias", 1);
+      const atoms::StoredParam& kb = find(h + "self_attn.k_proj.bias", 1);
+      const atoms::StoredParam& vb = find(h + "self_attn.v_proj.bias", 1);
+      if (qb.info.shape[0] != nq || kb.info.shape[0] != nk ||
+          vb.info.shape[0] != nk) {
+        throw UsageError(where, " > ", qb.info.fqn, " ",
+                         ShapeString(qb.info.shape), ", ", kb.info.fqn, " ",
+                         ShapeString(kb.info.shape), ", ", vb.info.fqn, " ",
+                         ShapeString(vb.info.shape),
+                         ": not the biases of the q / k / v rows");
+      }
+      universal::MappedParam bias;
+      bias.info.fqn = l + "self_attention.linear_qkv.bias";
+      bias.info.shape = {nq + 2 * nk};
+      auto span = [](int64_t begin, int64_t end) {
+        Box b;
+        b.offset = {begin};
+        b.size = {end - begin};
+        return b;
+      };
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t at = g * (qg + 2 * kg);
+        bias.pieces.push_back(
+            {qb.info.fqn, span(g * qg, (g + 1) * qg), span(at, at + qg)});
+        bias.pieces.push_back({kb.info.fqn, span(g * kg, (g + 1) * kg),
+                               span(at + qg, at + qg + kg)});
+        bias.pieces.push_back({vb.info.fqn, span(g * kg, (g + 1) * kg),
+                               span(at + qg + kg, at + qg + 2 * kg)});
+      }
+      out.push_back(std::move(bias));
+    }
+    // QK norms (Qwen3's q/k_norm: RMSNorm over each head's dim, before the
+    // rotary embedding, as Megatron's qk_layernorm).
+    if (by_hf.count(h + "self_attn.q_norm.weight")) {
+      whole(l + "self_attention.q_layernorm.weight",
+            find(h + "self_attn.q_norm.weight", 1));
+      whole(l + "self_attention.k_layernorm.weight",
+            find(h + "self_attn.k_norm.weight", 1));
+    }
     whole(l + "self_attention.linear_proj.weight",
           find(h + "self_attn.o_proj.weight", 2));
+    // [gate; up] of two transformers tensors as one fc1.
+    auto gate_up = [&](const std::string& fqn, const std::string& gate_name,
+                       const std::string& up_name) {
+      const atoms::StoredParam& gate = find(gate_name, 2);
+      const atoms::StoredParam& up = find(up_name, 2);
+      if (gate.info.shape != up.info.shape) {
+        throw UsageError(where, " > ", gate.info.fqn, " ",
+                         ShapeString(gate.info.shape), " and ", up.info.fqn,
+                         " ", ShapeString(up.info.shape), " differ");
+      }
+      const int64_t ffn = gate.info.shape[0], cols = gate.info.shape[1];
+      universal::MappedParam fc1;
+      fc1.info.fqn = fqn;
+      fc1.info.shape = {2 * ffn, cols};
+      fc1.pieces.push_back(
+          {gate.info.fqn, Rows(0, ffn, cols), Rows(0, ffn, cols)});
+      fc1.pieces.push_back(
+          {up.info.fqn, Rows(0, ffn, cols), Rows(ffn, 2 * ffn, cols)});
+      out.push_back(std::move(fc1));
+    };
+    const std::string moe = h + "block_sparse_moe.";
+    if (by_hf.count(moe + "gate.weight")) {
+      // Mixtral's sparse MoE block (layout mcore-moe-mixtral): the router,
+      // each expert's w1 / w3 as [gate; up], w2 as fc2; the MoE layer's norm
+      // is pre_mlp_layernorm (no fc1 to fuse it into).
+      whole(l + "pre_mlp_layernorm.weight",
+            find(h + "post_attention_layernorm.weight", 1));
+      whole(l + "mlp.router.weight", find(moe + "gate.weight", 2));
+      int64_t e = 0;
+      for (; by_hf.count(StrCat(moe, "experts.", e, ".w1.weight")); ++e) {
+        const std::string x = StrCat(moe, "experts.", e, ".");
+        const std::string m = StrCat(l, "mlp.experts.", e, ".");
+        gate_up(m + "linear_fc1.weight", x + "w1.weight", x + "w3.weight");
+        whole(m + "linear_fc2.weight", find(x + "w2.weight", 2));
+      }
+      if (e == 0)
+        throw UsageError(where, ": ", moe, "gate.weight but no expert 0");
+      continue;
+    }
+    if (by_hf.count(h + "mlp.gate.weight")) {
+      // Qwen3-MoE's sparse block (layouts mcore-moe-mixtral /
+      // mcore-moe-deepseek): the router, each expert's gate / up as
+      // [gate; up], down as fc2.
+      whole(l + "pre_mlp_layernorm.weight",
+            find(h + "post_attention_layernorm.weight", 1));
+      whole(l + "mlp.router.weight", find(h + "mlp.gate.weight", 2));
+      int64_t e = 0;
+      for (; by_hf.count(StrCat(h, "mlp.experts.", e, ".gate_proj.weight"));
+           ++e) {
+        const std::string x = StrCat(h, "mlp.experts.", e, ".");
+        const std::string m = StrCat(l, "mlp.experts.", e, ".");
+        gate_up(m + "linear_fc1.weight", x + "gate_proj.weight",
+                x + "up_proj.weight");
+        whole(m + "linear_fc2.weight", find(x + "down_proj.weight", 2));
+      }
+      if (e == 0)
+        throw UsageError(where, ": ", h, "mlp.gate.weight but no expert 0");
+      // Qwen2-MoE's shared expert and its sigmoid gate.
+      if (by_hf.count(h + "mlp.shared_expert.gate_proj.weight")) {
+        const std::string x = h + "mlp.shared_expert.";
+        gate_up(l + "mlp.shared_experts.linear_fc1.weight",
+                x + "gate_proj.weight", x + "up_proj.weight");
+        whole(l + "mlp.shared_experts.linear_fc2.weight",
+              find(x + "down_proj.weight", 2));
+        whole(l + "mlp.shared_experts.gate_weight",
+              find(h + "mlp.shared_expert_gate.weight", 2));
+      }
+      continue;
+    }
     whole(l + "mlp.linear_fc1.layer_norm_weight",
           find(h + "post_attention_layernorm.weight", 1));
-    const atoms::StoredParam& gate = find(h + "mlp.gate_proj.weight", 2);
-    const atoms::StoredParam& up = find(h + "mlp.up_proj.weight", 2);
-    if (gate.info.shape != up.info.shape) {
-      throw UsageError(where, " > ", gate.info.fqn, " ",
-                       ShapeString(gate.info.shape), " and ", up.info.fqn, " ",
-                       ShapeString(up.info.shape), " differ");
-    }
-    const int64_t ffn = gate.info.shape[0], cols = gate.info.shape[1];
-    universal::MappedParam fc1;
-    fc1.info.fqn = l + "mlp.linear_fc1.weight";
-    fc1.info.shape = {2 * ffn, cols};
-    fc1.pieces.push_back(
-        {gate.info.fqn, Rows(0, ffn, cols), Rows(0, ffn, cols)});
-    fc1.pieces.push_back(
-        {up.info.fqn, Rows(0, ffn, cols), Rows(ffn, 2 * ffn, cols)});
-    out.push_back(std::move(fc1));
+    gate_up(l + "mlp.linear_fc1.weight", h + "mlp.gate_proj.weight",
+            h + "mlp.up_proj.weight");
     whole(l + "mlp.linear_fc2.weight", find(h + "mlp.down_proj.weight", 2));
   }
   whole("decoder.final_layernorm.weight", find("model.norm.weight", 1));

@@ -83,9 +83,12 @@ struct HfModel {
   json::Value config;             // config.json without torch_dtype
 };
 
-/// The LlamaForCausalLM of `input`. Throws UsageError (starting with `flag`,
-/// the option asking for it) naming the param or setting when the model is not
-/// one (another layout, biases, LayerNorm, learned positions, rope scaling,
+/// The LlamaForCausalLM of `input` (Qwen2ForCausalLM when the fused QKV has a
+/// bias: q/k/v_proj.bias split like the weight; through MapToHf, a dense
+/// model's QK norms make it Qwen3ForCausalLM). Throws UsageError (starting
+/// with `flag`, the option asking for it) naming the param or setting when the
+/// model is not one (another layout, other biases, LayerNorm, learned
+/// positions, rope scaling,
 /// interleaved or partial rotary, QK norms, mixture of experts, a param with no
 /// place in it).
 HfModel MapToHfLlama(const universal::UniversalInput& input,
@@ -111,11 +114,14 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
 /// transformers' LlamaForCausalLM names them after `hf_name` (the identity
 /// for transformers' own names): q/k/v_proj joined per query group into
 /// linear_qkv and gate/up_proj into linear_fc1 ([gate; up]), the inverse of
-/// MapToHfLlama. The query groups are `given`'s num_query_groups, else its
-/// num_attention_heads (no GQA). Absent when the names are not LLaMA's.
-/// Throws UsageError (starting with `flag`) naming what is missing: the
-/// query groups, a param, a shape the groups do not divide, a param with no
-/// place in the model.
+/// MapToHfLlama; q/k/v_proj biases (Qwen2) joined alike into
+/// linear_qkv.bias, q/k_norm (Qwen3) as q/k_layernorm. The query groups are
+/// `given`'s num_query_groups, else those the source records in its model
+/// variables (a transformers folder: num_key_value_heads), else the heads (no
+/// GQA: `given`'s, then the recorded num_attention_heads). Absent when the
+/// names are not LLaMA's. Throws UsageError (starting with `flag`) naming what
+/// is missing: the query groups, a param, a shape the groups do not divide, a
+/// param with no place in the model.
 std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const universal::UniversalInput& input,
     const std::function<std::string(const std::string&)>& hf_name,

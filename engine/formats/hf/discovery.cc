@@ -1,0 +1,349 @@
+// Finding a transformers model folder's files and reading its config.json
+// and index (hf.h).
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/common/state_dict.h"
+#include "engine/formats/hf/hf.h"
+
+namespace ucp::hf {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kConfig = "config.json";
+constexpr const char* kSingle = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+constexpr const char* kTorchSingle = "pytorch_model.bin";
+constexpr const char* kTorchIndex = "pytorch_model.bin.index.json";
+// config.json and the index are small; anything larger is not one.
+constexpr uint64_t kMaxJsonBytes = 64ull << 20;
+
+// The architectures ucp imports and their model_type.
+constexpr std::pair<const char*, const char*> kArchitectures[] = {
+    {"LlamaForCausalLM", "llama"},       {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},       {"Qwen3ForCausalLM", "qwen3"},
+    {"MixtralForCausalLM", "mixtral"},   {"Qwen2MoeForCausalLM", "qwen2_moe"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"}};
+
+json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw FormatError(what, " ", path.string(), ": no such file");
+  const File f = File::OpenRead(path);
+  const uint64_t size = f.Size();
+  if (size > kMaxJsonBytes) {
+    throw FormatError(what, " ", path.string(), ": ", size,
+                      " bytes, more than a ", what, " holds");
+  }
+  std::string text(size, '\0');
+  f.ReadExact(text.data(), size, 0);
+  try {
+    json::Value v = json::Value::Parse(text);
+    if (!v.is_object()) throw FormatError("not a JSON object");
+    return v;
+  } catch (Error& e) {
+    e.AddContext(what, " ", path.string());
+    throw;
+  }
+}
+
+class ConfigReader {
+ public:
+  ConfigReader(const json::Value& j, fs::path path)
+      : j_(j), where_(StrCat("config.json ", path.string())) {}
+
+  // A positive integer setting; `fallback` when absent or null (0: required).
+  int64_t Int(const char* key, int64_t fallback = 0) const {
+    const json::Value* v = j_.Find(key);
+    if (v == nullptr || v->is_null()) {
+      if (fallback > 0) return fallback;
+      throw FormatError(where_, ": no ", key);
+    }
+    if (!v->is_int() || v->AsInt() < 1)
+      throw FormatError(where_, " > ", key, ": not an integer >= 1");
+    return v->AsInt();
+  }
+  bool Bool(const char* key, bool fallback) const {
+    const json::Value* v = j_.Find(key);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_bool())
+      throw FormatError(where_, " > ", key, ": not true or false");
+    return v->AsBool();
+  }
+  double Number(const json::Value& in, const char* key, double fallback) const {
+    const json::Value* v = in.Find(key);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_number())
+      throw FormatError(where_, " > ", key, ": not a number");
+    return v->AsDouble();
+  }
+  // A setting ucp does not import: one usage error naming it.
+  [[noreturn]] void Refuse(const std::string& setting,
+                           const std::string& arch) const {
+    throw UsageError(where_, ": ", setting, ", which ucp does not import for ",
+                     arch, " (README of engine/formats/hf)");
+  }
+
+  ModelConfig Read() const {
+    ModelConfig c;
+    c.json = j_;
+    const json::Value* archs = j_.Find("architectures");
+    if (archs == nullptr || !archs->is_array() || archs->size() != 1 ||
+        !archs->items()[0].is_string()) {
+      throw UsageError(where_,
+                       ": no single \"architectures\" entry (ucp imports ",
+                       KnownList(), ")");
+    }
+    c.architecture = archs->items()[0].AsString();
+    for (const auto& [arch, type] : kArchitectures)
+      if (c.architecture == arch) c.model_type = type;
+    if (c.model_type.empty()) {
+      throw UsageError(where_, ": architecture ", c.architecture,
+                       " is not one ucp imports (", KnownList(), ")");
+    }
+    if (const json::Value* t = j_.Find("model_type");
+        t != nullptr && (!t->is_string() || t->AsString() != c.model_type)) {
+      throw FormatError(where_, ": model_type ", t->Dump(), " is not ",
+                        c.architecture, "'s \"", c.model_type, "\"");
+    }
+    c.layers = Int("num_hidden_layers");
+    c.hidden = Int("hidden_size");
+    c.heads = Int("num_attention_heads");
+    c.kv_heads = Int("num_key_value_heads", c.heads);
+    c.ffn = Int("intermediate_size");
+    c.vocab = Int("vocab_size");
+    c.max_positions = Int("max_position_embeddings", 4096);
+    if (c.heads % c.kv_heads != 0) {
+      throw FormatError(where_, ": num_attention_heads ", c.heads,
+                        " is not a multiple of num_key_value_heads ",
+                        c.kv_heads);
+    }
+    if (c.hidden % c.heads != 0 && j_.Find("head_dim") == nullptr) {
+      throw FormatError(where_, ": hidden_size ", c.hidden,
+                        " is not a multiple of num_attention_heads ", c.heads,
+                        " (and there is no head_dim)");
+    }
+    c.head_dim = Int("head_dim", c.hidden / c.heads);
+    c.tied = Bool("tie_word_embeddings", false);
+    c.rms_norm_eps = Number(j_, "rms_norm_eps", 1e-6);
+    c.rope_theta = Number(j_, "rope_theta", 10000.0);
+    // transformers 5 moves the rotary settings into rope_parameters.
+    if (const json::Value* rp = j_.Find("rope_parameters");
+        rp != nullptr && rp->is_object()) {
+      c.rope_theta = Number(*rp, "rope_theta", c.rope_theta);
+    }
+    if (const json::Value* act = j_.Find("hidden_act");
+        act != nullptr && (!act->is_string() || act->AsString() != "silu")) {
+      Refuse(StrCat("hidden_act ", act->Dump()), c.architecture);
+    }
+    // Qwen3Attention: q_norm, k_norm
+    c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+    if (c.model_type == "mixtral") {  // every layer sparse
+      c.experts = Int("num_local_experts");
+      c.moe_ffn = c.ffn;
+      c.moe_layer.assign(static_cast<size_t>(c.layers), true);
+    } else if (c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe") {
+      if (c.model_type == "qwen2_moe")
+        c.shared_ffn = Int("shared_expert_intermediate_size");
+      // (transformers 5 writes num_local_experts, 4 num_experts)
+      c.experts =
+          Int(j_.Find("num_local_experts") != nullptr ? "num_local_experts"
+                                                      : "num_experts");
+      c.moe_ffn = Int("moe_intermediate_size");
+      const int64_t step = Int("decoder_sparse_step", 1);
+      std::vector<int64_t> dense;
+      if (const json::Value* m = j_.Find("mlp_only_layers");
+          m != nullptr && !m->is_null()) {
+        if (!m->is_array())
+          throw FormatError(where_, " > mlp_only_layers: not a list");
+        for (const json::Value& x : m->items()) {
+          if (!x.is_int())
+            throw FormatError(where_, " > mlp_only_layers: not integers");
+          dense.push_back(x.AsInt());
+        }
+      }
+      for (int64_t i = 0; i < c.layers; ++i) {
+        c.moe_layer.push_back(std::find(dense.begin(), dense.end(), i) ==
+                                  dense.end() &&
+                              (i + 1) % step == 0);
+      }
+      // Megatron's router: softmax over the top-k logits, i.e. the top-k
+      // probabilities renormalized.
+      if (!Bool("norm_topk_prob", false))
+        Refuse(
+            "norm_topk_prob false (Megatron's router renormalizes the "
+            "top-k probabilities)",
+            c.architecture);
+    }
+    if (c.experts > 0) {
+      c.topk = Int("num_experts_per_tok");
+      if (c.topk > c.experts) {
+        throw FormatError(where_, ": num_experts_per_tok ", c.topk,
+                          " is more than the ", c.experts, " experts");
+      }
+    } else {
+      c.moe_layer.assign(static_cast<size_t>(c.layers), false);
+    }
+    if (c.model_type == "qwen2") {
+      c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
+    } else if (c.model_type == "qwen2_moe") {
+      c.qkv_bias = Bool("qkv_bias", true);  // (transformers 5's setting)
+    } else {
+      if (Bool("attention_bias", false))
+        Refuse("attention_bias true", c.architecture);
+    }
+    if (Bool("mlp_bias", false)) Refuse("mlp_bias true", c.architecture);
+    return c;
+  }
+
+ private:
+  static std::string KnownList() {
+    std::string s;
+    for (const auto& [arch, type] : kArchitectures)
+      s += StrCat(s.empty() ? "" : ", ", arch);
+    return s;
+  }
+
+  const json::Value& j_;
+  std::string where_;
+};
+
+// A shard name of the index: a plain file name in the folder.
+bool IsPlainName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+// A weight file's tensors: a safetensors header, or the leaves of a
+// torch.save file's state dict (each must be a tensor).
+WeightFile ReadWeightFile(const fs::path& path) {
+  if (path.extension() != ".bin")
+    return {path, formats::ReadSafetensorsHeader(path), nullptr, {}};
+  WeightFile f;
+  f.path = path;
+  try {
+    f.torch = std::make_shared<const torchfile::TorchFile>(
+        torchfile::TorchFile::Open(path));
+    for (const formats::ChunkLeaf& leaf :
+         formats::FlattenChunk(*f.torch, f.torch->root())) {
+      if (leaf.tensor == nullptr)
+        throw FormatError(leaf.name, ": not a tensor");
+      formats::SafetensorsTensor t;
+      t.name = leaf.name;
+      t.dtype = leaf.tensor->dtype;
+      t.shape = leaf.tensor->shape;
+      f.tensors.push_back(std::move(t));
+      f.torch_tensors.push_back(leaf.tensor);
+    }
+  } catch (Error& e) {
+    if (std::string_view(e.what()).find(path.string()) == std::string::npos)
+      e.AddContext("torch.save file ", path.string());
+    throw;
+  }
+  return f;
+}
+
+std::vector<WeightFile> ReadIndexed(const fs::path& dir,
+                                    const fs::path& index) {
+  const json::Value j = ReadJsonFile(index, "index");
+  const std::string where = StrCat("index ", index.string());
+  const json::Value* map = j.Find("weight_map");
+  if (map == nullptr || !map->is_object() || map->size() == 0)
+    throw FormatError(where, ": no weight_map");
+  std::map<std::string, std::string> shard_of;  // tensor -> shard
+  std::vector<std::string> shards;              // first-named order
+  for (const auto& [tensor, shard] : map->members()) {
+    if (!shard.is_string() || !IsPlainName(shard.AsString())) {
+      throw FormatError(where, " > weight_map > ", tensor,
+                        ": not a file name of the folder");
+    }
+    if (!shard_of.emplace(tensor, shard.AsString()).second)
+      throw FormatError(where, " > weight_map: ", tensor, " named twice");
+    if (std::find(shards.begin(), shards.end(), shard.AsString()) ==
+        shards.end())
+      shards.push_back(shard.AsString());
+  }
+  std::vector<WeightFile> files;
+  std::set<std::string> found;
+  for (const std::string& shard : shards) {
+    const fs::path path = dir / shard;
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) {
+      throw FormatError(where, " names shard ", shard,
+                        ", which is not in the folder");
+    }
+    WeightFile f = ReadWeightFile(path);
+    const char* kind = f.torch ? "torch.save file " : "safetensors file ";
+    for (const formats::SafetensorsTensor& t : f.tensors) {
+      auto it = shard_of.find(t.name);
+      if (it == shard_of.end()) {
+        throw FormatError(kind, path.string(), " > ", t.name,
+                          ": a tensor the index ", index.string(),
+                          " does not name");
+      }
+      if (it->second != shard) {
+        throw FormatError(kind, path.string(), " > ", t.name, ": the index ",
+                          index.string(), " puts it in ", it->second);
+      }
+      found.insert(t.name);
+    }
+    files.push_back(std::move(f));
+  }
+  for (const auto& [tensor, shard] : shard_of) {
+    if (!found.count(tensor)) {
+      throw FormatError(where, " > weight_map > ", tensor, ": not in shard ",
+                        shard);
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
+bool LooksLikeFolder(const fs::path& dir) noexcept {
+  try {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return false;
+    if (!fs::is_regular_file(dir / kConfig, ec)) return false;
+    for (const char* f : {kSingle, kIndex, kTorchSingle, kTorchIndex})
+      if (fs::is_regular_file(dir / f, ec)) return true;
+    return false;
+  } catch (...) {
+    return false;
+  }
+}
+
+Folder OpenFolder(const fs::path& dir) {
+  Folder f;
+  f.dir = dir;
+  const fs::path config = dir / kConfig;
+  f.config = ConfigReader(ReadJsonFile(config, "config.json"), config).Read();
+  std::error_code ec;
+  // transformers' order of preference.
+  for (const auto& [single, index] :
+       {std::pair(kSingle, kIndex), std::pair(kTorchSingle, kTorchIndex)}) {
+    if (fs::is_regular_file(dir / single, ec)) {
+      f.files.push_back(ReadWeightFile(dir / single));
+      return f;
+    }
+    if (fs::is_regular_file(dir / index, ec)) {
+      f.index = dir / index;
+      f.files = ReadIndexed(dir, f.index);
+      return f;
+    }
+  }
+  throw FormatError(dir.string(), ": no ", kSingle, ", ", kIndex, ", ",
+                    kTorchSingle, " or ", kTorchIndex,
+                    " (a transformers model folder's weights)");
+}
+
+}  // namespace ucp::hf

@@ -1,0 +1,100 @@
+// The "hf" format driver: Hugging Face transformers model folders, read
+// (hf.h).
+
+#include "engine/formats/driver.h"
+
+#include "engine/core/error.h"
+#include "engine/formats/hf/hf.h"
+
+namespace ucp::hf {
+namespace {
+
+namespace fs = std::filesystem;
+
+class HfSource : public formats::Source {
+ public:
+  explicit HfSource(Folder f) : f_(std::move(f)) {
+    info_.format = "hf";
+    info_.dir = f_.dir;
+    info_.path = f_.dir;
+    info_.settings["architecture"] = f_.config.architecture;
+    info_.settings["layers"] = f_.config.layers;
+    info_.settings["files"] = static_cast<int64_t>(f_.files.size());
+    for (const WeightFile& w : f_.files) {
+      info_.files.push_back(w.path);
+      if (info_.dtype.empty() && !w.tensors.empty())
+        info_.dtype = std::string(DTypeName(w.tensors.front().dtype));
+    }
+  }
+  const formats::CheckpointInfo& info() const noexcept override {
+    return info_;
+  }
+  universal::SourcePlan Plan() const override { return PlanSource(f_); }
+  // from_pretrained loads a model folder whatever the parallel layout.
+  bool Fits(const formats::TargetOptions&) const override { return true; }
+  json::Value Inventory() const override { return hf::Inventory(f_); }
+  // The tensors' names under transformers' own plan (NamesLayoutYaml), once
+  // they are the architecture's (a missing tensor, one with no place or a
+  // shape config.json disagrees with: what Plan throws).
+  NameListing ListNames() const override {
+    (void)PlanSource(f_);
+    NameListing l;
+    for (const WeightFile& w : f_.files)
+      for (const formats::SafetensorsTensor& t : w.tensors)
+        l.names.push_back(t.name);
+    l.variables.Set("num_layers", f_.config.layers);
+    l.variables.Set("vocab_size", f_.config.vocab);
+    l.variables.Set("tied", f_.config.tied ? 1 : 0);
+    l.layout_name = StrCat("transformers-", f_.config.model_type);
+    l.layout_yaml = NamesLayoutYaml(f_.config);
+    return l;
+  }
+
+ private:
+  Folder f_;
+  formats::CheckpointInfo info_;
+};
+
+class HfDriver : public formats::Driver {
+ public:
+  std::string_view Name() const override { return "hf"; }
+  std::string_view Summary() const override {
+    return "Hugging Face transformers model folder (config.json + "
+           "model.safetensors or shards with model.safetensors.index.json, "
+           "or pytorch_model.bin and its shards; "
+           "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+           "Qwen3ForCausalLM), read: "
+           "weights only, under transformers' names (--names mcore-llama "
+           "for a Megatron target)";
+  }
+  formats::Confidence Probe(const fs::path& path) const override {
+    return LooksLikeFolder(path) ? formats::Confidence::kYes
+                                 : formats::Confidence::kNo;
+  }
+  // A model folder is one checkpoint (no iterations).
+  std::vector<formats::SavedCheckpoint> ListCheckpoints(
+      const fs::path& dir) const override {
+    if (!LooksLikeFolder(dir)) return {};
+    formats::SavedCheckpoint c;
+    c.name = dir.filename().string();
+    return {c};
+  }
+  std::unique_ptr<formats::Source> Open(
+      const fs::path& path,
+      const formats::SourceOptions& options) const override {
+    formats::CheckOptions(SourceOptionSpecs(), options.values, Name(),
+                          "sources");
+    std::error_code ec;
+    if (!fs::is_directory(path, ec)) {
+      throw FormatError(path.string(),
+                        ": not a folder (a transformers model folder holds "
+                        "config.json and model.safetensors)");
+    }
+    return std::make_unique<HfSource>(OpenFolder(path));
+  }
+};
+
+UCP_REGISTER_DRIVER(HfDriver);
+
+}  // namespace
+}  // namespace ucp::hf

@@ -1,0 +1,395 @@
+// Reading a transformers model folder into a universal SourcePlan (hf.h):
+// every tensor the architecture has, checked against config.json, streamed
+// from its safetensors file at its offset (nothing is loaded whole).
+
+#include <map>
+#include <utility>
+
+#include "engine/core/error.h"
+#include "engine/core/file.h"
+#include "engine/formats/common/attrs.h"
+#include "engine/formats/common/source_table.h"
+#include "engine/formats/hf/hf.h"
+
+namespace ucp::hf {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The bytes of one safetensors file (tensors at their file offsets).
+class SafetensorsSource : public reshape::ByteSource {
+ public:
+  explicit SafetensorsSource(fs::path path)
+      : path_(std::move(path)), file_(File::OpenRead(path_)) {}
+  void Read(uint64_t offset, std::span<std::byte> dst) const override {
+    file_.ReadExact(dst.data(), dst.size(), offset);
+  }
+  std::string Describe() const override {
+    return StrCat("safetensors file ", path_.string());
+  }
+  std::optional<FileLocation> Locate(uint64_t offset) const override {
+    return FileLocation{&file_, offset};
+  }
+
+ private:
+  fs::path path_;
+  File file_;
+};
+
+// A tensor the architecture has: its name and the shape config.json gives.
+struct Expected {
+  std::string name;
+  Shape shape;
+};
+
+// The tensors of `c`'s architecture in module order (transformers'
+// state-dict order), the tied model's lm_head left out.
+std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
+  const int64_t h = c.hidden, q = c.heads * c.head_dim,
+                kv = c.kv_heads * c.head_dim;
+  std::vector<Expected> out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab, h}});
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string l = StrCat("model.layers.", i, ".");
+    out.push_back({l + "self_attn.q_proj.weight", {q, h}});
+    if (c.qkv_bias) out.push_back({l + "self_attn.q_proj.bias", {q}});
+    out.push_back({l + "self_attn.k_proj.weight", {kv, h}});
+    if (c.qkv_bias) out.push_back({l + "self_attn.k_proj.bias", {kv}});
+    out.push_back({l + "self_attn.v_proj.weight", {kv, h}});
+    if (c.qkv_bias) out.push_back({l + "self_attn.v_proj.bias", {kv}});
+    if (c.qk_norm) {
+      out.push_back({l + "self_attn.q_norm.weight", {c.head_dim}});
+      out.push_back({l + "self_attn.k_norm.weight", {c.head_dim}});
+    }
+    out.push_back({l + "self_attn.o_proj.weight", {h, q}});
+    if (c.moe_layer[static_cast<size_t>(i)] && c.model_type == "mixtral") {
+      const std::string m = l + "block_sparse_moe.";
+      out.push_back({m + "gate.weight", {c.experts, h}});
+      for (int64_t j = 0; j < c.experts; ++j) {
+        const std::string x = StrCat(m, "experts.", j, ".");
+        out.push_back({x + "w1.weight", {c.moe_ffn, h}});
+        out.push_back({x + "w2.weight", {h, c.moe_ffn}});
+        out.push_back({x + "w3.weight", {c.moe_ffn, h}});
+      }
+    } else if (c.moe_layer[static_cast<size_t>(i)]) {  // Qwen3-MoE's
+      out.push_back({l + "mlp.gate.weight", {c.experts, h}});
+      for (int64_t j = 0; j < c.experts; ++j) {
+        const std::string x = StrCat(l, "mlp.experts.", j, ".");
+        out.push_back({x + "gate_proj.weight", {c.moe_ffn, h}});
+        out.push_back({x + "up_proj.weight", {c.moe_ffn, h}});
+        out.push_back({x + "down_proj.weight", {h, c.moe_ffn}});
+      }
+      if (c.shared_ffn > 0) {  // Qwen2-MoE's gated shared expert
+        const std::string x = l + "mlp.shared_expert.";
+        out.push_back({x + "gate_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "up_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "down_proj.weight", {h, c.shared_ffn}});
+        out.push_back({l + "mlp.shared_expert_gate.weight", {1, h}});
+      }
+    } else {
+      out.push_back({l + "mlp.gate_proj.weight", {c.ffn, h}});
+      out.push_back({l + "mlp.up_proj.weight", {c.ffn, h}});
+      out.push_back({l + "mlp.down_proj.weight", {h, c.ffn}});
+    }
+    out.push_back({l + "input_layernorm.weight", {h}});
+    out.push_back({l + "post_attention_layernorm.weight", {h}});
+  }
+  out.push_back({"model.norm.weight", {h}});
+  if (!c.tied) out.push_back({"lm_head.weight", {c.vocab, h}});
+  return out;
+}
+
+// The config's sizes, for messages.
+std::string Sizes(const ModelConfig& c) {
+  return StrCat("config.json: hidden_size ", c.hidden, ", num_attention_heads ",
+                c.heads, ", num_key_value_heads ", c.kv_heads, ", head_dim ",
+                c.head_dim, ", intermediate_size ", c.ffn, ", vocab_size ",
+                c.vocab);
+}
+
+void SetVariable(universal::ModelInfo& m, const char* name, int64_t value,
+                 bool is_bool = false) {
+  m.Set(name, value);
+  if (is_bool) {
+    for (universal::ModelVariable& v : m.variables)
+      if (v.name == name) v.is_bool = true;
+  }
+}
+
+// Where a tensor lies: its file and header entry.
+struct Located {
+  size_t file = 0;
+  const formats::SafetensorsTensor* tensor = nullptr;
+  size_t index = 0;  // in the file's tensors
+};
+
+}  // namespace
+
+universal::SourcePlan PlanSource(const Folder& folder) {
+  const ModelConfig& c = folder.config;
+  universal::SourcePlan plan;
+  formats::SourceTable torch_sources(plan);
+  std::map<std::string, Located> by_name;
+  std::vector<uint32_t> source_of(folder.files.size(), 0);
+  for (size_t f = 0; f < folder.files.size(); ++f) {
+    const WeightFile& w = folder.files[f];
+    if (!w.torch) {
+      source_of[f] = static_cast<uint32_t>(plan.sources.size());
+      plan.sources.push_back(std::make_unique<SafetensorsSource>(w.path));
+    }
+    for (size_t i = 0; i < w.tensors.size(); ++i) {
+      if (!by_name.emplace(w.tensors[i].name, Located{f, &w.tensors[i], i})
+               .second) {
+        throw FormatError(w.torch ? "torch.save file " : "safetensors file ",
+                          w.path.string(), " > ", w.tensors[i].name,
+                          ": also in another file");
+      }
+    }
+  }
+  auto where = [&](const Located& at) {
+    const WeightFile& w = folder.files[at.file];
+    return StrCat(w.torch ? "torch.save file " : "safetensors file ",
+                  w.path.string(), " > ", at.tensor->name);
+  };
+  auto fragment = [&](const Located& at) {
+    const formats::SafetensorsTensor& t = *at.tensor;
+    const WeightFile& w = folder.files[at.file];
+    universal::Fragment fr;
+    fr.where = where(at);
+    if (w.torch) {  // any layout torch writes (strides, shared storages)
+      fr.src =
+          torch_sources.Tensor(w.torch, *w.torch_tensors[at.index], fr.where);
+    } else {
+      fr.src.source = source_of[at.file];
+      fr.src.byte_offset = t.offset;
+      fr.src.dtype = t.dtype;
+      fr.src.shape = t.shape;
+    }
+    fr.src_box = Box::Whole(t.shape);
+    fr.atom_box = Box::Whole(t.shape);
+    return fr;
+  };
+  std::map<std::string, bool> used;
+  std::string dtype;
+  int64_t order = 0;
+  std::vector<std::string> param_order;
+  for (const Expected& e : ExpectedTensors(c)) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      throw FormatError(folder.dir.string(), ": no tensor ", e.name, " (a ",
+                        c.architecture, " of ", c.layers,
+                        " layers has it); the weight files hold ",
+                        by_name.size(), " tensors");
+    }
+    const formats::SafetensorsTensor& t = *it->second.tensor;
+    if (t.shape != e.shape) {
+      throw FormatError(where(it->second), ": shape ", ShapeString(t.shape),
+                        ", but ", Sizes(c), " make it ", ShapeString(e.shape));
+    }
+    if (!IsFloatingPoint(t.dtype) || ElementSize(t.dtype) < 2) {
+      throw UsageError(where(it->second), ": dtype ", DTypeName(t.dtype),
+                       " (quantized or integer weights are not imported)");
+    }
+    if (dtype.empty()) dtype = std::string(DTypeName(t.dtype));
+    used[e.name] = true;
+    universal::AtomPlan a;
+    a.param = e.name;
+    a.state_kind = t.dtype == DType::kFloat32 ? "fp32" : "param";
+    a.dtype = t.dtype;
+    a.shape = t.shape;
+    a.fragments.push_back(fragment(it->second));
+    plan.atoms.push_back(std::move(a));
+    param_order.push_back(e.name);
+    plan.params.push_back(formats::ParamRow({.fqn = e.name,
+                                             .shape = t.shape,
+                                             .dtype = t.dtype,
+                                             .rule = "hf",
+                                             .buffer = false,
+                                             .group = 0,
+                                             .order = order++,
+                                             .frozen = false,
+                                             .tied_copies = {}}));
+  }
+  for (const auto& [name, at] : by_name) {
+    if (used.count(name)) continue;
+    // Rotary frequencies older transformers saved: derived from rope_theta.
+    if (name.ends_with(".rotary_emb.inv_freq")) continue;
+    if (c.tied && name == "lm_head.weight") {
+      // A tied model's saved copy: a replica of the embedding, which the
+      // writer compares bit for bit.
+      universal::AtomPlan& emb = plan.atoms.front();
+      if (at.tensor->shape != emb.shape || at.tensor->dtype != emb.dtype) {
+        throw FormatError(where(at), ": ", DTypeName(at.tensor->dtype), " ",
+                          ShapeString(at.tensor->shape),
+                          ", but tie_word_embeddings makes it a copy of the ",
+                          DTypeName(emb.dtype), " ", ShapeString(emb.shape),
+                          " model.embed_tokens.weight");
+      }
+      emb.fragments.push_back(fragment(at));
+      continue;
+    }
+    throw UsageError(where(at), ": a tensor with no place in ", c.architecture,
+                     " (", Sizes(c), ", num_hidden_layers ", c.layers,
+                     "; README of engine/formats/hf)");
+  }
+
+  universal::Model& model = plan.model;
+  model.iteration = 0;
+  model.consumed_samples = -1;
+  universal::SourceInfo& src = model.source;
+  src.framework = "transformers";
+  src.driver = "hf";
+  src.format = folder.files.front().torch ? "torch" : "safetensors";
+  if (const json::Value* v = c.json.Find("transformers_version");
+      v != nullptr && v->is_string())
+    src.framework_version = v->AsString();
+  src.tp = src.pp = src.vpp = src.dp = 1;
+  src.dtype = dtype;
+  universal::ModelInfo& vars = model.variables;
+  // Megatron's names for the model's sizes (what its layouts and the export
+  // read): the query groups are the key / value heads.
+  SetVariable(vars, "num_layers", c.layers);
+  SetVariable(vars, "hidden_size", c.hidden);
+  SetVariable(vars, "ffn_hidden_size", c.ffn);
+  SetVariable(vars, "num_attention_heads", c.heads);
+  SetVariable(vars, "num_query_groups", c.kv_heads);
+  SetVariable(vars, "kv_channels", c.head_dim);
+  SetVariable(vars, "vocab_size", c.vocab);
+  SetVariable(vars, "max_position_embeddings", c.max_positions);
+  SetVariable(vars, "swiglu", 1, true);
+  SetVariable(vars, "tied", c.tied ? 1 : 0, true);
+  SetVariable(vars, "add_qkv_bias", c.qkv_bias ? 1 : 0, true);
+  SetVariable(vars, "add_bias_linear", 0, true);
+  SetVariable(vars, "qk_layernorm", c.qk_norm ? 1 : 0, true);
+  if (c.experts > 0) {
+    SetVariable(vars, "num_moe_experts", c.experts);
+    SetVariable(vars, "moe_router_topk", c.topk);
+    SetVariable(vars, "moe_ffn_hidden_size", c.moe_ffn);
+    if (c.shared_ffn > 0) {
+      SetVariable(vars, "moe_shared_expert_intermediate_size", c.shared_ffn);
+      SetVariable(vars, "moe_shared_expert_gate", 1, true);
+    }
+  }
+  if (!vars.other.is_object()) vars.other = json::Value::Object();
+  vars.other["norm_epsilon"] = c.rms_norm_eps;
+  vars.other["rotary_base"] = c.rope_theta;
+  vars.other["normalization"] = "RMSNorm";
+  vars.other["position_embedding_type"] = "rope";
+  universal::TrainingInfo& training = universal::NewTraining(model, dtype);
+  training.param_order = std::move(param_order);
+  // The driver's record: config.json as read and where the weights were.
+  json::Value record = json::Value::Object();
+  record["architecture"] = c.architecture;
+  record["config"] = c.json;
+  json::Value files = json::Value::Array();
+  for (const WeightFile& f : folder.files)
+    files.Append(f.path.filename().string());
+  record["files"] = std::move(files);
+  model.extras["hf"] = std::move(record);
+  return plan;
+}
+
+std::string NamesLayoutYaml(const ModelConfig& c) {
+  return StrCat("name: transformers-", c.model_type, "\n",
+                "description: transformers' ", c.architecture,
+                " (names and tensor-parallel plan)\n",
+                R"(layers: {prefix: "model.layers.", count: num_layers}
+rules:
+  - name: embed_tokens
+    match: "model.embed_tokens.weight"
+    stage: first
+    tp: {split: {dim: 0}}
+  - name: qkv_colwise
+    match: "model.layers.*.self_attn.{q,k,v}_proj.{weight,bias}"
+    tp: {split: {dim: 0}}
+  - name: o_proj_rowwise
+    match: "model.layers.*.self_attn.o_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: gate_up_colwise
+    match: "model.layers.*.mlp.{gate,up}_proj.weight"
+    tp: {split: {dim: 0}}
+  - name: router
+    match:
+      - "model.layers.*.block_sparse_moe.gate.weight"
+      - "model.layers.*.mlp.gate.weight"
+    tp: replicated
+  - name: expert_gate_up_colwise
+    match:
+      - "model.layers.*.block_sparse_moe.experts.*.{w1,w3}.weight"
+      - "model.layers.*.mlp.experts.*.{gate,up}_proj.weight"
+    tp: {split: {dim: 0}}
+  - name: expert_down_rowwise
+    match:
+      - "model.layers.*.block_sparse_moe.experts.*.w2.weight"
+      - "model.layers.*.mlp.experts.*.down_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: down_proj_rowwise
+    match: "model.layers.*.mlp.down_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: shared_expert_gate_up_colwise
+    match: "model.layers.*.mlp.shared_expert.{gate,up}_proj.weight"
+    tp: {split: {dim: 0}}
+  - name: shared_expert_down_rowwise
+    match: "model.layers.*.mlp.shared_expert.down_proj.weight"
+    tp: {split: {dim: 1}}
+  - name: shared_expert_gate
+    match: "model.layers.*.mlp.shared_expert_gate.weight"
+    tp: replicated
+  - name: norms
+    match:
+      - "model.layers.*.{input,post_attention}_layernorm.weight"
+      - "model.layers.*.self_attn.{q,k}_norm.weight"
+    tp: replicated
+  - name: final_norm
+    match: "model.norm.weight"
+    stage: last
+    tp: replicated
+  - name: lm_head
+    match: "lm_head.weight"
+    when: "!tied"
+    stage: last
+    tp: {split: {dim: 0}}
+)");
+}
+
+json::Value Inventory(const Folder& folder) {
+  const ModelConfig& c = folder.config;
+  json::Value j;
+  j["format"] = "hf";
+  j["path"] = folder.dir.string();
+  j["architecture"] = c.architecture;
+  if (!folder.index.empty()) j["index"] = folder.index.string();
+  size_t count = 0;
+  for (const WeightFile& f : folder.files) count += f.tensors.size();
+  std::string text =
+      StrCat(folder.dir.string(), "  (transformers ", c.architecture, ", ",
+             c.layers, " layers, ", count, " tensors in ", folder.files.size(),
+             folder.files.front().torch ? " torch.save" : " safetensors",
+             " file", folder.files.size() == 1 ? "" : "s", ")\n");
+  json::Value tensors = json::Value::Array();
+  for (const WeightFile& f : folder.files) {
+    const std::string file = f.path.filename().string();
+    for (const formats::SafetensorsTensor& t : f.tensors) {
+      json::Value x;
+      x["name"] = t.name;
+      x["dtype"] = std::string(DTypeName(t.dtype));
+      json::Value shape = json::Value::Array();
+      for (int64_t d : t.shape) shape.Append(d);
+      x["shape"] = std::move(shape);
+      x["file"] = file;
+      if (!f.torch) {
+        x["offset"] = t.offset;
+        x["bytes"] = t.bytes;
+      }
+      tensors.Append(std::move(x));
+      text += StrCat("  ", t.name, "  ", DTypeName(t.dtype), " ",
+                     ShapeString(t.shape), "  ", file,
+                     f.torch ? "" : StrCat(" @", t.offset), "\n");
+    }
+  }
+  j["tensors"] = std::move(tensors);
+  j["text"] = text;
+  return j;
+}
+
+}  // namespace ucp::hf

@@ -1,0 +1,645 @@
+"""Hugging Face model folders as a source (`--from hf`), against the real frameworks (the tests'
+PyPI environment).
+
+transformers makes small random models with its own `save_pretrained`, sharded with an index
+(`max_shard_size`): a LlamaForCausalLM with grouped-query attention (4 heads, 2 key / value heads)
+and untied embeddings, a Qwen2ForCausalLM with its q/k/v biases and tied embeddings, a
+Qwen3ForCausalLM with its QK norms (megatron-core's qk_layernorm) and a head dim that is not
+hidden / heads (kv_channels). Every weight is random (norms and biases too: a misplaced one
+shows).
+- ucp converts each to Megatron-core torch_dist under Megatron's names (`--names mcore-llama`)
+  at TP1·PP1 and TP2·PP2; the real megatron-core builds the GPTModel the config describes, loads
+  the checkpoint with dist_checkpointing.load and load_state_dict (every key but the
+  `_extra_state` objects a checkpoint of another framework has none of), and then
+  - at TP1·PP1 its own fp32 forward gives transformers' logits within 1e-5 of their largest
+    magnitude (negative control: one weight changed afterwards moves them past that);
+  - at TP2·PP2 every local shard equals the global tensor this test builds from transformers'
+    state dict, fused as megatron-core lays it out (written here from its sources: linear_qkv
+    rows per query group [q heads of the group; k; v] (attention.py,
+    get_query_key_value_tensors), linear_fc1 [gate; up] (mlp.py, glu), the vocabulary padded
+    with zero rows to a multiple of 128 x TP); negative control: one element of the
+    reference changed is found.
+- `ucp export --hf` of the universal file and of the TP2·PP2 output gives back transformers'
+  tensors bit for bit (same names, dtype and values, read with the safetensors package), and
+  transformers loads the export with no key missing.
+- `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
+- The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
+  gives back the same tensors bit for bit.
+- A MixtralForCausalLM, a Qwen3MoeForCausalLM (QK norms, layer 0 dense) and a
+  Qwen2MoeForCausalLM (layer 0 dense, a gated shared expert) (bf16, per-expert names): megatron-core's MoE GPTModel loads the torch_dist output at EP 1 and gives
+  transformers' logits; EP 2 and back gives the tensors bit for bit.
+  A bf16 MistralForCausalLM comes back bit for bit.
+- Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
+  header cut short, a config that disagrees with the shapes, an unknown architecture, a tensor
+  with no place, a tied model's saved lm_head that differs from the embedding: one error line
+  naming the file and tensor / setting, non-zero exit, nothing written; each also through the
+  sanitized ucp_san (UCP_SAN: ASan + UBSan), with the same line and no sanitizer report.
+"""
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+import megatron_torch_dist as mtd  # noqa: E402
+
+from testmain import Tmp, run  # noqa: E402
+
+SAN = os.environ.get("UCP_SAN")  # ucp_san (ASan + UBSan) under ctest
+TOKENS = (2, 12)
+MIN_VALUES = 2000  # values each oracle compares at least
+MODELS = {
+    # GQA, untied
+    "llama": dict(arch="LlamaForCausalLM", hidden_size=32, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                  vocab_size=100, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                  max_position_embeddings=64, rope_theta=500000.0),
+    # QKV bias, tied
+    "qwen2": dict(arch="Qwen2ForCausalLM", hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                  vocab_size=150, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  max_position_embeddings=64, rope_theta=10000.0),
+    # QK norms, a head dim that is not hidden / heads, untied
+    "qwen3": dict(arch="Qwen3ForCausalLM", hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=40, vocab_size=120, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6, max_position_embeddings=64, rope_theta=1000000.0),
+}
+
+
+def head_dim(s):
+    return s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
+
+
+def one_error_line(p, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert str(n) in lines[0], (n, lines[0])
+
+
+def make_hf(out, kind, seed=1):
+    """transformers' save_pretrained of a random `kind` model, sharded (an index); returns its
+    state dict."""
+    import transformers
+    spec = dict(MODELS[kind])
+    arch = spec.pop("arch")
+    theta = spec.pop("rope_theta")
+    cfg_cls = {"LlamaForCausalLM": transformers.LlamaConfig,
+               "Qwen2ForCausalLM": transformers.Qwen2Config,
+               "Qwen3ForCausalLM": transformers.Qwen3Config}[arch]
+    cfg = cfg_cls(**spec, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(cfg).float()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if n.endswith("norm.weight") else 0.1)
+                    + (1.0 if n.endswith("norm.weight") else 0.0))
+    model.save_pretrained(out, max_shard_size="20KB")
+    assert (pathlib.Path(out) / "model.safetensors.index.json").exists()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def hf_logits(hf_dir):
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    tokens = torch.randint(0, 100, TOKENS, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        return tokens, model.eval()(tokens).logits
+
+
+def padded_vocab(v, tp):
+    m = 128 * tp
+    return (v + m - 1) // m * m
+
+
+def megatron_reference(sd, kind, tp):
+    """{torch_dist key: global tensor} of transformers' state dict `sd`, fused as megatron-core
+    keeps it (the module's doc)."""
+    s = MODELS[kind]
+    nq, ng = s["num_attention_heads"], s["num_key_value_heads"]
+    d = head_dim(s)
+    vocab = padded_vocab(s["vocab_size"], tp)
+    out = {}
+
+    def pad(t):
+        return torch.cat([t, t.new_zeros((vocab - t.shape[0],) + tuple(t.shape[1:]))])
+
+    out["embedding.word_embeddings.weight"] = pad(sd["model.embed_tokens.weight"])
+    if not s["tie_word_embeddings"]:
+        out["output_layer.weight"] = pad(sd["lm_head.weight"])
+    out["decoder.final_layernorm.weight"] = sd["model.norm.weight"]
+    for i in range(s["num_hidden_layers"]):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for part in ("weight", "bias") if kind == "qwen2" else ("weight",):
+            q = sd[h + f"self_attn.q_proj.{part}"]
+            k = sd[h + f"self_attn.k_proj.{part}"]
+            v = sd[h + f"self_attn.v_proj.{part}"]
+            rest = tuple(q.shape[1:])
+            q = q.reshape((ng, nq // ng * d) + rest)
+            k = k.reshape((ng, d) + rest)
+            v = v.reshape((ng, d) + rest)
+            out[m + f"self_attention.linear_qkv.{part}"] = \
+                torch.cat([q, k, v], dim=1).reshape((-1,) + rest)
+        out[m + "self_attention.linear_qkv.layer_norm_weight"] = sd[h + "input_layernorm.weight"]
+        if kind == "qwen3":  # Megatron's qk_layernorm
+            out[m + "self_attention.q_layernorm.weight"] = sd[h + "self_attn.q_norm.weight"]
+            out[m + "self_attention.k_layernorm.weight"] = sd[h + "self_attn.k_norm.weight"]
+        out[m + "self_attention.linear_proj.weight"] = sd[h + "self_attn.o_proj.weight"]
+        out[m + "mlp.linear_fc1.layer_norm_weight"] = sd[h + "post_attention_layernorm.weight"]
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([sd[h + "mlp.gate_proj.weight"],
+                                                       sd[h + "mlp.up_proj.weight"]])
+        out[m + "mlp.linear_fc2.weight"] = sd[h + "mlp.down_proj.weight"]
+    # torch_dist keys stack the layers: decoder.layers.<rest> [layers, ...]
+    stacked = {}
+    for k in [k for k in out if k.startswith("decoder.layers.")]:
+        rest = k.split(".", 3)[3]
+        stacked.setdefault(f"decoder.layers.{rest}", []).append(out.pop(k))
+    out.update({k: torch.stack(v) for k, v in stacked.items()})
+    return out
+
+
+def build_gpt(kind, tp):
+    """megatron-core's GPTModel of the config (local spec, fp32) for the current parallel
+    state."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    s = MODELS[kind]
+    cfg = TransformerConfig(
+        num_layers=s["num_hidden_layers"], hidden_size=s["hidden_size"],
+        num_attention_heads=s["num_attention_heads"], num_query_groups=s["num_key_value_heads"],
+        ffn_hidden_size=s["intermediate_size"], kv_channels=head_dim(s),
+        qk_layernorm=kind == "qwen3", use_cpu_initialization=True,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+        normalization="RMSNorm", layernorm_epsilon=s["rms_norm_eps"], add_bias_linear=False,
+        add_qkv_bias=kind == "qwen2", params_dtype=torch.float32, pipeline_dtype=torch.float32,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size())
+    return GPTModel(
+        config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(
+            qk_layernorm=kind == "qwen3", normalization="RMSNorm"),
+        vocab_size=padded_vocab(s["vocab_size"], tp), max_sequence_length=64,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=s["tie_word_embeddings"],
+        position_embedding_type="rope", rotary_base=s["rope_theta"])
+
+
+def load_rank(rank, world, port, a):
+    """One rank: the GPTModel at (a.tp, a.pp) loaded from ucp's torch_dist folder a.ckpt; every
+    local shard against a.full (and a.bad: the reference with one element changed, which must
+    be found); at world 1 also the logits against transformers' (a.tokens, a.logits)."""
+    mtd.init(rank, world, port, a.tp, a.pp, 1)
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    from megatron.core.tensor_parallel import random as mrandom
+    # (tied embeddings: the last stage's copy is all-reduced on "CUDA" at construction)
+    torch.Tensor.cuda = lambda self, *x, **k: self
+    torch.manual_seed(999)
+    model = build_gpt(a.kind, a.tp)
+    tracker = pathlib.Path(a.ckpt) / "latest_checkpointed_iteration.txt"
+    it = tracker.read_text().strip()
+    iter_dir = pathlib.Path(a.ckpt) / (it if it == "release" else f"iter_{int(it):07d}")
+    sd = {"model": model.sharded_state_dict()}
+
+    def drop_extra(d):  # a checkpoint of another framework has no _extra_state objects
+        for k in list(d):
+            if isinstance(d[k], dict):
+                drop_extra(d[k])
+            elif str(k).endswith("_extra_state"):
+                del d[k]
+    drop_extra(sd)
+    loaded = dist_checkpointing.load(sd, str(iter_dir))
+    res = model.load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    after = model.sharded_state_dict()
+    apply_factories(after)
+    checked = values = 0
+    bad_found = []
+    for sh in nested_values(after):
+        if isinstance(sh, ShardedTensor) and not sh.key.endswith("_extra_state"):
+            values += mtd.check_shard(sh, a.full, problems, "model")
+            checked += 1
+            mtd.check_shard(sh, a.bad, bad_found, "control")
+    verdict = {"rank": rank, "checked": checked, "values": values, "control": len(bad_found)}
+    if world == 1:
+        # Megatron's own forward in float32 against transformers' logits.
+        model.eval()
+        mrandom.get_cuda_rng_tracker().fork = lambda *x, **k: contextlib.nullcontext()
+        b, s = TOKENS
+        mask = torch.triu(torch.ones(s, s), diagonal=1).bool()[None, None]
+        with torch.no_grad():
+            got = model(a.tokens, torch.arange(s).expand(b, s), attention_mask=mask)
+            got = got[..., :a.logits.shape[-1]]
+            diff = float((got - a.logits).abs().max())
+            tol = 1e-5 * float(a.logits.abs().max())
+            if not diff <= tol:
+                problems.append(f"logits differ by up to {diff} (tolerance {tol})")
+            # negative control: one weight changed moves the logits past the tolerance
+            w = model.decoder.layers[0].mlp.linear_fc2.weight
+            w[0, 0] += 0.5
+            moved = model(a.tokens, torch.arange(s).expand(b, s), attention_mask=mask)
+            verdict["control_logits"] = float(
+                (moved[..., :a.logits.shape[-1]] - a.logits).abs().max()) > tol
+        verdict.update(logits=got.numel(), max_abs_diff=diff)
+    verdict.update(ok=not problems, problems=problems[:10])
+    mtd.report(a, verdict)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def megatron_load(ckpt, kind, tp, pp, full, tokens=None, logits=None):
+    """Every rank's verdict of load_rank (forked from this process)."""
+    bad = dict(full)
+    key = "decoder.layers.self_attention.linear_qkv.weight"  # layer 1's
+    bad[key] = full[key].clone()
+    bad[key][1, 3, 5] += 1.0
+    with Tmp("ucp-hf-run-") as t:
+        a = argparse.Namespace(kind=kind, ckpt=str(ckpt), tp=tp, pp=pp, full=full, bad=bad,
+                               tokens=tokens, logits=logits, report=str(t / "verdicts"))
+        ctx = mp.start_processes(load_rank, args=(tp * pp, mtd.free_port(), a), nprocs=tp * pp,
+                                 join=False, start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf import load")
+        path = t / "verdicts"
+        verdicts = [json.loads(x) for x in path.read_text().splitlines()] \
+            if path.exists() else []
+    assert ok and len(verdicts) == tp * pp and all(v["ok"] for v in verdicts), verdicts
+    assert sum(v["values"] for v in verdicts) >= MIN_VALUES, verdicts
+    assert sum(v["control"] for v in verdicts) >= 1, verdicts  # the changed element is found
+    if tokens is not None:
+        assert verdicts[0]["logits"] >= MIN_VALUES and verdicts[0]["control_logits"], verdicts
+    print(f"{kind} tp {tp} pp {pp}: {sum(v['checked'] for v in verdicts)} shards, "
+          f"{sum(v['values'] for v in verdicts)} values equal"
+          + (f", logits within {verdicts[0]['max_abs_diff']:.2e}" if tokens is not None else ""),
+          flush=True)
+    return verdicts
+
+
+def read_safetensors(folder):
+    """{name: tensor} of every safetensors file of `folder` (the safetensors package)."""
+    from safetensors.torch import load_file
+    out = {}
+    for f in sorted(pathlib.Path(folder).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def assert_same_tensors(got, want, what):
+    assert sorted(got) == sorted(want), (what, sorted(set(got) ^ set(want)))
+    n = 0
+    for k in want:
+        assert got[k].dtype == want[k].dtype, (what, k, got[k].dtype, want[k].dtype)
+        assert torch.equal(got[k], want[k]), (what, k)
+        n += want[k].numel()
+    assert n >= MIN_VALUES, (what, n)
+
+
+def check_model(kind):
+    mtd.preload()
+    with Tmp(f"ucp-hf-{kind}-") as t:
+        src = t / "hf"
+        sd = make_hf(src, kind)
+        hf_tensors = read_safetensors(src)  # what the files hold (a tied head is not saved)
+        tokens, logits = hf_logits(src)
+        # the universal file and `ucp export --hf` of it: transformers' tensors bit for bit
+        p = run("to-universal", src, "-o", t / "u.h5")
+        assert "hf" in p.stdout, p.stdout
+        run("export", t / "u.h5", "-o", t / "exp", "--hf", "-q")
+        exported = read_safetensors(t / "exp")
+        assert_same_tensors(exported, hf_tensors, "export --hf of the universal file")
+        bad = {k: v.clone() for k, v in hf_tensors.items()}
+        bad["model.layers.0.mlp.up_proj.weight"][1, 2] += 1e-3
+        with contextlib.suppress(AssertionError):  # negative control
+            assert_same_tensors(exported, bad, "control")
+            raise RuntimeError("the export compare missed a changed element")
+        import transformers
+        _, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(t / "exp"), dtype=torch.float32, output_loading_info=True)
+        assert not any(info.values()), info
+        cfg = json.loads((t / "exp" / "config.json").read_text())
+        assert cfg["architectures"] == [MODELS[kind]["arch"]], cfg
+        # Megatron-core torch_dist at TP1·PP1 (logits) and TP2·PP2 (every shard)
+        for tp, pp in ((1, 1), (2, 2)):
+            out = t / f"td{tp}{pp}"
+            run("convert", src, "-o", out, "--format", "megatron-torch-dist", "--tp", tp,
+                "--pp", pp, "--dp", 1, "--names", "mcore-llama", "-q")
+            full = megatron_reference(sd, kind, tp)
+            megatron_load(out, kind, tp, pp, full, tokens if tp == 1 else None,
+                          logits if tp == 1 else None)
+        # back from Megatron: the same tensors
+        # (a torch_dist folder written from another framework carries no Megatron args: the
+        # heads and the true vocabulary are given, as for any such folder)
+        s = MODELS[kind]
+        run("export", t / "td22", "-o", t / "exp2", "--hf", "-q", "--model-var",
+            f"num_attention_heads={s['num_attention_heads']}", "--model-var",
+            f"num_query_groups={s['num_key_value_heads']}", "--vocab-size", s["vocab_size"])
+        assert_same_tensors(read_safetensors(t / "exp2"), hf_tensors,
+                            "export --hf of the TP2·PP2 torch_dist output")
+        # The same model as torch.save shards with their index (pytorch_model-*.bin, as older
+        # transformers saved it): the same tensors back, bit for bit.
+        names = sorted(hf_tensors)
+        weight_map = {}
+        (t / "bin").mkdir()
+        shutil.copy(src / "config.json", t / "bin")
+        for i, part in enumerate((names[:len(names) // 2], names[len(names) // 2:])):
+            shard = f"pytorch_model-{i + 1:05d}-of-00002.bin"
+            torch.save({n: hf_tensors[n] for n in part}, t / "bin" / shard)
+            weight_map.update({n: shard for n in part})
+        (t / "bin" / "pytorch_model.bin.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}))
+        run("export", t / "bin", "-o", t / "exp3", "--hf", "-q")
+        assert_same_tensors(read_safetensors(t / "exp3"), hf_tensors,
+                            "export --hf of the pytorch_model-*.bin folder")
+        # DCP under transformers' names: torch's dcp.load
+        run("convert", src, "-o", t / "dcp", "--format", "dcp", "--dp", 2, "-q")
+        import torch.distributed.checkpoint as dcp
+        state = {"model": {k: torch.empty_like(v) for k, v in hf_tensors.items()}}
+        dcp.load(state, checkpoint_id=str(t / "dcp"))
+        assert_same_tensors(state["model"], hf_tensors, "dcp.load")
+
+
+def test_llama_gqa_untied():
+    check_model("llama")
+
+
+def test_qwen2_bias_tied():
+    check_model("qwen2")
+
+
+def test_qwen3_qk_norm():
+    check_model("qwen3")
+
+
+def moe_rank(rank, world, port, a):
+    """megatron-core's MoE GPTModel of a.variant (moe_hf_oracle.build: mixtral, every layer MoE;
+    qwen3, QK norms and layer 0 dense; qwen2, layer 0 dense and a shared expert with its sigmoid
+    gate; softmax router, top-2 of 4 experts) loaded from ucp's
+    torch_dist folder a.ckpt at world 1; its fp32 forward against transformers' logits
+    (a.tokens, a.logits)."""
+    mtd.init(rank, world, port, 1, 1, 1)
+    import mcore_cpu
+    mcore_cpu.shims()
+    import moe_hf_oracle
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+    model = moe_hf_oracle.build(a.variant, 999)  # other values than the checkpoint's
+    sd = {"model": model.sharded_state_dict()}
+    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
+        del sd["model"][k]
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "iter_0000000"))
+    res = model.load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    model.config.bf16 = False
+    m = model.float().eval()
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    for mod in m.modules():
+        if hasattr(mod, "input_in_bf16"):
+            mod.input_in_bf16 = mod.input_in_float16 = False
+    mrandom.get_cuda_rng_tracker().fork = lambda *x, **k: contextlib.nullcontext()
+    b, n = TOKENS
+    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
+    with torch.no_grad():
+        got = m(a.tokens, torch.arange(n).expand(b, n), attention_mask=mask)
+        diff = float((got - a.logits).abs().max())
+        tol = 1e-5 * float(a.logits.abs().max())
+        if not diff <= tol:
+            problems.append(f"logits differ by up to {diff} (tolerance {tol})")
+        # negative control: expert 3 of layer 1 changed moves the logits
+        m.decoder.layers[1].mlp.experts.local_experts[3].linear_fc2.weight.add_(0.5)
+        moved = m(a.tokens, torch.arange(n).expand(b, n), attention_mask=mask)
+        control = float((moved - a.logits).abs().max()) > tol
+    mtd.report(a, {"ok": not problems, "problems": problems[:10], "logits": got.numel(),
+                   "max_abs_diff": diff, "control_logits": control})
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def check_moe(variant):
+    """A transformers MoE model (bf16, per-expert names, sharded) of moe_hf_oracle's sizes: to
+    torch_dist under Megatron-core's names (router, each expert's gate / up as [gate; up], down
+    as fc2) at EP 1, which megatron-core's MoE GPTModel of that variant loads with every key and
+    whose fp32 forward gives transformers' logits within 1e-5; at EP 2 x DP 2 and back with
+    `ucp export --hf`, transformers' tensors bit for bit."""
+    import transformers
+    import make_moe_torch_dist as mm
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    size = mm.SIZE
+    common = dict(hidden_size=size["hidden"], num_hidden_layers=size["layers"],
+                  num_attention_heads=size["heads"], num_key_value_heads=size["groups"],
+                  num_experts_per_tok=size["topk"], vocab_size=mm.VOCAB, rms_norm_eps=1e-5,
+                  max_position_embeddings=64, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if variant == "mixtral":
+        arch = "MixtralForCausalLM"
+        cfg = transformers.MixtralConfig(intermediate_size=size["moe_ffn"],
+                                         num_local_experts=size["experts"], **common)
+    elif variant == "qwen2":  # Qwen2-MoE: layer 0 dense, a gated shared expert, no QKV bias
+        arch = "Qwen2MoeForCausalLM"
+        cfg = transformers.Qwen2MoeConfig(
+            intermediate_size=size["ffn"], moe_intermediate_size=size["moe_ffn"],
+            shared_expert_intermediate_size=size["shared_ffn"], num_experts=size["experts"],
+            mlp_only_layers=[0], norm_topk_prob=True, qkv_bias=False, **common)
+    else:  # Qwen3-MoE: QK norms, layer 0 dense
+        arch = "Qwen3MoeForCausalLM"
+        cfg = transformers.Qwen3MoeConfig(
+            head_dim=size["hidden"] // size["heads"], intermediate_size=size["ffn"],
+            moe_intermediate_size=size["moe_ffn"], num_experts=size["experts"],
+            mlp_only_layers=[0], norm_topk_prob=True, **common)
+    with Tmp(f"ucp-hf-{variant}-") as t:
+        torch.manual_seed(4)
+        model = getattr(transformers, arch)(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                norm = name.endswith("norm.weight")
+                p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
+        model.to(torch.bfloat16).save_pretrained(t / "hf", max_shard_size="20KB")
+        want = read_safetensors(t / "hf")
+        model = getattr(transformers, arch).from_pretrained(str(t / "hf"), dtype=torch.float32)
+        tokens = torch.randint(0, mm.VOCAB, TOKENS, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits = model.eval()(tokens).logits
+        run("convert", t / "hf", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
+        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits, variant=variant,
+                               report=str(t / "verdicts"))
+        ctx = mp.start_processes(moe_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
+                                 start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, f"hf import {variant}")
+        v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
+            if (t / "verdicts").exists() else []
+        assert ok and len(v) == 1 and v[0]["ok"] and v[0]["control_logits"], v
+        assert v[0]["logits"] >= MIN_VALUES, v
+        print(f"{variant} ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+        run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        run("export", t / "ep2", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q",
+            "--model-var", f"num_attention_heads={size['heads']}", "--model-var",
+            f"num_query_groups={size['groups']}", "--model-var", f"moe_router_topk={size['topk']}",
+            "--vocab-size", mm.VOCAB)
+        assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of EP 2")
+        c = json.loads((t / "exp" / "config.json").read_text())
+        assert c["architectures"] == [arch], c
+
+
+def test_mixtral():
+    check_moe("mixtral")
+
+
+def test_qwen3_moe():
+    check_moe("qwen3")
+
+
+def test_qwen2_moe():
+    check_moe("qwen2")
+
+
+def test_mistral():
+    """MistralForCausalLM (LLaMA's tensors under its own config): the universal file's export
+    --hf gives back transformers' tensors bit for bit (bf16, a single model.safetensors)."""
+    import transformers
+    with Tmp("ucp-hf-mistral-") as t:
+        cfg = transformers.MistralConfig(hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=1,
+                                         intermediate_size=56, vocab_size=90,
+                                         max_position_embeddings=64, sliding_window=16)
+        torch.manual_seed(3)
+        transformers.MistralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(t / "hf")
+        want = read_safetensors(t / "hf")
+        assert {v.dtype for v in want.values()} == {torch.bfloat16}
+        run("to-universal", t / "hf", "-o", t / "u.h5", "-q")
+        run("export", t / "u.h5", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q")
+        assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of Mistral")
+
+
+def test_malformed_folders():
+    """Each damage: one error line naming the file and what is wrong, exit 2 (usage) or 3
+    (format), nothing under the output name."""
+    with Tmp("ucp-hf-bad-") as t:
+        good = t / "good"
+        make_hf(good, "llama")
+        index = json.loads((good / "model.safetensors.index.json").read_text())
+        shards = sorted(set(index["weight_map"].values()))
+        run("to-universal", good, "-o", t / "ok.h5", "-q")  # the undamaged folder converts
+        n = len(index["weight_map"])
+        assert n == 4 * 9 + 3, n
+        # verify, inspect and layout check read it as a checkpoint
+        p = run("verify", good)
+        assert f"{n} atoms" in p.stdout, p.stdout
+        j = json.loads(run("inspect", good, "--json").stdout)
+        assert [len(c["tensors"]) for c in j["checkpoints"]] == [n], j["checkpoints"]
+        j = json.loads(run("layout", "check", good, "--json").stdout)
+        assert j["problems"] == 0 and len(j["params"]) == n, j
+        assert {x["rule"] for x in j["params"]} >= {"qkv_colwise", "o_proj_rowwise", "lm_head"}
+
+        from safetensors.torch import load_file, save_file
+        head_shard = index["weight_map"]["lm_head.weight"]
+
+        def damaged(name, fn):
+            d = t / name
+            shutil.copytree(good, d)
+            fn(d)
+            return d
+
+        def refused(d, code, *needles):
+            out = t / f"out-{d.name}"
+            args = ("convert", d, "-o", out, "--format", "megatron-torch-dist", "--tp", 1,
+                    "--pp", 1, "--dp", 1, "--names", "mcore-llama")
+            p = run(*args, expect=code)
+            one_error_line(p, *needles)
+            if SAN:  # the sanitized build: the same line, no sanitizer report
+                q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                assert q.returncode == code and q.stderr == p.stderr, (q.returncode, q.stderr)
+            assert not out.exists(), out
+            assert not any(x.name.startswith("out-" + d.name) for x in t.iterdir())
+
+        d = damaged("missing", lambda d: (d / shards[1]).unlink())
+        refused(d, 3, "model.safetensors.index.json", shards[1], "not in the folder")
+        unnamed = next(k for k, v in index["weight_map"].items() if v == shards[0])
+
+        def drop_entry(d):
+            j = dict(index, weight_map={k: v for k, v in index["weight_map"].items()
+                                        if k != unnamed})
+            (d / "model.safetensors.index.json").write_text(json.dumps(j))
+        d = damaged("unnamed", drop_entry)
+        refused(d, 3, shards[0], unnamed, "does not name")
+
+        def cut(d):
+            f = d / shards[2]
+            f.write_bytes(f.read_bytes()[:40])
+        d = damaged("cut", cut)
+        refused(d, 3, shards[2])
+
+        def config(**kw):
+            def fn(d):
+                c = json.loads((d / "config.json").read_text())
+                c.update(kw)
+                (d / "config.json").write_text(json.dumps(c))
+            return fn
+        d = damaged("ffn", config(intermediate_size=64))
+        refused(d, 3, "mlp.gate_proj.weight", "[48, 32]", "intermediate_size 64")
+        def escaping(d):  # a shard named outside the folder
+            j = dict(index, weight_map=dict(index["weight_map"]))
+            j["weight_map"][unnamed] = "../" + shards[0]
+            (d / "model.safetensors.index.json").write_text(json.dumps(j))
+        d = damaged("escaping", escaping)
+        refused(d, 3, "model.safetensors.index.json", unnamed, "not a file name of the folder")
+
+        def fp8(d):  # quantized weights: named, not read as something else
+            tensors = load_file(str(d / head_shard))
+            tensors["lm_head.weight"] = tensors["lm_head.weight"].to(torch.float8_e4m3fn)
+            save_file(tensors, str(d / head_shard), metadata={"format": "pt"})
+        d = damaged("fp8", fp8)
+        refused(d, 2, "lm_head.weight", "float8", "quantized")
+        d = damaged("arch", config(architectures=["GPT2LMHeadModel"], model_type="gpt2"))
+        refused(d, 2, "config.json", "GPT2LMHeadModel", "LlamaForCausalLM")
+        d = damaged("layers", config(num_hidden_layers=3))
+        refused(d, 2, "model.layers.3.", "no place", "num_hidden_layers 3")
+        p = run("layout", "check", d, expect=2)  # its layout check names the layer too
+        assert "model.layers.3." in p.stderr, p.stderr
+
+        # A tied model's saved lm_head: a replica of the embedding, compared bit for bit.
+        emb = load_file(str(good / index["weight_map"]["model.embed_tokens.weight"]))
+
+        def tied(delta):
+            def fn(d):
+                config(tie_word_embeddings=True)(d)
+                tensors = load_file(str(d / head_shard))
+                tensors["lm_head.weight"] = emb["model.embed_tokens.weight"].clone()
+                tensors["lm_head.weight"][7, 3] += delta
+                save_file(tensors, str(d / head_shard), metadata={"format": "pt"})
+            return fn
+        d = damaged("tied", tied(0.0))
+        p = run("to-universal", d, "-o", t / "tied.h5")
+        assert "(1 replicas verified)" in p.stdout, p.stdout
+        d = damaged("tied-differs", tied(0.5))
+        refused(d, 3, "lm_head.weight", "model.embed_tokens.weight", "differ")
+        # Megatron's legacy format carries args, which a transformers folder has not.
+        p = run("convert", good, "-o", t / "legacy", "--format", "megatron", "--tp", 1, "--pp",
+                1, "--dp", 1, "--names", "mcore-llama", expect=2)
+        one_error_line(p, "no Megatron args", "megatron-torch-dist")
+        assert not (t / "legacy").exists()
+
+
+if __name__ == "__main__":
+    import testmain
+    testmain.run_tests(globals())
