@@ -366,6 +366,12 @@ def test_lost_doubled_or_cut_experts_are_one_clear_error():
             ch[i] = ChunkStorageMetadata(offsets=torch.Size([0, *ch[i].offsets[1:]]),
                                          sizes=ch[i].sizes)
 
+        def overflowing(m):  # offset + size past int64: outside, not a wrapped bound
+            ch = m.state_dict_metadata["model.layers.1.moe.experts.w2"].chunks
+            i = next(i for i, x in enumerate(ch) if x.offsets[0] == 1)
+            ch[i] = ChunkStorageMetadata(offsets=torch.Size([2**63 - 1, *ch[i].offsets[1:]]),
+                                         sizes=ch[i].sizes)
+
         def gap(m):
             ch = m.state_dict_metadata["optimizer.state.layers.2.moe.experts.w3.exp_avg"].chunks
             i = next(i for i, x in enumerate(ch) if x.offsets[0] == 2)
@@ -382,6 +388,7 @@ def test_lost_doubled_or_cut_experts_are_one_clear_error():
                                      "router")),
                  (doubled, ("model.layers.1.moe.experts.w2", "overlap",
                             "global experts 0 stored more than once")),
+                 (overflowing, ("model.layers.1.moe.experts.w2", "lies outside")),
                  (gap, ("optimizer.state.layers.2.moe.experts.w3.exp_avg",
                         "global experts 2 missing or incomplete"))]
         for fn, needles in cases:

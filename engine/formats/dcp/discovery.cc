@@ -112,22 +112,28 @@ void CheckTiling(const Entry& e, const fs::path& where) {
     }
     return;
   }
+  if (!CheckedNumElements(e.size)) {
+    throw FormatError(where.string(), " > ", e.fqn, ": shape ",
+                      ShapeString(e.size), " has more elements than int64");
+  }
   std::vector<const Chunk*> boxes;
   int64_t total = 0;
   for (const Chunk& c : e.chunks) {
-    if (c.offsets.size() != e.size.size()) {
+    if (c.offsets.size() != e.size.size() || c.sizes.size() != e.size.size()) {
       throw FormatError(where.string(), " > ", e.fqn, ": chunk ", BoxString(c),
                         " has ", c.offsets.size(), " dims, the tensor ",
                         e.size.size());
     }
-    if (Volume(c.sizes) == 0) continue;
+    // (offsets and sizes are >= 0: ParseMetadata refuses negative ones; the
+    // test cannot overflow, unlike offset + size)
     for (size_t d = 0; d < c.offsets.size(); ++d) {
-      if (c.offsets[d] + c.sizes[d] > e.size[d]) {
+      if (c.sizes[d] > e.size[d] || c.offsets[d] > e.size[d] - c.sizes[d]) {
         throw FormatError(where.string(), " > ", e.fqn, ": chunk ",
                           BoxString(c), " lies outside the tensor's ",
                           ShapeString(e.size));
       }
     }
+    if (Volume(c.sizes) == 0) continue;
     boxes.push_back(&c);
     total += Volume(c.sizes);
   }

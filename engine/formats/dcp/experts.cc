@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <optional>
+#include <span>
 
 #include "engine/core/error.h"
+#include "engine/core/strided.h"
 
 namespace ucp::dcp {
 namespace {
@@ -71,14 +74,22 @@ void ExpertCoverage(const Shape& size, const std::vector<Chunk>& chunks,
                     std::vector<int64_t>& missing,
                     std::vector<int64_t>& twice) {
   if (size.empty() || size[0] <= 0 || size[0] > (int64_t{1} << 24)) return;
-  int64_t per = 1;
-  for (size_t d = 1; d < size.size(); ++d) per *= size[d];
+  const std::optional<int64_t> per_or =
+      CheckedNumElements(std::span<const int64_t>(size).subspan(1));
+  if (!per_or) return;
+  const int64_t per = *per_or;
   std::vector<int64_t> held(static_cast<size_t>(size[0]), 0);
   for (const Chunk& c : chunks) {
     if (c.sizes.size() != size.size() || c.offsets.size() != size.size())
       continue;
+    bool inside = true;  // chunks outside the tensor are another error's
+    for (size_t d = 0; d < size.size(); ++d)
+      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.sizes[d] > size[d] ||
+          c.offsets[d] > size[d] - c.sizes[d])
+        inside = false;
+    if (!inside) continue;
     int64_t inner = 1;
-    for (size_t d = 1; d < c.sizes.size(); ++d) inner *= c.sizes[d];
+    for (size_t d = 1; d < c.sizes.size(); ++d) inner *= c.sizes[d];  // <= per
     if (inner <= 0) continue;
     for (int64_t r = std::max<int64_t>(0, c.offsets[0]);
          r < std::min(size[0], c.offsets[0] + c.sizes[0]); ++r)

@@ -235,6 +235,8 @@ void Reader::PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s) {
             whole.stride.empty() ? NumElements(sub) : whole.stride[0];
         for (int64_t i = 0; i < chunk.sizes[0]; ++i) {
           const int64_t x = chunk.offsets[0] + i;
+          UCP_CHECK(x >= 0 && x < s.experts, where, ": chunk ",
+                    BoxString(chunk), " past the experts (tiling checked)");
           universal::Fragment fr;
           fr.src = whole;
           fr.src.byte_offset +=
