@@ -1029,10 +1029,8 @@ void ZipWriter::Write(size_t index, uint64_t offset,
 void ZipWriter::Commit() { CommitRuns(nullptr); }
 
 void ZipWriter::Commit(PendingRun& carry) {
-  if (impl_->shared == nullptr) {
-    throw UsageError("zip writer for ", impl_->path.string(),
-                     ": a carried run is for an embedded archive");
-  }
+  UCP_CHECK(impl_->shared != nullptr, "zip writer for ", impl_->path.string(),
+            ": a carried run is for an embedded archive");
   CommitRuns(&carry);
 }
 

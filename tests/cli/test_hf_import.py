@@ -616,6 +616,11 @@ def test_malformed_folders():
         refused(d, 2, "model.layers.3.", "no place", "num_hidden_layers 3")
         p = run("layout", "check", d, expect=2)  # its layout check names the layer too
         assert "model.layers.3." in p.stderr, p.stderr
+        # Settings no folder could hold: refused before the names they imply are listed.
+        d = damaged("huge-layers", config(num_hidden_layers=10**12))
+        refused(d, 3, "config.json", "num_hidden_layers", "not an integer in [1, 16777216]")
+        d = damaged("many-layers", config(num_hidden_layers=10**6))
+        refused(d, 3, "config.json", "num_hidden_layers 1000000", f"the folder's {n}")
 
         # A tied model's saved lm_head: a replica of the embedding, compared bit for bit.
         emb = load_file(str(good / index["weight_map"]["model.embed_tokens.weight"]))

@@ -25,6 +25,8 @@ constexpr const char* kTorchSingle = "pytorch_model.bin";
 constexpr const char* kTorchIndex = "pytorch_model.bin.index.json";
 // config.json and the index are small; anything larger is not one.
 constexpr uint64_t kMaxJsonBytes = 64ull << 20;
+// The largest integer setting config.json may give (2^24).
+constexpr int64_t kMaxSetting = int64_t{1} << 24;
 
 // The architectures ucp imports and their model_type.
 constexpr std::pair<const char*, const char*> kArchitectures[] = {
@@ -67,8 +69,12 @@ class ConfigReader {
       if (fallback > 0) return fallback;
       throw FormatError(where_, ": no ", key);
     }
-    if (!v->is_int() || v->AsInt() < 1)
-      throw FormatError(where_, " > ", key, ": not an integer >= 1");
+    // (the cap keeps products of two settings, such as heads x head_dim or
+    // layers x experts, far from int64's end; no model comes near it)
+    if (!v->is_int() || v->AsInt() < 1 || v->AsInt() > kMaxSetting) {
+      throw FormatError(where_, " > ", key, ": not an integer in [1, ",
+                        kMaxSetting, "]");
+    }
     return v->AsInt();
   }
   bool Bool(const char* key, bool fallback) const {
@@ -322,6 +328,30 @@ bool LooksLikeFolder(const fs::path& dir) noexcept {
   }
 }
 
+namespace {
+
+void CheckTensorCount(const Folder& f) {
+  size_t tensors = 0;
+  for (const WeightFile& w : f.files)
+    tensors += w.tensors.size() + w.torch_tensors.size();
+  const ModelConfig& c = f.config;
+  const int64_t moe_layers =
+      std::count(c.moe_layer.begin(), c.moe_layer.end(), true);
+  // Every layer holds several tensors, every routed expert of a MoE layer
+  // three: a config asking for more than the files hold is refused before
+  // the names it implies are listed.
+  const auto held = static_cast<int64_t>(tensors);
+  if (c.layers > held || c.experts * moe_layers > held) {
+    throw FormatError(
+        (f.dir / kConfig).string(), ": num_hidden_layers ", c.layers,
+        c.experts > 0 ? StrCat(" with ", c.experts, " experts per MoE layer")
+                      : std::string(),
+        " asks for more tensors than the folder's ", held);
+  }
+}
+
+}  // namespace
+
 Folder OpenFolder(const fs::path& dir) {
   Folder f;
   f.dir = dir;
@@ -333,11 +363,13 @@ Folder OpenFolder(const fs::path& dir) {
        {std::pair(kSingle, kIndex), std::pair(kTorchSingle, kTorchIndex)}) {
     if (fs::is_regular_file(dir / single, ec)) {
       f.files.push_back(ReadWeightFile(dir / single));
+      CheckTensorCount(f);
       return f;
     }
     if (fs::is_regular_file(dir / index, ec)) {
       f.index = dir / index;
       f.files = ReadIndexed(dir, f.index);
+      CheckTensorCount(f);
       return f;
     }
   }

@@ -63,7 +63,8 @@ class HfDriver : public formats::Driver {
            "model.safetensors or shards with model.safetensors.index.json, "
            "or pytorch_model.bin and its shards; "
            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-           "Qwen3ForCausalLM), read: "
+           "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+           "Qwen3MoeForCausalLM), read: "
            "weights only, under transformers' names (--names mcore-llama "
            "for a Megatron target)";
   }
