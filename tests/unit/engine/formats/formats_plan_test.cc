@@ -71,6 +71,79 @@ void Fill(PlannedFile& f, const MemSource& src) {
   reshape::Execute(f.jobs(), sources, {.threads = 2});
 }
 
+// The framing of archives back to back is written in runs carried from one
+// archive's directory into the next one's headers (ZipWriter::Commit(carry)):
+// with a raw archive between two (no join) and a record over 4 KiB (written
+// by the executor, between two runs), every archive still reads back whole in
+// torch, and the integrity check finds every record's CRC right.
+TEST(TargetPlanTest, CarriedFramingRunsKeepEveryArchiveWhole) {
+  testutil::TempDir dir;
+  const MemSource src(Floats(3000, 0.25f));
+  TorchSaveRunFile f("__0_0.distcp");
+  const std::vector<int64_t> sizes = {7, 0, 2000, 9, 11};  // 0: the raw one
+  pickle::Arena blob_arena;
+  const std::string blob = SaveBlob(
+      nullptr, blob_arena.Dict({{blob_arena.Str("lr"), blob_arena.Int(7)}}));
+  for (size_t a = 0; a < sizes.size(); ++a) {
+    if (sizes[a] == 0) {
+      EXPECT_EQ(f.AddRawArchive(blob), a);
+      continue;
+    }
+    TorchArchive& ar = f.AddArchive();
+    pickle::Value* root = ar.arena().Dict();
+    root->entries.emplace_back(
+        ar.arena().Str("x"),
+        f.AddTensor(
+            a, Slot(StrCat("x", a), static_cast<int64_t>(a) * 100, sizes[a])));
+    ar.SetRoot(root);
+  }
+  const uint64_t size = f.Layout();
+  f.Open(dir.path());
+  Fill(f, src);
+  f.Commit();
+  const fs::path path = dir / "__0_0.distcp";
+  ASSERT_EQ(fs::file_size(path), size);
+  const std::vector<ArchiveSpan> spans = f.archives();
+  ASSERT_EQ(spans.size(), sizes.size());
+  EXPECT_EQ(testutil::ReadFile(path).substr(spans[1].offset, spans[1].length),
+            blob);
+  std::string script =
+      "import io, sys, torch\nd = open(sys.argv[1], 'rb').read()\n";
+  int compared = 0;
+  for (size_t a = 0; a < sizes.size(); ++a) {
+    if (sizes[a] == 0) continue;
+    const torchfile::TorchFile t =
+        torchfile::TorchFile::Open(path, spans[a].offset, spans[a].length);
+    ASSERT_EQ(t.tensors().size(), 1u);
+    std::string got(t.tensors()[0].nbytes, '\0');
+    t.ReadTensor(t.tensors()[0], std::as_writable_bytes(std::span<char>(got)));
+    EXPECT_EQ(got, Floats(static_cast<int>(sizes[a]),
+                          0.25f + 100.0f * static_cast<float>(a)));
+    script += StrCat("o = torch.load(io.BytesIO(d[", spans[a].offset, ":",
+                     spans[a].offset + spans[a].length, "]))\n",
+                     "assert o['x'].tolist() == [", 0.25 + 100.0 * a,
+                     " + i for i in range(", sizes[a], ")], o\n");
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+  script += StrCat("assert torch.load(io.BytesIO(d[", spans[1].offset, ":",
+                   spans[1].offset + spans[1].length, "]))['lr'] == 7\n");
+  const ArchivesOf archives_of = [&](const fs::path&) { return spans; };
+  WriteManifest(dir.path(), {path}, archives_of);
+  EXPECT_EQ(
+      CheckIntegrity(dir.path(), {path}, nullptr, {}, archives_of).records,
+      4 * 4 + 3);  // data.pkl, byteorder, the tensor, version; the blob's
+  testutil::WriteFile(dir / "check.py", script + "print('ok')\n");
+  std::string out;
+  EXPECT_EQ(testutil::RunCommand(
+                StrCat(testutil::ShellQuote(testutil::Python()), " ",
+                       testutil::ShellQuote((dir / "check.py").string()), " ",
+                       testutil::ShellQuote(path.string())),
+                &out),
+            0)
+      << out;
+}
+
 // Several torch.save archives back to back (as a DCP .distcp file): each
 // span is a whole archive that ucp and torch read on their own, with the
 // slot's bytes and the constants; the spans tile the file.
