@@ -302,7 +302,18 @@ TEST(DcpMetadataTest, EveryEntryKindOfAHandWrittenPickle) {
   pickle::Arena extra_arena;
   const pickle::Value* mcore = pickle::Unpickle(m.extra[0].second, extra_arena);
   ASSERT_NE(mcore, nullptr);
-  EXPECT_TRUE(mcore->IsDictLike());
+  // The hand-written value: {"model.w": {"nd_reformulated_orig_global_shape":
+  // None}}.
+  ASSERT_TRUE(mcore->IsDictLike());
+  ASSERT_EQ(mcore->entries.size(), 1u);
+  eq(mcore->entries[0].first->AsStr(),
+     std::optional<std::string_view>("model.w"));
+  const pickle::Value* inner = mcore->entries[0].second;
+  ASSERT_TRUE(inner != nullptr && inner->IsDictLike() &&
+              inner->entries.size() == 1u);
+  eq(inner->entries[0].first->AsStr(),
+     std::optional<std::string_view>("nd_reformulated_orig_global_shape"));
+  eq(inner->entries[0].second->kind, pickle::Kind::kNone);
   eq(m.Find("optimizer.state.w.step"), &m.entries[1]);
   eq(m.Find("model.nosuch"), static_cast<const Entry*>(nullptr));
   EXPECT_GE(compared, 35);
