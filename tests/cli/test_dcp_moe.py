@@ -15,7 +15,6 @@ import os
 import pathlib
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -30,10 +29,9 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 import make_dcp_moe as gen  # noqa: E402
 import oracle_checks  # noqa: E402
 
-from testmain import run  # noqa: E402
+from testmain import one_error_line, run, run_both  # noqa: E402
 import testmain  # noqa: E402
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "dcp_moe"
-SAN = os.environ.get("UCP_SAN")
 STEMS = {"w1", "w2", "w3", "w1_EFD", "w2_EDF", "w3_EFD"}
 
 
@@ -43,24 +41,6 @@ def Tmp():
 
 def truth(case):
     return torch.load(DATA / case / "truth.pt", weights_only=False)
-
-
-def run_both(*args, expect):
-    """`ucp ARGS` (exit `expect`), and under ctest the sanitized `ucp_san ARGS` too: the same exit
-    code and stderr, so no sanitizer report."""
-    p = run(*args, expect=expect)
-    if SAN:
-        q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
-        assert q.returncode == expect and q.stderr == p.stderr, (args, q.returncode,
-                                                                 q.stderr[-3000:])
-    return p
-
-
-def one_error_line(p, *needles):
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
 
 
 def as_bytes(t):
@@ -396,7 +376,8 @@ def test_lost_doubled_or_cut_experts_are_one_clear_error():
             edit_metadata(c, fn)
             for args in (("verify", c), ("to-universal", c, "-o", t / "u.h5"),
                          ("convert", c, "-o", t / "o", "--dp", 2)):
-                one_error_line(run_both(*args, expect=3), str(c), *needles)
+                one_error_line(run_both(*args, expect=3), str(c), *needles,
+                               kind="format error")
                 assert not (t / "u.h5").exists() and not (t / "o").exists()
         # resume: the newest save lost an expert: skipped with that reason, the older one taken.
         save = t / "save"
