@@ -1312,7 +1312,12 @@ pickle::Value* TorchDistPlan::BuildCommon(
   auto add = [&](const std::string& key, Value* v) {
     if (v != nullptr) formats::AppendEntry(arena, root, key, v);
   };
-  if (Value* args = import("args")) {
+  // No stored args (another framework's model, a transformers folder):
+  // built from the model variables when they describe a Megatron-core GPT.
+  Value* args = import("args");
+  if (args == nullptr)
+    args = megatron::NewArgs(arena, input_.model(), *placed_);
+  if (args != nullptr) {
     megatron::ArgsPatch patch;
     patch.topology = placed_->topology;
     patch.cp = cp_;
