@@ -445,15 +445,22 @@ def check_model(kind):
             f = t / "legacy" / "release" / f"mp_rank_{r:02d}" / "model_optim_rng.pt"
             check_args(torch.load(f, weights_only=False)["args"], config, 2, 1, str(f))
         megatron_load(t / "legacy", kind, 2, 1, megatron_reference(sd, kind, 2), legacy=True)
-        # back from Megatron: the same tensors
-        # (a torch_dist folder written from another framework carries no Megatron args: the
-        # heads and the true vocabulary are given, as for any such folder)
-        s = MODELS[kind]
-        run("export", t / "td22", "-o", t / "exp2", "--hf", "-q", "--model-var",
-            f"num_attention_heads={s['num_attention_heads']}", "--model-var",
-            f"num_query_groups={s['num_key_value_heads']}", "--vocab-size", s["vocab_size"])
+        run("export", t / "legacy", "-o", t / "exp4", "--hf", "-q", "--vocab-size",
+            config["vocab_size"])
+        assert_same_tensors(read_safetensors(t / "exp4"), hf_tensors,
+                            "export --hf of the TP2 legacy output")
+        # back from Megatron: the same tensors, and from the args written with them the
+        # config's sizes, eps and rotary base (only the true vocabulary is given: args
+        # without a NullTokenizer do not record it)
+        run("export", t / "td22", "-o", t / "exp2", "--hf", "-q", "--vocab-size",
+            config["vocab_size"])
         assert_same_tensors(read_safetensors(t / "exp2"), hf_tensors,
                             "export --hf of the TP2·PP2 torch_dist output")
+        back = json.loads((t / "exp2" / "config.json").read_text())
+        for k in ("num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                  "max_position_embeddings", "tie_word_embeddings"):
+            assert back[k] == config[k], (k, back[k], config[k])
+        assert back["rope_theta"] == config["rope_parameters"]["rope_theta"], back
         # The same model as torch.save shards with their index (pytorch_model-*.bin, as older
         # transformers saved it): the same tensors back, bit for bit.
         names = sorted(hf_tensors)
@@ -604,6 +611,17 @@ def check_moe(variant):
             f"num_query_groups={size['groups']}", "--model-var", f"moe_router_topk={size['topk']}",
             "--vocab-size", mm.VOCAB)
         assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of EP 2")
+        # Megatron's legacy format at EP 2: args in every rank file, the tensors back
+        run("convert", t / "hf", "-o", t / "legacy", "--format", "megatron", "--tp", 1, "--pp",
+            1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        files = sorted((t / "legacy" / "release").glob("mp_rank_*/model_optim_rng.pt"))
+        assert len(files) == 2, files
+        for f in files:
+            check_args(torch.load(f, weights_only=False)["args"],
+                       json.loads((t / "hf" / "config.json").read_text()), 1, 1, str(f), ep=2)
+        run("export", t / "legacy", "-o", t / "exp5", "--hf", "--dtype", "bf16", "-q",
+            "--vocab-size", mm.VOCAB)
+        assert_same_tensors(read_safetensors(t / "exp5"), want, "export --hf of legacy EP 2")
         c = json.loads((t / "exp" / "config.json").read_text())
         assert c["architectures"] == [arch], c
 
