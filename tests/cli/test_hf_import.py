@@ -433,7 +433,9 @@ def check_model(kind):
             megatron_load(out, kind, tp, pp, full, tokens if tp == 1 else None,
                           logits if tp == 1 else None)
             # the args Megatron starts from (--finetune): config.json's, field by field
-            common = torch.load(out / "iter_0000000" / "common.pt", weights_only=False)
+            # (iteration 0 as Megatron-LM's read_metadata takes it: `release`)
+            assert (out / "latest_checkpointed_iteration.txt").read_text() == "release"
+            common = torch.load(out / "release" / "common.pt", weights_only=False)
             check_args(common["args"], config, tp, pp, f"{out} common.pt")
             assert common["iteration"] == 0 and "optimizer" not in common, sorted(common)
         # Megatron's legacy format at TP2: args in every rank file, megatron-core's GPTModel
@@ -513,7 +515,7 @@ def moe_rank(rank, world, port, a):
     sd = {"model": model.sharded_state_dict()}
     for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
         del sd["model"][k]
-    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "iter_0000000"))
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "release"))
     res = model.load_state_dict(loaded["model"], strict=False)
     problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
     problems += [f"unexpected: {k}" for k in res.unexpected_keys]
@@ -603,7 +605,7 @@ def check_moe(variant):
         print(f"{variant} ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
         run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
-        common = torch.load(t / "ep2" / "iter_0000000" / "common.pt", weights_only=False)
+        common = torch.load(t / "ep2" / "release" / "common.pt", weights_only=False)
         check_args(common["args"], json.loads((t / "hf" / "config.json").read_text()), 1, 1,
                    f"{variant} EP 2 common.pt", ep=2)
         run("export", t / "ep2", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q",

@@ -69,7 +69,8 @@ bool HoldsTorchDistFiles(const fs::path& iter_dir) {
 Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   std::error_code ec;
   Checkpoint c;
-  megatron::IterationFolder f = megatron::LocateIteration(path, iteration);
+  megatron::IterationFolder f = megatron::LocateIteration(
+      path, iteration, megatron::ReleaseFolder::kAccepted);
   c.dir = std::move(f.dir);
   c.iter_dir = std::move(f.iter_dir);
   c.iteration = f.iteration;
