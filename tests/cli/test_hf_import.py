@@ -19,9 +19,20 @@ shows).
     get_query_key_value_tensors), linear_fc1 [gate; up] (mlp.py, glu), the vocabulary padded
     with zero rows to a multiple of 128 x TP); negative control: one element of the
     reference changed is found.
+- The args Megatron starts from (`common.pt`'s, and every legacy rank file's): each field equal
+  to what this test computes from config.json (Megatron-LM's argument names: sizes, query
+  groups, kv_channels, SwiGLU, RMSNorm and its eps, rope and its base, untied output, QKV bias,
+  QK norm, vocabulary and its padding for the TP, the parallel sizes; the MoE fields), with a
+  negative control (one value changed is found); iteration 0 as `release` (Megatron-LM's
+  read_metadata takes iteration 0 only so), no optimizer.
+- Megatron's legacy format (`--format megatron`) at TP2: every rank's model_optim_rng.pt loaded
+  by megatron-core's GPTModel.load_state_dict (Transformer Engine's norm names mapped to the
+  local spec's by the spec's own sharded_state_dict_keys_map), every shard equal to the fused
+  reference; `ucp export --hf` of it bit for bit (MoE: EP 2 legacy likewise).
 - `ucp export --hf` of the universal file and of the TP2·PP2 output gives back transformers'
   tensors bit for bit (same names, dtype and values, read with the safetensors package), and
-  transformers loads the export with no key missing.
+  transformers loads the export with no key missing; of the TP2·PP2 output the config's heads,
+  eps, rotary base come back from the args (only the true vocabulary given).
 - `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
 - The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
   gives back the same tensors bit for bit.
