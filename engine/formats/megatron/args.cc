@@ -401,6 +401,16 @@ void PatchArgs(pickle::Arena& arena, Value* ns, const ArgsPatch& p) {
   set("use_distributed_optimizer", arena.Bool(p.distributed_optimizer), true);
 }
 
+bool DescribesGpt(const universal::Model& model) {
+  const json::Value& other = model.variables.other;
+  if (!other.is_object()) return false;
+  for (std::string_view name : {"normalization", "position_embedding_type"}) {
+    const json::Value* v = other.Find(name);
+    if (v == nullptr || !v->is_string()) return false;
+  }
+  return true;
+}
+
 Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
                const formats::PlacedTarget& placed) {
   const layouts::Variables& vars = placed.vars;
@@ -415,6 +425,7 @@ Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
     if (v == nullptr || !v->is_number()) return std::nullopt;
     return v->AsDouble();
   };
+  if (!DescribesGpt(model)) return nullptr;
   const std::optional<std::string> norm = text("normalization");
   const std::optional<std::string> pos = text("position_embedding_type");
   const std::optional<int64_t> layers = vars.Find("num_layers"),

@@ -169,5 +169,9 @@ void PatchArgs(pickle::Arena& arena, pickle::Value* ns, const ArgsPatch& patch);
 /// `position_embedding_type` the reader records beside them.
 pickle::Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
                        const formats::PlacedTarget& placed);
+/// Whether `model`'s variables say what NewArgs needs beside the sizes (the
+/// `normalization` and `position_embedding_type` a reader records): a check
+/// before the target is placed.
+bool DescribesGpt(const universal::Model& model);
 
 }  // namespace ucp::megatron

@@ -265,23 +265,27 @@ const atoms::DatasetInfo& MegatronPlan::AtomOf(const atoms::StoredParam& p,
 
 void MegatronPlan::ReadMetadata() {
   const universal::Model& model = store_.model();
+  // Another framework's model (a transformers folder) has no args: built
+  // from its model variables if they describe a Megatron-core GPT.
+  const bool no_args = store_.FindOpaque("args") == nullptr;
+  auto refuse = [&] {
+    return UsageError(
+        store_.path().string(),
+        " holds no Megatron args (another framework's checkpoint) and its "
+        "model variables do not describe a Megatron-core GPT: the legacy "
+        "format's rank files carry them; --format megatron-torch-dist "
+        "writes it without them");
+  };
+  if (no_args && !model.layout_yaml.empty() && !DescribesGpt(model))
+    throw refuse();
   MegatronTarget target =
       PlaceMegatronTarget(store_, options_.topology, options_.true_vocab_size);
   meta_ = std::move(target.meta);
   placed_ = std::move(target.placed);
-  if (store_.FindOpaque("args") == nullptr) {
-    // Another framework's model (a transformers folder): args built from
-    // its model variables, if they describe a Megatron-core GPT.
+  if (no_args) {
     pickle::Arena probe;
     new_args_ = NewArgs(probe, model, *placed_) != nullptr;
-    if (!new_args_ && !model.layout_yaml.empty()) {
-      throw UsageError(
-          store_.path().string(),
-          " holds no Megatron args (another framework's checkpoint) and its "
-          "model variables do not describe a Megatron-core GPT: the legacy "
-          "format's rank files carry them; --format megatron-torch-dist "
-          "writes it without them");
-    }
+    if (!new_args_ && !model.layout_yaml.empty()) throw refuse();
   }
   {
     const layouts::Topology& t = placed_->topology;
