@@ -474,6 +474,12 @@ def check_model(kind):
                   "max_position_embeddings", "tie_word_embeddings"):
             assert back[k] == config[k], (k, back[k], config[k])
         assert back["rope_theta"] == config["rope_parameters"]["rope_theta"], back
+        # reshaped again (TP2·PP2 -> TP1·PP1): the args carried and patched, still `release`
+        run("convert", t / "td22", "-o", t / "again11", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "-q", "--vocab-size", config["vocab_size"])
+        assert (t / "again11" / "latest_checkpointed_iteration.txt").read_text() == "release"
+        check_args(torch.load(t / "again11" / "release" / "common.pt", weights_only=False)["args"],
+                   config, 1, 1, "TP2·PP2 -> TP1·PP1 common.pt")
         # The same model as torch.save shards with their index (pytorch_model-*.bin, as older
         # transformers saved it): the same tensors back, bit for bit.
         names = sorted(hf_tensors)

@@ -74,6 +74,7 @@ Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   c.dir = std::move(f.dir);
   c.iter_dir = std::move(f.iter_dir);
   c.iteration = f.iteration;
+  c.release = f.release;
   const fs::path mj = c.iter_dir / kMetadataJson;
   if (!fs::exists(mj, ec)) {
     throw FormatError(c.iter_dir.string(),

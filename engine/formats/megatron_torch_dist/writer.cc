@@ -330,9 +330,11 @@ void TorchDistPlan::ReadMetadata() {
   // Content without Megatron args (a transformers folder's import) gets
   // them built (BuildCommon); at iteration 0 as `release`, the only
   // iteration 0 Megatron-LM's read_metadata takes.
+  // A release source stays one.
+  release_ = meta_.release.value_or(false);
   if (model.iteration == 0 && input_.FindOpaque("args") == nullptr) {
     pickle::Arena probe;
-    release_ = megatron::NewArgs(probe, model, *placed_) != nullptr;
+    release_ = release_ || megatron::NewArgs(probe, model, *placed_) != nullptr;
   }
   iter_dir_ = megatron::IterDirName(model.iteration, release_);
 
