@@ -19,9 +19,20 @@ shows).
     get_query_key_value_tensors), linear_fc1 [gate; up] (mlp.py, glu), the vocabulary padded
     with zero rows to a multiple of 128 x TP); negative control: one element of the
     reference changed is found.
+- The args Megatron starts from (`common.pt`'s, and every legacy rank file's): each field equal
+  to what this test computes from config.json (Megatron-LM's argument names: sizes, query
+  groups, kv_channels, SwiGLU, RMSNorm and its eps, rope and its base, untied output, QKV bias,
+  QK norm, vocabulary and its padding for the TP, the parallel sizes; the MoE fields), with a
+  negative control (one value changed is found); iteration 0 as `release` (Megatron-LM's
+  read_metadata takes iteration 0 only so), no optimizer.
+- Megatron's legacy format (`--format megatron`) at TP2: every rank's model_optim_rng.pt loaded
+  by megatron-core's GPTModel.load_state_dict (Transformer Engine's norm names mapped to the
+  local spec's by the spec's own sharded_state_dict_keys_map), every shard equal to the fused
+  reference; `ucp export --hf` of it bit for bit (MoE: EP 2 legacy likewise).
 - `ucp export --hf` of the universal file and of the TP2·PP2 output gives back transformers'
   tensors bit for bit (same names, dtype and values, read with the safetensors package), and
-  transformers loads the export with no key missing.
+  transformers loads the export with no key missing; of the TP2·PP2 output the config's heads,
+  eps, rotary base come back from the args (only the true vocabulary given).
 - `--format dcp --dp 2`: torch's dcp.load reads every tensor under transformers' names.
 - The same model as torch.save shards with an index (pytorch_model-*.bin): `ucp export --hf`
   gives back the same tensors bit for bit.
@@ -201,7 +212,7 @@ def load_rank(rank, world, port, a):
     local shard against a.full (and a.bad: the reference with one element changed, which must
     be found); at world 1 also the logits against transformers' (a.tokens, a.logits)."""
     mtd.init(rank, world, port, a.tp, a.pp, 1)
-    from megatron.core import dist_checkpointing
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
     from megatron.core.tensor_parallel import random as mrandom
@@ -212,18 +223,49 @@ def load_rank(rank, world, port, a):
     tracker = pathlib.Path(a.ckpt) / "latest_checkpointed_iteration.txt"
     it = tracker.read_text().strip()
     iter_dir = pathlib.Path(a.ckpt) / (it if it == "release" else f"iter_{int(it):07d}")
-    sd = {"model": model.sharded_state_dict()}
+    if a.legacy:
+        # Megatron's legacy load: this rank's model_optim_rng.pt, GPTModel.load_state_dict. The
+        # checkpoint has Transformer Engine's names (Megatron-LM's default); the local spec's
+        # own sharded_state_dict_keys_map renames its norms so.
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        rank_dir = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if a.pp > 1 else "")
+        legacy = torch.load(iter_dir / rank_dir / "model_optim_rng.pt", map_location="cpu",
+                            weights_only=False)
+        keys_map = get_gpt_layer_local_spec(
+            qk_layernorm=a.kind == "qwen3",
+            normalization="RMSNorm").submodules.sharded_state_dict_keys_map
+        state = {}
+        for k, v in legacy["model"].items():
+            for local, te in keys_map.items():
+                k = k.replace(te, local)
+            state[k] = v
+        args = legacy["args"]
+        if (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) != (a.tp, a.pp) \
+                or legacy.get("checkpoint_version") != 3.0 or legacy.get("iteration") != 0:
+            problems_args = [f"{rank_dir}: args tp {args.tensor_model_parallel_size} pp "
+                             f"{args.pipeline_model_parallel_size}, checkpoint_version "
+                             f"{legacy.get('checkpoint_version')}, iteration "
+                             f"{legacy.get('iteration')}"]
+        else:
+            problems_args = []
+        res = model.load_state_dict(state, strict=False)
+    else:
+        sd = {"model": model.sharded_state_dict()}
 
-    def drop_extra(d):  # a checkpoint of another framework has no _extra_state objects
-        for k in list(d):
-            if isinstance(d[k], dict):
-                drop_extra(d[k])
-            elif str(k).endswith("_extra_state"):
-                del d[k]
-    drop_extra(sd)
-    loaded = dist_checkpointing.load(sd, str(iter_dir))
-    res = model.load_state_dict(loaded["model"], strict=False)
-    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+        def drop_extra(d):  # a checkpoint of another framework has no _extra_state objects
+            for k in list(d):
+                if isinstance(d[k], dict):
+                    drop_extra(d[k])
+                elif str(k).endswith("_extra_state"):
+                    del d[k]
+        drop_extra(sd)
+        loaded = dist_checkpointing.load(sd, str(iter_dir))
+        res = model.load_state_dict(loaded["model"], strict=False)
+        problems_args = []
+    problems = problems_args + [f"not loaded: {k}" for k in res.missing_keys
+                                if not k.endswith("_extra_state")]
     problems += [f"unexpected: {k}" for k in res.unexpected_keys]
     after = model.sharded_state_dict()
     apply_factories(after)
@@ -263,15 +305,17 @@ def load_rank(rank, world, port, a):
         sys.exit(1)
 
 
-def megatron_load(ckpt, kind, tp, pp, full, tokens=None, logits=None):
-    """Every rank's verdict of load_rank (forked from this process)."""
+def megatron_load(ckpt, kind, tp, pp, full, tokens=None, logits=None, legacy=False):
+    """Every rank's verdict of load_rank (forked from this process); `legacy`: a Megatron-LM
+    legacy folder (`--format megatron`)."""
     bad = dict(full)
     key = "decoder.layers.self_attention.linear_qkv.weight"  # layer 1's
     bad[key] = full[key].clone()
     bad[key][1, 3, 5] += 1.0
     with Tmp("ucp-hf-run-") as t:
         a = argparse.Namespace(kind=kind, ckpt=str(ckpt), tp=tp, pp=pp, full=full, bad=bad,
-                               tokens=tokens, logits=logits, report=str(t / "verdicts"))
+                               tokens=tokens, logits=logits, report=str(t / "verdicts"),
+                               legacy=legacy)
         ctx = mp.start_processes(load_rank, args=(tp * pp, mtd.free_port(), a), nprocs=tp * pp,
                                  join=False, start_method="fork")
         ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf import load")
@@ -283,11 +327,68 @@ def megatron_load(ckpt, kind, tp, pp, full, tokens=None, logits=None):
     assert sum(v["control"] for v in verdicts) >= 1, verdicts  # the changed element is found
     if tokens is not None:
         assert verdicts[0]["logits"] >= MIN_VALUES and verdicts[0]["control_logits"], verdicts
-    print(f"{kind} tp {tp} pp {pp}: {sum(v['checked'] for v in verdicts)} shards, "
+    print(f"{kind}{' legacy' if legacy else ''} tp {tp} pp {pp}: "
+          f"{sum(v['checked'] for v in verdicts)} shards, "
           f"{sum(v['values'] for v in verdicts)} values equal"
           + (f", logits within {verdicts[0]['max_abs_diff']:.2e}" if tokens is not None else ""),
           flush=True)
     return verdicts
+
+
+def expected_args(cfg, tp, pp, ep=1):
+    """{Megatron arg: value} that a run of transformers' config.json `cfg` at (tp, pp, ep) has,
+    computed from the config alone (Megatron-LM's arguments.py names)."""
+    heads, groups = cfg["num_attention_heads"], cfg.get("num_key_value_heads")
+    groups = groups or heads
+    rope = cfg.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", cfg.get("rope_theta"))
+    mt = cfg["model_type"]
+    vocab = cfg["vocab_size"]
+    want = dict(
+        num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+        ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=heads,
+        num_query_groups=groups, group_query_attention=groups != heads,
+        kv_channels=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        swiglu=cfg["hidden_act"] == "silu", normalization="RMSNorm",
+        norm_epsilon=cfg["rms_norm_eps"], position_embedding_type="rope",
+        rotary_base=theta, untie_embeddings_and_output_weights=not cfg["tie_word_embeddings"],
+        add_bias_linear=False,
+        add_qkv_bias=mt == "qwen2" or (mt == "qwen2_moe" and cfg.get("qkv_bias", True)),
+        qk_layernorm=mt in ("qwen3", "qwen3_moe"), vocab_size=vocab,
+        make_vocab_size_divisible_by=128, padded_vocab_size=padded_vocab(vocab, tp),
+        max_position_embeddings=cfg["max_position_embeddings"],
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        bf16=cfg.get("dtype", cfg.get("torch_dtype")) == "bfloat16")
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        n = cfg["num_hidden_layers"]
+        if mt == "mixtral":
+            moe = [1] * n
+            want.update(moe_ffn_hidden_size=cfg["intermediate_size"])
+        else:
+            step, dense = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers", [])
+            moe = [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
+            want.update(moe_ffn_hidden_size=cfg["moe_intermediate_size"])
+        want.update(num_experts=cfg.get("num_local_experts", cfg.get("num_experts")),
+                    moe_router_topk=cfg["num_experts_per_tok"],
+                    moe_layer_freq=1 if all(moe) else moe, expert_model_parallel_size=ep)
+        if mt == "qwen2_moe":
+            want.update(moe_shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
+                        moe_shared_expert_gate=True)
+    return want
+
+
+def check_args(args, cfg, tp, pp, what, ep=1):
+    """The args Namespace against expected_args of config.json (field by field; a negative
+    control: one config value changed is found)."""
+    def wrong(want):
+        return [f"{what}: args.{k} {getattr(args, k, '<absent>')!r}, config.json gives {v!r}"
+                for k, v in want.items() if getattr(args, k, None) != v
+                or type(getattr(args, k, None)) is not type(v) and not isinstance(v, float)]
+    want = expected_args(cfg, tp, pp, ep)
+    assert not wrong(want), wrong(want)
+    assert len(want) >= 20, want
+    bad = dict(want, num_query_groups=want["num_query_groups"] + 1)  # negative control
+    assert len(wrong(bad)) == 1, wrong(bad)
 
 
 def read_safetensors(folder):
@@ -316,6 +417,7 @@ def check_model(kind):
         sd = make_hf(src, kind)
         hf_tensors = read_safetensors(src)  # what the files hold (a tied head is not saved)
         tokens, logits = hf_logits(src)
+        config = json.loads((src / "config.json").read_text())
         # the universal file and `ucp export --hf` of it: transformers' tensors bit for bit
         p = run("to-universal", src, "-o", t / "u.h5")
         assert "hf" in p.stdout, p.stdout
@@ -341,15 +443,43 @@ def check_model(kind):
             full = megatron_reference(sd, kind, tp)
             megatron_load(out, kind, tp, pp, full, tokens if tp == 1 else None,
                           logits if tp == 1 else None)
-        # back from Megatron: the same tensors
-        # (a torch_dist folder written from another framework carries no Megatron args: the
-        # heads and the true vocabulary are given, as for any such folder)
-        s = MODELS[kind]
-        run("export", t / "td22", "-o", t / "exp2", "--hf", "-q", "--model-var",
-            f"num_attention_heads={s['num_attention_heads']}", "--model-var",
-            f"num_query_groups={s['num_key_value_heads']}", "--vocab-size", s["vocab_size"])
+            # the args Megatron starts from (--finetune): config.json's, field by field
+            # (iteration 0 as Megatron-LM's read_metadata takes it: `release`)
+            assert (out / "latest_checkpointed_iteration.txt").read_text() == "release"
+            common = torch.load(out / "release" / "common.pt", weights_only=False)
+            check_args(common["args"], config, tp, pp, f"{out} common.pt")
+            assert common["iteration"] == 0 and "optimizer" not in common, sorted(common)
+        # Megatron's legacy format at TP2: args in every rank file, megatron-core's GPTModel
+        # loads each rank's model, every shard equal to the fused reference.
+        run("convert", src, "-o", t / "legacy", "--format", "megatron", "--tp", 2, "--pp", 1,
+            "--dp", 1, "--names", "mcore-llama", "-q")
+        assert (t / "legacy" / "latest_checkpointed_iteration.txt").read_text() == "release"
+        for r in (0, 1):
+            f = t / "legacy" / "release" / f"mp_rank_{r:02d}" / "model_optim_rng.pt"
+            check_args(torch.load(f, weights_only=False)["args"], config, 2, 1, str(f))
+        megatron_load(t / "legacy", kind, 2, 1, megatron_reference(sd, kind, 2), legacy=True)
+        run("export", t / "legacy", "-o", t / "exp4", "--hf", "-q", "--vocab-size",
+            config["vocab_size"])
+        assert_same_tensors(read_safetensors(t / "exp4"), hf_tensors,
+                            "export --hf of the TP2 legacy output")
+        # back from Megatron: the same tensors, and from the args written with them the
+        # config's sizes, eps and rotary base (only the true vocabulary is given: args
+        # without a NullTokenizer do not record it)
+        run("export", t / "td22", "-o", t / "exp2", "--hf", "-q", "--vocab-size",
+            config["vocab_size"])
         assert_same_tensors(read_safetensors(t / "exp2"), hf_tensors,
                             "export --hf of the TP2·PP2 torch_dist output")
+        back = json.loads((t / "exp2" / "config.json").read_text())
+        for k in ("num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                  "max_position_embeddings", "tie_word_embeddings"):
+            assert back[k] == config[k], (k, back[k], config[k])
+        assert back["rope_theta"] == config["rope_parameters"]["rope_theta"], back
+        # reshaped again (TP2·PP2 -> TP1·PP1): the args carried and patched, still `release`
+        run("convert", t / "td22", "-o", t / "again11", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "-q", "--vocab-size", config["vocab_size"])
+        assert (t / "again11" / "latest_checkpointed_iteration.txt").read_text() == "release"
+        check_args(torch.load(t / "again11" / "release" / "common.pt", weights_only=False)["args"],
+                   config, 1, 1, "TP2·PP2 -> TP1·PP1 common.pt")
         # The same model as torch.save shards with their index (pytorch_model-*.bin, as older
         # transformers saved it): the same tensors back, bit for bit.
         names = sorted(hf_tensors)
@@ -402,7 +532,7 @@ def moe_rank(rank, world, port, a):
     sd = {"model": model.sharded_state_dict()}
     for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
         del sd["model"][k]
-    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "iter_0000000"))
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "release"))
     res = model.load_state_dict(loaded["model"], strict=False)
     problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
     problems += [f"unexpected: {k}" for k in res.unexpected_keys]
@@ -492,11 +622,25 @@ def check_moe(variant):
         print(f"{variant} ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
         run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        common = torch.load(t / "ep2" / "release" / "common.pt", weights_only=False)
+        check_args(common["args"], json.loads((t / "hf" / "config.json").read_text()), 1, 1,
+                   f"{variant} EP 2 common.pt", ep=2)
         run("export", t / "ep2", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q",
             "--model-var", f"num_attention_heads={size['heads']}", "--model-var",
             f"num_query_groups={size['groups']}", "--model-var", f"moe_router_topk={size['topk']}",
             "--vocab-size", mm.VOCAB)
         assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of EP 2")
+        # Megatron's legacy format at EP 2: args in every rank file, the tensors back
+        run("convert", t / "hf", "-o", t / "legacy", "--format", "megatron", "--tp", 1, "--pp",
+            1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        files = sorted((t / "legacy" / "release").glob("mp_rank_*/model_optim_rng.pt"))
+        assert len(files) == 2, files
+        for f in files:
+            check_args(torch.load(f, weights_only=False)["args"],
+                       json.loads((t / "hf" / "config.json").read_text()), 1, 1, str(f), ep=2)
+        run("export", t / "legacy", "-o", t / "exp5", "--hf", "--dtype", "bf16", "-q",
+            "--vocab-size", mm.VOCAB)
+        assert_same_tensors(read_safetensors(t / "exp5"), want, "export --hf of legacy EP 2")
         c = json.loads((t / "exp" / "config.json").read_text())
         assert c["architectures"] == [arch], c
 
@@ -638,11 +782,6 @@ def test_malformed_folders():
         assert "(1 replicas verified)" in p.stdout, p.stdout
         d = damaged("tied-differs", tied(0.5))
         refused(d, 3, "lm_head.weight", "model.embed_tokens.weight", "differ")
-        # Megatron's legacy format carries args, which a transformers folder has not.
-        p = run("convert", good, "-o", t / "legacy", "--format", "megatron", "--tp", 1, "--pp",
-                1, "--dp", 1, "--names", "mcore-llama", expect=2)
-        one_error_line(p, "no Megatron args", "megatron-torch-dist")
-        assert not (t / "legacy").exists()
 
 
 if __name__ == "__main__":

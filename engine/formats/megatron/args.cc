@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/core/error.h"
 
@@ -397,6 +399,143 @@ void PatchArgs(pickle::Arena& arena, Value* ns, const ArgsPatch& p) {
   if (t.tp == 1) set("sequence_parallel", arena.Bool(false), false);
   set("padded_vocab_size", arena.Int(p.padded_vocab_size), true);
   set("use_distributed_optimizer", arena.Bool(p.distributed_optimizer), true);
+}
+
+bool DescribesGpt(const universal::Model& model) {
+  const json::Value& other = model.variables.other;
+  if (!other.is_object()) return false;
+  for (std::string_view name : {"normalization", "position_embedding_type"}) {
+    const json::Value* v = other.Find(name);
+    if (v == nullptr || !v->is_string()) return false;
+  }
+  return true;
+}
+
+Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
+               const formats::PlacedTarget& placed) {
+  const layouts::Variables& vars = placed.vars;
+  const json::Value& other = model.variables.other;
+  auto text = [&](std::string_view name) -> std::optional<std::string> {
+    const json::Value* v = other.is_object() ? other.Find(name) : nullptr;
+    if (v == nullptr || !v->is_string()) return std::nullopt;
+    return v->AsString();
+  };
+  auto number = [&](std::string_view name) -> std::optional<double> {
+    const json::Value* v = other.is_object() ? other.Find(name) : nullptr;
+    if (v == nullptr || !v->is_number()) return std::nullopt;
+    return v->AsDouble();
+  };
+  if (!DescribesGpt(model)) return nullptr;
+  const std::optional<std::string> norm = text("normalization");
+  const std::optional<std::string> pos = text("position_embedding_type");
+  const std::optional<int64_t> layers = vars.Find("num_layers"),
+                               hidden = vars.Find("hidden_size"),
+                               heads = vars.Find("num_attention_heads");
+  if (!norm || !pos || !layers || !hidden || !heads) return nullptr;
+  Value* dict = arena.Dict();
+  auto set = [&](std::string_view name, Value* value) {
+    dict->entries.emplace_back(arena.Str(std::string(name)), value);
+  };
+  auto flag = [&](std::string_view name, std::string_view var, bool dflt) {
+    const std::optional<int64_t> v = vars.Find(var);
+    set(name, arena.Bool(v ? *v != 0 : dflt));
+  };
+  auto int_or_none = [&](std::string_view name, std::string_view var) {
+    const std::optional<int64_t> v = vars.Find(var);
+    set(name, v ? arena.Int(*v) : arena.None());
+  };
+  // The topology (PatchArgs sets the sizes and ranks for each file).
+  set("tensor_model_parallel_size", arena.Int(1));
+  set("pipeline_model_parallel_size", arena.Int(1));
+  set("virtual_pipeline_model_parallel_size", arena.None());
+  set("num_layers_per_virtual_pipeline_stage", arena.None());
+  set("context_parallel_size", arena.Int(1));
+  set("expert_model_parallel_size", arena.Int(1));
+  set("expert_tensor_parallel_size", arena.Int(1));
+  set("data_parallel_size", arena.Int(1));
+  set("world_size", arena.Int(1));
+  set("rank", arena.Int(0));
+  set("local_rank", arena.Int(0));
+  set("sequence_parallel", arena.Bool(false));
+  set("use_distributed_optimizer", arena.Bool(false));
+  // The model (arguments.py's names).
+  set("num_layers", arena.Int(*layers));
+  set("hidden_size", arena.Int(*hidden));
+  int_or_none("ffn_hidden_size", "ffn_hidden_size");
+  set("num_attention_heads", arena.Int(*heads));
+  const int64_t groups = vars.Find("num_query_groups").value_or(*heads);
+  set("group_query_attention", arena.Bool(groups != *heads));
+  set("num_query_groups", arena.Int(groups));
+  set("kv_channels",
+      arena.Int(vars.Find("kv_channels")
+                    .value_or(*hidden / std::max<int64_t>(*heads, 1))));
+  int_or_none("max_position_embeddings", "max_position_embeddings");
+  flag("swiglu", "swiglu", false);
+  set("normalization", arena.Str(*norm));
+  if (std::optional<double> eps = number("norm_epsilon"))
+    set("norm_epsilon", arena.Float(*eps));
+  set("apply_layernorm_1p", arena.Bool(false));
+  set("position_embedding_type", arena.Str(*pos));
+  set("use_rotary_position_embeddings", arena.Bool(*pos == "rope"));
+  set("add_position_embedding", arena.Bool(*pos == "learned_absolute"));
+  if (std::optional<double> base = number("rotary_base")) {
+    // arguments.py: --rotary-base is an int.
+    set("rotary_base", *base == static_cast<double>(static_cast<int64_t>(*base))
+                           ? arena.Int(static_cast<int64_t>(*base))
+                           : arena.Float(*base));
+  }
+  set("rotary_percent", arena.Float(1.0));
+  set("rotary_interleaved", arena.Bool(false));
+  const std::optional<int64_t> tied = vars.Find("tied");
+  set("untie_embeddings_and_output_weights", arena.Bool(tied && *tied == 0));
+  flag("add_bias_linear", "add_bias_linear", false);
+  flag("add_qkv_bias", "add_qkv_bias", false);
+  flag("qk_layernorm", "qk_layernorm", false);
+  int_or_none("vocab_size", "vocab_size");
+  set("make_vocab_size_divisible_by",
+      arena.Int(vars.Find("make_vocab_size_divisible_by").value_or(128)));
+  set("padded_vocab_size", arena.Int(placed.PaddedVocabSize()));
+  // Mixture of experts (arguments.py: --num-experts ...; moe_layer_freq a
+  // 0/1 list when some layer is dense).
+  if (placed.layout.experts()) {
+    int_or_none("num_experts", "num_moe_experts");
+    int_or_none("moe_ffn_hidden_size", "moe_ffn_hidden_size");
+    int_or_none("moe_router_topk", "moe_router_topk");
+    std::vector<Value*> freq;
+    bool dense = false;
+    for (int64_t l = 0; l < *layers; ++l) {
+      const bool moe = placed.layout.IsMoeLayer(l, vars);
+      dense = dense || !moe;
+      freq.push_back(arena.Int(moe ? 1 : 0));
+    }
+    set("moe_layer_freq", dense ? arena.List(std::move(freq)) : arena.Int(1));
+    int_or_none("moe_shared_expert_intermediate_size",
+                "moe_shared_expert_intermediate_size");
+    flag("moe_shared_expert_gate", "moe_shared_expert_gate", false);
+    set("moe_router_pre_softmax", arena.Bool(false));
+    set("moe_router_score_function", arena.Str("softmax"));
+    set("moe_grouped_gemm", arena.Bool(false));
+  }
+  // The weights' dtype; a checkpoint to start from (iteration 0).
+  const std::string dtype = model.source.dtype.value_or("float32");
+  const bool bf16 = dtype == "bfloat16", fp16 = dtype == "float16";
+  set("bf16", arena.Bool(bf16));
+  set("fp16", arena.Bool(fp16));
+  set("params_dtype", arena.Global("torch", bf16   ? "bfloat16"
+                                            : fp16 ? "float16"
+                                                   : "float32"));
+  // The mcore-llama names are Transformer Engine's (Megatron-LM's default).
+  set("transformer_impl", arena.Str("transformer_engine"));
+  set("ckpt_format", arena.Str("torch"));
+  set("iteration", arena.Int(0));
+  set("consumed_train_samples", arena.Int(0));
+  set("consumed_valid_samples", arena.Int(0));
+  // argparse.Namespace as pickle protocol 2 spells it: NEWOBJ, then BUILD.
+  Value* ns =
+      arena.Object(pickle::ObjectOp::kNewObj,
+                   arena.Global("argparse", "Namespace"), arena.Tuple({}));
+  ns->state = dict;
+  return ns;
 }
 
 }  // namespace ucp::megatron

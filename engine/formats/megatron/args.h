@@ -32,6 +32,7 @@
 #include <string_view>
 
 #include "engine/formats/megatron/buffer_layout.h"
+#include "engine/formats/placed_target.h"
 #include "engine/json/json.h"
 #include "engine/pickle/value.h"
 #include "layouts/variables.h"
@@ -150,5 +151,27 @@ int64_t GlobalRank(const layouts::Topology& topology, int64_t cp,
 /// Namespace are changed (plus the always-present topology sizes).
 /// Throws InternalError if `ns` has no attribute dict.
 void PatchArgs(pickle::Arena& arena, pickle::Value* ns, const ArgsPatch& patch);
+
+/// A Namespace (in `arena`) for content that carries none, a model read from
+/// another framework (a transformers folder: engine/formats/hf), built from
+/// its model variables under Megatron's names and the placed target: the
+/// fields training.py's model provider and --use-checkpoint-args read
+/// (num_layers, hidden_size, ffn_hidden_size, num_attention_heads,
+/// group_query_attention, num_query_groups, kv_channels, swiglu,
+/// normalization, norm_epsilon, position_embedding_type, rotary_base,
+/// untie_embeddings_and_output_weights, add_bias_linear, add_qkv_bias,
+/// qk_layernorm, vocab_size, make_vocab_size_divisible_by,
+/// max_position_embeddings, the dtype; num_experts, moe_ffn_hidden_size,
+/// moe_router_topk, moe_layer_freq, moe_shared_expert_* for experts),
+/// iteration 0 and the topology fields PatchArgs then sets. nullptr unless
+/// the variables describe a Megatron-core GPT: num_layers, hidden_size,
+/// num_attention_heads and the `normalization` and
+/// `position_embedding_type` the reader records beside them.
+pickle::Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
+                       const formats::PlacedTarget& placed);
+/// Whether `model`'s variables say what NewArgs needs beside the sizes (the
+/// `normalization` and `position_embedding_type` a reader records): a check
+/// before the target is placed.
+bool DescribesGpt(const universal::Model& model);
 
 }  // namespace ucp::megatron

@@ -249,6 +249,7 @@ class MegatronPlan : public formats::TargetPlan {
   int64_t source_tp_ = 1, source_pp_ = 1, source_vpp_ = 1;
   int64_t gpus_per_node_ = 8;
   bool release_ = false;
+  bool new_args_ = false;  // no stored args: NewArgs builds them
   mutable std::set<std::string> notes_;
 };
 
@@ -264,17 +265,28 @@ const atoms::DatasetInfo& MegatronPlan::AtomOf(const atoms::StoredParam& p,
 
 void MegatronPlan::ReadMetadata() {
   const universal::Model& model = store_.model();
-  if (!model.layout_yaml.empty() && store_.FindOpaque("args") == nullptr) {
-    throw UsageError(
+  // Another framework's model (a transformers folder) has no args: built
+  // from its model variables if they describe a Megatron-core GPT.
+  const bool no_args = store_.FindOpaque("args") == nullptr;
+  auto refuse = [&] {
+    return UsageError(
         store_.path().string(),
-        " holds no Megatron args (another framework's checkpoint): the "
-        "legacy format's rank files carry them; --format megatron-torch-dist "
+        " holds no Megatron args (another framework's checkpoint) and its "
+        "model variables do not describe a Megatron-core GPT: the legacy "
+        "format's rank files carry them; --format megatron-torch-dist "
         "writes it without them");
-  }
+  };
+  if (no_args && !model.layout_yaml.empty() && !DescribesGpt(model))
+    throw refuse();
   MegatronTarget target =
       PlaceMegatronTarget(store_, options_.topology, options_.true_vocab_size);
   meta_ = std::move(target.meta);
   placed_ = std::move(target.placed);
+  if (no_args) {
+    pickle::Arena probe;
+    new_args_ = NewArgs(probe, model, *placed_) != nullptr;
+    if (!new_args_ && !model.layout_yaml.empty()) throw refuse();
+  }
   {
     const layouts::Topology& t = placed_->topology;
     if (!placed_->layout.experts()) {
@@ -301,6 +313,8 @@ void MegatronPlan::ReadMetadata() {
   cp_ = universal::SourceInfo::SizeOr1(source.cp);
   gpus_per_node_ = std::max<int64_t>(meta_.gpus_per_node.value_or(8), 1);
   release_ = meta_.release.value_or(release_);
+  // Megatron-LM's read_metadata takes iteration 0 only as `release`.
+  if (new_args_ && model.iteration == 0) release_ = true;
   grad_dtype_ = meta_.grad_dtype.value_or(grad_dtype_);
   NoteUnknownVocab();
 
@@ -1034,7 +1048,8 @@ Value* MegatronPlan::BuildOptimizerOf(int64_t tp_rank, int64_t pp_rank,
 Value* MegatronPlan::BuildArgs(const Rank& rank, File& model,
                                BlobCache& blobs) const {
   const int64_t tp_rank = rank.tp, pp_rank = rank.pp;
-  Value* args = Import(model, blobs, "args");
+  Value* args = new_args_ ? NewArgs(model.arena(), store_.model(), *placed_)
+                          : Import(model, blobs, "args");
   ArgsPatch patch;
   patch.topology = placed_->topology;
   patch.cp = cp_;
@@ -1153,8 +1168,16 @@ const Value* MegatronPlan::BuildRank(const Rank& rank, File& model,
         AppendEntry(arena, root, key, Import(model, blobs, key));
     } else {
       const std::string bk = "top_level/" + key;
-      if (store_.FindOpaque(bk))
+      if (store_.FindOpaque(bk)) {
         AppendEntry(arena, root, key, Import(model, blobs, bk));
+      } else if (new_args_ && key == "checkpoint_version") {
+        AppendEntry(arena, root, key, arena.Float(3.0));
+      } else if (new_args_ && (key == "iteration" ||
+                               key == "num_floating_point_operations_so_far")) {
+        AppendEntry(
+            arena, root, key,
+            arena.Int(key == "iteration" ? store_.model().iteration : 0));
+      }
     }
   }
   return root;

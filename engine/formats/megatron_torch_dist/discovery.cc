@@ -69,10 +69,12 @@ bool HoldsTorchDistFiles(const fs::path& iter_dir) {
 Checkpoint Discover(const fs::path& path, std::optional<int64_t> iteration) {
   std::error_code ec;
   Checkpoint c;
-  megatron::IterationFolder f = megatron::LocateIteration(path, iteration);
+  megatron::IterationFolder f = megatron::LocateIteration(
+      path, iteration, megatron::ReleaseFolder::kAccepted);
   c.dir = std::move(f.dir);
   c.iter_dir = std::move(f.iter_dir);
   c.iteration = f.iteration;
+  c.release = f.release;
   const fs::path mj = c.iter_dir / kMetadataJson;
   if (!fs::exists(mj, ec)) {
     throw FormatError(c.iter_dir.string(),

@@ -129,13 +129,18 @@ class TorchDistDriver : public megatron::IterationDriver {
       return formats::Confidence::kNo;
     for (const formats::SavedCheckpoint& c : ListCheckpoints(path))
       if (IsTorchDistFolder(path / c.name)) return formats::Confidence::kYes;
+    // A `release` folder (ucp's import of a transformers folder).
+    if (IsTorchDistFolder(path / megatron::kReleaseDir))
+      return formats::Confidence::kYes;
     return formats::Confidence::kNo;
   }
   bool HasTracker() const override { return true; }
   void WriteTracker(const fs::path& dir,
                     const formats::CheckpointInfo& c) const override {
     WriteFileAtomically(dir / megatron::kTrackerFile,
-                        std::to_string(c.iteration));
+                        c.path.filename() == megatron::kReleaseDir
+                            ? std::string(megatron::kReleaseDir)
+                            : std::to_string(c.iteration));
   }
   bool CanWrite() const override { return true; }
   bool PlacesByLayout() const override { return true; }

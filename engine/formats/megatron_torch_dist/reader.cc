@@ -1593,7 +1593,7 @@ void Planner::PlanRoot() {
   meta.top_level_keys = std::vector<std::string>(
       std::begin(megatron::kTopLevelKeys), std::end(megatron::kTopLevelKeys));
   meta.entries = entries_;
-  meta.release = false;
+  meta.release = c_.release;
   meta.gpus_per_node = 8;
   const bool float16 = std::any_of(
       params_.begin(), params_.end(),

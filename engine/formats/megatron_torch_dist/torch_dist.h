@@ -130,7 +130,8 @@ struct Checkpoint {
   std::filesystem::path dir;       // the save folder (holds the tracker)
   std::filesystem::path iter_dir;  // iter_0000100
   int64_t iteration = 0;
-  dcp::Checkpoint dcp;  // the DCP container
+  bool release = false;  // iter_dir is release/ (iteration 0)
+  dcp::Checkpoint dcp;   // the DCP container
   /// The common dict (a node of common_file), nullptr if the checkpoint has
   /// none; where it was.
   std::shared_ptr<const torchfile::TorchFile> common_file;

@@ -303,6 +303,7 @@ class TorchDistPlan : public formats::TargetPlan {
   bool FusedStep() const { return !step_.from_atoms && step_.integral; }
   int64_t world_ = 1;
   fs::path iter_dir_;
+  bool release_ = false;  // iter_dir_ is release/ (and the tracker says so)
 
   std::vector<dcp::PlannedKey> keys_;
   std::map<std::string, size_t> key_index_;
@@ -326,7 +327,16 @@ void TorchDistPlan::ReadMetadata() {
   source_vpp_ = universal::SourceInfo::SizeOr1(source.vpp);
   cp_ = universal::SourceInfo::SizeOr1(source.cp);
   world_ = placed_->topology.tp * placed_->topology.pp * placed_->topology.dp;
-  iter_dir_ = megatron::IterDirName(model.iteration, false);
+  // Content without Megatron args (a transformers folder's import) gets
+  // them built (BuildCommon); at iteration 0 as `release`, the only
+  // iteration 0 Megatron-LM's read_metadata takes.
+  // A release source stays one.
+  release_ = meta_.release.value_or(false);
+  if (model.iteration == 0 && input_.FindOpaque("args") == nullptr) {
+    pickle::Arena probe;
+    release_ = release_ || megatron::NewArgs(probe, model, *placed_) != nullptr;
+  }
+  iter_dir_ = megatron::IterDirName(model.iteration, release_);
 
   bool any_state = false;
   for (const atoms::DatasetInfo& d : input_.datasets())
@@ -1312,7 +1322,12 @@ pickle::Value* TorchDistPlan::BuildCommon(
   auto add = [&](const std::string& key, Value* v) {
     if (v != nullptr) formats::AppendEntry(arena, root, key, v);
   };
-  if (Value* args = import("args")) {
+  // No stored args (another framework's model, a transformers folder):
+  // built from the model variables when they describe a Megatron-core GPT.
+  Value* args = import("args");
+  if (args == nullptr)
+    args = megatron::NewArgs(arena, input_.model(), *placed_);
+  if (args != nullptr) {
     megatron::ArgsPatch patch;
     patch.topology = placed_->topology;
     patch.cp = cp_;
@@ -1405,8 +1420,10 @@ std::vector<std::unique_ptr<formats::PlannedFile>> TorchDistPlan::Plan(
         "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": "
         "1, \"common_backend\": \"torch\", \"common_backend_version\": 1}"));
   } else {
-    out.push_back(formats::TextFile(std::string(megatron::kTrackerFile),
-                                    std::to_string(input_.model().iteration)));
+    out.push_back(
+        formats::TextFile(std::string(megatron::kTrackerFile),
+                          release_ ? std::string(megatron::kReleaseDir)
+                                   : std::to_string(input_.model().iteration)));
   }
   return out;
 }
