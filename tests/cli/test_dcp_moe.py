@@ -403,6 +403,143 @@ def test_lost_doubled_or_cut_experts_are_one_clear_error():
         assert "global experts 3 missing" in json.dumps(skipped.get("step-20")), r
 
 
+def megatron_of(get, experts):
+    """{Megatron-core canonical name: tensor} of the test model (gen.Transformer) whose
+    torchtitan-named tensors `get` gives (a param or one of its Adam moments; None when it has
+    none), re-fused here by torch from torchtitan's / Megatron's definitions alone: one query
+    group, so linear_qkv = [wq; wk; wv]; fc1 = [w1 (gate); w3 (up)] (silu(gate) * up in both);
+    fc2 = w2; the stacked experts' row e as expert e."""
+    out = {"embedding.word_embeddings.weight": get("tok_embeddings.weight"),
+           "decoder.final_layernorm.weight": get("norm.weight"),
+           "output_layer.weight": get("output.weight")}
+    for layer in range(3):
+        p, d = f"layers.{layer}.", f"decoder.layers.{layer}."
+        out[d + "self_attention.linear_qkv.weight"] = torch.cat(
+            [get(p + f"attention.{w}.weight") for w in ("wq", "wk", "wv")])
+        out[d + "self_attention.linear_qkv.layer_norm_weight"] = get(p + "attention_norm.weight")
+        out[d + "self_attention.linear_proj.weight"] = get(p + "attention.wo.weight")
+        if layer == 0:
+            f = p + "feed_forward."
+            out[d + "mlp.linear_fc1.layer_norm_weight"] = get(p + "ffn_norm.weight")
+            out[d + "mlp.linear_fc1.weight"] = torch.cat([get(f + "w1.weight"),
+                                                          get(f + "w3.weight")])
+            out[d + "mlp.linear_fc2.weight"] = get(f + "w2.weight")
+            continue
+        m = p + "moe."
+        # pre_mlp_layernorm, which Megatron's local spec saves under this key too
+        # (sharded_state_dict_keys_map)
+        out[d + "mlp.linear_fc1.layer_norm_weight"] = get(p + "ffn_norm.weight")
+        out[d + "mlp.router.weight"] = get(m + "router.gate.weight")
+        out[d + "mlp.router.expert_bias"] = get(m + "expert_bias")
+        s = m + "shared_experts."
+        out[d + "mlp.shared_experts.linear_fc1.weight"] = torch.cat([get(s + "w1.weight"),
+                                                                     get(s + "w3.weight")])
+        out[d + "mlp.shared_experts.linear_fc2.weight"] = get(s + "w2.weight")
+        w1, w2, w3 = (get(m + f"experts.{w}") for w in ("w1", "w2", "w3"))
+        for e in range(experts):
+            x = d + f"mlp.experts.{e}."
+            out[x + "linear_fc1.weight"] = None if w1 is None else torch.cat([w1[e], w3[e]])
+            out[x + "linear_fc2.weight"] = None if w2 is None else w2[e]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def megatron_view(iter_dir):
+    """{(Megatron-core canonical name, kind): tensor} of a torch_dist save, read by torch's own
+    dcp_to_torch_save: model keys (`decoder.layers.<g>.` per layer or `decoder.layers.` stacked
+    [L, ...]; routed experts `mlp.experts.experts.linear_fc{1,2}.weight` [E, ...], split per
+    global expert) and the optimizer's `optimizer.state.<kind>.<key>`; padded vocabulary rows
+    are cut to the source's."""
+    out = {}
+    for path, v in full_view(iter_dir).items():
+        key = path[0] if len(path) == 1 else ".".join(map(str, path))
+        if not isinstance(v, torch.Tensor) or "_extra_state" in key:
+            continue
+        kind = "param"
+        if key.startswith("optimizer.state."):
+            kind, _, key = key[len("optimizer.state."):].partition(".")
+            if kind in ("param", "fp32_param"):
+                kind = "main"  # the optimizer's fp32 main param
+        elif not (key.startswith("decoder.") or key.startswith("embedding.")
+                  or key.startswith("output_layer.")):
+            continue
+        if key.startswith("decoder.layers.") and not key[len("decoder.layers."):][0].isdigit():
+            # stacked over the layers
+            rest = key[len("decoder.layers."):]
+            items = [(f"decoder.layers.{i}.{rest}", v[i]) for i in range(v.shape[0])]
+        else:
+            items = [(key, v)]
+        for k, t in items:
+            if ".mlp.experts.experts." in k:
+                head, _, tail = k.partition(".mlp.experts.experts.")
+                for e in range(t.shape[0]):
+                    out[(f"{head}.mlp.experts.{e}.{tail}", kind)] = t[e]
+            else:
+                if k in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                    t = t[:gen.VOCAB]
+                out[(k, kind)] = t
+    return out
+
+
+def test_names_mcore_llama_to_torch_dist():
+    """torchtitan's MoE save (E=4, EP 2 x FSDP 2, Adam) -> `convert --names mcore-llama --format
+    megatron-torch-dist` at EP 1 and EP 2: read back by torch's dcp_to_torch_save, every model
+    tensor and Adam moment is the source's re-fused by torch (megatron_of) bit for bit (a changed
+    value fails: the negative control); the older [D, F] expert order and a missing query-group
+    count are one error line, nothing written."""
+    case = "ep2_fsdp2"
+    experts = gen.SPEC[case][0]
+    tr = truth(case)
+    model = {p[1]: v for p, v in tr.items() if p[0] == "model"}
+    state = {(p[2], p[3]): v for p, v in tr.items() if p[:2] == ("optimizer", "state")}
+    want = {(k, "param"): v for k, v in megatron_of(model.get, experts).items()}
+    # the fp32 main params of the distributed optimizer: the params (not the buffers)
+    want.update({(k, "main"): v for k, v in megatron_of(
+        lambda n: model[n] if (n, "exp_avg") in state else None, experts).items()})
+    for kind in ("exp_avg", "exp_avg_sq"):
+        want.update({(k, kind): v for k, v in
+                     megatron_of(lambda n: state.get((n, kind)), experts).items()})
+    # each MoE layer's experts' fc1 / fc2, as param, main param and two moments
+    assert sum(".mlp.experts." in k for k, _ in want) == 2 * experts * 2 * 4, sorted(want)
+    with Tmp() as t:
+        for ep in (1, 2):
+            out = t / f"ep{ep}"
+            run("convert", DATA / case / "ckpt", "-o", out, "--names", "mcore-llama",
+                "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 2, "--ep", ep,
+                "--distributed-optimizer", "--model-var", "num_query_groups=1",
+                "--model-var", "num_attention_heads=1", "-q")
+            iters = sorted(out.glob("iter_*"))
+            assert len(iters) == 1, list(out.iterdir())
+            got = megatron_view(iters[0])
+            # Adam's step, per optimizer (EP > 1: the chained optimizer's dense and expert
+            # halves): the source's
+            steps = {k: v for k, v in full_view(iters[0]).items()
+                     if k[-1] == "step" and "param_groups" in k}
+            src_step = {float(v) for p, v in tr.items() if p[-1] == "step"}
+            assert len(src_step) == 1 and len(steps) >= ep, (src_step, steps)
+            assert {float(v) for v in steps.values()} == src_step, (steps, src_step)
+
+            def compare(g):
+                assert set(g) == set(want), sorted(map(str, set(g) ^ set(want)))[:10]
+                n = 0
+                for k, v in want.items():
+                    a = g[k]
+                    assert a.shape == v.shape and a.dtype == v.dtype, (k, a.shape, v.shape)
+                    assert as_bytes(a) == as_bytes(v), k
+                    n += v.numel()
+                return n
+            oracle_checks.checked(compare, got, min_values(case), f"{case} -> torch_dist ep {ep}")
+        # the older [D, F] expert order: refused naming the param (a transpose)
+        p = run_both("convert", DATA / "uneven_e3" / "ckpt", "-o", t / "old", "--names",
+                     "mcore-llama", "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1,
+                     "--dp", 1, "--model-var", "num_query_groups=1", expect=2)
+        one_error_line(p, "--names mcore-llama", "layers.1.moe.experts.0.w1", "[D, F]")
+        p = run_both("convert", DATA / case / "ckpt", "-o", t / "nog", "--names", "mcore-llama",
+                     "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 1,
+                     expect=2)
+        one_error_line(p, "--names mcore-llama", "num_query_groups")
+        assert not (t / "old").exists() and not (t / "nog").exists()
+
+
 if __name__ == "__main__":
     import testmain
     testmain.run_tests(globals())
