@@ -540,6 +540,66 @@ def test_names_mcore_llama_to_torch_dist():
         assert not (t / "old").exists() and not (t / "nog").exists()
 
 
+def test_names_mcore_llama_then_export_hf():
+    """torchtitan's MoE save -> torch_dist under Megatron-core's names -> `ucp export --hf`:
+    transformers' Glm4MoeForCausalLM (a sigmoid router with an expert bias, shared experts, a
+    dense first layer: what the model's names give) loads it with no key missing or left over,
+    and every tensor is the source's, mapped here from torchtitan's names to transformers' by
+    torch alone (q/k/v/o_proj = wq/wk/wv/wo, gate/up/down = w1/w3/w2, the experts' fused
+    gate_up_proj = [w1; w3] per expert); a changed value fails (negative control)."""
+    import transformers
+    case = "ep2_fsdp2"
+    experts = gen.SPEC[case][0]
+    m = {p[1]: v for p, v in truth(case).items() if p[0] == "model"}
+    want = {"model.embed_tokens.weight": m["tok_embeddings.weight"],
+            "model.norm.weight": m["norm.weight"], "lm_head.weight": m["output.weight"]}
+    for layer in range(3):
+        p, h = f"layers.{layer}.", f"model.layers.{layer}."
+        for w, proj in (("wq", "q"), ("wk", "k"), ("wv", "v"), ("wo", "o")):
+            want[h + f"self_attn.{proj}_proj.weight"] = m[p + f"attention.{w}.weight"]
+        want[h + "input_layernorm.weight"] = m[p + "attention_norm.weight"]
+        want[h + "post_attention_layernorm.weight"] = m[p + "ffn_norm.weight"]
+        mlp = [("gate", "w1"), ("up", "w3"), ("down", "w2")]
+        if layer == 0:
+            for proj, w in mlp:
+                want[h + f"mlp.{proj}_proj.weight"] = m[p + f"feed_forward.{w}.weight"]
+            continue
+        for proj, w in mlp:
+            want[h + f"mlp.shared_experts.{proj}_proj.weight"] = \
+                m[p + f"moe.shared_experts.{w}.weight"]
+        want[h + "mlp.gate.weight"] = m[p + "moe.router.gate.weight"]
+        want[h + "mlp.gate.e_score_correction_bias"] = m[p + "moe.expert_bias"]
+        want[h + "mlp.experts.gate_up_proj"] = torch.cat(
+            [m[p + "moe.experts.w1"], m[p + "moe.experts.w3"]], dim=1)
+        want[h + "mlp.experts.down_proj"] = m[p + "moe.experts.w2"]
+        assert want[h + "mlp.experts.down_proj"].shape[0] == experts
+    with Tmp() as t:
+        run("convert", DATA / case / "ckpt", "-o", t / "td", "--names", "mcore-llama",
+            "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 1,
+            "--model-var", "num_query_groups=1", "--model-var", "num_attention_heads=1", "-q")
+        run("export", t / "td", "-o", t / "hf", "--hf", "--model-var", "num_attention_heads=1",
+            "--model-var", "num_query_groups=1", "--model-var", "moe_router_topk=2",
+            "--vocab-size", gen.VOCAB, "-q")
+        c = json.loads((t / "hf" / "config.json").read_text())
+        assert c["architectures"] == ["Glm4MoeForCausalLM"] and c["n_routed_experts"] == experts, c
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(t / "hf"), dtype=torch.float32, output_loading_info=True)
+        assert type(model).__name__ == "Glm4MoeForCausalLM", type(model)
+        assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys",
+                                             "mismatched_keys")), info
+        got = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        def compare(g):
+            assert set(g) == set(want), sorted(set(g) ^ set(want))[:10]
+            n = 0
+            for k, v in want.items():
+                assert g[k].shape == v.shape and as_bytes(g[k]) == as_bytes(v), k
+                n += v.numel()
+            return n
+        oracle_checks.checked(compare, got, 2 * experts * 3 * gen.EXPERT_FFN * gen.DIM,
+                              f"{case} -> torch_dist -> export --hf")
+
+
 if __name__ == "__main__":
     import testmain
     testmain.run_tests(globals())
