@@ -31,6 +31,7 @@
 
 #include <array>
 #include <charconv>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/formats/common/attrs.h"
 #include "engine/formats/name_map.h"
 #include "engine/formats/names/hf_llama.h"
 
@@ -152,7 +154,119 @@ std::optional<std::vector<universal::MappedParam>> McoreFromTorchtitan(
   return McoreLlamaFromHf(input, TorchtitanToHf, given, kFlag);
 }
 
+// torchtitan's name of a transformers name MapToHf gives (per-expert
+// experts; the inverse of TorchtitanToHf, with Mixtral's and GLM-4-MoE's
+// MoE names too), or absent when torchtitan has none (Qwen2-MoE's shared
+// expert gate, a bias).
+std::optional<std::string> TorchtitanFromHf(std::string_view name) {
+  if (name == "model.embed_tokens.weight") return "tok_embeddings.weight";
+  if (name == "model.norm.weight") return "norm.weight";
+  if (name == "lm_head.weight") return "output.weight";
+  constexpr std::string_view kPrefix = "model.";
+  if (!name.starts_with(kPrefix)) return std::nullopt;
+  const auto layer = TorchtitanLayer(name.substr(kPrefix.size()));
+  if (!layer) return std::nullopt;
+  const auto& [index, rest] = *layer;
+  const std::string head = StrCat("layers.", index, ".");
+  for (const auto& [tt, hf] : kTorchtitanLayerNames)
+    if (rest == hf) return StrCat(head, tt);
+  // GLM-4-MoE's shared experts; Mixtral's router
+  for (const auto& [hf, w] : {std::pair<std::string_view, std::string_view>{
+                                  "mlp.shared_experts.gate_proj.weight", "w1"},
+                              {"mlp.shared_experts.up_proj.weight", "w3"},
+                              {"mlp.shared_experts.down_proj.weight", "w2"}}) {
+    if (rest == hf) return StrCat(head, "moe.shared_experts.", w, ".weight");
+  }
+  if (rest == "block_sparse_moe.gate.weight")
+    return StrCat(head, "moe.router.gate.weight");
+  // One routed expert: mlp.experts.<e>.<gate|up|down>_proj.weight (Qwen3-MoE,
+  // GLM-4-MoE) or block_sparse_moe.experts.<e>.<w1|w3|w2>.weight (Mixtral).
+  for (const std::string_view experts :
+       {std::string_view("mlp.experts."),
+        std::string_view("block_sparse_moe.experts.")}) {
+    if (!rest.starts_with(experts)) continue;
+    std::string_view tail = rest.substr(experts.size());
+    const size_t dot = tail.find('.');
+    if (dot == 0 || dot == std::string_view::npos) return std::nullopt;
+    const std::string_view e = tail.substr(0, dot), proj = tail.substr(dot + 1);
+    const std::string_view w =
+        proj == "gate_proj.weight" || proj == "w1.weight"   ? "w1"
+        : proj == "up_proj.weight" || proj == "w3.weight"   ? "w3"
+        : proj == "down_proj.weight" || proj == "w2.weight" ? "w2"
+                                                            : "";
+    if (w.empty()) return std::nullopt;
+    return StrCat(head, "moe.experts.", e, ".", w);
+  }
+  return std::nullopt;
+}
+
+// torchtitan's names of a Megatron-core GPTModel (layouts mcore-llama,
+// mcore-gpt, mcore-moe-*): the transformers model `ucp export --hf` makes of
+// it (hf_llama.h MapToHf, experts per expert), renamed; absent for another
+// source.
+std::optional<std::vector<universal::MappedParam>> TorchtitanFromMcore(
+    const universal::UniversalInput& input, const layouts::Variables& given) {
+  constexpr std::string_view kFlag = "--names torchtitan";
+  const std::string layout = input.model().source.layout.value_or("");
+  if (layout != "mcore-llama" && layout != "mcore-gpt" &&
+      !layout.starts_with("mcore-moe-"))
+    return std::nullopt;
+  // MapToHf reads the model variables the content records: --model-var's
+  // added; the router's top-k only goes into config.json, not needed here.
+  universal::Model model = input.model();
+  for (const auto& [k, v] : given.values()) model.variables.Set(k, v);
+  if (!model.variables.Get("moe_router_topk"))
+    model.variables.Set("moe_router_topk", 1);
+  std::vector<universal::MappedParam> whole;
+  for (const atoms::StoredParam& p : input.params())
+    whole.push_back(universal::WholeParam(p, p.info.fqn));
+  const std::unique_ptr<universal::UniversalInput> view =
+      universal::MappedInput(input, std::move(whole), std::move(model));
+  // Megatron pads the vocabulary (make_vocab_size_divisible_by); torchtitan
+  // keeps the true one: --model-var vocab_size, else the recorded one.
+  std::optional<int64_t> vocab = given.Find("vocab_size");
+  if (!vocab)
+    vocab = formats::ModelVariables(input.model().variables).Find("vocab_size");
+  std::vector<universal::MappedParam> out;
+  for (HfTensor& t : MapToHf(*view, HfExperts::kPerExpert, kFlag).tensors) {
+    if ((t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight") &&
+        t.pieces.empty() && t.shape.size() == 2 && vocab && *vocab > 0 &&
+        *vocab < t.shape[0]) {
+      Box rows;
+      rows.offset = {0, 0};
+      rows.size = {*vocab, t.shape[1]};
+      t.shape[0] = *vocab;
+      t.pieces.push_back({"", rows, rows});
+    }
+    std::optional<std::string> name = TorchtitanFromHf(t.name);
+    if (!name) {
+      throw UsageError(kFlag, ": ", input.path().string(), " > ", t.param,
+                       ": no torchtitan name for it (transformers' ", t.name,
+                       ")");
+    }
+    universal::MappedParam m;
+    m.info.fqn = std::move(*name);
+    m.info.shape = std::move(t.shape);
+    if (t.pieces.empty()) {
+      m.pieces.push_back(
+          {t.param, Box::Whole(m.info.shape), Box::Whole(m.info.shape)});
+    }
+    for (HfPiece& p : t.pieces)
+      m.pieces.push_back({p.param.empty() ? t.param : std::move(p.param),
+                          std::move(p.src), std::move(p.dst)});
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 }  // namespace
+
+UCP_REGISTER_NAME_MAP(torchtitan_from_mcore,
+                      {"torchtitan",
+                       "a Megatron-core GPTModel (layouts mcore-llama, "
+                       "mcore-gpt, mcore-moe-*) that `ucp export --hf` "
+                       "exports",
+                       TorchtitanFromMcore, ""});
 
 UCP_REGISTER_NAME_MAP(mcore_llama_from_torchtitan,
                       {"mcore-llama",
