@@ -5,7 +5,10 @@ compared with h5py against what the ranks held (DTensor.full_tensor() of every k
 written back by ucp for other world sizes, restacked, and loaded by torch's own dcp.load at 1, 2
 and 3 ranks, equal to the saved state; with --ep 2 placed as the real EP x FSDP2 save is, and
 loaded by that model and its Adam; per-expert params of content that is not DCP's restacked;
-DCP -> universal -> DCP -> universal is the identity (h5py);
+DCP -> universal -> DCP -> universal is the identity (h5py); between frameworks by name maps:
+--names mcore-llama to torch_dist (against the source re-fused by torch), export --hf of that
+loaded by transformers' Glm4MoeForCausalLM, and --names torchtitan back to DCP, loaded by the
+EP x FSDP2 model and Adam bit for bit;
 a save that lost an expert, holds one twice or has a gap is one error line naming the file, the key
 and the experts, nothing written, under the sanitized ucp_san too.
 """
@@ -622,7 +625,7 @@ def test_names_round_trip_through_megatron():
                               min_values(case), f"{case} -> torch_dist -> torchtitan")
         p = run("convert", DATA / case / "ckpt", "-o", t / "no", "--names", "torchtitan",
                 "--format", "dcp", "--dp", 1, expect=2)
-        one_error_line(p, "--names torchtitan")
+        one_error_line(p, "--names torchtitan", "is not a model it maps")
         assert not (t / "no").exists()
 
 

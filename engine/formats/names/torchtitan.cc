@@ -1,11 +1,14 @@
-// torchtitan's LLaMA / mixture-of-experts names as a name map
+// torchtitan's LLaMA / mixture-of-experts names as name maps
 // (engine/formats/name_map.h):
 //   mcore-llama  from torchtitan's names (a DCP save of torchtitan's Llama 3,
 //                Qwen3 or DeepSeek-style MoE decoder; its stacked experts
 //                read one param per global expert by ../dcp_plain): renamed to
 //                transformers' names, then joined as hf_llama.h's
 //                McoreLlamaFromHf joins them (QKV per query group, fc1 =
-//                [w1 (gate); w3 (up)] per expert, fc2 = w2).
+//                [w1 (gate); w3 (up)] per expert, fc2 = w2);
+//   torchtitan   from a Megatron-core GPTModel: the transformers model of
+//                hf_llama.h's MapToHf (experts per expert), renamed back
+//                (the DCP writer restacks the experts).
 // The renames (torchtitan -> transformers; L the layer, e the global expert):
 //   tok_embeddings.weight                -> model.embed_tokens.weight
 //   layers.L.attention.w{q,k,v,o}.weight -> model.layers.L.self_attn.
