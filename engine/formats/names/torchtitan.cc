@@ -254,9 +254,14 @@ std::optional<std::vector<universal::MappedParam>> TorchtitanFromMcore(
       m.pieces.push_back(
           {t.param, Box::Whole(m.info.shape), Box::Whole(m.info.shape)});
     }
-    for (HfPiece& p : t.pieces)
+    for (HfPiece& p : t.pieces) {
+      if (p.dst_offset != 0 || !p.dst_shape.empty()) {  // fused experts only
+        throw UsageError(kFlag, ": ", input.path().string(), " > ", t.param,
+                         ": ", t.name, " is not a box of one tensor");
+      }
       m.pieces.push_back({p.param.empty() ? t.param : std::move(p.param),
                           std::move(p.src), std::move(p.dst)});
+    }
     out.push_back(std::move(m));
   }
   return out;
