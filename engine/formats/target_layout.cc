@@ -39,6 +39,15 @@ std::unique_ptr<universal::UniversalInput> WithTargetLayout(
   if (!vars.Has("make_vocab_size_divisible_by"))
     vars.Set("make_vocab_size_divisible_by", 128);
   vars = vars.Merged(given);
+  if (layout.experts() && !vars.Has("num_moe_experts")) {
+    // The routed experts the names hold (a source that does not record
+    // them: DCP, whose reader checks every layer holds all its router's).
+    int64_t experts = 0;
+    for (const std::string& n : names)
+      if (auto e = layout.SplitExpert(n))
+        experts = std::max(experts, e->index + 1);
+    if (experts > 0) vars.Set("num_moe_experts", experts);
+  }
   if (!vars.Has("vocab_size")) {  // the rows of the vocabulary's param
     const layouts::Variables resolved = layout.Resolve(vars);
     for (const atoms::StoredParam& p : input.params()) {

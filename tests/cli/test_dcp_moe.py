@@ -5,7 +5,10 @@ compared with h5py against what the ranks held (DTensor.full_tensor() of every k
 written back by ucp for other world sizes, restacked, and loaded by torch's own dcp.load at 1, 2
 and 3 ranks, equal to the saved state; with --ep 2 placed as the real EP x FSDP2 save is, and
 loaded by that model and its Adam; per-expert params of content that is not DCP's restacked;
-DCP -> universal -> DCP -> universal is the identity (h5py);
+DCP -> universal -> DCP -> universal is the identity (h5py); between frameworks by name maps:
+--names mcore-llama to torch_dist (against the source re-fused by torch), export --hf of that
+loaded by transformers' Glm4MoeForCausalLM, and --names torchtitan back to DCP, loaded by the
+EP x FSDP2 model and Adam bit for bit;
 a save that lost an expert, holds one twice or has a gap is one error line naming the file, the key
 and the experts, nothing written, under the sanitized ucp_san too.
 """
@@ -389,6 +392,229 @@ def test_lost_doubled_or_cut_experts_are_one_clear_error():
         assert r["load"] == str(save / "step-10"), r
         skipped = {s["name"]: s for s in r["skipped"]}
         assert "global experts 3 missing" in json.dumps(skipped.get("step-20")), r
+
+
+def megatron_of(get, experts):
+    """{Megatron-core canonical name: tensor} of the test model (gen.Transformer) whose
+    torchtitan-named tensors `get` gives (a param or one of its Adam moments; None when it has
+    none), re-fused here by torch from torchtitan's / Megatron's definitions alone: one query
+    group, so linear_qkv = [wq; wk; wv]; fc1 = [w1 (gate); w3 (up)] (silu(gate) * up in both);
+    fc2 = w2; the stacked experts' row e as expert e."""
+    out = {"embedding.word_embeddings.weight": get("tok_embeddings.weight"),
+           "decoder.final_layernorm.weight": get("norm.weight"),
+           "output_layer.weight": get("output.weight")}
+    for layer in range(3):
+        p, d = f"layers.{layer}.", f"decoder.layers.{layer}."
+        out[d + "self_attention.linear_qkv.weight"] = torch.cat(
+            [get(p + f"attention.{w}.weight") for w in ("wq", "wk", "wv")])
+        out[d + "self_attention.linear_qkv.layer_norm_weight"] = get(p + "attention_norm.weight")
+        out[d + "self_attention.linear_proj.weight"] = get(p + "attention.wo.weight")
+        if layer == 0:
+            f = p + "feed_forward."
+            out[d + "mlp.linear_fc1.layer_norm_weight"] = get(p + "ffn_norm.weight")
+            out[d + "mlp.linear_fc1.weight"] = torch.cat([get(f + "w1.weight"),
+                                                          get(f + "w3.weight")])
+            out[d + "mlp.linear_fc2.weight"] = get(f + "w2.weight")
+            continue
+        m = p + "moe."
+        # pre_mlp_layernorm, which Megatron's local spec saves under this key too
+        # (sharded_state_dict_keys_map)
+        out[d + "mlp.linear_fc1.layer_norm_weight"] = get(p + "ffn_norm.weight")
+        out[d + "mlp.router.weight"] = get(m + "router.gate.weight")
+        out[d + "mlp.router.expert_bias"] = get(m + "expert_bias")
+        s = m + "shared_experts."
+        out[d + "mlp.shared_experts.linear_fc1.weight"] = torch.cat([get(s + "w1.weight"),
+                                                                     get(s + "w3.weight")])
+        out[d + "mlp.shared_experts.linear_fc2.weight"] = get(s + "w2.weight")
+        w1, w2, w3 = (get(m + f"experts.{w}") for w in ("w1", "w2", "w3"))
+        for e in range(experts):
+            x = d + f"mlp.experts.{e}."
+            out[x + "linear_fc1.weight"] = None if w1 is None else torch.cat([w1[e], w3[e]])
+            out[x + "linear_fc2.weight"] = None if w2 is None else w2[e]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def megatron_view(iter_dir):
+    """{(Megatron-core canonical name, kind): tensor} of a torch_dist save, read by torch's own
+    dcp_to_torch_save: model keys (`decoder.layers.<g>.` per layer or `decoder.layers.` stacked
+    [L, ...]; routed experts `mlp.experts.experts.linear_fc{1,2}.weight` [E, ...], split per
+    global expert) and the optimizer's `optimizer.state.<kind>.<key>`; padded vocabulary rows
+    are cut to the source's."""
+    out = {}
+    for path, v in full_view(iter_dir).items():
+        key = path[0] if len(path) == 1 else ".".join(map(str, path))
+        if not isinstance(v, torch.Tensor) or "_extra_state" in key:
+            continue
+        kind = "param"
+        if key.startswith("optimizer.state."):
+            kind, _, key = key[len("optimizer.state."):].partition(".")
+            if kind in ("param", "fp32_param"):
+                kind = "main"  # the optimizer's fp32 main param
+        elif not (key.startswith("decoder.") or key.startswith("embedding.")
+                  or key.startswith("output_layer.")):
+            continue
+        if key.startswith("decoder.layers.") and not key[len("decoder.layers."):][0].isdigit():
+            # stacked over the layers
+            rest = key[len("decoder.layers."):]
+            items = [(f"decoder.layers.{i}.{rest}", v[i]) for i in range(v.shape[0])]
+        else:
+            items = [(key, v)]
+        for k, t in items:
+            if ".mlp.experts.experts." in k:
+                head, _, tail = k.partition(".mlp.experts.experts.")
+                for e in range(t.shape[0]):
+                    out[(f"{head}.mlp.experts.{e}.{tail}", kind)] = t[e]
+            else:
+                if k in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                    t = t[:gen.VOCAB]
+                out[(k, kind)] = t
+    return out
+
+
+def test_names_mcore_llama_to_torch_dist():
+    """torchtitan's MoE save (E=4, EP 2 x FSDP 2, Adam) -> `convert --names mcore-llama --format
+    megatron-torch-dist` at EP 1 and EP 2: read back by torch's dcp_to_torch_save, every model
+    tensor and Adam moment is the source's re-fused by torch (megatron_of) bit for bit (a changed
+    value fails: the negative control); the older [D, F] expert order and a missing query-group
+    count are one error line, nothing written."""
+    case = "ep2_fsdp2"
+    experts = gen.SPEC[case][0]
+    tr = truth(case)
+    model = {p[1]: v for p, v in tr.items() if p[0] == "model"}
+    state = {(p[2], p[3]): v for p, v in tr.items() if p[:2] == ("optimizer", "state")}
+    want = {(k, "param"): v for k, v in megatron_of(model.get, experts).items()}
+    # the fp32 main params of the distributed optimizer: the params (not the buffers)
+    want.update({(k, "main"): v for k, v in megatron_of(
+        lambda n: model[n] if (n, "exp_avg") in state else None, experts).items()})
+    for kind in ("exp_avg", "exp_avg_sq"):
+        want.update({(k, kind): v for k, v in
+                     megatron_of(lambda n: state.get((n, kind)), experts).items()})
+    # each MoE layer's experts' fc1 / fc2, as param, main param and two moments
+    assert sum(".mlp.experts." in k for k, _ in want) == 2 * experts * 2 * 4, sorted(want)
+    with Tmp() as t:
+        for ep in (1, 2):
+            out = t / f"ep{ep}"
+            run("convert", DATA / case / "ckpt", "-o", out, "--names", "mcore-llama",
+                "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 2, "--ep", ep,
+                "--distributed-optimizer", "--model-var", "num_query_groups=1",
+                "--model-var", "num_attention_heads=1", "-q")
+            iters = sorted(out.glob("iter_*"))
+            assert len(iters) == 1, list(out.iterdir())
+            got = megatron_view(iters[0])
+            # Adam's step, per optimizer (EP > 1: the chained optimizer's dense and expert
+            # halves): the source's
+            steps = {k: v for k, v in full_view(iters[0]).items()
+                     if k[-1] == "step" and "param_groups" in k}
+            src_step = {float(v) for p, v in tr.items() if p[-1] == "step"}
+            assert len(src_step) == 1 and len(steps) >= ep, (src_step, steps)
+            assert {float(v) for v in steps.values()} == src_step, (steps, src_step)
+
+            def compare(g):
+                assert set(g) == set(want), sorted(map(str, set(g) ^ set(want)))[:10]
+                n = 0
+                for k, v in want.items():
+                    a = g[k]
+                    assert a.shape == v.shape and a.dtype == v.dtype, (k, a.shape, v.shape)
+                    assert as_bytes(a) == as_bytes(v), k
+                    n += v.numel()
+                return n
+            oracle_checks.checked(compare, got, min_values(case), f"{case} -> torch_dist ep {ep}")
+        # the older [D, F] expert order: refused naming the param (a transpose)
+        p = run_both("convert", DATA / "uneven_e3" / "ckpt", "-o", t / "old", "--names",
+                     "mcore-llama", "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1,
+                     "--dp", 1, "--model-var", "num_query_groups=1", expect=2)
+        one_error_line(p, "--names mcore-llama", "layers.1.moe.experts.0.w1", "[D, F]")
+        p = run_both("convert", DATA / case / "ckpt", "-o", t / "nog", "--names", "mcore-llama",
+                     "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 1,
+                     expect=2)
+        one_error_line(p, "--names mcore-llama", "num_query_groups")
+        assert not (t / "old").exists() and not (t / "nog").exists()
+
+
+def test_names_mcore_llama_then_export_hf():
+    """torchtitan's MoE save -> torch_dist under Megatron-core's names -> `ucp export --hf`:
+    transformers' Glm4MoeForCausalLM (a sigmoid router with an expert bias, shared experts, a
+    dense first layer: what the model's names give) loads it with no key missing or left over,
+    and every tensor is the source's, mapped here from torchtitan's names to transformers' by
+    torch alone (q/k/v/o_proj = wq/wk/wv/wo, gate/up/down = w1/w3/w2, the experts' fused
+    gate_up_proj = [w1; w3] per expert); a changed value fails (negative control)."""
+    import transformers
+    case = "ep2_fsdp2"
+    experts = gen.SPEC[case][0]
+    m = {p[1]: v for p, v in truth(case).items() if p[0] == "model"}
+    want = {"model.embed_tokens.weight": m["tok_embeddings.weight"],
+            "model.norm.weight": m["norm.weight"], "lm_head.weight": m["output.weight"]}
+    for layer in range(3):
+        p, h = f"layers.{layer}.", f"model.layers.{layer}."
+        for w, proj in (("wq", "q"), ("wk", "k"), ("wv", "v"), ("wo", "o")):
+            want[h + f"self_attn.{proj}_proj.weight"] = m[p + f"attention.{w}.weight"]
+        want[h + "input_layernorm.weight"] = m[p + "attention_norm.weight"]
+        want[h + "post_attention_layernorm.weight"] = m[p + "ffn_norm.weight"]
+        mlp = [("gate", "w1"), ("up", "w3"), ("down", "w2")]
+        if layer == 0:
+            for proj, w in mlp:
+                want[h + f"mlp.{proj}_proj.weight"] = m[p + f"feed_forward.{w}.weight"]
+            continue
+        for proj, w in mlp:
+            want[h + f"mlp.shared_experts.{proj}_proj.weight"] = \
+                m[p + f"moe.shared_experts.{w}.weight"]
+        want[h + "mlp.gate.weight"] = m[p + "moe.router.gate.weight"]
+        want[h + "mlp.gate.e_score_correction_bias"] = m[p + "moe.expert_bias"]
+        want[h + "mlp.experts.gate_up_proj"] = torch.cat(
+            [m[p + "moe.experts.w1"], m[p + "moe.experts.w3"]], dim=1)
+        want[h + "mlp.experts.down_proj"] = m[p + "moe.experts.w2"]
+        assert want[h + "mlp.experts.down_proj"].shape[0] == experts
+    with Tmp() as t:
+        run("convert", DATA / case / "ckpt", "-o", t / "td", "--names", "mcore-llama",
+            "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 1,
+            "--model-var", "num_query_groups=1", "--model-var", "num_attention_heads=1", "-q")
+        run("export", t / "td", "-o", t / "hf", "--hf", "--model-var", "num_attention_heads=1",
+            "--model-var", "num_query_groups=1", "--model-var", "moe_router_topk=2",
+            "--vocab-size", gen.VOCAB, "-q")
+        c = json.loads((t / "hf" / "config.json").read_text())
+        assert c["architectures"] == ["Glm4MoeForCausalLM"] and c["n_routed_experts"] == experts, c
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(t / "hf"), dtype=torch.float32, output_loading_info=True)
+        assert type(model).__name__ == "Glm4MoeForCausalLM", type(model)
+        assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys",
+                                             "mismatched_keys")), info
+        got = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        def compare(g):
+            assert set(g) == set(want), sorted(set(g) ^ set(want))[:10]
+            n = 0
+            for k, v in want.items():
+                assert g[k].shape == v.shape and as_bytes(g[k]) == as_bytes(v), k
+                n += v.numel()
+            return n
+        oracle_checks.checked(compare, got, 2 * experts * 3 * gen.EXPERT_FFN * gen.DIM,
+                              f"{case} -> torch_dist -> export --hf")
+
+
+def test_names_round_trip_through_megatron():
+    """torchtitan's MoE save -> torch_dist (--names mcore-llama, EP 1) -> DCP (--names
+    torchtitan, --dp 4 --ep 2): Megatron's fused QKV split per query group back into wq / wk /
+    wv, each expert's fc1 into w1 / w3 (restacked by the DCP writer), the padded vocabulary cut
+    to --model-var vocab_size; torchtitan's EP x FSDP2 model and a fresh Adam (make_dcp_moe's
+    torchtitan_load) load it with every tensor of the saved state (model, Adam moments, step)
+    bit for bit; a changed value fails (negative control). A torchtitan source is refused by
+    --names torchtitan (no map from it) in one line."""
+    case = "ep2_fsdp2"
+    want = {k: v for k, v in truth(case).items() if isinstance(v, torch.Tensor)}
+    with Tmp() as t:
+        heads = ("--model-var", "num_query_groups=1", "--model-var", "num_attention_heads=1")
+        run("convert", DATA / case / "ckpt", "-o", t / "td", "--names", "mcore-llama",
+            "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1, "--dp", 1, *heads, "-q")
+        run("convert", t / "td", "-o", t / "back", "--names", "torchtitan", "--format", "dcp",
+            "--dp", 4, "--ep", 2, *heads, "--model-var", f"vocab_size={gen.VOCAB}", "-q")
+        got = {k: v for k, v in gen.torchtitan_load(case, t / "back").items()
+               if isinstance(v, torch.Tensor)}
+        oracle_checks.checked(lambda g: same_state(g, want, f"{case} round trip"), got,
+                              min_values(case), f"{case} -> torch_dist -> torchtitan")
+        p = run("convert", DATA / case / "ckpt", "-o", t / "no", "--names", "torchtitan",
+                "--format", "dcp", "--dp", 1, expect=2)
+        one_error_line(p, "--names torchtitan", "is not a model it maps")
+        assert not (t / "no").exists()
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ SPEC = {"ep2_fsdp2": (4, 2, False, False),
         "ep2_fsdp2_suffix": (2, 2, True, False),
         "uneven_e3": (3, 2, False, True)}
 WORLD = 4
-DIM, FFN, EXPERT_FFN, SHARED_FFN, VOCAB = 8, 12, 6, 10, 17
+DIM, FFN, EXPERT_FFN, SHARED_FFN, VOCAB = 8, 12, 6, 12, 17
 
 
 def free_port():

@@ -856,6 +856,11 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
       whole(l + "pre_mlp_layernorm.weight",
             find(h + "post_attention_layernorm.weight", 1));
       whole(l + "mlp.router.weight", find(h + "mlp.gate.weight", 2));
+      // DeepSeek-V3's / GLM-4-MoE's expert bias (aux-loss-free balancing).
+      if (by_hf.count(h + "mlp.gate.e_score_correction_bias")) {
+        whole(l + "mlp.router.expert_bias",
+              find(h + "mlp.gate.e_score_correction_bias", 1));
+      }
       int64_t e = 0;
       for (; by_hf.count(StrCat(h, "mlp.experts.", e, ".gate_proj.weight"));
            ++e) {
@@ -867,15 +872,18 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
       }
       if (e == 0)
         throw UsageError(where, ": ", h, "mlp.gate.weight but no expert 0");
-      // Qwen2-MoE's shared expert and its sigmoid gate.
+      // Qwen2-MoE's shared expert and its sigmoid gate (DeepSeek's shared
+      // experts have none).
       if (by_hf.count(h + "mlp.shared_expert.gate_proj.weight")) {
         const std::string x = h + "mlp.shared_expert.";
         gate_up(l + "mlp.shared_experts.linear_fc1.weight",
                 x + "gate_proj.weight", x + "up_proj.weight");
         whole(l + "mlp.shared_experts.linear_fc2.weight",
               find(x + "down_proj.weight", 2));
-        whole(l + "mlp.shared_experts.gate_weight",
-              find(h + "mlp.shared_expert_gate.weight", 2));
+        if (by_hf.count(h + "mlp.shared_expert_gate.weight")) {
+          whole(l + "mlp.shared_experts.gate_weight",
+                find(h + "mlp.shared_expert_gate.weight", 2));
+        }
       }
       continue;
     }

@@ -115,7 +115,10 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
 /// for transformers' own names): q/k/v_proj joined per query group into
 /// linear_qkv and gate/up_proj into linear_fc1 ([gate; up]), the inverse of
 /// MapToHfLlama; q/k/v_proj biases (Qwen2) joined alike into
-/// linear_qkv.bias, q/k_norm (Qwen3) as q/k_layernorm. The query groups are
+/// linear_qkv.bias, q/k_norm (Qwen3) as q/k_layernorm; a sparse MoE block's
+/// router (with DeepSeek-V3's mlp.gate.e_score_correction_bias as
+/// router.expert_bias), per-expert fc1 / fc2 and shared expert (its gate
+/// when there is one). The query groups are
 /// `given`'s num_query_groups, else those the source records in its model
 /// variables (a transformers folder: num_key_value_heads), else the heads (no
 /// GQA: `given`'s, then the recorded num_attention_heads). Absent when the
