@@ -519,6 +519,17 @@ def test_names_mcore_llama_to_torch_dist():
                     n += v.numel()
                 return n
             oracle_checks.checked(compare, got, min_values(case), f"{case} -> torch_dist ep {ep}")
+            # ucp reads its output back (the chained halves' plain torch groups, in Megatron's
+            # group order): the experts' fp32 main params and moments are the source's.
+            run("to-universal", out, "-o", t / f"u{ep}.h5", "-q")
+            atoms = h5_atoms(t / f"u{ep}.h5")
+            n = 0
+            for (k, kind), v in want.items():
+                if ".mlp.experts." in k and kind in ("main", "exp_avg", "exp_avg_sq"):
+                    a = atoms[(k, "fp32" if kind == "main" else kind)]
+                    assert a.tobytes() == as_bytes(v), (ep, k, kind)
+                    n += 1
+            assert n == 2 * experts * 2 * 3, n
         # the older [D, F] expert order: refused naming the param (a transpose)
         p = run_both("convert", DATA / "uneven_e3" / "ckpt", "-o", t / "old", "--names",
                      "mcore-llama", "--format", "megatron-torch-dist", "--tp", 1, "--pp", 1,

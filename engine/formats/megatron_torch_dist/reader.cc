@@ -1344,8 +1344,17 @@ void Planner::PlanGroups() {
   }
   const megatron::Grouping g = megatron::GroupParams(keys);
   group_of_.assign(params_.size(), -1);
-  if (experts_ && groups != nullptr && groups->kind == Kind::kList &&
-      groups->items.size() == g.keys.size()) {
+  // Groups saved by Megatron carry its keys (wd_mult, ...); groups without
+  // them (torch's plain ones, which ucp writes for a source that had no
+  // Megatron groups, and megatron-core loads) are in Megatron's group order.
+  const bool megatron_groups =
+      groups != nullptr && groups->kind == Kind::kList &&
+      std::any_of(groups->items.begin(), groups->items.end(),
+                  [](const Value* d) {
+                    return d != nullptr && d->IsDictLike() &&
+                           d->Get("wd_mult") != nullptr;
+                  });
+  if (experts_ && megatron_groups && groups->items.size() == g.keys.size()) {
     // The chained halves' groups, matched to Megatron's keys by their own
     // (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr).
     for (size_t j = 0; j < trainable.size(); ++j)
