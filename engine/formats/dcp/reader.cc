@@ -46,6 +46,12 @@ class Reader {
   void Classify();
   void DetectExperts();
   void PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s);
+  // Opens `item` (the chunk of `e` at `key`) and checks that it holds a
+  // tensor of the chunk's dtype and shape: its source tensor. Throws
+  // FormatError otherwise.
+  reshape::SourceTensor OpenChunk(const Item& item, const ItemKey& key,
+                                  const Entry& e, const Chunk& chunk,
+                                  const std::string& where);
   void CheckExpertStates() const;
   void ReadParamGroups();
   Param& ParamOf(const std::string& name, const Shape& shape, const Entry& e);
@@ -153,6 +159,21 @@ void Reader::DetectExperts() {
 // A stacked expert key (its model tensor or an optimizer state of it): one
 // atom per global expert, each chunk's rows the experts' fragments; a 0-d
 // state (the step) given to every expert.
+reshape::SourceTensor Reader::OpenChunk(const Item& item, const ItemKey& key,
+                                        const Entry& e, const Chunk& chunk,
+                                        const std::string& where) {
+  open_.push_back(OpenItem(item, key, files_));
+  const torchfile::TorchFile& f = *open_.back();
+  const torchfile::TensorInfo* t = f.FindTensor(f.root());
+  if (t == nullptr) throw FormatError("the item is not a tensor");
+  if (t->dtype != e.dtype || t->shape != chunk.sizes) {
+    throw FormatError("the item holds a ", DTypeName(t->dtype), " ",
+                      ShapeString(t->shape), " tensor, the metadata says ",
+                      DTypeName(e.dtype), " ", ShapeString(chunk.sizes));
+  }
+  return sources_.Tensor(open_.back(), *t, where);
+}
+
 void Reader::PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s) {
   const std::string where = StrCat(c_.path.string(), " > ", e.fqn);
   const bool state = k.kind == KeyClass::kState;
@@ -208,18 +229,7 @@ void Reader::PlanStacked(const Entry& e, const KeyClass& k, const Stacked& s) {
       const std::string iw = StrCat("rank file ", item.file.string(), " > ",
                                     e.fqn, " > chunk ", BoxString(chunk));
       try {
-        open_.push_back(OpenItem(item, key, files_));
-        const torchfile::TorchFile& f = *open_.back();
-        const torchfile::TensorInfo* t = f.FindTensor(f.root());
-        if (t == nullptr) throw FormatError("the item is not a tensor");
-        if (t->dtype != e.dtype || t->shape != chunk.sizes) {
-          throw FormatError("the item holds a ", DTypeName(t->dtype), " ",
-                            ShapeString(t->shape),
-                            " tensor, the metadata says ", DTypeName(e.dtype),
-                            " ", ShapeString(chunk.sizes));
-        }
-        const reshape::SourceTensor whole =
-            sources_.Tensor(open_.back(), *t, iw);
+        const reshape::SourceTensor whole = OpenChunk(item, key, e, chunk, iw);
         if (e.size.empty()) {  // the step: every expert's
           for (size_t a : atoms) {
             universal::Fragment fr;
@@ -435,18 +445,8 @@ void Reader::PlanTensor(const Entry& e, const KeyClass& k) {
       const std::string iw = StrCat("rank file ", item.file.string(), " > ",
                                     e.fqn, " > chunk ", BoxString(chunk));
       try {
-        open_.push_back(OpenItem(item, key, files_));
-        const torchfile::TorchFile& f = *open_.back();
-        const torchfile::TensorInfo* t = f.FindTensor(f.root());
-        if (t == nullptr) throw FormatError("the item is not a tensor");
-        if (t->dtype != e.dtype || t->shape != chunk.sizes) {
-          throw FormatError("the item holds a ", DTypeName(t->dtype), " ",
-                            ShapeString(t->shape),
-                            " tensor, the metadata says ", DTypeName(e.dtype),
-                            " ", ShapeString(chunk.sizes));
-        }
         universal::Fragment fr;
-        fr.src = sources_.Tensor(open_.back(), *t, iw);
+        fr.src = OpenChunk(item, key, e, chunk, iw);
         fr.src_box = Box::Whole(chunk.sizes);
         fr.atom_box = Box{chunk.offsets, chunk.sizes};
         if (shifted)
