@@ -1,6 +1,7 @@
 #pragma once
 // torchtitan's routed experts in a DCP state dict (../../../layouts/README.md,
-// "Mixture of experts (design)"; ../shared/reference/moe.md): each MoE layer
+// "Mixture of experts (design)"; torchtitan's torchtitan/models/moe/moe.py,
+// GroupedExperts, 2025-2026): each MoE layer
 // keeps its experts' weights as one 3-D tensor per matrix, stacked over the
 // layer's E experts,
 //   <prefix>moe.experts.w1 [E, F, D]   w3 [E, F, D]   w2 [E, D, F]

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/formats/megatron/megatron_format.h"
 
 namespace ucp::megatron {
@@ -49,6 +50,13 @@ std::unique_ptr<formats::Source> IterationDriver::Open(
     const fs::path& path, const formats::SourceOptions& options) const {
   formats::CheckOptions(SourceOptionSpecs(), options.values, Name(), "sources");
   return OpenIteration(path, options.values.Int(kIterationOption), options);
+}
+
+void IterationDriver::WriteTracker(const std::filesystem::path& dir,
+                                   const formats::CheckpointInfo& c) const {
+  WriteFileAtomically(dir / kTrackerFile, c.path.filename() == kReleaseDir
+                                              ? std::string(kReleaseDir)
+                                              : std::to_string(c.iteration));
 }
 
 }  // namespace ucp::megatron

@@ -37,6 +37,10 @@ class IterationDriver : public formats::Driver {
   std::unique_ptr<formats::Source> Open(
       const std::filesystem::path& path,
       const formats::SourceOptions& options) const final;
+  /// Megatron's tracker (latest_checkpointed_iteration.txt): the iteration,
+  /// or "release" for a release/ folder, written atomically. Throws IoError.
+  void WriteTracker(const std::filesystem::path& dir,
+                    const formats::CheckpointInfo& checkpoint) const override;
 
  protected:
   /// How the option's help names the format ("torch_dist").

@@ -106,13 +106,6 @@ class MegatronDriver : public IterationDriver {
     return tracker ? formats::Confidence::kMaybe : formats::Confidence::kNo;
   }
   bool HasTracker() const override { return true; }
-  void WriteTracker(const fs::path& dir,
-                    const formats::CheckpointInfo& c) const override {
-    const std::string name = c.path.filename().string();
-    WriteFileAtomically(dir / kTrackerFile, name == kReleaseDir
-                                                ? std::string(kReleaseDir)
-                                                : std::to_string(c.iteration));
-  }
   bool CanWrite() const override { return true; }
   bool PlacesByLayout() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {

@@ -135,13 +135,6 @@ class TorchDistDriver : public megatron::IterationDriver {
     return formats::Confidence::kNo;
   }
   bool HasTracker() const override { return true; }
-  void WriteTracker(const fs::path& dir,
-                    const formats::CheckpointInfo& c) const override {
-    WriteFileAtomically(dir / megatron::kTrackerFile,
-                        c.path.filename() == megatron::kReleaseDir
-                            ? std::string(megatron::kReleaseDir)
-                            : std::to_string(c.iteration));
-  }
   bool CanWrite() const override { return true; }
   bool PlacesByLayout() const override { return true; }
   formats::TopologyAxes TargetAxes() const override {
