@@ -86,9 +86,12 @@ class DcpPlan : public formats::TargetPlan {
   void BuildKeys(const formats::TargetOptions& options);
   void KeysFromDcp(const DcpExtras& meta);
   void StackExperts(const DcpKeyRecord& j, Key& k) const;
-  std::map<std::string, std::pair<std::string, std::vector<std::string>>>
-  ExpertStacks() const;
+  // {expert param -> (stacked param, its experts' params)}
+  using Stacks =
+      std::map<std::string, std::pair<std::string, std::vector<std::string>>>;
+  Stacks ExpertStacks() const;
   void KeysFromOtherFormats(const formats::TargetOptions& options);
+  void GroupKeysFromOtherFormats(const Stacks& stacks);
   void CheckExpertParallel() const;
   Chunk ExpertChunk(const Shape& shape, int64_t rank) const;
   void PlaceItems();
@@ -227,8 +230,7 @@ void DcpPlan::KeysFromDcp(const DcpExtras& meta) {
 // (<layer>.moe.experts.<e>.<w1|w2|w3>, ../dcp/experts.h) in content that is
 // not DCP's: restacked as <layer>.moe.experts.<w1|w2|w3>, experts 0..E-1 each
 // once. Returns {expert param -> (stacked param, its experts' params)}.
-std::map<std::string, std::pair<std::string, std::vector<std::string>>>
-DcpPlan::ExpertStacks() const {
+DcpPlan::Stacks DcpPlan::ExpertStacks() const {
   std::map<std::string, std::map<int64_t, std::string>> by_stack;
   for (const atoms::StoredParam& p : input_.params()) {
     if (p.info.kind == atoms::ParamKind::kBuffer) continue;
@@ -406,7 +408,12 @@ void DcpPlan::KeysFromOtherFormats(const formats::TargetOptions& options) {
       }
     }
   }
-  // Param groups: the source's hyper-parameters, then the params by name.
+  GroupKeysFromOtherFormats(stacks);
+}
+
+// Param groups: the source's hyper-parameters, then the params by name (a
+// stacked expert tensor once, under its key's name).
+void DcpPlan::GroupKeysFromOtherFormats(const Stacks& stacks) {
   std::vector<std::vector<std::string>> members;
   for (const atoms::StoredParam& p : input_.params()) {
     if (p.info.kind == atoms::ParamKind::kBuffer || p.info.frozen) continue;

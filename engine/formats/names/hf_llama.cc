@@ -688,6 +688,81 @@ std::optional<std::vector<universal::MappedParam>> HfLlamaParams(
   return out;
 }
 
+namespace {
+
+// Megatron's linear_qkv from transformers' q / k / v_proj rows, joined per
+// query group ([q_g; k_g; v_g] for each of the `ng` groups), and its bias from
+// the q / k / v biases likewise when the source has them (Qwen2). `find`
+// returns the source param of a transformers name (marking it used) or throws
+// UsageError; so does a shape that is not q / k / v rows of `ng` groups.
+void AppendFusedQkv(
+    const std::string& h, const std::string& l, int64_t ng,
+    const std::string& where,
+    const std::function<const atoms::StoredParam&(const std::string&, size_t)>&
+        find,
+    bool has_bias, std::vector<universal::MappedParam>& out) {
+  const atoms::StoredParam& q = find(h + "self_attn.q_proj.weight", 2);
+  const atoms::StoredParam& k = find(h + "self_attn.k_proj.weight", 2);
+  const atoms::StoredParam& v = find(h + "self_attn.v_proj.weight", 2);
+  const int64_t hidden = q.info.shape[1];
+  const int64_t nq = q.info.shape[0], nk = k.info.shape[0];
+  if (nq % ng != 0 || nk % ng != 0 || v.info.shape != k.info.shape ||
+      k.info.shape[1] != hidden) {
+    throw UsageError(where, " > ", q.info.fqn, " ", ShapeString(q.info.shape),
+                     ", ", k.info.fqn, " ", ShapeString(k.info.shape), ", ",
+                     v.info.fqn, " ", ShapeString(v.info.shape),
+                     ": not query / key / value rows of ", ng, " groups");
+  }
+  const int64_t qg = nq / ng, kg = nk / ng;  // rows per group
+  universal::MappedParam qkv;
+  qkv.info.fqn = l + "self_attention.linear_qkv.weight";
+  qkv.info.shape = {nq + 2 * nk, hidden};
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t at = g * (qg + 2 * kg);
+    qkv.pieces.push_back({q.info.fqn, Rows(g * qg, (g + 1) * qg, hidden),
+                          Rows(at, at + qg, hidden)});
+    qkv.pieces.push_back({k.info.fqn, Rows(g * kg, (g + 1) * kg, hidden),
+                          Rows(at + qg, at + qg + kg, hidden)});
+    qkv.pieces.push_back({v.info.fqn, Rows(g * kg, (g + 1) * kg, hidden),
+                          Rows(at + qg + kg, at + qg + 2 * kg, hidden)});
+  }
+  out.push_back(std::move(qkv));
+  // Query / key / value biases (Qwen2): joined per query group likewise.
+  if (has_bias) {
+    const atoms::StoredParam& qb = find(h + "self_attn.q_proj.bias", 1);
+    const atoms::StoredParam& kb = find(h + "self_attn.k_proj.bias", 1);
+    const atoms::StoredParam& vb = find(h + "self_attn.v_proj.bias", 1);
+    if (qb.info.shape[0] != nq || kb.info.shape[0] != nk ||
+        vb.info.shape[0] != nk) {
+      throw UsageError(
+          where, " > ", qb.info.fqn, " ", ShapeString(qb.info.shape), ", ",
+          kb.info.fqn, " ", ShapeString(kb.info.shape), ", ", vb.info.fqn, " ",
+          ShapeString(vb.info.shape), ": not the biases of the q / k / v rows");
+    }
+    universal::MappedParam bias;
+    bias.info.fqn = l + "self_attention.linear_qkv.bias";
+    bias.info.shape = {nq + 2 * nk};
+    auto span = [](int64_t begin, int64_t end) {
+      Box b;
+      b.offset = {begin};
+      b.size = {end - begin};
+      return b;
+    };
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t at = g * (qg + 2 * kg);
+      bias.pieces.push_back(
+          {qb.info.fqn, span(g * qg, (g + 1) * qg), span(at, at + qg)});
+      bias.pieces.push_back({kb.info.fqn, span(g * kg, (g + 1) * kg),
+                             span(at + qg, at + qg + kg)});
+      bias.pieces.push_back({vb.info.fqn, span(g * kg, (g + 1) * kg),
+                             span(at + qg + kg, at + qg + 2 * kg)});
+    }
+    out.push_back(std::move(bias));
+  }
+}
+
+}  // namespace
+
 std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const universal::UniversalInput& input,
     const std::function<std::string(const std::string&)>& hf_name,
@@ -741,65 +816,8 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
     const std::string l = StrCat(kLayers, i, ".");
     whole(l + "self_attention.linear_qkv.layer_norm_weight",
           find(h + "input_layernorm.weight", 1));
-    const atoms::StoredParam& q = find(h + "self_attn.q_proj.weight", 2);
-    const atoms::StoredParam& k = find(h + "self_attn.k_proj.weight", 2);
-    const atoms::StoredParam& v = find(h + "self_attn.v_proj.weight", 2);
-    const int64_t hidden = q.info.shape[1];
-    const int64_t nq = q.info.shape[0], nk = k.info.shape[0];
-    if (nq % ng != 0 || nk % ng != 0 || v.info.shape != k.info.shape ||
-        k.info.shape[1] != hidden) {
-      throw UsageError(where, " > ", q.info.fqn, " ", ShapeString(q.info.shape),
-                       ", ", k.info.fqn, " ", ShapeString(k.info.shape), ", ",
-                       v.info.fqn, " ", ShapeString(v.info.shape),
-                       ": not query / key / value rows of ", ng, " groups");
-    }
-    const int64_t qg = nq / ng, kg = nk / ng;  // rows per group
-    universal::MappedParam qkv;
-    qkv.info.fqn = l + "self_attention.linear_qkv.weight";
-    qkv.info.shape = {nq + 2 * nk, hidden};
-    for (int64_t g = 0; g < ng; ++g) {
-      const int64_t at = g * (qg + 2 * kg);
-      qkv.pieces.push_back({q.info.fqn, Rows(g * qg, (g + 1) * qg, hidden),
-                            Rows(at, at + qg, hidden)});
-      qkv.pieces.push_back({k.info.fqn, Rows(g * kg, (g + 1) * kg, hidden),
-                            Rows(at + qg, at + qg + kg, hidden)});
-      qkv.pieces.push_back({v.info.fqn, Rows(g * kg, (g + 1) * kg, hidden),
-                            Rows(at + qg + kg, at + qg + 2 * kg, hidden)});
-    }
-    out.push_back(std::move(qkv));
-    // Query / key / value biases (Qwen2): joined per query group likewise.
-    if (by_hf.count(h + "self_attn.q_proj.bias")) {
-      const atoms::StoredParam& qb = find(h + "self_attn.q_proj.bias", 1);
-      const atoms::StoredParam& kb = find(h + "self_attn.k_proj.bias", 1);
-      const atoms::StoredParam& vb = find(h + "self_attn.v_proj.bias", 1);
-      if (qb.info.shape[0] != nq || kb.info.shape[0] != nk ||
-          vb.info.shape[0] != nk) {
-        throw UsageError(where, " > ", qb.info.fqn, " ",
-                         ShapeString(qb.info.shape), ", ", kb.info.fqn, " ",
-                         ShapeString(kb.info.shape), ", ", vb.info.fqn, " ",
-                         ShapeString(vb.info.shape),
-                         ": not the biases of the q / k / v rows");
-      }
-      universal::MappedParam bias;
-      bias.info.fqn = l + "self_attention.linear_qkv.bias";
-      bias.info.shape = {nq + 2 * nk};
-      auto span = [](int64_t begin, int64_t end) {
-        Box b;
-        b.offset = {begin};
-        b.size = {end - begin};
-        return b;
-      };
-      for (int64_t g = 0; g < ng; ++g) {
-        const int64_t at = g * (qg + 2 * kg);
-        bias.pieces.push_back(
-            {qb.info.fqn, span(g * qg, (g + 1) * qg), span(at, at + qg)});
-        bias.pieces.push_back({kb.info.fqn, span(g * kg, (g + 1) * kg),
-                               span(at + qg, at + qg + kg)});
-        bias.pieces.push_back({vb.info.fqn, span(g * kg, (g + 1) * kg),
-                               span(at + qg + kg, at + qg + 2 * kg)});
-      }
-      out.push_back(std::move(bias));
-    }
+    AppendFusedQkv(h, l, ng, where, find,
+                   by_hf.count(h + "self_attn.q_proj.bias") > 0, out);
     // QK norms (Qwen3's q/k_norm: RMSNorm over each head's dim, before the
     // rotary embedding, as Megatron's qk_layernorm).
     if (by_hf.count(h + "self_attn.q_norm.weight")) {
