@@ -59,4 +59,21 @@ class IterationDriver : public formats::Driver {
       const formats::SourceOptions& options) const = 0;
 };
 
+/// A Megatron format ucp writes (the legacy files, torch_dist): a tracker,
+/// placement by the layout, every parallel size as a target axis.
+class WritableIterationDriver : public IterationDriver {
+ public:
+  bool HasTracker() const override { return true; }
+  bool CanWrite() const override { return true; }
+  bool PlacesByLayout() const override { return true; }
+  formats::TopologyAxes TargetAxes() const override {
+    return {.tp = true,
+            .pp = true,
+            .vpp = true,
+            .dp = true,
+            .ep = true,
+            .etp = true};
+  }
+};
+
 }  // namespace ucp::megatron

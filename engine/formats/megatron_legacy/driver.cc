@@ -76,7 +76,7 @@ bool HoldsRankDir(const fs::path& dir) {
   return false;
 }
 
-class MegatronDriver : public IterationDriver {
+class MegatronDriver : public WritableIterationDriver {
  public:
   std::string_view Name() const override { return "megatron"; }
   std::string_view Summary() const override {
@@ -104,17 +104,6 @@ class MegatronDriver : public IterationDriver {
         return formats::Confidence::kYes;
     }
     return tracker ? formats::Confidence::kMaybe : formats::Confidence::kNo;
-  }
-  bool HasTracker() const override { return true; }
-  bool CanWrite() const override { return true; }
-  bool PlacesByLayout() const override { return true; }
-  formats::TopologyAxes TargetAxes() const override {
-    return {.tp = true,
-            .pp = true,
-            .vpp = true,
-            .dp = true,
-            .ep = true,
-            .etp = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
     formats::OptionSpec d;

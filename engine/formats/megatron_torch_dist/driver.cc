@@ -111,7 +111,7 @@ class TorchDistSource : public formats::Source {
   bool experts_ = false;  // routed experts (mixture of experts)
 };
 
-class TorchDistDriver : public megatron::IterationDriver {
+class TorchDistDriver : public megatron::WritableIterationDriver {
  public:
   std::string_view Name() const override { return "megatron-torch-dist"; }
   std::string_view Summary() const override {
@@ -133,17 +133,6 @@ class TorchDistDriver : public megatron::IterationDriver {
     if (IsTorchDistFolder(path / megatron::kReleaseDir))
       return formats::Confidence::kYes;
     return formats::Confidence::kNo;
-  }
-  bool HasTracker() const override { return true; }
-  bool CanWrite() const override { return true; }
-  bool PlacesByLayout() const override { return true; }
-  formats::TopologyAxes TargetAxes() const override {
-    return {.tp = true,
-            .pp = true,
-            .vpp = true,
-            .dp = true,
-            .ep = true,
-            .etp = true};
   }
   std::vector<formats::OptionSpec> TargetOptionSpecs() const override {
     formats::OptionSpec d;
