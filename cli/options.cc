@@ -54,7 +54,8 @@ void AddRunOptions(po::options_description& desc, RunOptions& options) {
       "progress bar even when stderr is not a terminal")(
       "no-sync", po::bool_switch(&options.no_sync),
       "do not fsync the outputs (like cp: faster, but a power loss can "
-      "leave files with missing data; unsafe for checkpoints you keep)");
+      "leave files with missing data; unsafe for checkpoints you keep); "
+      "UCP_NO_SYNC=1 in the environment does the same for every command");
 }
 
 bool Parse(const std::vector<std::string>& args, po::options_description& desc,

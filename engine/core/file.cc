@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "engine/core/error.h"
 #include "engine/core/staging.h"
@@ -255,17 +257,27 @@ OutputFile::~OutputFile() {
 
 namespace {
 std::atomic<bool> g_durable{true};
+
+// UCP_NO_SYNC=1 (any value but empty or "0"): no fsync whatever the caller
+// asks, for scratch output such as a test suite's.
+bool NoSyncFromEnvironment() noexcept {
+  static const bool no_sync = [] {
+    const char* v = std::getenv("UCP_NO_SYNC");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return no_sync;
+}
 }  // namespace
 
 void SetDurableWrites(bool durable) noexcept { g_durable = durable; }
-bool DurableWrites() noexcept { return g_durable; }
+bool DurableWrites() noexcept { return g_durable && !NoSyncFromEnvironment(); }
 
 void OutputFile::Commit() {
   if (temp_.empty()) {  // in memory
     committed_ = true;
     return;
   }
-  if (g_durable) file_.Sync();
+  if (DurableWrites()) file_.Sync();
   file_.Close();
   std::error_code ec;
   std::filesystem::rename(temp_, final_, ec);

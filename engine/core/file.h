@@ -88,6 +88,8 @@ class File {
 /// Whether OutputFile::Commit fsyncs before renaming (default true). False
 /// (`--no-sync`) is like `cp`: faster, but a power loss can leave a
 /// renamed file with missing data. Process-wide; set it before writing.
+/// The environment variable UCP_NO_SYNC=1 makes it false whatever is set
+/// here (scratch output: test suites, CI).
 void SetDurableWrites(bool durable) noexcept;
 bool DurableWrites() noexcept;
 

@@ -184,11 +184,16 @@ def test_no_scratch_files_in_tmpdir():
             run("verify", t / f"{name}-load", "-q", env=env)
 
 
-def fsyncs(args, t):
-    """Runs ucp under strace; returns how many fsync/fdatasync calls it made."""
+def fsyncs(args, t, no_sync_env=None):
+    """Runs ucp under strace; returns how many fsync/fdatasync calls it made.
+    The suite runs with UCP_NO_SYNC=1 (cmake/ucp.cmake): left out here unless
+    `no_sync_env` gives its value."""
     log = t / "strace.log"
+    env = {k: v for k, v in os.environ.items() if k != "UCP_NO_SYNC"}
+    if no_sync_env is not None:
+        env["UCP_NO_SYNC"] = no_sync_env
     p = subprocess.run(["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", str(log),
-                        str(UCP), *map(str, args)], capture_output=True, text=True)
+                        str(UCP), *map(str, args)], capture_output=True, text=True, env=env)
     assert p.returncode == 0, (args, p.stderr[-2000:])
     return sum(1 for line in log.read_text().splitlines() if "sync(" in line)
 
@@ -221,6 +226,9 @@ def test_no_sync_skips_fsync():
                          (["export", FIX], "e")]:
             assert fsyncs([*cmd, "-o", t / out, "-q"], t) > 0, cmd
             assert fsyncs([*cmd, "-o", t / f"{out}-ns", "-q", "--no-sync"], t) == 0, cmd
+            # UCP_NO_SYNC=1 is --no-sync for every command; "0" is not.
+            assert fsyncs([*cmd, "-o", t / f"{out}-env", "-q"], t, "1") == 0, cmd
+            assert fsyncs([*cmd, "-o", t / f"{out}-env0", "-q"], t, "0") > 0, cmd
         for a, b in [("c", "c-ns"), ("e", "e-ns")]:
             fa = sorted(p.relative_to(t / a) for p in (t / a).rglob("*") if p.is_file())
             fb = sorted(p.relative_to(t / b) for p in (t / b).rglob("*") if p.is_file())
