@@ -36,6 +36,7 @@ const std::vector<Command>& Commands() {
       {"resume",
        "elastic restart: newest intact checkpoint, reshaped for the new job",
        RunResume},
+      {"diff", "compare two checkpoints (any formats) param by param", RunDiff},
       {"layout", "list / show / check layout descriptors", RunLayout},
       {"inspect", "show the tensors, objects and totals of torch.save files",
        RunInspect},
