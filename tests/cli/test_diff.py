@@ -23,6 +23,8 @@ from testmain import UCP, Tmp, one_error_line, run  # noqa: E402
 
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron" / "gqa_swiglu_bias_untied"
 MEGATRON = DATA / "tp2_pp2_vpp1_dp2_do"
+# A Megatron-core LLaMA saved by the real megatron-core (tests/tools/megatron_torch_dist.py).
+TORCH_DIST = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron_torch_dist" / "tp2_pp2_dp1"
 
 
 def diff(a, b, *args, expect):
@@ -308,6 +310,20 @@ def test_megatron_equals_its_conversions():
         assert s["differing"] == 1 and s["first_index"] == [1, 2], s
         assert s["max_abs"] == abs(w0 - float(w[1, 2])), s
         assert "step 99, A's optimizer step 100" in state_of(r, stepped, "step")["note"]
+
+
+def test_names_compare_under_a_name_map():
+    """A Megatron-core LLaMA and its MindFormers conversion (other names, QKV and gate/up split)
+    compare equal under --names mindformers-llama, and share no param without it."""
+    with Tmp("ucp-diff-") as t:
+        run("convert", TORCH_DIST, "-o", t / "ms", "--format", "mindspore", "--tp", 2, "--pp", 1,
+            "--dp", 2, "--names", "mindformers-llama", "-q")
+        r = diff(TORCH_DIST, t / "ms", "--names", "mindformers-llama", expect=0)
+        assert r["summary"]["params_compared"] > 30 and not differing(r), r["summary"]
+        # fp32 master and both moments of every param, compared; the bf16 copies derived.
+        assert r["summary"]["states_compared"] == 3 * r["summary"]["params_compared"], r["summary"]
+        r = diff(TORCH_DIST, t / "ms", expect=1)
+        assert r["summary"]["params_compared"] == 0 and r["summary"]["params_in_b_only"] > 30
 
 
 def test_malformed_inputs_fail_with_one_line():
