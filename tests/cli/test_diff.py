@@ -4,7 +4,8 @@ one flipped element, a missing param, an extra optimizer state, a transposed ten
 by numpy.isclose, a dtype; a Megatron checkpoint of the suite's generator
 (tests/tools/make_megatron_ckpts.py) equal to its DCP conversion by `ucp convert`, to its
 universal file and to the generator's other layout of the same model, and one flipped element of
-the conversion found; malformed inputs (one error line, exit code neither 0 nor 1).
+the conversion found; malformed inputs (one error line, exit code neither 0 nor 1; also through
+the sanitized ucp_san).
 """
 import json
 import os
@@ -19,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
-from testmain import UCP, Tmp, one_error_line, run  # noqa: E402
+from testmain import UCP, Tmp, one_error_line, run, run_both  # noqa: E402
 
 DATA = pathlib.Path(os.environ["UCP_TESTDATA"]) / "megatron" / "gqa_swiglu_bias_untied"
 MEGATRON = DATA / "tp2_pp2_vpp1_dp2_do"
@@ -333,8 +334,10 @@ def test_malformed_inputs_fail_with_one_line():
         shutil.copytree(a, b)
         f = next(b.glob("*.distcp"))
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-        p = run("diff", a, b, expect=3)
+        p = run_both("diff", a, b, expect=3)  # and under ASan + UBSan (ucp_san)
         one_error_line(p, str(b), kind="format error")
+        c = save(base_state(1), t / "c")
+        run_both("diff", a, c, "--memory", "16M", "--atol", "1e-3", expect=1)
         p = run("diff", a, t / "nothing", expect=5)
         one_error_line(p, "nothing", kind="i/o error")
         p = run("diff", a, expect=2)
