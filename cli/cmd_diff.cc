@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <new>
 
 #include "cli/command.h"
@@ -91,6 +92,9 @@ int RunDiff(const std::vector<std::string>& args) {
     throw UsageError("diff needs two checkpoints, A and B");
   o.model_vars = ParseModelVars(model_var_args);
   o.executor = run.Executor();
+  // For benchmarks: A's bytes per batch (default: engine/diff/diff.h).
+  if (const char* c = std::getenv("UCP_DIFF_BATCH_BYTES"); c != nullptr && *c)
+    o.batch_bytes = reshape::ParseByteSize(c);
   o.progress = true;  // drawn when stderr is a terminal, or --progress
   SetProgressMode(run.quiet, run.progress);
   const auto start = std::chrono::steady_clock::now();

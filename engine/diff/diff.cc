@@ -23,6 +23,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A batch of windows (A's bytes) and the executor's chunk, by default.
+constexpr uint64_t kBatchBytes = 8u << 20;
+constexpr uint64_t kChunkBytes = 1u << 20;
+
 // A state whose values both sides hold in one shape.
 struct ValueTask {
   StateDiff* state = nullptr;
@@ -39,12 +43,21 @@ struct Window {
   uint64_t offset = 0;
 };
 
+// Bytes a sink reads itself from a source's file (Copy) at a time: cache
+// sized, a multiple of every element size.
+constexpr uint64_t kPieceBytes = 256u << 10;
+
 // Keeps A's elements of a window.
 class BufferSink : public reshape::ByteSink {
  public:
   explicit BufferSink(std::byte* at) : at_(at) {}
   void Write(uint64_t offset, std::span<const std::byte> data) override {
     std::memcpy(at_ + offset, data.data(), data.size());
+  }
+  // Bytes stored as they are in a file: read straight into the buffer.
+  bool Copy(uint64_t offset, uint64_t n, const FileLocation& from) override {
+    from.file->ReadExact(at_ + offset, n, from.offset);
+    return true;
   }
 
  private:
@@ -68,6 +81,19 @@ class CompareSink : public reshape::ByteSink {
                     data.data(), n, w_.begin + at, tolerance_, local);
     std::lock_guard lock(*w_.task->mutex);
     w_.task->state->values.Merge(local);
+  }
+  // Bytes stored as they are in a file: read a cache-sized piece at a time
+  // and compare it while it is in the cache.
+  bool Copy(uint64_t offset, uint64_t n, const FileLocation& from) override {
+    thread_local std::vector<std::byte> piece;
+    piece.resize(std::min(n, kPieceBytes));
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t k = std::min(n - done, kPieceBytes);
+      from.file->ReadExact(piece.data(), k, from.offset + done);
+      Write(offset + done, std::span<const std::byte>(piece.data(), k));
+      done += k;
+    }
+    return true;
   }
 
  private:
@@ -320,11 +346,18 @@ Report Compare(const universal::UniversalInput& a,
       derive(*pa, p.states.back(), *db, a, b);
     }
   }
-  // The budget: half for A's windows, a quarter for the executor's chunks.
+  // The budget: at most half for A's windows (a batch of kBatchBytes stays
+  // in the last-level cache until B's chunks are compared with it), a
+  // quarter for the executor's chunks (of kChunkBytes: several per batch for
+  // the threads to share).
   const uint64_t budget = options.executor.memory_budget;
-  const uint64_t buffer_bytes = std::max<uint64_t>(budget / 2, 1u << 20);
+  const uint64_t buffer_bytes =
+      options.batch_bytes != 0
+          ? options.batch_bytes
+          : std::clamp<uint64_t>(budget / 2, 1u << 20, kBatchBytes);
   reshape::ExecutorOptions executor = options.executor;
   executor.memory_budget = std::max<uint64_t>(budget / 4, 1u << 20);
+  if (executor.chunk_bytes == 0) executor.chunk_bytes = kChunkBytes;
   uint64_t total = 0;
   for (const ValueTask& t : tasks) {
     const auto n = static_cast<uint64_t>(NumElements(t.a->shape));

@@ -13,10 +13,11 @@
 // objects and the model's attributes are not compared.
 //
 // Streaming: each state is read in windows of consecutive elements (boxes of
-// the param), A's windows of a batch into a buffer, then B's, each of B's
-// chunks compared with A's elements on the executor's threads as it arrives;
-// every byte of both sides is read once, and memory stays within the budget
-// (half for the batch buffer, a quarter for the executor's chunks).
+// the param), A's windows of a batch (8 MiB: it stays in the cache) into a
+// buffer, then B's, each of B's chunks compared with A's elements on the
+// executor's threads as it arrives (a chunk stored as it is in a file is
+// read and compared 256 KiB at a time); every byte of both sides is read
+// once, and memory stays within the budget.
 
 #include <cstdint>
 #include <filesystem>
@@ -100,6 +101,9 @@ struct Options {
   formats::SourceOptions source;
   reshape::ExecutorOptions executor;  // threads, --memory
   bool progress = false;              // a progress bar (Progress::kAuto)
+  /// A's bytes read per batch before B's are compared with them (0: 8 MiB,
+  /// at most half the memory budget; for benchmarks).
+  uint64_t batch_bytes = 0;
 };
 
 /// Compares two universal contents. A state in one side only is derived,
