@@ -263,89 +263,86 @@ bool Report::equal() const {
                      [](const ParamDiff& p) { return p.equal(); });
 }
 
-Report Compare(const universal::UniversalInput& a,
-               const universal::UniversalInput& b, const Options& options) {
-  CheckTolerance("atol", options.tolerance.atol);
-  CheckTolerance("rtol", options.tolerance.rtol);
-  Report report;
-  report.a = a.path().string();
-  report.b = b.path().string();
-  report.tolerance = options.tolerance;
-  // Params: A's in order, then B's others.
-  std::vector<std::pair<const atoms::StoredParam*, const atoms::StoredParam*>>
-      pairs;
-  for (const atoms::StoredParam& p : a.params())
-    pairs.emplace_back(&p, b.FindParam(p.info.fqn));
-  for (const atoms::StoredParam& p : b.params())
-    if (a.FindParam(p.info.fqn) == nullptr) pairs.emplace_back(nullptr, &p);
-  report.params.resize(pairs.size());
-  size_t states = 0;
-  for (const auto& [pa, pb] : pairs)
-    if (pa && pb) states += pa->atoms.size() + pb->atoms.size();
+namespace {
+
+// What Compare reads: the states whose values it compares, and the steps it
+// checks against the other side's optimizer step.
+struct Work {
   std::vector<ValueTask> tasks;
-  tasks.reserve(states);  // StateDiff pointers stay valid: reserved below
   std::vector<StepCheck> steps_in_a, steps_in_b;
-  const std::optional<int64_t> a_step = OptimizerStep(a.model());
-  const std::optional<int64_t> b_step = OptimizerStep(b.model());
-  // A state one side lacks that the other implies (Compare's contract).
-  auto derive = [&](const atoms::StoredParam& lacking, StateDiff& s,
-                    const atoms::DatasetInfo& d,
-                    const universal::UniversalInput& lacking_input,
-                    const universal::UniversalInput& having) {
-    const bool a_has = s.in_a;
-    if (s.state == "param" &&
-        lacking_input.FindAtom(lacking.info.fqn, "fp32") != nullptr &&
-        having.FindAtom(lacking.info.fqn, "fp32") != nullptr) {
-      s.derived = true;
-      s.note = "the training-dtype copy of the fp32 master (compared)";
-    } else if (s.state == "step" && (a_has ? b_step : a_step)) {
-      (a_has ? steps_in_a : steps_in_b)
-          .push_back({&s, &d, *(a_has ? b_step : a_step), a_has ? "B" : "A"});
-    }
-  };
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    const auto [pa, pb] = pairs[i];
-    ParamDiff& p = report.params[i];
-    p.name = (pa ? pa : pb)->info.fqn;
-    p.in_a = pa != nullptr;
-    p.in_b = pb != nullptr;
-    if (!pa || !pb) continue;
-    ++report.params_compared;
-    const auto sa = States(a, *pa), sb = States(b, *pb);
-    p.states.reserve(sa.size() + sb.size());
-    for (const atoms::DatasetInfo* da : sa) {
-      StateDiff s;
-      s.state = da->state_kind;
-      s.in_a = true;
-      s.a_dtype = da->dtype;
-      s.a_shape = da->shape;
-      const atoms::DatasetInfo* db = b.FindAtom(p.name, da->state_kind);
-      if (db != nullptr) {
-        s.in_b = true;
-        s.b_dtype = db->dtype;
-        s.b_shape = db->shape;
-      }
-      p.states.push_back(std::move(s));
-      StateDiff& stored = p.states.back();
-      if (db == nullptr) derive(*pb, stored, *da, b, a);
-      if (db != nullptr && !stored.shape_differs() &&
-          ValuesComparable(da->dtype, db->dtype)) {
-        stored.values_compared = true;
-        tasks.push_back({&stored, StrCat("param ", p.name, " > ", stored.state),
-                         da, db, nullptr});
-      }
-    }
-    for (const atoms::DatasetInfo* db : sb) {
-      if (a.FindAtom(p.name, db->state_kind) != nullptr) continue;
-      StateDiff s;
-      s.state = db->state_kind;
+  std::optional<int64_t> a_step, b_step;
+};
+
+// Marks state `s` that one side lacks (the `lacking` param of
+// `lacking_input`) derived when the other side (`having`) implies it, or
+// queues the check of its step (Compare's contract).
+void Derive(const atoms::StoredParam& lacking, StateDiff& s,
+            const atoms::DatasetInfo& d,
+            const universal::UniversalInput& lacking_input,
+            const universal::UniversalInput& having, Work& work) {
+  const bool a_has = s.in_a;
+  const std::optional<int64_t>& step = a_has ? work.b_step : work.a_step;
+  if (s.state == "param" &&
+      lacking_input.FindAtom(lacking.info.fqn, "fp32") != nullptr &&
+      having.FindAtom(lacking.info.fqn, "fp32") != nullptr) {
+    s.derived = true;
+    s.note = "the training-dtype copy of the fp32 master (compared)";
+  } else if (s.state == "step" && step) {
+    (a_has ? work.steps_in_a : work.steps_in_b)
+        .push_back({&s, &d, *step, a_has ? "B" : "A"});
+  }
+}
+
+// The states of param `p` (in both), into p.states (reserved: `work` keeps
+// pointers to them).
+void PairStates(const universal::UniversalInput& a,
+                const universal::UniversalInput& b,
+                const atoms::StoredParam& pa, const atoms::StoredParam& pb,
+                ParamDiff& p, Work& work) {
+  const auto sa = States(a, pa), sb = States(b, pb);
+  p.states.reserve(sa.size() + sb.size());
+  for (const atoms::DatasetInfo* da : sa) {
+    StateDiff s;
+    s.state = da->state_kind;
+    s.in_a = true;
+    s.a_dtype = da->dtype;
+    s.a_shape = da->shape;
+    const atoms::DatasetInfo* db = b.FindAtom(p.name, da->state_kind);
+    if (db != nullptr) {
       s.in_b = true;
       s.b_dtype = db->dtype;
       s.b_shape = db->shape;
-      p.states.push_back(std::move(s));
-      derive(*pa, p.states.back(), *db, a, b);
+    }
+    p.states.push_back(std::move(s));
+    StateDiff& stored = p.states.back();
+    if (db == nullptr) {
+      Derive(pb, stored, *da, b, a, work);
+    } else if (!stored.shape_differs() &&
+               ValuesComparable(da->dtype, db->dtype)) {
+      stored.values_compared = true;
+      work.tasks.push_back({&stored,
+                            StrCat("param ", p.name, " > ", stored.state), da,
+                            db, nullptr});
     }
   }
+  for (const atoms::DatasetInfo* db : sb) {
+    if (a.FindAtom(p.name, db->state_kind) != nullptr) continue;
+    StateDiff s;
+    s.state = db->state_kind;
+    s.in_b = true;
+    s.b_dtype = db->dtype;
+    s.b_shape = db->shape;
+    p.states.push_back(std::move(s));
+    Derive(pa, p.states.back(), *db, a, b, work);
+  }
+}
+
+// Reads and compares every task's values in batches of windows; returns the
+// bytes read.
+uint64_t CompareValues(const universal::UniversalInput& a,
+                       const universal::UniversalInput& b,
+                       std::vector<ValueTask>& tasks, const Options& options,
+                       reshape::ExecutorOptions& executor) {
   // The budget: at most half for A's windows (a batch of kBatchBytes stays
   // in the last-level cache until B's chunks are compared with it), a
   // quarter for the executor's chunks (of kChunkBytes: several per batch for
@@ -355,33 +352,20 @@ Report Compare(const universal::UniversalInput& a,
       options.batch_bytes != 0
           ? options.batch_bytes
           : std::clamp<uint64_t>(budget / 2, 1u << 20, kBatchBytes);
-  reshape::ExecutorOptions executor = options.executor;
   executor.memory_budget = std::max<uint64_t>(budget / 4, 1u << 20);
   if (executor.chunk_bytes == 0) executor.chunk_bytes = kChunkBytes;
-  uint64_t total = 0;
-  for (const ValueTask& t : tasks) {
-    const auto n = static_cast<uint64_t>(NumElements(t.a->shape));
-    total += n * (ElementSize(t.a->dtype) + ElementSize(t.b->dtype));
-  }
-  std::unique_ptr<Progress> progress;
-  if (options.progress) {
-    progress = std::make_unique<Progress>("diff", total);
-    executor.progress = progress.get();
-  }
   std::mutex mutex;
   for (ValueTask& t : tasks) t.mutex = &mutex;
   std::unique_ptr<std::byte[]> buffer;
-  uint64_t buffer_size = 0;
+  uint64_t buffer_size = 0, used = 0, read = 0;
   std::vector<Window> batch;
-  uint64_t used = 0;
   auto flush = [&] {
     if (batch.empty()) return;
     if (buffer_size < used) {
       buffer.reset(new std::byte[used]);  // not zeroed: every byte is read
       buffer_size = used;
     }
-    report.bytes_read +=
-        RunBatch(a, b, batch, buffer.get(), options.tolerance, executor);
+    read += RunBatch(a, b, batch, buffer.get(), options.tolerance, executor);
     batch.clear();
     used = 0;
   };
@@ -399,8 +383,58 @@ Report Compare(const universal::UniversalInput& a,
     }
   }
   flush();
-  report.bytes_read += SettleSteps(a, steps_in_a, executor);
-  report.bytes_read += SettleSteps(b, steps_in_b, executor);
+  return read;
+}
+
+}  // namespace
+
+Report Compare(const universal::UniversalInput& a,
+               const universal::UniversalInput& b, const Options& options) {
+  CheckTolerance("atol", options.tolerance.atol);
+  CheckTolerance("rtol", options.tolerance.rtol);
+  Report report;
+  report.a = a.path().string();
+  report.b = b.path().string();
+  report.tolerance = options.tolerance;
+  // Params: A's in order, then B's others.
+  std::vector<std::pair<const atoms::StoredParam*, const atoms::StoredParam*>>
+      pairs;
+  for (const atoms::StoredParam& p : a.params())
+    pairs.emplace_back(&p, b.FindParam(p.info.fqn));
+  for (const atoms::StoredParam& p : b.params())
+    if (a.FindParam(p.info.fqn) == nullptr) pairs.emplace_back(nullptr, &p);
+  report.params.resize(pairs.size());  // not resized again: Work points in
+  Work work;
+  work.a_step = OptimizerStep(a.model());
+  work.b_step = OptimizerStep(b.model());
+  size_t states = 0;
+  for (const auto& [pa, pb] : pairs)
+    if (pa && pb) states += pa->atoms.size();
+  work.tasks.reserve(states);  // windows point at tasks
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const auto [pa, pb] = pairs[i];
+    ParamDiff& p = report.params[i];
+    p.name = (pa ? pa : pb)->info.fqn;
+    p.in_a = pa != nullptr;
+    p.in_b = pb != nullptr;
+    if (!pa || !pb) continue;
+    ++report.params_compared;
+    PairStates(a, b, *pa, *pb, p, work);
+  }
+  reshape::ExecutorOptions executor = options.executor;
+  std::unique_ptr<Progress> progress;
+  if (options.progress) {
+    uint64_t total = 0;
+    for (const ValueTask& t : work.tasks) {
+      const auto n = static_cast<uint64_t>(NumElements(t.a->shape));
+      total += n * (ElementSize(t.a->dtype) + ElementSize(t.b->dtype));
+    }
+    progress = std::make_unique<Progress>("diff", total);
+    executor.progress = progress.get();
+  }
+  report.bytes_read = CompareValues(a, b, work.tasks, options, executor);
+  report.bytes_read += SettleSteps(a, work.steps_in_a, executor);
+  report.bytes_read += SettleSteps(b, work.steps_in_b, executor);
   if (progress) progress->Finish();
   for (ParamDiff& p : report.params) {
     for (StateDiff& s : p.states) {
