@@ -99,6 +99,10 @@ json::Value ToJson(const Report& r) {
         x["b"]["shape"] = ShapeJson(s.b_shape);
       }
       if (!s.note.empty()) x["note"] = s.note;
+      if (s.in_a && s.in_b) {
+        x["shape_differs"] = s.shape_differs();
+        x["dtype_differs"] = s.dtype_differs();
+      }
       x["values_compared"] = s.values_compared;
       if (s.values_compared) {
         x["elements"] = s.values.compared;

@@ -176,7 +176,7 @@ def test_transposed_tensors():
                                 ("big.weight", "exp_avg_sq", "shape_differs")}, differing(r)
         s = state_of(r, "big.weight", "exp_avg")
         assert s["a"]["shape"] == [1024, 3072] and s["b"]["shape"] == [3072, 1024], s
-        assert not s["values_compared"]
+        assert s["shape_differs"] and not s["values_compared"], s
         lines = run("diff", a, b, "--quiet", expect=1).stdout.splitlines()
         assert "param big.weight > exp_avg: shape [1024, 3072] vs [3072, 1024]" in lines, lines
         x = sd["model"]["sq.weight"].numpy()
@@ -246,6 +246,7 @@ def test_dtype_difference_compared_as_values():
         assert differing(r) == {("big.bias", "exp_avg", "dtype_differs")}, differing(r)
         s = state_of(r, "big.bias", "exp_avg")
         assert s["a"]["dtype"] == "float32" and s["b"]["dtype"] == "bfloat16", s
+        assert s["dtype_differs"] and not s["shape_differs"], s
         assert s["values_compared"] and s["differing"] == 0 and s["elements"] == 48, s
         line = run("diff", a, b, "--quiet", expect=1).stdout.splitlines()[0]
         assert "dtype float32 vs bfloat16 (compared as values), values equal" in line, line
