@@ -27,5 +27,6 @@ int RunExport(const std::vector<std::string>& args);
 int RunFormats(const std::vector<std::string>& args);
 int RunResume(const std::vector<std::string>& args);
 int RunManifest(const std::vector<std::string>& args);
+int RunDiff(const std::vector<std::string>& args);
 
 }  // namespace ucp::cli

@@ -36,6 +36,7 @@ const std::vector<Command>& Commands() {
       {"resume",
        "elastic restart: newest intact checkpoint, reshaped for the new job",
        RunResume},
+      {"diff", "compare two checkpoints (any formats) param by param", RunDiff},
       {"layout", "list / show / check layout descriptors", RunLayout},
       {"inspect", "show the tensors, objects and totals of torch.save files",
        RunInspect},
@@ -72,9 +73,11 @@ void PrintUsage(std::FILE* out) {
       "  ucp layout check /ckpt/gpt\n"
       "  ucp inspect --json checkpoints/iter_0000100 > tree.json\n"
       "\n"
-      "exit codes: 0 ok, 1 other error, 2 usage error, 3 format error (input\n"
-      "corrupt or unsupported), 4 layout error, 5 i/o error, 70 internal "
-      "error\n");
+      "exit codes: 0 ok, 1 other error (ucp diff: different), 2 usage error, "
+      "3\n"
+      "format error (input corrupt or unsupported), 4 layout error, 5 i/o "
+      "error,\n"
+      "70 internal error\n");
 }
 
 // The one error line on stderr; with --json also a JSON document on stdout
