@@ -240,3 +240,140 @@ def test_read_into_cuda_tensor(saved):
         t = torch.empty(ROWS // 8, COLS, device="cuda")
         ckpt.read_into("big.weight", t, index=(slice(0, ROWS // 8),))
         assert bits_equal(t.cpu().numpy(), sd["big.weight"][: ROWS // 8].numpy())
+
+
+class _Opaque:
+    """Stands in for any class a Megatron pickle names (its args, enums)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __call__(self, *args, **kwargs):
+        return _Opaque()
+
+
+class _PermissiveModule:
+    """A pickle module for torch.load that keeps torch's own classes and
+    makes every other global an _Opaque (Megatron is not installed)."""
+
+    import pickle as _pickle
+
+    class Unpickler(_pickle.Unpickler):
+        def find_class(self, module, name):
+            if module.split(".")[0] in ("torch", "collections", "builtins",
+                                         "numpy", "_codecs", "argparse"):
+                return super().find_class(module, name)
+            return _Opaque
+
+    load = _pickle.load
+    __name__ = "pickle"
+
+
+def _flat_tensors(obj, prefix=""):
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_flat_tensors(v, f"{prefix}{k}."))
+    elif isinstance(obj, torch.Tensor):
+        out[prefix[:-1]] = obj
+    return out
+
+
+def test_megatron_legacy_fixture_equals_torch_load(fixtures):
+    """Megatron-LM 23.06's TP1 PP2 save: each stage's rank file loaded by
+    torch (stage 1's local layer 0 is global layer 1) against ucp's read of
+    the whole checkpoint (vocabulary padding rows left out by ucp)."""
+    base = fixtures / "megatron-23.06" / "from_tp2_to_tp1_pp2"
+    c = Compared()
+    with ucp.open(base) as ckpt:
+        assert ckpt.format == "megatron" and ckpt.topology["pp"] == 2
+        params = {p.name: p for p in ckpt.params()}
+        for stage in range(2):
+            sd = torch.load(base / "iter_0000010" / f"mp_rank_00_00{stage}" /
+                            "model_optim_rng.pt", pickle_module=_PermissiveModule,
+                            weights_only=False, map_location="cpu")
+            for key, tensor in _flat_tensors(sd["model"]).items():
+                if "_extra_state" in key:
+                    continue
+                name = key.replace("encoder.layers.0.", f"encoder.layers.{stage}.")
+                if name not in params and stage == 1 and "word_embeddings" in name:
+                    continue  # the tied output copy on the last stage
+                want = torch_to_numpy(tensor)
+                rows = params[name].shape[0] if params[name].shape else None
+                if rows is not None and rows < want.shape[0]:
+                    want = want[:rows]  # the vocabulary's padding rows
+                c.equal(ckpt.read(name), want, name)
+    assert c.tensors == len(params) and c.tensors >= 20, (c.tensors, len(params))
+    negative_control(want)
+
+
+def test_torch_dist_fixture_equals_torch_dcp_load(fixtures):
+    """Megatron-core's torch_dist save (TP2, bf16, layers stacked in one
+    tensor per weight): torch's dcp.load of each stacked weight, layer by
+    layer, against ucp's per-layer params."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = fixtures / "megatron-core-torch-dist" / "tp2pp1dp1" / "ckpt"
+    reader = FileSystemReader(str(path / "iter_0000010"))
+    meta = reader.read_metadata()
+    keys = {k: v for k, v in meta.state_dict_metadata.items()
+            if isinstance(v, TensorStorageMetadata) and not k.startswith("optimizer")
+            and "_extra_state" not in k}
+    sd = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in keys.items()}
+    dcp.load(sd, storage_reader=reader,
+             planner=DefaultLoadPlanner(allow_partial_load=True))
+    c = Compared()
+    with ucp.open(path) as ckpt:
+        names = {p.name for p in ckpt.params()}
+        for key, tensor in sd.items():
+            if key.startswith("decoder.layers."):
+                for layer in range(tensor.shape[0]):
+                    name = key.replace("decoder.layers.", f"decoder.layers.{layer}.")
+                    c.equal(ckpt.read(name), torch_to_numpy(tensor[layer]), name)
+            else:
+                c.equal(ckpt.read(key), torch_to_numpy(tensor), key)
+    assert c.tensors == len(names) and c.tensors >= 20, (c.tensors, len(names))
+    negative_control(torch_to_numpy(tensor[0]))
+
+
+def test_hf_folder_equals_safetensors(tmp_path):
+    """A transformers LLaMA folder (config.json + model.safetensors, bf16)
+    read by ucp equals safetensors' own load of the file."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(3)
+    h, ffn, vocab, kv = 16, 32, 64, 8
+    sd = {"model.embed_tokens.weight": torch.randn(vocab, h, generator=g),
+          "model.norm.weight": torch.randn(h, generator=g),
+          "lm_head.weight": torch.randn(vocab, h, generator=g)}
+    for proj, shape in (("self_attn.q_proj", (h, h)), ("self_attn.k_proj", (kv, h)),
+                        ("self_attn.v_proj", (kv, h)), ("self_attn.o_proj", (h, h)),
+                        ("mlp.gate_proj", (ffn, h)), ("mlp.up_proj", (ffn, h)),
+                        ("mlp.down_proj", (h, ffn)), ("input_layernorm", (h,)),
+                        ("post_attention_layernorm", (h,))):
+        sd[f"model.layers.0.{proj}.weight"] = torch.randn(*shape, generator=g)
+    sd = {k: v.to(torch.bfloat16) for k, v in sd.items()}
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": h, "intermediate_size": ffn, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": vocab,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
+    want = load_file(str(tmp_path / "model.safetensors"))
+    c = Compared()
+    with ucp.open(tmp_path) as ckpt:
+        assert ckpt.format == "hf"
+        names = {p.name for p in ckpt.params()}
+        assert names == set(want), sorted(names ^ set(want))
+        for name, tensor in want.items():
+            c.equal(ckpt.read(name), torch_to_numpy(tensor), name)
+    assert c.tensors == len(sd) == 12
+    negative_control(torch_to_numpy(tensor))
