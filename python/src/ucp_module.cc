@@ -285,6 +285,9 @@ class Checkpoint {
     t.ops.push_back(
         reshape::CopyOp{input_->Tensor(*d), box, Box::Whole(size), 0, {}});
     MemorySink sink(reinterpret_cast<std::byte*>(address), nbytes);
+    // One read at a time (Python threads may share a checkpoint); each read
+    // runs on the executor's threads.
+    std::lock_guard<std::mutex> lock(read_mutex_);
     reshape::Job job;
     job.tensor = std::move(t);
     job.sink = &sink;
@@ -307,6 +310,7 @@ class Checkpoint {
   int64_t iteration_ = 0;
   json::Value topology_;
   std::atomic<uint64_t> bytes_read_{0};
+  std::mutex read_mutex_;
 };
 
 // Runs command `name` with `args`; (exit code, its JSON document or None).

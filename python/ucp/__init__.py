@@ -153,8 +153,14 @@ class Checkpoint:
     given to open()."""
 
     def __init__(self, impl: Any):
-        self._impl = impl
+        self._live = impl
         self._params: dict[str, Param] | None = None
+
+    @property
+    def _impl(self) -> Any:
+        if self._live is None:
+            raise UsageError("the checkpoint is closed")
+        return self._live
 
     @property
     def format(self) -> str:
@@ -262,7 +268,7 @@ class Checkpoint:
 
     def close(self) -> None:
         """Releases the files (the object is unusable afterwards)."""
-        self._impl = None
+        self._live = None
 
     def __enter__(self) -> "Checkpoint":
         return self
@@ -271,7 +277,7 @@ class Checkpoint:
         self.close()
 
     def __repr__(self) -> str:
-        if self._impl is None:
+        if self._live is None:
             return "<ucp.Checkpoint closed>"
         return (f"<ucp.Checkpoint {self.format} {self.path!r} "
                 f"iteration {self.iteration}>")

@@ -377,3 +377,22 @@ def test_hf_folder_equals_safetensors(tmp_path):
             c.equal(ckpt.read(name), torch_to_numpy(tensor), name)
     assert c.tensors == len(sd) == 12
     negative_control(torch_to_numpy(tensor))
+
+
+def test_open_save_folder_with_source_options(saved):
+    """A save folder of step-N checkpoints: the newest, or the one the
+    format's option names (ucp formats: dcp's --checkpoint); options the
+    format does not take are usage errors naming them."""
+    path, sd = saved
+    with ucp.open(path.parent) as newest, \
+            ucp.open(path.parent, format="dcp", checkpoint="step-3") as named:
+        assert newest.iteration == named.iteration == 3
+        assert bits_equal(named.read("vec"), torch_to_numpy(sd["vec"]))
+    with pytest.raises(ucp.UsageError, match="--bogus is not an option of format 'dcp'"):
+        ucp.open(path.parent, bogus=1)
+    with pytest.raises(ucp.UsageError, match="no checkpoint step-9|step-9"):
+        ucp.open(path.parent, checkpoint="step-9")
+    ckpt = ucp.open(path)
+    ckpt.close()
+    with pytest.raises(ucp.UsageError, match="closed"):
+        ckpt.read("vec")
