@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -450,22 +450,22 @@ def resume(save_dir: str | os.PathLike, output: str | os.PathLike | None = None,
 
 
 def diff(a: str | os.PathLike, b: str | os.PathLike, atol: float = 0,
-         rtol: float = 0, names: Iterable[str] | None = None,
+         rtol: float = 0, names: str | None = None, *, progress: Any = None,
          **options: Any) -> dict[str, Any]:
-    """`ucp diff A B` (issue 41): the two checkpoints compared param by
-    param and state by state. Bound once the command is merged: the
-    module's command table (python/src/ucp_module.cc, kCommands) gains
-    {"diff", cli::RunDiff}; until then this raises NotImplementedError."""
+    """`ucp diff A B` (issue 41): the two checkpoints, in any formats and
+    layouts, compared param by param and state by state (exact unless
+    atol / rtol; `names`: a name map both sides are viewed under). Returns
+    the command's --json report with "equal" set.
+
+    Bound once the command is merged: the module's command table
+    (python/src/ucp_module.cc, kCommands) gains {"diff", cli::RunDiff};
+    until then this raises NotImplementedError."""
     if "diff" not in _ucp.commands():
         raise NotImplementedError("ucp.diff: this build has no `ucp diff`")
-    args = [os.fspath(a), os.fspath(b)]
-    if atol:
-        args += ["--atol", repr(float(atol))]
-    if rtol:
-        args += ["--rtol", repr(float(rtol))]
-    for n in names or ():
-        args += ["--names", n]
-    rc, doc = _ucp.run_command("diff", args + _flags(options) + ["--json"])
+    args = [os.fspath(a), os.fspath(b)] + _progress(progress) + _flags(
+        {"atol": repr(float(atol)), "rtol": repr(float(rtol)), "names": names,
+         **options})
+    rc, doc = _ucp.run_command("diff", args + ["--json"])
     result = json.loads(doc) if doc is not None else {}
     result.setdefault("equal", rc == 0)
     return result

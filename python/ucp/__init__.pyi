@@ -1,7 +1,7 @@
 # Type stubs of the package ucp (python/ucp/__init__.py).
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -119,6 +119,8 @@ def diff(
     b: _Path,
     atol: float = ...,
     rtol: float = ...,
-    names: Iterable[str] | None = ...,
+    names: str | None = ...,
+    *,
+    progress: bool | None = ...,
     **options: Any,
 ) -> dict[str, Any]: ...
