@@ -43,6 +43,7 @@
 #include "engine/core/box.h"
 #include "engine/core/dtype.h"
 #include "engine/core/error.h"
+#include "engine/core/progress.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
 #include "engine/reshape/executor.h"
@@ -314,8 +315,12 @@ class Checkpoint {
 };
 
 // Runs command `name` with `args`; (exit code, its JSON document or None).
+// `progress`, unless None, is called as progress(label, done, total) from
+// the engine's threads (with the GIL; an exception it raises is reported as
+// unraisable and ignored).
 py::tuple RunCommand(const std::string& name,
-                     const std::vector<std::string>& args) {
+                     const std::vector<std::string>& args,
+                     const py::object& progress) {
   const NamedCommand* command = nullptr;
   for (const NamedCommand& c : kCommands) {
     if (name == c.name) command = &c;
@@ -327,16 +332,33 @@ py::tuple RunCommand(const std::string& name,
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(g_command_mutex);
     cli::SetJsonSink([&doc](const json::Value& v) { doc = v.Dump(); });
+    if (!progress.is_none()) {
+      // `progress` outlives the command (the caller holds it); the observer
+      // copies only its pointer, so no reference count changes off the GIL.
+      PyObject* callback = progress.ptr();
+      Progress::SetObserver(
+          [callback](const std::string& label, uint64_t done, uint64_t total) {
+            py::gil_scoped_acquire gil;
+            try {
+              py::handle fn(callback);
+              fn(label, done, total);
+            } catch (py::error_already_set& e) {
+              e.discard_as_unraisable("ucp progress callback");
+            } catch (...) {
+            }
+          });
+    }
+    struct Restore {
+      ~Restore() {
+        cli::SetJsonSink(nullptr);
+        Progress::SetObserver(nullptr);
+      }
+    } restore;
     try {
       rc = command->run(args);
     } catch (const boost::program_options::error& e) {
-      cli::SetJsonSink(nullptr);
       throw UsageError(e.what(), " (see: ucp ", name, " --help)");
-    } catch (...) {
-      cli::SetJsonSink(nullptr);
-      throw;
     }
-    cli::SetJsonSink(nullptr);
   }
   py::object json_doc = py::none();
   if (doc) json_doc = py::str(*doc);
@@ -410,7 +432,8 @@ PYBIND11_MODULE(_ucp, m) {
            py::arg("address"), py::arg("nbytes"),
            py::call_guard<py::gil_scoped_release>());
 
-  m.def("run_command", &RunCommand, py::arg("name"), py::arg("args"));
+  m.def("run_command", &RunCommand, py::arg("name"), py::arg("args"),
+        py::arg("progress") = py::none());
   m.def("commands", [] {
     std::vector<std::string> names;
     for (const NamedCommand& c : kCommands) names.emplace_back(c.name);

@@ -331,17 +331,30 @@ def _flags(options: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def _progress(progress: Any) -> list[str]:
+def _command(command: str, args: list[str],
+             progress: Any = None) -> tuple[int, dict[str, Any]]:
+    """Runs `ucp COMMAND ARGS --json` in-process: (exit code, its JSON
+    document).
+    `progress`: None / False quiet, True ucp's bar on stderr, a callable
+    progress(label, done, total) called from the engine's threads (at most
+    every 100 ms per stage, and at each stage's end)."""
+    callback = None
     if progress is None or progress is False:
-        return ["--quiet"]
-    if progress is True:
-        return ["--progress"]
-    raise UsageError("progress: True (ucp's bar on stderr) or None / False")
+        args = args + ["--quiet"]
+    elif progress is True:
+        args = args + ["--progress"]
+    elif callable(progress):
+        args, callback = args + ["--quiet"], progress
+    else:
+        raise UsageError("progress: True (ucp's bar on stderr), a callable "
+                         "(label, done, total), or None / False")
+    rc, doc = _ucp.run_command(command, args + ["--json"], callback)
+    return rc, json.loads(doc) if doc is not None else {}
 
 
-def _run(command: str, args: list[str]) -> dict[str, Any]:
-    rc, doc = _ucp.run_command(command, args + ["--json"])
-    result = json.loads(doc) if doc is not None else {}
+def _run(command: str, args: list[str], progress: Any = None) -> dict[str, Any]:
+    """_command's document; an exit code other than 0 raises ucp.Error."""
+    rc, result = _command(command, args, progress)
     if rc != 0:
         raise Error(f"ucp {command} exited with {rc}")
     return result
@@ -354,7 +367,7 @@ def to_universal(src: str | os.PathLike, dst: str | os.PathLike, *,
     layout=..., threads=, memory=, no_sync=True). Returns its --json
     summary."""
     return _run("to-universal", [os.fspath(src), "-o", os.fspath(dst)]
-                + _progress(progress) + _flags(options))
+                + _flags(options), progress)
 
 
 def reshape(src: str | os.PathLike, dst: str | os.PathLike,
@@ -365,9 +378,8 @@ def reshape(src: str | os.PathLike, dst: str | os.PathLike,
     the target format's options (distributed_optimizer=True, zero_stage=2,
     ...). Returns the --json summary."""
     return _run("reshape", [os.fspath(src), "-o", os.fspath(dst)]
-                + _progress(progress)
                 + _flags({"format": format, "names": names,
-                          **topology_and_options}))
+                          **topology_and_options}), progress)
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike,
@@ -377,9 +389,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike,
     one streaming step; keyword arguments as for reshape, plus the source's
     options (from_=, tag=, layout=, ...). Returns the --json summary."""
     return _run("convert", [os.fspath(src), "-o", os.fspath(dst)]
-                + _progress(progress)
                 + _flags({"format": format, "names": names,
-                          **topology_and_options}))
+                          **topology_and_options}), progress)
 
 
 def export(src: str | os.PathLike, dst: str | os.PathLike,
@@ -389,8 +400,7 @@ def export(src: str | os.PathLike, dst: str | os.PathLike,
     format "safetensors" or "torch"; dtype="bf16", max_shard_size="2GB",
     hf=True, ...). Returns the --json summary."""
     return _run("export", [os.fspath(src), "-o", os.fspath(dst)]
-                + _progress(progress)
-                + _flags({"format": format, **options}))
+                + _flags({"format": format, **options}), progress)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,8 +442,7 @@ def resume(save_dir: str | os.PathLike, output: str | os.PathLike | None = None,
     args = [os.fspath(save_dir)]
     if output is not None:
         args += ["-o", os.fspath(output)]
-    j = _run("resume", args + _progress(progress)
-             + _flags(topology_and_options))
+    j = _run("resume", args + _flags(topology_and_options), progress)
     samples = j.get("consumed_samples")
     return ResumeResult(
         load_dir=j["load"],
@@ -462,10 +471,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, atol: float = 0,
     until then this raises NotImplementedError."""
     if "diff" not in _ucp.commands():
         raise NotImplementedError("ucp.diff: this build has no `ucp diff`")
-    args = [os.fspath(a), os.fspath(b)] + _progress(progress) + _flags(
+    rc, result = _command("diff", [os.fspath(a), os.fspath(b)] + _flags(
         {"atol": repr(float(atol)), "rtol": repr(float(rtol)), "names": names,
-         **options})
-    rc, doc = _ucp.run_command("diff", args + ["--json"])
-    result = json.loads(doc) if doc is not None else {}
+         **options}), progress)
     result.setdefault("equal", rc == 0)
     return result

@@ -1,5 +1,6 @@
 # Type stubs of the compiled module ucp._ucp (python/src/ucp_module.cc).
 # Use the package `ucp`; this module is its engine half.
+from typing import Callable
 
 class Error(Exception):
     kind: str
@@ -62,5 +63,9 @@ class Checkpoint:
         nbytes: int,
     ) -> int: ...
 
-def run_command(name: str, args: list[str]) -> tuple[int, str | None]: ...
+def run_command(
+    name: str,
+    args: list[str],
+    progress: Callable[[str, int, int], object] | None = ...,
+) -> tuple[int, str | None]: ...
 def commands() -> list[str]: ...

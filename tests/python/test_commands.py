@@ -78,6 +78,36 @@ def test_to_universal_reshape_export_kwargs_equal_cli(source, tmp_path, ucp_bin)
     assert assert_same_files(tmp_path / "e_py", tmp_path / "e_cli") >= 3
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_progress_callback(source, tmp_path):
+    """progress=callable: called from the engine's threads with (label,
+    done, total); the last call of each stage has done == total; an
+    exception in it is reported, not raised through the engine."""
+    import threading
+
+    calls = []
+    main = threading.get_ident()
+
+    def progress(label, done, total):
+        calls.append((label, done, total, threading.get_ident() == main))
+
+    ucp.to_universal(source, tmp_path / "u.h5", progress=progress)
+    assert calls, "never called"
+    labels = {c[0] for c in calls}
+    for label in labels:
+        last = [c for c in calls if c[0] == label][-1]
+        assert last[1] == last[2] > 0, last
+    assert all(isinstance(c[1], int) and c[1] <= c[2] for c in calls)
+
+    def broken(label, done, total):
+        raise RuntimeError("in the callback")
+
+    ucp.to_universal(source, tmp_path / "v.h5", progress=broken)
+    assert (tmp_path / "v.h5").read_bytes() == (tmp_path / "u.h5").read_bytes()
+    with pytest.raises(ucp.UsageError, match="progress"):
+        ucp.to_universal(source, tmp_path / "w.h5", progress="yes")
+
+
 def _cli_error(ucp_bin, *args):
     p = run_cli(ucp_bin, *args, check=False)
     line = p.stderr.strip().splitlines()[-1]
