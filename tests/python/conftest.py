@@ -14,6 +14,14 @@ import subprocess
 import numpy as np
 import pytest
 
+try:
+    import ucp  # noqa: F401
+except ImportError as e:
+    raise ImportError(
+        f"tests/python: cannot import the package ucp ({e}): the build makes its module "
+        "with -DUCP_PYTHON=ON (the default with the tests) when pybind11 and Python's headers "
+        "are there (see the configure warnings); PYTHONPATH=<build>/python") from e
+
 
 def _env_path(name, default):
     value = os.environ.get(name)
