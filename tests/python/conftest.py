@@ -19,7 +19,7 @@ try:
 except ImportError as e:
     raise ImportError(
         f"tests/python: cannot import the package ucp ({e}): the build makes its module "
-        "with -DUCP_PYTHON=ON (the default with the tests) when pybind11 and Python's headers "
+        "with -DUCP_BUILD_PYTHON=ON (the default with the tests) when pybind11 and Python's headers "
         "are there (see the configure warnings); PYTHONPATH=<build>/python") from e
 
 
