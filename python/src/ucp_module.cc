@@ -176,12 +176,16 @@ class Checkpoint {
  public:
   // Opens `path`: a universal file, or a checkpoint of format `format`
   // (detected if empty) with the driver's source options `options` (name ->
-  // value; a flag "true"). Throws what the driver's Open and Plan throw,
-  // UsageError for an unknown option or a bad --memory / threads.
+  // value; a flag "true"), layout `layout` ("" detected) and the true
+  // vocabulary size `vocab_size` (0: the checkpoint's). Throws what the
+  // driver's Open and Plan throw, UsageError for an unknown option or a bad
+  // memory / threads / vocab_size.
   Checkpoint(const std::string& path, const std::string& format,
              const std::vector<std::pair<std::string, std::string>>& options,
-             const std::string& layout, int threads, const std::string& memory)
+             const std::string& layout, int64_t vocab_size, int threads,
+             const std::string& memory)
       : path_(path) {
+    if (vocab_size < 0) throw UsageError("vocab_size must be >= 1");
     if (threads < 0) throw UsageError("threads must be >= 0 (0: all cores)");
     executor_.threads = threads;
     executor_.memory_budget = reshape::ParseByteSize(memory);
@@ -192,7 +196,7 @@ class Checkpoint {
       throw IoError("cannot open ", path, ": no such file or directory");
     if (!fs::is_directory(path_, ec) && atoms::IsHdf5File(path_) &&
         (format.empty() || format == "universal")) {
-      if (!options.empty() || !layout.empty())
+      if (!options.empty() || !layout.empty() || vocab_size > 0)
         throw UsageError(path, " is a universal file: it takes no options");
       store_.emplace(atoms::AtomStoreReader::Open(path_));
       input_ = universal::StoreInput(*store_);
@@ -204,6 +208,7 @@ class Checkpoint {
     const formats::Driver& driver = formats::DetectDriver(path_, format);
     formats::SourceOptions o;
     o.layout = layout;
+    if (vocab_size > 0) o.true_vocab_size = vocab_size;
     for (const auto& [name, value] : options) o.values.Set(name, value);
     formats::CheckOptions(driver.SourceOptionSpecs(), o.values, driver.Name(),
                           "reading");
@@ -417,10 +422,10 @@ PYBIND11_MODULE(_ucp, m) {
   py::class_<Checkpoint>(m, "Checkpoint")
       .def(py::init<const std::string&, const std::string&,
                     const std::vector<std::pair<std::string, std::string>>&,
-                    const std::string&, int, const std::string&>(),
+                    const std::string&, int64_t, int, const std::string&>(),
            py::arg("path"), py::arg("format"), py::arg("options"),
-           py::arg("layout"), py::arg("threads"), py::arg("memory"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("layout"), py::arg("vocab_size"), py::arg("threads"),
+           py::arg("memory"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("format", &Checkpoint::format)
       .def_property_readonly("iteration", &Checkpoint::iteration)
       .def_property_readonly("path", &Checkpoint::path)

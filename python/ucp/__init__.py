@@ -284,12 +284,14 @@ class Checkpoint:
 
 
 def open(path: str | os.PathLike, format: str | None = None, *,
-         layout: str | None = None, threads: int = 0, memory: str = "2G",
-         **options: Any) -> Checkpoint:
+         layout: str | None = None, vocab_size: int | None = None,
+         threads: int = 0, memory: str = "2G", **options: Any) -> Checkpoint:
     """Opens a checkpoint of any readable format (detected, or `format`: a
     name of `ucp formats`) or a universal file. `options`: the format's
     source options (`ucp formats --json`), e.g. tag="global_step2" or
-    iteration=100; `layout`: a layout descriptor's name or YAML file.
+    iteration=100; `layout`: a layout descriptor's name or YAML file;
+    `vocab_size`: the tokenizer's true vocabulary size, when the checkpoint
+    lacks it (padding rows beyond it are left out).
     `threads` / `memory`: the reads' executor (0: all cores; a budget such as
     "512M")."""
     values = []
@@ -299,7 +301,7 @@ def open(path: str | os.PathLike, format: str | None = None, *,
             continue
         values.append((name, "true" if value is True else str(value)))
     impl = _ucp.Checkpoint(os.fspath(path), format or "", values,
-                           layout or "", threads, memory)
+                           layout or "", vocab_size or 0, threads, memory)
     return Checkpoint(impl)
 
 

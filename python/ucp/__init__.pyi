@@ -56,6 +56,7 @@ def open(
     format: str | None = ...,
     *,
     layout: str | None = ...,
+    vocab_size: int | None = ...,
     threads: int = ...,
     memory: str = ...,
     **options: Any,

@@ -38,6 +38,7 @@ class Checkpoint:
         format: str,
         options: list[tuple[str, str]],
         layout: str,
+        vocab_size: int,
         threads: int,
         memory: str,
     ) -> None: ...
