@@ -30,6 +30,7 @@ def _state_dict():
         "small.weight": torch.randn(64, 96, generator=g).to(torch.bfloat16),
         "counts": torch.arange(1000, dtype=torch.int64) * 7,
         "vec": torch.randn(1000, generator=g, dtype=torch.float64),
+        "scales.fp8": torch.randn(32, 16, generator=g).to(torch.float8_e4m3fn),
     }
 
 
@@ -67,7 +68,8 @@ def test_dcp_values_equal_torch(saved):
             got = ckpt.read(name)
             c.equal(got, torch_to_numpy(tensor), name)
         assert ckpt.read("small.weight").dtype.name == "bfloat16"
-    assert c.tensors == 4 and c.elements >= ROWS * COLS
+        assert ckpt.read("scales.fp8").dtype.name == "float8_e4m3fn"
+    assert c.tensors == 5 and c.elements >= ROWS * COLS
     negative_control(torch_to_numpy(sd["vec"]))
 
 
