@@ -129,12 +129,24 @@ json::Value ReportLeftovers(const std::filesystem::path& path) {
 
 namespace {
 bool g_json_printed = false;
+std::function<void(const json::Value&)>& JsonSink() {
+  static std::function<void(const json::Value&)> sink;
+  return sink;
+}
 }  // namespace
 
 void PrintJson(const json::Value& doc) {
-  std::printf("%s\n", doc.Dump(2).c_str());
-  std::fflush(stdout);
+  if (JsonSink()) {
+    JsonSink()(doc);
+  } else {
+    std::printf("%s\n", doc.Dump(2).c_str());
+    std::fflush(stdout);
+  }
   g_json_printed = true;
+}
+
+void SetJsonSink(std::function<void(const json::Value&)> sink) {
+  JsonSink() = std::move(sink);
 }
 
 bool JsonPrinted() { return g_json_printed; }

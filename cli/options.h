@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -149,8 +150,14 @@ uint64_t UniversalBytes(const universal::SourcePlan& plan);
 /// JSON array of {path, pid, running, bytes}.
 json::Value ReportLeftovers(const std::filesystem::path& path);
 
-/// Prints a JSON document on stdout (and remembers that one was printed).
+/// Prints a JSON document on stdout (and remembers that one was printed), or
+/// hands it to the sink SetJsonSink installed.
 void PrintJson(const json::Value& doc);
+/// While set, PrintJson hands documents to `sink` instead of printing them
+/// (the Python module runs the commands in-process and returns their --json
+/// document); an empty function restores stdout. Not thread-safe: the caller
+/// runs one command at a time.
+void SetJsonSink(std::function<void(const json::Value&)> sink);
 /// True once PrintJson has printed a document in this process.
 bool JsonPrinted();
 

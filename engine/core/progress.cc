@@ -33,14 +33,31 @@ std::string HumanBytes(double bytes) {
 
 void Progress::SetDefaultMode(Mode mode) noexcept { g_default_mode = mode; }
 
+namespace {
+std::mutex g_observer_mutex;
+Progress::Observer& GlobalObserver() {
+  static Progress::Observer* observer = new Progress::Observer();  // leaked
+  return *observer;
+}
+}  // namespace
+
+void Progress::SetObserver(Observer observer) {
+  std::lock_guard<std::mutex> lock(g_observer_mutex);
+  GlobalObserver() = std::move(observer);
+}
+
 Progress::Progress(std::string label, uint64_t total, std::string unit,
                    Mode mode)
     : label_(std::move(label)),
       unit_(std::move(unit)),
       total_(total),
       start_(std::chrono::steady_clock::now()) {
+  {
+    std::lock_guard<std::mutex> lock(g_observer_mutex);
+    observer_ = GlobalObserver();
+  }
   if (mode == Mode::kAuto) mode = g_default_mode.load();
-  enabled_ = mode == Mode::kAlways ||
+  enabled_ = observer_ || mode == Mode::kAlways ||
              (mode == Mode::kAuto && ::isatty(STDERR_FILENO) == 1);
 }
 
@@ -49,6 +66,7 @@ Progress::~Progress() {
   std::lock_guard<std::mutex> lock(draw_mutex_);
   if (finished_) return;
   finished_ = true;
+  if (observer_) return;
   std::fprintf(stderr, "\r\033[K");
   std::fflush(stderr);
 }
@@ -70,6 +88,10 @@ void Progress::Finish() noexcept {
   std::lock_guard<std::mutex> lock(draw_mutex_);
   if (finished_) return;
   finished_ = true;
+  if (observer_) {
+    observer_(label_, done_.load(), total_);
+    return;
+  }
   double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
           .count();
@@ -85,6 +107,10 @@ void Progress::Finish() noexcept {
 void Progress::Draw(bool /*final*/) noexcept {
   std::lock_guard<std::mutex> lock(draw_mutex_);
   if (finished_) return;
+  if (observer_) {
+    observer_(label_, done_.load(), total_);
+    return;
+  }
   double done = static_cast<double>(done_.load());
   double total = static_cast<double>(total_);
   double frac = total > 0 ? done / total : 0;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -34,10 +35,21 @@ class Progress {
   /// Process-wide default used by Mode::kAuto (the CLI's --quiet/--progress).
   static void SetDefaultMode(Mode mode) noexcept;
 
+  /// Receives (label, done, total) instead of a bar being drawn: at most
+  /// every 100 ms while running and once on Finish(), from any thread. It
+  /// must not throw.
+  using Observer = std::function<void(const std::string& label, uint64_t done,
+                                      uint64_t total)>;
+  /// While set (non-empty), every Progress created reports to `observer`
+  /// whatever its mode, and draws nothing (the Python package's progress
+  /// callback). Each Progress keeps the observer it was created with.
+  static void SetObserver(Observer observer);
+
  private:
   void Draw(bool final) noexcept;
   std::string label_;
   std::string unit_;
+  Observer observer_;
   uint64_t total_;
   bool enabled_;
   bool finished_ = false;

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/core/aligned_buffer.h"
@@ -212,6 +214,32 @@ TEST(ProgressTest, DrawsOnlyWhenAskedAndErasesItselfOnFailure) {
   out = testing::internal::GetCapturedStderr();
   EXPECT_THAT(out, testing::Not(HasSubstr(" in ")));
   EXPECT_THAT(out, testing::EndsWith("\r\033[K"));
+}
+
+TEST(ProgressTest, ObserverReceivesInsteadOfTheBar) {
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> calls;
+  Progress::SetObserver(
+      [&calls](const std::string& label, uint64_t done, uint64_t total) {
+        calls.emplace_back(label, done, total);
+      });
+  testing::internal::CaptureStderr();
+  {
+    // Reported whatever the mode, and nothing drawn.
+    Progress p("copy", 300, "B", Progress::Mode::kNever);
+    p.Add(100);
+    p.Add(200);
+    p.Finish();
+  }
+  Progress::SetObserver(nullptr);
+  {
+    Progress after("later", 10, "B", Progress::Mode::kNever);
+    after.Add(10);
+    after.Finish();
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  ASSERT_GE(calls.size(), 2u);  // the first Add draws, and Finish
+  EXPECT_EQ(calls.back(), std::make_tuple(std::string("copy"), 300, 300));
+  for (const auto& c : calls) EXPECT_EQ(std::get<0>(c), "copy");
 }
 
 TEST(HashTest, Xxh3KnownVectorAndStreaming) {
