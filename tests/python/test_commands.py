@@ -181,13 +181,8 @@ def test_read_errors(source):
 
 
 def test_diff(source, tmp_path):
-    """ucp.diff where `ucp diff` is built in (issue 41; skipped until the
-    module's command table has it): a checkpoint equals its conversion, and
-    one element changed (in a copy torch saves) makes them differ."""
-    if "diff" not in ucp._ucp.commands():
-        with pytest.raises(NotImplementedError):
-            ucp.diff(source, source)
-        pytest.skip("this build's module has no `ucp diff` (kCommands)")
+    """ucp.diff: a checkpoint equals its conversion, and one element changed
+    (in a copy torch saves) makes them differ by that one element."""
     ucp.convert(source, tmp_path / "two", format="dcp", dp=2)
     assert ucp.diff(source, tmp_path / "two")["equal"] is True
     full = {k: torch.zeros(v) for k, v in (("layers.0.w", (48, 32)), ("head", (10,)))}
@@ -195,4 +190,7 @@ def test_diff(source, tmp_path):
     dcp.load(full, checkpoint_id=str(source))
     full["head"][3] += 1
     dcp.save(full, checkpoint_id=str(tmp_path / "step-5"))
-    assert ucp.diff(source, tmp_path / "step-5")["equal"] is False
+    report = ucp.diff(source, tmp_path / "step-5")
+    assert report["equal"] is False
+    assert report["summary"]["differing_elements"] == 1, report["summary"]
+    assert report["summary"]["params_differing"] == 1, report["summary"]
