@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
@@ -553,6 +554,14 @@ int RunToUniversal(const std::vector<std::string>& args) {
     throw UsageError("to-universal needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
+  // Under a launcher, rank 0 writes the universal file alone; the others
+  // wait for it (and fail with its error).
+  if (DistJob* job = StartJob("to-universal", output)) {
+    if (!job->leader()) {
+      job->coordinator().Fetch("written");
+      return 0;
+    }
+  }
   CheckNewFile(output, force);
   std::unique_ptr<formats::Source> source =
       src.Open(vm["source"].as<std::string>());
@@ -560,6 +569,12 @@ int RunToUniversal(const std::vector<std::string>& args) {
   universal::SourcePlan plan = source->Plan();
   universal::CheckFreeSpace(output, UniversalBytes(plan));
   universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
+  DistJob* job = CurrentJob();
+  if (job) job->coordinator().Publish("written", "1");
+  const std::string note = job ? StrCat("written by rank 0 alone (the other ",
+                                        job->coordinator().world() - 1,
+                                        " processes of the job waited)")
+                               : std::string();
   if (run.json) {
     json::Value j;
     j["command"] = "to-universal";
@@ -575,6 +590,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
     j["bytes_read"] = s.bytes_read;
     j["replicas_verified"] = s.replicas_verified;
     j["seconds"] = s.seconds;
+    if (job) j["notes"].Append(note);
     PrintJson(j);
   } else {
     std::printf(
@@ -583,6 +599,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
         c.Describe().c_str(), output.c_str(), static_cast<long long>(s.params),
         static_cast<long long>(s.atoms), HumanBytes(s.atom_bytes).c_str(),
         static_cast<long long>(s.replicas_verified), s.seconds);
+    if (job) std::printf("note: %s\n", note.c_str());
   }
   return 0;
 }
@@ -618,9 +635,11 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
   if (driver.PlacesByLayout())
     laid = formats::WithTargetLayout(named, target.layout, target.model_vars);
   const universal::UniversalInput& content = laid ? *laid : named;
-  universal::StagedDirectory out(output);
-  universal::CheckFreeSpace(
-      output, universal::MinimumTargetBytes(content, options.no_optimizer));
+  JobOutput out(output);
+  if (out.owner()) {
+    universal::CheckFreeSpace(
+        output, universal::MinimumTargetBytes(content, options.no_optimizer));
+  }
   formats::TargetSummary s;
   try {
     s = formats::WriteTarget(driver, content, out.path(), options, executor,
@@ -645,6 +664,9 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
                           " params under the names of ", target.names));
   }
   out.Commit();
+  if (!PrintsResult()) return;
+  const json::Value processes = JobProcesses();
+  if (!processes.is_null()) extra["processes"] = processes;
   PrintTargetResult(command, output, driver, target, s, Since(start), run,
                     std::move(extra));
 }
@@ -669,6 +691,7 @@ int RunReshape(const std::vector<std::string>& args) {
     throw UsageError("reshape needs a universal file");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
+  StartJob("reshape", output);
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   const std::string file = vm["universal"].as<std::string>();
@@ -704,6 +727,7 @@ int RunConvert(const std::vector<std::string>& args) {
     throw UsageError("convert needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
+  StartJob("convert", output);
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   target.vocab_size = src.vocab_size;
@@ -718,7 +742,8 @@ int RunConvert(const std::vector<std::string>& args) {
   extra["source"] = c.path.string();
   extra["source_format"] = c.format;
   extra["source_topology"] = c.TopologyJson();
-  if (!run.json) std::printf("read %s\n", c.Describe().c_str());
+  if (!run.json && PrintsResult())
+    std::printf("read %s\n", c.Describe().c_str());
   WriteAndReport("convert", *universal::PlanInput(plan, c.path, executor),
                  c.format, output, target, manifest, run, executor, start,
                  std::move(extra));

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/atoms/signature.h"
@@ -186,6 +187,7 @@ int RunExport(const std::vector<std::string>& args) {
   UCP_CHECK(found != nullptr, "no exporter huggingface linked");
   const formats::Exporter& exporter = *found;
   SetProgressMode(run.quiet, run.progress);
+  StartJob("export", output);
   const auto start = std::chrono::steady_clock::now();
   const fs::path source = vm["source"].as<std::string>();
   std::error_code ec;
@@ -193,7 +195,7 @@ int RunExport(const std::vector<std::string>& args) {
     throw IoError("cannot open ", source.string(),
                   ": no such file or directory");
   }
-  universal::StagedDirectory out(output);
+  JobOutput out(output);
   formats::ExportSummary s;
   json::Value from;
   if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
@@ -203,7 +205,7 @@ int RunExport(const std::vector<std::string>& args) {
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
-    universal::CheckFreeSpace(output, ExportBytes(content, o));
+    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
     s = exporter.Export(content, out.path(), o, executor);
     from["format"] = "universal";
     from["path"] = source.string();
@@ -215,11 +217,12 @@ int RunExport(const std::vector<std::string>& args) {
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
-    universal::CheckFreeSpace(output, ExportBytes(content, o));
+    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
     s = exporter.Export(content, out.path(), o, executor);
     from = c->info().ToJson();
   }
   out.Commit();
+  if (!PrintsResult()) return 0;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -239,6 +242,8 @@ int RunExport(const std::vector<std::string>& args) {
     for (const auto& n : s.notes) notes.Append(n);
     j["notes"] = std::move(notes);
     j["seconds"] = seconds;
+    const json::Value processes = JobProcesses();
+    if (!processes.is_null()) j["processes"] = processes;
     PrintJson(j);
   } else {
     std::printf("wrote %s: %lld tensors, %s in %zu file(s), %s, in %.1f s\n",
