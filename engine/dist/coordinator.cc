@@ -59,7 +59,10 @@ RemoteError DecodeError(const std::string& v) {
 }
 
 void DefaultAbort(const Error& e) {
-  std::fprintf(stderr, "ucp: %s: %s\n", e.kind(), e.what());
+  std::string line = e.what();
+  for (char& c : line)
+    if (c == '\n' || c == '\r') c = ' ';
+  std::fprintf(stderr, "ucp: %s: %s\n", e.kind(), line.c_str());
   std::fflush(stderr);
   ::_exit(e.ExitCode());
 }
