@@ -1,6 +1,6 @@
 #include "engine/dist/coordinator.h"
 
-#include <c10/util/Exception.h>
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,8 +12,10 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
+#include <vector>
+
+#include "engine/dist/store.h"
 
 namespace ucp::dist {
 
@@ -22,12 +24,42 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::vector<uint8_t> Bytes(std::string_view s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-
-std::string Text(const std::vector<uint8_t>& b) {
-  return std::string(b.begin(), b.end());
+// The c10d store module's factory, loaded once: UCP_C10D_STORE if set, else
+// the module beside the running binary, else where the build put it.
+internal::MakeStoreFn LoadStoreModule() {
+  static std::mutex mu;
+  static internal::MakeStoreFn fn = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (fn != nullptr) return fn;
+  std::vector<std::string> candidates;
+  if (const char* v = std::getenv("UCP_C10D_STORE")) candidates.push_back(v);
+  char exe[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/') + 1);
+    candidates.push_back(dir + internal::kStoreModule);
+  }
+#ifdef UCP_C10D_STORE_PATH
+  candidates.push_back(UCP_C10D_STORE_PATH);
+#endif
+  std::string errors;
+  for (const std::string& path : candidates) {
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      errors += StrCat(errors.empty() ? "" : "; ", ::dlerror());
+      continue;
+    }
+    fn = reinterpret_cast<internal::MakeStoreFn>(
+        ::dlsym(handle, internal::kMakeStoreSymbol));
+    if (fn != nullptr) return fn;
+    errors += StrCat(errors.empty() ? "" : "; ", path, ": no ",
+                     internal::kMakeStoreSymbol);
+  }
+  throw IoError("cannot load ", internal::kStoreModule,
+                " (LibTorch's c10d TCPStore, which a job of several "
+                "processes needs; UCP_C10D_STORE names it): ",
+                errors);
 }
 
 // Seconds from an environment variable, or `fallback`.
@@ -85,8 +117,8 @@ struct Coordinator::Impl {
   Job job;
   std::string prefix;
   CoordinatorOptions options;
-  std::unique_ptr<c10d::TCPStore> store;  // the main thread's client
-  std::unique_ptr<c10d::TCPStore> beats;  // the heartbeat thread's client
+  std::unique_ptr<internal::Store> store;  // the main thread's client
+  std::unique_ptr<internal::Store> beats;  // the heartbeat thread's client
   std::thread beater;
   std::mutex mu;
   std::condition_variable cv;
@@ -110,9 +142,6 @@ struct Coordinator::Impl {
   auto Call(F&& f) -> decltype(f()) {
     try {
       return f();
-    } catch (const c10::Error& e) {
-      throw IoError("lost the coordination store at ", Where(), " (",
-                    job.Describe(), "): ", e.what_without_backtrace());
     } catch (const std::exception& e) {
       throw IoError("lost the coordination store at ", Where(), " (",
                     job.Describe(), "): ", e.what());
@@ -126,20 +155,20 @@ struct Coordinator::Impl {
 
   void Set(const std::string& key, std::string_view value) {
     Count(key, value.size());
-    Call([&] { store->set(key, Bytes(value)); });
+    Call([&] { store->Set(key, std::string(value)); });
   }
   std::string Get(const std::string& key) {
-    std::string v = Text(Call([&] { return store->get(key); }));
+    std::string v = Call([&] { return store->Get(key); });
     Count(key, v.size());
     return v;
   }
   bool Check(const std::string& key) {
     ++polls;
-    return Call([&] { return store->check({key}); });
+    return Call([&] { return store->Check(key); });
   }
   int64_t Peek(const std::string& key) {
     ++polls;
-    return Call([&] { return store->add(key, 0); });
+    return Call([&] { return store->Add(key, 0); });
   }
 
   // Throws the first error if one was reported.
@@ -207,13 +236,9 @@ struct Coordinator::Impl {
       std::optional<IoError> lost;
       lock.unlock();
       try {
-        beats->add(beat, 1);
+        beats->Add(beat, 1);
         ++polls;
-        if (beats->check({error}))
-          remote = DecodeError(Text(beats->get(error)));
-      } catch (const c10::Error& e) {
-        lost.emplace("lost the coordination store at ", Where(), " (",
-                     job.Describe(), "): ", e.what_without_backtrace());
+        if (beats->Check(error)) remote = DecodeError(beats->Get(error));
       } catch (const std::exception& e) {
         lost.emplace("lost the coordination store at ", Where(), " (",
                      job.Describe(), "): ", e.what());
@@ -240,32 +265,29 @@ Coordinator::Coordinator(Job job, std::string_view scope,
   if (!m.options.abort) m.options.abort = DefaultAbort;
   m.prefix = StrCat("ucp/", m.job.run_id, "/", scope, "/");
   m.peers.assign(static_cast<size_t>(m.job.world), {0, Clock::now()});
+  const internal::MakeStoreFn make = LoadStoreModule();
   auto connect = [&](bool server) {
-    c10d::TCPStoreOptions o;
-    o.port = m.job.store_port;
-    o.isServer = server;
-    o.waitWorkers = false;
-    o.timeout = m.options.connect_timeout;
     try {
-      return std::make_unique<c10d::TCPStore>(m.job.store_host, o);
+      return std::unique_ptr<internal::Store>(
+          make(m.job.store_host.c_str(), m.job.store_port, server,
+               m.options.connect_timeout.count()));
     } catch (const std::exception& e) {
-      const c10::Error* c = dynamic_cast<const c10::Error*>(&e);
-      const std::string what = c ? c->what_without_backtrace() : e.what();
       if (server) {
-        throw IoError("cannot host the coordination store on port ",
-                      m.job.store_port, " (", m.job.Describe(),
-                      "; another program's port? set UCP_STORE_PORT): ", what);
+        throw IoError(
+            "cannot host the coordination store on port ", m.job.store_port,
+            " (", m.job.Describe(),
+            "; another program's port? set UCP_STORE_PORT): ", e.what());
       }
       throw IoError("cannot reach the coordination store at ", m.Where(), " (",
                     m.job.Describe(), ") within ",
                     m.options.connect_timeout.count() / 1000.0,
-                    " s (UCP_DIST_CONNECT_TIMEOUT): ", what);
+                    " s (UCP_DIST_CONNECT_TIMEOUT): ", e.what());
     }
   };
   m.store = connect(m.job.rank == 0);
   m.beats = connect(false);
   m.Count(m.Key("joined"), 0);
-  m.Call([&] { return m.store->add(m.Key("joined"), 1); });
+  m.Call([&] { return m.store->Add(m.Key("joined"), 1); });
   m.beater = std::thread([&m] { m.Beat(); });
 }
 
@@ -278,14 +300,14 @@ Coordinator::~Coordinator() {
   m.cv.notify_all();
   m.beater.join();
   try {
-    m.store->add(m.Key("left"), 1);
+    m.store->Add(m.Key("left"), 1);
     if (m.job.rank == 0) {
       // Others read the store's last word (an error, the commit) before it
       // goes: wait for them a little.
       const Clock::time_point until =
           Clock::now() + std::min<milliseconds>(m.options.dead_after,
                                                 std::chrono::seconds(10));
-      while (m.store->add(m.Key("left"), 0) < m.job.world &&
+      while (m.store->Add(m.Key("left"), 0) < m.job.world &&
              Clock::now() < until)
         std::this_thread::sleep_for(milliseconds(20));
     }
@@ -302,7 +324,7 @@ void Coordinator::Barrier(std::string_view name) {
   Impl& m = *impl_;
   const std::string key = m.Key(StrCat("barrier/", name));
   m.Count(key, 8);
-  m.Call([&] { return m.store->add(key, 1); });
+  m.Call([&] { return m.store->Add(key, 1); });
   m.WaitFor(StrCat("every process at ", name),
             [&] { return m.Peek(key) >= m.job.world; });
 }
@@ -356,7 +378,7 @@ void Coordinator::ReportError(std::string_view kind, int code,
     const std::string value =
         StrCat(code, "\t", kind, "\t", m.job.rank, "\t", message);
     m.Count(key, value.size());
-    m.store->compareSet(key, {}, Bytes(value));
+    m.store->SetIfAbsent(key, value);
   } catch (const std::exception&) {
     // The store is gone: the others learn it themselves.
   }
