@@ -189,11 +189,14 @@ struct Coordinator::Impl {
       if (beat != seen) {
         seen = beat;
         when = now;
-      } else if (now - when > options.dead_after) {
+      } else if (beat == 0 && now - when > options.connect_timeout) {
+        throw IoError("process ", r, " of ", job.world, " did not join within ",
+                      options.connect_timeout.count() / 1000.0,
+                      " s (UCP_DIST_CONNECT_TIMEOUT)");
+      } else if (beat != 0 && now - when > options.dead_after) {
         throw IoError(
             "process ", r, " of ", job.world,
-            " stopped responding (no "
-            "heartbeat for ",
+            " stopped responding (no heartbeat for ",
             std::chrono::duration_cast<milliseconds>(now - when).count() /
                 1000.0,
             " s: killed, or its host is gone)");

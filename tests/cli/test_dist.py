@@ -43,6 +43,7 @@ CASES = {
     "reshape": ["reshape", "u.h5", "--tp", 2, "--pp", 2, "--dp", 1],
 }
 TIMEOUT = 60
+_REF = None  # the first references()
 UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-a[0-9a-f]{3}-[0-9a-f]{12}")
 
 
@@ -106,7 +107,12 @@ def nothing_under(t, name):
 
 
 def references(t):
-    """The one-process outputs of every case, in t/ref."""
+    """The one-process outputs of every case, in t/ref (copied from the first test's)."""
+    global _REF
+    if _REF is not None and _REF.is_dir():
+        shutil.copytree(_REF.parent, t, dirs_exist_ok=True)
+        return t / "ref"
+    _REF = t / "ref"
     (t / "ref").mkdir()
     run("to-universal", MEG, "-o", t / "u.h5", "-q")
     for name in CASES:
@@ -117,15 +123,17 @@ def references(t):
 
 
 def script(t, names, outdir, store_ports=None):
-    """A shell script running each case in turn (its --json on stdout in OUT.RANK.json, its
-    stderr in OUT.RANK.err), each with its own UCP_STORE_PORT when given (else the default
-    rule: MASTER_PORT + 1 under torchrun's agent store)."""
-    lines = ["set -e"]
+    """A shell script running the cases (side by side when each has its own UCP_STORE_PORT,
+    else in turn: the default rule, MASTER_PORT + 1 under torchrun's agent store), their --json
+    on stdout in OUT.RANK.json, their stderr in OUT.RANK.err; it fails if one fails."""
+    lines = ["pids="]
     for i, name in enumerate(names):
         a = [x if x != "u.h5" else str(t / "u.h5") for x in args_of(name, outdir / name)]
         port = f"UCP_STORE_PORT={store_ports[i]} " if store_ports else ""
         lines.append(f"{port}{UCP} {' '.join(a)} --json > {outdir}/{name}.$RANK.json "
-                     f"2> {outdir}/{name}.$RANK.err")
+                     f"2> {outdir}/{name}.$RANK.err &")
+        lines.append('pids="$pids $!"' if store_ports else "wait $! || exit 1")
+    lines.append("for p in $pids; do wait $p || exit 1; done")
     p = t / f"{outdir.name}.sh"
     p.write_text("\n".join(lines) + "\n")
     return p
@@ -234,6 +242,8 @@ def spawn(world, kind, args, master, **extra):
         env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=master, **v, **extra)
         procs.append(subprocess.Popen([str(UCP), *map(str, args)], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        if r == 0:
+            time.sleep(0.1)  # its store up before the others' first try (c10d retries in 1 s)
     return procs
 
 
@@ -278,7 +288,7 @@ def wait_for_staging(t, name, procs):
 def test_failures_leave_nothing_and_a_rerun_succeeds():
     with Tmp("ucp-dist-") as t:
         ref = references(t)
-        fast = dict(UCP_DIST_DEAD_AFTER=2)
+        fast = dict(UCP_DIST_DEAD_AFTER=1, UCP_DIST_CONNECT_TIMEOUT=15)
         # 1. Rank 1 fails: every process exits 5 with one line naming the failure.
         port, = free_ports(1)
         res = finish(spawn(2, "slurm", args_of("dcp", t / "out"), port,
@@ -293,7 +303,7 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
         procs = spawn(2, "slurm", args_of("dcp", t / "out"), port,
                       UCP_TESTING_DIST_PAUSE="1:30", **fast)
         wait_for_staging(t, "out", procs)
-        time.sleep(0.3)
+        time.sleep(1.5)  # both joined (LibTorch loaded, connected) and beating
         procs[1].send_signal(signal.SIGKILL)
         (c0, _, e0), (c1, _, _) = finish(procs)
         assert c1 == -signal.SIGKILL and c0 == 5, (c0, e0)
@@ -305,7 +315,7 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
         procs = spawn(2, "mpi", args_of("dcp", t / "out"), port,
                       UCP_TESTING_DIST_PAUSE="1:30", **fast)
         wait_for_staging(t, "out", procs)
-        time.sleep(0.3)
+        time.sleep(1.5)  # both joined (LibTorch loaded, connected) and beating
         procs[0].send_signal(signal.SIGKILL)
         (c0, _, _), (c1, _, e1) = finish(procs)
         assert c0 == -signal.SIGKILL and c1 == 5, (c1, e1)
