@@ -197,7 +197,9 @@ TEST(AssignTest, BalancedWithinTheLargestFileAndDeterministic) {
     for (size_t i = 0; i < files.size(); ++i) {
       ASSERT_GE(owner[i], 0);
       ASSERT_LT(owner[i], world);
-      if (!files[i].slots) ASSERT_EQ(owner[i], 0) << i;
+      if (!files[i].slots) {
+        ASSERT_EQ(owner[i], 0) << i;
+      }
     }
     const std::vector<uint64_t> loads = Loads(files, owner, world);
     const auto [lo, hi] = std::minmax_element(loads.begin(), loads.end());
