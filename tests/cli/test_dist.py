@@ -229,6 +229,7 @@ def test_launchers_write_what_one_process_writes():
 
 
 def spawn(world, kind, args, master, **extra):
+    extra.setdefault("UCP_DIST_CONNECT_TIMEOUT", 20)
     """`world` ucp processes started as a Slurm step or an MPI job would (their variables)."""
     procs = []
     for r in range(world):
@@ -258,13 +259,33 @@ def finish(procs):
 def test_slurm_and_mpi_environments():
     with Tmp("ucp-dist-") as t:
         ref = references(t)
-        for kind, world, name in [("slurm", 3, "deepspeed"), ("mpi", 2, "mindspore"),
-                                  ("pmi", 2, "export")]:
-            port, = free_ports(1)
-            res = finish(spawn(world, kind, args_of(name, t / kind) + ["-q"], port))
+        jobs = [("slurm", 3, "deepspeed"), ("mpi", 2, "mindspore"), ("pmi", 2, "export")]
+        ports = free_ports(len(jobs))
+        started = [spawn(world, kind, args_of(name, t / kind) + ["-q"], port)
+                   for (kind, world, name), port in zip(jobs, ports)]  # side by side
+        for (kind, world, name), procs in zip(jobs, started):
+            res = finish(procs)
             assert [r[0] for r in res] == [0] * world, res
             assert all(r[1] == "" and r[2] == "" for r in res[1:]), res
             assert compare_trees(ref / name, t / kind) >= 3
+        # verify as a job: each process checks its share of the files (rank 0 also coverage
+        # and replicas) and rank 0 reports them all; a byte flipped in one file fails every
+        # process with one line naming that file (exit 3).
+        port, = free_ports(1)
+        res = finish(spawn(3, "slurm", ["verify", t / "slurm", "--json"], port))
+        assert [r[0] for r in res] == [0, 0, 0] and res[1][1:] == ("", ""), res
+        checks = {c["check"]: c["detail"] for c in json.loads(res[0][1])["checks"]}
+        want = json.loads(run("verify", t / "slurm", "--json").stdout)["checks"]
+        assert checks == {c["check"]: c["detail"] for c in want}, (checks, want)
+        bad = t / "slurm" / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        b = bytearray(bad.read_bytes())
+        b[len(b) // 2] ^= 1
+        bad.write_bytes(bytes(b))
+        port, = free_ports(1)
+        res = finish(spawn(3, "slurm", ["verify", t / "slurm", "-q"], port))
+        assert [r[0] for r in res] == [3, 3, 3], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and bad.name in err, err
         # A Slurm rank without MASTER_ADDR: a usage error naming the variables, nothing written.
         p = subprocess.run([str(UCP), *args_of("deepspeed", t / "nomaster")], text=True,
                            capture_output=True, timeout=TIMEOUT,
@@ -298,36 +319,34 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert err.count("\n") == 1 and "rank 1 fails" in err, err
         assert "process 1 failed" in res[0][2], res[0][2]
         nothing_under(t, "out")
-        # 2. Rank 1 SIGKILLed mid-run: rank 0 finds its heartbeat stalled.
-        port, = free_ports(1)
-        procs = spawn(2, "slurm", args_of("dcp", t / "out"), port,
-                      UCP_TESTING_DIST_PAUSE="1:30", **fast)
-        wait_for_staging(t, "out", procs)
+        # 2. Rank 1 SIGKILLed mid-run: rank 0 finds its heartbeat stalled. 3. (side by side)
+        # Rank 0 (and the store with it) SIGKILLed while rank 1 writes: rank 1 stops with one
+        # line; rank 0's staging stays until the next run reclaims it.
+        p2, p3 = free_ports(2)
+        two = spawn(2, "slurm", args_of("dcp", t / "out"), p2, UCP_TESTING_DIST_PAUSE="1:30",
+                    **fast)
+        three = spawn(2, "mpi", args_of("dcp", t / "out3"), p3, UCP_TESTING_DIST_PAUSE="1:30",
+                      **fast)
+        wait_for_staging(t, "out", two)
+        wait_for_staging(t, "out3", three)
         time.sleep(1.5)  # both joined (LibTorch loaded, connected) and beating
-        procs[1].send_signal(signal.SIGKILL)
-        (c0, _, e0), (c1, _, _) = finish(procs)
+        two[1].send_signal(signal.SIGKILL)
+        three[0].send_signal(signal.SIGKILL)
+        (c0, _, e0), (c1, _, _) = finish(two)
         assert c1 == -signal.SIGKILL and c0 == 5, (c0, e0)
         assert e0.count("\n") == 1 and "process 1 of 2 stopped responding" in e0, e0
         assert nothing_under(t, "out") == []
-        # 3. Rank 0 (and the store with it) SIGKILLed while rank 1 writes: rank 1 stops with
-        # one line; rank 0's staging stays until the next run reclaims it.
-        port, = free_ports(1)
-        procs = spawn(2, "mpi", args_of("dcp", t / "out"), port,
-                      UCP_TESTING_DIST_PAUSE="1:30", **fast)
-        wait_for_staging(t, "out", procs)
-        time.sleep(1.5)  # both joined (LibTorch loaded, connected) and beating
-        procs[0].send_signal(signal.SIGKILL)
-        (c0, _, _), (c1, _, e1) = finish(procs)
+        (c0, _, _), (c1, _, e1) = finish(three)
         assert c0 == -signal.SIGKILL and c1 == 5, (c1, e1)
         assert e1.count("\n") == 1 and "lost the coordination store" in e1, e1
-        assert not (t / "out").exists()
-        assert len(nothing_under(t, "out")) == 1
-        # The rerun (a job again) reclaims it and writes what one process writes.
-        port, = free_ports(1)
-        res = finish(spawn(2, "slurm", args_of("dcp", t / "out") + ["-q"], port, **fast))
-        assert [r[0] for r in res] == [0, 0], res
-        assert [q.name for q in t.iterdir() if q.name.startswith(".out.ucp-")] == []
-        assert compare_trees(ref / "dcp", t / "out") == 6
+        assert len(nothing_under(t, "out3")) == 1
+        # The reruns (jobs again) reclaim what is left and write what one process writes.
+        for name in ("out", "out3"):
+            port, = free_ports(1)
+            res = finish(spawn(2, "slurm", args_of("dcp", t / name) + ["-q"], port, **fast))
+            assert [r[0] for r in res] == [0, 0], res
+            assert [q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-")] == []
+            assert compare_trees(ref / "dcp", t / name) == 6
 
 
 if __name__ == "__main__":
