@@ -1,6 +1,8 @@
 #include "engine/dist/coordinator.h"
 
 #include <dlfcn.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,6 +99,35 @@ void DefaultAbort(const Error& e) {
   std::fprintf(stderr, "ucp: %s: %s\n", e.kind(), line.c_str());
   std::fflush(stderr);
   ::_exit(e.ExitCode());
+}
+
+// Waits (polling every 20 ms, at most `timeout`) until host:port accepts a
+// TCP connection: c10d's client retries a refused connection only once a
+// second, which a job whose rank 0 starts a little later would pay.
+void WaitForListener(const std::string& host, uint16_t port,
+                     milliseconds timeout) {
+  const Clock::time_point until = Clock::now() + timeout;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  while (Clock::now() < until) {
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints,
+                      &found) == 0) {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        const bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        ::close(fd);
+        if (ok) {
+          ::freeaddrinfo(found);
+          return;
+        }
+      }
+      ::freeaddrinfo(found);
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  // c10d's own attempt then reports the failure.
 }
 
 }  // namespace
@@ -287,6 +318,9 @@ Coordinator::Coordinator(Job job, std::string_view scope,
                     " s (UCP_DIST_CONNECT_TIMEOUT): ", e.what());
     }
   };
+  if (m.job.rank != 0)
+    WaitForListener(m.job.store_host, m.job.store_port,
+                    m.options.connect_timeout);
   m.store = connect(m.job.rank == 0);
   m.beats = connect(false);
   m.Count(m.Key("joined"), 0);
