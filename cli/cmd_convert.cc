@@ -97,6 +97,26 @@ const std::string& ToUniversalHelp() {
   return h;
 }
 
+// The paragraph of reshape's and convert's --help on launchers.
+std::string LauncherHelp() {
+  return "Under a launcher (torchrun, srun, mpirun: RANK/WORLD_SIZE, "
+         "SLURM_PROCID/\n"
+         "SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/SIZE with "
+         "MASTER_ADDR and\n"
+         "MASTER_PORT) the processes write the target files between them "
+         "(balanced\n"
+         "by bytes) on a shared filesystem; rank 0 hosts ucp's c10d TCPStore "
+         "on\n"
+         "UCP_STORE_PORT, else MASTER_PORT + 1 under torchrun, else "
+         "MASTER_PORT, and\n"
+         "alone prints (--json: a processes array). UCP_DIST=0: one process.\n"
+         "  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\\n"
+         "      --rdzv-endpoint host0:29400 --no-python ucp convert ...\n"
+         "  MASTER_ADDR=host0 MASTER_PORT=29500 srun -N 2 --ntasks-per-node 4 "
+         "ucp convert ...\n"
+         "\n";
+}
+
 const std::string& ReshapeHelp() {
   static const std::string h =
       "usage: ucp reshape FILE -o DIR [--format NAME] [--dp N --tp N --pp N\n"
@@ -113,22 +133,8 @@ const std::string& ReshapeHelp() {
       FormatList(true) +
       "DIR must not exist (or be empty); nothing appears under DIR on "
       "failure.\n"
-      "\n"
-      "Under a launcher (torchrun, srun, mpirun: RANK/WORLD_SIZE, "
-      "SLURM_PROCID/\n"
-      "SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/SIZE with "
-      "MASTER_ADDR and\n"
-      "MASTER_PORT) the processes write the target files between them "
-      "(balanced\n"
-      "by bytes) on a shared filesystem; rank 0 hosts ucp's c10d TCPStore on\n"
-      "UCP_STORE_PORT, else MASTER_PORT + 1 under torchrun, else "
-      "MASTER_PORT, and\n"
-      "alone prints (--json: a processes array). UCP_DIST=0: one process.\n"
-      "  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\\n"
-      "      --rdzv-endpoint host0:29400 --no-python ucp convert ...\n"
-      "  MASTER_ADDR=host0 MASTER_PORT=29500 srun -N 2 --ntasks-per-node 4 "
-      "ucp convert ...\n"
-      "\n"
+      "\n" +
+      LauncherHelp() +
       "examples:\n"
       "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2 "
       "--distributed-optimizer\n"
@@ -156,23 +162,7 @@ const std::string& ConvertHelp() {
       "with\n"
       "the topology sizes and options each takes (a target option that a\n"
       "source option shares the name of is --target-<name>):\n" +
-      FormatList(true) +
-      "\n"
-      "Under a launcher (torchrun, srun, mpirun: RANK/WORLD_SIZE, "
-      "SLURM_PROCID/\n"
-      "SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/SIZE with "
-      "MASTER_ADDR and\n"
-      "MASTER_PORT) the processes write the target files between them "
-      "(balanced\n"
-      "by bytes) on a shared filesystem; rank 0 hosts ucp's c10d TCPStore on\n"
-      "UCP_STORE_PORT, else MASTER_PORT + 1 under torchrun, else "
-      "MASTER_PORT, and\n"
-      "alone prints (--json: a processes array). UCP_DIST=0: one process.\n"
-      "  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\\n"
-      "      --rdzv-endpoint host0:29400 --no-python ucp convert ...\n"
-      "  MASTER_ADDR=host0 MASTER_PORT=29500 srun -N 2 --ntasks-per-node 4 "
-      "ucp convert ...\n"
-      "\n"
+      FormatList(true) + "\n" + LauncherHelp() +
       "examples:\n"
       "  ucp convert /ckpt/gpt -o /ckpt/gpt-tp1pp4 --tp 1 --pp 4 --dp 16\n"
       "  ucp convert /ckpt/ds -o /ckpt/ds-3ranks --dp 3 --zero-stage 1\n"
