@@ -764,9 +764,11 @@ int RunConvert(const std::vector<std::string>& args) {
   extra["source_topology"] = c.TopologyJson();
   if (!run.json && PrintsResult())
     std::printf("read %s\n", c.Describe().c_str());
-  WriteAndReport("convert", *universal::PlanInput(plan, c.path, executor),
-                 c.format, output, target, manifest, run, executor, start,
-                 std::move(extra));
+  WriteAndReport(
+      "convert",
+      *universal::PlanInput(plan, c.path, executor, JobReplicaShare()),
+      c.format, output, target, manifest, run, executor, start,
+      std::move(extra));
   return 0;
 }
 

@@ -216,7 +216,7 @@ int RunExport(const std::vector<std::string>& args) {
     std::unique_ptr<formats::Source> c = src.Open(source);
     universal::SourcePlan plan = c->Plan();
     std::unique_ptr<universal::UniversalInput> input =
-        universal::PlanInput(plan, c->info().path, executor);
+        universal::PlanInput(plan, c->info().path, executor, JobReplicaShare());
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();

@@ -60,6 +60,12 @@ void JobOutput::Commit() {
   }
 }
 
+universal::ReplicaShare JobReplicaShare() {
+  DistJob* job = CurrentJob();
+  if (job == nullptr) return {};
+  return {job->coordinator().rank(), job->coordinator().world()};
+}
+
 json::Value JobProcesses() {
   DistJob* job = CurrentJob();
   if (job == nullptr || !job->leader()) return json::Value();

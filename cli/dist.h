@@ -13,6 +13,7 @@
 #include "engine/dist/split.h"
 #include "engine/formats/emit.h"
 #include "engine/json/json.h"
+#include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
 
 namespace ucp::cli {
@@ -63,6 +64,10 @@ class JobOutput {
   std::optional<universal::StagedDirectory> staged_;
   std::filesystem::path path_;
 };
+
+/// This process's share of the source's replica checks (all of them
+/// without a job).
+universal::ReplicaShare JobReplicaShare();
 
 /// The "processes" member of --json (rank 0 of a job), else null.
 json::Value JobProcesses();

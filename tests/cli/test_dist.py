@@ -296,6 +296,20 @@ def test_slurm_and_mpi_environments():
         assert not (t / "nomaster").exists()
 
 
+def damage_a_small_record(path):
+    """Flips a bit in the first 64-byte tensor record of a torch.save zip (hidden 16 fp32: a
+    bias or layernorm, replicated over TP), CRC-32 left as it was."""
+    import struct
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size == 64)
+    b = bytearray(path.read_bytes())
+    h = info.header_offset
+    n, e = struct.unpack("<HH", b[h + 26:h + 30])
+    b[h + 30 + n + e + 5] ^= 0x40
+    path.write_bytes(bytes(b))
+
+
 def wait_for_staging(t, name, procs):
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
@@ -319,6 +333,19 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert err.count("\n") == 1 and "rank 1 fails" in err, err
         assert "process 1 failed" in res[0][2], res[0][2]
         nothing_under(t, "out")
+        # 1b. A replicated region of the source that differs (a layer's bias of Megatron's TP
+        # rank 1 changed: replicated over TP): the process whose share of the replica checks
+        # holds it fails, and so does the other, with that error.
+        src = t / "damaged"
+        shutil.copytree(MEG, src)
+        damage_a_small_record(src / "iter_0000010" / "mp_rank_01" / "model_optim_rng.pt")
+        port, = free_ports(1)
+        res = finish(spawn(2, "slurm", ["convert", src, "-o", t / "outr", "--tp", 1, "--dp", 1],
+                           port, **fast))
+        assert [r[0] for r in res] == [3, 3], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "replicas differ" in err, err
+        assert not (t / "outr").exists()
         # 2. Rank 1 SIGKILLed mid-run: rank 0 finds its heartbeat stalled. 3. (side by side)
         # Rank 0 (and the store with it) SIGKILLed while rank 1 writes: rank 1 stops with one
         # line; rank 0's staging stays until the next run reclaims it.
