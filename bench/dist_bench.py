@@ -9,11 +9,12 @@ started with Slurm's variables (SLURM_PROCID, SLURM_NTASKS, MASTER_ADDR, MASTER_
 needed), in alternating rounds after a `sync`. Per N: the median wall seconds and its ratio to one
 process; from rank 0's --json `processes`: the largest process's share of the bytes written and
 read (1/N is ideal), the store messages and bytes per process (flat in N: a fixed handful each);
-and the model of N hosts (each host reads and writes its share at its own disk's speed):
-  seconds(N hosts) = fixed + (seconds(1) - fixed) * largest share(N)
-with fixed = the time of a job that writes nothing of its own (the plan, twice, and the
-coordination), measured as one process's wall time minus its emit time, checked against the
-measured N on this one machine (whose 2 cores and one disk the processes share).
+and two models built from those figures, with fixed(N) = the job's own cost (wall time minus
+the slowest process's emit: LibTorch loaded, the store, the second planning pass, the exchange):
+  this host (N processes sharing its cores and disk): fixed(N) + seconds(1), checked against the
+      measured N;
+  N hosts (each reads and writes its share at its own disk's speed):
+      fixed(N) + seconds(1) * largest share(N).
 """
 import argparse
 import json
@@ -96,10 +97,10 @@ def main():
         total = j1["bytes"]
         print(f"DeepSpeed ZeRO-2 bf16 w2, {total / 2**30:.2f} GiB written, ZeRO-1 dp {a.dp}; "
               f"median of {a.rounds} rounds\n")
-        print("| processes | seconds | vs 1 | largest share written | largest share read "
-              "| store messages / process | store bytes / process | model (N hosts) |")
-        print("|---|---|---|---|---|---|---|---|")
-        fixed = None
+        print("| processes | seconds | vs 1 | fixed | largest share written | largest share read "
+              "| store messages / process | store bytes / process | model: this host | "
+              "model: N hosts |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for n in counts:
             secs = [s for s, _ in runs[n]]
             med = statistics.median(secs)
@@ -112,15 +113,17 @@ def main():
                 share_r = max(p["bytes_read"] for p in procs) / read
                 msgs = statistics.mean(p["store_messages"] for p in procs)
                 mbytes = statistics.mean(p["store_bytes"] for p in procs)
-                if fixed is None:
-                    # wall minus the slowest process's own emit: planning + coordination
-                    fixed = max(0.0, med - max(p["seconds"] for p in procs))
-                model = fixed + (one - fixed) * share_w
-                row = (f"{share_w:.3f} (1/N {1 / n:.3f}) | {share_r:.3f} | {msgs:.1f} | "
-                       f"{mbytes:.0f} | {model:.2f} s")
+                # the job's own cost: wall minus the slowest process's emit (LibTorch loaded,
+                # the store, planning, the exchange)
+                fixed = statistics.median(
+                    s - max(p["seconds"] for p in jj["processes"]) for s, jj in runs[n])
+                row = (f"{fixed:.2f} | {share_w:.3f} (1/N {1 / n:.3f}) | {share_r:.3f} | "
+                       f"{msgs:.1f} | {mbytes:.0f} | {fixed + one:.2f} | "
+                       f"{fixed + one * share_w:.2f}")
             else:
-                row = "1 | 1 | 0 | 0 | (measured)"
-            print(f"| {n} | {med:.2f} [{min(secs):.2f}-{max(secs):.2f}] | {med / one:.2f} | {row} |")
+                row = "0 | 1 | 1 | 0 | 0 | (measured) | (measured)"
+            print(f"| {n} | {med:.2f} [{min(secs):.2f}-{max(secs):.2f}] | {med / one:.2f} | "
+                  f"{row} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
