@@ -248,10 +248,18 @@ struct Coordinator::Impl {
     const Clock::time_point start = Clock::now();
     milliseconds pause(2);
     for (;;) {
-      if (ready()) return;
-      CheckError();
-      CheckPeers();
+      try {
+        if (ready()) return;
+        CheckError();
+        CheckPeers();
+      } catch (...) {
+        // The main thread fails with it: the heartbeat thread must not end
+        // the process meanwhile (it leaves the job on its way out).
+        failed = true;
+        throw;
+      }
       if (Clock::now() - start > options.timeout) {
+        failed = true;
         throw IoError(job.Describe(), ": timed out after ",
                       options.timeout.count() / 1000.0, " s waiting for ", what,
                       " (UCP_DIST_TIMEOUT)");

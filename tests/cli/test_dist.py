@@ -333,6 +333,16 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert err.count("\n") == 1 and "rank 1 fails" in err, err
         assert "process 1 failed" in res[0][2], res[0][2]
         nothing_under(t, "out")
+        # 1a. Rank 0 refuses the output (it exists): every process exits 2 at once (the others
+        # read rank 0's error before its store goes, no waiting on a silent rank).
+        (t / "taken").mkdir()
+        (t / "taken" / "x").write_text("x")
+        port, = free_ports(1)
+        start = time.monotonic()
+        res = finish(spawn(2, "slurm", args_of("dcp", t / "taken"), port, **fast))
+        assert [r[0] for r in res] == [2, 2], res
+        assert "process 0 failed" in res[1][2] and "already exists" in res[1][2], res
+        assert time.monotonic() - start < 8, time.monotonic() - start
         # 1b. A replicated region of the source that differs (a layer's bias of Megatron's TP
         # rank 1 changed: replicated over TP): the process whose share of the replica checks
         # holds it fails, and so does the other, with that error.
