@@ -47,7 +47,9 @@ internal::MakeStoreFn LoadStoreModule() {
 #endif
   std::string errors;
   for (const std::string& path : candidates) {
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    // Lazy binding: LibTorch's tables resolved as used (0.4 s instead of
+    // 1 s to load it).
+    void* handle = ::dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
     if (handle == nullptr) {
       errors += StrCat(errors.empty() ? "" : "; ", ::dlerror());
       continue;
