@@ -6,7 +6,9 @@ export, a reshape of a universal file) is byte-identical, file for file, to the 
 of the same command (the oracle: ucp without a launcher, whose outputs the other tests check
 against the frameworks); DCP's `.metadata` holds a random uuid in every run (torch's too), masked
 before comparing. --json's `processes` (rank 0 only; the other ranks print nothing) add up to the
-output. A rank that fails, a rank SIGKILLed mid-run, and rank 0 (the store) SIGKILLed leave
+output. `verify` as a job reports what one process reports and fails on a damaged file in every
+process; `to-universal` as a job is written by rank 0 alone. A rank that fails, rank 0 refusing
+the output, a differing replica, a rank SIGKILLed mid-run, and rank 0 (the store) SIGKILLed leave
 nothing under the final name, every other process exits non-zero with one error line, and a rerun
 succeeds. Ports are chosen by binding 127.0.0.1:0; every process has a timeout.
 """
@@ -286,6 +288,13 @@ def test_slurm_and_mpi_environments():
         assert [r[0] for r in res] == [3, 3, 3], res
         for _, _, err in res:
             assert err.count("\n") == 1 and bad.name in err, err
+        # to-universal as a job: rank 0 writes the file alone (a note says so), the other waits
+        # and prints nothing; the file verifies.
+        port, = free_ports(1)
+        res = finish(spawn(2, "mpi", ["to-universal", DS, "-o", t / "job.h5", "--json"], port))
+        assert [r[0] for r in res] == [0, 0] and res[1][1:] == ("", ""), res
+        assert any("rank 0 alone" in n for n in json.loads(res[0][1])["notes"]), res[0][1]
+        run("verify", t / "job.h5", "-q")
         # A Slurm rank without MASTER_ADDR: a usage error naming the variables, nothing written.
         p = subprocess.run([str(UCP), *args_of("deepspeed", t / "nomaster")], text=True,
                            capture_output=True, timeout=TIMEOUT,
