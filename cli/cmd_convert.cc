@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/core/error.h"
@@ -96,6 +97,26 @@ const std::string& ToUniversalHelp() {
   return h;
 }
 
+// The paragraph of reshape's and convert's --help on launchers.
+std::string LauncherHelp() {
+  return "Under a launcher (torchrun, srun, mpirun: RANK/WORLD_SIZE, "
+         "SLURM_PROCID/\n"
+         "SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/SIZE with "
+         "MASTER_ADDR and\n"
+         "MASTER_PORT) the processes write the target files between them "
+         "(balanced\n"
+         "by bytes) on a shared filesystem; rank 0 hosts ucp's c10d TCPStore "
+         "on\n"
+         "UCP_STORE_PORT, else MASTER_PORT + 1 under torchrun, else "
+         "MASTER_PORT, and\n"
+         "alone prints (--json: a processes array). UCP_DIST=0: one process.\n"
+         "  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\\n"
+         "      --rdzv-endpoint host0:29400 --no-python ucp convert ...\n"
+         "  MASTER_ADDR=host0 MASTER_PORT=29500 srun -N 2 --ntasks-per-node 4 "
+         "ucp convert ...\n"
+         "\n";
+}
+
 const std::string& ReshapeHelp() {
   static const std::string h =
       "usage: ucp reshape FILE -o DIR [--format NAME] [--dp N --tp N --pp N\n"
@@ -112,7 +133,8 @@ const std::string& ReshapeHelp() {
       FormatList(true) +
       "DIR must not exist (or be empty); nothing appears under DIR on "
       "failure.\n"
-      "\n"
+      "\n" +
+      LauncherHelp() +
       "examples:\n"
       "  ucp reshape gpt.ucp.h5 -o /ckpt/gpt-tp4 --tp 4 --pp 1 --dp 2 "
       "--distributed-optimizer\n"
@@ -140,8 +162,7 @@ const std::string& ConvertHelp() {
       "with\n"
       "the topology sizes and options each takes (a target option that a\n"
       "source option shares the name of is --target-<name>):\n" +
-      FormatList(true) +
-      "\n"
+      FormatList(true) + "\n" + LauncherHelp() +
       "examples:\n"
       "  ucp convert /ckpt/gpt -o /ckpt/gpt-tp1pp4 --tp 1 --pp 4 --dp 16\n"
       "  ucp convert /ckpt/ds -o /ckpt/ds-3ranks --dp 3 --zero-stage 1\n"
@@ -553,6 +574,14 @@ int RunToUniversal(const std::vector<std::string>& args) {
     throw UsageError("to-universal needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
+  // Under a launcher, rank 0 writes the universal file alone; the others
+  // wait for it (and fail with its error).
+  if (DistJob* job = StartJob("to-universal", output)) {
+    if (!job->leader()) {
+      job->coordinator().Fetch("written");
+      return 0;
+    }
+  }
   CheckNewFile(output, force);
   std::unique_ptr<formats::Source> source =
       src.Open(vm["source"].as<std::string>());
@@ -560,6 +589,12 @@ int RunToUniversal(const std::vector<std::string>& args) {
   universal::SourcePlan plan = source->Plan();
   universal::CheckFreeSpace(output, UniversalBytes(plan));
   universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
+  DistJob* job = CurrentJob();
+  if (job) job->coordinator().Publish("written", "1");
+  const std::string note = job ? StrCat("written by rank 0 alone (the other ",
+                                        job->coordinator().world() - 1,
+                                        " processes of the job waited)")
+                               : std::string();
   if (run.json) {
     json::Value j;
     j["command"] = "to-universal";
@@ -575,6 +610,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
     j["bytes_read"] = s.bytes_read;
     j["replicas_verified"] = s.replicas_verified;
     j["seconds"] = s.seconds;
+    if (job) j["notes"].Append(note);
     PrintJson(j);
   } else {
     std::printf(
@@ -583,6 +619,7 @@ int RunToUniversal(const std::vector<std::string>& args) {
         c.Describe().c_str(), output.c_str(), static_cast<long long>(s.params),
         static_cast<long long>(s.atoms), HumanBytes(s.atom_bytes).c_str(),
         static_cast<long long>(s.replicas_verified), s.seconds);
+    if (job) std::printf("note: %s\n", note.c_str());
   }
   return 0;
 }
@@ -618,9 +655,11 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
   if (driver.PlacesByLayout())
     laid = formats::WithTargetLayout(named, target.layout, target.model_vars);
   const universal::UniversalInput& content = laid ? *laid : named;
-  universal::StagedDirectory out(output);
-  universal::CheckFreeSpace(
-      output, universal::MinimumTargetBytes(content, options.no_optimizer));
+  JobOutput out(output);
+  if (out.owner()) {
+    universal::CheckFreeSpace(
+        output, universal::MinimumTargetBytes(content, options.no_optimizer));
+  }
   formats::TargetSummary s;
   try {
     s = formats::WriteTarget(driver, content, out.path(), options, executor,
@@ -645,6 +684,9 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
                           " params under the names of ", target.names));
   }
   out.Commit();
+  if (!PrintsResult()) return;
+  const json::Value processes = JobProcesses();
+  if (!processes.is_null()) extra["processes"] = processes;
   PrintTargetResult(command, output, driver, target, s, Since(start), run,
                     std::move(extra));
 }
@@ -669,6 +711,7 @@ int RunReshape(const std::vector<std::string>& args) {
     throw UsageError("reshape needs a universal file");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
+  StartJob("reshape", output);
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   const std::string file = vm["universal"].as<std::string>();
@@ -704,6 +747,7 @@ int RunConvert(const std::vector<std::string>& args) {
     throw UsageError("convert needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
+  StartJob("convert", output);
   const auto start = std::chrono::steady_clock::now();
   if (!target.format.empty()) target.Options(TargetDriver(target.format, ""));
   target.vocab_size = src.vocab_size;
@@ -718,10 +762,13 @@ int RunConvert(const std::vector<std::string>& args) {
   extra["source"] = c.path.string();
   extra["source_format"] = c.format;
   extra["source_topology"] = c.TopologyJson();
-  if (!run.json) std::printf("read %s\n", c.Describe().c_str());
-  WriteAndReport("convert", *universal::PlanInput(plan, c.path, executor),
-                 c.format, output, target, manifest, run, executor, start,
-                 std::move(extra));
+  if (!run.json && PrintsResult())
+    std::printf("read %s\n", c.Describe().c_str());
+  WriteAndReport(
+      "convert",
+      *universal::PlanInput(plan, c.path, executor, JobReplicaShare()),
+      c.format, output, target, manifest, run, executor, start,
+      std::move(extra));
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/atoms/signature.h"
@@ -51,6 +52,9 @@ constexpr const char* kExportHelp =
     "(or take the training-dtype weights when they already have that "
     "dtype).\n"
     "Streaming: memory stays within --memory whatever the model size.\n"
+    "Under torchrun / srun / mpirun the processes write the files between "
+    "them\n"
+    "(see ucp convert --help; rank 0 writes the index and config.json).\n"
     "\n"
     "examples:\n"
     "  ucp export /ckpt/ds -o hf/                      # like zero_to_fp32\n"
@@ -186,6 +190,7 @@ int RunExport(const std::vector<std::string>& args) {
   UCP_CHECK(found != nullptr, "no exporter huggingface linked");
   const formats::Exporter& exporter = *found;
   SetProgressMode(run.quiet, run.progress);
+  StartJob("export", output);
   const auto start = std::chrono::steady_clock::now();
   const fs::path source = vm["source"].as<std::string>();
   std::error_code ec;
@@ -193,7 +198,7 @@ int RunExport(const std::vector<std::string>& args) {
     throw IoError("cannot open ", source.string(),
                   ": no such file or directory");
   }
-  universal::StagedDirectory out(output);
+  JobOutput out(output);
   formats::ExportSummary s;
   json::Value from;
   if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
@@ -203,7 +208,7 @@ int RunExport(const std::vector<std::string>& args) {
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
-    universal::CheckFreeSpace(output, ExportBytes(content, o));
+    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
     s = exporter.Export(content, out.path(), o, executor);
     from["format"] = "universal";
     from["path"] = source.string();
@@ -211,15 +216,16 @@ int RunExport(const std::vector<std::string>& args) {
     std::unique_ptr<formats::Source> c = src.Open(source);
     universal::SourcePlan plan = c->Plan();
     std::unique_ptr<universal::UniversalInput> input =
-        universal::PlanInput(plan, c->info().path, executor);
+        universal::PlanInput(plan, c->info().path, executor, JobReplicaShare());
     const auto views = HfViews(*input, o, given);
     const universal::UniversalInput& content =
         views.empty() ? *input : *views.back();
-    universal::CheckFreeSpace(output, ExportBytes(content, o));
+    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
     s = exporter.Export(content, out.path(), o, executor);
     from = c->info().ToJson();
   }
   out.Commit();
+  if (!PrintsResult()) return 0;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -239,6 +245,8 @@ int RunExport(const std::vector<std::string>& args) {
     for (const auto& n : s.notes) notes.Append(n);
     j["notes"] = std::move(notes);
     j["seconds"] = seconds;
+    const json::Value processes = JobProcesses();
+    if (!processes.is_null()) j["processes"] = processes;
     PrintJson(j);
   } else {
     std::printf("wrote %s: %lld tensors, %s in %zu file(s), %s, in %.1f s\n",

@@ -4,12 +4,14 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/atoms/signature.h"
 #include "engine/core/error.h"
 #include "engine/core/file.h"
 #include "engine/core/progress.h"
+#include "engine/dist/assign.h"
 #include "engine/formats/common/integrity.h"
 #include "engine/formats/driver.h"
 #include "engine/json/json.h"
@@ -119,11 +121,42 @@ std::string VerifyCheckpoint(const fs::path& path, const SourceArgs& src,
   // whole (and runs before the replicas are compared).
   formats::IntegrityReport integrity;
   const formats::Source* src_ptr = source.get();
-  universal::VerifySummary v = universal::VerifySource(
-      plan, executor,
-      formats::IntegrityPassFor(
-          c.path, c.files, &integrity,
-          [src_ptr](const fs::path& f) { return src_ptr->Archives(f); }));
+  const formats::ArchivesOf archives = [src_ptr](const fs::path& f) {
+    return src_ptr->Archives(f);
+  };
+  universal::VerifySummary v;
+  if (DistJob* job = CurrentJob()) {
+    // A job: each process checks the CRC-32s (and manifest) of its share of
+    // the files, balanced by size; rank 0 also the coverage and replicas.
+    std::vector<dist::FileLoad> loads;
+    std::error_code ec;
+    for (const fs::path& f : c.files)
+      loads.push_back({static_cast<uint64_t>(fs::file_size(f, ec)), true});
+    const std::vector<int> owner =
+        dist::AssignFiles(loads, job->coordinator().world());
+    std::vector<fs::path> mine;
+    for (size_t i = 0; i < c.files.size(); ++i)
+      if (owner[i] == job->coordinator().rank()) mine.push_back(c.files[i]);
+    if (job->leader()) v = universal::VerifySource(plan, executor);
+    const formats::IntegrityReport part =
+        formats::CheckIntegrity(c.path, mine, nullptr, {}, archives);
+    json::Value counts;
+    counts["files"] = part.files;
+    counts["zips"] = part.zips;
+    counts["records"] = part.records;
+    integrity.manifest = part.manifest;
+    for (const std::string& text :
+         job->coordinator().Gather("integrity", counts.Dump())) {
+      const json::Value r = json::Value::Parse(text);
+      integrity.files += r.At("files").AsInt();
+      integrity.zips += r.At("zips").AsInt();
+      integrity.records += r.At("records").AsInt();
+    }
+  } else {
+    v = universal::VerifySource(
+        plan, executor,
+        formats::IntegrityPassFor(c.path, c.files, &integrity, archives));
+  }
   report.Add("integrity", integrity.Summary());
   report.Add("coverage", StrCat(v.atoms, " atoms (", HumanBytes(v.atom_bytes),
                                 ") fully covered by the rank files"));
@@ -147,6 +180,7 @@ int RunVerify(const std::vector<std::string>& args) {
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
   const fs::path path = vm["path"].as<std::string>();
+  DistJob* job = StartJob("verify", path.string());
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     throw IoError("cannot open ", path.string(), ": no such file or directory");
@@ -156,7 +190,8 @@ int RunVerify(const std::vector<std::string>& args) {
   const bool directory = fs::is_directory(path, ec);
   const bool universal = !directory && atoms::IsHdf5File(path);
   if (universal) {
-    VerifyUniversal(path, report);
+    // (Under a launcher, rank 0 alone: one HDF5 file.)
+    if (!job || job->leader()) VerifyUniversal(path, report);
   } else if (directory) {
     kind = VerifyCheckpoint(path, src, executor, report);
   } else {
@@ -164,6 +199,13 @@ int RunVerify(const std::vector<std::string>& args) {
         path.string(),
         ": neither a universal (HDF5) file nor a checkpoint folder");
   }
+  // A job's processes other than rank 0 (done with their share) wait for
+  // its verdict and print nothing.
+  if (job && !job->leader()) {
+    job->coordinator().Fetch("verified");
+    return 0;
+  }
+  if (job) job->coordinator().Publish("verified", "1");
   json::Value leftovers = ReportLeftovers(path);
   if (run.json) {
     json::Value j;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/core/error.h"
 #include "engine/json/json.h"
@@ -135,20 +136,29 @@ int main(int argc, char** argv) {
   for (const Command& c : Commands()) {
     if (args.front() != c.name) continue;
     std::vector<std::string> rest(args.begin() + 1, args.end());
+    int code = 0;
     try {
-      return c.run(rest);
+      code = c.run(rest);
     } catch (const ucp::Error& e) {
-      return Fail(e.kind(), e.what(), e.ExitCode(), json);
+      // A job's other processes stop with this error (one that came from
+      // one of them is not reported again).
+      ReportJobFailure(e);
+      code = Fail(e.kind(), e.what(), e.ExitCode(), json);
     } catch (const boost::program_options::error& e) {
       std::string msg =
           std::string(e.what()) + " (see: ucp " + c.name + " --help)";
-      return Fail("usage error", msg, 2, json);
+      ReportJobFailure(ucp::UsageError(msg));
+      code = Fail("usage error", msg, 2, json);
     } catch (const std::bad_alloc&) {
-      return Fail("error", "out of memory (lower --memory or --threads)", 1,
-                  json);
+      const char* msg = "out of memory (lower --memory or --threads)";
+      ReportJobFailure(ucp::Error(msg));
+      code = Fail("error", msg, 1, json);
     } catch (const std::exception& e) {
-      return Fail("internal error", e.what(), 70, json);
+      ReportJobFailure(ucp::InternalError(e.what()));
+      code = Fail("internal error", e.what(), 70, json);
     }
+    EndJob();
+    return code;
   }
   return Fail("usage error",
               "unknown command '" + args.front() + "' (see: ucp --help)", 2,

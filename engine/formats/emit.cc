@@ -1,7 +1,10 @@
 #include "engine/formats/emit.h"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -13,27 +16,62 @@ namespace ucp::formats {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+EmitSplit* g_split = nullptr;  // ScopedEmitSplit's
+
+uint64_t SlotBytes(const PlannedFile& f) {
+  uint64_t total = 0;
+  for (const reshape::Job& j : f.jobs()) total += reshape::NumBytes(j.tensor);
+  return total;
+}
+
+// Pass 1 of a split emit: every file of the plan, planned and dropped.
+std::vector<EmitSplit::File> PlanLoads(const TargetPlan& plan) {
+  std::vector<EmitSplit::File> files;
+  for (size_t u = 0; u < plan.units(); ++u) {
+    for (const std::unique_ptr<PlannedFile>& f : plan.Plan(u)) {
+      files.push_back({f->path(), SlotBytes(*f), !f->jobs().empty()});
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
+ScopedEmitSplit::ScopedEmitSplit(EmitSplit* split) noexcept
+    : previous_(g_split) {
+  g_split = split;
+}
+
+ScopedEmitSplit::~ScopedEmitSplit() { g_split = previous_; }
+
 TargetSummary Emit(const TargetPlan& plan,
                    const universal::UniversalInput& input,
                    const fs::path& out_dir, const EmitOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
   std::error_code ec;
   if (!fs::is_directory(out_dir, ec)) {
     throw IoError("output folder ", out_dir.string(), " does not exist");
   }
+  EmitSplit* const split = options.split ? options.split : g_split;
   const size_t batch_limit = std::max<size_t>(1, options.batch_files);
   const fs::path checkpoint =
       (out_dir / plan.checkpoint_dir()).lexically_normal();
-  std::vector<fs::path> manifest_files;
+  // The files this process committed under the checkpoint folder, with
+  // their plan index (the manifest lists them in plan order).
+  std::vector<std::pair<size_t, fs::path>> manifest_files;
   std::map<fs::path, std::vector<ArchiveSpan>> manifest_archives;
   int64_t files = 0;
   uint64_t bytes = 0;
+  uint64_t bytes_read = 0;
   int64_t first = 1;
-  std::vector<std::unique_ptr<PlannedFile>> batch;
+  std::vector<std::pair<size_t, std::unique_ptr<PlannedFile>>> batch;
 
   auto flush = [&] {
     if (batch.empty()) return;
     std::vector<reshape::Job> jobs;
-    for (auto& f : batch) {
+    for (auto& [index, f] : batch) {
       try {
         f->Open(out_dir);
       } catch (Error& e) {
@@ -52,9 +90,9 @@ TargetSummary Emit(const TargetPlan& plan,
                       total);
     reshape::ExecutorOptions o = options.executor;
     o.progress = &progress;
-    input.Run(jobs, o);
+    bytes_read += input.Run(jobs, o).bytes_read;
     progress.Finish();
-    for (auto& f : batch) {
+    for (auto& [index, f] : batch) {
       const fs::path full = (out_dir / f->path()).lexically_normal();
       try {
         f->Commit();
@@ -67,7 +105,7 @@ TargetSummary Emit(const TargetPlan& plan,
       if (options.manifest) {
         const fs::path rel = full.lexically_relative(checkpoint);
         if (!rel.empty() && *rel.begin() != "..") {
-          manifest_files.push_back(full);
+          manifest_files.emplace_back(index, full);
           manifest_archives[full] = f->archives();
         }
       }
@@ -75,26 +113,130 @@ TargetSummary Emit(const TargetPlan& plan,
     first = last + 1;
     batch.clear();
   };
+  // A torch.save file is one archive at 0: listed only for a run of them.
+  const ArchivesOf archives_of = [&](const fs::path& p) {
+    auto it = manifest_archives.find(p.lexically_normal());
+    return it != manifest_archives.end() && it->second.size() > 1
+               ? it->second
+               : std::vector<ArchiveSpan>();
+  };
+  // Manifest rows (plan index, path, entry) of manifest_files[from...].
+  using Row = std::pair<size_t, std::pair<std::string, json::Value>>;
+  auto entries_of = [&](size_t from) {
+    std::vector<fs::path> paths;
+    for (size_t i = from; i < manifest_files.size(); ++i)
+      paths.push_back(manifest_files[i].second);
+    std::vector<Row> out;
+    if (paths.empty()) return out;
+    const json::Value e = ManifestEntries(checkpoint, paths, archives_of);
+    UCP_CHECK(e.members().size() == paths.size(), "manifest of ", paths.size(),
+              " files lists ", e.members().size());
+    for (size_t k = 0; k < paths.size(); ++k)
+      out.push_back({manifest_files[from + k].first, e.members()[k]});
+    return out;
+  };
 
+  if (split == nullptr) {
+    size_t index = 0;
+    for (size_t u = 0; u < plan.units(); ++u) {
+      for (std::unique_ptr<PlannedFile>& f : plan.Plan(u)) {
+        batch.emplace_back(index++, std::move(f));
+        if (batch.size() >= batch_limit) flush();
+      }
+    }
+    flush();
+    if (options.manifest) {
+      std::vector<fs::path> paths;
+      for (const auto& [i, p] : manifest_files) paths.push_back(p);
+      WriteManifest(checkpoint, paths, archives_of);
+    }
+    TargetSummary summary = plan.Summary();
+    summary.files = files;
+    summary.bytes = bytes;
+    return summary;
+  }
+
+  // Pass 2: this process's files with slots, in plan order; rank 0 keeps the
+  // files without slots for the end.
+  const std::vector<EmitSplit::File> loads = PlanLoads(plan);
+  const std::vector<int> owner = split->Assign(loads);
+  UCP_CHECK(owner.size() == loads.size(), "an assignment of ", owner.size(),
+            " files for ", loads.size());
+  std::vector<std::pair<size_t, std::unique_ptr<PlannedFile>>> finals;
+  size_t index = 0;
   for (size_t u = 0; u < plan.units(); ++u) {
     for (std::unique_ptr<PlannedFile>& f : plan.Plan(u)) {
-      batch.push_back(std::move(f));
+      const size_t i = index++;
+      UCP_CHECK(i < loads.size() && f->path() == loads[i].path,
+                "the plan changed between its passes at ", f->path().string());
+      if (!loads[i].slots) {
+        if (split->rank() == 0) finals.emplace_back(i, std::move(f));
+        continue;
+      }
+      if (owner[i] != split->rank()) continue;
+      batch.emplace_back(i, std::move(f));
       if (batch.size() >= batch_limit) flush();
     }
   }
   flush();
+  json::Value report;
+  report["files"] = files;
+  report["bytes"] = bytes;
+  report["bytes_read"] = bytes_read;
+  json::Value manifest = json::Value::Array();
   if (options.manifest) {
-    // A torch.save file is one archive at 0: listed only for a run of them.
-    WriteManifest(checkpoint, manifest_files, [&](const fs::path& p) {
-      auto it = manifest_archives.find(p.lexically_normal());
-      return it != manifest_archives.end() && it->second.size() > 1
-                 ? it->second
-                 : std::vector<ArchiveSpan>();
-    });
+    for (auto& [i, kv] : entries_of(0)) {
+      json::Value row = json::Value::Array();
+      row.Append(static_cast<int64_t>(i));
+      row.Append(kv.first);
+      row.Append(std::move(kv.second));
+      manifest.Append(std::move(row));
+    }
   }
+  report["manifest"] = std::move(manifest);
+  report["seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  const std::optional<std::vector<json::Value>> reports =
+      split->Finished(std::move(report));
   TargetSummary summary = plan.Summary();
-  summary.files = files;
-  summary.bytes = bytes;
+  if (!reports) {
+    summary.files = files;
+    summary.bytes = bytes;
+    return summary;
+  }
+  // Rank 0: every process finished its files; now the files without slots.
+  const size_t own = manifest_files.size();
+  for (auto& f : finals) {
+    batch.push_back(std::move(f));
+    if (batch.size() >= batch_limit) flush();
+  }
+  flush();
+  int64_t total_files = files;
+  uint64_t total_bytes = bytes;
+  std::vector<Row> rows;
+  for (size_t r = 0; r < reports->size(); ++r) {
+    const json::Value& rep = (*reports)[r];
+    if (r != 0) {
+      total_files += rep.At("files").AsInt();
+      total_bytes += static_cast<uint64_t>(rep.At("bytes").AsInt());
+    }
+    for (const json::Value& row : rep.At("manifest").items()) {
+      rows.push_back({static_cast<size_t>(row.items().at(0).AsInt()),
+                      {row.items().at(1).AsString(), row.items().at(2)}});
+    }
+  }
+  if (options.manifest) {
+    for (Row& row : entries_of(own)) rows.push_back(std::move(row));
+    std::stable_sort(
+        rows.begin(), rows.end(),
+        [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::pair<std::string, json::Value>> list;
+    for (auto& [i, kv] : rows) list.push_back(std::move(kv));
+    WriteManifestEntries(checkpoint, json::Value::FromMembers(std::move(list)));
+  }
+  summary.files = total_files;
+  summary.bytes = total_bytes;
   return summary;
 }
 

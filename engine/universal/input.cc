@@ -93,11 +93,24 @@ class StoreInputImpl : public UniversalInput {
 class PlanInputImpl : public UniversalInput {
  public:
   PlanInputImpl(const SourcePlan& plan, fs::path path,
-                const reshape::ExecutorOptions& options)
+                const reshape::ExecutorOptions& options, ReplicaShare share)
       : plan_(plan), path_(std::move(path)) {
-    // Coverage and replicas, as to-universal.
+    // Coverage and replicas, as to-universal (this process's share of the
+    // replicas).
     std::vector<internal::Classified> classified = internal::ClassifyAll(plan);
-    internal::VerifyClassified(plan, classified, options);
+    if (share.count > 1) {
+      std::vector<internal::Classified> mine = classified;
+      size_t k = 0;
+      for (internal::Classified& c : mine) {
+        std::erase_if(c.replicas, [&](const auto&) {
+          return static_cast<int>(k++ % static_cast<size_t>(share.count)) !=
+                 share.index;
+        });
+      }
+      internal::VerifyClassified(plan, mine, options);
+    } else {
+      internal::VerifyClassified(plan, classified, options);
+    }
     std::map<std::string, size_t> param_index;
     for (const atoms::ParamInfo& p : plan.params) {
       param_index[p.fqn] = params_.size();
@@ -262,8 +275,8 @@ std::unique_ptr<UniversalInput> StoreInput(
 
 std::unique_ptr<UniversalInput> PlanInput(
     const SourcePlan& plan, const std::filesystem::path& path,
-    const reshape::ExecutorOptions& options) {
-  return std::make_unique<PlanInputImpl>(plan, path, options);
+    const reshape::ExecutorOptions& options, ReplicaShare share) {
+  return std::make_unique<PlanInputImpl>(plan, path, options, share);
 }
 
 uint64_t MinimumTargetBytes(const UniversalInput& input, bool weights_only) {

@@ -62,12 +62,20 @@ class UniversalInput {
 /// A universal file. `store` must outlive the input.
 std::unique_ptr<UniversalInput> StoreInput(const atoms::AtomStoreReader& store);
 
+/// Which replicated regions a process verifies: the k-th replica of the
+/// plan (atoms in order) when k % count == index. A job's processes
+/// (engine/dist) each take their share; one process takes all.
+struct ReplicaShare {
+  int index = 0;
+  int count = 1;
+};
+
 /// A source plan used directly. Verifies coverage and replicas first (like
-/// WriteUniversal; throws FormatError on failure). `plan` must outlive the
-/// input; `path` names the source in messages.
+/// WriteUniversal; throws FormatError on failure), the replicas of `share`.
+/// `plan` must outlive the input; `path` names the source in messages.
 std::unique_ptr<UniversalInput> PlanInput(
     const SourcePlan& plan, const std::filesystem::path& path,
-    const reshape::ExecutorOptions& options);
+    const reshape::ExecutorOptions& options, ReplicaShare share = {});
 
 /// A lower bound of the bytes a checkpoint written from `input` takes: every
 /// master weight and optimizer state (atoms other than training-dtype

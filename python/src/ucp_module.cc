@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/atoms/atom_store.h"
 #include "engine/atoms/signature.h"
@@ -377,6 +378,9 @@ py::tuple RunCommand(const std::string& name,
 PYBIND11_MODULE(_ucp, m) {
   using namespace ucp::python;
   m.doc() = "ucp's engine (use the package `ucp`)";
+  // In-process commands run in this process alone, also under a launcher
+  // (a job of several processes is `torchrun ... ucp convert`).
+  ucp::cli::SetJobsEnabled(false);
 
   ExceptionClasses& ex = Exceptions();
   ex.base = py::reinterpret_steal<py::object>(

@@ -276,12 +276,12 @@ universal::IntegrityPass IntegrityPassFor(const fs::path& dir,
   return pass;
 }
 
-IntegrityReport WriteManifest(const fs::path& dir,
-                              const std::vector<fs::path>& files,
-                              const ArchivesOf& archives) {
-  IntegrityReport report;
-  report.manifest = true;
-  json::Value list = json::Value::Object();
+json::Value ManifestEntries(const fs::path& dir,
+                            const std::vector<fs::path>& files,
+                            const ArchivesOf& archives,
+                            IntegrityReport* report) {
+  IntegrityReport counts;
+  std::vector<std::pair<std::string, json::Value>> list;
   Progress progress("manifest", TotalBytes(files));
   for (const fs::path& f : files) {
     const std::optional<std::string> rel = RelativeName(dir, f);
@@ -297,21 +297,38 @@ IntegrityReport WriteManifest(const fs::path& dir,
       json::Value records = json::Value::Object();
       for (const auto& [name, hash] : d.records) records[name] = hash;
       v["records"] = std::move(records);
-      ++report.zips;
-      report.records += static_cast<int64_t>(d.records.size());
+      ++counts.zips;
+      counts.records += static_cast<int64_t>(d.records.size());
     } else {
       v["xxh3"] = d.whole;
     }
-    list[*rel] = std::move(v);
-    ++report.files;
+    list.emplace_back(*rel, std::move(v));
+    ++counts.files;
   }
   progress.Finish();
+  if (report != nullptr) {
+    report->files += counts.files;
+    report->zips += counts.zips;
+    report->records += counts.records;
+  }
+  return json::Value::FromMembers(std::move(list));
+}
+
+void WriteManifestEntries(const fs::path& dir, json::Value entries) {
   json::Value j;
   j["format"] = "ucp.manifest";
   j["version"] = 1;
   j["hash"] = "xxh3-64";
-  j["files"] = std::move(list);
+  j["files"] = std::move(entries);
   WriteFileAtomically(dir / kManifestName, j.Dump(1) + "\n");
+}
+
+IntegrityReport WriteManifest(const fs::path& dir,
+                              const std::vector<fs::path>& files,
+                              const ArchivesOf& archives) {
+  IntegrityReport report;
+  report.manifest = true;
+  WriteManifestEntries(dir, ManifestEntries(dir, files, archives, &report));
   return report;
 }
 

@@ -96,4 +96,18 @@ IntegrityReport WriteManifest(const std::filesystem::path& dir,
                               const std::vector<std::filesystem::path>& files,
                               const ArchivesOf& archives = {});
 
+/// The entries WriteManifest writes for `files` (an object of their paths
+/// relative to `dir`, in order; each file read once, its CRC-32s checked), so
+/// that processes of a job (engine/dist) each describe their own files and
+/// one writes the manifest. Adds the counts to `*report` when given. Throws
+/// like WriteManifest.
+json::Value ManifestEntries(const std::filesystem::path& dir,
+                            const std::vector<std::filesystem::path>& files,
+                            const ArchivesOf& archives = {},
+                            IntegrityReport* report = nullptr);
+/// Writes `dir/ucp.manifest.json` (atomically) listing `entries` (an object
+/// ManifestEntries made, or several of them joined). Throws IoError.
+void WriteManifestEntries(const std::filesystem::path& dir,
+                          json::Value entries);
+
 }  // namespace ucp::formats

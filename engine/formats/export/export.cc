@@ -220,11 +220,11 @@ class ExportPlan : public formats::TargetPlan {
       // complete only when its config is there).
       if (shards_.size() > 1) {
         out.push_back(formats::TextFile(stem_ + ext_ + ".index.json", Index()));
-        summary_.files.push_back(stem_ + ext_ + ".index.json");
+        Listed(stem_ + ext_ + ".index.json");
       }
       if (!config_.empty()) {
         out.push_back(formats::TextFile("config.json", config_));
-        summary_.files.push_back("config.json");
+        Listed("config.json");
       }
       return out;
     }
@@ -246,13 +246,19 @@ class ExportPlan : public formats::TargetPlan {
       f->SetRoot(root);
       out.push_back(std::move(f));
     }
-    summary_.files.push_back(names_[s]);
+    Listed(names_[s]);
     return out;
   }
   formats::TargetSummary Summary() const override { return {}; }
   std::string label() const override { return "exporting"; }
 
  private:
+  // Lists a file in the summary once (a job's processes plan twice: emit.h).
+  void Listed(const std::string& name) const {
+    if (std::find(summary_.files.begin(), summary_.files.end(), name) ==
+        summary_.files.end())
+      summary_.files.push_back(name);
+  }
   // {"metadata": {"total_size"}, "weight_map": {name: file}}, keys sorted.
   std::string Index() const {
     std::map<std::string, std::string> weight_map;
