@@ -656,22 +656,24 @@ void WriteAndReport(const char* command, const universal::UniversalInput& input,
     laid = formats::WithTargetLayout(named, target.layout, target.model_vars);
   const universal::UniversalInput& content = laid ? *laid : named;
   JobOutput out(output);
-  if (out.owner()) {
-    universal::CheckFreeSpace(
-        output, universal::MinimumTargetBytes(content, options.no_optimizer));
-  }
   formats::TargetSummary s;
-  try {
-    s = formats::WriteTarget(driver, content, out.path(), options, executor,
-                             manifest);
-  } catch (LayoutError& e) {
-    if (laid) {
-      e.AddContext("layout ", LayoutName(*laid),
-                   " from the param names (--model-var NAME=N sets a model "
-                   "variable the source does not record)");
+  ReportingFailures([&] {
+    if (out.owner()) {
+      universal::CheckFreeSpace(
+          output, universal::MinimumTargetBytes(content, options.no_optimizer));
     }
-    throw;
-  }
+    try {
+      s = formats::WriteTarget(driver, content, out.path(), options, executor,
+                               manifest);
+    } catch (LayoutError& e) {
+      if (laid) {
+        e.AddContext("layout ", LayoutName(*laid),
+                     " from the param names (--model-var NAME=N sets a model "
+                     "variable the source does not record)");
+      }
+      throw;
+    }
+  });
   if (laid) {
     s.notes.insert(s.notes.begin(),
                    StrCat("laid out by ", LayoutName(*laid),

@@ -201,29 +201,33 @@ int RunExport(const std::vector<std::string>& args) {
   JobOutput out(output);
   formats::ExportSummary s;
   json::Value from;
-  if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
-    atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
-    std::unique_ptr<universal::UniversalInput> input =
-        universal::StoreInput(store);
-    const auto views = HfViews(*input, o, given);
-    const universal::UniversalInput& content =
-        views.empty() ? *input : *views.back();
-    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
-    s = exporter.Export(content, out.path(), o, executor);
-    from["format"] = "universal";
-    from["path"] = source.string();
-  } else {
-    std::unique_ptr<formats::Source> c = src.Open(source);
-    universal::SourcePlan plan = c->Plan();
-    std::unique_ptr<universal::UniversalInput> input =
-        universal::PlanInput(plan, c->info().path, executor, JobReplicaShare());
-    const auto views = HfViews(*input, o, given);
-    const universal::UniversalInput& content =
-        views.empty() ? *input : *views.back();
-    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
-    s = exporter.Export(content, out.path(), o, executor);
-    from = c->info().ToJson();
-  }
+  ReportingFailures([&] {
+    if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
+      atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
+      std::unique_ptr<universal::UniversalInput> input =
+          universal::StoreInput(store);
+      const auto views = HfViews(*input, o, given);
+      const universal::UniversalInput& content =
+          views.empty() ? *input : *views.back();
+      if (out.owner())
+        universal::CheckFreeSpace(output, ExportBytes(content, o));
+      s = exporter.Export(content, out.path(), o, executor);
+      from["format"] = "universal";
+      from["path"] = source.string();
+    } else {
+      std::unique_ptr<formats::Source> c = src.Open(source);
+      universal::SourcePlan plan = c->Plan();
+      std::unique_ptr<universal::UniversalInput> input = universal::PlanInput(
+          plan, c->info().path, executor, JobReplicaShare());
+      const auto views = HfViews(*input, o, given);
+      const universal::UniversalInput& content =
+          views.empty() ? *input : *views.back();
+      if (out.owner())
+        universal::CheckFreeSpace(output, ExportBytes(content, o));
+      s = exporter.Export(content, out.path(), o, executor);
+      from = c->info().ToJson();
+    }
+  });
   out.Commit();
   if (!PrintsResult()) return 0;
   const double seconds =

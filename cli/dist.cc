@@ -48,7 +48,10 @@ JobOutput::JobOutput(const std::filesystem::path& output) {
   if (job == nullptr || job->leader()) {
     staged_.emplace(output);
     path_ = staged_->path();
-    if (job) job->coordinator().Publish("staging", path_.string());
+    if (job) {
+      job->coordinator().Publish("staging",
+                                 std::filesystem::absolute(path_).string());
+    }
   } else {
     path_ = job->coordinator().Fetch("staging");
   }

@@ -48,6 +48,19 @@ DistJob* CurrentJob();
 bool PrintsResult();
 /// main(): tells the job's other processes of this one's failure.
 void ReportJobFailure(const Error& error);
+/// Runs `body`, a command's writing into a JobOutput, reporting an Error it
+/// throws to the job before unwinding on: rank 0's JobOutput removes the
+/// staging folder the others write into, and they must learn the first error
+/// before they fail on the missing folder.
+template <class F>
+void ReportingFailures(F&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    ReportJobFailure(e);
+    throw;
+  }
+}
 /// main(): leaves the job (before exiting).
 void EndJob();
 

@@ -271,6 +271,22 @@ struct Coordinator::Impl {
     }
   }
 
+  // The heartbeat's way out of the job (the destructor's, which the
+  // abort skips): counted as left; rank 0 waits a little for the others.
+  void LeaveBeforeAbort() noexcept {
+    try {
+      beats->Add(Key("left"), 1);
+      if (job.rank != 0) return;
+      const Clock::time_point until =
+          Clock::now() +
+          std::min<milliseconds>(options.dead_after, std::chrono::seconds(10));
+      while (beats->Add(Key("left"), 0) < job.world && Clock::now() < until)
+        std::this_thread::sleep_for(milliseconds(20));
+    } catch (const std::exception&) {
+      // The store is gone: nothing to tell.
+    }
+  }
+
   void Beat() {
     const std::string beat = Key(StrCat("beat/", job.rank));
     const std::string error = Key("error");
@@ -290,8 +306,13 @@ struct Coordinator::Impl {
       lock.lock();
       if (stop) break;
       if ((remote || lost) && !waiting && !failed) {
-        // The main thread is busy (writing): end the process here.
-        if (remote) options.abort(*remote);
+        // The main thread is busy (writing): end the process here, leaving
+        // the job first (rank 0, whose exit takes the store, lets the others
+        // read the first error).
+        if (remote) {
+          LeaveBeforeAbort();
+          options.abort(*remote);
+        }
         if (lost) options.abort(*lost);
       }
       if (lost) break;

@@ -335,20 +335,27 @@ py::tuple RunCommand(const std::string& name,
   if (command == nullptr) throw UsageError("unknown command '", name, "'");
   std::optional<std::string> doc;
   int rc = 0;
+  // A reference to the callback held by every copy of the observer (a
+  // Progress copies it when made, and one made by another thread's open()
+  // may outlive this command), dropped under the GIL.
+  std::shared_ptr<py::object> callback;
+  if (!progress.is_none()) {
+    callback = std::shared_ptr<py::object>(new py::object(progress),
+                                           [](py::object* o) {
+                                             py::gil_scoped_acquire gil;
+                                             delete o;
+                                           });
+  }
   {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(g_command_mutex);
     cli::SetJsonSink([&doc](const json::Value& v) { doc = v.Dump(); });
-    if (!progress.is_none()) {
-      // `progress` outlives the command (the caller holds it); the observer
-      // copies only its pointer, so no reference count changes off the GIL.
-      PyObject* callback = progress.ptr();
+    if (callback) {
       Progress::SetObserver(
           [callback](const std::string& label, uint64_t done, uint64_t total) {
             py::gil_scoped_acquire gil;
             try {
-              py::handle fn(callback);
-              fn(label, done, total);
+              (*callback)(label, done, total);
             } catch (py::error_already_set& e) {
               e.discard_as_unraisable("ucp progress callback");
             } catch (...) {
@@ -405,6 +412,16 @@ PYBIND11_MODULE(_ucp, m) {
       if (p) std::rethrow_exception(p);
     } catch (const ucp::Error& e) {
       SetPythonError(e.kind(), e.ExitCode(), e.what());
+    } catch (const std::bad_alloc&) {
+      PyErr_SetString(PyExc_MemoryError,
+                      "out of memory (lower memory= or threads=)");
+    } catch (const py::error_already_set&) {
+      throw;
+    } catch (const py::builtin_exception&) {
+      throw;
+    } catch (const std::exception& e) {
+      // As the CLI: any other C++ exception is an internal error (70).
+      SetPythonError("internal error", 70, e.what());
     }
   });
 

@@ -234,6 +234,9 @@ class Checkpoint:
             engine_dtype = _engine_dtype(out.dtype)
         except TypeError as e:
             raise UsageError(f"dtype {dtype!r}: {e}") from None
+        if not out.dtype.isnative:
+            raise UsageError(f"dtype {dtype!r}: not in this machine's byte "
+                             "order (read natively, then .byteswap())")
         self._impl.read(name, state, offset, size, engine_dtype,
                         out.ctypes.data, out.nbytes)
         return out.reshape(out_shape)
