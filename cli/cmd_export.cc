@@ -201,30 +201,25 @@ int RunExport(const std::vector<std::string>& args) {
   JobOutput out(output);
   formats::ExportSummary s;
   json::Value from;
+  // The content as exported (the --hf views over it, if any).
+  auto write = [&](const universal::UniversalInput& input) {
+    const auto views = HfViews(input, o, given);
+    const universal::UniversalInput& content =
+        views.empty() ? input : *views.back();
+    if (out.owner()) universal::CheckFreeSpace(output, ExportBytes(content, o));
+    s = exporter.Export(content, out.path(), o, executor);
+  };
   ReportingFailures([&] {
     if (!fs::is_directory(source, ec) && atoms::IsHdf5File(source)) {
       atoms::AtomStoreReader store = atoms::AtomStoreReader::Open(source);
-      std::unique_ptr<universal::UniversalInput> input =
-          universal::StoreInput(store);
-      const auto views = HfViews(*input, o, given);
-      const universal::UniversalInput& content =
-          views.empty() ? *input : *views.back();
-      if (out.owner())
-        universal::CheckFreeSpace(output, ExportBytes(content, o));
-      s = exporter.Export(content, out.path(), o, executor);
+      write(*universal::StoreInput(store));
       from["format"] = "universal";
       from["path"] = source.string();
     } else {
       std::unique_ptr<formats::Source> c = src.Open(source);
       universal::SourcePlan plan = c->Plan();
-      std::unique_ptr<universal::UniversalInput> input = universal::PlanInput(
-          plan, c->info().path, executor, JobReplicaShare());
-      const auto views = HfViews(*input, o, given);
-      const universal::UniversalInput& content =
-          views.empty() ? *input : *views.back();
-      if (out.owner())
-        universal::CheckFreeSpace(output, ExportBytes(content, o));
-      s = exporter.Export(content, out.path(), o, executor);
+      write(*universal::PlanInput(plan, c->info().path, executor,
+                                  JobReplicaShare()));
       from = c->info().ToJson();
     }
   });
