@@ -1,6 +1,7 @@
 #include "engine/formats/emit.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/core/progress.h"
 #include "engine/formats/common/integrity.h"
 #include "engine/reshape/plan.h"
@@ -19,6 +21,14 @@ namespace fs = std::filesystem;
 namespace {
 
 EmitSplit* g_split = nullptr;  // ScopedEmitSplit's
+// Split emits so far in this process (the same sequence in every process of
+// a job): names the manifest part files of each.
+std::atomic<int64_t> g_split_emits{0};
+
+// A process's manifest rows of split emit `seq`, in the staging folder.
+fs::path ManifestPart(const fs::path& out_dir, int64_t seq, int rank) {
+  return out_dir / StrCat(".ucp-manifest-part-", seq, "-", rank, ".json");
+}
 
 uint64_t SlotBytes(const PlannedFile& f) {
   uint64_t total = 0;
@@ -183,17 +193,27 @@ TargetSummary Emit(const TargetPlan& plan,
   report["files"] = files;
   report["bytes"] = bytes;
   report["bytes_read"] = bytes_read;
-  json::Value manifest = json::Value::Array();
+  // The manifest entries (one hash per record) go through the shared folder,
+  // not the store: each other process writes its rows as a hidden part file
+  // that rank 0 merges and deletes; the report carries their count.
+  const int64_t seq = g_split_emits++;
+  std::vector<Row> own_rows;
   if (options.manifest) {
-    for (auto& [i, kv] : entries_of(0)) {
-      json::Value row = json::Value::Array();
-      row.Append(static_cast<int64_t>(i));
-      row.Append(kv.first);
-      row.Append(std::move(kv.second));
-      manifest.Append(std::move(row));
+    own_rows = entries_of(0);
+    if (split->rank() != 0) {
+      json::Value part = json::Value::Array();
+      for (auto& [i, kv] : own_rows) {
+        json::Value row = json::Value::Array();
+        row.Append(static_cast<int64_t>(i));
+        row.Append(kv.first);
+        row.Append(std::move(kv.second));
+        part.Append(std::move(row));
+      }
+      WriteFileAtomically(ManifestPart(out_dir, seq, split->rank()),
+                          part.Dump());
     }
   }
-  report["manifest"] = std::move(manifest);
+  report["manifest"] = static_cast<int64_t>(own_rows.size());
   report["seconds"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -214,6 +234,13 @@ TargetSummary Emit(const TargetPlan& plan,
   flush();
   int64_t total_files = files;
   uint64_t total_bytes = bytes;
+  // Every file with slots written once: the processes' files add up.
+  int64_t with_slots = 0;
+  int64_t reported = 0;
+  for (const EmitSplit::File& f : loads) with_slots += f.slots ? 1 : 0;
+  for (const json::Value& rep : *reports) reported += rep.At("files").AsInt();
+  UCP_CHECK(reported == with_slots, "the processes wrote ", reported,
+            " files of ", with_slots, " with tensor data");
   std::vector<Row> rows;
   for (size_t r = 0; r < reports->size(); ++r) {
     const json::Value& rep = (*reports)[r];
@@ -221,12 +248,23 @@ TargetSummary Emit(const TargetPlan& plan,
       total_files += rep.At("files").AsInt();
       total_bytes += static_cast<uint64_t>(rep.At("bytes").AsInt());
     }
-    for (const json::Value& row : rep.At("manifest").items()) {
+    if (r == 0 || !options.manifest) continue;
+    const fs::path part = ManifestPart(out_dir, seq, static_cast<int>(r));
+    const json::Value items =
+        json::Value::Parse(ReadSmallFile(part, size_t{1} << 34));
+    UCP_CHECK(static_cast<int64_t>(items.items().size()) ==
+                  rep.At("manifest").AsInt(),
+              part.string(), " lists ", items.items().size(), " entries of ",
+              rep.At("manifest").AsInt());
+    for (const json::Value& row : items.items()) {
       rows.push_back({static_cast<size_t>(row.items().at(0).AsInt()),
                       {row.items().at(1).AsString(), row.items().at(2)}});
     }
+    fs::remove(part, ec);
+    if (ec) throw IoError("cannot remove ", part.string(), ": ", ec.message());
   }
   if (options.manifest) {
+    for (Row& row : own_rows) rows.push_back(std::move(row));
     for (Row& row : entries_of(own)) rows.push_back(std::move(row));
     std::stable_sort(
         rows.begin(), rows.end(),

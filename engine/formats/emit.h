@@ -34,10 +34,10 @@ class EmitSplit {
   /// plan order), the same on every process.
   virtual std::vector<int> Assign(const std::vector<File>& files) = 0;
   /// After this process wrote and synced its files: sends `report` (JSON:
-  /// "files", "bytes", "bytes_read", "seconds", "manifest": [[plan index,
-  /// path, entry]...]) to rank 0. On rank 0, returns every process's report
-  /// (rank order) once all were sent; elsewhere, absent at once. Throws the
-  /// first error of any process, IoError if one stopped.
+  /// "files", "bytes", "bytes_read", "seconds", "manifest": a count; the
+  /// entries are in part files, emit.cc) to rank 0. On rank 0, returns every
+  /// process's report (rank order) once all were sent; elsewhere, absent at
+  /// once. Throws the first error of any process, IoError if one stopped.
   virtual std::optional<std::vector<json::Value>> Finished(
       json::Value report) = 0;
 };

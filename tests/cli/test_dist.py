@@ -7,9 +7,12 @@ of the same command (the oracle: ucp without a launcher, whose outputs the other
 against the frameworks); DCP's `.metadata` holds a random uuid in every run (torch's too), masked
 before comparing. --json's `processes` (rank 0 only; the other ranks print nothing) add up to the
 output. `verify` as a job reports what one process reports and fails on a damaged file in every
-process; `to-universal` as a job is written by rank 0 alone. A rank that fails, rank 0 refusing
-the output, a differing replica, a rank SIGKILLed mid-run, and rank 0 (the store) SIGKILLed leave
-nothing under the final name, every other process exits non-zero with one error line, and a rerun
+process; `to-universal` as a job is written by rank 0 alone. The store carries a bounded number
+of messages and bytes per process whatever the tensor count (--manifest's entries go through
+part files, none left). A rank that fails, a rank that planned another target than rank 0, a
+rank failing while two others are busy (all end within seconds), rank 0 refusing the output, a
+differing replica, a rank SIGKILLed mid-run, and rank 0 (the store) SIGKILLed leave nothing
+under the final name, every other process exits non-zero with one error line, and a rerun
 succeeds. Ports are chosen by binding 127.0.0.1:0; every process has a timeout.
 """
 import hashlib
@@ -45,6 +48,7 @@ CASES = {
     "reshape": ["reshape", "u.h5", "--tp", 2, "--pp", 2, "--dp", 1],
 }
 TIMEOUT = 60
+STORE_BYTES = 2000  # per process, keys and values (--manifest entries through the store: 14 KB)
 _REF = None  # the first references()
 UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-a[0-9a-f]{3}-[0-9a-f]{12}")
 
@@ -144,7 +148,9 @@ def script(t, names, outdir, store_ports=None):
 def torchrun(*args, env):
     p = subprocess.run([str(TORCHRUN), *map(str, args)], env=env, capture_output=True,
                        text=True, timeout=TIMEOUT)
-    assert p.returncode == 0, (args, p.stdout[-2000:], p.stderr[-3000:])
+    errs = {e.name: e.read_text()[-1000:] for a in args if str(a).endswith(".sh")
+            for e in pathlib.Path(str(a)[:-3]).glob("*.err")}
+    assert p.returncode == 0, (args, errs, p.stdout[-2000:], p.stderr[-3000:])
 
 
 def check_json(outdir, name, world):
@@ -162,6 +168,10 @@ def check_json(outdir, name, world):
     assert sum(p["bytes_written"] for p in procs) <= on_disk
     for p in procs:
         assert p["store_messages"] > 0 and p["seconds"] >= 0, p
+        # A fixed handful of small messages whatever the tensor count (the manifest entries go
+        # through part files in the staging folder, none of which is left).
+        assert p["store_messages"] <= 12 and p["store_bytes"] < STORE_BYTES, (name, p)
+    assert not [q for q in (outdir / name).rglob(".ucp-manifest-part-*")], name
     for r in range(1, world):
         assert (outdir / f"{name}.{r}.json").read_text() == "", (name, r)
         assert (outdir / f"{name}.{r}.err").read_text() == "", (name, r)
@@ -342,6 +352,33 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert err.count("\n") == 1 and "rank 1 fails" in err, err
         assert "process 1 failed" in res[0][2], res[0][2]
         nothing_under(t, "out")
+        # 1'. Rank 1 planned another target than rank 0 (a byte more in one file, as another
+        # ucp build or another view of the source would): every process fails (usage, exit 2)
+        # with the one line naming it, nothing written. Without the check this run succeeds.
+        port, = free_ports(1)
+        res = finish(spawn(2, "slurm", args_of("dcp", t / "outplan"), port,
+                           UCP_TESTING_DIST_PERTURB_PLAN=1, **fast))
+        assert [r[0] for r in res] == [2, 2], res
+        for code, _, err in res:
+            assert err.count("\n") == 1 and \
+                "process 1 planned another target than rank 0" in err, err
+        assert "process 1 failed" in res[0][2], res[0][2]
+        nothing_under(t, "outplan")
+        # 1''. Three processes, rank 2 fails while ranks 0 and 1 are busy (paused 30 s, as if
+        # writing): their heartbeat threads end them with rank 2's error, each exits 5 with one
+        # line, and the job ends in a few seconds (rank 0 does not linger: the others left).
+        port, = free_ports(1)
+        start = time.monotonic()
+        res = finish(spawn(3, "slurm", args_of("dcp", t / "outbusy"), port,
+                           UCP_TESTING_DIST_FAIL=2, UCP_TESTING_DIST_PAUSE="0:30,1:30", **fast))
+        took = time.monotonic() - start
+        assert [r[0] for r in res] == [5, 5, 5], res
+        for code, _, err in res:
+            assert err.count("\n") == 1 and "rank 2 fails" in err, err
+        for code, _, err in res[:2]:
+            assert "process 2 failed" in err, err
+        assert took < 8, took
+        nothing_under(t, "outbusy")
         # 1a. Rank 0 refuses the output (it exists): every process exits 2 at once (the others
         # read rank 0's error before its store goes, no waiting on a silent rank).
         (t / "taken").mkdir()
