@@ -65,6 +65,24 @@ def free_ports(n):
     return ports
 
 
+def free_port_pair():
+    """A free port P whose P + 1 is free too (the default store port under
+    torchrun is MASTER_PORT + 1: a busy P + 1 would fail the job)."""
+    for _ in range(100):
+        a, b = socket.socket(), socket.socket()
+        try:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+        finally:
+            a.close()
+            b.close()
+    raise RuntimeError("no two consecutive free ports")
+
+
 def clean_env(**extra):
     """This environment without any launcher's variables, plus `extra`."""
     env = {k: v for k, v in os.environ.items()
@@ -209,7 +227,7 @@ def test_launchers_write_what_one_process_writes():
             run("verify", out2 / name, "-q")
 
         # torchrun, 4 processes; the store on MASTER_PORT + 1 (the agent store's port + 1).
-        master, = free_ports(1)
+        master = free_port_pair()
         out4 = t / "four"
         out4.mkdir()
         torchrun("--nproc-per-node", 4, "--master-addr", "127.0.0.1", "--master-port", master,
