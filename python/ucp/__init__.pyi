@@ -1,7 +1,7 @@
 # Type stubs of the package ucp (python/ucp/__init__.py).
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -16,6 +16,8 @@ from ._ucp import (
 
 __version__: str
 _Path = str | os.PathLike[str]
+# True: ucp's bar on stderr; a callable: called as progress(label, done, total).
+_Progress = bool | Callable[[str, int, int], Any] | None
 
 @dataclass(frozen=True)
 class Param:
@@ -62,7 +64,7 @@ def open(
     **options: Any,
 ) -> Checkpoint: ...
 def to_universal(
-    src: _Path, dst: _Path, *, progress: bool | None = ..., **options: Any
+    src: _Path, dst: _Path, *, progress: _Progress = ..., **options: Any
 ) -> dict[str, Any]: ...
 def reshape(
     src: _Path,
@@ -70,7 +72,7 @@ def reshape(
     format: str | None = ...,
     names: str | None = ...,
     *,
-    progress: bool | None = ...,
+    progress: _Progress = ...,
     **topology_and_options: Any,
 ) -> dict[str, Any]: ...
 def convert(
@@ -78,7 +80,7 @@ def convert(
     dst: _Path,
     format: str | None = ...,
     names: str | None = ...,
-    progress: bool | None = ...,
+    progress: _Progress = ...,
     **topology_and_options: Any,
 ) -> dict[str, Any]: ...
 def export(
@@ -86,7 +88,7 @@ def export(
     dst: _Path,
     format: str | None = ...,
     *,
-    progress: bool | None = ...,
+    progress: _Progress = ...,
     **options: Any,
 ) -> dict[str, Any]: ...
 
@@ -112,7 +114,7 @@ def resume(
     save_dir: _Path,
     output: _Path | None = ...,
     *,
-    progress: bool | None = ...,
+    progress: _Progress = ...,
     **topology_and_options: Any,
 ) -> ResumeResult: ...
 def diff(
@@ -122,6 +124,6 @@ def diff(
     rtol: float = ...,
     names: str | None = ...,
     *,
-    progress: bool | None = ...,
+    progress: _Progress = ...,
     **options: Any,
 ) -> dict[str, Any]: ...
