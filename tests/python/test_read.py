@@ -10,6 +10,8 @@ byte fails it).
 import os
 import pathlib
 import shutil
+import threading
+import time
 
 import h5py
 import numpy as np
@@ -430,3 +432,43 @@ def test_mindspore_file_equals_mindspore_load(tmp_path):
             c.equal(got, want, name)
     assert c.tensors == 5
     negative_control(want)
+
+
+def test_read_releases_the_gil(tmp_path):
+    """A read runs without the GIL: a Python thread counting in a loop keeps
+    counting while one long read (a 128 MiB tensor) is in the engine. Held,
+    the thread would get at most the interpreter's switch interval (5 ms)
+    of the read's time; released, it runs through it."""
+    big = torch.arange(32 << 20, dtype=torch.float32)
+    path = tmp_path / "big"
+    dcp.save({"w": big}, checkpoint_id=str(path))
+    del big
+    ckpt = ucp.open(path, threads=1)
+    ckpt.read("w", index=(slice(0, 1024),))  # warm: the file in the page cache
+
+    counter = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            counter[0] += 1
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        time.sleep(0.2)  # the thread's free rate (sleep releases the GIL)
+        c0, t0 = counter[0], time.perf_counter()
+        time.sleep(0.2)
+        rate = (counter[0] - c0) / (time.perf_counter() - t0)
+        c0, t0 = counter[0], time.perf_counter()
+        out = ckpt.read("w")
+        seconds = time.perf_counter() - t0
+        during = counter[0] - c0
+    finally:
+        stop.set()
+        thread.join()
+    assert out.shape == (32 << 20,) and out[12345] == 12345.0 and out[-1] == (32 << 20) - 1
+    held_at_most = rate * (0.005 + 0.005)  # a switch interval on either side
+    assert seconds > 0.04, f"the read took {seconds:.3f} s: too short to tell"
+    assert during > max(4 * held_at_most, 0.2 * rate * seconds), (
+        f"{during} counts in {seconds:.3f} s of read ({rate:.0f}/s free): the GIL was held")
