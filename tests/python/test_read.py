@@ -472,3 +472,30 @@ def test_read_releases_the_gil(tmp_path):
     assert seconds > 0.04, f"the read took {seconds:.3f} s: too short to tell"
     assert during > max(4 * held_at_most, 0.2 * rate * seconds), (
         f"{during} counts in {seconds:.3f} s of read ({rate:.0f}/s free): the GIL was held")
+
+
+def test_deepspeed_universal_folder_equals_torch_load(fixtures, tmp_path):
+    """A DeepSpeed universal folder (ucp's writer of DeepSpeed's layout, from a
+    real DeepSpeed save): each state ucp.open reads equals what torch.load
+    finds in that param's file (zero/<param>/<state>.pt: {'param': tensor});
+    a value changed in one file is read changed."""
+    src = fixtures / "deepspeed-0.14.5" / "ds0145_z1_fp32_w2_mlp"
+    out = tmp_path / "universal"
+    ucp.convert(src, out, format="deepspeed-universal")
+    ckpt = ucp.open(out)
+    assert ckpt.format == "deepspeed-universal" and ckpt.iteration == 2
+    zero = out / "global_step2_universal" / "zero"
+    seen = Compared()
+    for param in ckpt.params():
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            want = torch.load(zero / param.name / f"{state}.pt", weights_only=False)["param"]
+            seen.equal(ckpt.read(param.name, state), torch_to_numpy(want),
+                       f"{param.name} {state}")
+    assert seen.tensors == 12 and seen.elements == 3 * (13 * 7 + 13 + 5 * 13 + 5), vars(seen)
+    f = zero / "fc1.bias" / "exp_avg.pt"
+    obj = torch.load(f, weights_only=False)
+    before = torch_to_numpy(obj["param"]).copy()
+    obj["param"][4] += 1
+    torch.save(obj, f)
+    got = ucp.open(out).read("fc1.bias", "exp_avg")
+    assert not bits_equal(got, before) and bits_equal(got, torch_to_numpy(obj["param"]))
