@@ -499,3 +499,63 @@ def test_deepspeed_universal_folder_equals_torch_load(fixtures, tmp_path):
     torch.save(obj, f)
     got = ucp.open(out).read("fc1.bias", "exp_avg")
     assert not bits_equal(got, before) and bits_equal(got, torch_to_numpy(obj["param"]))
+
+
+def test_megatron_fsdp_equals_torch_dcp(tmp_path):
+    """A Megatron-FSDP save (megatron-core's Megatron-FSDP on CPU shims,
+    tests/tools/megatron_fsdp.py; fsdp_dtensor DCP of module-path keys): each
+    param's fp32 main weight and Adam moments read by ucp.open equal torch's
+    dcp_to_torch_save of the folder, under the names without the wrappers'
+    "module." prefixes, SwiGLU's fc1 as [weight_w; weight_v]."""
+    import subprocess
+    import sys
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    tools = pathlib.Path(__file__).parents[1] / "tools"
+    out = tmp_path / "fsdp"
+    p = subprocess.run([sys.executable, str(tools / "megatron_fsdp.py"), "save", "--out",
+                        str(out), "--dp", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    iter_dir = next(out.glob("iter_*"))
+    dcp_to_torch_save(str(iter_dir), str(tmp_path / "whole.pt"))
+    whole = torch.load(tmp_path / "whole.pt", weights_only=False)
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            elif torch.is_tensor(v):
+                yield f"{prefix}{k}", v
+
+    def strip(n):
+        return n.replace("module.", "")
+
+    want = {}
+    for k, v in flat(whole):
+        if k.startswith("model."):
+            want[(strip(k[len("model."):]), "fp32")] = v
+        elif k.startswith("optimizer.state."):
+            name, kind = k[len("optimizer.state."):].rsplit(".", 1)
+            if kind in ("exp_avg", "exp_avg_sq"):
+                want[(strip(name), kind)] = v
+    for key in [k for k in want if k[0].endswith("_w")]:
+        base = key[0][:-2]
+        want[(base, key[1])] = torch.cat([want.pop(key), want.pop((base + "_v", key[1]))])
+
+    ckpt = ucp.open(out)
+    assert ckpt.format == "megatron-fsdp"
+    seen = Compared()
+    cut = set()
+    for param in ckpt.params():
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            w = want.pop((param.name, state))
+            if tuple(w.shape) != param.shape:  # the vocabulary's padding rows are not the model's
+                assert w.shape[1:] == param.shape[1:] and w.shape[0] > param.shape[0], param.name
+                cut.add(param.name)
+                w = w[:param.shape[0]]
+            seen.equal(ckpt.read(param.name, state), torch_to_numpy(w), f"{param.name} {state}")
+    assert cut <= {"embedding.word_embeddings.weight", "output_layer.weight"}, cut
+    assert not want, sorted(want)[:5]  # every tensor torch found was read
+    assert seen.tensors == 3 * len(ckpt.params()) >= 3 * 20, vars(seen)
+    negative_control(ckpt.read("output_layer.weight", "exp_avg"))
