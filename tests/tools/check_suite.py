@@ -4,7 +4,10 @@ build folder (so a test added without them fails here):
 * every test has a TIMEOUT, and a TIMEOUT above suite_times.UNMEASURED_BOUND
   (300 s) only with a line in tests/test_times.txt that measured the test at
   a third of it or more; every line of that table names a test, and a test
-  it gives several processors has them as PROCESSORS;
+  it gives several processors has them as PROCESSORS; only a test that
+  waits for no other (a fixture's setup, a test needing no fixture) has
+  more than one (ctest starts such a test only when that many slots are
+  free at once: a test that becomes ready later would start last);
 * every GoogleTest case reports GTEST_SKIP as skipped (SKIP_REGULAR_EXPRESSION);
 * every test runs an interpreter or program by explicit path, never the
   first `python3` on PATH;
@@ -50,6 +53,11 @@ def main():
                            f"without a measured time of a third of it in tests/test_times.txt")
         if row and row[1] > 1 and int(props.get("PROCESSORS", 1)) != row[1]:
             bad.append(f"{name}: PROCESSORS {props.get('PROCESSORS', 1)}, the table says {row[1]}")
+        if int(props.get("PROCESSORS", 1)) > 1 and (props.get("DEPENDS") or
+                                                    props.get("FIXTURES_REQUIRED")):
+            bad.append(f"{name}: PROCESSORS {props['PROCESSORS']} on a test that waits for "
+                       f"another (ctest -j2 would start it only when both slots are free at "
+                       f"once: at the end of the run); give it 1")
         command = t.get("command", [])
         if command and not os.path.isabs(command[0]):
             bad.append(f"{name}: runs {command[0]!r}, not an explicit path")
