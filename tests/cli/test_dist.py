@@ -316,12 +316,15 @@ def test_slurm_and_mpi_environments():
         assert [r[0] for r in res] == [3, 3, 3], res
         for _, _, err in res:
             assert err.count("\n") == 1 and bad.name in err, err
-        # to-universal as a job: rank 0 writes the file alone (a note says so), the other waits
-        # and prints nothing; the file verifies.
+        # to-universal as a job (MPI's variables): both processes write datasets of the one
+        # file, the other prints nothing; the file is the one-process file and verifies.
         port, = free_ports(1)
         res = finish(spawn(2, "mpi", ["to-universal", DS, "-o", t / "job.h5", "--json"], port))
         assert [r[0] for r in res] == [0, 0] and res[1][1:] == ("", ""), res
-        assert any("rank 0 alone" in n for n in json.loads(res[0][1])["notes"]), res[0][1]
+        procs = json.loads(res[0][1])["processes"]
+        assert [p["rank"] for p in procs] == [0, 1] and all(p["datasets"] > 0 for p in procs)
+        run("to-universal", DS, "-o", t / "one.h5", "-q")
+        assert (t / "job.h5").read_bytes() == (t / "one.h5").read_bytes()
         run("verify", t / "job.h5", "-q")
         # A Slurm rank without MASTER_ADDR: a usage error naming the variables, nothing written.
         p = subprocess.run([str(UCP), *args_of("deepspeed", t / "nomaster")], text=True,
@@ -448,6 +451,119 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert [r[0] for r in res] == [0, 0], res
             assert [q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-")] == []
             assert compare_trees(ref / "dcp", t / name) == 6
+
+
+def universal_script(t, out, args=()):
+    """A shell script running to-universal of MEG into `out` under a launcher, each rank's --json
+    in OUT.RANK.json and its stderr in OUT.RANK.err."""
+    p = t / f"{out.name}.sh"
+    p.write_text(f"{UCP} to-universal {MEG} -o {out} --json {' '.join(args)} "
+                 f"> {out}.$RANK.json 2> {out}.$RANK.err\n")
+    return p
+
+
+def h5_leftovers(t, name):
+    """The final file's hidden staging and part files in t (.NAME.ucp-...)."""
+    return sorted(q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-"))
+
+
+def h5_datasets(path):
+    """Every dataset of an HDF5 file (h5py): {name: (bytes, attributes)} in visiting order."""
+    import h5py
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            out[name] = (obj[()].tobytes(), {k: repr(v) for k, v in obj.attrs.items()})
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return out
+
+
+def test_to_universal_as_a_job():
+    """to-universal under torchrun (2 and 4 processes): ONE universal file, written by every
+    process (each writes datasets, reads a share of the source), byte-identical to the one-process
+    file (cmp; the oracle is ucp without a launcher, whose file the other tests check against
+    h5py and the frameworks), read whole by h5py and verified by ucp verify; no part file left.
+    Negative controls: a changed byte differs and fails verify; a rank that planned another file
+    fails the job. A failing rank names its error in every process, a rank SIGKILLed while rank 0
+    writes leaves nothing under the final name and no temporary file, and a rerun succeeds."""
+    with Tmp("ucp-dist-") as t:
+        one = t / "one.h5"
+        run("to-universal", MEG, "-o", one, "-q")
+        ref = one.read_bytes()
+        datasets = h5_datasets(one)
+        assert len(datasets) >= 20, datasets
+        # Negative control: one changed byte is seen by the comparison and by verify.
+        bad = t / "bad.h5"
+        b = bytearray(ref)
+        b[-len(b) // 3] ^= 1
+        bad.write_bytes(bytes(b))
+        assert bad.read_bytes() != ref
+        run("verify", bad, "-q", expect=3)
+
+        for world in (2, 4):
+            out = t / f"u{world}.h5"
+            master = free_port_pair()
+            torchrun("--nproc-per-node", world, "--master-addr", "127.0.0.1", "--master-port",
+                     master, "--no-python", "sh", universal_script(t, out), env=clean_env())
+            assert out.read_bytes() == ref, world
+            j = json.loads(pathlib.Path(f"{out}.0.json").read_text())
+            procs = j["processes"]
+            assert [p["rank"] for p in procs] == list(range(world)), procs
+            assert all(p["datasets"] > 0 and p["bytes_written"] > 0 for p in procs), procs
+            assert sum(p["bytes_written"] for p in procs) >= j["atom_bytes"], (j, procs)
+            assert all(p["bytes_written"] < j["atom_bytes"] for p in procs), procs
+            assert all(p["store_messages"] <= 12 and p["store_bytes"] < STORE_BYTES
+                       for p in procs), procs
+            for r in range(1, world):
+                assert pathlib.Path(f"{out}.{r}.json").read_text() == "", r
+                assert pathlib.Path(f"{out}.{r}.err").read_text() == "", r
+            assert h5_leftovers(t, out.name) == [], world
+            assert h5_datasets(out) == datasets  # h5py reads it whole
+            run("verify", out, "-q")
+
+        fast = dict(UCP_DIST_DEAD_AFTER=1, UCP_DIST_CONNECT_TIMEOUT=15)
+        args = ["to-universal", MEG, "-o"]
+        # A rank that planned another file than rank 0: every process exits 2 naming it.
+        port, = free_ports(1)
+        res = finish(spawn(2, "slurm", args + [t / "plan.h5"], port,
+                           UCP_TESTING_DIST_PERTURB_PLAN=1, **fast))
+        assert [r[0] for r in res] == [2, 2], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "process 1 planned another target" in err, err
+        assert not (t / "plan.h5").exists()
+        # A failing rank: every process exits 5 with its one line.
+        port, = free_ports(1)
+        res = finish(spawn(2, "slurm", args + [t / "fail.h5"], port, UCP_TESTING_DIST_FAIL=1,
+                           **fast))
+        assert [r[0] for r in res] == [5, 5], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "rank 1 fails" in err, err
+        assert not (t / "fail.h5").exists()
+        # Rank 1 SIGKILLed (paused once assigned) while rank 0 has allocated the file and writes:
+        # rank 0 finds it stopped and removes its temporary file and part files.
+        port, = free_ports(1)
+        procs = spawn(2, "slurm", args + [t / "kill.h5"], port, UCP_TESTING_DIST_PAUSE="1:30",
+                      **fast)
+        deadline = time.monotonic() + TIMEOUT
+        while not h5_leftovers(t, "kill.h5"):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.01)
+        time.sleep(1.5)  # both joined and beating
+        procs[1].send_signal(signal.SIGKILL)
+        (c0, _, e0), (c1, _, _) = finish(procs)
+        assert c1 == -signal.SIGKILL and c0 == 5, (c0, e0)
+        assert e0.count("\n") == 1 and "process 1 of 2 stopped responding" in e0, e0
+        assert not (t / "kill.h5").exists()
+        assert h5_leftovers(t, "kill.h5") == []
+        # The reruns write the one-process file.
+        for name in ("plan.h5", "fail.h5", "kill.h5"):
+            port, = free_ports(1)
+            res = finish(spawn(2, "slurm", args + [t / name, "-q"], port, **fast))
+            assert [r[0] for r in res] == [0, 0], res
+            assert (t / name).read_bytes() == ref, name
+            assert h5_leftovers(t, name) == [], name
 
 
 if __name__ == "__main__":
