@@ -502,11 +502,55 @@ def test_to_universal_as_a_job():
         assert bad.read_bytes() != ref
         run("verify", bad, "-q", expect=3)
 
+        # torchrun with 2 and 4 processes, side by side (the store on MASTER_PORT + 1).
+        agents = {}
         for world in (2, 4):
             out = t / f"u{world}.h5"
-            master = free_port_pair()
-            torchrun("--nproc-per-node", world, "--master-addr", "127.0.0.1", "--master-port",
-                     master, "--no-python", "sh", universal_script(t, out), env=clean_env())
+            agents[world] = subprocess.Popen(
+                [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
+                 "--master-port", str(free_port_pair()), "--no-python", "sh",
+                 str(universal_script(t, out))],
+                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        fast = dict(UCP_DIST_DEAD_AFTER=1, UCP_DIST_CONNECT_TIMEOUT=15)
+        args = ["to-universal", MEG, "-o"]
+        # Side by side with the torchrun jobs: a rank that planned another file than rank 0,
+        # a failing rank, and rank 1 SIGKILLed (paused once assigned) while rank 0 has
+        # allocated the file and writes.
+        p1, p2, p3 = free_ports(3)
+        plan = spawn(2, "slurm", args + [t / "plan.h5"], p1, UCP_TESTING_DIST_PERTURB_PLAN=1,
+                     **fast)
+        fail = spawn(2, "slurm", args + [t / "fail.h5"], p2, UCP_TESTING_DIST_FAIL=1, **fast)
+        kill = spawn(2, "slurm", args + [t / "kill.h5"], p3, UCP_TESTING_DIST_PAUSE="1:30",
+                     **fast)
+        # The plan: every process exits 2 naming it.
+        res = finish(plan)
+        assert [r[0] for r in res] == [2, 2], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "process 1 planned another target" in err, err
+        assert not (t / "plan.h5").exists()
+        # The failing rank: every process exits 5 with its one line.
+        res = finish(fail)
+        assert [r[0] for r in res] == [5, 5], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "rank 1 fails" in err, err
+        assert not (t / "fail.h5").exists()
+        # The killed rank: rank 0 finds it stopped and removes its temporary and part files.
+        deadline = time.monotonic() + TIMEOUT
+        while not h5_leftovers(t, "kill.h5"):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in kill)
+            time.sleep(0.01)
+        time.sleep(1.2)  # both joined and beating
+        kill[1].send_signal(signal.SIGKILL)
+        (c0, _, e0), (c1, _, _) = finish(kill)
+        assert c1 == -signal.SIGKILL and c0 == 5, (c0, e0)
+        assert e0.count("\n") == 1 and "process 1 of 2 stopped responding" in e0, e0
+        assert not (t / "kill.h5").exists()
+        assert h5_leftovers(t, "kill.h5") == []
+        for world, agent in agents.items():
+            _, err = agent.communicate(timeout=TIMEOUT)
+            out = t / f"u{world}.h5"
+            assert agent.returncode == 0, (err[-3000:], [
+                pathlib.Path(f"{out}.{r}.err").read_text() for r in range(world)])
             assert out.read_bytes() == ref, world
             j = json.loads(pathlib.Path(f"{out}.0.json").read_text())
             procs = j["processes"]
@@ -523,47 +567,76 @@ def test_to_universal_as_a_job():
             assert h5_datasets(out) == datasets  # h5py reads it whole
             run("verify", out, "-q")
 
-        fast = dict(UCP_DIST_DEAD_AFTER=1, UCP_DIST_CONNECT_TIMEOUT=15)
-        args = ["to-universal", MEG, "-o"]
-        # A rank that planned another file than rank 0: every process exits 2 naming it.
-        port, = free_ports(1)
-        res = finish(spawn(2, "slurm", args + [t / "plan.h5"], port,
-                           UCP_TESTING_DIST_PERTURB_PLAN=1, **fast))
-        assert [r[0] for r in res] == [2, 2], res
-        for _, _, err in res:
-            assert err.count("\n") == 1 and "process 1 planned another target" in err, err
-        assert not (t / "plan.h5").exists()
-        # A failing rank: every process exits 5 with its one line.
-        port, = free_ports(1)
-        res = finish(spawn(2, "slurm", args + [t / "fail.h5"], port, UCP_TESTING_DIST_FAIL=1,
-                           **fast))
-        assert [r[0] for r in res] == [5, 5], res
-        for _, _, err in res:
-            assert err.count("\n") == 1 and "rank 1 fails" in err, err
-        assert not (t / "fail.h5").exists()
-        # Rank 1 SIGKILLed (paused once assigned) while rank 0 has allocated the file and writes:
-        # rank 0 finds it stopped and removes its temporary file and part files.
-        port, = free_ports(1)
-        procs = spawn(2, "slurm", args + [t / "kill.h5"], port, UCP_TESTING_DIST_PAUSE="1:30",
-                      **fast)
-        deadline = time.monotonic() + TIMEOUT
-        while not h5_leftovers(t, "kill.h5"):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-            time.sleep(0.01)
-        time.sleep(1.5)  # both joined and beating
-        procs[1].send_signal(signal.SIGKILL)
-        (c0, _, e0), (c1, _, _) = finish(procs)
-        assert c1 == -signal.SIGKILL and c0 == 5, (c0, e0)
-        assert e0.count("\n") == 1 and "process 1 of 2 stopped responding" in e0, e0
-        assert not (t / "kill.h5").exists()
-        assert h5_leftovers(t, "kill.h5") == []
-        # The reruns write the one-process file.
-        for name in ("plan.h5", "fail.h5", "kill.h5"):
-            port, = free_ports(1)
-            res = finish(spawn(2, "slurm", args + [t / name, "-q"], port, **fast))
+        # The reruns (side by side) write the one-process file.
+        names = ("plan.h5", "fail.h5", "kill.h5")
+        reruns = [spawn(2, "slurm", args + [t / name, "-q"], port, **fast)
+                  for name, port in zip(names, free_ports(3))]
+        for name, procs in zip(names, reruns):
+            res = finish(procs)
             assert [r[0] for r in res] == [0, 0], res
             assert (t / name).read_bytes() == ref, name
             assert h5_leftovers(t, name) == [], name
+
+
+def test_resume_and_progress_as_jobs():
+    """`ucp resume` under torchrun (2 processes): rank 0 chooses and prints, both write the
+    reshaped load folder, byte-identical to the one-process run's (compare_trees, whose
+    negative control is in the first test); a process that planned another target fails the
+    job. `--progress` of a job: rank 0 draws the job's sums (both processes reporting once the
+    paused one wrote) and a final line; the other process prints nothing."""
+    with Tmp("ucp-dist-") as t:
+        for name in ("save1", "save2", "save3"):
+            shutil.copytree(MEG, t / name)
+        want = ["--tp", 1, "--pp", 2, "--dp", 1]
+        p = run("resume", t / "save1", *want)
+        load = pathlib.Path(p.stdout.strip())
+        assert load.parent == t / "save1" / "ucp-resume", p.stdout
+        sh = t / "resume.sh"
+        sh.write_text(f"{UCP} resume {t / 'save2'} {' '.join(map(str, want))} --json "
+                      f"> {t}/r.$RANK.json 2> {t}/r.$RANK.err\n")
+        # Side by side with the torchrun job: rank 1 planning another target (resume), and
+        # --progress of to-universal with rank 1 paused 1.2 s once assigned (so that rank 0
+        # draws while it waits), and the same without --progress.
+        ports = free_ports(3)
+        perturbed = spawn(2, "slurm", ["resume", t / "save3", *want], ports[0],
+                          UCP_TESTING_DIST_PERTURB_PLAN=1, UCP_DIST_DEAD_AFTER=1)
+        progress = spawn(2, "slurm", ["to-universal", MEG, "-o", t / "p.h5", "--progress"],
+                         ports[1], UCP_TESTING_DIST_PAUSE="1:1.2")
+        quiet = spawn(2, "slurm", ["to-universal", MEG, "-o", t / "q.h5"], ports[2],
+                      UCP_TESTING_DIST_PAUSE="1:1.2")
+        torchrun("--nproc-per-node", 2, "--master-addr", "127.0.0.1", "--master-port",
+                 free_port_pair(), "--no-python", "sh", sh, env=clean_env())
+        j = json.loads((t / "r.0.json").read_text())
+        assert j["reshaped"] and j["checkpoint"] == "iter_0000010", j
+        assert pathlib.Path(j["load"]) == t / "save2" / "ucp-resume" / load.name, j
+        assert [p["files"] for p in j["processes"]] == [1, 1], j["processes"]
+        assert (t / "r.1.json").read_text() == "" and (t / "r.1.err").read_text() == ""
+        assert compare_trees(load, pathlib.Path(j["load"])) >= 3
+        # Rank 1 planned another target: both fail naming it, no load folder.
+        res = finish(perturbed)
+        assert [r[0] for r in res] == [2, 2], res
+        assert all("process 1 planned another target" in r[2] for r in res), res
+        assert not (t / "save3" / "ucp-resume").exists() or \
+            not any((t / "save3" / "ucp-resume").iterdir())
+
+        # --progress: rank 0 draws the job's sums, then a final line.
+        res = finish(progress)
+        assert [r[0] for r in res] == [0, 0], res
+        assert res[1][1:] == ("", ""), res[1]
+        err = res[0][2]
+        # Each drawing starts with "\r\x1b[K" (the \r read as a newline here).
+        lines = [x.strip("\r\n") for x in err.split("\x1b[K") if x.strip("\r\n")]
+        assert err.endswith("\n"), err
+        bar = re.compile(r"to-universal \[[#.]{30}\] +\d+% [\d.]+ [KMG]?i?B / [\d.]+ [KMG]?i?B "
+                         r"\(([12]) of 2 processes reporting\)$")
+        drawn = [bar.match(x) for x in lines[:-1]]
+        assert len(drawn) >= 2 and all(drawn), lines
+        assert {m.group(1) for m in drawn} == {"1", "2"}, lines  # rank 1 joins the sums
+        assert re.fullmatch(r"to-universal: [\d.]+ [KMG]?i?B in [\d.]+ s by 2 processes",
+                            lines[-1]), lines
+        # Without --progress nothing is drawn.
+        res = finish(quiet)
+        assert [r[0] for r in res] == [0, 0] and res[0][2] == "" and res[1][2] == "", res
 
 
 if __name__ == "__main__":
