@@ -87,6 +87,12 @@ const std::string& ToUniversalHelp() {
       "The source format is detected (--from to force one):\n" +
       FormatList(false) +
       "\n"
+      "Under a launcher (torchrun, srun, mpirun; see ucp convert --help) the\n"
+      "processes write the one file between them: rank 0 allocates it, each\n"
+      "process writes its datasets (balanced by bytes), rank 0 commits and\n"
+      "alone prints (--json: a processes array); the same bytes as one "
+      "process.\n"
+      "\n"
       "examples:\n"
       "  ucp to-universal /ckpt/gpt -o gpt.ucp.h5\n"
       "  ucp to-universal /ckpt/gpt/iter_0002000 -o gpt-2000.ucp.h5 --layout "

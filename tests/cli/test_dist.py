@@ -7,7 +7,10 @@ of the same command (the oracle: ucp without a launcher, whose outputs the other
 against the frameworks); DCP's `.metadata` holds a random uuid in every run (torch's too), masked
 before comparing. --json's `processes` (rank 0 only; the other ranks print nothing) add up to the
 output. `verify` as a job reports what one process reports and fails on a damaged file in every
-process; `to-universal` as a job is written by rank 0 alone. The store carries a bounded number
+process; `to-universal` as a job writes ONE universal file from every process, byte-identical to
+the one-process file (h5py reads it whole, ucp verify passes); `resume` as a job writes the load
+folder one process writes, rank 0 alone printing; `--progress` of a job draws the job's sums on
+rank 0. The store carries a bounded number
 of messages and bytes per process whatever the tensor count (--manifest's entries go through
 part files, none left). A rank that fails, a rank that planned another target than rank 0, a
 rank failing while two others are busy (all end within seconds), rank 0 refusing the output, a
@@ -46,6 +49,12 @@ CASES = {
                   "--names", "mindformers-llama"],
     "export": ["export", MEG, "--max-shard-size", "20KB"],
     "reshape": ["reshape", "u.h5", "--tp", 2, "--pp", 2, "--dp", 1],
+}
+# Run as jobs beside CASES (their own checks): one universal file, a resume's load folder (-o: the
+# fixture is only read).
+EXTRA = {
+    "universal": ["to-universal", MEG],
+    "resume": ["resume", MEG, "--tp", 1, "--pp", 2, "--dp", 1],
 }
 TIMEOUT = 60
 STORE_BYTES = 2000  # per process, keys and values (--manifest entries through the store: 14 KB)
@@ -93,7 +102,7 @@ def clean_env(**extra):
 
 
 def args_of(name, out):
-    return [str(a) for a in CASES[name]] + ["-o", str(out)]
+    return [str(a) for a in {**CASES, **EXTRA}[name]] + ["-o", str(out)]
 
 
 def file_bytes(p):
@@ -139,7 +148,7 @@ def references(t):
     _REF = t / "ref"
     (t / "ref").mkdir()
     run("to-universal", MEG, "-o", t / "u.h5", "-q")
-    for name in CASES:
+    for name in list(CASES) + list(EXTRA):
         a = [x.replace("u.h5", str(t / "u.h5")) if x == "u.h5" else x
              for x in args_of(name, t / "ref" / name)]
         run(*a, "-q")
@@ -196,6 +205,48 @@ def check_json(outdir, name, world):
     return procs
 
 
+def h5_datasets(path):
+    """Every dataset of an HDF5 file (h5py): {name: (bytes, attributes)} in visiting order."""
+    import h5py
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            out[name] = (obj[()].tobytes(), {k: repr(v) for k, v in obj.attrs.items()})
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return out
+
+
+def h5_leftovers(t, name):
+    """The final file's hidden staging and part files in t (.NAME.ucp-...)."""
+    return sorted(q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-"))
+
+
+def check_universal(outdir, world, ref):
+    """to-universal as a job of `world` processes wrote ONE file byte-identical to the
+    one-process file `ref` (the oracle: ucp without a launcher, whose file the other tests check
+    against h5py and the frameworks; a changed byte is seen: test_to_universal_as_a_job), h5py
+    reads it whole, ucp verify passes; each process wrote datasets (none all of them), the other
+    ranks printed nothing, no part file is left."""
+    out = outdir / "universal"
+    assert out.read_bytes() == ref.read_bytes(), world
+    j = json.loads((outdir / "universal.0.json").read_text())
+    procs = j["processes"]
+    assert [p["rank"] for p in procs] == list(range(world)), procs
+    assert all(p["datasets"] > 0 and p["bytes_written"] > 0 for p in procs), procs
+    assert sum(p["bytes_written"] for p in procs) >= j["atom_bytes"], (j, procs)
+    assert all(p["bytes_written"] < j["atom_bytes"] for p in procs), procs
+    assert all(p["store_messages"] <= 12 and p["store_bytes"] < STORE_BYTES for p in procs), procs
+    for r in range(1, world):
+        assert (outdir / f"universal.{r}.json").read_text() == "", r
+        assert (outdir / f"universal.{r}.err").read_text() == "", r
+    assert h5_leftovers(outdir, "universal") == [], world
+    datasets = h5_datasets(out)
+    assert len(datasets) >= 20 and h5_datasets(ref) == datasets  # h5py reads it whole
+    run("verify", out, "-q")
+
+
 def test_launchers_write_what_one_process_writes():
     with Tmp("ucp-dist-") as t:
         ref = references(t)
@@ -211,11 +262,19 @@ def test_launchers_write_what_one_process_writes():
             assert "latest" in str(e), e
 
         # torchrun, 2 processes: every case, one store port each.
-        master, *ports = free_ports(1 + len(CASES))
+        master, *ports = free_ports(1 + len(CASES) + len(EXTRA))
         out2 = t / "two"
         out2.mkdir()
         torchrun("--nproc-per-node", 2, "--master-addr", "127.0.0.1", "--master-port", master,
-                 "--no-python", "sh", script(t, list(CASES), out2, ports), env=clean_env())
+                 "--no-python", "sh", script(t, list(CASES) + list(EXTRA), out2, ports),
+                 env=clean_env())
+        check_universal(out2, 2, ref / "universal")
+        # resume: rank 0 chose and printed, both wrote the reshaped load folder.
+        j = json.loads((out2 / "resume.0.json").read_text())
+        assert j["reshaped"] and j["checkpoint"] == "iter_0000010", j
+        assert [p["files"] for p in j["processes"]] == [1, 1], j["processes"]
+        assert (out2 / "resume.1.json").read_text() == "" == (out2 / "resume.1.err").read_text()
+        compared += compare_trees(ref / "resume", out2 / "resume")
         for name in CASES:
             compared += compare_trees(ref / name, out2 / name)
             procs = check_json(out2, name, 2)
@@ -231,7 +290,8 @@ def test_launchers_write_what_one_process_writes():
         out4 = t / "four"
         out4.mkdir()
         torchrun("--nproc-per-node", 4, "--master-addr", "127.0.0.1", "--master-port", master,
-                 "--no-python", "sh", script(t, ["dcp"], out4), env=clean_env())
+                 "--no-python", "sh", script(t, ["dcp", "universal"], out4), env=clean_env())
+        check_universal(out4, 4, ref / "universal")
         compared += compare_trees(ref / "dcp", out4 / "dcp")
         procs = check_json(out4, "dcp", 4)
         # 4 equal-sized .distcp files, one per process (balanced by bytes).
@@ -453,48 +513,14 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert compare_trees(ref / "dcp", t / name) == 6
 
 
-def universal_script(t, out, args=()):
-    """A shell script running to-universal of MEG into `out` under a launcher, each rank's --json
-    in OUT.RANK.json and its stderr in OUT.RANK.err."""
-    p = t / f"{out.name}.sh"
-    p.write_text(f"{UCP} to-universal {MEG} -o {out} --json {' '.join(args)} "
-                 f"> {out}.$RANK.json 2> {out}.$RANK.err\n")
-    return p
-
-
-def h5_leftovers(t, name):
-    """The final file's hidden staging and part files in t (.NAME.ucp-...)."""
-    return sorted(q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-"))
-
-
-def h5_datasets(path):
-    """Every dataset of an HDF5 file (h5py): {name: (bytes, attributes)} in visiting order."""
-    import h5py
-    out = {}
-
-    def visit(name, obj):
-        if isinstance(obj, h5py.Dataset):
-            out[name] = (obj[()].tobytes(), {k: repr(v) for k, v in obj.attrs.items()})
-    with h5py.File(path, "r") as f:
-        f.visititems(visit)
-    return out
-
-
 def test_to_universal_as_a_job():
-    """to-universal under torchrun (2 and 4 processes): ONE universal file, written by every
-    process (each writes datasets, reads a share of the source), byte-identical to the one-process
-    file (cmp; the oracle is ucp without a launcher, whose file the other tests check against
-    h5py and the frameworks), read whole by h5py and verified by ucp verify; no part file left.
-    Negative controls: a changed byte differs and fails verify; a rank that planned another file
-    fails the job. A failing rank names its error in every process, a rank SIGKILLed while rank 0
-    writes leaves nothing under the final name and no temporary file, and a rerun succeeds."""
+    """to-universal as a job (under torchrun with 2 and 4 processes: check_universal in the first
+    test) when it fails: a rank that planned another file, a failing rank, a rank SIGKILLed while
+    rank 0 writes leave nothing under the final name and no temporary or part file, every other
+    process exits with one line naming the failure, and a rerun writes the one-process file.
+    Negative control of the byte comparison: a changed byte differs and fails verify."""
     with Tmp("ucp-dist-") as t:
-        one = t / "one.h5"
-        run("to-universal", MEG, "-o", one, "-q")
-        ref = one.read_bytes()
-        datasets = h5_datasets(one)
-        assert len(datasets) >= 20, datasets
-        # Negative control: one changed byte is seen by the comparison and by verify.
+        ref = (references(t) / "universal").read_bytes()
         bad = t / "bad.h5"
         b = bytearray(ref)
         b[-len(b) // 3] ^= 1
@@ -502,27 +528,17 @@ def test_to_universal_as_a_job():
         assert bad.read_bytes() != ref
         run("verify", bad, "-q", expect=3)
 
-        # torchrun with 2 and 4 processes, side by side (the store on MASTER_PORT + 1).
-        agents = {}
-        for world in (2, 4):
-            out = t / f"u{world}.h5"
-            agents[world] = subprocess.Popen(
-                [str(TORCHRUN), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
-                 "--master-port", str(free_port_pair()), "--no-python", "sh",
-                 str(universal_script(t, out))],
-                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         fast = dict(UCP_DIST_DEAD_AFTER=1, UCP_DIST_CONNECT_TIMEOUT=15)
         args = ["to-universal", MEG, "-o"]
-        # Side by side with the torchrun jobs: a rank that planned another file than rank 0,
-        # a failing rank, and rank 1 SIGKILLed (paused once assigned) while rank 0 has
-        # allocated the file and writes.
+        # Side by side: a rank that planned another file than rank 0, a failing rank, and rank 1
+        # SIGKILLed (paused once assigned) while rank 0 has allocated the file and writes.
         p1, p2, p3 = free_ports(3)
         plan = spawn(2, "slurm", args + [t / "plan.h5"], p1, UCP_TESTING_DIST_PERTURB_PLAN=1,
                      **fast)
         fail = spawn(2, "slurm", args + [t / "fail.h5"], p2, UCP_TESTING_DIST_FAIL=1, **fast)
         kill = spawn(2, "slurm", args + [t / "kill.h5"], p3, UCP_TESTING_DIST_PAUSE="1:30",
                      **fast)
-        # The plan: every process exits 2 naming it.
+        # The plan: every process exits 2 naming it (without the check the run succeeds).
         res = finish(plan)
         assert [r[0] for r in res] == [2, 2], res
         for _, _, err in res:
@@ -546,27 +562,6 @@ def test_to_universal_as_a_job():
         assert e0.count("\n") == 1 and "process 1 of 2 stopped responding" in e0, e0
         assert not (t / "kill.h5").exists()
         assert h5_leftovers(t, "kill.h5") == []
-        for world, agent in agents.items():
-            _, err = agent.communicate(timeout=TIMEOUT)
-            out = t / f"u{world}.h5"
-            assert agent.returncode == 0, (err[-3000:], [
-                pathlib.Path(f"{out}.{r}.err").read_text() for r in range(world)])
-            assert out.read_bytes() == ref, world
-            j = json.loads(pathlib.Path(f"{out}.0.json").read_text())
-            procs = j["processes"]
-            assert [p["rank"] for p in procs] == list(range(world)), procs
-            assert all(p["datasets"] > 0 and p["bytes_written"] > 0 for p in procs), procs
-            assert sum(p["bytes_written"] for p in procs) >= j["atom_bytes"], (j, procs)
-            assert all(p["bytes_written"] < j["atom_bytes"] for p in procs), procs
-            assert all(p["store_messages"] <= 12 and p["store_bytes"] < STORE_BYTES
-                       for p in procs), procs
-            for r in range(1, world):
-                assert pathlib.Path(f"{out}.{r}.json").read_text() == "", r
-                assert pathlib.Path(f"{out}.{r}.err").read_text() == "", r
-            assert h5_leftovers(t, out.name) == [], world
-            assert h5_datasets(out) == datasets  # h5py reads it whole
-            run("verify", out, "-q")
-
         # The reruns (side by side) write the one-process file.
         names = ("plan.h5", "fail.h5", "kill.h5")
         reruns = [spawn(2, "slurm", args + [t / name, "-q"], port, **fast)
@@ -579,47 +574,25 @@ def test_to_universal_as_a_job():
 
 
 def test_resume_and_progress_as_jobs():
-    """`ucp resume` under torchrun (2 processes): rank 0 chooses and prints, both write the
-    reshaped load folder, byte-identical to the one-process run's (compare_trees, whose
-    negative control is in the first test); a process that planned another target fails the
-    job. `--progress` of a job: rank 0 draws the job's sums (both processes reporting once the
-    paused one wrote) and a final line; the other process prints nothing."""
+    """`ucp resume` as a job (under torchrun: the first test) in which a process planned another
+    target: both fail naming it, no load folder. `--progress` of a job: rank 0 draws the job's
+    sums (both processes reporting once the paused one wrote) and a final line; the other
+    process prints nothing; without --progress nothing is drawn."""
     with Tmp("ucp-dist-") as t:
-        for name in ("save1", "save2", "save3"):
-            shutil.copytree(MEG, t / name)
-        want = ["--tp", 1, "--pp", 2, "--dp", 1]
-        p = run("resume", t / "save1", *want)
-        load = pathlib.Path(p.stdout.strip())
-        assert load.parent == t / "save1" / "ucp-resume", p.stdout
-        sh = t / "resume.sh"
-        sh.write_text(f"{UCP} resume {t / 'save2'} {' '.join(map(str, want))} --json "
-                      f"> {t}/r.$RANK.json 2> {t}/r.$RANK.err\n")
-        # Side by side with the torchrun job: rank 1 planning another target (resume), and
-        # --progress of to-universal with rank 1 paused 1.2 s once assigned (so that rank 0
-        # draws while it waits), and the same without --progress.
         ports = free_ports(3)
-        perturbed = spawn(2, "slurm", ["resume", t / "save3", *want], ports[0],
+        perturbed = spawn(2, "slurm", args_of("resume", t / "load"), ports[0],
                           UCP_TESTING_DIST_PERTURB_PLAN=1, UCP_DIST_DEAD_AFTER=1)
+        # Rank 1 paused 1.2 s once assigned, so that rank 0 draws while it waits.
         progress = spawn(2, "slurm", ["to-universal", MEG, "-o", t / "p.h5", "--progress"],
                          ports[1], UCP_TESTING_DIST_PAUSE="1:1.2")
         quiet = spawn(2, "slurm", ["to-universal", MEG, "-o", t / "q.h5"], ports[2],
                       UCP_TESTING_DIST_PAUSE="1:1.2")
-        torchrun("--nproc-per-node", 2, "--master-addr", "127.0.0.1", "--master-port",
-                 free_port_pair(), "--no-python", "sh", sh, env=clean_env())
-        j = json.loads((t / "r.0.json").read_text())
-        assert j["reshaped"] and j["checkpoint"] == "iter_0000010", j
-        assert pathlib.Path(j["load"]) == t / "save2" / "ucp-resume" / load.name, j
-        assert [p["files"] for p in j["processes"]] == [1, 1], j["processes"]
-        assert (t / "r.1.json").read_text() == "" and (t / "r.1.err").read_text() == ""
-        assert compare_trees(load, pathlib.Path(j["load"])) >= 3
-        # Rank 1 planned another target: both fail naming it, no load folder.
         res = finish(perturbed)
         assert [r[0] for r in res] == [2, 2], res
-        assert all("process 1 planned another target" in r[2] for r in res), res
-        assert not (t / "save3" / "ucp-resume").exists() or \
-            not any((t / "save3" / "ucp-resume").iterdir())
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "process 1 planned another target" in err, err
+        assert not (t / "load").exists()
 
-        # --progress: rank 0 draws the job's sums, then a final line.
         res = finish(progress)
         assert [r[0] for r in res] == [0, 0], res
         assert res[1][1:] == ("", ""), res[1]
@@ -634,7 +607,6 @@ def test_resume_and_progress_as_jobs():
         assert {m.group(1) for m in drawn} == {"1", "2"}, lines  # rank 1 joins the sums
         assert re.fullmatch(r"to-universal: [\d.]+ [KMG]?i?B in [\d.]+ s by 2 processes",
                             lines[-1]), lines
-        # Without --progress nothing is drawn.
         res = finish(quiet)
         assert [r[0] for r in res] == [0, 0] and res[0][2] == "" and res[1][2] == "", res
 
