@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "engine/core/error.h"
 #include "engine/core/progress.h"
@@ -74,6 +75,10 @@ struct JobProgressLine {
 };
 JobProgressLine* g_progress_line = nullptr;  // leaked: the heartbeat's
 
+// Rank 0's staging files that an abort (below) removes.
+std::mutex g_staging_mu;
+std::vector<std::filesystem::path> g_staging;
+
 }  // namespace
 
 namespace {
@@ -84,6 +89,12 @@ dist::CoordinatorOptions JobOptions() {
   dist::CoordinatorOptions o = dist::CoordinatorOptions::FromEnvironment();
   o.abort = [](const Error& e) {
     if (g_progress_line) g_progress_line->End(false);
+    {
+      std::lock_guard<std::mutex> lock(g_staging_mu);
+      std::error_code ignored;
+      for (const std::filesystem::path& f : g_staging)
+        std::filesystem::remove(f, ignored);
+    }
     std::string line = e.what();
     std::replace(line.begin(), line.end(), '\n', ' ');
     std::replace(line.begin(), line.end(), '\r', ' ');
@@ -196,6 +207,10 @@ class CoordinatedUniversal : public universal::UniversalJob {
     std::optional<std::vector<json::Value>> all =
         job_.split().Finished(std::move(report));
     return all ? *std::move(all) : std::vector<json::Value>();
+  }
+  void Staging(const std::filesystem::path& file) override {
+    std::lock_guard<std::mutex> lock(g_staging_mu);
+    g_staging.push_back(file);
   }
   void Committed() override {
     if (job_.leader()) {

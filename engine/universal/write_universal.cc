@@ -516,6 +516,7 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
   atoms::AtomStoreWriter writer =
       leader ? atoms::AtomStoreWriter::Create(path)
              : atoms::AtomStoreWriter::CreateShared(path);
+  if (job != nullptr && leader) job->Staging(writer.temp_path());
   writer.SetRoot(RootFromModel(plan.model));
   for (const atoms::ParamInfo& p : plan.params) writer.AddParam(p);
   std::vector<atoms::DatasetId> atom_ids;
@@ -548,6 +549,9 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
     // Rank 0 allocates; the others write into its file at its offsets.
     if (leader) {
       parts = PartFiles{writer.temp_path(), job->world()};
+      job->Staging(OffsetsPart(writer.temp_path()));
+      for (int r = 1; r < job->world(); ++r)
+        job->Staging(HashesPart(writer.temp_path(), r));
       writer.Allocate();
       std::string text;
       for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id)

@@ -55,6 +55,10 @@ class UniversalJob {
   virtual std::vector<json::Value> Gather(json::Value report) = 0;
   /// Rank 0, the file committed: tells the others; they wait for it.
   virtual void Committed() = 0;
+  /// Rank 0: a file of its staging (the temporary file, the part files),
+  /// to remove should this process be ended abruptly by another process's
+  /// failure while it writes. Default: nothing.
+  virtual void Staging(const std::filesystem::path& /*file*/) {}
   /// The progress of the whole job (rank 0) from this process's: called
   /// with the bytes this process has written so far, returns the job's
   /// (absent: the job's are not known yet). Default: this process's.

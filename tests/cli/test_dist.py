@@ -538,18 +538,31 @@ def test_to_universal_as_a_job():
         fail = spawn(2, "slurm", args + [t / "fail.h5"], p2, UCP_TESTING_DIST_FAIL=1, **fast)
         kill = spawn(2, "slurm", args + [t / "kill.h5"], p3, UCP_TESTING_DIST_PAUSE="1:30",
                      **fast)
+        # Rank 1 fails while rank 0 is busy (paused 30 s, as if writing): rank 0's heartbeat
+        # ends it within seconds, removing its temporary file first.
+        busy = spawn(2, "slurm", args + [t / "busy.h5"], free_ports(1)[0],
+                     UCP_TESTING_DIST_FAIL=1, UCP_TESTING_DIST_PAUSE="0:30", **fast)
+        start = time.monotonic()
         # The plan: every process exits 2 naming it (without the check the run succeeds).
         res = finish(plan)
         assert [r[0] for r in res] == [2, 2], res
         for _, _, err in res:
             assert err.count("\n") == 1 and "process 1 planned another target" in err, err
         assert not (t / "plan.h5").exists()
-        # The failing rank: every process exits 5 with its one line.
+        # The failing rank: every process exits 5 with its one line; rank 0 removed its
+        # temporary file (waiting, or ended by its heartbeat while writing).
         res = finish(fail)
         assert [r[0] for r in res] == [5, 5], res
         for _, _, err in res:
             assert err.count("\n") == 1 and "rank 1 fails" in err, err
         assert not (t / "fail.h5").exists()
+        assert h5_leftovers(t, "fail.h5") == []
+        res = finish(busy)
+        assert [r[0] for r in res] == [5, 5] and time.monotonic() - start < 20, res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "rank 1 fails" in err, err
+        assert "process 1 failed" in res[0][2], res[0][2]
+        assert not (t / "busy.h5").exists() and h5_leftovers(t, "busy.h5") == []
         # The killed rank: rank 0 finds it stopped and removes its temporary and part files.
         deadline = time.monotonic() + TIMEOUT
         while not h5_leftovers(t, "kill.h5"):
@@ -563,9 +576,9 @@ def test_to_universal_as_a_job():
         assert not (t / "kill.h5").exists()
         assert h5_leftovers(t, "kill.h5") == []
         # The reruns (side by side) write the one-process file.
-        names = ("plan.h5", "fail.h5", "kill.h5")
+        names = ("plan.h5", "fail.h5", "kill.h5", "busy.h5")
         reruns = [spawn(2, "slurm", args + [t / name, "-q"], port, **fast)
-                  for name, port in zip(names, free_ports(3))]
+                  for name, port in zip(names, free_ports(len(names)))]
         for name, procs in zip(names, reruns):
             res = finish(procs)
             assert [r[0] for r in res] == [0, 0], res
