@@ -87,6 +87,12 @@ const std::string& ToUniversalHelp() {
       "The source format is detected (--from to force one):\n" +
       FormatList(false) +
       "\n"
+      "Under a launcher (torchrun, srun, mpirun; see ucp convert --help) the\n"
+      "processes write the one file between them: rank 0 allocates it, each\n"
+      "process writes its datasets (balanced by bytes), rank 0 commits and\n"
+      "alone prints (--json: a processes array); the same bytes as one "
+      "process.\n"
+      "\n"
       "examples:\n"
       "  ucp to-universal /ckpt/gpt -o gpt.ucp.h5\n"
       "  ucp to-universal /ckpt/gpt/iter_0002000 -o gpt-2000.ucp.h5 --layout "
@@ -574,27 +580,23 @@ int RunToUniversal(const std::vector<std::string>& args) {
     throw UsageError("to-universal needs a source checkpoint folder");
   const reshape::ExecutorOptions executor = run.Executor();  // checks first
   SetProgressMode(run.quiet, run.progress);
-  // Under a launcher, rank 0 writes the universal file alone; the others
-  // wait for it (and fail with its error).
-  if (DistJob* job = StartJob("to-universal", output)) {
-    if (!job->leader()) {
-      job->coordinator().Fetch("written");
-      return 0;
-    }
-  }
-  CheckNewFile(output, force);
-  std::unique_ptr<formats::Source> source =
-      src.Open(vm["source"].as<std::string>());
+  // Under a launcher, the processes write the one file between them
+  // (WriteUniversal with a job); rank 0 alone prints.
+  DistJob* job = StartJob("to-universal", output);
+  std::unique_ptr<universal::UniversalJob> shared;
+  if (job) shared = UniversalJobOf(*job);
+  std::unique_ptr<formats::Source> source;
+  universal::SourcePlan plan;
+  universal::WriteSummary s;
+  ReportingFailures([&] {
+    if (PrintsResult()) CheckNewFile(output, force);
+    source = src.Open(vm["source"].as<std::string>());
+    plan = source->Plan();
+    if (PrintsResult()) universal::CheckFreeSpace(output, UniversalBytes(plan));
+    s = universal::WriteUniversal(plan, output, executor, shared.get());
+  });
+  if (!PrintsResult()) return 0;
   const formats::CheckpointInfo& c = source->info();
-  universal::SourcePlan plan = source->Plan();
-  universal::CheckFreeSpace(output, UniversalBytes(plan));
-  universal::WriteSummary s = universal::WriteUniversal(plan, output, executor);
-  DistJob* job = CurrentJob();
-  if (job) job->coordinator().Publish("written", "1");
-  const std::string note = job ? StrCat("written by rank 0 alone (the other ",
-                                        job->coordinator().world() - 1,
-                                        " processes of the job waited)")
-                               : std::string();
   if (run.json) {
     json::Value j;
     j["command"] = "to-universal";
@@ -610,7 +612,18 @@ int RunToUniversal(const std::vector<std::string>& args) {
     j["bytes_read"] = s.bytes_read;
     j["replicas_verified"] = s.replicas_verified;
     j["seconds"] = s.seconds;
-    if (job) j["notes"].Append(note);
+    if (job) {
+      // Per process: the datasets it wrote (JobSplit's "files").
+      json::Value processes = json::Value::Array();
+      const json::Value reports = JobProcesses();
+      for (const json::Value& p : reports.items()) {
+        json::Value q = json::Value::Object();
+        for (const auto& [k, v] : p.members())
+          q[k == "files" ? std::string_view("datasets") : k] = v;
+        processes.Append(std::move(q));
+      }
+      j["processes"] = std::move(processes);
+    }
     PrintJson(j);
   } else {
     std::printf(
@@ -619,7 +632,9 @@ int RunToUniversal(const std::vector<std::string>& args) {
         c.Describe().c_str(), output.c_str(), static_cast<long long>(s.params),
         static_cast<long long>(s.atoms), HumanBytes(s.atom_bytes).c_str(),
         static_cast<long long>(s.replicas_verified), s.seconds);
-    if (job) std::printf("note: %s\n", note.c_str());
+    if (job) {
+      std::printf("written by %d processes\n", job->coordinator().world());
+    }
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/dist.h"
 #include "cli/options.h"
 #include "engine/core/error.h"
 #include "engine/json/json.h"
@@ -48,10 +49,16 @@ constexpr const char* kResumeHelp =
     "there is verified against its manifest and reused. The source is never\n"
     "modified, and nothing is written into SAVE_DIR but that load folder\n"
     "(under SAVE_DIR/ucp-resume/): a read-only save folder works with -o.\n"
-    "Ranks that run it at once take turns (an advisory flock on SAVE_DIR\n"
-    "itself) and print the same answer; on a filesystem without flock (some\n"
-    "NFS or FUSE mounts) they run at once, and the first load folder written\n"
-    "is the one all of them verify and print.\n"
+    "Runs at once (not one launcher's job) take turns (an advisory flock on\n"
+    "SAVE_DIR itself) and print the same answer; on a filesystem without\n"
+    "flock (some NFS or FUSE mounts) they run at once, and the first load\n"
+    "folder written is the one all of them verify and print.\n"
+    "\n"
+    "Under a launcher (torchrun, srun, mpirun; see ucp convert --help) it "
+    "runs\n"
+    "as one job: rank 0 decides and alone prints; a reshape is written by "
+    "every\n"
+    "process. UCP_DIST=0: each process runs it whole (taking turns).\n"
     "\n"
     "data_skip_steps = consumed samples / --global-batch-size (floor), 0 with\n"
     "--ignore-data-skip, or --data-skip-steps.\n"
@@ -158,6 +165,9 @@ void PrintResumeJson(const resume::ResumeDecision& d,
   if (d.data_skip_steps) skip = *d.data_skip_steps;
   j["data_skip_steps"] = std::move(skip);
   j["seconds"] = seconds;
+  const json::Value processes = JobProcesses();
+  if (!processes.is_null() && d.reshaped() && !o.reused)
+    j["processes"] = processes;
   PrintJson(j);
 }
 
@@ -188,6 +198,39 @@ void PrintResumeText(const resume::ResumeDecision& d,
   }
 }
 
+// rank 0's choice as published: "<checkpoint>\t<action>\t<load folder>".
+std::string ChoiceText(const resume::ResumeDecision& d) {
+  return StrCat(d.checkpoint, "\t", static_cast<int>(d.action), "\t",
+                d.load.string());
+}
+
+// A job's process other than rank 0: rank 0 decides; when it reshapes,
+// this process decides the same checkpoint (checked alike) and writes its
+// share of the load folder into rank 0's staging folder.
+void FollowResume(DistJob& job, resume::ResumeRequest request) {
+  dist::Coordinator& c = job.coordinator();
+  const std::string choice = c.Fetch("choice");
+  const std::string staging = c.Fetch("staging");
+  if (!staging.empty()) {
+    request.only = choice.substr(0, choice.find('\t'));
+    request.lock = false;  // rank 0 holds it
+    request.on_skipped = {};
+    request.on_note = {};
+    resume::ResumeDecision d = resume::Decide(request);
+    if (ChoiceText(d) != choice) {
+      throw UsageError("process ", c.rank(),
+                       " chose another resume than rank 0: checkpoint, "
+                       "action, load folder '",
+                       OneLine(ChoiceText(d)), "' against rank 0's '",
+                       OneLine(choice),
+                       "' (the same ucp build and the same view of the save "
+                       "folder on every process?)");
+    }
+    resume::WriteShare(d, staging);
+  }
+  c.Fetch("committed");
+}
+
 }  // namespace
 
 int RunResume(const std::vector<std::string>& args) {
@@ -197,10 +240,36 @@ int RunResume(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!Parse(args, desc, {"save_dir"}, vm)) return 0;
   a.target.Read(vm);
-  const resume::ResumeRequest request = MakeRequest(vm, a);
+  resume::ResumeRequest request = MakeRequest(vm, a);
   const auto start = std::chrono::steady_clock::now();
-  resume::ResumeDecision decision = resume::Decide(request);
-  const resume::ResumeOutcome outcome = resume::Run(decision);
+  // Under a launcher: rank 0 decides and prints; a reshape is written by
+  // every process (its files split as convert's).
+  DistJob* job = StartJob("resume", request.save_dir.string());
+  if (job && !job->leader()) {
+    ReportingFailures([&] { FollowResume(*job, std::move(request)); });
+    return 0;
+  }
+  bool reshapes = false;  // set once decided
+  bool published = false;
+  if (job) {
+    request.on_staging = [job, &reshapes, &published](const fs::path& p) {
+      if (!reshapes || published) return;
+      job->coordinator().Publish("staging", fs::absolute(p).string());
+      published = true;
+    };
+  }
+  resume::ResumeDecision decision;
+  resume::ResumeOutcome outcome;
+  ReportingFailures([&] {
+    decision = resume::Decide(request);
+    reshapes = decision.reshaped();
+    if (job) job->coordinator().Publish("choice", ChoiceText(decision));
+    outcome = resume::Run(decision);
+    if (job) {
+      if (!published) job->coordinator().Publish("staging", "");
+      job->coordinator().Publish("committed", "1");
+    }
+  });
   if (a.run.json) {
     PrintResumeJson(decision, outcome, a, Since(start));
   } else {

@@ -15,6 +15,7 @@
 #include "engine/json/json.h"
 #include "engine/universal/input.h"
 #include "engine/universal/output_dir.h"
+#include "engine/universal/write_universal.h"
 
 namespace ucp::cli {
 
@@ -82,6 +83,12 @@ class JobOutput {
   std::optional<universal::StagedDirectory> staged_;
   std::filesystem::path path_;
 };
+
+/// The job's side of writing one universal file (to-universal as a job):
+/// the datasets assigned by the job's split (the plan digest checked, as
+/// convert's files), the allocated file shared, the reports gathered, the
+/// commit awaited.
+std::unique_ptr<universal::UniversalJob> UniversalJobOf(DistJob& job);
 
 /// This process's share of the source's replica checks (all of them
 /// without a job).

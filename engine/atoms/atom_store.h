@@ -173,12 +173,17 @@ class AtomStoreWriter {
   /// Starts a store that Commit publishes as `final_path`. Throws IoError if
   /// the temporary file cannot be created.
   static AtomStoreWriter Create(const std::filesystem::path& final_path);
+  /// One of several processes writing one store (a job): declares like
+  /// Create's writer, creates no file; Attach replaces Allocate, and Commit
+  /// is the allocating process's. Throws IoError.
+  static AtomStoreWriter CreateShared(const std::filesystem::path& final_path);
 
   AtomStoreWriter(AtomStoreWriter&&) noexcept;
   AtomStoreWriter& operator=(AtomStoreWriter&&) noexcept;
   ~AtomStoreWriter();
 
   const std::filesystem::path& final_path() const noexcept;
+  /// The file written until Commit (after Attach: the attached file).
   const std::filesystem::path& temp_path() const noexcept;
 
   /// Throws InternalError if an extra attribute reuses a fixed name.
@@ -201,6 +206,17 @@ class AtomStoreWriter {
   /// Creates every group, dataset and attribute, records dataset offsets,
   /// closes HDF5 and reserves the file's blocks. Throws IoError.
   void Allocate();
+
+  /// A CreateShared writer's Allocate: writes into `temp_path`, the file
+  /// another process's writer with the same declarations allocated, at
+  /// `offsets` (its dataset(id).offset, one per dataset). The file is not
+  /// removed when this writer goes. Throws IoError if the file cannot be
+  /// opened or a dataset would end beyond it, InternalError on misuse.
+  void Attach(const std::filesystem::path& temp_path,
+              std::span<const uint64_t> offsets);
+  /// fsyncs the bytes this writer wrote (nothing with durable writes off,
+  /// core/file.h). Throws IoError.
+  void SyncWrites();
 
   size_t num_datasets() const noexcept;
   /// The declared dataset; offset is valid after Allocate.

@@ -48,7 +48,10 @@ h5::Dataspace MakeSpace(const Shape& shape) {
 }  // namespace
 
 struct AtomStoreWriter::Impl {
-  explicit Impl(const std::filesystem::path& final_path) : out(final_path) {}
+  explicit Impl(OutputFile output) : out(std::move(output)) {}
+
+  // The file written: the own temporary file, or another process's.
+  File& file() { return shared ? *shared : out.file(); }
 
   DatasetId AddDataset(DatasetInfo info) {
     UCP_CHECK(phase == Phase::kPlanning, "dataset ", info.path,
@@ -147,6 +150,7 @@ struct AtomStoreWriter::Impl {
 
   void Allocate() {
     UCP_CHECK(phase == Phase::kPlanning, "Allocate called twice");
+    UCP_CHECK(!attaches, "Allocate of a shared writer (Attach instead)");
     h5::Silence();
     {
       h5::PropertyList fapl = FileAccessList(FileMode::kWrite);
@@ -199,6 +203,7 @@ struct AtomStoreWriter::Impl {
 
   void Commit() {
     UCP_CHECK(phase == Phase::kAllocated, "Commit needs an allocated store");
+    UCP_CHECK(!shared, "Commit of a store another process allocated");
     {
       std::lock_guard lock(hash_mutex);
       for (const DatasetInfo& d : datasets) {
@@ -227,6 +232,9 @@ struct AtomStoreWriter::Impl {
   }
 
   OutputFile out;  // First member: destroyed (and removed) last.
+  // Attach: another process's temporary file (never removed here).
+  std::optional<File> shared;
+  bool attaches = false;  // made by CreateShared
   Phase phase = Phase::kPlanning;
   RootInfo root;
   std::vector<ParamInfo> params;
@@ -250,11 +258,47 @@ AtomStoreWriter::~AtomStoreWriter() = default;
 AtomStoreWriter AtomStoreWriter::Create(
     const std::filesystem::path& final_path) {
   try {
-    return AtomStoreWriter(std::make_unique<Impl>(final_path));
+    return AtomStoreWriter(std::make_unique<Impl>(OutputFile(final_path)));
   } catch (Error& e) {
     e.AddContext("universal file ", final_path.string());
     throw;
   }
+}
+
+AtomStoreWriter AtomStoreWriter::CreateShared(
+    const std::filesystem::path& final_path) {
+  auto impl = std::make_unique<Impl>(OutputFile::InMemory(final_path));
+  impl->attaches = true;
+  return AtomStoreWriter(std::move(impl));
+}
+
+void AtomStoreWriter::Attach(const std::filesystem::path& temp_path,
+                             std::span<const uint64_t> offsets) {
+  Impl& m = *impl_;
+  UCP_CHECK(m.attaches && m.phase == Phase::kPlanning,
+            "Attach of a writer not made by CreateShared, or twice");
+  UCP_CHECK(offsets.size() == m.datasets.size(), "Attach with ", offsets.size(),
+            " offsets for ", m.datasets.size(), " datasets");
+  m.shared.emplace(File::OpenWrite(temp_path));
+  m.shared->SetStreamingWriteback(DurableWrites());
+  m.file_size = m.shared->Size();
+  for (DatasetInfo& d : m.datasets) {
+    d.offset = d.nbytes == 0 ? 0 : offsets[d.id];
+    if (d.offset + d.nbytes > m.file_size || d.offset + d.nbytes < d.offset) {
+      throw IoError("universal file ", temp_path.string(), ": dataset ", d.path,
+                    " ends beyond the allocated ", m.file_size,
+                    " bytes (written by another process?)");
+    }
+  }
+  m.hashes.assign(m.datasets.size(), 0);
+  m.hashed.assign(m.datasets.size(), false);
+  m.phase = Phase::kAllocated;
+}
+
+void AtomStoreWriter::SyncWrites() {
+  UCP_CHECK(impl_->phase == Phase::kAllocated,
+            "SyncWrites outside Allocate..Commit");
+  if (DurableWrites()) impl_->file().Sync();
 }
 
 const std::filesystem::path& AtomStoreWriter::final_path() const noexcept {
@@ -262,7 +306,7 @@ const std::filesystem::path& AtomStoreWriter::final_path() const noexcept {
 }
 
 const std::filesystem::path& AtomStoreWriter::temp_path() const noexcept {
-  return impl_->out.temp_path();
+  return impl_->shared ? impl_->shared->path() : impl_->out.temp_path();
 }
 
 void AtomStoreWriter::SetRoot(RootInfo root) {
@@ -391,8 +435,7 @@ void AtomStoreWriter::Write(DatasetId id, uint64_t byte_offset,
             "write of ", data.size(), " bytes at ", byte_offset,
             " outside dataset ", d.path, " of ", d.nbytes, " bytes");
   if (data.empty()) return;
-  impl_->out.file().WriteExact(data.data(), data.size(),
-                               d.offset + byte_offset);
+  impl_->file().WriteExact(data.data(), data.size(), d.offset + byte_offset);
 }
 
 void AtomStoreWriter::SetHash(DatasetId id, uint64_t xxh3) {
@@ -414,7 +457,7 @@ uint64_t AtomStoreWriter::HashWritten(DatasetId id) {
   for (uint64_t done = 0; done < d.nbytes;) {
     size_t n =
         static_cast<size_t>(std::min<uint64_t>(buf.size(), d.nbytes - done));
-    impl_->out.file().ReadExact(buf.data(), n, d.offset + done);
+    impl_->file().ReadExact(buf.data(), n, d.offset + done);
     hasher.Update(buf.data(), n);
     done += n;
   }

@@ -102,6 +102,17 @@ File File::Create(const std::filesystem::path& path) {
   return File(fd, path);
 }
 
+File File::OpenWrite(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open ", path.string(), ": ", Errno());
+  File f(fd, path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw IoError("cannot write ", path.string(), ": not a regular file");
+  }
+  return f;
+}
+
 uint64_t File::Size() const {
   struct stat st;
   if (::fstat(fd_, &st) != 0) {

@@ -33,6 +33,9 @@ class File {
   static File OpenRead(const std::filesystem::path& path);
   /// Creates (or truncates) a file for writing. Throws IoError.
   static File Create(const std::filesystem::path& path);
+  /// Opens an existing regular file for reading and writing, without
+  /// truncating it (a file another process created). Throws IoError.
+  static File OpenWrite(const std::filesystem::path& path);
   /// A new empty read-write file in memory (memfd) that no folder names:
   /// nothing is left on disk however the process ends. path() is
   /// "memory:<name>" (for messages). Throws IoError.

@@ -33,6 +33,12 @@ std::string HumanBytes(double bytes) {
 
 void Progress::SetDefaultMode(Mode mode) noexcept { g_default_mode = mode; }
 
+bool Progress::DefaultDraws() noexcept {
+  const Mode mode = g_default_mode.load();
+  return mode == Mode::kAlways ||
+         (mode == Mode::kAuto && ::isatty(STDERR_FILENO) == 1);
+}
+
 namespace {
 std::mutex g_observer_mutex;
 Progress::Observer& GlobalObserver() {

@@ -34,6 +34,9 @@ class Progress {
 
   /// Process-wide default used by Mode::kAuto (the CLI's --quiet/--progress).
   static void SetDefaultMode(Mode mode) noexcept;
+  /// Whether a Progress of Mode::kAuto made now would draw a bar (the
+  /// default mode and the terminal; an observer aside).
+  static bool DefaultDraws() noexcept;
 
   /// Receives (label, done, total) instead of a bar being drawn: at most
   /// every 100 ms while running and once on Finish(), from any thread. It

@@ -161,6 +161,16 @@ struct Coordinator::Impl {
   std::atomic<int64_t> messages{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<int64_t> polls{0};
+  // This process's progress (SetProgress) and what was last published.
+  std::mutex progress_mu;
+  std::string progress_label;
+  uint64_t progress_done = 0, progress_total = 0;
+  bool progress_set = false;
+  std::string progress_sent;
+  ProgressSink progress_sink;
+  Clock::time_point progress_read{};
+  // Rank 0: the others' last progress ("done total label").
+  std::vector<std::string> progress_of;
   // Each other process's heartbeat count and when it last changed.
   std::vector<std::pair<int64_t, Clock::time_point>> peers;
   Clock::time_point last_peer_check{};
@@ -287,6 +297,52 @@ struct Coordinator::Impl {
     }
   }
 
+  // With the beat: this process's progress when it changed; rank 0 reads
+  // the others' (once a second) and passes the sums to the sink.
+  void BeatProgress(internal::Store& st, bool read_now) {
+    std::string mine;
+    ProgressSink sink;
+    std::string label;
+    uint64_t done = 0, total = 0;
+    {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      if (!progress_set) return;
+      mine = StrCat(progress_done, " ", progress_total, " ", progress_label);
+      sink = progress_sink;
+      label = progress_label;
+      done = progress_done;
+      total = progress_total;
+    }
+    if (job.rank != 0) {
+      if (mine == progress_sent) return;
+      ++polls;
+      st.Set(Key(StrCat("progress/", job.rank)), mine);
+      progress_sent = mine;
+      return;
+    }
+    if (!sink) return;
+    const Clock::time_point now = Clock::now();
+    if (read_now || now - progress_read >= std::chrono::seconds(1)) {
+      progress_read = now;
+      progress_of.resize(static_cast<size_t>(job.world));
+      for (int r = 1; r < job.world; ++r) {
+        const std::string key = Key(StrCat("progress/", r));
+        ++polls;
+        if (st.Check(key)) progress_of[static_cast<size_t>(r)] = st.Get(key);
+      }
+    }
+    int reporting = 1;
+    for (int r = 1; r < static_cast<int>(progress_of.size()); ++r) {
+      const std::string& p = progress_of[static_cast<size_t>(r)];
+      unsigned long long d = 0, t = 0;  // NOLINT(runtime/int): sscanf
+      if (std::sscanf(p.c_str(), "%llu %llu", &d, &t) != 2) continue;
+      done += d;
+      total += t;
+      ++reporting;
+    }
+    sink(label, done, total, reporting);
+  }
+
   void Beat() {
     const std::string beat = Key(StrCat("beat/", job.rank));
     const std::string error = Key("error");
@@ -299,6 +355,7 @@ struct Coordinator::Impl {
         beats->Add(beat, 1);
         ++polls;
         if (beats->Check(error)) remote = DecodeError(beats->Get(error));
+        if (!remote) BeatProgress(*beats, false);
       } catch (const std::exception& e) {
         lost.emplace("lost the coordination store at ", Where(), " (",
                      job.Describe(), "): ", e.what());
@@ -368,6 +425,9 @@ Coordinator::~Coordinator() {
   m.cv.notify_all();
   m.beater.join();
   try {
+    // The last progress: published before leaving; rank 0 reads it once
+    // every process left.
+    if (m.job.rank != 0) m.BeatProgress(*m.store, false);
     m.store->Add(m.Key("left"), 1);
     if (m.job.rank == 0) {
       // Others read the store's last word (an error, the commit) before it
@@ -378,6 +438,7 @@ Coordinator::~Coordinator() {
       while (m.store->Add(m.Key("left"), 0) < m.job.world &&
              Clock::now() < until)
         std::this_thread::sleep_for(milliseconds(20));
+      m.BeatProgress(*m.store, true);
     }
   } catch (const std::exception&) {
     // The store is gone: nothing to tell.
@@ -450,6 +511,22 @@ void Coordinator::ReportError(std::string_view kind, int code,
   } catch (const std::exception&) {
     // The store is gone: the others learn it themselves.
   }
+}
+
+void Coordinator::SetProgress(std::string_view label, uint64_t done,
+                              uint64_t total) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.progress_mu);
+  m.progress_label = std::string(label);
+  m.progress_done = done;
+  m.progress_total = total;
+  m.progress_set = true;
+}
+
+void Coordinator::SetProgressSink(ProgressSink sink) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.progress_mu);
+  m.progress_sink = std::move(sink);
 }
 
 StoreStats Coordinator::stats() const {

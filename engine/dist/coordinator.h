@@ -108,6 +108,18 @@ class Coordinator {
 
   StoreStats stats() const;
 
+  /// This process's progress (its current stage: `label`, `done` of `total`
+  /// units). The heartbeat thread publishes it with its beat when it
+  /// changed (one set per beat, 500 ms); rank 0's reads the others' once a
+  /// second and passes the job's sums (rank 0's label) to the sink. These
+  /// are polls, not messages (stats()). Thread-safe.
+  void SetProgress(std::string_view label, uint64_t done, uint64_t total);
+  /// Rank 0: receives the job's progress from the heartbeat thread, and the
+  /// number of processes that reported one. Set it before the work starts.
+  using ProgressSink = std::function<void(
+      const std::string& label, uint64_t done, uint64_t total, int reporting)>;
+  void SetProgressSink(ProgressSink sink);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

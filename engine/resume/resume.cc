@@ -177,6 +177,7 @@ struct Chosen {
   // (each refers to the one before; none touches it when destroyed).
   std::vector<std::unique_ptr<universal::UniversalInput>> views;
   std::unique_ptr<formats::TargetPlan> target_plan;
+  std::function<void(const fs::path&)> on_staging;  // the request's
 
   std::unique_ptr<universal::UniversalInput> Input() const {
     return store ? universal::StoreInput(*store)
@@ -238,6 +239,12 @@ void CheckCandidate(Candidate& c, const fs::path& save, Chosen& out,
 void ChooseCheckpoint(const ResumeRequest& request, ResumeDecision& d) {
   Chosen& chosen = *d.chosen;
   std::vector<Candidate> candidates = FindCheckpoints(request.save_dir);
+  if (!request.only.empty()) {
+    // Rank 0's choice: that one alone.
+    std::erase_if(candidates, [&](const Candidate& c) {
+      return c.Key().name != request.only;
+    });
+  }
   std::vector<CandidateKey> keys;
   for (const Candidate& c : candidates) keys.push_back(c.Key());
   const Selection selection = SelectNewestIntact(
@@ -287,6 +294,7 @@ void PlanRewrite(const ResumeRequest& request, ResumeDecision& d) {
 void WriteLoadFolder(const ResumeDecision& d, ResumeOutcome& outcome) {
   const Chosen& c = *d.chosen;
   universal::StagedDirectory staged(d.load);
+  if (c.on_staging) c.on_staging(staged.path());
   if (d.action == LoadAction::kLinkTracked) {
     // The right layout, not the tracked one: hard links and a tracker.
     const LinkCounts n =
@@ -350,7 +358,9 @@ ResumeDecision Decide(const ResumeRequest& request) {
   d.on_note = request.on_note;
   d.chosen = std::make_unique<Chosen>();
   d.chosen->executor = request.executor;
-  d.chosen->lock = std::make_unique<SaveFolderLock>(save, request.on_note);
+  if (request.lock)
+    d.chosen->lock = std::make_unique<SaveFolderLock>(save, request.on_note);
+  d.chosen->on_staging = request.on_staging;
   ChooseCheckpoint(request, d);
 
   d.target = request.target(d.source_format);
@@ -440,6 +450,15 @@ ResumeOutcome Run(ResumeDecision& d) {
       throw;
     }
   }
+}
+
+void WriteShare(const ResumeDecision& d, const fs::path& staging) {
+  UCP_CHECK(d.chosen != nullptr && d.reshaped() && d.chosen->target_plan,
+            "WriteShare of a decision that does not reshape");
+  formats::EmitOptions emit;
+  emit.executor = d.chosen->executor;
+  emit.manifest = true;  // as WriteLoadFolder
+  formats::Emit(*d.chosen->target_plan, *d.chosen->views.back(), staging, emit);
 }
 
 std::string NativeFormat(const universal::Model& model) {

@@ -71,6 +71,16 @@ struct ResumeRequest {
   /// One-line notes: a filesystem without flock, a damaged load folder of
   /// ucp's own remade (may be empty).
   std::function<void(const std::string&)> on_note;
+
+  /// A job's processes (cli/cmd_resume.cc): rank 0 decides and runs as
+  /// usual; the others decide with `only` (rank 0's choice: the newer
+  /// checkpoints are not looked at) and `lock` false (rank 0 holds the
+  /// save folder's lock), then WriteShare into rank 0's staging folder.
+  std::string only;
+  bool lock = true;
+  /// Called by Run with the staging folder of a load folder it writes,
+  /// before writing (rank 0 of a job publishes it); may be empty.
+  std::function<void(const std::filesystem::path& staging)> on_staging;
 };
 
 namespace internal {
@@ -139,6 +149,13 @@ struct ResumeOutcome {
 /// save folder) or free space is short; FormatError if a load folder given
 /// as output is there but damaged; what the target's writer throws.
 ResumeOutcome Run(ResumeDecision& decision);
+
+/// A job's process other than rank 0, for a kReshape decision: writes its
+/// share of the rewrite into `staging` (rank 0's staging folder, which
+/// rank 0 commits); the job's split (formats::ScopedEmitSplit) assigns the
+/// files. Throws what the target's writer throws.
+void WriteShare(const ResumeDecision& decision,
+                const std::filesystem::path& staging);
 
 /// The format a universal file was made from: the source's "driver", else
 /// the writable driver whose name starts its "framework" ("megatron-lm"); ""

@@ -1,6 +1,8 @@
 #include "engine/universal/write_universal.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -10,6 +12,7 @@
 #include <utility>
 
 #include "engine/core/error.h"
+#include "engine/core/file.h"
 #include "engine/core/hash.h"
 #include "engine/core/progress.h"
 #include "engine/universal/classify.h"
@@ -429,13 +432,91 @@ VerifySummary internal::VerifyClassified(
   return s;
 }
 
+namespace {
+
+// The hidden part files of a job writing one universal file, beside its
+// temporary file (named after it: reclaimed with it, staging.h).
+std::filesystem::path OffsetsPart(const std::filesystem::path& temp) {
+  return temp.string() + ".offsets";
+}
+std::filesystem::path HashesPart(const std::filesystem::path& temp, int rank) {
+  return StrCat(temp.string(), ".xxh3-", rank);
+}
+
+// Removes rank 0's part files when it leaves (committed or not).
+struct PartFiles {
+  std::filesystem::path temp;
+  int world = 0;
+  ~PartFiles() {
+    if (temp.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove(OffsetsPart(temp), ignored);
+    for (int r = 1; r < world; ++r)
+      std::filesystem::remove(HashesPart(temp, r), ignored);
+  }
+};
+
+// "<id> <xxh3>" lines, both in hex.
+std::string HashLines(
+    const std::vector<std::pair<atoms::DatasetId, uint64_t>>& hashes) {
+  std::string text;
+  for (const auto& [id, h] : hashes)
+    text += StrCat(HashHex(id), " ", HashHex(h), "\n");
+  return text;
+}
+
+// Parses unsigned integers separated by whitespace (base 10 or 16); throws
+// FormatError naming `file` on anything else.
+std::vector<uint64_t> ParseNumbers(const std::string& text, int base,
+                                   const std::filesystem::path& file) {
+  std::vector<uint64_t> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    if (std::isspace(static_cast<unsigned char>(text[at]))) {
+      ++at;
+      continue;
+    }
+    const char* begin = text.data() + at;
+    const char* end = text.data() + text.size();
+    uint64_t v = 0;
+    const auto r = std::from_chars(begin, end, v, base);
+    if (r.ec != std::errc() ||
+        (r.ptr != end && !std::isspace(static_cast<unsigned char>(*r.ptr)))) {
+      throw FormatError(file.string(), ": not a number at byte ", at);
+    }
+    out.push_back(v);
+    at = static_cast<size_t>(r.ptr - text.data());
+  }
+  return out;
+}
+
+// A job's part file read back, checked against the xxh3 its writer reported.
+std::string ReadPart(const std::filesystem::path& file, const std::string& want,
+                     const std::string& who) {
+  std::string text = ReadSmallFile(file, size_t{1} << 30);
+  if (HashHex(Xxh3(text.data(), text.size())) != want) {
+    throw IoError(file.string(), ": the part file ", who,
+                  " wrote has another xxh3 than it reported (",
+                  HashHex(Xxh3(text.data(), text.size())), ", not ", want,
+                  "; the processes do not see the same folder?)");
+  }
+  return text;
+}
+
+}  // namespace
+
 WriteSummary WriteUniversal(const SourcePlan& plan,
                             const std::filesystem::path& path,
-                            const reshape::ExecutorOptions& options) {
+                            const reshape::ExecutorOptions& options,
+                            UniversalJob* job) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<Classified> classified = ClassifyAll(plan);
+  const bool leader = job == nullptr || job->rank() == 0;
 
-  atoms::AtomStoreWriter writer = atoms::AtomStoreWriter::Create(path);
+  atoms::AtomStoreWriter writer =
+      leader ? atoms::AtomStoreWriter::Create(path)
+             : atoms::AtomStoreWriter::CreateShared(path);
+  if (job != nullptr && leader) job->Staging(writer.temp_path());
   writer.SetRoot(RootFromModel(plan.model));
   for (const atoms::ParamInfo& p : plan.params) writer.AddParam(p);
   std::vector<atoms::DatasetId> atom_ids;
@@ -451,25 +532,79 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
   for (const OpaqueBlob& b : plan.opaque) {
     opaque_ids.push_back(writer.AddOpaque(b.key, b.bytes.size()));
   }
-  writer.Allocate();
 
-  // One hashed job per atom and per pad atom, writing into the store.
+  // Which process writes which dataset (all this one's without a job).
+  std::vector<int> owner(writer.num_datasets(), 0);
+  PartFiles parts;
+  if (job != nullptr) {
+    std::vector<UniversalJob::Dataset> loads;
+    for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id) {
+      const atoms::DatasetInfo& d = writer.dataset(id);
+      loads.push_back({d.path, d.nbytes,
+                       d.kind != atoms::DatasetKind::kOpaque && d.nbytes > 0});
+    }
+    owner = job->Assign(loads);
+    UCP_CHECK(owner.size() == loads.size(), "an assignment of ", owner.size(),
+              " datasets for ", loads.size());
+    // Rank 0 allocates; the others write into its file at its offsets.
+    if (leader) {
+      parts = PartFiles{writer.temp_path(), job->world()};
+      job->Staging(OffsetsPart(writer.temp_path()));
+      for (int r = 1; r < job->world(); ++r)
+        job->Staging(HashesPart(writer.temp_path(), r));
+      writer.Allocate();
+      std::string text;
+      for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id)
+        text += StrCat(writer.dataset(id).offset, "\n");
+      WriteFileAtomically(OffsetsPart(writer.temp_path()), text);
+      job->Share(
+          "universal",
+          StrCat(HashHex(Xxh3(text.data(), text.size())), " ",
+                 std::filesystem::absolute(writer.temp_path()).string()));
+    } else {
+      const std::string shared = job->Share("universal", "");
+      const size_t space = shared.find(' ');
+      UCP_CHECK(space != std::string::npos, "a universal file shared as '",
+                shared, "'");
+      const std::filesystem::path temp = shared.substr(space + 1);
+      const std::filesystem::path offsets_file = OffsetsPart(temp);
+      const std::vector<uint64_t> offsets = ParseNumbers(
+          ReadPart(offsets_file, shared.substr(0, space), "rank 0"), 10,
+          offsets_file);
+      if (offsets.size() != writer.num_datasets()) {
+        throw IoError(offsets_file.string(), ": ", offsets.size(),
+                      " dataset offsets, this process planned ",
+                      writer.num_datasets());
+      }
+      writer.Attach(temp, offsets);
+    }
+  } else {
+    writer.Allocate();
+  }
+  const int rank = job != nullptr ? job->rank() : 0;
+  const int world = job != nullptr ? job->world() : 1;
+
+  // One hashed job per atom and per pad atom this process writes, writing
+  // into the store.
   std::vector<std::unique_ptr<StoreSink>> sinks;
   std::vector<reshape::Job> jobs;
   std::vector<std::pair<atoms::DatasetId, size_t>> hashed;  // dataset, job
   uint64_t atom_bytes = 0;
+  uint64_t written = 0;
   auto add_job = [&](std::string name, const AtomPlan& a, const Shape& shape,
                      const std::vector<const Fragment*>& fragments,
                      atoms::DatasetId id) {
-    reshape::Job job;
-    job.tensor = reshape::TargetTensor{std::move(name), a.dtype, shape, {}};
-    for (const Fragment* f : fragments) job.tensor.ops.push_back(OpOf(*f));
+    reshape::Job one;
+    one.tensor = reshape::TargetTensor{std::move(name), a.dtype, shape, {}};
+    for (const Fragment* f : fragments) one.tensor.ops.push_back(OpOf(*f));
+    atom_bytes += reshape::NumBytes(one.tensor);
+    if (owner[id] != rank) return;
+    written += reshape::NumBytes(one.tensor);
     sinks.push_back(std::make_unique<StoreSink>(writer, id));
-    job.sink = sinks.back().get();
-    job.hash = true;
-    atom_bytes += reshape::NumBytes(job.tensor);
+    one.sink = sinks.back().get();
+    one.hash = true;
     hashed.emplace_back(id, jobs.size());
-    jobs.push_back(std::move(job));
+    jobs.push_back(std::move(one));
   };
   for (size_t i = 0; i < plan.atoms.size(); ++i) {
     const AtomPlan& a = plan.atoms[i];
@@ -479,9 +614,19 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
               classified[i].pad, *pad_ids[i]);
     }
   }
+  // This process's share of the replica checks: the k-th by process k mod
+  // world.
+  size_t k = 0;
   NullSink null_sink;
-  std::vector<Check> checks =
-      AddReplicaChecks(plan, classified, &null_sink, jobs);
+  std::vector<Check> checks = AddReplicaChecks(
+      plan, classified, &null_sink, jobs,
+      [&](const Replica&) { return static_cast<int>(k++ % world) == rank; });
+  int64_t replicas_checked = static_cast<int64_t>(checks.size());
+  if (job != nullptr) {
+    replicas_checked = 0;
+    for (const Classified& c : classified)
+      replicas_checked += static_cast<int64_t>(c.replicas.size());
+  }
 
   Progress progress("to-universal", TotalBytes(jobs));
   reshape::ExecutorOptions opts = options;
@@ -490,21 +635,81 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
   progress.Finish();
   CompareReplicas(checks, jobs);
 
-  for (const auto& [id, job] : hashed) writer.SetHash(id, jobs[job].xxh3);
+  std::vector<std::pair<atoms::DatasetId, uint64_t>> hashes;
+  for (const auto& [id, j] : hashed) hashes.emplace_back(id, jobs[j].xxh3);
   for (size_t i = 0; i < plan.opaque.size(); ++i) {
+    if (owner[opaque_ids[i]] != rank) continue;
     const std::string& b = plan.opaque[i].bytes;
     writer.Write(opaque_ids[i], 0,
                  std::as_bytes(std::span<const char>(b.data(), b.size())));
-    writer.SetHash(opaque_ids[i], Xxh3(b.data(), b.size()));
+    hashes.emplace_back(opaque_ids[i], Xxh3(b.data(), b.size()));
+    written += b.size();
   }
-  writer.Commit();
+  const int64_t datasets_written = static_cast<int64_t>(hashes.size());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+
+  if (job != nullptr) {
+    // Each process's bytes synced and its hashes in a part file; rank 0
+    // gathers them.
+    json::Value report = json::Value::Object();
+    report["files"] = datasets_written;
+    report["bytes"] = written;
+    report["bytes_read"] = stats.bytes_read;
+    report["seconds"] = seconds;
+    if (!leader) {
+      writer.SyncWrites();
+      const std::string text = HashLines(hashes);
+      WriteFileAtomically(HashesPart(writer.temp_path(), rank), text);
+      report["xxh3"] = HashHex(Xxh3(text.data(), text.size()));
+    }
+    const std::vector<json::Value> reports = job->Gather(std::move(report));
+    if (!leader) {
+      job->Committed();  // waits for rank 0's commit
+    } else {
+      for (int r = 1; r < world; ++r) {
+        const std::filesystem::path file = HashesPart(writer.temp_path(), r);
+        const std::string want =
+            reports.at(static_cast<size_t>(r)).At("xxh3").AsString();
+        const std::vector<uint64_t> v =
+            ParseNumbers(ReadPart(file, want, StrCat("process ", r)), 16, file);
+        UCP_CHECK(v.size() % 2 == 0, file.string(), ": an odd count");
+        for (size_t i = 0; i < v.size(); i += 2) {
+          UCP_CHECK(v[i] < writer.num_datasets(), file.string(),
+                    ": dataset id ", v[i], " out of range");
+          const auto id = static_cast<atoms::DatasetId>(v[i]);
+          UCP_CHECK(owner[id] == r, file.string(), ": dataset ",
+                    writer.dataset(id).path, " is process ", owner[id],
+                    "'s, not ", r, "'s");
+          hashes.emplace_back(id, v[i + 1]);
+        }
+      }
+      // Every dataset with bytes hashed exactly once.
+      std::vector<int> seen(writer.num_datasets(), 0);
+      for (const auto& [id, h] : hashes) ++seen[id];
+      for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id) {
+        const atoms::DatasetInfo& d = writer.dataset(id);
+        UCP_CHECK(d.nbytes > 0 ? seen[id] == 1 : seen[id] <= 1, "dataset ",
+                  d.path, " hashed ", seen[id],
+                  " times by the processes of the job (once expected)");
+      }
+    }
+  }
+  if (leader) {
+    for (const auto& [id, h] : hashes) writer.SetHash(id, h);
+    writer.Commit();
+    if (job != nullptr) job->Committed();
+  }
 
   WriteSummary s;
   s.params = static_cast<int64_t>(plan.params.size());
   s.atoms = static_cast<int64_t>(plan.atoms.size());
   s.atom_bytes = atom_bytes;
   s.bytes_read = stats.bytes_read;
-  s.replicas_verified = static_cast<int64_t>(checks.size());
+  s.replicas_verified = replicas_checked;
+  s.bytes_written = written;
+  s.datasets_written = datasets_written;
   s.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

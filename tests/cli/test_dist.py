@@ -7,7 +7,10 @@ of the same command (the oracle: ucp without a launcher, whose outputs the other
 against the frameworks); DCP's `.metadata` holds a random uuid in every run (torch's too), masked
 before comparing. --json's `processes` (rank 0 only; the other ranks print nothing) add up to the
 output. `verify` as a job reports what one process reports and fails on a damaged file in every
-process; `to-universal` as a job is written by rank 0 alone. The store carries a bounded number
+process; `to-universal` as a job writes ONE universal file from every process, byte-identical to
+the one-process file (h5py reads it whole, ucp verify passes); `resume` as a job writes the load
+folder one process writes, rank 0 alone printing; `--progress` of a job draws the job's sums on
+rank 0. The store carries a bounded number
 of messages and bytes per process whatever the tensor count (--manifest's entries go through
 part files, none left). A rank that fails, a rank that planned another target than rank 0, a
 rank failing while two others are busy (all end within seconds), rank 0 refusing the output, a
@@ -46,6 +49,12 @@ CASES = {
                   "--names", "mindformers-llama"],
     "export": ["export", MEG, "--max-shard-size", "20KB"],
     "reshape": ["reshape", "u.h5", "--tp", 2, "--pp", 2, "--dp", 1],
+}
+# Run as jobs beside CASES (their own checks): one universal file, a resume's load folder (-o: the
+# fixture is only read).
+EXTRA = {
+    "universal": ["to-universal", MEG],
+    "resume": ["resume", MEG, "--tp", 1, "--pp", 2, "--dp", 1],
 }
 TIMEOUT = 60
 STORE_BYTES = 2000  # per process, keys and values (--manifest entries through the store: 14 KB)
@@ -93,7 +102,7 @@ def clean_env(**extra):
 
 
 def args_of(name, out):
-    return [str(a) for a in CASES[name]] + ["-o", str(out)]
+    return [str(a) for a in {**CASES, **EXTRA}[name]] + ["-o", str(out)]
 
 
 def file_bytes(p):
@@ -139,7 +148,7 @@ def references(t):
     _REF = t / "ref"
     (t / "ref").mkdir()
     run("to-universal", MEG, "-o", t / "u.h5", "-q")
-    for name in CASES:
+    for name in list(CASES) + list(EXTRA):
         a = [x.replace("u.h5", str(t / "u.h5")) if x == "u.h5" else x
              for x in args_of(name, t / "ref" / name)]
         run(*a, "-q")
@@ -196,6 +205,48 @@ def check_json(outdir, name, world):
     return procs
 
 
+def h5_datasets(path):
+    """Every dataset of an HDF5 file (h5py): {name: (bytes, attributes)} in visiting order."""
+    import h5py
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            out[name] = (obj[()].tobytes(), {k: repr(v) for k, v in obj.attrs.items()})
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return out
+
+
+def h5_leftovers(t, name):
+    """The final file's hidden staging and part files in t (.NAME.ucp-...)."""
+    return sorted(q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-"))
+
+
+def check_universal(outdir, world, ref):
+    """to-universal as a job of `world` processes wrote ONE file byte-identical to the
+    one-process file `ref` (the oracle: ucp without a launcher, whose file the other tests check
+    against h5py and the frameworks; a changed byte is seen: test_to_universal_as_a_job), h5py
+    reads it whole, ucp verify passes; each process wrote datasets (none all of them), the other
+    ranks printed nothing, no part file is left."""
+    out = outdir / "universal"
+    assert out.read_bytes() == ref.read_bytes(), world
+    j = json.loads((outdir / "universal.0.json").read_text())
+    procs = j["processes"]
+    assert [p["rank"] for p in procs] == list(range(world)), procs
+    assert all(p["datasets"] > 0 and p["bytes_written"] > 0 for p in procs), procs
+    assert sum(p["bytes_written"] for p in procs) >= j["atom_bytes"], (j, procs)
+    assert all(p["bytes_written"] < j["atom_bytes"] for p in procs), procs
+    assert all(p["store_messages"] <= 12 and p["store_bytes"] < STORE_BYTES for p in procs), procs
+    for r in range(1, world):
+        assert (outdir / f"universal.{r}.json").read_text() == "", r
+        assert (outdir / f"universal.{r}.err").read_text() == "", r
+    assert h5_leftovers(outdir, "universal") == [], world
+    datasets = h5_datasets(out)
+    assert len(datasets) >= 20 and h5_datasets(ref) == datasets  # h5py reads it whole
+    run("verify", out, "-q")
+
+
 def test_launchers_write_what_one_process_writes():
     with Tmp("ucp-dist-") as t:
         ref = references(t)
@@ -211,11 +262,19 @@ def test_launchers_write_what_one_process_writes():
             assert "latest" in str(e), e
 
         # torchrun, 2 processes: every case, one store port each.
-        master, *ports = free_ports(1 + len(CASES))
+        master, *ports = free_ports(1 + len(CASES) + len(EXTRA))
         out2 = t / "two"
         out2.mkdir()
         torchrun("--nproc-per-node", 2, "--master-addr", "127.0.0.1", "--master-port", master,
-                 "--no-python", "sh", script(t, list(CASES), out2, ports), env=clean_env())
+                 "--no-python", "sh", script(t, list(CASES) + list(EXTRA), out2, ports),
+                 env=clean_env())
+        check_universal(out2, 2, ref / "universal")
+        # resume: rank 0 chose and printed, both wrote the reshaped load folder.
+        j = json.loads((out2 / "resume.0.json").read_text())
+        assert j["reshaped"] and j["checkpoint"] == "iter_0000010", j
+        assert [p["files"] for p in j["processes"]] == [1, 1], j["processes"]
+        assert (out2 / "resume.1.json").read_text() == "" == (out2 / "resume.1.err").read_text()
+        compared += compare_trees(ref / "resume", out2 / "resume")
         for name in CASES:
             compared += compare_trees(ref / name, out2 / name)
             procs = check_json(out2, name, 2)
@@ -231,7 +290,8 @@ def test_launchers_write_what_one_process_writes():
         out4 = t / "four"
         out4.mkdir()
         torchrun("--nproc-per-node", 4, "--master-addr", "127.0.0.1", "--master-port", master,
-                 "--no-python", "sh", script(t, ["dcp"], out4), env=clean_env())
+                 "--no-python", "sh", script(t, ["dcp", "universal"], out4), env=clean_env())
+        check_universal(out4, 4, ref / "universal")
         compared += compare_trees(ref / "dcp", out4 / "dcp")
         procs = check_json(out4, "dcp", 4)
         # 4 equal-sized .distcp files, one per process (balanced by bytes).
@@ -316,12 +376,15 @@ def test_slurm_and_mpi_environments():
         assert [r[0] for r in res] == [3, 3, 3], res
         for _, _, err in res:
             assert err.count("\n") == 1 and bad.name in err, err
-        # to-universal as a job: rank 0 writes the file alone (a note says so), the other waits
-        # and prints nothing; the file verifies.
+        # to-universal as a job (MPI's variables): both processes write datasets of the one
+        # file, the other prints nothing; the file is the one-process file and verifies.
         port, = free_ports(1)
         res = finish(spawn(2, "mpi", ["to-universal", DS, "-o", t / "job.h5", "--json"], port))
         assert [r[0] for r in res] == [0, 0] and res[1][1:] == ("", ""), res
-        assert any("rank 0 alone" in n for n in json.loads(res[0][1])["notes"]), res[0][1]
+        procs = json.loads(res[0][1])["processes"]
+        assert [p["rank"] for p in procs] == [0, 1] and all(p["datasets"] > 0 for p in procs)
+        run("to-universal", DS, "-o", t / "one.h5", "-q")
+        assert (t / "job.h5").read_bytes() == (t / "one.h5").read_bytes()
         run("verify", t / "job.h5", "-q")
         # A Slurm rank without MASTER_ADDR: a usage error naming the variables, nothing written.
         p = subprocess.run([str(UCP), *args_of("deepspeed", t / "nomaster")], text=True,
@@ -448,6 +511,117 @@ def test_failures_leave_nothing_and_a_rerun_succeeds():
             assert [r[0] for r in res] == [0, 0], res
             assert [q.name for q in t.iterdir() if q.name.startswith(f".{name}.ucp-")] == []
             assert compare_trees(ref / "dcp", t / name) == 6
+
+
+def test_to_universal_as_a_job():
+    """to-universal as a job (under torchrun with 2 and 4 processes: check_universal in the first
+    test) when it fails: a rank that planned another file, a failing rank, a rank SIGKILLed while
+    rank 0 writes leave nothing under the final name and no temporary or part file, every other
+    process exits with one line naming the failure, and a rerun writes the one-process file.
+    Negative control of the byte comparison: a changed byte differs and fails verify."""
+    with Tmp("ucp-dist-") as t:
+        ref = (references(t) / "universal").read_bytes()
+        bad = t / "bad.h5"
+        b = bytearray(ref)
+        b[-len(b) // 3] ^= 1
+        bad.write_bytes(bytes(b))
+        assert bad.read_bytes() != ref
+        run("verify", bad, "-q", expect=3)
+
+        fast = dict(UCP_DIST_DEAD_AFTER=1, UCP_DIST_CONNECT_TIMEOUT=15)
+        args = ["to-universal", MEG, "-o"]
+        # Side by side: a rank that planned another file than rank 0, a failing rank, and rank 1
+        # SIGKILLed (paused once assigned) while rank 0 has allocated the file and writes.
+        p1, p2, p3 = free_ports(3)
+        plan = spawn(2, "slurm", args + [t / "plan.h5"], p1, UCP_TESTING_DIST_PERTURB_PLAN=1,
+                     **fast)
+        fail = spawn(2, "slurm", args + [t / "fail.h5"], p2, UCP_TESTING_DIST_FAIL=1, **fast)
+        kill = spawn(2, "slurm", args + [t / "kill.h5"], p3, UCP_TESTING_DIST_PAUSE="1:30",
+                     **fast)
+        # Rank 1 fails while rank 0 is busy (paused 30 s, as if writing): rank 0's heartbeat
+        # ends it within seconds, removing its temporary file first.
+        busy = spawn(2, "slurm", args + [t / "busy.h5"], free_ports(1)[0],
+                     UCP_TESTING_DIST_FAIL=1, UCP_TESTING_DIST_PAUSE="0:30", **fast)
+        start = time.monotonic()
+        # The plan: every process exits 2 naming it (without the check the run succeeds).
+        res = finish(plan)
+        assert [r[0] for r in res] == [2, 2], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "process 1 planned another target" in err, err
+        assert not (t / "plan.h5").exists()
+        # The failing rank: every process exits 5 with its one line; rank 0 removed its
+        # temporary file (waiting, or ended by its heartbeat while writing).
+        res = finish(fail)
+        assert [r[0] for r in res] == [5, 5], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "rank 1 fails" in err, err
+        assert not (t / "fail.h5").exists()
+        assert h5_leftovers(t, "fail.h5") == []
+        res = finish(busy)
+        assert [r[0] for r in res] == [5, 5] and time.monotonic() - start < 20, res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "rank 1 fails" in err, err
+        assert "process 1 failed" in res[0][2], res[0][2]
+        assert not (t / "busy.h5").exists() and h5_leftovers(t, "busy.h5") == []
+        # The killed rank: rank 0 finds it stopped and removes its temporary and part files.
+        deadline = time.monotonic() + TIMEOUT
+        while not h5_leftovers(t, "kill.h5"):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in kill)
+            time.sleep(0.01)
+        time.sleep(1.2)  # both joined and beating
+        kill[1].send_signal(signal.SIGKILL)
+        (c0, _, e0), (c1, _, _) = finish(kill)
+        assert c1 == -signal.SIGKILL and c0 == 5, (c0, e0)
+        assert e0.count("\n") == 1 and "process 1 of 2 stopped responding" in e0, e0
+        assert not (t / "kill.h5").exists()
+        assert h5_leftovers(t, "kill.h5") == []
+        # The reruns (side by side) write the one-process file.
+        names = ("plan.h5", "fail.h5", "kill.h5", "busy.h5")
+        reruns = [spawn(2, "slurm", args + [t / name, "-q"], port, **fast)
+                  for name, port in zip(names, free_ports(len(names)))]
+        for name, procs in zip(names, reruns):
+            res = finish(procs)
+            assert [r[0] for r in res] == [0, 0], res
+            assert (t / name).read_bytes() == ref, name
+            assert h5_leftovers(t, name) == [], name
+
+
+def test_resume_and_progress_as_jobs():
+    """`ucp resume` as a job (under torchrun: the first test) in which a process planned another
+    target: both fail naming it, no load folder. `--progress` of a job: rank 0 draws the job's
+    sums (both processes reporting once the paused one wrote) and a final line; the other
+    process prints nothing; without --progress nothing is drawn."""
+    with Tmp("ucp-dist-") as t:
+        ports = free_ports(3)
+        perturbed = spawn(2, "slurm", args_of("resume", t / "load"), ports[0],
+                          UCP_TESTING_DIST_PERTURB_PLAN=1, UCP_DIST_DEAD_AFTER=1)
+        # Rank 1 paused 1.2 s once assigned, so that rank 0 draws while it waits.
+        progress = spawn(2, "slurm", ["to-universal", MEG, "-o", t / "p.h5", "--progress"],
+                         ports[1], UCP_TESTING_DIST_PAUSE="1:1.2")
+        quiet = spawn(2, "slurm", ["to-universal", MEG, "-o", t / "q.h5"], ports[2],
+                      UCP_TESTING_DIST_PAUSE="1:1.2")
+        res = finish(perturbed)
+        assert [r[0] for r in res] == [2, 2], res
+        for _, _, err in res:
+            assert err.count("\n") == 1 and "process 1 planned another target" in err, err
+        assert not (t / "load").exists()
+
+        res = finish(progress)
+        assert [r[0] for r in res] == [0, 0], res
+        assert res[1][1:] == ("", ""), res[1]
+        err = res[0][2]
+        # Each drawing starts with "\r\x1b[K" (the \r read as a newline here).
+        lines = [x.strip("\r\n") for x in err.split("\x1b[K") if x.strip("\r\n")]
+        assert err.endswith("\n"), err
+        bar = re.compile(r"to-universal \[[#.]{30}\] +\d+% [\d.]+ [KMG]?i?B / [\d.]+ [KMG]?i?B "
+                         r"\(([12]) of 2 processes reporting\)$")
+        drawn = [bar.match(x) for x in lines[:-1]]
+        assert len(drawn) >= 2 and all(drawn), lines
+        assert {m.group(1) for m in drawn} == {"1", "2"}, lines  # rank 1 joins the sums
+        assert re.fullmatch(r"to-universal: [\d.]+ [KMG]?i?B in [\d.]+ s by 2 processes",
+                            lines[-1]), lines
+        res = finish(quiet)
+        assert [r[0] for r in res] == [0, 0] and res[0][2] == "" and res[1][2] == "", res
 
 
 if __name__ == "__main__":

@@ -505,6 +505,67 @@ TEST(AtomStoreTest, ParallelWritesIntoOneDataset) {
   EXPECT_THAT(r.Verify(), IsEmpty());
 }
 
+// Two writers of one file, as the processes of a job: the allocating one
+// and one attached at its offsets, each writing a dataset; the file is the
+// one a single writer makes of the same contents.
+TEST(AtomStoreTest, AttachedWriterWritesIntoTheAllocatedFile) {
+  const uint64_t seed = testutil::Seed();
+  SCOPED_TRACE(testing::Message() << "UCP_TEST_SEED=" << seed);
+  std::mt19937_64 rng(seed);
+  testutil::TempDir dir;
+  const std::string a = RandomBytes(rng, NumBytes(DType::kFloat32, {64, 80}));
+  const std::string b = RandomBytes(rng, NumBytes(DType::kFloat32, {64, 80}));
+  auto declare = [](AtomStoreWriter& w) {
+    ParamInfo p;
+    p.fqn = "w";
+    p.shape = {64, 80};
+    w.AddParam(p);
+    return std::pair(w.AddAtom("w", "fp32", DType::kFloat32, {64, 80}),
+                     w.AddAtom("w", "exp_avg", DType::kFloat32, {64, 80}));
+  };
+  {
+    AtomStoreWriter one = AtomStoreWriter::Create(dir / "one.h5");
+    const auto [fp32, exp_avg] = declare(one);
+    one.Allocate();
+    one.Write(fp32, 0, Bytes(a));
+    one.Write(exp_avg, 0, Bytes(b));
+    one.HashWritten(fp32);
+    one.HashWritten(exp_avg);
+    one.Commit();
+  }
+  AtomStoreWriter owner = AtomStoreWriter::Create(dir / "two.h5");
+  AtomStoreWriter other = AtomStoreWriter::CreateShared(dir / "two.h5");
+  const auto [fp32, exp_avg] = declare(owner);
+  declare(other);
+  EXPECT_THROW(other.Allocate(), InternalError);
+  owner.Allocate();
+  std::vector<uint64_t> offsets;
+  for (DatasetId id = 0; id < owner.num_datasets(); ++id)
+    offsets.push_back(owner.dataset(id).offset);
+  EXPECT_THROW(other.Attach(owner.temp_path(), std::span(offsets).first(1)),
+               InternalError);
+  EXPECT_THROW(other.Attach(dir / "missing", offsets), IoError);
+  EXPECT_THROW(owner.Attach(owner.temp_path(), offsets), InternalError);
+  other.Attach(owner.temp_path(), offsets);
+  EXPECT_EQ(other.temp_path(), owner.temp_path());
+  other.Write(fp32, 0, Bytes(a));
+  other.SyncWrites();
+  owner.Write(exp_avg, 0, Bytes(b));
+  owner.SetHash(fp32, other.HashWritten(fp32));
+  owner.HashWritten(exp_avg);
+  EXPECT_THROW(other.Commit(), InternalError);
+  owner.Commit();
+  EXPECT_TRUE(testutil::ReadFile(dir / "one.h5") ==
+              testutil::ReadFile(dir / "two.h5"));
+  // Negative control: a byte of the attached writer's dataset counts.
+  std::string changed = testutil::ReadFile(dir / "two.h5");
+  changed[owner.dataset(fp32).offset + 5] ^= 1;
+  EXPECT_FALSE(testutil::ReadFile(dir / "one.h5") == changed);
+  AtomStoreReader r = AtomStoreReader::Open(dir / "two.h5");
+  EXPECT_EQ(ReadAll(r, *r.FindAtom("w", "fp32")), a);
+  EXPECT_THAT(r.Verify(), IsEmpty());
+}
+
 TEST(AtomStoreTest, UncommittedWriterLeavesNoFile) {
   testutil::TempDir dir;
   const fs::path file = dir / "u.h5";
