@@ -29,6 +29,10 @@ struct OptionSpec {
   /// `-<abbrev>` for a flag or `-<abbrev><value>` for a value).
   bool layout = false;
   std::string abbrev;
+  /// A string option's value when it is given without one (`--dequantize`
+  /// alone: "bf16"); "" when a value is required. A value then follows
+  /// `=` (`--dequantize=fp32`).
+  std::string implicit_text;
   /// Allowed range of an integer option (inclusive).
   int64_t min = INT64_MIN;
   int64_t max = INT64_MAX;
