@@ -877,7 +877,7 @@ def test_fp8_block_scaled():
             one_error_line(p, first, "FP8", "--dequantize")
             assert not (t / "no.h5").exists() and not (t / "no").exists()
         # the universal file: torch's dequantization, bit for bit
-        run("to-universal", src, "-o", t / "u.h5", "--dequantize", "-q")
+        run("to-universal", "--dequantize", src, "-o", t / "u.h5", "-q")  # (bf16: SRC follows)
         got = h5_atoms(t / "u.h5")
         want = deq["bf16"]
         assert len(got) == len(want), (len(got), len(want))
@@ -889,6 +889,8 @@ def test_fp8_block_scaled():
         assert n >= MIN_VALUES, n
         with h5py_attrs(t / "u.h5") as rec:  # the record keeps no quantization_config
             assert "quantization_config" not in rec and "num_hidden_layers" in rec, rec
+            assert '"dequantized":"bfloat16"' in rec.replace(" ", ""), rec
+        assert "quantization_config" in (src / "config.json").read_text()
         # negative control: a flipped byte of one scale (of a partial edge block) is seen
         bad = t / "bad"
         shutil.copytree(src, bad)
@@ -916,7 +918,7 @@ def test_fp8_block_scaled():
         with torch.no_grad():
             logits = model.float().eval()(tokens).logits
         run("convert", src, "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
-            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize=fp32", "-q")
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize", "fp32", "-q")
         megatron_load(t / "td", "fp8", 1, 1, megatron_reference(w32, "fp8", 1), tokens, logits)
 
         # malformed

@@ -42,8 +42,10 @@ class HfSource : public formats::Source {
   // they are the architecture's (a missing tensor, one with no place or a
   // shape config.json disagrees with: what Plan throws).
   NameListing ListNames() const override {
-    // (the universal names: fused experts per expert, FP8 scales left out)
-    const universal::SourcePlan plan = PlanSource(f_, dequantize_);
+    // (the universal names: fused experts per expert, FP8 scales left out,
+    // whatever dtype FP8 weights would be dequantized to)
+    const universal::SourcePlan plan =
+        PlanSource(f_, dequantize_.value_or(DType::kBFloat16));
     NameListing l;
     for (const atoms::ParamInfo& p : plan.params) l.names.push_back(p.fqn);
     l.variables.Set("num_layers", f_.config.layers);
@@ -84,8 +86,8 @@ class HfDriver : public formats::Driver {
     o.implicit_text = "bf16";
     o.help =
         "hf: dequantize FP8 block-scaled weights (quantization_config fp8) "
-        "to bf16 (--dequantize or --dequantize=bf16) or fp32 "
-        "(--dequantize=fp32) while reading, their scales dropped";
+        "while reading, to bf16 (--dequantize, --dequantize bf16) or fp32 "
+        "(--dequantize fp32), their scales dropped";
     return {o};
   }
   // A model folder is one checkpoint (no iterations).
