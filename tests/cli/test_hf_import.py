@@ -742,7 +742,9 @@ def test_fused_experts():
     to-universal of the fused folder equals, atom by atom (h5py, bytes), that of transformers'
     own per-expert save of the same model (negative control: one changed byte differs);
     `export --hf` of it writes the per-expert folder's tensors bit for bit; megatron-core's MoE
-    GPTModel loads the Mixtral's torch_dist (fused source) and gives transformers' logits."""
+    GPTModel loads the Mixtral's torch_dist (fused source) and gives transformers' logits; a
+    config the fused shapes disagree with is one error line naming the tensor (also under
+    ucp_san)."""
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
     for variant in ("mixtral", "qwen3", "qwen2"):
@@ -771,6 +773,18 @@ def test_fused_experts():
             assert_same_tensors(read_safetensors(t / "exp"), per, "export --hf of fused")
             if variant == "mixtral":
                 moe_megatron_load(t / "fused", variant, t)
+            if variant == "qwen3":  # a config the fused shapes disagree with: named
+                c = json.loads((t / "fused" / "config.json").read_text())
+                c["moe_intermediate_size"] += 1
+                (t / "fused" / "config.json").write_text(json.dumps(c))
+                args = ("to-universal", t / "fused", "-o", t / "bad.h5")
+                p = run(*args, expect=3)
+                one_error_line(p, "model.layers.1.mlp.experts.gate_up_proj", "fused form",
+                               f"intermediate size {c['moe_intermediate_size']}")
+                if SAN:  # the sanitized build: the same line, no sanitizer report
+                    q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                    assert q.returncode == 3 and q.stderr == p.stderr, (q.returncode, q.stderr)
+                assert not (t / "bad.h5").exists()
         print(f"{variant} fused: {len(want)} atoms equal the per-expert save's", flush=True)
 
 
