@@ -57,6 +57,13 @@
 // (modeling_llama.py, modeling_mistral.py, modeling_qwen2.py,
 // modeling_qwen3.py; LLaMA's and Qwen3's attention_bias, mlp_bias and
 // hidden_act other than silu are refused).
+// transformers 5's fused experts (FusedExpertParts below) stand for the
+// per-expert tensors of a MoE layer. FP8 block-scaled folders (DeepSeek-V3's,
+// transformers' FineGrainedFP8Config): config.json "quantization_config":
+// {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [br, bc]}, each
+// F8_E4M3 weight W [r, c] beside W_scale_inv float32 [ceil(r / br),
+// ceil(c / bc)] (a multiplier, in any shard): read dequantized
+// (Fp8Dequantized below) or refused.
 // The universal content keeps these names, each tensor in its own dtype
 // (float32: the `fp32` state, else `param`), and the model variables the
 // Megatron layouts and `ucp export --hf` use (README.md).
