@@ -741,7 +741,8 @@ def test_fused_experts():
     mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I], Mixtral's router as mlp.gate):
     to-universal of the fused folder equals, atom by atom (h5py, bytes), that of transformers'
     own per-expert save of the same model (negative control: one changed byte differs);
-    `export --hf` of it writes the per-expert folder's tensors bit for bit; megatron-core's MoE
+    `export --hf` of it writes the per-expert folder's tensors bit for bit (`--hf-experts fused`:
+    the fused folder's); megatron-core's MoE
     GPTModel loads the Mixtral's torch_dist (fused source) and gives transformers' logits; a
     config the fused shapes disagree with is one error line naming the tensor (also under
     ucp_san)."""
@@ -771,6 +772,10 @@ def test_fused_experts():
             assert (want[k][0], bytes(bad)) != got[k]
             run("export", t / "fused.h5", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q")
             assert_same_tensors(read_safetensors(t / "exp"), per, "export --hf of fused")
+            run("export", t / "fused.h5", "-o", t / "exp-fused", "--hf", "--hf-experts", "fused",
+                "--dtype", "bf16", "-q")  # and back to the fused form: the same tensors
+            assert_same_tensors(read_safetensors(t / "exp-fused"), fused,
+                                "export --hf --hf-experts fused of fused")
             if variant == "mixtral":
                 moe_megatron_load(t / "fused", variant, t)
             if variant == "qwen3":  # a config the fused shapes disagree with: named
