@@ -48,7 +48,7 @@ shows).
   300: partial edge blocks; scales in another shard than their weights): refused without
   `--dequantize`; with it the universal file (h5py) and torch's dcp.load of the DCP output equal
   torch's own dequantization bit for bit (a flipped scale byte is seen); megatron-core loads the
-  fp32 dequantized torch_dist and gives transformers' logits on the same weights; a missing
+  fp32 dequantized torch_dist at TP1 (transformers' logits on the same weights) and TP2; a missing
   scale, one of the wrong shape (both also under ucp_san), one without weight, another
   quant_method / fmt: one error line each.
 - Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
@@ -878,8 +878,9 @@ def test_fp8_block_scaled():
     usage error naming the first FP8 weight and --dequantize; with it the universal file's
     atoms (h5py) and torch's dcp.load of the DCP target equal torch's own dequantization bit
     for bit (bf16; negative control: a flipped scale byte is seen); with --dequantize=fp32
-    megatron-core loads the torch_dist output (every shard equal to the fused reference) and
-    its forward gives transformers' logits on the same dequantized weights. A missing scale,
+    megatron-core loads the torch_dist output at TP1 and TP2 (every shard equal to the fused
+    reference) and at TP1 its forward gives transformers' logits on the same dequantized
+    weights. A missing scale,
     a scale of the wrong shape, a scale without weight, another quant_method or fmt: one
     error line naming them, nothing written (the first two also under ucp_san)."""
     mtd.preload()
@@ -939,6 +940,10 @@ def test_fp8_block_scaled():
         run("convert", src, "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize", "fp32", "-q")
         megatron_load(t / "td", "fp8", 1, 1, megatron_reference(w32, "fp8", 1), tokens, logits)
+        # at TP2 (o_proj / down_proj cut by columns: reads of parts of rows)
+        run("convert", src, "-o", t / "td2", "--format", "megatron-torch-dist", "--tp", 2,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize", "fp32", "-q")
+        megatron_load(t / "td2", "fp8", 2, 1, megatron_reference(w32, "fp8", 2))
 
         # malformed
         index = json.loads((src / "model.safetensors.index.json").read_text())
