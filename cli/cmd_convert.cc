@@ -231,6 +231,12 @@ void DriverOptionArgs::Add(po::options_description& desc, bool target,
     for (const std::string& h : m.helps) help += (help.empty() ? "" : "; ") + h;
     if (e.type == formats::OptionSpec::Type::kFlag) {
       desc.add_options()(e.flag.c_str(), po::bool_switch(), help.c_str());
+    } else if (!m.spec.implicit_text.empty()) {  // --name or --name=TEXT
+      desc.add_options()(e.flag.c_str(),
+                         po::value<std::string>()
+                             ->implicit_value(m.spec.implicit_text)
+                             ->value_name("TEXT"),
+                         help.c_str());
     } else {
       desc.add_options()(
           e.flag.c_str(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <thread>
@@ -76,7 +77,29 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   }
   po::options_description all;
   all.add(desc).add(hidden);
-  po::store(po::command_line_parser(args).options(all).positional(pos).run(),
+  // An option with an optional value (`--dequantize [bf16|fp32]`, an implicit
+  // value) takes the next word as its value unless it names an existing path
+  // (the source then: `--dequantize SRC`); such an option is moved to the end
+  // of the words, where it takes none.
+  std::vector<std::string> words, implicit;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const po::option_description* o =
+        a.starts_with("--") && a.find('=') == std::string::npos
+            ? all.find_nothrow(a.substr(2), false)
+            : nullptr;
+    std::error_code ec;
+    if (o != nullptr && o->semantic()->min_tokens() == 0 &&
+        o->semantic()->max_tokens() == 1 &&
+        (i + 1 == args.size() || args[i + 1].starts_with("-") ||
+         std::filesystem::exists(args[i + 1], ec))) {
+      implicit.push_back(a);
+    } else {
+      words.push_back(a);
+    }
+  }
+  words.insert(words.end(), implicit.begin(), implicit.end());
+  po::store(po::command_line_parser(words).options(all).positional(pos).run(),
             vm);
   if (vm.count("help")) {
     std::cout << desc << "\n";

@@ -29,6 +29,11 @@ struct OptionSpec {
   /// `-<abbrev>` for a flag or `-<abbrev><value>` for a value).
   bool layout = false;
   std::string abbrev;
+  /// A string option's value when it is given without one (`--dequantize`
+  /// alone: "bf16"); "" when a value is required. The next word is its
+  /// value unless it is an option or names an existing path (`--dequantize
+  /// fp32`, `--dequantize=fp32`; `--dequantize SRC` takes none).
+  std::string implicit_text;
   /// Allowed range of an integer option (inclusive).
   int64_t min = INT64_MIN;
   int64_t max = INT64_MAX;

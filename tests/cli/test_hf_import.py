@@ -40,6 +40,17 @@ shows).
   Qwen2MoeForCausalLM (layer 0 dense, a gated shared expert) (bf16, per-expert names): megatron-core's MoE GPTModel loads the torch_dist output at EP 1 and gives
   transformers' logits; EP 2 and back gives the tensors bit for bit.
   A bf16 MistralForCausalLM comes back bit for bit.
+- transformers 5's fused experts (`save_original_format=False`: mlp.experts.gate_up_proj /
+  down_proj) of the same three MoE models: the universal file equal, atom by atom (h5py), to
+  that of transformers' per-expert save; `export --hf` writes the per-expert tensors; the fused
+  Mixtral's torch_dist loaded by megatron-core, transformers' logits.
+- An FP8 block-scaled LLaMA quantized here with the published block scheme (hidden 200 and ffn
+  300: partial edge blocks; scales in another shard than their weights): refused without
+  `--dequantize`; with it the universal file (h5py) and torch's dcp.load of the DCP output equal
+  torch's own dequantization bit for bit (a flipped scale byte is seen); megatron-core loads the
+  fp32 dequantized torch_dist at TP1 (transformers' logits on the same weights) and TP2; a missing
+  scale, one of the wrong shape (both also under ucp_san), one without weight, another
+  quant_method / fmt: one error line each.
 - Malformed folders: an index naming a missing shard, a shard tensor the index does not name, a
   header cut short, a config that disagrees with the shapes, an unknown architecture, a tensor
   with no place, a tied model's saved lm_head that differs from the embedding: one error line
@@ -84,6 +95,11 @@ MODELS = {
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   intermediate_size=40, vocab_size=120, tie_word_embeddings=False,
                   rms_norm_eps=1e-6, max_position_embeddings=64, rope_theta=1000000.0),
+    # FP8 block-scaled copy (test_fp8_block_scaled): sizes that leave partial 128 x 128 blocks
+    "fp8": dict(arch="LlamaForCausalLM", hidden_size=200, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, intermediate_size=300,
+                vocab_size=100, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                max_position_embeddings=64, rope_theta=10000.0),
 }
 
 
@@ -563,16 +579,10 @@ def moe_rank(rank, world, port, a):
         sys.exit(1)
 
 
-def check_moe(variant):
-    """A transformers MoE model (bf16, per-expert names, sharded) of moe_hf_oracle's sizes: to
-    torch_dist under Megatron-core's names (router, each expert's gate / up as [gate; up], down
-    as fc2) at EP 1, which megatron-core's MoE GPTModel of that variant loads with every key and
-    whose fp32 forward gives transformers' logits within 1e-5; at EP 2 x DP 2 and back with
-    `ucp export --hf`, transformers' tensors bit for bit."""
+def moe_config(variant):
+    """(architecture, transformers config) of a MoE `variant` of moe_hf_oracle's sizes."""
     import transformers
     import make_moe_torch_dist as mm
-    mtd.preload()
-    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
     size = mm.SIZE
     common = dict(hidden_size=size["hidden"], num_hidden_layers=size["layers"],
                   num_attention_heads=size["heads"], num_key_value_heads=size["groups"],
@@ -595,31 +605,61 @@ def check_moe(variant):
             head_dim=size["hidden"] // size["heads"], intermediate_size=size["ffn"],
             moe_intermediate_size=size["moe_ffn"], num_experts=size["experts"],
             mlp_only_layers=[0], norm_topk_prob=True, **common)
+    return arch, cfg
+
+
+def moe_model(variant):
+    """A random transformers MoE model of `variant` (moe_config), bf16."""
+    import transformers
+    arch, cfg = moe_config(variant)
+    torch.manual_seed(4)
+    model = getattr(transformers, arch)(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            norm = name.endswith("norm.weight")
+            p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
+    return arch, model.to(torch.bfloat16)
+
+
+def moe_megatron_load(folder, variant, t):
+    """megatron-core's MoE GPTModel of `variant` loads ucp's torch_dist (EP 1) of the HF
+    `folder` with every key; its fp32 forward gives transformers' logits within 1e-5."""
+    import transformers
+    import make_moe_torch_dist as mm
+    arch, _ = moe_config(variant)
+    model = getattr(transformers, arch).from_pretrained(str(folder), dtype=torch.float32)
+    tokens = torch.randint(0, mm.VOCAB, TOKENS, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = model.eval()(tokens).logits
+    run("convert", folder, "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+        "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
+    a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits, variant=variant,
+                           report=str(t / "verdicts"))
+    ctx = mp.start_processes(moe_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
+                             start_method="fork")
+    ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, f"hf import {variant}")
+    v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
+        if (t / "verdicts").exists() else []
+    assert ok and len(v) == 1 and v[0]["ok"] and v[0]["control_logits"], v
+    assert v[0]["logits"] >= MIN_VALUES, v
+    print(f"{variant} ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+
+
+def check_moe(variant):
+    """A transformers MoE model (bf16, per-expert names, sharded) of moe_hf_oracle's sizes: to
+    torch_dist under Megatron-core's names (router, each expert's gate / up as [gate; up], down
+    as fc2) at EP 1, which megatron-core's MoE GPTModel of that variant loads with every key and
+    whose fp32 forward gives transformers' logits within 1e-5; at EP 2 x DP 2 and back with
+    `ucp export --hf`, transformers' tensors bit for bit."""
+    import make_moe_torch_dist as mm
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    size = mm.SIZE
     with Tmp(f"ucp-hf-{variant}-") as t:
-        torch.manual_seed(4)
-        model = getattr(transformers, arch)(cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                norm = name.endswith("norm.weight")
-                p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
-        model.to(torch.bfloat16).save_pretrained(t / "hf", max_shard_size="20KB")
+        arch, model = moe_model(variant)
+        model.save_pretrained(t / "hf", max_shard_size="20KB")
         want = read_safetensors(t / "hf")
-        model = getattr(transformers, arch).from_pretrained(str(t / "hf"), dtype=torch.float32)
-        tokens = torch.randint(0, mm.VOCAB, TOKENS, generator=torch.Generator().manual_seed(5))
-        with torch.no_grad():
-            logits = model.eval()(tokens).logits
-        run("convert", t / "hf", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
-            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
-        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits, variant=variant,
-                               report=str(t / "verdicts"))
-        ctx = mp.start_processes(moe_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
-                                 start_method="fork")
-        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, f"hf import {variant}")
-        v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
-            if (t / "verdicts").exists() else []
-        assert ok and len(v) == 1 and v[0]["ok"] and v[0]["control_logits"], v
-        assert v[0]["logits"] >= MIN_VALUES, v
-        print(f"{variant} ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+        moe_megatron_load(t / "hf", variant, t)
         run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
             "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
         common = torch.load(t / "ep2" / "release" / "common.pt", weights_only=False)
@@ -673,6 +713,306 @@ def test_mistral():
         run("to-universal", t / "hf", "-o", t / "u.h5", "-q")
         run("export", t / "u.h5", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q")
         assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of Mistral")
+
+
+def h5_atoms(h5):
+    """{(param, state kind): raw bytes} of a universal file (h5py)."""
+    import h5py
+    import numpy as np
+    out = {}
+    with h5py.File(h5, "r") as f:
+        for name, g in f["params"].items():
+            for kind, d in g.items():
+                if isinstance(d, h5py.Dataset):
+                    out[(name, kind)] = (d.shape, np.ascontiguousarray(d[()]).tobytes())
+    return out
+
+
+def raw(t):
+    """A tensor's bytes (bf16 as its bit patterns)."""
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def test_fused_experts():
+    """transformers 5's fused experts (save_pretrained(..., save_original_format=False):
+    mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I], Mixtral's router as mlp.gate):
+    to-universal of the fused folder equals, atom by atom (h5py, bytes), that of transformers'
+    own per-expert save of the same model (negative control: one changed byte differs);
+    `export --hf` of it writes the per-expert folder's tensors bit for bit (`--hf-experts fused`:
+    the fused folder's); megatron-core's MoE
+    GPTModel loads the Mixtral's torch_dist (fused source) and gives transformers' logits; a
+    config the fused shapes disagree with is one error line naming the tensor (also under
+    ucp_san)."""
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    for variant in ("mixtral", "qwen3", "qwen2"):
+        with Tmp(f"ucp-hf-fused-{variant}-") as t:
+            _, model = moe_model(variant)
+            model.save_pretrained(t / "per", max_shard_size="20KB")
+            model.save_pretrained(t / "fused", max_shard_size="20KB",
+                                  save_original_format=False)
+            fused = read_safetensors(t / "fused")
+            assert any(k.endswith("mlp.experts.gate_up_proj") for k in fused), sorted(fused)
+            assert not any(".experts.0." in k for k in fused), sorted(fused)
+            per = read_safetensors(t / "per")
+            assert any(".experts.0." in k for k in per), sorted(per)
+            run("to-universal", t / "per", "-o", t / "per.h5", "-q")
+            run("to-universal", t / "fused", "-o", t / "fused.h5", "-q")
+            want, got = h5_atoms(t / "per.h5"), h5_atoms(t / "fused.h5")
+            assert sorted(want) == sorted(got), sorted(set(want) ^ set(got))[:10]
+            assert len(want) == len(per), (len(want), len(per))
+            assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+            assert sum(len(v[1]) for v in want.values()) // 2 >= MIN_VALUES
+            k = next(k for k in want if ".experts.3." in k[0] and ("up_proj" in k[0] or "w3" in k[0]))
+            bad = bytearray(want[k][1])
+            bad[5] ^= 1  # negative control
+            assert (want[k][0], bytes(bad)) != got[k]
+            run("export", t / "fused.h5", "-o", t / "exp", "--hf", "--dtype", "bf16", "-q")
+            assert_same_tensors(read_safetensors(t / "exp"), per, "export --hf of fused")
+            run("export", t / "fused.h5", "-o", t / "exp-fused", "--hf", "--hf-experts", "fused",
+                "--dtype", "bf16", "-q")  # and back to the fused form: the same tensors
+            assert_same_tensors(read_safetensors(t / "exp-fused"), fused,
+                                "export --hf --hf-experts fused of fused")
+            if variant == "mixtral":
+                moe_megatron_load(t / "fused", variant, t)
+            if variant == "qwen3":  # a config the fused shapes disagree with: named
+                c = json.loads((t / "fused" / "config.json").read_text())
+                c["moe_intermediate_size"] += 1
+                (t / "fused" / "config.json").write_text(json.dumps(c))
+                args = ("to-universal", t / "fused", "-o", t / "bad.h5")
+                p = run(*args, expect=3)
+                one_error_line(p, "model.layers.1.mlp.experts.gate_up_proj", "fused form",
+                               f"intermediate size {c['moe_intermediate_size']}")
+                if SAN:  # the sanitized build: the same line, no sanitizer report
+                    q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                    assert q.returncode == 3 and q.stderr == p.stderr, (q.returncode, q.stderr)
+                assert not (t / "bad.h5").exists()
+        print(f"{variant} fused: {len(want)} atoms equal the per-expert save's", flush=True)
+
+
+FP8_BLOCK = 128
+
+
+def fp8_quantize(w):
+    """The published block scheme (DeepSeek-V3, transformers' FineGrainedFP8): per 128 x 128
+    block (the edge blocks partial) scale = amax / 448, fp8 = (w / scale) as float8_e4m3fn,
+    weight_scale_inv = scale (a multiplier); returns (fp8, scale)."""
+    r, c = w.shape
+    br, bc = -(-r // FP8_BLOCK), -(-c // FP8_BLOCK)
+    scale = torch.empty(br, bc, dtype=torch.float32)
+    q = torch.empty(r, c, dtype=torch.float8_e4m3fn)
+    for i in range(br):
+        for j in range(bc):
+            blk = w[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK].float()
+            s = blk.abs().max() / 448.0
+            scale[i, j] = s
+            q[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK] = \
+                (blk / s).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_dequantize(q, scale, dtype):
+    """(fp8.float() * scale expanded over the blocks).to(dtype), by torch."""
+    r, c = q.shape
+    full = scale.repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)[:r, :c]
+    return (q.float() * full).to(dtype)
+
+
+def make_fp8(out):
+    """A random float32 LLaMA (MODELS["fp8"]) whose linear weights of the layers are quantized
+    by fp8_quantize, saved with safetensors in two shards (layer 0's scales in the other shard
+    than their weights) and an index, config.json with quantization_config; returns
+    ({name: tensor} saved, {"bf16" / "fp32": the dequantized state dict}, transformers' config)."""
+    import transformers
+    spec = dict(MODELS["fp8"])
+    spec.pop("arch")
+    theta = spec.pop("rope_theta")
+    cfg = transformers.LlamaConfig(**spec, rope_parameters={"rope_type": "default",
+                                                            "rope_theta": theta})
+    torch.manual_seed(7)
+    model = transformers.LlamaForCausalLM(cfg).float()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            norm = n.endswith("norm.weight")
+            p.copy_(torch.randn_like(p) * (0.3 if norm else 0.1) + (1.0 if norm else 0.0))
+    saved, deq = {}, {"bf16": {}, "fp32": {}}
+    for n, v in model.state_dict().items():
+        if n.startswith("model.layers.") and n.endswith("_proj.weight"):
+            q, s = fp8_quantize(v)
+            saved[n], saved[n + "_scale_inv"] = q, s
+            for d, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+                deq[d][n] = fp8_dequantize(q, s, dt)
+        else:
+            saved[n] = v.clone()
+            deq["bf16"][n] = deq["fp32"][n] = v.clone()
+    from safetensors.torch import save_file
+    out.mkdir()
+    shards = ({}, {})
+    for n, v in saved.items():
+        other = n.startswith("model.layers.0.") and n.endswith("_scale_inv")
+        shards[1 if other or n.startswith("model.layers.1.") else 0][n] = v
+    weight_map = {}
+    for i, sh in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file(sh, str(out / name), metadata={"format": "pt"})
+        weight_map.update({n: name for n in sh})
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    c = cfg.to_dict()
+    c["architectures"] = ["LlamaForCausalLM"]
+    c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                "activation_scheme": "dynamic",
+                                "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+    (out / "config.json").write_text(json.dumps(c))
+    assert weight_map["model.layers.0.self_attn.q_proj.weight"] != \
+        weight_map["model.layers.0.self_attn.q_proj.weight_scale_inv"]
+    return saved, deq, cfg
+
+
+def test_fp8_block_scaled():
+    """An FP8 block-scaled LLaMA (make_fp8: hidden 200 and ffn 300, so edge blocks are partial;
+    scales in another shard than their weights): without --dequantize every target is one
+    usage error naming the first FP8 weight and --dequantize; with it the universal file's
+    atoms (h5py) and torch's dcp.load of the DCP target equal torch's own dequantization bit
+    for bit (bf16; negative control: a flipped scale byte is seen); with --dequantize=fp32
+    megatron-core loads the torch_dist output at TP1 and TP2 (every shard equal to the fused
+    reference) and at TP1 its forward gives transformers' logits on the same dequantized
+    weights. A missing scale,
+    a scale of the wrong shape, a scale without weight, another quant_method or fmt: one
+    error line naming them, nothing written (the first two also under ucp_san)."""
+    mtd.preload()
+    import transformers
+    with Tmp("ucp-hf-fp8-") as t:
+        src = t / "hf"
+        saved, deq, cfg = make_fp8(src)
+        first = "model.layers.0.self_attn.q_proj.weight"
+        for args in (("to-universal", src, "-o", t / "no.h5"),
+                     ("convert", src, "-o", t / "no", "--format", "megatron-torch-dist",
+                      "--tp", 1, "--pp", 1, "--dp", 1, "--names", "mcore-llama"),
+                     ("convert", src, "-o", t / "no", "--format", "dcp", "--dp", 1)):
+            p = run(*args, expect=2)
+            one_error_line(p, first, "FP8", "--dequantize")
+            assert not (t / "no.h5").exists() and not (t / "no").exists()
+        # the universal file: torch's dequantization, bit for bit
+        run("to-universal", "--dequantize", src, "-o", t / "u.h5", "-q")  # (bf16: SRC follows)
+        got = h5_atoms(t / "u.h5")
+        want = deq["bf16"]
+        assert len(got) == len(want), (len(got), len(want))
+        n = 0
+        for k, v in want.items():
+            kind = "fp32" if v.dtype == torch.float32 else "param"
+            assert got[(k, kind)] == (tuple(v.shape), raw(v)), k
+            n += v.numel() if v.dtype == torch.bfloat16 else 0
+        assert n >= MIN_VALUES, n
+        with h5py_attrs(t / "u.h5") as rec:  # the record keeps no quantization_config
+            assert "quantization_config" not in rec and "num_hidden_layers" in rec, rec
+            assert '"dequantized":"bfloat16"' in rec.replace(" ", ""), rec
+        assert "quantization_config" in (src / "config.json").read_text()
+        # negative control: a flipped byte of one scale (of a partial edge block) is seen
+        bad = t / "bad"
+        shutil.copytree(src, bad)
+        from safetensors.torch import load_file, save_file
+        name = "model.layers.0.mlp.down_proj.weight_scale_inv"
+        shard = json.loads((bad / "model.safetensors.index.json").read_text())["weight_map"][name]
+        tensors = load_file(str(bad / shard))
+        tensors[name].view(torch.int32)[1, 2] ^= 1 << 20  # (its third byte)
+        save_file(tensors, str(bad / shard), metadata={"format": "pt"})
+        run("to-universal", bad, "-o", t / "bad.h5", "--dequantize=bf16", "-q")
+        moved = h5_atoms(t / "bad.h5")
+        differ = [k for k in got if got[k] != moved[k]]
+        assert differ == [(name[:-len("_scale_inv")], "param")], differ
+        # DCP (transformers' names, bf16): torch's dcp.load
+        run("convert", src, "-o", t / "dcp", "--format", "dcp", "--dp", 2, "--dequantize", "-q")
+        import torch.distributed.checkpoint as dcp
+        state = {"model": {k: torch.empty_like(v) for k, v in want.items()}}
+        dcp.load(state, checkpoint_id=str(t / "dcp"))
+        assert_same_tensors(state["model"], want, "dcp.load of the dequantized model")
+        # megatron-core on fp32 dequantized weights: transformers' logits on the same weights
+        w32 = deq["fp32"]
+        model = transformers.LlamaForCausalLM(cfg)
+        model.load_state_dict(w32, strict=True)
+        tokens = torch.randint(0, 100, TOKENS, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits = model.float().eval()(tokens).logits
+        run("convert", src, "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize", "fp32", "-q")
+        megatron_load(t / "td", "fp8", 1, 1, megatron_reference(w32, "fp8", 1), tokens, logits)
+        # at TP2 (o_proj / down_proj cut by columns: reads of parts of rows)
+        run("convert", src, "-o", t / "td2", "--format", "megatron-torch-dist", "--tp", 2,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize", "fp32", "-q")
+        megatron_load(t / "td2", "fp8", 2, 1, megatron_reference(w32, "fp8", 2))
+
+        # malformed
+        index = json.loads((src / "model.safetensors.index.json").read_text())
+
+        def damaged(tag, tensors=None, config=None):
+            d = t / tag
+            shutil.copytree(src, d)
+            if tensors:
+                by_shard = {}
+                for k, sh in index["weight_map"].items():
+                    by_shard.setdefault(sh, {})[k] = saved[k]
+                wm = dict(index["weight_map"])
+                for k, v in tensors.items():
+                    sh = wm.get(k, sorted(by_shard)[0])
+                    if v is None:
+                        del by_shard[sh][k], wm[k]
+                    else:
+                        by_shard[sh][k] = v
+                        wm[k] = sh
+                for sh, ts in by_shard.items():
+                    save_file(ts, str(d / sh), metadata={"format": "pt"})
+                (d / "model.safetensors.index.json").write_text(
+                    json.dumps({"metadata": {}, "weight_map": wm}))
+            if config:
+                c = json.loads((d / "config.json").read_text())
+                c["quantization_config"].update(config)
+                (d / "config.json").write_text(json.dumps(c))
+            return d
+
+        def refused(d, code, *needles, san=False):
+            out = t / f"out-{d.name}"
+            args = ("convert", d, "-o", out, "--format", "megatron-torch-dist", "--tp", 1,
+                    "--pp", 1, "--dp", 1, "--names", "mcore-llama", "--dequantize")
+            p = run(*args, expect=code)
+            one_error_line(p, *needles)
+            if SAN and san:  # the sanitized build: the same line, no sanitizer report
+                q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                assert q.returncode == code and q.stderr == p.stderr, (q.returncode, q.stderr)
+            assert not out.exists(), out
+
+        w = "model.layers.1.mlp.up_proj.weight"
+        refused(damaged("noscale", {w + "_scale_inv": None}), 3, w, w + "_scale_inv",
+                san=True)
+        refused(damaged("badscale", {w + "_scale_inv": torch.ones(2, 2)}), 3,
+                w + "_scale_inv", "[2, 2]", "[300, 200]", "makes it a float32 [3, 2]", san=True)
+        refused(damaged("orphan", {"model.norm.weight_scale_inv": torch.ones(1, 1)}), 3,
+                "model.norm.weight_scale_inv", "without its FP8 weight")
+        refused(damaged("method", config={"quant_method": "bitsandbytes"}), 2,
+                "config.json", "quant_method", "bitsandbytes")
+        refused(damaged("fmt", config={"fmt": "e5m2"}), 2, "config.json", "fmt", "e5m2")
+
+
+@contextlib.contextmanager
+def h5py_attrs(h5):
+    """config.json as the universal file's `hf` record keeps it."""
+    import h5py
+    with h5py.File(h5, "r") as f:
+        found = []
+
+        def visit(name, obj):
+            for k, v in obj.attrs.items():
+                if isinstance(v, (bytes, str)) and "num_hidden_layers" in str(v):
+                    found.append(str(v if isinstance(v, str) else v.decode()))
+        f.visititems(visit)
+        for k, v in f.attrs.items():
+            if isinstance(v, (bytes, str)) and "num_hidden_layers" in str(v):
+                found.append(str(v if isinstance(v, str) else v.decode()))
+        assert found, "no hf record"
+        yield "\n".join(found)
 
 
 def test_malformed_folders():

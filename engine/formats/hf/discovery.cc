@@ -207,7 +207,44 @@ class ConfigReader {
         Refuse("attention_bias true", c.architecture);
     }
     if (Bool("mlp_bias", false)) Refuse("mlp_bias true", c.architecture);
+    ReadQuantization(c);
     return c;
+  }
+
+  // quantization_config: FP8 block-scaled weights (DeepSeek-V3's and
+  // transformers' FineGrainedFP8Config: quant_method "fp8", fmt "e4m3",
+  // weight_block_size [rows, cols]); any other quantization is named.
+  void ReadQuantization(ModelConfig& c) const {
+    const json::Value* q = j_.Find("quantization_config");
+    if (q == nullptr || q->is_null()) return;
+    const std::string at = where_ + " > quantization_config";
+    if (!q->is_object()) throw FormatError(at, ": not an object");
+    const json::Value* method = q->Find("quant_method");
+    if (method == nullptr || !method->is_string() ||
+        method->AsString() != "fp8") {
+      throw UsageError(at, ": quant_method ",
+                       method == nullptr ? "absent" : method->Dump(),
+                       " is not one ucp reads (it reads \"fp8\": FP8 "
+                       "block-scaled weights)");
+    }
+    if (const json::Value* fmt = q->Find("fmt");
+        fmt != nullptr && (!fmt->is_string() || fmt->AsString() != "e4m3")) {
+      throw UsageError(at, ": fmt ", fmt->Dump(),
+                       " is not one ucp reads (it reads \"e4m3\")");
+    }
+    const json::Value* block = q->Find("weight_block_size");
+    if (block == nullptr || !block->is_array() || block->size() != 2 ||
+        !block->items()[0].is_int() || !block->items()[1].is_int() ||
+        block->items()[0].AsInt() < 1 || block->items()[1].AsInt() < 1 ||
+        block->items()[0].AsInt() > kMaxSetting ||
+        block->items()[1].AsInt() > kMaxSetting) {
+      throw UsageError(at, ": weight_block_size ",
+                       block == nullptr ? "absent" : block->Dump(),
+                       " is not [rows, columns] of positive integers (ucp "
+                       "reads block-scaled FP8 only)");
+    }
+    c.fp8_block_rows = block->items()[0].AsInt();
+    c.fp8_block_cols = block->items()[1].AsInt();
   }
 
  private:

@@ -11,9 +11,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr const char* kDequantizeOption = "dequantize";
+
 class HfSource : public formats::Source {
  public:
-  explicit HfSource(Folder f) : f_(std::move(f)) {
+  HfSource(Folder f, std::optional<DType> dequantize)
+      : f_(std::move(f)), dequantize_(dequantize) {
     info_.format = "hf";
     info_.dir = f_.dir;
     info_.path = f_.dir;
@@ -29,7 +32,9 @@ class HfSource : public formats::Source {
   const formats::CheckpointInfo& info() const noexcept override {
     return info_;
   }
-  universal::SourcePlan Plan() const override { return PlanSource(f_); }
+  universal::SourcePlan Plan() const override {
+    return PlanSource(f_, dequantize_);
+  }
   // from_pretrained loads a model folder whatever the parallel layout.
   bool Fits(const formats::TargetOptions&) const override { return true; }
   json::Value Inventory() const override { return hf::Inventory(f_); }
@@ -37,11 +42,12 @@ class HfSource : public formats::Source {
   // they are the architecture's (a missing tensor, one with no place or a
   // shape config.json disagrees with: what Plan throws).
   NameListing ListNames() const override {
-    (void)PlanSource(f_);
+    // (the universal names: fused experts per expert, FP8 scales left out,
+    // whatever dtype FP8 weights would be dequantized to)
+    const universal::SourcePlan plan =
+        PlanSource(f_, dequantize_.value_or(DType::kBFloat16));
     NameListing l;
-    for (const WeightFile& w : f_.files)
-      for (const formats::SafetensorsTensor& t : w.tensors)
-        l.names.push_back(t.name);
+    for (const atoms::ParamInfo& p : plan.params) l.names.push_back(p.fqn);
     l.variables.Set("num_layers", f_.config.layers);
     l.variables.Set("vocab_size", f_.config.vocab);
     l.variables.Set("tied", f_.config.tied ? 1 : 0);
@@ -52,6 +58,7 @@ class HfSource : public formats::Source {
 
  private:
   Folder f_;
+  std::optional<DType> dequantize_;
   formats::CheckpointInfo info_;
 };
 
@@ -72,6 +79,17 @@ class HfDriver : public formats::Driver {
     return LooksLikeFolder(path) ? formats::Confidence::kYes
                                  : formats::Confidence::kNo;
   }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    formats::OptionSpec o;
+    o.name = kDequantizeOption;
+    o.type = formats::OptionSpec::Type::kString;
+    o.implicit_text = "bf16";
+    o.help =
+        "hf: dequantize FP8 block-scaled weights (quantization_config fp8) "
+        "while reading, to bf16 (--dequantize, --dequantize bf16) or fp32 "
+        "(--dequantize fp32), their scales dropped";
+    return {o};
+  }
   // A model folder is one checkpoint (no iterations).
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
       const fs::path& dir) const override {
@@ -91,7 +109,18 @@ class HfDriver : public formats::Driver {
                         ": not a folder (a transformers model folder holds "
                         "config.json and model.safetensors)");
     }
-    return std::make_unique<HfSource>(OpenFolder(path));
+    std::optional<DType> dequantize;
+    if (const std::optional<std::string> d =
+            options.values.String(kDequantizeOption)) {
+      if (*d == "bf16") {
+        dequantize = DType::kBFloat16;
+      } else if (*d == "fp32") {
+        dequantize = DType::kFloat32;
+      } else {
+        throw UsageError("--dequantize ", *d, ": expected bf16 or fp32");
+      }
+    }
+    return std::make_unique<HfSource>(OpenFolder(path), dequantize);
   }
 };
 

@@ -57,13 +57,24 @@
 // (modeling_llama.py, modeling_mistral.py, modeling_qwen2.py,
 // modeling_qwen3.py; LLaMA's and Qwen3's attention_bias, mlp_bias and
 // hidden_act other than silu are refused).
+// transformers 5's fused experts (FusedExpertParts below) stand for the
+// per-expert tensors of a MoE layer. FP8 block-scaled folders (DeepSeek-V3's,
+// transformers' FineGrainedFP8Config): config.json "quantization_config":
+// {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [br, bc]}, each
+// F8_E4M3 weight W [r, c] beside W_scale_inv float32 [ceil(r / br),
+// ceil(c / bc)] (a multiplier, in any shard): read dequantized
+// (Fp8Dequantized below) or refused.
 // The universal content keeps these names, each tensor in its own dtype
 // (float32: the `fp32` state, else `param`), and the model variables the
 // Megatron layouts and `ucp export --hf` use (README.md).
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -102,6 +113,10 @@ struct ModelConfig {
   std::vector<bool> moe_layer;  // per layer: a sparse MoE block
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  // quantization_config {"quant_method": "fp8", "fmt": "e4m3",
+  // "weight_block_size": [rows, cols]}: the F8_E4M3 weights' scale blocks
+  // (0: not quantized).
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   json::Value json;  // config.json as read
 };
 
@@ -127,8 +142,63 @@ Folder OpenFolder(const std::filesystem::path& dir);
 /// The universal content: every tensor a fragment of its atom, in the
 /// model's module order. Throws UsageError naming the file and tensor for a
 /// tensor with no place in the architecture; FormatError for a missing
-/// tensor or a shape or dtype the config disagrees with.
-universal::SourcePlan PlanSource(const Folder& folder);
+/// tensor or a shape or dtype the config disagrees with. `dequantize`: the
+/// dtype FP8 block-scaled weights are dequantized to (bf16 or float32);
+/// absent, the first FP8 weight is a UsageError naming it and --dequantize.
+universal::SourcePlan PlanSource(
+    const Folder& folder, std::optional<DType> dequantize = std::nullopt);
+
+/// transformers 5's fused experts (`save_pretrained(...,
+/// save_original_format=False)`, modeling_mixtral.py MixtralExperts and the
+/// Qwen MoE models' alike): a MoE layer i saved as
+///   model.layers.i.mlp.experts.gate_up_proj [E, 2I', H] (expert j's gate
+///       rows, then its up rows: gate_up_proj[j] is the [gate; up] linear)
+///   model.layers.i.mlp.experts.down_proj    [E, H, I']
+/// and Mixtral's router as model.layers.i.mlp.gate.weight. Told apart from
+/// the per-expert names by these names and shapes; the universal content is
+/// the per-expert form's (ExpectedTensors' names).
+struct StoredPart {
+  std::string stored;  // the tensor saved
+  int64_t at = 0;      // the element the part's rows start at
+};
+/// {per-expert name: its part} for every layer saved fused. `shape_of`
+/// gives a saved tensor's shape (nullptr: not saved); `where` names it for
+/// messages. Throws FormatError naming the tensor for a fused tensor of
+/// another shape or without its partner.
+std::map<std::string, StoredPart> FusedExpertParts(
+    const ModelConfig& config,
+    const std::function<const Shape*(const std::string&)>& shape_of,
+    const std::function<std::string(const std::string&)>& where);
+
+/// The bytes of FP8 block-scaled weights dequantized while read: each weight
+/// w (F8_E4M3 [rows, cols]) with its scale s (float32 [ceil(rows / br),
+/// ceil(cols / bc)], a multiplier, possibly in another file) appears as
+/// (float(w[r, c]) * s[r / br, c / bc]) rounded to the output dtype (bf16
+/// to nearest even, as torch's .to(torch.bfloat16); or float32), laid out
+/// one after another; a read computes only the elements it asks for (the
+/// weight's bytes and the scale rows they need, nothing kept).
+class Fp8Dequantized : public reshape::ByteSource {
+ public:
+  Fp8Dequantized(DType out, int64_t block_rows, int64_t block_cols);
+  ~Fp8Dequantized() override;
+  /// Adds a weight; returns the byte offset of its dequantized elements.
+  uint64_t Add(const std::filesystem::path& weight_file, uint64_t weight_at,
+               int64_t rows, int64_t cols,
+               const std::filesystem::path& scale_file, uint64_t scale_at);
+  void Read(uint64_t offset, std::span<std::byte> dst) const override;
+  std::string Describe() const override;
+
+ private:
+  struct Weight;
+  struct Files;
+  void ReadWeight(const Weight& w, int64_t first, int64_t count,
+                  std::byte* dst) const;
+  DType out_;
+  int64_t block_rows_, block_cols_;
+  std::vector<Weight> weights_;
+  std::unique_ptr<Files> files_;
+  uint64_t end_ = 0;
+};
 
 /// What `ucp inspect` shows: every tensor with dtype, shape and file.
 json::Value Inventory(const Folder& folder);

@@ -125,7 +125,8 @@ struct Located {
 
 }  // namespace
 
-universal::SourcePlan PlanSource(const Folder& folder) {
+universal::SourcePlan PlanSource(const Folder& folder,
+                                 std::optional<DType> dequantize) {
   const ModelConfig& c = folder.config;
   universal::SourcePlan plan;
   formats::SourceTable torch_sources(plan);
@@ -169,12 +170,30 @@ universal::SourcePlan PlanSource(const Folder& folder) {
     fr.atom_box = Box::Whole(t.shape);
     return fr;
   };
+  // transformers 5's fused experts: per-expert names as parts of them.
+  const std::map<std::string, StoredPart> fused = FusedExpertParts(
+      c,
+      [&](const std::string& name) -> const Shape* {
+        auto it = by_name.find(name);
+        return it == by_name.end() ? nullptr : &it->second.tensor->shape;
+      },
+      [&](const std::string& name) { return where(by_name.at(name)); });
+  // FP8 block-scaled weights, dequantized while read (one byte source).
+  Fp8Dequantized* fp8 = nullptr;
+  uint32_t fp8_source = 0;
   std::map<std::string, bool> used;
   std::string dtype;
   int64_t order = 0;
   std::vector<std::string> param_order;
   for (const Expected& e : ExpectedTensors(c)) {
     auto it = by_name.find(e.name);
+    const StoredPart* part = nullptr;
+    if (it == by_name.end()) {
+      if (auto p = fused.find(e.name); p != fused.end()) {
+        part = &p->second;
+        it = by_name.find(part->stored);
+      }
+    }
     if (it == by_name.end()) {
       throw FormatError(folder.dir.string(), ": no tensor ", e.name, " (a ",
                         c.architecture, " of ", c.layers,
@@ -182,27 +201,91 @@ universal::SourcePlan PlanSource(const Folder& folder) {
                         by_name.size(), " tensors");
     }
     const formats::SafetensorsTensor& t = *it->second.tensor;
-    if (t.shape != e.shape) {
+    // (a fused tensor's shape is checked by FusedExpertParts)
+    if (t.shape != e.shape && (part == nullptr || t.shape.size() == 2)) {
       throw FormatError(where(it->second), ": shape ", ShapeString(t.shape),
                         ", but ", Sizes(c), " make it ", ShapeString(e.shape));
     }
-    if (!IsFloatingPoint(t.dtype) || ElementSize(t.dtype) < 2) {
+    const bool is_fp8 = t.dtype == DType::kFloat8E4M3Fn && c.fp8_block_rows > 0;
+    if (!is_fp8 && (!IsFloatingPoint(t.dtype) || ElementSize(t.dtype) < 2)) {
       throw UsageError(where(it->second), ": dtype ", DTypeName(t.dtype),
                        " (quantized or integer weights are not imported)");
     }
-    if (dtype.empty()) dtype = std::string(DTypeName(t.dtype));
-    used[e.name] = true;
     universal::AtomPlan a;
     a.param = e.name;
-    a.state_kind = t.dtype == DType::kFloat32 ? "fp32" : "param";
     a.dtype = t.dtype;
-    a.shape = t.shape;
-    a.fragments.push_back(fragment(it->second));
+    a.shape = e.shape;
+    if (is_fp8) {
+      if (!dequantize) {
+        throw UsageError(
+            where(it->second),
+            ": an FP8 block-scaled weight (config.json quantization_config "
+            "fp8), which ucp's targets do not keep: give --dequantize "
+            "(bf16, or --dequantize fp32)");
+      }
+      const std::string scale = e.name + "_scale_inv";
+      if (part != nullptr || folder.files[it->second.file].torch) {
+        throw UsageError(where(it->second),
+                         ": FP8 weights are read from safetensors files of "
+                         "per-expert tensors only");
+      }
+      auto s = by_name.find(scale);
+      if (s == by_name.end()) {
+        throw FormatError(where(it->second), ": an F8_E4M3 weight without ",
+                          scale,
+                          " (quantization_config fp8 scales every FP8 "
+                          "weight)");
+      }
+      const formats::SafetensorsTensor& st = *s->second.tensor;
+      const Shape want{(e.shape[0] + c.fp8_block_rows - 1) / c.fp8_block_rows,
+                       (e.shape[1] + c.fp8_block_cols - 1) / c.fp8_block_cols};
+      if (folder.files[s->second.file].torch || st.dtype != DType::kFloat32 ||
+          st.shape != want) {
+        throw FormatError(where(s->second), ": ", DTypeName(st.dtype), " ",
+                          ShapeString(st.shape), ", but the ", e.name, " ",
+                          ShapeString(e.shape), " in blocks of ",
+                          c.fp8_block_rows, "x", c.fp8_block_cols,
+                          " (quantization_config weight_block_size) makes it "
+                          "a float32 ",
+                          ShapeString(want), " in a safetensors file");
+      }
+      if (fp8 == nullptr) {
+        auto src = std::make_unique<Fp8Dequantized>(
+            *dequantize, c.fp8_block_rows, c.fp8_block_cols);
+        fp8 = src.get();
+        fp8_source = static_cast<uint32_t>(plan.sources.size());
+        plan.sources.push_back(std::move(src));
+      }
+      used[scale] = true;
+      universal::Fragment fr;
+      fr.where = StrCat(where(it->second), " x ", where(s->second));
+      fr.src.source = fp8_source;
+      fr.src.byte_offset =
+          fp8->Add(folder.files[it->second.file].path, t.offset, e.shape[0],
+                   e.shape[1], folder.files[s->second.file].path, st.offset);
+      fr.src.dtype = *dequantize;
+      fr.src.shape = e.shape;
+      fr.src_box = fr.atom_box = Box::Whole(e.shape);
+      a.dtype = *dequantize;
+      a.fragments.push_back(std::move(fr));
+    } else {
+      universal::Fragment fr = fragment(it->second);
+      if (part != nullptr) {  // the expert's rows of the fused tensor
+        fr.src = reshape::FlatView(fr.src, part->at, e.shape, fr.where);
+        fr.src_box = fr.atom_box = Box::Whole(e.shape);
+      }
+      a.fragments.push_back(std::move(fr));
+    }
+    a.state_kind = a.dtype == DType::kFloat32 ? "fp32" : "param";
+    if (dtype.empty()) dtype = std::string(DTypeName(a.dtype));
+    used[e.name] = true;
+    used[it->first] = true;
+    const DType atom_dtype = a.dtype;
     plan.atoms.push_back(std::move(a));
     param_order.push_back(e.name);
     plan.params.push_back(formats::ParamRow({.fqn = e.name,
-                                             .shape = t.shape,
-                                             .dtype = t.dtype,
+                                             .shape = e.shape,
+                                             .dtype = atom_dtype,
                                              .rule = "hf",
                                              .buffer = false,
                                              .group = 0,
@@ -214,6 +297,11 @@ universal::SourcePlan PlanSource(const Folder& folder) {
     if (used.count(name)) continue;
     // Rotary frequencies older transformers saved: derived from rope_theta.
     if (name.ends_with(".rotary_emb.inv_freq")) continue;
+    if (name.ends_with("_scale_inv")) {
+      throw FormatError(where(at), ": a scale without its FP8 weight ",
+                        name.substr(0, name.size() - 10),
+                        " (the architecture's F8_E4M3 weights take one each)");
+    }
     if (c.tied && name == "lm_head.weight") {
       // A tied model's saved copy: a replica of the embedding, which the
       // writer compares bit for bit.
@@ -280,7 +368,16 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   // The driver's record: config.json as read and where the weights were.
   json::Value record = json::Value::Object();
   record["architecture"] = c.architecture;
-  record["config"] = c.json;
+  if (dequantize && c.fp8_block_rows > 0) {
+    // Dequantized: the targets record the model as it now is.
+    json::Value config = json::Value::Object();
+    for (const auto& [k, v] : c.json.members())
+      if (k != "quantization_config") config[k] = v;
+    record["config"] = std::move(config);
+    record["dequantized"] = std::string(DTypeName(*dequantize));
+  } else {
+    record["config"] = c.json;
+  }
   json::Value files = json::Value::Array();
   for (const WeightFile& f : folder.files)
     files.Append(f.path.filename().string());
