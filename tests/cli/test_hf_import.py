@@ -353,8 +353,10 @@ def expected_args(cfg, tp, pp, ep=1):
         norm_epsilon=cfg["rms_norm_eps"], position_embedding_type="rope",
         rotary_base=theta, untie_embeddings_and_output_weights=not cfg["tie_word_embeddings"],
         add_bias_linear=False,
-        add_qkv_bias=mt == "qwen2" or (mt == "qwen2_moe" and cfg.get("qkv_bias", True)),
-        qk_layernorm=mt in ("qwen3", "qwen3_moe"), vocab_size=vocab,
+        add_qkv_bias=mt == "qwen2" or (mt == "qwen2_moe" and cfg.get("qkv_bias", True))
+        or (mt == "glm4_moe" and cfg.get("attention_bias", False)),
+        qk_layernorm=mt in ("qwen3", "qwen3_moe") or (mt == "glm4_moe" and cfg["use_qk_norm"]),
+        vocab_size=vocab,
         make_vocab_size_divisible_by=128, padded_vocab_size=padded_vocab(vocab, tp),
         max_position_embeddings=cfg["max_position_embeddings"],
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
@@ -374,6 +376,22 @@ def expected_args(cfg, tp, pp, ep=1):
         if mt == "qwen2_moe":
             want.update(moe_shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
                         moe_shared_expert_gate=True)
+    if mt == "glm4_moe":  # DeepSeek-V3's router (megatron-core's names for each setting)
+        n, first = cfg["num_hidden_layers"], cfg["first_k_dense_replace"]
+        moe = [int(i >= first) for i in range(n)]
+        limited = cfg["n_group"] > 1 and cfg["topk_group"] < cfg["n_group"]
+        want.update(
+            num_experts=cfg["n_routed_experts"], moe_router_topk=cfg["num_experts_per_tok"],
+            moe_ffn_hidden_size=cfg["moe_intermediate_size"],
+            moe_layer_freq=1 if all(moe) else moe, expert_model_parallel_size=ep,
+            moe_shared_expert_intermediate_size=cfg["moe_intermediate_size"]
+            * cfg["n_shared_experts"], moe_shared_expert_gate=False,
+            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+            moe_router_topk_scaling_factor=cfg["routed_scaling_factor"],
+            moe_router_num_groups=cfg["n_group"] if limited else None,
+            moe_router_group_topk=cfg["topk_group"] if limited else None,
+            rotary_percent=rope.get("partial_rotary_factor",
+                                    cfg.get("partial_rotary_factor", 0.5)))
     return want
 
 
@@ -655,6 +673,186 @@ def test_qwen3_moe():
 
 def test_qwen2_moe():
     check_moe("qwen2")
+
+
+GLM = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+           intermediate_size=40, moe_intermediate_size=8, n_routed_experts=8, n_shared_experts=1,
+           num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=2,
+           routed_scaling_factor=2.5, norm_topk_prob=True, attention_bias=True, use_qk_norm=True,
+           vocab_size=128, rms_norm_eps=1e-5, max_position_embeddings=64,
+           tie_word_embeddings=False)
+
+
+def glm_rank(rank, world, port, a):
+    """megatron-core's MoE GPTModel built from the args ucp wrote (a.args, common.pt's), loaded
+    from ucp's torch_dist folder a.ckpt at world 1 (strict but for the _extra_state objects);
+    its fp32 forward against transformers' logits (a.tokens, a.logits). Negative controls: one
+    byte of a router's expert bias changed, the group limit lifted and the routed scaling
+    factor left out each move the logits past the tolerance."""
+    mtd.init(rank, world, port, 1, 1, 1)
+    import mcore_cpu
+    mcore_cpu.shims()
+    from megatron.core import dist_checkpointing
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    g = a.args
+    cfg = TransformerConfig(
+        num_layers=g["num_layers"], hidden_size=g["hidden_size"],
+        num_attention_heads=g["num_attention_heads"], num_query_groups=g["num_query_groups"],
+        kv_channels=g["kv_channels"], ffn_hidden_size=g["ffn_hidden_size"],
+        gated_linear_unit=g["swiglu"], activation_func=torch.nn.functional.silu,
+        normalization=g["normalization"], layernorm_epsilon=g["norm_epsilon"],
+        add_bias_linear=g["add_bias_linear"], add_qkv_bias=g["add_qkv_bias"],
+        qk_layernorm=g["qk_layernorm"], num_moe_experts=g["num_experts"],
+        moe_ffn_hidden_size=g["moe_ffn_hidden_size"], moe_router_topk=g["moe_router_topk"],
+        moe_layer_freq=g["moe_layer_freq"],
+        moe_shared_expert_intermediate_size=g["moe_shared_expert_intermediate_size"],
+        moe_shared_expert_gate=g["moe_shared_expert_gate"],
+        moe_router_score_function=g["moe_router_score_function"],
+        moe_router_enable_expert_bias=g["moe_router_enable_expert_bias"],
+        moe_router_topk_scaling_factor=g["moe_router_topk_scaling_factor"],
+        moe_router_num_groups=g["moe_router_num_groups"],
+        moe_router_group_topk=g["moe_router_group_topk"],
+        moe_router_dtype=g["moe_router_dtype"], moe_router_pre_softmax=g["moe_router_pre_softmax"],
+        moe_grouped_gemm=False, moe_token_dispatcher_type="allgather",
+        use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32)
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    torch.manual_seed(999)  # other values than the checkpoint's
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=g["padded_vocab_size"],
+                     max_sequence_length=g["max_position_embeddings"], pre_process=True,
+                     post_process=True,
+                     share_embeddings_and_output_weights=not g[
+                         "untie_embeddings_and_output_weights"],
+                     position_embedding_type=g["position_embedding_type"],
+                     rotary_percent=g["rotary_percent"], rotary_base=g["rotary_base"])
+    sd = {"model": model.sharded_state_dict()}
+    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
+        del sd["model"][k]
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "release"))
+    res = model.load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    m = model.eval()
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    mrandom.get_cuda_rng_tracker().fork = lambda *x, **k: contextlib.nullcontext()
+    b, n = TOKENS
+    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
+    controls = {}
+    with torch.no_grad():
+        def forward():
+            out = m(a.tokens, torch.arange(n).expand(b, n), attention_mask=mask)
+            return out[..., :a.logits.shape[-1]]
+        got = forward()
+        diff = float((got - a.logits).abs().max())
+        tol = 1e-5 * float(a.logits.abs().max())
+        if not diff <= tol:
+            problems.append(f"logits differ by up to {diff} (tolerance {tol})")
+        router = m.decoder.layers[2].mlp.router  # the first MoE layer's
+        if router.expert_bias is None or router.expert_bias.dtype != torch.float32:
+            problems.append(f"expert bias {router.expert_bias}")
+        # one byte of the expert bias: the sign of its lowest entry
+        bias = router.expert_bias
+        j = int(bias.argmin())
+        saved = bias.clone()
+        bias.view(torch.uint8)[4 * j + 3] ^= 0x80
+        controls["bias_byte"] = float((forward() - a.logits).abs().max()) > tol
+        bias.copy_(saved)
+        cfg.moe_router_num_groups = cfg.moe_router_group_topk = None  # no group limit
+        controls["groups"] = float((forward() - a.logits).abs().max()) > tol
+        cfg.moe_router_num_groups, cfg.moe_router_group_topk = (
+            g["moe_router_num_groups"], g["moe_router_group_topk"])
+        cfg.moe_router_topk_scaling_factor = None
+        controls["scaling"] = float((forward() - a.logits).abs().max()) > tol
+    mtd.report(a, {"ok": not problems, "problems": problems[:10], "logits": got.numel(),
+                   "max_abs_diff": diff, "controls": controls})
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def test_glm4_moe():
+    """Glm4MoeForCausalLM (fp32, sharded, per-expert names): 2 dense + 2 MoE layers, 8 experts
+    top-2 in 2 groups of which 1 is chosen, a random score-correction bias, routed scaling
+    2.5, q/k/v biases, QK norms, partial rotary 0.5 (the config's default). ucp converts it to
+    torch_dist at TP1·PP1; megatron-core builds the MoE GPTModel from the args ucp wrote
+    (sigmoid router with expert bias, groups, scaling factor, rotary_percent), loads it with
+    every key, its fp32 logits equal transformers' within 1e-5 (negative controls in
+    glm_rank); the args equal, field by field, what config.json gives; at EP 2 and back with
+    `ucp export --hf`, transformers' tensors bit for bit, and transformers' model of the
+    export gives the same logits. Settings megatron-core cannot match are refused."""
+    import transformers
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    cfg = transformers.Glm4MoeConfig(**GLM, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    with Tmp("ucp-hf-glm-") as t:
+        torch.manual_seed(6)
+        model = transformers.Glm4MoeForCausalLM(cfg).float()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                norm = name.endswith("norm.weight")
+                p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(torch.randn_like(b) * 0.5)
+        model.save_pretrained(t / "hf", max_shard_size="20KB")
+        want = read_safetensors(t / "hf")
+        biases = [k for k in want if k.endswith("mlp.gate.e_score_correction_bias")]
+        assert len(biases) == 2 and all(want[k].abs().min() > 0 for k in biases), biases
+        assert "model.layers.3.mlp.experts.7.down_proj.weight" in want, sorted(want)[:20]
+        assert "model.layers.2.mlp.shared_experts.up_proj.weight" in want
+        assert "model.layers.0.self_attn.k_proj.bias" in want
+        config = json.loads((t / "hf" / "config.json").read_text())
+        model = transformers.Glm4MoeForCausalLM.from_pretrained(str(t / "hf"),
+                                                                dtype=torch.float32)
+        tokens = torch.randint(0, 128, TOKENS, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits = model.eval()(tokens).logits
+        run("convert", t / "hf", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
+        args = torch.load(t / "td" / "release" / "common.pt", weights_only=False)["args"]
+        check_args(args, config, 1, 1, "glm common.pt")
+        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits,
+                               args=vars(args), report=str(t / "verdicts"))
+        ctx = mp.start_processes(glm_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
+                                 start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf import glm")
+        v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
+            if (t / "verdicts").exists() else []
+        assert ok and len(v) == 1 and v[0]["ok"], v
+        assert v[0]["logits"] >= MIN_VALUES and all(v[0]["controls"].values()), v
+        assert len(v[0]["controls"]) == 3, v
+        print(f"glm4_moe ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+        run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        check_args(torch.load(t / "ep2" / "release" / "common.pt", weights_only=False)["args"],
+                   config, 1, 1, "glm EP 2 common.pt", ep=2)
+        run("export", t / "ep2", "-o", t / "exp", "--hf", "-q", "--vocab-size", 128)
+        assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of GLM EP 2")
+        back = transformers.AutoModelForCausalLM.from_pretrained(str(t / "exp"),
+                                                                 dtype=torch.float32)
+        assert type(back).__name__ == "Glm4MoeForCausalLM", type(back)
+        with torch.no_grad():
+            again = back.eval()(tokens).logits
+        assert torch.equal(again, logits), float((again - logits).abs().max())
+
+        # What megatron-core cannot compute alike: one usage error naming the setting.
+        def refused(name, needles, **kw):
+            d = t / name
+            shutil.copytree(t / "hf", d)
+            c = dict(config, **kw)
+            (d / "config.json").write_text(json.dumps(c))
+            p = run("convert", d, "-o", t / f"out-{name}", "--format", "megatron-torch-dist",
+                    "--tp", 1, "--pp", 1, "--dp", 1, "--names", "mcore-llama", expect=2)
+            one_error_line(p, "config.json", *needles)
+            assert not (t / f"out-{name}").exists()
+        refused("unnormalized", ["norm_topk_prob false"], norm_topk_prob=False)
+        refused("groups", ["n_group 2", "topk_group 1", "num_experts_per_tok 4"],
+                num_experts_per_tok=4)
 
 
 def test_mistral():

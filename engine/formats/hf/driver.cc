@@ -64,7 +64,7 @@ class HfDriver : public formats::Driver {
            "or pytorch_model.bin and its shards; "
            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
            "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-           "Qwen3MoeForCausalLM), read: "
+           "Qwen3MoeForCausalLM, Glm4MoeForCausalLM), read: "
            "weights only, under transformers' names (--names mcore-llama "
            "for a Megatron target)";
   }

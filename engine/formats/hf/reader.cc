@@ -73,13 +73,20 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
       }
     } else if (c.moe_layer[static_cast<size_t>(i)]) {  // Qwen3-MoE's
       out.push_back({l + "mlp.gate.weight", {c.experts, h}});
+      if (c.sigmoid_router)  // Glm4-MoE's score-correction bias
+        out.push_back({l + "mlp.gate.e_score_correction_bias", {c.experts}});
       for (int64_t j = 0; j < c.experts; ++j) {
         const std::string x = StrCat(l, "mlp.experts.", j, ".");
         out.push_back({x + "gate_proj.weight", {c.moe_ffn, h}});
         out.push_back({x + "up_proj.weight", {c.moe_ffn, h}});
         out.push_back({x + "down_proj.weight", {h, c.moe_ffn}});
       }
-      if (c.shared_ffn > 0) {  // Qwen2-MoE's gated shared expert
+      if (c.shared_ffn > 0 && c.sigmoid_router) {  // Glm4-MoE's, ungated
+        const std::string x = l + "mlp.shared_experts.";
+        out.push_back({x + "gate_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "up_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "down_proj.weight", {h, c.shared_ffn}});
+      } else if (c.shared_ffn > 0) {  // Qwen2-MoE's gated shared expert
         const std::string x = l + "mlp.shared_expert.";
         out.push_back({x + "gate_proj.weight", {c.shared_ffn, h}});
         out.push_back({x + "up_proj.weight", {c.shared_ffn, h}});
@@ -122,6 +129,26 @@ struct Located {
   const formats::SafetensorsTensor* tensor = nullptr;
   size_t index = 0;  // in the file's tensors
 };
+
+// Glm4-MoE's router and rotary settings under Megatron's names (hf.h,
+// ReadGlm4Moe): the sigmoid score function, the expert bias, the scaling
+// factor, the groups; the dense first layers for the layout
+// (mcore-moe-deepseek's moe_first_dense_layers, moe_layer_freq).
+void SetRouterVariables(const ModelConfig& c, universal::ModelInfo& vars) {
+  SetVariable(vars, "moe_router_enable_expert_bias", 1, true);
+  if (c.router_groups > 0) {
+    SetVariable(vars, "moe_router_num_groups", c.router_groups);
+    SetVariable(vars, "moe_router_group_topk", c.router_group_topk);
+  }
+  SetVariable(vars, "moe_first_dense_layers", c.first_dense);
+  SetVariable(vars, "moe_layer_freq", 1);
+  if (!vars.other.is_object()) vars.other = json::Value::Object();
+  vars.other["moe_router_score_function"] = "sigmoid";
+  vars.other["moe_router_topk_scaling_factor"] = c.routed_scaling;
+  // (transformers computes the router in float32 whatever the weights')
+  vars.other["moe_router_dtype"] = "fp32";
+  vars.other["rotary_percent"] = c.rotary_percent;
+}
 
 }  // namespace
 
@@ -267,9 +294,11 @@ universal::SourcePlan PlanSource(const Folder& folder) {
     SetVariable(vars, "moe_ffn_hidden_size", c.moe_ffn);
     if (c.shared_ffn > 0) {
       SetVariable(vars, "moe_shared_expert_intermediate_size", c.shared_ffn);
-      SetVariable(vars, "moe_shared_expert_gate", 1, true);
+      SetVariable(vars, "moe_shared_expert_gate", c.sigmoid_router ? 0 : 1,
+                  true);
     }
   }
+  if (c.sigmoid_router) SetRouterVariables(c, vars);
   if (!vars.other.is_object()) vars.other = json::Value::Object();
   vars.other["norm_epsilon"] = c.rms_norm_eps;
   vars.other["rotary_base"] = c.rope_theta;
@@ -312,6 +341,7 @@ rules:
     match:
       - "model.layers.*.block_sparse_moe.gate.weight"
       - "model.layers.*.mlp.gate.weight"
+      - "model.layers.*.mlp.gate.e_score_correction_bias"
     tp: replicated
   - name: expert_gate_up_colwise
     match:
@@ -327,10 +357,10 @@ rules:
     match: "model.layers.*.mlp.down_proj.weight"
     tp: {split: {dim: 1}}
   - name: shared_expert_gate_up_colwise
-    match: "model.layers.*.mlp.shared_expert.{gate,up}_proj.weight"
+    match: "model.layers.*.mlp.{shared_expert,shared_experts}.{gate,up}_proj.weight"
     tp: {split: {dim: 0}}
   - name: shared_expert_down_rowwise
-    match: "model.layers.*.mlp.shared_expert.down_proj.weight"
+    match: "model.layers.*.mlp.{shared_expert,shared_experts}.down_proj.weight"
     tp: {split: {dim: 1}}
   - name: shared_expert_gate
     match: "model.layers.*.mlp.shared_expert_gate.weight"
