@@ -783,7 +783,8 @@ def test_glm4_moe():
     every key, its fp32 logits equal transformers' within 1e-5 (negative controls in
     glm_rank); the args equal, field by field, what config.json gives; at EP 2 and back with
     `ucp export --hf`, transformers' tensors bit for bit, and transformers' model of the
-    export gives the same logits. Settings megatron-core cannot match are refused."""
+    export gives the same logits; Megatron's legacy format at TP2·PP2·EP2 likewise (args of
+    every rank file, the tensors back). Settings megatron-core cannot match are refused."""
     import transformers
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
@@ -839,6 +840,15 @@ def test_glm4_moe():
         with torch.no_grad():
             again = back.eval()(tokens).logits
         assert torch.equal(again, logits), float((again - logits).abs().max())
+        # Megatron's legacy format at TP2·PP2·EP2: args in every rank file, the tensors back
+        run("convert", t / "hf", "-o", t / "legacy", "--format", "megatron", "--tp", 2, "--pp",
+            2, "--dp", 2, "--ep", 2, "--etp", 2, "--names", "mcore-llama", "-q")
+        files = sorted((t / "legacy" / "release").glob("mp_rank_*/model_optim_rng.pt"))
+        assert len(files) == 8, files
+        for f in files:
+            check_args(torch.load(f, weights_only=False)["args"], config, 2, 2, str(f), ep=2)
+        run("export", t / "legacy", "-o", t / "exp2", "--hf", "-q", "--vocab-size", 128)
+        assert_same_tensors(read_safetensors(t / "exp2"), want, "export --hf of GLM legacy")
 
         # What megatron-core cannot compute alike: one usage error naming the setting.
         def refused(name, needles, **kw):
