@@ -784,7 +784,9 @@ def test_glm4_moe():
     glm_rank); the args equal, field by field, what config.json gives; at EP 2 and back with
     `ucp export --hf`, transformers' tensors bit for bit, and transformers' model of the
     export gives the same logits; Megatron's legacy format at TP2·PP2·EP2 likewise (args of
-    every rank file, the tensors back). Settings megatron-core cannot match are refused."""
+    every rank file, the tensors back). Settings megatron-core cannot match are refused. A bf16
+    copy with a float32 bias: the bias stays float32 in torch_dist, and comes back bit for
+    bit."""
     import transformers
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
@@ -863,6 +865,45 @@ def test_glm4_moe():
         refused("unnormalized", ["norm_topk_prob false"], norm_topk_prob=False)
         refused("groups", ["n_group 2", "topk_group 1", "num_experts_per_tok 4"],
                 num_experts_per_tok=4)
+        # GLM-4.5's own files hold its multi-token-prediction layer past num_hidden_layers
+        # (transformers ignores it on load): named, not dropped
+        from safetensors.torch import load_file, save_file
+        d = t / "mtp"
+        shutil.copytree(t / "hf", d)
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        shard = index["weight_map"]["model.norm.weight"]
+        tensors = load_file(str(d / shard))
+        tensors["model.layers.4.eh_proj.weight"] = torch.zeros(32, 64)
+        save_file(tensors, str(d / shard), metadata={"format": "pt"})
+        index["weight_map"]["model.layers.4.eh_proj.weight"] = shard
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        p = run("convert", d, "-o", t / "out-mtp", "--format", "megatron-torch-dist", "--tp", 1,
+                "--pp", 1, "--dp", 1, "--names", "mcore-llama", expect=2)
+        one_error_line(p, shard, "model.layers.4.eh_proj.weight", "num_nextn_predict_layers")
+        assert not (t / "out-mtp").exists()
+
+        # bf16 weights with the float32 score-correction bias real GLM-4.5 files keep: the
+        # torch_dist router's expert_bias stays float32 (as megatron-core keeps the buffer),
+        # and export --hf --dtype bf16 at EP 2 gives back every tensor and dtype bit for bit.
+        model = transformers.Glm4MoeForCausalLM(cfg).to(torch.bfloat16)
+        with torch.no_grad():
+            for layer in model.model.layers[GLM["first_k_dense_replace"]:]:
+                layer.mlp.gate.e_score_correction_bias.data = torch.randn(8) * 0.5
+        model.save_pretrained(t / "bf16", max_shard_size="20KB")
+        want = read_safetensors(t / "bf16")
+        assert {str(v.dtype) for v in want.values()} == {"torch.bfloat16", "torch.float32"}
+        run("convert", t / "bf16", "-o", t / "bf16-td", "--format", "megatron-torch-dist",
+            "--tp", 1, "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        from torch.distributed.checkpoint import FileSystemReader
+        md = FileSystemReader(str(t / "bf16-td" / "release")).read_metadata()
+        dtypes = {k: v.properties.dtype for k, v in md.state_dict_metadata.items()
+                  if k.endswith(("router.expert_bias", "router.weight"))}
+        assert len(dtypes) == 4 and all(
+            d == (torch.float32 if k.endswith("bias") else torch.bfloat16)
+            for k, d in dtypes.items()), dtypes
+        run("export", t / "bf16-td", "-o", t / "bf16-exp", "--hf", "--dtype", "bf16", "-q",
+            "--vocab-size", 128)
+        assert_same_tensors(read_safetensors(t / "bf16-exp"), want, "export --hf of bf16 GLM")
 
 
 def test_mistral():

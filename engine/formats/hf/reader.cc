@@ -2,7 +2,9 @@
 // every tensor the architecture has, checked against config.json, streamed
 // from its safetensors file at its offset (nothing is loaded whole).
 
+#include <charconv>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include "engine/core/error.h"
@@ -130,6 +132,22 @@ struct Located {
   size_t index = 0;  // in the file's tensors
 };
 
+// Whether `name` is a tensor of Glm4-MoE's multi-token-prediction layers
+// (model.layers.N with N in [num_hidden_layers, + num_nextn_predict_layers)),
+// which GLM-4.5's own files hold and transformers ignores on load.
+bool IsMtpLayer(const ModelConfig& c, const std::string& name) {
+  const json::Value* n = c.json.Find("num_nextn_predict_layers");
+  if (c.model_type != "glm4_moe" || n == nullptr || !n->is_int()) return false;
+  const std::string_view prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return false;
+  int64_t layer = 0;
+  const char* begin = name.data() + prefix.size();
+  const auto [end, ec] =
+      std::from_chars(begin, name.data() + name.size(), layer);
+  return ec == std::errc() && end != begin && *end == '.' &&
+         layer >= c.layers && layer < c.layers + n->AsInt();
+}
+
 // Glm4-MoE's router and rotary settings under Megatron's names (hf.h,
 // ReadGlm4Moe): the sigmoid score function, the expert bias, the scaling
 // factor, the groups; the dense first layers for the layout
@@ -254,6 +272,13 @@ universal::SourcePlan PlanSource(const Folder& folder) {
       }
       emb.fragments.push_back(fragment(at));
       continue;
+    }
+    if (IsMtpLayer(c, name)) {
+      throw UsageError(where(at),
+                       ": a tensor of the multi-token-prediction layer "
+                       "(num_nextn_predict_layers), which transformers does "
+                       "not load and ucp does not import (README of "
+                       "engine/formats/hf)");
     }
     throw UsageError(where(at), ": a tensor with no place in ", c.architecture,
                      " (", Sizes(c), ", num_hidden_layers ", c.layers,
