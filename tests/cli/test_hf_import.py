@@ -906,6 +906,86 @@ def test_glm4_moe():
         assert_same_tensors(read_safetensors(t / "bf16-exp"), want, "export --hf of bf16 GLM")
 
 
+def test_init_optimizer():
+    """`--init-optimizer`: a DCP target of a transformers folder holds fresh Adam state that
+    torch's own flow loads (get_state_dict of a LlamaForCausalLM and torch.optim.Adam whose
+    state is filled with other values, dcp.load, set_state_dict): every exp_avg / exp_avg_sq
+    zero, every step 0, torch.optim.Adam's param group (each of its keys, the defaults), the
+    weights bit for bit; one real Adam step from it gives exp_avg = (1 - beta1) * grad and
+    exp_avg_sq = (1 - beta2) * grad^2. Negative control: without the flag dcp.load finds no
+    optimizer state. A bf16 folder: its float32 master copy (what DCP writes as the weights when
+    the content has one) equals torch's upcast of the bf16 weights."""
+    import transformers
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    with Tmp("ucp-hf-initopt-") as t:
+        make_hf(t / "hf", "llama")
+        want = read_safetensors(t / "hf")
+        run("convert", t / "hf", "-o", t / "dcp", "--format", "dcp", "--dp", 2,
+            "--init-optimizer", "-q")
+        run("convert", t / "hf", "-o", t / "plain", "--format", "dcp", "--dp", 2, "-q")
+
+        def loaded(ckpt, dtype=torch.float32, hf=t / "hf"):
+            model = transformers.LlamaForCausalLM.from_pretrained(str(hf), dtype=dtype)
+            opt = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.5, 0.5))
+            msd, osd = get_state_dict(model, opt)
+            for v in msd.values():
+                v.fill_(3.0)
+            for v in osd["state"].values():  # values the load must replace
+                v["exp_avg"].fill_(7.0)
+                v["exp_avg_sq"].fill_(7.0)
+                v["step"].fill_(9.0)
+            state = {"model": msd, "optimizer": osd}
+            dcp.load(state, checkpoint_id=str(ckpt))
+            return model, opt, state
+        model, opt, state = loaded(t / "dcp")
+        osd = state["optimizer"]
+        assert sorted(osd["state"]) == sorted(want), sorted(set(osd["state"]) ^ set(want))
+        zeros = 0
+        for name, v in osd["state"].items():
+            assert float(v["exp_avg"].abs().max()) == 0, name
+            assert float(v["exp_avg_sq"].abs().max()) == 0, name
+            assert float(v["step"]) == 0, (name, v["step"])
+            zeros += 2 * v["exp_avg"].numel()
+        assert zeros >= MIN_VALUES, zeros
+        group = {k: v for k, v in osd["param_groups"][0].items() if k != "params"}
+        default = {k: v for k, v in torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+                   .state_dict()["param_groups"][0].items() if k != "params"}
+        assert len(osd["param_groups"]) == 1 and group == default, (group, default)
+        assert_same_tensors(state["model"], want, "dcp.load of the model")
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        tokens = torch.randint(0, 100, TOKENS, generator=torch.Generator().manual_seed(5))
+        model(tokens, labels=tokens).loss.backward()
+        opt.step()
+        stepped = 0
+        for p in model.parameters():
+            st = opt.state[p]
+            assert float(st["step"]) == 1, st["step"]
+            assert torch.allclose(st["exp_avg"], 0.1 * p.grad, rtol=1e-6, atol=0)
+            assert torch.allclose(st["exp_avg_sq"], 0.001 * p.grad * p.grad, rtol=1e-5, atol=0)
+            stepped += p.numel()
+        assert stepped >= MIN_VALUES, stepped
+        # negative control: no optimizer state without the flag
+        from torch.distributed.checkpoint.api import CheckpointException
+        try:
+            loaded(t / "plain")
+        except (RuntimeError, CheckpointException) as e:
+            assert "Missing key in checkpoint state_dict: optimizer." in str(e), e
+        else:
+            raise AssertionError("dcp.load found optimizer state without --init-optimizer")
+        # bf16 weights: the float32 master copy is the upcast of each weight
+        model = transformers.LlamaForCausalLM.from_pretrained(str(t / "hf"))
+        model.to(torch.bfloat16).save_pretrained(t / "bf16", max_shard_size="20KB")
+        bf16 = read_safetensors(t / "bf16")
+        assert {v.dtype for v in bf16.values()} == {torch.bfloat16}
+        run("convert", t / "bf16", "-o", t / "bf16-dcp", "--format", "dcp", "--dp", 2,
+            "--init-optimizer", "-q")
+        _, _, state = loaded(t / "bf16-dcp", hf=t / "bf16")
+        assert_same_tensors(state["model"], {k: v.float() for k, v in bf16.items()},
+                            "the float32 masters of a bf16 folder")
+
+
 def test_mistral():
     """MistralForCausalLM (LLaMA's tensors under its own config): the universal file's export
     --hf gives back transformers' tensors bit for bit (bf16, a single model.safetensors)."""

@@ -68,6 +68,15 @@ class HfDriver : public formats::Driver {
            "weights only, under transformers' names (--names mcore-llama "
            "for a Megatron target)";
   }
+  std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
+    formats::OptionSpec o;
+    o.name = "init-optimizer";
+    o.type = formats::OptionSpec::Type::kFlag;
+    o.help =
+        "hf: give the model fresh optimizer state (Adam's exp_avg / exp_avg_sq "
+        "zeros, a float32 master copy, step 0) for a target that keeps one";
+    return {o};
+  }
   formats::Confidence Probe(const fs::path& path) const override {
     return LooksLikeFolder(path) ? formats::Confidence::kYes
                                  : formats::Confidence::kNo;
@@ -91,7 +100,9 @@ class HfDriver : public formats::Driver {
                         ": not a folder (a transformers model folder holds "
                         "config.json and model.safetensors)");
     }
-    return std::make_unique<HfSource>(OpenFolder(path));
+    Folder folder = OpenFolder(path);
+    folder.init_optimizer = options.values.Flag("init-optimizer");
+    return std::make_unique<HfSource>(std::move(folder));
   }
 };
 

@@ -129,6 +129,8 @@ struct Folder {
   ModelConfig config;
   std::filesystem::path index;  // empty: one model.safetensors
   std::vector<WeightFile> files;
+  /// --init-optimizer: the content gets fresh optimizer state (PlanSource).
+  bool init_optimizer = false;
 };
 
 /// Whether `dir` looks like a transformers model folder (config.json and
@@ -143,9 +145,14 @@ bool LooksLikeFolder(const std::filesystem::path& dir) noexcept;
 Folder OpenFolder(const std::filesystem::path& dir);
 
 /// The universal content: every tensor a fragment of its atom, in the
-/// model's module order. Throws UsageError naming the file and tensor for a
-/// tensor with no place in the architecture; FormatError for a missing
-/// tensor or a shape or dtype the config disagrees with.
+/// model's module order. With `folder.init_optimizer`, also fresh Adam state
+/// for every weight (not the router's score-correction bias, a buffer):
+/// exp_avg and exp_avg_sq float32 zeros, a float32 master copy (`fp32`) of
+/// bf16 / fp16 weights, one param group without hyper-parameters (a target
+/// writes torch.optim.Adam's defaults, saying so), optimizer step 0. Throws
+/// UsageError naming the file and tensor for a tensor with no place in the
+/// architecture; FormatError for a missing tensor or a shape or dtype the
+/// config disagrees with.
 universal::SourcePlan PlanSource(const Folder& folder);
 
 /// What `ucp inspect` shows: every tensor with dtype, shape and file.

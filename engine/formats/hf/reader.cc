@@ -2,6 +2,7 @@
 // every tensor the architecture has, checked against config.json, streamed
 // from its safetensors file at its offset (nothing is loaded whole).
 
+#include <algorithm>
 #include <charconv>
 #include <map>
 #include <string_view>
@@ -37,6 +38,70 @@ class SafetensorsSource : public reshape::ByteSource {
   fs::path path_;
   File file_;
 };
+
+// Zeros, for fresh optimizer state (--init-optimizer).
+class ZeroSource : public reshape::ByteSource {
+ public:
+  void Read(uint64_t, std::span<std::byte> dst) const override {
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+  }
+  std::string Describe() const override {
+    return "fresh optimizer state (--init-optimizer: zeros)";
+  }
+};
+
+// --init-optimizer (hf.h PlanSource): Adam's moments as float32 zeros and a
+// float32 master copy of every bf16 / fp16 weight, in one param group, step 0.
+void AddFreshOptimizer(universal::SourcePlan& plan) {
+  const auto zeros = static_cast<uint32_t>(plan.sources.size());
+  plan.sources.push_back(std::make_unique<ZeroSource>());
+  std::vector<universal::AtomPlan> state;
+  universal::ParamGroup group;
+  group.params.emplace();
+  // torch.optim.Adam's other settings, at their defaults (the group a job's
+  // torch.optim.Adam state dict has, every key of which dcp.load asks for);
+  // lr, betas, eps and weight_decay are left to the target (its defaults,
+  // with a note).
+  for (const char* flag : {"amsgrad", "maximize", "capturable",
+                           "differentiable", "decoupled_weight_decay"})
+    group.Set(flag, json::Value(false));
+  for (const char* unset : {"foreach", "fused"})
+    group.Set(unset, json::Value());
+  for (const universal::AtomPlan& a : plan.atoms) {
+    // (a buffer of the router, without optimizer state in Megatron too)
+    if (a.param.ends_with(".e_score_correction_bias")) continue;
+    group.params->push_back(a.param);
+    if (a.dtype != DType::kFloat32) {  // the master copy of the weight
+      universal::AtomPlan master = a;
+      master.state_kind = "fp32";
+      master.dtype = DType::kFloat32;
+      state.push_back(std::move(master));
+    }
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      universal::AtomPlan m;
+      m.param = a.param;
+      m.state_kind = kind;
+      m.dtype = DType::kFloat32;
+      m.shape = a.shape;
+      universal::Fragment fr;
+      fr.src.source = zeros;
+      fr.src.byte_offset = 0;
+      fr.src.dtype = DType::kFloat32;
+      fr.src.shape = a.shape;
+      fr.src_box = Box::Whole(a.shape);
+      fr.atom_box = Box::Whole(a.shape);
+      fr.where = StrCat("--init-optimizer: ", a.param, " ", kind);
+      m.fragments.push_back(std::move(fr));
+      state.push_back(std::move(m));
+    }
+  }
+  for (universal::AtomPlan& a : state) plan.atoms.push_back(std::move(a));
+  universal::OptimizerInfo& opt = plan.model.optimizer;
+  opt.type = "adam";
+  opt.groups.emplace().push_back(std::move(group));
+  opt.state_kinds = std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  opt.step = 0;
+}
 
 // A tensor the architecture has: its name and the shape config.json gives.
 struct Expected {
@@ -329,6 +394,7 @@ universal::SourcePlan PlanSource(const Folder& folder) {
   vars.other["rotary_base"] = c.rope_theta;
   vars.other["normalization"] = "RMSNorm";
   vars.other["position_embedding_type"] = "rope";
+  if (folder.init_optimizer) AddFreshOptimizer(plan);
   universal::TrainingInfo& training = universal::NewTraining(model, dtype);
   training.param_order = std::move(param_order);
   // The driver's record: config.json as read and where the weights were.
