@@ -179,9 +179,9 @@ def megatron_reference(sd, kind, tp):
     return out
 
 
-def build_gpt(kind, tp):
-    """megatron-core's GPTModel of the config (local spec, fp32) for the current parallel
-    state."""
+def build_gpt(kind, tp, bf16=False):
+    """megatron-core's GPTModel of the config (local spec, fp32; bf16: as training's
+    Float16Module holds it) for the current parallel state."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -194,10 +194,12 @@ def build_gpt(kind, tp):
         qk_layernorm=kind == "qwen3", use_cpu_initialization=True,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         normalization="RMSNorm", layernorm_epsilon=s["rms_norm_eps"], add_bias_linear=False,
-        add_qkv_bias=kind == "qwen2", params_dtype=torch.float32, pipeline_dtype=torch.float32,
+        add_qkv_bias=kind == "qwen2", bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size())
-    return GPTModel(
+    model = GPTModel(
         config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(
             qk_layernorm=kind == "qwen3", normalization="RMSNorm"),
         vocab_size=padded_vocab(s["vocab_size"], tp), max_sequence_length=64,
@@ -205,6 +207,7 @@ def build_gpt(kind, tp):
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=s["tie_word_embeddings"],
         position_embedding_type="rope", rotary_base=s["rope_theta"])
+    return model.to(torch.bfloat16) if bf16 else model
 
 
 def load_rank(rank, world, port, a):
@@ -984,6 +987,107 @@ def test_init_optimizer():
         _, _, state = loaded(t / "bf16-dcp", hf=t / "bf16")
         assert_same_tensors(state["model"], {k: v.float() for k, v in bf16.items()},
                             "the float32 masters of a bf16 folder")
+
+
+def optim_rank(rank, world, port, a):
+    """One DP rank: the bf16 GPTModel of a.kind in megatron-core's DistributedDataParallel with
+    its real DistributedOptimizer (mcore_cpu), loaded from ucp's torch_dist folder a.ckpt as
+    training's load_checkpoint does without --no-load-optim (the optimizer's
+    sharded_state_dict(is_loading=True) in the form the checkpoint's content_metadata names,
+    dist_checkpointing.load, load_state_dict); what the optimizer then holds, gathered by its
+    own fully_reshardable sharded_state_dict, against a.full: fp32 main params, exp_avg,
+    exp_avg_sq; its Adam steps; and against a.bad (one value changed), which must differ."""
+    mtd.init(rank, world, port, 1, 1, 1)
+    import mcore_cpu
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    torch.Tensor.cuda = lambda self, *x, **k: self
+    torch.manual_seed(999)
+    models = [build_gpt(a.kind, 1, bf16=True)]
+    _, opt = mcore_cpu.ddp_and_optimizer(models)
+    mcore_cpu.allocate_state(opt)
+    iter_dir = pathlib.Path(a.ckpt) / "release"
+    content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
+    sd = mtd.model_sd(models)
+    sd["optimizer"] = opt.sharded_state_dict(mtd.model_sd(models), is_loading=True,
+                                             metadata=content)
+
+    def drop_extra(d):  # --dist-ckpt-strictness log_all: no _extra_state objects
+        for k in list(d):
+            if isinstance(d[k], dict):
+                drop_extra(d[k])
+            elif str(k).endswith("_extra_state") or \
+                    getattr(d[k], "key", "").endswith("_extra_state"):
+                del d[k]
+    drop_extra(sd)
+    loaded = dist_checkpointing.load(sd, str(iter_dir))
+    res = models[0].load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    opt.load_state_dict(loaded["optimizer"])
+    steps = sorted(mcore_cpu.held_steps(opt))
+    osd = opt.sharded_state_dict(mtd.model_sd(models), metadata={
+        "distrib_optim_sharding_type": "fully_reshardable",
+        "chained_optim_avoid_prefix": True})["param_state"]
+    apply_factories(osd)
+    values, kinds, control = 0, set(), []
+    for sh in nested_values(osd):
+        if isinstance(sh, ShardedTensor):
+            values += mtd.check_shard(sh, a.full, problems, "optimizer")
+            mtd.check_shard(sh, a.bad, control, "control")
+            kinds.add(sh.key.split(".")[2])
+    if steps != [0.0]:
+        problems.append(f"Adam steps {steps}")
+    if content.get("distrib_optim_sharding_type") != "fully_reshardable":
+        problems.append(f"content_metadata {content}")
+    mtd.report(a, {"rank": rank, "ok": not problems, "problems": problems[:10],
+                   "values": values, "kinds": sorted(kinds), "control": control[:3]})
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def test_init_optimizer_megatron():
+    """`--init-optimizer` to Megatron-core torch_dist at DP 2 (bf16 LLaMA): megatron-core's real
+    DistributedOptimizer loads the optimizer state on each rank (optim_rank) and then holds,
+    for every param, the float32 upcast of the bf16 weight as its main param and zero Adam
+    moments (the reference: this test's own fusing of transformers' state dict, megatron_reference,
+    upcast by torch), step 0; the args say the distributed optimizer. Negative control: the
+    reference with one main-param value changed is found."""
+    import transformers
+    mtd.preload()
+    with Tmp("ucp-hf-initopt-mcore-") as t:
+        make_hf(t / "hf", "llama")
+        model = transformers.LlamaForCausalLM.from_pretrained(str(t / "hf"))
+        model.to(torch.bfloat16).save_pretrained(t / "bf16", max_shard_size="20KB")
+        sd = read_safetensors(t / "bf16")
+        run("convert", t / "bf16", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 2, "--names", "mcore-llama", "--init-optimizer",
+            "--distributed-optimizer", "-q")
+        args = torch.load(t / "td" / "release" / "common.pt", weights_only=False)["args"]
+        assert args.use_distributed_optimizer and args.bf16, vars(args)
+        ref = megatron_reference(sd, "llama", 1)
+        full = dict(ref)
+        for k, v in ref.items():
+            full["optimizer.state.param." + k] = v.float()
+            full["optimizer.state.exp_avg." + k] = torch.zeros(v.shape)
+            full["optimizer.state.exp_avg_sq." + k] = torch.zeros(v.shape)
+        key = "optimizer.state.param.decoder.layers.mlp.linear_fc2.weight"
+        bad = dict(full, **{key: full[key].clone()})  # negative control
+        bad[key][1, 3, 5] += 1.0
+        a = argparse.Namespace(kind="llama", ckpt=str(t / "td"), full=full, bad=bad,
+                               report=str(t / "verdicts"))
+        ctx = mp.start_processes(optim_rank, args=(2, mtd.free_port(), a), nprocs=2,
+                                 join=False, start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf init-optimizer load")
+        path = t / "verdicts"
+        v = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        assert ok and len(v) == 2 and all(x["ok"] for x in v), v
+        assert sum(x["values"] for x in v) >= MIN_VALUES, v
+        assert all(x["kinds"] == ["exp_avg", "exp_avg_sq", "param"] for x in v), v
+        assert sum(len(x["control"]) for x in v) >= 1, v
+        print(f"init-optimizer torch_dist dp 2: {sum(x['values'] for x in v)} values", flush=True)
 
 
 def test_mistral():
