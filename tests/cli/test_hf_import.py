@@ -855,19 +855,30 @@ def test_glm4_moe():
         run("export", t / "legacy", "-o", t / "exp2", "--hf", "-q", "--vocab-size", 128)
         assert_same_tensors(read_safetensors(t / "exp2"), want, "export --hf of GLM legacy")
 
-        # What megatron-core cannot compute alike: one usage error naming the setting.
-        def refused(name, needles, **kw):
+        # What megatron-core cannot compute alike: one usage error naming the setting (also
+        # through the sanitized ucp_san: the same line, no sanitizer report).
+        def convert_fails(d, *needles, code=2):
+            args = ("convert", d, "-o", t / f"out-{d.name}", "--format", "megatron-torch-dist",
+                    "--tp", 1, "--pp", 1, "--dp", 1, "--names", "mcore-llama")
+            p = run(*args, expect=code)
+            one_error_line(p, *needles)
+            if SAN:
+                q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                assert q.returncode == code and q.stderr == p.stderr, (q.returncode, q.stderr)
+            assert not (t / f"out-{d.name}").exists()
+
+        def refused(name, needles, code=2, **kw):
             d = t / name
             shutil.copytree(t / "hf", d)
             c = dict(config, **kw)
             (d / "config.json").write_text(json.dumps(c))
-            p = run("convert", d, "-o", t / f"out-{name}", "--format", "megatron-torch-dist",
-                    "--tp", 1, "--pp", 1, "--dp", 1, "--names", "mcore-llama", expect=2)
-            one_error_line(p, "config.json", *needles)
-            assert not (t / f"out-{name}").exists()
+            convert_fails(d, "config.json", *needles, code=code)
         refused("unnormalized", ["norm_topk_prob false"], norm_topk_prob=False)
         refused("groups", ["n_group 2", "topk_group 1", "num_experts_per_tok 4"],
                 num_experts_per_tok=4)
+        refused("rotary", ["partial_rotary_factor 0.375", "3 rotary dims"],
+                rope_parameters=dict(config["rope_parameters"], partial_rotary_factor=0.375))
+        refused("uneven-groups", ["n_group 3", "8 experts"], code=3, n_group=3)
         # GLM-4.5's own files hold its multi-token-prediction layer past num_hidden_layers
         # (transformers ignores it on load): named, not dropped
         from safetensors.torch import load_file, save_file
@@ -880,10 +891,7 @@ def test_glm4_moe():
         save_file(tensors, str(d / shard), metadata={"format": "pt"})
         index["weight_map"]["model.layers.4.eh_proj.weight"] = shard
         (d / "model.safetensors.index.json").write_text(json.dumps(index))
-        p = run("convert", d, "-o", t / "out-mtp", "--format", "megatron-torch-dist", "--tp", 1,
-                "--pp", 1, "--dp", 1, "--names", "mcore-llama", expect=2)
-        one_error_line(p, shard, "model.layers.4.eh_proj.weight", "num_nextn_predict_layers")
-        assert not (t / "out-mtp").exists()
+        convert_fails(d, shard, "model.layers.4.eh_proj.weight", "num_nextn_predict_layers")
 
         # bf16 weights with the float32 score-correction bias real GLM-4.5 files keep: the
         # torch_dist router's expert_bias stays float32 (as megatron-core keeps the buffer),
