@@ -195,9 +195,9 @@ def megatron_reference(sd, kind, tp):
     return out
 
 
-def build_gpt(kind, tp):
-    """megatron-core's GPTModel of the config (local spec, fp32) for the current parallel
-    state."""
+def build_gpt(kind, tp, bf16=False):
+    """megatron-core's GPTModel of the config (local spec, fp32; bf16: as training's
+    Float16Module holds it) for the current parallel state."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -210,10 +210,12 @@ def build_gpt(kind, tp):
         qk_layernorm=kind == "qwen3", use_cpu_initialization=True,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         normalization="RMSNorm", layernorm_epsilon=s["rms_norm_eps"], add_bias_linear=False,
-        add_qkv_bias=kind == "qwen2", params_dtype=torch.float32, pipeline_dtype=torch.float32,
+        add_qkv_bias=kind == "qwen2", bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size())
-    return GPTModel(
+    model = GPTModel(
         config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(
             qk_layernorm=kind == "qwen3", normalization="RMSNorm"),
         vocab_size=padded_vocab(s["vocab_size"], tp), max_sequence_length=64,
@@ -221,6 +223,7 @@ def build_gpt(kind, tp):
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=s["tie_word_embeddings"],
         position_embedding_type="rope", rotary_base=s["rope_theta"])
+    return model.to(torch.bfloat16) if bf16 else model
 
 
 def load_rank(rank, world, port, a):
@@ -369,8 +372,10 @@ def expected_args(cfg, tp, pp, ep=1):
         norm_epsilon=cfg["rms_norm_eps"], position_embedding_type="rope",
         rotary_base=theta, untie_embeddings_and_output_weights=not cfg["tie_word_embeddings"],
         add_bias_linear=False,
-        add_qkv_bias=mt == "qwen2" or (mt == "qwen2_moe" and cfg.get("qkv_bias", True)),
-        qk_layernorm=mt in ("qwen3", "qwen3_moe"), vocab_size=vocab,
+        add_qkv_bias=mt == "qwen2" or (mt == "qwen2_moe" and cfg.get("qkv_bias", True))
+        or (mt == "glm4_moe" and cfg.get("attention_bias", False)),
+        qk_layernorm=mt in ("qwen3", "qwen3_moe") or (mt == "glm4_moe" and cfg["use_qk_norm"]),
+        vocab_size=vocab,
         make_vocab_size_divisible_by=128, padded_vocab_size=padded_vocab(vocab, tp),
         max_position_embeddings=cfg["max_position_embeddings"],
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
@@ -390,6 +395,22 @@ def expected_args(cfg, tp, pp, ep=1):
         if mt == "qwen2_moe":
             want.update(moe_shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
                         moe_shared_expert_gate=True)
+    if mt == "glm4_moe":  # DeepSeek-V3's router (megatron-core's names for each setting)
+        n, first = cfg["num_hidden_layers"], cfg["first_k_dense_replace"]
+        moe = [int(i >= first) for i in range(n)]
+        limited = cfg["n_group"] > 1 and cfg["topk_group"] < cfg["n_group"]
+        want.update(
+            num_experts=cfg["n_routed_experts"], moe_router_topk=cfg["num_experts_per_tok"],
+            moe_ffn_hidden_size=cfg["moe_intermediate_size"],
+            moe_layer_freq=1 if all(moe) else moe, expert_model_parallel_size=ep,
+            moe_shared_expert_intermediate_size=cfg["moe_intermediate_size"]
+            * cfg["n_shared_experts"], moe_shared_expert_gate=False,
+            moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+            moe_router_topk_scaling_factor=cfg["routed_scaling_factor"],
+            moe_router_num_groups=cfg["n_group"] if limited else None,
+            moe_router_group_topk=cfg["topk_group"] if limited else None,
+            rotary_percent=rope.get("partial_rotary_factor",
+                                    cfg.get("partial_rotary_factor", 0.5)))
     return want
 
 
@@ -695,6 +716,426 @@ def test_qwen3_moe():
 
 def test_qwen2_moe():
     check_moe("qwen2")
+
+
+GLM = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+           intermediate_size=40, moe_intermediate_size=8, n_routed_experts=8, n_shared_experts=1,
+           num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=2,
+           routed_scaling_factor=2.5, norm_topk_prob=True, attention_bias=True, use_qk_norm=True,
+           vocab_size=128, rms_norm_eps=1e-5, max_position_embeddings=64,
+           tie_word_embeddings=False)
+
+
+def glm_rank(rank, world, port, a):
+    """megatron-core's MoE GPTModel built from the args ucp wrote (a.args, common.pt's), loaded
+    from ucp's torch_dist folder a.ckpt at world 1 (strict but for the _extra_state objects);
+    its fp32 forward against transformers' logits (a.tokens, a.logits). Negative controls: one
+    byte of a router's expert bias changed, the group limit lifted and the routed scaling
+    factor left out each move the logits past the tolerance."""
+    mtd.init(rank, world, port, 1, 1, 1)
+    import mcore_cpu
+    mcore_cpu.shims()
+    from megatron.core import dist_checkpointing
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    g = a.args
+    cfg = TransformerConfig(
+        num_layers=g["num_layers"], hidden_size=g["hidden_size"],
+        num_attention_heads=g["num_attention_heads"], num_query_groups=g["num_query_groups"],
+        kv_channels=g["kv_channels"], ffn_hidden_size=g["ffn_hidden_size"],
+        gated_linear_unit=g["swiglu"], activation_func=torch.nn.functional.silu,
+        normalization=g["normalization"], layernorm_epsilon=g["norm_epsilon"],
+        add_bias_linear=g["add_bias_linear"], add_qkv_bias=g["add_qkv_bias"],
+        qk_layernorm=g["qk_layernorm"], num_moe_experts=g["num_experts"],
+        moe_ffn_hidden_size=g["moe_ffn_hidden_size"], moe_router_topk=g["moe_router_topk"],
+        moe_layer_freq=g["moe_layer_freq"],
+        moe_shared_expert_intermediate_size=g["moe_shared_expert_intermediate_size"],
+        moe_shared_expert_gate=g["moe_shared_expert_gate"],
+        moe_router_score_function=g["moe_router_score_function"],
+        moe_router_enable_expert_bias=g["moe_router_enable_expert_bias"],
+        moe_router_topk_scaling_factor=g["moe_router_topk_scaling_factor"],
+        moe_router_num_groups=g["moe_router_num_groups"],
+        moe_router_group_topk=g["moe_router_group_topk"],
+        moe_router_dtype=g["moe_router_dtype"], moe_router_pre_softmax=g["moe_router_pre_softmax"],
+        moe_grouped_gemm=False, moe_token_dispatcher_type="allgather",
+        use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32)
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    torch.manual_seed(999)  # other values than the checkpoint's
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=g["padded_vocab_size"],
+                     max_sequence_length=g["max_position_embeddings"], pre_process=True,
+                     post_process=True,
+                     share_embeddings_and_output_weights=not g[
+                         "untie_embeddings_and_output_weights"],
+                     position_embedding_type=g["position_embedding_type"],
+                     rotary_percent=g["rotary_percent"], rotary_base=g["rotary_base"])
+    sd = {"model": model.sharded_state_dict()}
+    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
+        del sd["model"][k]
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "release"))
+    res = model.load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    m = model.eval()
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    mrandom.get_cuda_rng_tracker().fork = lambda *x, **k: contextlib.nullcontext()
+    b, n = TOKENS
+    mask = torch.triu(torch.ones(n, n), diagonal=1).bool()[None, None]
+    controls = {}
+    with torch.no_grad():
+        def forward():
+            out = m(a.tokens, torch.arange(n).expand(b, n), attention_mask=mask)
+            return out[..., :a.logits.shape[-1]]
+        got = forward()
+        diff = float((got - a.logits).abs().max())
+        tol = 1e-5 * float(a.logits.abs().max())
+        if not diff <= tol:
+            problems.append(f"logits differ by up to {diff} (tolerance {tol})")
+        router = m.decoder.layers[2].mlp.router  # the first MoE layer's
+        if router.expert_bias is None or router.expert_bias.dtype != torch.float32:
+            problems.append(f"expert bias {router.expert_bias}")
+        # one byte of the expert bias: the sign of its lowest entry
+        bias = router.expert_bias
+        j = int(bias.argmin())
+        saved = bias.clone()
+        bias.view(torch.uint8)[4 * j + 3] ^= 0x80
+        controls["bias_byte"] = float((forward() - a.logits).abs().max()) > tol
+        bias.copy_(saved)
+        cfg.moe_router_num_groups = cfg.moe_router_group_topk = None  # no group limit
+        controls["groups"] = float((forward() - a.logits).abs().max()) > tol
+        cfg.moe_router_num_groups, cfg.moe_router_group_topk = (
+            g["moe_router_num_groups"], g["moe_router_group_topk"])
+        cfg.moe_router_topk_scaling_factor = None
+        controls["scaling"] = float((forward() - a.logits).abs().max()) > tol
+    mtd.report(a, {"ok": not problems, "problems": problems[:10], "logits": got.numel(),
+                   "max_abs_diff": diff, "controls": controls})
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def test_glm4_moe():
+    """Glm4MoeForCausalLM (fp32, sharded, per-expert names): 2 dense + 2 MoE layers, 8 experts
+    top-2 in 2 groups of which 1 is chosen, a random score-correction bias, routed scaling
+    2.5, q/k/v biases, QK norms, partial rotary 0.5 (the config's default). ucp converts it to
+    torch_dist at TP1·PP1; megatron-core builds the MoE GPTModel from the args ucp wrote
+    (sigmoid router with expert bias, groups, scaling factor, rotary_percent), loads it with
+    every key, its fp32 logits equal transformers' within 1e-5 (negative controls in
+    glm_rank); the args equal, field by field, what config.json gives; at EP 2 and back with
+    `ucp export --hf`, transformers' tensors bit for bit, and transformers' model of the
+    export gives the same logits; Megatron's legacy format at TP2·PP2·EP2 likewise (args of
+    every rank file, the tensors back). Settings megatron-core cannot match are refused. A bf16
+    copy with a float32 bias: the bias stays float32 in torch_dist, and comes back bit for
+    bit."""
+    import transformers
+    mtd.preload()
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
+    cfg = transformers.Glm4MoeConfig(**GLM, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    with Tmp("ucp-hf-glm-") as t:
+        torch.manual_seed(6)
+        model = transformers.Glm4MoeForCausalLM(cfg).float()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                norm = name.endswith("norm.weight")
+                p.copy_(torch.randn_like(p) * (0.3 if norm else 0.2) + (1.0 if norm else 0.0))
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(torch.randn_like(b) * 0.5)
+        model.save_pretrained(t / "hf", max_shard_size="20KB")
+        want = read_safetensors(t / "hf")
+        biases = [k for k in want if k.endswith("mlp.gate.e_score_correction_bias")]
+        assert len(biases) == 2 and all(want[k].abs().min() > 0 for k in biases), biases
+        assert "model.layers.3.mlp.experts.7.down_proj.weight" in want, sorted(want)[:20]
+        assert "model.layers.2.mlp.shared_experts.up_proj.weight" in want
+        assert "model.layers.0.self_attn.k_proj.bias" in want
+        config = json.loads((t / "hf" / "config.json").read_text())
+        model = transformers.Glm4MoeForCausalLM.from_pretrained(str(t / "hf"),
+                                                                dtype=torch.float32)
+        tokens = torch.randint(0, 128, TOKENS, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            logits = model.eval()(tokens).logits
+        run("convert", t / "hf", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 1, "--names", "mcore-llama", "-q")
+        args = torch.load(t / "td" / "release" / "common.pt", weights_only=False)["args"]
+        check_args(args, config, 1, 1, "glm common.pt")
+        a = argparse.Namespace(ckpt=str(t / "td"), tokens=tokens, logits=logits,
+                               args=vars(args), report=str(t / "verdicts"))
+        ctx = mp.start_processes(glm_rank, args=(1, mtd.free_port(), a), nprocs=1, join=False,
+                                 start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf import glm")
+        v = [json.loads(x) for x in (t / "verdicts").read_text().splitlines()] \
+            if (t / "verdicts").exists() else []
+        assert ok and len(v) == 1 and v[0]["ok"], v
+        assert v[0]["logits"] >= MIN_VALUES and all(v[0]["controls"].values()), v
+        assert len(v[0]["controls"]) == 3, v
+        print(f"glm4_moe ep 1: logits within {v[0]['max_abs_diff']:.2e}", flush=True)
+        run("convert", t / "hf", "-o", t / "ep2", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        check_args(torch.load(t / "ep2" / "release" / "common.pt", weights_only=False)["args"],
+                   config, 1, 1, "glm EP 2 common.pt", ep=2)
+        run("export", t / "ep2", "-o", t / "exp", "--hf", "-q", "--vocab-size", 128)
+        assert_same_tensors(read_safetensors(t / "exp"), want, "export --hf of GLM EP 2")
+        back = transformers.AutoModelForCausalLM.from_pretrained(str(t / "exp"),
+                                                                 dtype=torch.float32)
+        assert type(back).__name__ == "Glm4MoeForCausalLM", type(back)
+        with torch.no_grad():
+            again = back.eval()(tokens).logits
+        assert torch.equal(again, logits), float((again - logits).abs().max())
+        # Megatron's legacy format at TP2·PP2·EP2: args in every rank file, the tensors back
+        run("convert", t / "hf", "-o", t / "legacy", "--format", "megatron", "--tp", 2, "--pp",
+            2, "--dp", 2, "--ep", 2, "--etp", 2, "--names", "mcore-llama", "-q")
+        files = sorted((t / "legacy" / "release").glob("mp_rank_*/model_optim_rng.pt"))
+        assert len(files) == 8, files
+        for f in files:
+            check_args(torch.load(f, weights_only=False)["args"], config, 2, 2, str(f), ep=2)
+        run("export", t / "legacy", "-o", t / "exp2", "--hf", "-q", "--vocab-size", 128)
+        assert_same_tensors(read_safetensors(t / "exp2"), want, "export --hf of GLM legacy")
+
+        # What megatron-core cannot compute alike: one usage error naming the setting (also
+        # through the sanitized ucp_san: the same line, no sanitizer report).
+        def convert_fails(d, *needles, code=2):
+            args = ("convert", d, "-o", t / f"out-{d.name}", "--format", "megatron-torch-dist",
+                    "--tp", 1, "--pp", 1, "--dp", 1, "--names", "mcore-llama")
+            p = run(*args, expect=code)
+            one_error_line(p, *needles)
+            if SAN:
+                q = subprocess.run([SAN, *map(str, args)], capture_output=True, text=True)
+                assert q.returncode == code and q.stderr == p.stderr, (q.returncode, q.stderr)
+            assert not (t / f"out-{d.name}").exists()
+
+        def refused(name, needles, code=2, **kw):
+            d = t / name
+            shutil.copytree(t / "hf", d)
+            c = dict(config, **kw)
+            (d / "config.json").write_text(json.dumps(c))
+            convert_fails(d, "config.json", *needles, code=code)
+        refused("unnormalized", ["norm_topk_prob false"], norm_topk_prob=False)
+        refused("groups", ["n_group 2", "topk_group 1", "num_experts_per_tok 4"],
+                num_experts_per_tok=4)
+        refused("rotary", ["partial_rotary_factor 0.375", "3 rotary dims"],
+                rope_parameters=dict(config["rope_parameters"], partial_rotary_factor=0.375))
+        refused("uneven-groups", ["n_group 3", "8 experts"], code=3, n_group=3)
+        # GLM-4.5's own files hold its multi-token-prediction layer past num_hidden_layers
+        # (transformers ignores it on load): named, not dropped
+        from safetensors.torch import load_file, save_file
+        d = t / "mtp"
+        shutil.copytree(t / "hf", d)
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        shard = index["weight_map"]["model.norm.weight"]
+        tensors = load_file(str(d / shard))
+        tensors["model.layers.4.eh_proj.weight"] = torch.zeros(32, 64)
+        save_file(tensors, str(d / shard), metadata={"format": "pt"})
+        index["weight_map"]["model.layers.4.eh_proj.weight"] = shard
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        convert_fails(d, shard, "model.layers.4.eh_proj.weight", "num_nextn_predict_layers")
+
+        # bf16 weights with the float32 score-correction bias real GLM-4.5 files keep: the
+        # torch_dist router's expert_bias stays float32 (as megatron-core keeps the buffer),
+        # and export --hf --dtype bf16 at EP 2 gives back every tensor and dtype bit for bit.
+        model = transformers.Glm4MoeForCausalLM(cfg).to(torch.bfloat16)
+        with torch.no_grad():
+            for layer in model.model.layers[GLM["first_k_dense_replace"]:]:
+                layer.mlp.gate.e_score_correction_bias.data = torch.randn(8) * 0.5
+        model.save_pretrained(t / "bf16", max_shard_size="20KB")
+        want = read_safetensors(t / "bf16")
+        assert {str(v.dtype) for v in want.values()} == {"torch.bfloat16", "torch.float32"}
+        run("convert", t / "bf16", "-o", t / "bf16-td", "--format", "megatron-torch-dist",
+            "--tp", 1, "--pp", 1, "--dp", 2, "--ep", 2, "--names", "mcore-llama", "-q")
+        from torch.distributed.checkpoint import FileSystemReader
+        md = FileSystemReader(str(t / "bf16-td" / "release")).read_metadata()
+        dtypes = {k: v.properties.dtype for k, v in md.state_dict_metadata.items()
+                  if k.endswith(("router.expert_bias", "router.weight"))}
+        assert len(dtypes) == 4 and all(
+            d == (torch.float32 if k.endswith("bias") else torch.bfloat16)
+            for k, d in dtypes.items()), dtypes
+        run("export", t / "bf16-td", "-o", t / "bf16-exp", "--hf", "--dtype", "bf16", "-q",
+            "--vocab-size", 128)
+        assert_same_tensors(read_safetensors(t / "bf16-exp"), want, "export --hf of bf16 GLM")
+
+
+def test_init_optimizer():
+    """`--init-optimizer`: a DCP target of a transformers folder holds fresh Adam state that
+    torch's own flow loads (get_state_dict of a LlamaForCausalLM and torch.optim.Adam whose
+    state is filled with other values, dcp.load, set_state_dict): every exp_avg / exp_avg_sq
+    zero, every step 0, torch.optim.Adam's param group (each of its keys, the defaults), the
+    weights bit for bit; one real Adam step from it gives exp_avg = (1 - beta1) * grad and
+    exp_avg_sq = (1 - beta2) * grad^2. Negative control: without the flag dcp.load finds no
+    optimizer state. A bf16 folder: its float32 master copy (what DCP writes as the weights when
+    the content has one) equals torch's upcast of the bf16 weights."""
+    import transformers
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    with Tmp("ucp-hf-initopt-") as t:
+        make_hf(t / "hf", "llama")
+        want = read_safetensors(t / "hf")
+        run("convert", t / "hf", "-o", t / "dcp", "--format", "dcp", "--dp", 2,
+            "--init-optimizer", "-q")
+        run("convert", t / "hf", "-o", t / "plain", "--format", "dcp", "--dp", 2, "-q")
+
+        def loaded(ckpt, dtype=torch.float32, hf=t / "hf"):
+            model = transformers.LlamaForCausalLM.from_pretrained(str(hf), dtype=dtype)
+            opt = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.5, 0.5))
+            msd, osd = get_state_dict(model, opt)
+            for v in msd.values():
+                v.fill_(3.0)
+            for v in osd["state"].values():  # values the load must replace
+                v["exp_avg"].fill_(7.0)
+                v["exp_avg_sq"].fill_(7.0)
+                v["step"].fill_(9.0)
+            state = {"model": msd, "optimizer": osd}
+            dcp.load(state, checkpoint_id=str(ckpt))
+            return model, opt, state
+        model, opt, state = loaded(t / "dcp")
+        osd = state["optimizer"]
+        assert sorted(osd["state"]) == sorted(want), sorted(set(osd["state"]) ^ set(want))
+        zeros = 0
+        for name, v in osd["state"].items():
+            assert float(v["exp_avg"].abs().max()) == 0, name
+            assert float(v["exp_avg_sq"].abs().max()) == 0, name
+            assert float(v["step"]) == 0, (name, v["step"])
+            zeros += 2 * v["exp_avg"].numel()
+        assert zeros >= MIN_VALUES, zeros
+        group = {k: v for k, v in osd["param_groups"][0].items() if k != "params"}
+        default = {k: v for k, v in torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
+                   .state_dict()["param_groups"][0].items() if k != "params"}
+        assert len(osd["param_groups"]) == 1 and group == default, (group, default)
+        assert_same_tensors(state["model"], want, "dcp.load of the model")
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        tokens = torch.randint(0, 100, TOKENS, generator=torch.Generator().manual_seed(5))
+        model(tokens, labels=tokens).loss.backward()
+        opt.step()
+        stepped = 0
+        for p in model.parameters():
+            st = opt.state[p]
+            assert float(st["step"]) == 1, st["step"]
+            assert torch.allclose(st["exp_avg"], 0.1 * p.grad, rtol=1e-6, atol=0)
+            assert torch.allclose(st["exp_avg_sq"], 0.001 * p.grad * p.grad, rtol=1e-5, atol=0)
+            stepped += p.numel()
+        assert stepped >= MIN_VALUES, stepped
+        # negative control: no optimizer state without the flag
+        from torch.distributed.checkpoint.api import CheckpointException
+        try:
+            loaded(t / "plain")
+        except (RuntimeError, CheckpointException) as e:
+            assert "Missing key in checkpoint state_dict: optimizer." in str(e), e
+        else:
+            raise AssertionError("dcp.load found optimizer state without --init-optimizer")
+        # bf16 weights: the float32 master copy is the upcast of each weight
+        model = transformers.LlamaForCausalLM.from_pretrained(str(t / "hf"))
+        model.to(torch.bfloat16).save_pretrained(t / "bf16", max_shard_size="20KB")
+        bf16 = read_safetensors(t / "bf16")
+        assert {v.dtype for v in bf16.values()} == {torch.bfloat16}
+        run("convert", t / "bf16", "-o", t / "bf16-dcp", "--format", "dcp", "--dp", 2,
+            "--init-optimizer", "-q")
+        _, _, state = loaded(t / "bf16-dcp", hf=t / "bf16")
+        assert_same_tensors(state["model"], {k: v.float() for k, v in bf16.items()},
+                            "the float32 masters of a bf16 folder")
+
+
+def optim_rank(rank, world, port, a):
+    """One DP rank: the bf16 GPTModel of a.kind in megatron-core's DistributedDataParallel with
+    its real DistributedOptimizer (mcore_cpu), loaded from ucp's torch_dist folder a.ckpt as
+    training's load_checkpoint does without --no-load-optim (the optimizer's
+    sharded_state_dict(is_loading=True) in the form the checkpoint's content_metadata names,
+    dist_checkpointing.load, load_state_dict); what the optimizer then holds, gathered by its
+    own fully_reshardable sharded_state_dict, against a.full: fp32 main params, exp_avg,
+    exp_avg_sq; its Adam steps; and against a.bad (one value changed), which must differ."""
+    mtd.init(rank, world, port, 1, 1, 1)
+    import mcore_cpu
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    torch.Tensor.cuda = lambda self, *x, **k: self
+    torch.manual_seed(999)
+    models = [build_gpt(a.kind, 1, bf16=True)]
+    _, opt = mcore_cpu.ddp_and_optimizer(models)
+    mcore_cpu.allocate_state(opt)
+    iter_dir = pathlib.Path(a.ckpt) / "release"
+    content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
+    sd = mtd.model_sd(models)
+    sd["optimizer"] = opt.sharded_state_dict(mtd.model_sd(models), is_loading=True,
+                                             metadata=content)
+
+    def drop_extra(d):  # --dist-ckpt-strictness log_all: no _extra_state objects
+        for k in list(d):
+            if isinstance(d[k], dict):
+                drop_extra(d[k])
+            elif str(k).endswith("_extra_state") or \
+                    getattr(d[k], "key", "").endswith("_extra_state"):
+                del d[k]
+    drop_extra(sd)
+    loaded = dist_checkpointing.load(sd, str(iter_dir))
+    res = models[0].load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    opt.load_state_dict(loaded["optimizer"])
+    steps = sorted(mcore_cpu.held_steps(opt))
+    osd = opt.sharded_state_dict(mtd.model_sd(models), metadata={
+        "distrib_optim_sharding_type": "fully_reshardable",
+        "chained_optim_avoid_prefix": True})["param_state"]
+    apply_factories(osd)
+    values, kinds, control = 0, set(), []
+    for sh in nested_values(osd):
+        if isinstance(sh, ShardedTensor):
+            values += mtd.check_shard(sh, a.full, problems, "optimizer")
+            mtd.check_shard(sh, a.bad, control, "control")
+            kinds.add(sh.key.split(".")[2])
+    if steps != [0.0]:
+        problems.append(f"Adam steps {steps}")
+    if content.get("distrib_optim_sharding_type") != "fully_reshardable":
+        problems.append(f"content_metadata {content}")
+    mtd.report(a, {"rank": rank, "ok": not problems, "problems": problems[:10],
+                   "values": values, "kinds": sorted(kinds), "control": control[:3]})
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    if problems:
+        sys.exit(1)
+
+
+def test_init_optimizer_megatron():
+    """`--init-optimizer` to Megatron-core torch_dist at DP 2 (bf16 LLaMA): megatron-core's real
+    DistributedOptimizer loads the optimizer state on each rank (optim_rank) and then holds,
+    for every param, the float32 upcast of the bf16 weight as its main param and zero Adam
+    moments (the reference: this test's own fusing of transformers' state dict, megatron_reference,
+    upcast by torch), step 0; the args say the distributed optimizer. Negative control: the
+    reference with one main-param value changed is found."""
+    import transformers
+    mtd.preload()
+    with Tmp("ucp-hf-initopt-mcore-") as t:
+        make_hf(t / "hf", "llama")
+        model = transformers.LlamaForCausalLM.from_pretrained(str(t / "hf"))
+        model.to(torch.bfloat16).save_pretrained(t / "bf16", max_shard_size="20KB")
+        sd = read_safetensors(t / "bf16")
+        run("convert", t / "bf16", "-o", t / "td", "--format", "megatron-torch-dist", "--tp", 1,
+            "--pp", 1, "--dp", 2, "--names", "mcore-llama", "--init-optimizer",
+            "--distributed-optimizer", "-q")
+        args = torch.load(t / "td" / "release" / "common.pt", weights_only=False)["args"]
+        assert args.use_distributed_optimizer and args.bf16, vars(args)
+        ref = megatron_reference(sd, "llama", 1)
+        full = dict(ref)
+        for k, v in ref.items():
+            full["optimizer.state.param." + k] = v.float()
+            full["optimizer.state.exp_avg." + k] = torch.zeros(v.shape)
+            full["optimizer.state.exp_avg_sq." + k] = torch.zeros(v.shape)
+        key = "optimizer.state.param.decoder.layers.mlp.linear_fc2.weight"
+        bad = dict(full, **{key: full[key].clone()})  # negative control
+        bad[key][1, 3, 5] += 1.0
+        a = argparse.Namespace(kind="llama", ckpt=str(t / "td"), full=full, bad=bad,
+                               report=str(t / "verdicts"))
+        ctx = mp.start_processes(optim_rank, args=(2, mtd.free_port(), a), nprocs=2,
+                                 join=False, start_method="fork")
+        ok = mtd.join(ctx, time.monotonic() + mtd.DEADLINE, "hf init-optimizer load")
+        path = t / "verdicts"
+        v = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        assert ok and len(v) == 2 and all(x["ok"] for x in v), v
+        assert sum(x["values"] for x in v) >= MIN_VALUES, v
+        assert all(x["kinds"] == ["exp_avg", "exp_avg_sq", "param"] for x in v), v
+        assert sum(len(x["control"]) for x in v) >= 1, v
+        print(f"init-optimizer torch_dist dp 2: {sum(x['values'] for x in v)} values", flush=True)
 
 
 def test_mistral():

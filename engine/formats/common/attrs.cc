@@ -85,6 +85,8 @@ pickle::Value* GroupHyperparamsDict(const universal::ParamGroup& group,
     if (k == "params") continue;
     if (v.is_bool()) {
       x = arena.Bool(v.AsBool());
+    } else if (v.is_null()) {  // torch.optim.Adam's foreach / fused None
+      x = arena.None();
     } else if (v.is_number()) {
       x = arena.Float(v.AsDouble());
     } else if (v.is_array() && !v.items().empty() &&

@@ -30,10 +30,10 @@ constexpr int64_t kMaxSetting = int64_t{1} << 24;
 
 // The architectures ucp imports and their model_type.
 constexpr std::pair<const char*, const char*> kArchitectures[] = {
-    {"LlamaForCausalLM", "llama"},       {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},       {"Qwen3ForCausalLM", "qwen3"},
-    {"MixtralForCausalLM", "mixtral"},   {"Qwen2MoeForCausalLM", "qwen2_moe"},
-    {"Qwen3MoeForCausalLM", "qwen3_moe"}};
+    {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
+    {"MixtralForCausalLM", "mixtral"},    {"Qwen2MoeForCausalLM", "qwen2_moe"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"Glm4MoeForCausalLM", "glm4_moe"}};
 
 json::Value ReadJsonFile(const fs::path& path, const std::string& what) {
   std::error_code ec;
@@ -91,11 +91,94 @@ class ConfigReader {
       throw FormatError(where_, " > ", key, ": not a number");
     return v->AsDouble();
   }
+  // An integer setting >= 0; `fallback` when absent or null.
+  int64_t Count(const char* key, int64_t fallback) const {
+    const json::Value* v = j_.Find(key);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_int() || v->AsInt() < 0 || v->AsInt() > kMaxSetting) {
+      throw FormatError(where_, " > ", key, ": not an integer in [0, ",
+                        kMaxSetting, "]");
+    }
+    return v->AsInt();
+  }
   // A setting ucp does not import: one usage error naming it.
   [[noreturn]] void Refuse(const std::string& setting,
                            const std::string& arch) const {
     throw UsageError(where_, ": ", setting, ", which ucp does not import for ",
                      arch, " (README of engine/formats/hf)");
+  }
+
+  // Glm4MoeForCausalLM (modeling_glm4_moe.py): layers from
+  // first_k_dense_replace on sparse, each with n_routed_experts experts,
+  // ungated shared experts of n_shared_experts x moe_intermediate_size, and
+  // DeepSeek-V3's router (Glm4MoeTopkRouter): sigmoid scores, the top-k
+  // chosen on scores + e_score_correction_bias within the topk_group best of
+  // n_group groups (a group's score: the sum of its best two), weights the
+  // chosen scores, divided by their sum when norm_topk_prob, times
+  // routed_scaling_factor. megatron-core 0.16's sigmoid router
+  // (moe_utils.topk_routing_with_score_function) is the same with
+  // moe_router_enable_expert_bias, moe_router_num_groups / group_topk (a
+  // group's score: the sum of its best topk / group_topk: two only when
+  // topk / topk_group is 2) and moe_router_topk_scaling_factor, and
+  // normalizes exactly when topk > 1: what the weights cannot make equal is
+  // refused, naming the setting.
+  void ReadGlm4Moe(ModelConfig& c) const {
+    const std::string arch = c.architecture;
+    c.experts =
+        Int(j_.Find("n_routed_experts") != nullptr ? "n_routed_experts"
+                                                   : "num_local_experts");
+    c.moe_ffn = Int("moe_intermediate_size");
+    c.shared_ffn = c.moe_ffn * Int("n_shared_experts", 1);
+    c.first_dense = Count("first_k_dense_replace", 1);
+    for (int64_t i = 0; i < c.layers; ++i)
+      c.moe_layer.push_back(i >= c.first_dense);
+    c.sigmoid_router = true;
+    c.routed_scaling = Number(j_, "routed_scaling_factor", 1.0);
+    if (!(c.routed_scaling > 0))
+      Refuse(StrCat("routed_scaling_factor ", c.routed_scaling), arch);
+    c.qk_norm = Bool("use_qk_norm", false);
+    // Glm4MoeConfig's default partial_rotary_factor is 0.5 (transformers 5
+    // keeps it in rope_parameters).
+    c.rotary_percent = Number(j_, "partial_rotary_factor", 0.5);
+    if (const json::Value* rp = j_.Find("rope_parameters");
+        rp != nullptr && rp->is_object()) {
+      c.rotary_percent = Number(*rp, "partial_rotary_factor", c.rotary_percent);
+    }
+    // (both take int(head_dim x factor) dims, in rotate-half pairs)
+    const auto rotary_dims = static_cast<int64_t>(
+        static_cast<double>(c.head_dim) * c.rotary_percent);
+    if (!(c.rotary_percent > 0 && c.rotary_percent <= 1) || rotary_dims < 2 ||
+        rotary_dims % 2 != 0) {
+      Refuse(StrCat("partial_rotary_factor ", c.rotary_percent, " of head_dim ",
+                    c.head_dim, " (", rotary_dims, " rotary dims, not even)"),
+             arch);
+    }
+    const int64_t topk = Int("num_experts_per_tok");
+    const int64_t groups = Int("n_group", 1), group_topk = Int("topk_group", 1);
+    if (c.experts % groups != 0 || group_topk > groups) {
+      throw FormatError(where_, ": n_group ", groups, " / topk_group ",
+                        group_topk, " do not divide the ", c.experts,
+                        " experts");
+    }
+    if (groups > 1 && group_topk < groups) {
+      if (topk / group_topk != 2 || c.experts / groups < 2) {
+        Refuse(StrCat("n_group ", groups, " with topk_group ", group_topk,
+                      " and num_experts_per_tok ", topk,
+                      " (a group's score is the sum of its best two; "
+                      "megatron-core sums its best num_experts_per_tok / "
+                      "topk_group)"),
+               arch);
+      }
+      c.router_groups = groups;
+      c.router_group_topk = group_topk;
+    }
+    if (Bool("norm_topk_prob", true) != (topk > 1)) {
+      Refuse(StrCat("norm_topk_prob ", topk > 1 ? "false" : "true",
+                    " with num_experts_per_tok ", topk,
+                    " (megatron-core's sigmoid router normalizes the top-k "
+                    "weights exactly when k > 1)"),
+             arch);
+    }
   }
 
   ModelConfig Read() const {
@@ -156,6 +239,8 @@ class ConfigReader {
       c.experts = Int("num_local_experts");
       c.moe_ffn = c.ffn;
       c.moe_layer.assign(static_cast<size_t>(c.layers), true);
+    } else if (c.model_type == "glm4_moe") {
+      ReadGlm4Moe(c);
     } else if (c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe") {
       if (c.model_type == "qwen2_moe")
         c.shared_ffn = Int("shared_expert_intermediate_size");
@@ -202,6 +287,9 @@ class ConfigReader {
       c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
     } else if (c.model_type == "qwen2_moe") {
       c.qkv_bias = Bool("qkv_bias", true);  // (transformers 5's setting)
+    } else if (c.model_type == "glm4_moe") {
+      // Glm4MoeAttention: attention_bias biases q/k/v, never o_proj.
+      c.qkv_bias = Bool("attention_bias", false);
     } else {
       if (Bool("attention_bias", false))
         Refuse("attention_bias true", c.architecture);

@@ -71,7 +71,7 @@ class HfDriver : public formats::Driver {
            "or pytorch_model.bin and its shards; "
            "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
            "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-           "Qwen3MoeForCausalLM), read: "
+           "Qwen3MoeForCausalLM, Glm4MoeForCausalLM), read: "
            "weights only, under transformers' names (--names mcore-llama "
            "for a Megatron target)";
   }
@@ -80,15 +80,21 @@ class HfDriver : public formats::Driver {
                                  : formats::Confidence::kNo;
   }
   std::vector<formats::OptionSpec> SourceOptionSpecs() const override {
-    formats::OptionSpec o;
-    o.name = kDequantizeOption;
-    o.type = formats::OptionSpec::Type::kString;
-    o.implicit_text = "bf16";
-    o.help =
+    formats::OptionSpec init;
+    init.name = "init-optimizer";
+    init.type = formats::OptionSpec::Type::kFlag;
+    init.help =
+        "hf: give the model fresh optimizer state (Adam's exp_avg / exp_avg_sq "
+        "zeros, a float32 master copy, step 0) for a target that keeps one";
+    formats::OptionSpec deq;
+    deq.name = kDequantizeOption;
+    deq.type = formats::OptionSpec::Type::kString;
+    deq.implicit_text = "bf16";
+    deq.help =
         "hf: dequantize FP8 block-scaled weights (quantization_config fp8) "
         "while reading, to bf16 (--dequantize, --dequantize bf16) or fp32 "
         "(--dequantize fp32), their scales dropped";
-    return {o};
+    return {init, deq};
   }
   // A model folder is one checkpoint (no iterations).
   std::vector<formats::SavedCheckpoint> ListCheckpoints(
@@ -120,7 +126,9 @@ class HfDriver : public formats::Driver {
         throw UsageError("--dequantize ", *d, ": expected bf16 or fp32");
       }
     }
-    return std::make_unique<HfSource>(OpenFolder(path), dequantize);
+    Folder folder = OpenFolder(path);
+    folder.init_optimizer = options.values.Flag("init-optimizer");
+    return std::make_unique<HfSource>(std::move(folder), dequantize);
   }
 };
 

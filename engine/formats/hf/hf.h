@@ -20,10 +20,10 @@
 //
 // Architectures (config.json "architectures"[0]): LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM,
-// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; their tensors (i <
-// num_hidden_layers, d = head_dim or hidden_size / num_attention_heads, nq =
-// num_attention_heads, nkv = num_key_value_heads (default nq), H = hidden_size,
-// I = intermediate_size, V = vocab_size):
+// Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Glm4MoeForCausalLM; their tensors
+// (i < num_hidden_layers, d = head_dim or hidden_size / num_attention_heads, nq
+// = num_attention_heads, nkv = num_key_value_heads (default nq), H =
+// hidden_size, I = intermediate_size, V = vocab_size):
 //   model.embed_tokens.weight                      [V, H]
 //   model.layers.i.input_layernorm.weight          [H]
 //   model.layers.i.self_attn.q_proj.weight         [nq * d, H]
@@ -50,6 +50,14 @@
 //   model.layers.i.mlp.shared_expert.{gate,up}_proj.weight [S, H]
 //   model.layers.i.mlp.shared_expert.down_proj.weight      [H, S]
 //   model.layers.i.mlp.shared_expert_gate.weight           [1, H]
+//   Glm4-MoE's sparse layers (i >= first_k_dense_replace; E =
+//   n_routed_experts, I' = moe_intermediate_size, S = I' * n_shared_experts;
+//   q/k/v biases with attention_bias, q/k_norm with use_qk_norm):
+//   model.layers.i.mlp.gate.weight                 [E, H] (sigmoid router)
+//   model.layers.i.mlp.gate.e_score_correction_bias [E] (float32)
+//   model.layers.i.mlp.experts.j.{gate,up,down}_proj.weight  as Qwen3-MoE's
+//   model.layers.i.mlp.shared_experts.{gate,up}_proj.weight [S, H]
+//   model.layers.i.mlp.shared_experts.down_proj.weight      [H, S]
 //   model.norm.weight                              [H]
 //   lm_head.weight                                 [V, H] (untied; a tied
 //                                                  model's copy, if saved,
@@ -118,6 +126,16 @@ struct ModelConfig {
   // (0: not quantized).
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   json::Value json;  // config.json as read
+
+  // Glm4-MoE's (DeepSeek-V3's) MoE block: ungated shared experts
+  // (mlp.shared_experts.*), a sigmoid router with its score-correction bias
+  // (mlp.gate.e_score_correction_bias), scaled weights, group-limited routing.
+  bool sigmoid_router = false;
+  double routed_scaling = 1.0;    // routed_scaling_factor
+  int64_t router_groups = 0;      // n_group when it limits the choice (else 0)
+  int64_t router_group_topk = 0;  // topk_group likewise
+  int64_t first_dense = 0;        // first_k_dense_replace
+  double rotary_percent = 1.0;    // partial_rotary_factor
 };
 
 /// An opened folder: config, the weight files (and the index, if one).
@@ -126,6 +144,8 @@ struct Folder {
   ModelConfig config;
   std::filesystem::path index;  // empty: one model.safetensors
   std::vector<WeightFile> files;
+  /// --init-optimizer: the content gets fresh optimizer state (PlanSource).
+  bool init_optimizer = false;
 };
 
 /// Whether `dir` looks like a transformers model folder (config.json and
@@ -140,9 +160,14 @@ bool LooksLikeFolder(const std::filesystem::path& dir) noexcept;
 Folder OpenFolder(const std::filesystem::path& dir);
 
 /// The universal content: every tensor a fragment of its atom, in the
-/// model's module order. Throws UsageError naming the file and tensor for a
-/// tensor with no place in the architecture; FormatError for a missing
-/// tensor or a shape or dtype the config disagrees with. `dequantize`: the
+/// model's module order. With `folder.init_optimizer`, also fresh Adam state
+/// for every weight (not the router's score-correction bias, a buffer):
+/// exp_avg and exp_avg_sq float32 zeros, a float32 master copy (`fp32`) of
+/// bf16 / fp16 weights, one param group without hyper-parameters (a target
+/// writes torch.optim.Adam's defaults, saying so), optimizer step 0. Throws
+/// UsageError naming the file and tensor for a tensor with no place in the
+/// architecture; FormatError for a missing tensor or a shape or dtype the
+/// config disagrees with. `dequantize`: the
 /// dtype FP8 block-scaled weights are dequantized to (bf16 or float32);
 /// absent, the first FP8 weight is a UsageError naming it and --dequantize.
 universal::SourcePlan PlanSource(

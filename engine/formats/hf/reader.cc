@@ -2,7 +2,10 @@
 // every tensor the architecture has, checked against config.json, streamed
 // from its safetensors file at its offset (nothing is loaded whole).
 
+#include <algorithm>
+#include <charconv>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include "engine/core/error.h"
@@ -35,6 +38,70 @@ class SafetensorsSource : public reshape::ByteSource {
   fs::path path_;
   File file_;
 };
+
+// Zeros, for fresh optimizer state (--init-optimizer).
+class ZeroSource : public reshape::ByteSource {
+ public:
+  void Read(uint64_t, std::span<std::byte> dst) const override {
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+  }
+  std::string Describe() const override {
+    return "fresh optimizer state (--init-optimizer: zeros)";
+  }
+};
+
+// --init-optimizer (hf.h PlanSource): Adam's moments as float32 zeros and a
+// float32 master copy of every bf16 / fp16 weight, in one param group, step 0.
+void AddFreshOptimizer(universal::SourcePlan& plan) {
+  const auto zeros = static_cast<uint32_t>(plan.sources.size());
+  plan.sources.push_back(std::make_unique<ZeroSource>());
+  std::vector<universal::AtomPlan> state;
+  universal::ParamGroup group;
+  group.params.emplace();
+  // torch.optim.Adam's other settings, at their defaults (the group a job's
+  // torch.optim.Adam state dict has, every key of which dcp.load asks for);
+  // lr, betas, eps and weight_decay are left to the target (its defaults,
+  // with a note).
+  for (const char* flag : {"amsgrad", "maximize", "capturable",
+                           "differentiable", "decoupled_weight_decay"})
+    group.Set(flag, json::Value(false));
+  for (const char* unset : {"foreach", "fused"})
+    group.Set(unset, json::Value());
+  for (const universal::AtomPlan& a : plan.atoms) {
+    // (a buffer of the router, without optimizer state in Megatron too)
+    if (a.param.ends_with(".e_score_correction_bias")) continue;
+    group.params->push_back(a.param);
+    if (a.dtype != DType::kFloat32) {  // the master copy of the weight
+      universal::AtomPlan master = a;
+      master.state_kind = "fp32";
+      master.dtype = DType::kFloat32;
+      state.push_back(std::move(master));
+    }
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      universal::AtomPlan m;
+      m.param = a.param;
+      m.state_kind = kind;
+      m.dtype = DType::kFloat32;
+      m.shape = a.shape;
+      universal::Fragment fr;
+      fr.src.source = zeros;
+      fr.src.byte_offset = 0;
+      fr.src.dtype = DType::kFloat32;
+      fr.src.shape = a.shape;
+      fr.src_box = Box::Whole(a.shape);
+      fr.atom_box = Box::Whole(a.shape);
+      fr.where = StrCat("--init-optimizer: ", a.param, " ", kind);
+      m.fragments.push_back(std::move(fr));
+      state.push_back(std::move(m));
+    }
+  }
+  for (universal::AtomPlan& a : state) plan.atoms.push_back(std::move(a));
+  universal::OptimizerInfo& opt = plan.model.optimizer;
+  opt.type = "adam";
+  opt.groups.emplace().push_back(std::move(group));
+  opt.state_kinds = std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  opt.step = 0;
+}
 
 // A tensor the architecture has: its name and the shape config.json gives.
 struct Expected {
@@ -73,13 +140,20 @@ std::vector<Expected> ExpectedTensors(const ModelConfig& c) {
       }
     } else if (c.moe_layer[static_cast<size_t>(i)]) {  // Qwen3-MoE's
       out.push_back({l + "mlp.gate.weight", {c.experts, h}});
+      if (c.sigmoid_router)  // Glm4-MoE's score-correction bias
+        out.push_back({l + "mlp.gate.e_score_correction_bias", {c.experts}});
       for (int64_t j = 0; j < c.experts; ++j) {
         const std::string x = StrCat(l, "mlp.experts.", j, ".");
         out.push_back({x + "gate_proj.weight", {c.moe_ffn, h}});
         out.push_back({x + "up_proj.weight", {c.moe_ffn, h}});
         out.push_back({x + "down_proj.weight", {h, c.moe_ffn}});
       }
-      if (c.shared_ffn > 0) {  // Qwen2-MoE's gated shared expert
+      if (c.shared_ffn > 0 && c.sigmoid_router) {  // Glm4-MoE's, ungated
+        const std::string x = l + "mlp.shared_experts.";
+        out.push_back({x + "gate_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "up_proj.weight", {c.shared_ffn, h}});
+        out.push_back({x + "down_proj.weight", {h, c.shared_ffn}});
+      } else if (c.shared_ffn > 0) {  // Qwen2-MoE's gated shared expert
         const std::string x = l + "mlp.shared_expert.";
         out.push_back({x + "gate_proj.weight", {c.shared_ffn, h}});
         out.push_back({x + "up_proj.weight", {c.shared_ffn, h}});
@@ -122,6 +196,42 @@ struct Located {
   const formats::SafetensorsTensor* tensor = nullptr;
   size_t index = 0;  // in the file's tensors
 };
+
+// Whether `name` is a tensor of Glm4-MoE's multi-token-prediction layers
+// (model.layers.N with N in [num_hidden_layers, + num_nextn_predict_layers)),
+// which GLM-4.5's own files hold and transformers ignores on load.
+bool IsMtpLayer(const ModelConfig& c, const std::string& name) {
+  const json::Value* n = c.json.Find("num_nextn_predict_layers");
+  if (c.model_type != "glm4_moe" || n == nullptr || !n->is_int()) return false;
+  const std::string_view prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return false;
+  int64_t layer = 0;
+  const char* begin = name.data() + prefix.size();
+  const auto [end, ec] =
+      std::from_chars(begin, name.data() + name.size(), layer);
+  return ec == std::errc() && end != begin && *end == '.' &&
+         layer >= c.layers && layer < c.layers + n->AsInt();
+}
+
+// Glm4-MoE's router and rotary settings under Megatron's names (hf.h,
+// ReadGlm4Moe): the sigmoid score function, the expert bias, the scaling
+// factor, the groups; the dense first layers for the layout
+// (mcore-moe-deepseek's moe_first_dense_layers, moe_layer_freq).
+void SetRouterVariables(const ModelConfig& c, universal::ModelInfo& vars) {
+  SetVariable(vars, "moe_router_enable_expert_bias", 1, true);
+  if (c.router_groups > 0) {
+    SetVariable(vars, "moe_router_num_groups", c.router_groups);
+    SetVariable(vars, "moe_router_group_topk", c.router_group_topk);
+  }
+  SetVariable(vars, "moe_first_dense_layers", c.first_dense);
+  SetVariable(vars, "moe_layer_freq", 1);
+  if (!vars.other.is_object()) vars.other = json::Value::Object();
+  vars.other["moe_router_score_function"] = "sigmoid";
+  vars.other["moe_router_topk_scaling_factor"] = c.routed_scaling;
+  // (transformers computes the router in float32 whatever the weights')
+  vars.other["moe_router_dtype"] = "fp32";
+  vars.other["rotary_percent"] = c.rotary_percent;
+}
 
 }  // namespace
 
@@ -316,6 +426,13 @@ universal::SourcePlan PlanSource(const Folder& folder,
       emb.fragments.push_back(fragment(at));
       continue;
     }
+    if (IsMtpLayer(c, name)) {
+      throw UsageError(where(at),
+                       ": a tensor of the multi-token-prediction layer "
+                       "(num_nextn_predict_layers), which transformers does "
+                       "not load and ucp does not import (README of "
+                       "engine/formats/hf)");
+    }
     throw UsageError(where(at), ": a tensor with no place in ", c.architecture,
                      " (", Sizes(c), ", num_hidden_layers ", c.layers,
                      "; README of engine/formats/hf)");
@@ -355,14 +472,17 @@ universal::SourcePlan PlanSource(const Folder& folder,
     SetVariable(vars, "moe_ffn_hidden_size", c.moe_ffn);
     if (c.shared_ffn > 0) {
       SetVariable(vars, "moe_shared_expert_intermediate_size", c.shared_ffn);
-      SetVariable(vars, "moe_shared_expert_gate", 1, true);
+      SetVariable(vars, "moe_shared_expert_gate", c.sigmoid_router ? 0 : 1,
+                  true);
     }
   }
+  if (c.sigmoid_router) SetRouterVariables(c, vars);
   if (!vars.other.is_object()) vars.other = json::Value::Object();
   vars.other["norm_epsilon"] = c.rms_norm_eps;
   vars.other["rotary_base"] = c.rope_theta;
   vars.other["normalization"] = "RMSNorm";
   vars.other["position_embedding_type"] = "rope";
+  if (folder.init_optimizer) AddFreshOptimizer(plan);
   universal::TrainingInfo& training = universal::NewTraining(model, dtype);
   training.param_order = std::move(param_order);
   // The driver's record: config.json as read and where the weights were.
@@ -409,6 +529,7 @@ rules:
     match:
       - "model.layers.*.block_sparse_moe.gate.weight"
       - "model.layers.*.mlp.gate.weight"
+      - "model.layers.*.mlp.gate.e_score_correction_bias"
     tp: replicated
   - name: expert_gate_up_colwise
     match:
@@ -424,10 +545,10 @@ rules:
     match: "model.layers.*.mlp.down_proj.weight"
     tp: {split: {dim: 1}}
   - name: shared_expert_gate_up_colwise
-    match: "model.layers.*.mlp.shared_expert.{gate,up}_proj.weight"
+    match: "model.layers.*.mlp.{shared_expert,shared_experts}.{gate,up}_proj.weight"
     tp: {split: {dim: 0}}
   - name: shared_expert_down_rowwise
-    match: "model.layers.*.mlp.shared_expert.down_proj.weight"
+    match: "model.layers.*.mlp.{shared_expert,shared_experts}.down_proj.weight"
     tp: {split: {dim: 1}}
   - name: shared_expert_gate
     match: "model.layers.*.mlp.shared_expert_gate.weight"

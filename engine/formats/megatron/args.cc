@@ -484,7 +484,7 @@ Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
                            ? arena.Int(static_cast<int64_t>(*base))
                            : arena.Float(*base));
   }
-  set("rotary_percent", arena.Float(1.0));
+  set("rotary_percent", arena.Float(number("rotary_percent").value_or(1.0)));
   set("rotary_interleaved", arena.Bool(false));
   const std::optional<int64_t> tied = vars.Find("tied");
   set("untie_embeddings_and_output_weights", arena.Bool(tied && *tied == 0));
@@ -513,7 +513,21 @@ Value* NewArgs(pickle::Arena& arena, const universal::Model& model,
                 "moe_shared_expert_intermediate_size");
     flag("moe_shared_expert_gate", "moe_shared_expert_gate", false);
     set("moe_router_pre_softmax", arena.Bool(false));
-    set("moe_router_score_function", arena.Str("softmax"));
+    set("moe_router_score_function",
+        arena.Str(text("moe_router_score_function").value_or("softmax")));
+    // DeepSeek-V3's router (a transformers Glm4-MoE): the expert bias, the
+    // scaled weights, group-limited routing, an fp32 router.
+    flag("moe_router_enable_expert_bias", "moe_router_enable_expert_bias",
+         false);
+    const std::optional<double> scaling =
+        number("moe_router_topk_scaling_factor");
+    set("moe_router_topk_scaling_factor",
+        scaling ? arena.Float(*scaling) : arena.None());
+    int_or_none("moe_router_num_groups", "moe_router_num_groups");
+    int_or_none("moe_router_group_topk", "moe_router_group_topk");
+    const std::optional<std::string> router_dtype = text("moe_router_dtype");
+    set("moe_router_dtype",
+        router_dtype ? arena.Str(*router_dtype) : arena.None());
     set("moe_grouped_gemm", arena.Bool(false));
   }
   // The weights' dtype; a checkpoint to start from (iteration 0).

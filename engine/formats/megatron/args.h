@@ -162,7 +162,10 @@ void PatchArgs(pickle::Arena& arena, pickle::Value* ns, const ArgsPatch& patch);
 /// untie_embeddings_and_output_weights, add_bias_linear, add_qkv_bias,
 /// qk_layernorm, vocab_size, make_vocab_size_divisible_by,
 /// max_position_embeddings, the dtype; num_experts, moe_ffn_hidden_size,
-/// moe_router_topk, moe_layer_freq, moe_shared_expert_* for experts),
+/// moe_router_topk, moe_layer_freq, moe_shared_expert_*, and from the
+/// variables' `other` moe_router_score_function, _topk_scaling_factor,
+/// _dtype (and the variables moe_router_enable_expert_bias, _num_groups,
+/// _group_topk) for experts; rotary_percent),
 /// iteration 0 and the topology fields PatchArgs then sets. nullptr unless
 /// the variables describe a Megatron-core GPT: num_layers, hidden_size,
 /// num_attention_heads and the `normalization` and

@@ -61,6 +61,7 @@ struct MoeInfo {
   bool norm_topk = true;
   bool qk_norm = false;  // Megatron's q/k_layernorm: Qwen3-MoE's q/k_norm
   double scaling = 1.0;  // Glm4Moe's routed_scaling_factor
+  int64_t groups = 1, group_topk = 1;  // Glm4Moe's n_group, topk_group
 };
 
 const char* ArchName(MoeArch arch) {
@@ -85,7 +86,8 @@ const char* ArchName(MoeArch arch) {
 // router with an expert bias (DeepSeek-V3's) is Glm4Moe's (DeepseekV3's
 // without MLA attention).
 MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
-              const std::string& where, int64_t layers,
+              const json::Value& other, const std::string& where,
+              int64_t layers,
               const std::function<bool(const std::string&)>& has) {
   MoeInfo info;
   auto refuse = [&](const std::string& why) {
@@ -131,12 +133,24 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
   info.topk = *topk;
   // Without args (DCP), an expert bias says sigmoid: Megatron's softmax
   // router ignores the bias, DeepSeek-V3's aux-loss-free balancing needs it.
-  const std::string score = String(args, "moe_router_score_function")
-                                .value_or(biased > 0 ? "sigmoid" : "softmax");
-  if (Int(args, "moe_router_num_groups").value_or(1) > 1)
-    refuse("group-limited routing (moe_router_num_groups)");
+  // (the args, else what a transformers source recorded beside its
+  // variables)
+  std::optional<std::string> recorded_score =
+      String(args, "moe_router_score_function");
+  if (!recorded_score)
+    recorded_score = String(other, "moe_router_score_function");
+  const std::string score =
+      recorded_score.value_or(biased > 0 ? "sigmoid" : "softmax");
+  const int64_t groups =
+      Int(args, "moe_router_num_groups")
+          .value_or(model.Find("moe_router_num_groups").value_or(1));
+  const int64_t group_topk =
+      Int(args, "moe_router_group_topk")
+          .value_or(model.Find("moe_router_group_topk").value_or(groups));
   const double scaling =
-      Number(args, "moe_router_topk_scaling_factor").value_or(1.0);
+      Number(args, "moe_router_topk_scaling_factor")
+          .value_or(
+              Number(other, "moe_router_topk_scaling_factor").value_or(1.0));
   if (score == "sigmoid") {
     if (biased != moe_layers) {
       refuse(
@@ -153,11 +167,27 @@ MoeInfo MoeOf(const json::Value& args, const layouts::Variables& model,
       refuse(StrCat("dense layer ", dense_after,
                     " after the first MoE layer (with a sigmoid router)"));
     }
+    // Group-limited routing: transformers scores a group by its best two
+    // experts, megatron-core by its best topk / group_topk.
+    if (groups > 1 && group_topk < groups &&
+        (info.topk / std::max<int64_t>(group_topk, 1) != 2 ||
+         info.experts % groups != 0 || info.experts / groups < 2)) {
+      refuse(StrCat("group-limited routing (moe_router_num_groups ", groups,
+                    ", moe_router_group_topk ", group_topk,
+                    ") that does not score a group by its best two experts"));
+    }
+    if (groups > 1 && group_topk < groups) {
+      info.groups = groups;
+      info.group_topk = group_topk;
+    }
     info.arch = MoeArch::kGlm4Moe;
     info.norm_topk = info.topk > 1;  // Megatron normalizes when k > 1
     info.scaling = scaling;
     return info;
   }
+  if (groups > 1)
+    refuse(
+        "group-limited routing (moe_router_num_groups) with a softmax router");
   if (score != "softmax")
     refuse(StrCat("a ", score, " router (moe_router_score_function)"));
   if (biased > 0)
@@ -217,10 +247,8 @@ void AddMoeConfig(json::Value& c, const MoeInfo& info,
     c["n_shared_experts"] = info.shared_ffn / info.expert_ffn;
     c["first_k_dense_replace"] = info.first_moe;
     c["routed_scaling_factor"] = info.scaling;
-    c["n_group"] = 1;
-    c["topk_group"] = 1;
-    c["partial_rotary_factor"] = 1.0;
-    c["attention_bias"] = false;
+    c["n_group"] = info.groups;
+    c["topk_group"] = info.group_topk;
     c["use_qk_norm"] = info.qk_norm;
     return;
   }
@@ -267,8 +295,9 @@ class DecoderMapper {
   HfModel Map() {
     CheckSupported();
     if (moe_) {
-      info_ = MoeOf(args_, model_, where_, layers_,
-                    [&](const std::string& n) { return params_.count(n) > 0; });
+      info_ =
+          MoeOf(args_, model_, input_.model().variables.other, where_, layers_,
+                [&](const std::string& n) { return params_.count(n) > 0; });
     }
     // A dense model's QK norms (Megatron's qk_layernorm: Qwen3's q/k_norm);
     // the hf-llama map (no experts asked for) keeps refusing them.
@@ -278,6 +307,11 @@ class DecoderMapper {
     if (Int(args_, "qk_layernorm").value_or(0) != 0 && !info_.qk_norm)
       Refuse("QK layer norms");
     model_name_ = ArchName(info_.arch);
+    // Partial rotary embeddings: Glm4Moe's partial_rotary_factor.
+    if (rotary_percent_ != 1.0 && info_.arch != MoeArch::kGlm4Moe) {
+      Refuse(StrCat("partial rotary embeddings (rotary_percent ",
+                    rotary_percent_, ")"));
+    }
     const atoms::StoredParam& emb =
         Find({"embedding.word_embeddings.weight"}, 2);
     vocab_ = emb.info.shape[0];
@@ -342,8 +376,11 @@ class DecoderMapper {
       Refuse("rope scaling (use_rope_scaling)");
     if (Int(args_, "rotary_interleaved").value_or(0) != 0)
       Refuse("interleaved rotary embeddings");
-    if (auto r = Number(args_, "rotary_percent"); r && *r != 1.0)
-      Refuse(StrCat("partial rotary embeddings (rotary_percent ", *r, ")"));
+    // (the args, else what a transformers source recorded)
+    rotary_percent_ =
+        Number(args_, "rotary_percent")
+            .value_or(Number(input_.model().variables.other, "rotary_percent")
+                          .value_or(1.0));
     if (!moe_ && Int(args_, "qk_layernorm").value_or(0) != 0)
       Refuse("QK layer norms");
     if (!moe_ && Int(args_, "num_experts").value_or(0) > 0)
@@ -438,7 +475,7 @@ class DecoderMapper {
     m_.tensors.push_back(std::move(k));
     m_.tensors.push_back(std::move(v));
     // The fused QKV's bias (add_qkv_bias: Qwen2's q/k/v biases), split alike.
-    if (info_.arch == MoeArch::kNone &&
+    if ((info_.arch == MoeArch::kNone || info_.arch == MoeArch::kGlm4Moe) &&
         params_.count(l + "self_attention.linear_qkv.bias")) {
       const atoms::StoredParam& b =
           Find({l + "self_attention.linear_qkv.bias"}, 1);
@@ -596,7 +633,7 @@ class DecoderMapper {
       if (qkv_bias_) Refuse("q/k/v biases with QK layer norms");
       type = "qwen3";
       arch.Append("Qwen3ForCausalLM");
-    } else if (qkv_bias_) {
+    } else if (qkv_bias_ && info_.arch == MoeArch::kNone) {
       type = "qwen2";
       arch.Append("Qwen2ForCausalLM");
     } else {
@@ -630,6 +667,11 @@ class DecoderMapper {
     c["tie_word_embeddings"] = tied_;
     if (moe_ && info_.arch != MoeArch::kNone) {
       AddMoeConfig(c, info_, where_);
+      if (info_.arch == MoeArch::kGlm4Moe) {
+        // q/k/v biases (o_proj has none in Glm4MoeAttention)
+        c["attention_bias"] = qkv_bias_;
+        c["partial_rotary_factor"] = rotary_percent_;
+      }
     } else {
       if (!qkv_bias_) c["attention_bias"] = false;
       if (info_.qk_norm) c["attention_bias"] = false;
@@ -653,7 +695,8 @@ class DecoderMapper {
   int64_t nq_ = 0, ng_ = 0, layers_ = 0, hidden_ = 0, vocab_ = 0;
   int64_t head_dim_ = 0, ffn_ = 0;
   bool tied_ = false;
-  bool qkv_bias_ = false;  // Qwen2ForCausalLM
+  bool qkv_bias_ = false;  // Qwen2ForCausalLM (or Glm4Moe's attention_bias)
+  double rotary_percent_ = 1.0;  // Glm4Moe's partial_rotary_factor
 };
 
 }  // namespace
@@ -902,6 +945,14 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
           whole(l + "mlp.shared_experts.gate_weight",
                 find(h + "mlp.shared_expert_gate.weight", 2));
         }
+      }
+      // DeepSeek-V3's / GLM-4-MoE's ungated shared experts.
+      if (by_hf.count(h + "mlp.shared_experts.gate_proj.weight")) {
+        const std::string x = h + "mlp.shared_experts.";
+        gate_up(l + "mlp.shared_experts.linear_fc1.weight",
+                x + "gate_proj.weight", x + "up_proj.weight");
+        whole(l + "mlp.shared_experts.linear_fc2.weight",
+              find(x + "down_proj.weight", 2));
       }
       continue;
     }
