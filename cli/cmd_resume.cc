@@ -251,10 +251,14 @@ int RunResume(const std::vector<std::string>& args) {
   }
   bool reshapes = false;  // set once decided
   bool published = false;
+  fs::path staging;  // rank 0's, which an abort removes
   if (job) {
-    request.on_staging = [job, &reshapes, &published](const fs::path& p) {
+    request.on_staging = [job, &reshapes, &published,
+                          &staging](const fs::path& p) {
       if (!reshapes || published) return;
-      job->coordinator().Publish("staging", fs::absolute(p).string());
+      staging = fs::absolute(p);
+      RemoveOnAbort(staging);
+      job->coordinator().Publish("staging", staging.string());
       published = true;
     };
   }
@@ -265,6 +269,7 @@ int RunResume(const std::vector<std::string>& args) {
     reshapes = decision.reshaped();
     if (job) job->coordinator().Publish("choice", ChoiceText(decision));
     outcome = resume::Run(decision);
+    if (!staging.empty()) KeepOnAbort(staging);  // committed
     if (job) {
       if (!published) job->coordinator().Publish("staging", "");
       job->coordinator().Publish("committed", "1");

@@ -75,7 +75,8 @@ struct JobProgressLine {
 };
 JobProgressLine* g_progress_line = nullptr;  // leaked: the heartbeat's
 
-// Rank 0's staging files that an abort (below) removes.
+// Rank 0's staging files and folders that an abort (below) removes: the
+// heartbeat ends the process with _exit, which runs no destructor.
 std::mutex g_staging_mu;
 std::vector<std::filesystem::path> g_staging;
 
@@ -93,7 +94,7 @@ dist::CoordinatorOptions JobOptions() {
       std::lock_guard<std::mutex> lock(g_staging_mu);
       std::error_code ignored;
       for (const std::filesystem::path& f : g_staging)
-        std::filesystem::remove(f, ignored);
+        std::filesystem::remove_all(f, ignored);
     }
     std::string line = e.what();
     std::replace(line.begin(), line.end(), '\n', ' ');
@@ -113,6 +114,16 @@ DistJob::DistJob(dist::Job job, std::string_view scope)
       scoped_(&split_) {}
 
 void SetJobsEnabled(bool enabled) noexcept { g_jobs_enabled = enabled; }
+
+void RemoveOnAbort(const std::filesystem::path& path) {
+  std::lock_guard<std::mutex> lock(g_staging_mu);
+  g_staging.push_back(path);
+}
+
+void KeepOnAbort(const std::filesystem::path& path) {
+  std::lock_guard<std::mutex> lock(g_staging_mu);
+  std::erase(g_staging, path);
+}
 
 DistJob* StartJob(std::string_view command, const std::string& output) {
   UCP_CHECK(!g_job, "a job started twice");
@@ -166,6 +177,7 @@ JobOutput::JobOutput(const std::filesystem::path& output) {
     staged_.emplace(output);
     path_ = staged_->path();
     if (job) {
+      RemoveOnAbort(std::filesystem::absolute(path_));
       job->coordinator().Publish("staging",
                                  std::filesystem::absolute(path_).string());
     }
@@ -178,7 +190,10 @@ void JobOutput::Commit() {
   DistJob* job = CurrentJob();
   if (staged_) {
     staged_->Commit();
-    if (job) job->coordinator().Publish("committed", "1");
+    if (job) {
+      KeepOnAbort(std::filesystem::absolute(path_));
+      job->coordinator().Publish("committed", "1");
+    }
   } else if (job) {
     job->coordinator().Fetch("committed");
   }
@@ -209,8 +224,7 @@ class CoordinatedUniversal : public universal::UniversalJob {
     return all ? *std::move(all) : std::vector<json::Value>();
   }
   void Staging(const std::filesystem::path& file) override {
-    std::lock_guard<std::mutex> lock(g_staging_mu);
-    g_staging.push_back(file);
+    RemoveOnAbort(file);
   }
   void Committed() override {
     if (job_.leader()) {

@@ -64,6 +64,11 @@ void ReportingFailures(F&& body) {
 }
 /// main(): leaves the job (before exiting).
 void EndJob();
+/// A staging file or folder of this process that goes if another process's
+/// failure ends this one (the heartbeat's _exit runs no destructor; without
+/// a job nothing is recorded). KeepOnAbort once it is committed or removed.
+void RemoveOnAbort(const std::filesystem::path& path);
+void KeepOnAbort(const std::filesystem::path& path);
 
 /// The output folder of a command: staged by rank 0 (or the one process),
 /// whose staging path the others fetch.

@@ -78,9 +78,10 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
   po::options_description all;
   all.add(desc).add(hidden);
   // An option with an optional value (`--dequantize [bf16|fp32]`, an implicit
-  // value) takes the next word as its value unless it names an existing path
-  // (the source then: `--dequantize SRC`); such an option is moved to the end
-  // of the words, where it takes none.
+  // value) takes the next word as its value unless it looks like a path: one
+  // that exists, or a word with a '/' (the source then: `--dequantize SRC`,
+  // and a mistyped `--dequantize /no/such` is named as the missing source);
+  // such an option is moved to the end of the words, where it takes none.
   std::vector<std::string> words, implicit;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -92,6 +93,7 @@ bool Parse(const std::vector<std::string>& args, po::options_description& desc,
     if (o != nullptr && o->semantic()->min_tokens() == 0 &&
         o->semantic()->max_tokens() == 1 &&
         (i + 1 == args.size() || args[i + 1].starts_with("-") ||
+         args[i + 1].find('/') != std::string::npos ||
          std::filesystem::exists(args[i + 1], ec))) {
       implicit.push_back(a);
     } else {

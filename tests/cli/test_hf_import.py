@@ -1337,6 +1337,11 @@ def test_fp8_block_scaled():
             p = run(*args, expect=2)
             one_error_line(p, first, "FP8", "--dequantize")
             assert not (t / "no.h5").exists() and not (t / "no").exists()
+        # a mistyped source after --dequantize is named as the source, not taken as the dtype
+        missing = t / "no" / "such"
+        p = run("to-universal", "--dequantize", missing, "-o", t / "typo.h5", expect=5)
+        one_error_line(p, str(missing), "does not exist")
+        assert not (t / "typo.h5").exists()
         # the universal file: torch's dequantization, bit for bit
         run("to-universal", "--dequantize", src, "-o", t / "u.h5", "-q")  # (bf16: SRC follows)
         got = h5_atoms(t / "u.h5")
