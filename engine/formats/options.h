@@ -31,8 +31,9 @@ struct OptionSpec {
   std::string abbrev;
   /// A string option's value when it is given without one (`--dequantize`
   /// alone: "bf16"); "" when a value is required. The next word is its
-  /// value unless it is an option or names an existing path (`--dequantize
-  /// fp32`, `--dequantize=fp32`; `--dequantize SRC` takes none).
+  /// value unless it is an option, holds a '/' or names an existing path
+  /// (`--dequantize fp32`, `--dequantize=fp32`; `--dequantize SRC` takes
+  /// none).
   std::string implicit_text;
   /// Allowed range of an integer option (inclusive).
   int64_t min = INT64_MIN;
