@@ -226,6 +226,7 @@ class CoordinatedUniversal : public universal::UniversalJob {
   void Staging(const std::filesystem::path& file) override {
     RemoveOnAbort(file);
   }
+  void Failed(const Error& error) override { ReportJobFailure(error); }
   void Committed() override {
     if (job_.leader()) {
       job_.coordinator().Publish("committed", "1");

@@ -536,184 +536,194 @@ WriteSummary WriteUniversal(const SourcePlan& plan,
   // Which process writes which dataset (all this one's without a job).
   std::vector<int> owner(writer.num_datasets(), 0);
   PartFiles parts;
-  if (job != nullptr) {
-    std::vector<UniversalJob::Dataset> loads;
-    for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id) {
-      const atoms::DatasetInfo& d = writer.dataset(id);
-      loads.push_back({d.path, d.nbytes,
-                       d.kind != atoms::DatasetKind::kOpaque && d.nbytes > 0});
-    }
-    owner = job->Assign(loads);
-    UCP_CHECK(owner.size() == loads.size(), "an assignment of ", owner.size(),
-              " datasets for ", loads.size());
-    // Rank 0 allocates; the others write into its file at its offsets.
-    if (leader) {
-      parts = PartFiles{writer.temp_path(), job->world()};
-      job->Staging(OffsetsPart(writer.temp_path()));
-      for (int r = 1; r < job->world(); ++r)
-        job->Staging(HashesPart(writer.temp_path(), r));
-      writer.Allocate();
-      std::string text;
-      for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id)
-        text += StrCat(writer.dataset(id).offset, "\n");
-      WriteFileAtomically(OffsetsPart(writer.temp_path()), text);
-      job->Share(
-          "universal",
-          StrCat(HashHex(Xxh3(text.data(), text.size())), " ",
-                 std::filesystem::absolute(writer.temp_path()).string()));
-    } else {
-      const std::string shared = job->Share("universal", "");
-      const size_t space = shared.find(' ');
-      UCP_CHECK(space != std::string::npos, "a universal file shared as '",
-                shared, "'");
-      const std::filesystem::path temp = shared.substr(space + 1);
-      const std::filesystem::path offsets_file = OffsetsPart(temp);
-      const std::vector<uint64_t> offsets = ParseNumbers(
-          ReadPart(offsets_file, shared.substr(0, space), "rank 0"), 10,
-          offsets_file);
-      if (offsets.size() != writer.num_datasets()) {
-        throw IoError(offsets_file.string(), ": ", offsets.size(),
-                      " dataset offsets, this process planned ",
-                      writer.num_datasets());
-      }
-      writer.Attach(temp, offsets);
-    }
-  } else {
-    writer.Allocate();
-  }
-  const int rank = job != nullptr ? job->rank() : 0;
-  const int world = job != nullptr ? job->world() : 1;
-
-  // One hashed job per atom and per pad atom this process writes, writing
-  // into the store.
-  std::vector<std::unique_ptr<StoreSink>> sinks;
-  std::vector<reshape::Job> jobs;
-  std::vector<std::pair<atoms::DatasetId, size_t>> hashed;  // dataset, job
-  uint64_t atom_bytes = 0;
-  uint64_t written = 0;
-  auto add_job = [&](std::string name, const AtomPlan& a, const Shape& shape,
-                     const std::vector<const Fragment*>& fragments,
-                     atoms::DatasetId id) {
-    reshape::Job one;
-    one.tensor = reshape::TargetTensor{std::move(name), a.dtype, shape, {}};
-    for (const Fragment* f : fragments) one.tensor.ops.push_back(OpOf(*f));
-    atom_bytes += reshape::NumBytes(one.tensor);
-    if (owner[id] != rank) return;
-    written += reshape::NumBytes(one.tensor);
-    sinks.push_back(std::make_unique<StoreSink>(writer, id));
-    one.sink = sinks.back().get();
-    one.hash = true;
-    hashed.emplace_back(id, jobs.size());
-    jobs.push_back(std::move(one));
-  };
-  for (size_t i = 0; i < plan.atoms.size(); ++i) {
-    const AtomPlan& a = plan.atoms[i];
-    add_job(AtomName(a), a, a.shape, classified[i].main, atom_ids[i]);
-    if (pad_ids[i]) {
-      add_job(AtomName(a) + " (padding rows)", a, a.pad_shape,
-              classified[i].pad, *pad_ids[i]);
-    }
-  }
-  // This process's share of the replica checks: the k-th by process k mod
-  // world.
-  size_t k = 0;
-  NullSink null_sink;
-  std::vector<Check> checks = AddReplicaChecks(
-      plan, classified, &null_sink, jobs,
-      [&](const Replica&) { return static_cast<int>(k++ % world) == rank; });
-  int64_t replicas_checked = static_cast<int64_t>(checks.size());
-  if (job != nullptr) {
-    replicas_checked = 0;
-    for (const Classified& c : classified)
-      replicas_checked += static_cast<int64_t>(c.replicas.size());
-  }
-
-  Progress progress("to-universal", TotalBytes(jobs));
-  reshape::ExecutorOptions opts = options;
-  opts.progress = &progress;
-  reshape::ExecutorStats stats = reshape::Execute(jobs, SourceList(plan), opts);
-  progress.Finish();
-  CompareReplicas(checks, jobs);
-
-  std::vector<std::pair<atoms::DatasetId, uint64_t>> hashes;
-  for (const auto& [id, j] : hashed) hashes.emplace_back(id, jobs[j].xxh3);
-  for (size_t i = 0; i < plan.opaque.size(); ++i) {
-    if (owner[opaque_ids[i]] != rank) continue;
-    const std::string& b = plan.opaque[i].bytes;
-    writer.Write(opaque_ids[i], 0,
-                 std::as_bytes(std::span<const char>(b.data(), b.size())));
-    hashes.emplace_back(opaque_ids[i], Xxh3(b.data(), b.size()));
-    written += b.size();
-  }
-  const int64_t datasets_written = static_cast<int64_t>(hashes.size());
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-
-  if (job != nullptr) {
-    // Each process's bytes synced and its hashes in a part file; rank 0
-    // gathers them.
-    json::Value report = json::Value::Object();
-    report["files"] = datasets_written;
-    report["bytes"] = written;
-    report["bytes_read"] = stats.bytes_read;
-    report["seconds"] = seconds;
-    if (!leader) {
-      writer.SyncWrites();
-      const std::string text = HashLines(hashes);
-      WriteFileAtomically(HashesPart(writer.temp_path(), rank), text);
-      report["xxh3"] = HashHex(Xxh3(text.data(), text.size()));
-    }
-    const std::vector<json::Value> reports = job->Gather(std::move(report));
-    if (!leader) {
-      job->Committed();  // waits for rank 0's commit
-    } else {
-      for (int r = 1; r < world; ++r) {
-        const std::filesystem::path file = HashesPart(writer.temp_path(), r);
-        const std::string want =
-            reports.at(static_cast<size_t>(r)).At("xxh3").AsString();
-        const std::vector<uint64_t> v =
-            ParseNumbers(ReadPart(file, want, StrCat("process ", r)), 16, file);
-        UCP_CHECK(v.size() % 2 == 0, file.string(), ": an odd count");
-        for (size_t i = 0; i < v.size(); i += 2) {
-          UCP_CHECK(v[i] < writer.num_datasets(), file.string(),
-                    ": dataset id ", v[i], " out of range");
-          const auto id = static_cast<atoms::DatasetId>(v[i]);
-          UCP_CHECK(owner[id] == r, file.string(), ": dataset ",
-                    writer.dataset(id).path, " is process ", owner[id],
-                    "'s, not ", r, "'s");
-          hashes.emplace_back(id, v[i + 1]);
-        }
-      }
-      // Every dataset with bytes hashed exactly once.
-      std::vector<int> seen(writer.num_datasets(), 0);
-      for (const auto& [id, h] : hashes) ++seen[id];
+  // A failure is reported to the job while the part files and the
+  // temporary file still exist: the others learn this error first, not
+  // one of their own about a file that went away.
+  try {
+    if (job != nullptr) {
+      std::vector<UniversalJob::Dataset> loads;
       for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id) {
         const atoms::DatasetInfo& d = writer.dataset(id);
-        UCP_CHECK(d.nbytes > 0 ? seen[id] == 1 : seen[id] <= 1, "dataset ",
-                  d.path, " hashed ", seen[id],
-                  " times by the processes of the job (once expected)");
+        loads.push_back(
+            {d.path, d.nbytes,
+             d.kind != atoms::DatasetKind::kOpaque && d.nbytes > 0});
+      }
+      owner = job->Assign(loads);
+      UCP_CHECK(owner.size() == loads.size(), "an assignment of ", owner.size(),
+                " datasets for ", loads.size());
+      // Rank 0 allocates; the others write into its file at its offsets.
+      if (leader) {
+        parts = PartFiles{writer.temp_path(), job->world()};
+        job->Staging(OffsetsPart(writer.temp_path()));
+        for (int r = 1; r < job->world(); ++r)
+          job->Staging(HashesPart(writer.temp_path(), r));
+        writer.Allocate();
+        std::string text;
+        for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id)
+          text += StrCat(writer.dataset(id).offset, "\n");
+        WriteFileAtomically(OffsetsPart(writer.temp_path()), text);
+        job->Share(
+            "universal",
+            StrCat(HashHex(Xxh3(text.data(), text.size())), " ",
+                   std::filesystem::absolute(writer.temp_path()).string()));
+      } else {
+        const std::string shared = job->Share("universal", "");
+        const size_t space = shared.find(' ');
+        UCP_CHECK(space != std::string::npos, "a universal file shared as '",
+                  shared, "'");
+        const std::filesystem::path temp = shared.substr(space + 1);
+        const std::filesystem::path offsets_file = OffsetsPart(temp);
+        const std::vector<uint64_t> offsets = ParseNumbers(
+            ReadPart(offsets_file, shared.substr(0, space), "rank 0"), 10,
+            offsets_file);
+        if (offsets.size() != writer.num_datasets()) {
+          throw IoError(offsets_file.string(), ": ", offsets.size(),
+                        " dataset offsets, this process planned ",
+                        writer.num_datasets());
+        }
+        writer.Attach(temp, offsets);
+      }
+    } else {
+      writer.Allocate();
+    }
+    const int rank = job != nullptr ? job->rank() : 0;
+    const int world = job != nullptr ? job->world() : 1;
+
+    // One hashed job per atom and per pad atom this process writes, writing
+    // into the store.
+    std::vector<std::unique_ptr<StoreSink>> sinks;
+    std::vector<reshape::Job> jobs;
+    std::vector<std::pair<atoms::DatasetId, size_t>> hashed;  // dataset, job
+    uint64_t atom_bytes = 0;
+    uint64_t written = 0;
+    auto add_job = [&](std::string name, const AtomPlan& a, const Shape& shape,
+                       const std::vector<const Fragment*>& fragments,
+                       atoms::DatasetId id) {
+      reshape::Job one;
+      one.tensor = reshape::TargetTensor{std::move(name), a.dtype, shape, {}};
+      for (const Fragment* f : fragments) one.tensor.ops.push_back(OpOf(*f));
+      atom_bytes += reshape::NumBytes(one.tensor);
+      if (owner[id] != rank) return;
+      written += reshape::NumBytes(one.tensor);
+      sinks.push_back(std::make_unique<StoreSink>(writer, id));
+      one.sink = sinks.back().get();
+      one.hash = true;
+      hashed.emplace_back(id, jobs.size());
+      jobs.push_back(std::move(one));
+    };
+    for (size_t i = 0; i < plan.atoms.size(); ++i) {
+      const AtomPlan& a = plan.atoms[i];
+      add_job(AtomName(a), a, a.shape, classified[i].main, atom_ids[i]);
+      if (pad_ids[i]) {
+        add_job(AtomName(a) + " (padding rows)", a, a.pad_shape,
+                classified[i].pad, *pad_ids[i]);
       }
     }
-  }
-  if (leader) {
-    for (const auto& [id, h] : hashes) writer.SetHash(id, h);
-    writer.Commit();
-    if (job != nullptr) job->Committed();
-  }
+    // This process's share of the replica checks: the k-th by process k mod
+    // world.
+    size_t k = 0;
+    NullSink null_sink;
+    std::vector<Check> checks = AddReplicaChecks(
+        plan, classified, &null_sink, jobs,
+        [&](const Replica&) { return static_cast<int>(k++ % world) == rank; });
+    int64_t replicas_checked = static_cast<int64_t>(checks.size());
+    if (job != nullptr) {
+      replicas_checked = 0;
+      for (const Classified& c : classified)
+        replicas_checked += static_cast<int64_t>(c.replicas.size());
+    }
 
-  WriteSummary s;
-  s.params = static_cast<int64_t>(plan.params.size());
-  s.atoms = static_cast<int64_t>(plan.atoms.size());
-  s.atom_bytes = atom_bytes;
-  s.bytes_read = stats.bytes_read;
-  s.replicas_verified = replicas_checked;
-  s.bytes_written = written;
-  s.datasets_written = datasets_written;
-  s.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  return s;
+    Progress progress("to-universal", TotalBytes(jobs));
+    reshape::ExecutorOptions opts = options;
+    opts.progress = &progress;
+    reshape::ExecutorStats stats =
+        reshape::Execute(jobs, SourceList(plan), opts);
+    progress.Finish();
+    CompareReplicas(checks, jobs);
+
+    std::vector<std::pair<atoms::DatasetId, uint64_t>> hashes;
+    for (const auto& [id, j] : hashed) hashes.emplace_back(id, jobs[j].xxh3);
+    for (size_t i = 0; i < plan.opaque.size(); ++i) {
+      if (owner[opaque_ids[i]] != rank) continue;
+      const std::string& b = plan.opaque[i].bytes;
+      writer.Write(opaque_ids[i], 0,
+                   std::as_bytes(std::span<const char>(b.data(), b.size())));
+      hashes.emplace_back(opaque_ids[i], Xxh3(b.data(), b.size()));
+      written += b.size();
+    }
+    const int64_t datasets_written = static_cast<int64_t>(hashes.size());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+
+    if (job != nullptr) {
+      // Each process's bytes synced and its hashes in a part file; rank 0
+      // gathers them.
+      json::Value report = json::Value::Object();
+      report["files"] = datasets_written;
+      report["bytes"] = written;
+      report["bytes_read"] = stats.bytes_read;
+      report["seconds"] = seconds;
+      if (!leader) {
+        writer.SyncWrites();
+        const std::string text = HashLines(hashes);
+        WriteFileAtomically(HashesPart(writer.temp_path(), rank), text);
+        report["xxh3"] = HashHex(Xxh3(text.data(), text.size()));
+      }
+      const std::vector<json::Value> reports = job->Gather(std::move(report));
+      if (!leader) {
+        job->Committed();  // waits for rank 0's commit
+      } else {
+        for (int r = 1; r < world; ++r) {
+          const std::filesystem::path file = HashesPart(writer.temp_path(), r);
+          const std::string want =
+              reports.at(static_cast<size_t>(r)).At("xxh3").AsString();
+          const std::vector<uint64_t> v = ParseNumbers(
+              ReadPart(file, want, StrCat("process ", r)), 16, file);
+          UCP_CHECK(v.size() % 2 == 0, file.string(), ": an odd count");
+          for (size_t i = 0; i < v.size(); i += 2) {
+            UCP_CHECK(v[i] < writer.num_datasets(), file.string(),
+                      ": dataset id ", v[i], " out of range");
+            const auto id = static_cast<atoms::DatasetId>(v[i]);
+            UCP_CHECK(owner[id] == r, file.string(), ": dataset ",
+                      writer.dataset(id).path, " is process ", owner[id],
+                      "'s, not ", r, "'s");
+            hashes.emplace_back(id, v[i + 1]);
+          }
+        }
+        // Every dataset with bytes hashed exactly once.
+        std::vector<int> seen(writer.num_datasets(), 0);
+        for (const auto& [id, h] : hashes) ++seen[id];
+        for (atoms::DatasetId id = 0; id < writer.num_datasets(); ++id) {
+          const atoms::DatasetInfo& d = writer.dataset(id);
+          UCP_CHECK(d.nbytes > 0 ? seen[id] == 1 : seen[id] <= 1, "dataset ",
+                    d.path, " hashed ", seen[id],
+                    " times by the processes of the job (once expected)");
+        }
+      }
+    }
+    if (leader) {
+      for (const auto& [id, h] : hashes) writer.SetHash(id, h);
+      writer.Commit();
+      if (job != nullptr) job->Committed();
+    }
+
+    WriteSummary s;
+    s.params = static_cast<int64_t>(plan.params.size());
+    s.atoms = static_cast<int64_t>(plan.atoms.size());
+    s.atom_bytes = atom_bytes;
+    s.bytes_read = stats.bytes_read;
+    s.replicas_verified = replicas_checked;
+    s.bytes_written = written;
+    s.datasets_written = datasets_written;
+    s.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    return s;
+  } catch (const Error& e) {
+    if (job != nullptr) job->Failed(e);
+    throw;
+  }
 }
 
 }  // namespace ucp::universal

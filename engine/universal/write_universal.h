@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/core/error.h"
 #include "engine/json/json.h"
 #include "engine/reshape/executor.h"
 #include "engine/torchfile/zip.h"
@@ -59,6 +60,9 @@ class UniversalJob {
   /// to remove should this process be ended abruptly by another process's
   /// failure while it writes. Default: nothing.
   virtual void Staging(const std::filesystem::path& /*file*/) {}
+  /// This process failed with `error` (called before its staging is
+  /// removed, so that the others learn this error first). Default: nothing.
+  virtual void Failed(const Error& /*error*/) {}
   /// The progress of the whole job (rank 0) from this process's: called
   /// with the bytes this process has written so far, returns the job's
   /// (absent: the job's are not known yet). Default: this process's.
