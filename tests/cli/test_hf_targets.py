@@ -4,11 +4,12 @@ tests' PyPI environment).
 transformers' own save_pretrained writes a small random LlamaForCausalLM (GQA, untied, sharded
 with an index); the oracle of its tensors is the safetensors package reading the folder's shards
 (checked equal to transformers' state dict).
-- DeepSpeed (`--format deepspeed --dp 2 --zero-stage S`, with and without `--init-optimizer`):
+- DeepSpeed (`--format deepspeed --dp 2 --zero-stage S`, ZeRO 0, 1, 3 fp32 and 2 bf16, with and
+  without `--init-optimizer`):
   two ranks forked from this process (tests/tools/deepspeed_real.py's launcher) build
   transformers' LlamaForCausalLM itself from the folder's config.json under the newest DeepSpeed
   (CPU, gloo, torch's Adam), `engine.load_checkpoint` ucp's folder, and on every rank the module's
-  state_dict equals the folder's tensors bit for bit, the fp32 masters DeepSpeed holds too
+  state_dict (ZeRO 3: gathered) equals the folder's tensors bit for bit, the fp32 masters DeepSpeed holds too
   (safe_get_full_fp32_param), and the Adam moments are zeros (ZeRO 0: zeros or none, as a fresh
   torch Adam holds) with the optimizer's step 0 and the engine's global_steps 0; then one training
   step equals, bit for bit, that of DeepSpeed's own fresh start (an engine over the same model with
@@ -115,6 +116,16 @@ def ds_engine(a, model):
     return engine
 
 
+def module_state(engine, stage):
+    """The module's tensors, whole (ZeRO 3: gathered), in their own dtype."""
+    import deepspeed
+    if stage != 3:
+        return engine.module.state_dict()
+    named = list(engine.module.named_parameters())
+    with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
+        return {n: p.detach().clone() for n, p in named}
+
+
 def train_step(engine):
     """One step on this rank's batch (the same for both engines of a rank)."""
     g = torch.Generator().manual_seed(7 + torch.distributed.get_rank())
@@ -141,7 +152,7 @@ def ds_rank(a):
     if path is None:
         failures.append(f"load_checkpoint({a.dir}) found nothing")
     want = folder_tensors(a.hf)
-    got = engine.module.state_dict()
+    got = module_state(engine, a.stage)
     if sorted(got) != sorted(want):
         failures.append(f"module keys {sorted(set(got) ^ set(want))} differ")
     _, master, optim = deepspeed_real.in_memory(engine, a.stage)
@@ -181,8 +192,8 @@ def ds_rank(a):
             model.load_state_dict(want, strict=True)
             fresh = ds_engine(a, model)
             train_step(fresh)
-            theirs = fresh.module.state_dict()
-            mine = engine.module.state_dict()
+            theirs = module_state(fresh, a.stage)
+            mine = module_state(engine, a.stage)
             for k in want:
                 checked += 1
                 if not bits_equal(mine[k], theirs[k]):
@@ -241,6 +252,10 @@ def test_deepspeed_zero1_fp32():
 
 def test_deepspeed_zero2_bf16():
     ds_case(2, "bf16")
+
+
+def test_deepspeed_zero3_fp32():
+    ds_case(3, "fp32")
 
 
 def test_deepspeed_zero0_fp32():
