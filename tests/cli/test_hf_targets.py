@@ -5,12 +5,11 @@ transformers' own save_pretrained writes a small random LlamaForCausalLM (GQA, u
 with an index); the oracle of its tensors is the safetensors package reading the folder's shards
 (checked equal to transformers' state dict).
 - DeepSpeed (`--format deepspeed --dp 2 --zero-stage S`, ZeRO 0, 1, 3 fp32 and 2 bf16, with and
-  without `--init-optimizer`):
-  two ranks forked from this process (tests/tools/deepspeed_real.py's launcher) build
-  transformers' LlamaForCausalLM itself from the folder's config.json under the newest DeepSpeed
-  (CPU, gloo, torch's Adam), `engine.load_checkpoint` ucp's folder, and on every rank the module's
-  state_dict (ZeRO 3: gathered) equals the folder's tensors bit for bit, the fp32 masters DeepSpeed holds too
-  (safe_get_full_fp32_param), and the Adam moments are zeros (ZeRO 0: zeros or none, as a fresh
+  without `--init-optimizer`): two ranks forked from this process (tests/tools/deepspeed_real.py's
+  launcher) build transformers' LlamaForCausalLM itself from the folder's config.json under the
+  newest DeepSpeed (CPU, gloo, torch's Adam), `engine.load_checkpoint` ucp's folder, and on every
+  rank the module's state_dict (ZeRO 3: gathered) equals the folder's tensors bit for bit, the
+  fp32 masters DeepSpeed holds too (safe_get_full_fp32_param), and the Adam moments are zeros (ZeRO 0: zeros or none, as a fresh
   torch Adam holds) with the optimizer's step 0 and the engine's global_steps 0; then one training
   step equals, bit for bit, that of DeepSpeed's own fresh start (an engine over the same model with
   the folder's tensors loaded, Adam with torch's defaults, which ucp writes). Negative control: one
