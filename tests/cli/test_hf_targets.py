@@ -11,10 +11,11 @@ with an index); the oracle of its tensors is the safetensors package reading the
   rank the module's state_dict (ZeRO 3: gathered) equals the folder's tensors bit for bit, the
   fp32 masters DeepSpeed holds too (safe_get_full_fp32_param), and the Adam moments are zeros
   (ZeRO 0: zeros or none, as a fresh torch Adam holds) with the optimizer's step 0 and the
-  engine's global_steps 0; then one training step equals, bit for bit, that of DeepSpeed's own fresh start (an engine over the same model with
-  the folder's tensors loaded, Adam with torch's defaults, which ucp writes). Negative control: one
-  byte of one tensor of the folder changed, the load of ucp's conversion of that folder is found
-  to differ (in that tensor only: module and master).
+  engine's global_steps 0; then one training step equals, bit for bit, that of DeepSpeed's own
+  fresh start (an engine over the same model with the folder's tensors loaded, Adam with torch's
+  defaults, which ucp writes). Negative control: one byte of one tensor of the folder changed,
+  the load of ucp's conversion of that folder is found to differ (in that tensor only: module
+  and master).
 - MindSpore (`--format mindspore`): mindspore.load_checkpoint of the one .ckpt ucp writes gives
   every tensor under transformers' names bit for bit; with `--names mindformers-llama` under
   MindFormers' names (its convert_weight.py table, copied here as in test_names.py). Negative
