@@ -128,8 +128,19 @@ Value* NativeWriter::TorchOptimizer(FileBuild& f, int64_t rank) {
       Value* st = a.Dict();
       const std::string where = StrCat("rank file ", f.path().string(),
                                        " > optimizer > state[", id, "]");
-      if (Value* step = StepNode(f, p, where))
-        formats::AppendEntry(a, st, "step", step);
+      // A param without any moment (never stepped, or a model-only source)
+      // has no state, as in a fresh torch optimizer: a `step` alone would
+      // make torch's Adam fail at its first step (KeyError 'exp_avg').
+      const bool stateless =
+          !state_kinds_.empty() &&
+          std::none_of(state_kinds_.begin(), state_kinds_.end(),
+                       [&](const std::string& k) {
+                         return input_.FindAtom(p.name, k) != nullptr;
+                       });
+      if (!stateless) {
+        if (Value* step = StepNode(f, p, where))
+          formats::AppendEntry(a, st, "step", step);
+      }
       for (const std::string& k : state_kinds_) {
         const atoms::DatasetInfo* d = input_.FindAtom(p.name, k);
         if (d == nullptr) continue;

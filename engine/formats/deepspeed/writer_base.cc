@@ -374,6 +374,16 @@ void WriterBase::MakeGroupTemplates(bool any_state) {
       for (const universal::ParamGroup& g :
            formats::AdamGroups(input_.model(), notes_))
         made.push_back(formats::GroupHyperparamsDict(g, json_groups_));
+    } else if (!input_.model().optimizer.groups) {
+      // No optimizer at all (a model-only source: a Hugging Face folder):
+      // groups of torch Adam's defaults, each said in a note. Groups without
+      // them load, but torch's optimizer then fails at its first step
+      // (KeyError 'betas': load_state_dict takes the saved groups whole).
+      for (size_t g = 0; g < std::max<size_t>(groups_.size(), 1); ++g) {
+        universal::ParamGroup group;
+        formats::CompleteAdamGroup(group, formats::kAdamHyperparams, notes_);
+        made.push_back(formats::GroupHyperparamsDict(group, json_groups_));
+      }
     }
     if (std::any_of(made.begin(), made.end(),
                     [](const pickle::Value* v) { return v != nullptr; })) {
