@@ -313,7 +313,8 @@ bool WriterBase::CollectStateKinds() {
   if (!any_state && !options_.no_optimizer) {
     notes_.insert(
         "the universal content holds no optimizer state (Adam "
-        "moments): the optimizer files hold zeros there");
+        "moments): the optimizer files hold zero moments (ZeRO 0: no "
+        "per-param state, as a fresh Adam holds it)");
     state_kinds_ = {"exp_avg", "exp_avg_sq"};
   }
   return any_state;
