@@ -444,8 +444,16 @@ std::vector<Value*> TorchDistPlan::TargetGroups(
     pickle::Arena& arena,
     const std::function<Value*(const std::string&)>& import, int half) const {
   std::vector<Value*> groups;
+  // The source's groups when they are Megatron's (its keys: wd_mult, ...);
+  // another framework's (torchtitan's DCP keeps torch's groups) would not
+  // match the groups Megatron's optimizer builds: Megatron's instead.
+  auto megatron_group = [](const Value* g) {
+    return g != nullptr && g->IsDictLike() &&
+           pickle::DictGet(g, "wd_mult") != nullptr;
+  };
   if (Value* list = import("optimizer/param_groups");
-      list != nullptr && list->kind == Kind::kList)
+      list != nullptr && list->kind == Kind::kList && !list->items.empty() &&
+      std::all_of(list->items.begin(), list->items.end(), megatron_group))
     groups.assign(list->items.begin(), list->items.end());
   else if (write_optimizer_)
     groups = DefaultGroups(arena);
