@@ -285,16 +285,18 @@ void TorchtitanVariables(const universal::UniversalInput& input,
   auto set = [&](std::string_view name, int64_t value) {
     if (!vars.Get(name)) vars.Set(name, value);
   };
-  auto rows = [&](std::string_view suffix) -> std::optional<int64_t> {
+  // The rows of the first 2-D param whose name after "layers.L." is `part`
+  // (kExpertW1: a routed expert's w1).
+  constexpr std::string_view kExpertW1 = "moe.experts.<e>.w1";
+  auto rows = [&](std::string_view part) -> std::optional<int64_t> {
     for (const atoms::StoredParam& p : input.params()) {
+      if (p.info.kind != atoms::ParamKind::kParam || p.info.shape.size() != 2)
+        continue;
       const auto layer = TorchtitanLayer(p.info.fqn);
-      if (p.info.kind == atoms::ParamKind::kParam && layer &&
-          (layer->second == suffix ||
-           (suffix == "moe.experts.*.w1" &&
-            TorchtitanExpert(layer->second)
-                    .value_or(std::pair<std::string_view, std::string_view>{})
-                    .second == "w1")) &&
-          p.info.shape.size() == 2)
+      if (!layer) continue;
+      const auto expert = TorchtitanExpert(layer->second);
+      if (part == kExpertW1 ? expert && expert->second == "w1"
+                            : layer->second == part)
         return p.info.shape[0];
     }
     return std::nullopt;
@@ -304,7 +306,7 @@ void TorchtitanVariables(const universal::UniversalInput& input,
   if (embedding != nullptr && embedding->info.shape.size() == 2)
     set("hidden_size", embedding->info.shape[1]);
   if (auto f = rows("feed_forward.w1.weight")) set("ffn_hidden_size", *f);
-  if (auto f = rows("moe.experts.*.w1")) set("moe_ffn_hidden_size", *f);
+  if (auto f = rows(kExpertW1)) set("moe_ffn_hidden_size", *f);
   if (auto f = rows("moe.shared_experts.w1.weight")) {
     set("moe_shared_expert_intermediate_size", *f);
     set("moe_shared_expert_gate", 0);
