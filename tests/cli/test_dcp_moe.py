@@ -592,8 +592,8 @@ def test_names_mcore_llama_loaded_by_megatron_core():
             compared = set().union(*(v["names"] for v in verdicts))
             assert compared == everything, (ep, sorted(compared ^ everything)[:10])
             for v in verdicts:
-                # each rank: its model shards (every dense param, its experts) and its
-                # XX
+                # each rank: at least half of its experts' weights, fp32 main params and two
+                # moments (its E / EP experts; their optimizer state over the expert DP ranks)
                 assert v["values"] >= 4 * expert_values // ep // 2, (ep, v["values"])
                 assert v["expert_shards"] > 0 and v["steps"] == steps, (ep, v)
             total = sum(v["values"] for v in verdicts)

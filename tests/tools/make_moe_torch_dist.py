@@ -633,7 +633,10 @@ def run_load(ckpt, truth, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_
     """`load` in the calling process (a test's, megatron-core imported once there; the ranks
     forked from it): (every rank exited 0, the ranks' verdicts). truth: a truth.pt's dict (the
     source's); the model is built with the vocabulary rows of the checkpoint's args
-    (padded_vocab_size, which ucp sets for the target TP)."""
+    (padded_vocab_size, which ucp sets for the target TP). from_args: the model built from the
+    checkpoint's args as Megatron-LM builds it (config_from_args; a checkpoint ucp made from
+    another framework's model), without rng state or _extra_state where the checkpoint has
+    none. Each verdict also names the truth's tensors compared ("names")."""
     import json
     import tempfile
     import time
