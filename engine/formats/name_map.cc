@@ -76,7 +76,6 @@ std::unique_ptr<universal::UniversalInput> MapNamesIfKnown(
     model.source.names = m.name;
     model.layout_yaml.clear();  // the descriptor of the source's names
     if (m.root) m.root(model);
-    if (m.variables) m.variables(input, model);
     return universal::MappedInput(input, std::move(*params), std::move(model));
   }
   return nullptr;

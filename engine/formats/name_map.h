@@ -41,11 +41,6 @@ struct NameMap {
   /// What else of the model the target model's framework names its own way
   /// (its optimizer's state names, say); may be empty.
   std::function<void(universal::Model&)> root = nullptr;
-  /// Model variables the source does not record but its params show (sizes
-  /// from shapes), set on the mapped model after `root` (what a target's
-  /// args are built from, megatron/args.h NewArgs); may be empty.
-  std::function<void(const universal::UniversalInput&, universal::Model&)>
-      variables = nullptr;
 };
 
 /// `input` under the names of map `name`. `input` must outlive the result.

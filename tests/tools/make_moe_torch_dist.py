@@ -137,40 +137,8 @@ SHARDING = []  # this rank's (key, global shape, offset, local shape, prepended 
 EXPERTS_INFIX = ".mlp.experts.experts."
 
 
-def config_from_args(args, a):
-    """megatron-core's TransformerConfig from a checkpoint's args (its common.pt's), as
-    Megatron-LM's core_transformer_config_from_args builds it: every args attribute named like a
-    TransformerConfig field; num_moe_experts from num_experts; SwiGLU (gated_linear_unit, silu)
-    from swiglu; params_dtype from bf16 / fp16; num_query_groups only with
-    group_query_attention; the layout a.tp / a.pp / a.ep / a.etp (the args' own must agree).
-    Only what runs on CPU is set here: use_cpu_initialization, no grouped GEMM."""
-    import dataclasses
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    # (None: not set, TransformerConfig's default, as --use-checkpoint-args skips None)
-    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerConfig)
-          if getattr(args, f.name, None) is not None}
-    kw["num_moe_experts"] = getattr(args, "num_experts", None)
-    if getattr(args, "swiglu", False):
-        kw.update(gated_linear_unit=True, activation_func=torch.nn.functional.silu)
-    dtype = torch.bfloat16 if getattr(args, "bf16", False) else \
-        torch.float16 if getattr(args, "fp16", False) else torch.float32
-    kw.update(params_dtype=dtype, pipeline_dtype=dtype)
-    if not getattr(args, "group_query_attention", False):
-        kw["num_query_groups"] = None
-    layout = dict(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
-                  expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
-    for k, v in layout.items():
-        if k in kw and kw[k] is not None and kw[k] != v:
-            raise ValueError(f"common.pt args {k}={kw[k]}, the layout's {v}")
-    kw.update(layout, use_cpu_initialization=True, moe_grouped_gemm=False,
-              virtual_pipeline_model_parallel_size=None)
-    return TransformerConfig(**kw)
-
-
 def config(a):
     from megatron.core.transformer.transformer_config import TransformerConfig
-    if getattr(a, "args", None) is not None:
-        return config_from_args(a.args, a)
     kw = {}
     if a.variant == "deepseek":
         kw = dict(moe_layer_freq=[0, 1], moe_shared_expert_intermediate_size=SIZE["shared_ffn"],
@@ -210,18 +178,11 @@ def build(a):
             if vpp > 1 else parallel_state.is_pipeline_first_stage()
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, **kw) \
             if vpp > 1 else parallel_state.is_pipeline_last_stage()
-        args = getattr(a, "args", None)
         model = GPTModel(config=cfg, transformer_layer_spec=spec,
                          vocab_size=getattr(a, "vocab", None) or VOCAB,
-                         max_sequence_length=64 if args is None else args.max_position_embeddings,
-                         pre_process=pre, post_process=post,
-                         share_embeddings_and_output_weights=args is not None and not getattr(
-                             args, "untie_embeddings_and_output_weights", False),
-                         position_embedding_type="rope" if args is None else getattr(
-                             args, "position_embedding_type", "learned_absolute"), **kw)
-        if not cfg.bf16:  # an fp32 model (a checkpoint's args without bf16 / fp16)
-            models.append(model)
-            continue
+                         max_sequence_length=64, pre_process=pre, post_process=post,
+                         share_embeddings_and_output_weights=False,
+                         position_embedding_type="rope", **kw)
         # Training's Float16Module casts every param (the local spec's norms are fp32) to
         # bf16; the router's expert bias is an fp32 buffer Megatron keeps in fp32.
         bias = {n: b.clone() for n, b in model.named_buffers() if n.endswith("expert_bias")}
@@ -509,54 +470,23 @@ def load_rank(rank, world, port, a):
     if not a.no_optimizer:
         # non_distributed: training without --use-distributed-optimizer (a ChainedOptimizer
         # of Float16OptimizerWithFloat16Params, the experts' own at EP > 1)
-        _, opt = mcore_cpu.ddp_and_optimizer(models, distributed=not non_distributed,
-                                             bf16=models[0].config.bf16)
+        _, opt = mcore_cpu.ddp_and_optimizer(models, distributed=not non_distributed)
         if not non_distributed:
             mcore_cpu.allocate_state(opt)
-    iter_dir = pathlib.Path(a.ckpt) / f"iter_{getattr(a, 'iteration', ITERATION):07d}"
+    iter_dir = pathlib.Path(a.ckpt) / f"iter_{ITERATION:07d}"
     content = dist_checkpointing.load_content_metadata(str(iter_dir)) or {}
     sd = model_sd(models)
-    from torch.distributed.checkpoint import FileSystemReader
-    if getattr(a, "args", None) is None or any(
-            k.startswith("rng_state")
-            for k in FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata):
-        sd["rng_state"] = mtd.rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())
-    # else a checkpoint without rng states (training's --no-load-rng)
+    sd["rng_state"] = mtd.rng_object(a.tp, a.pp, parallel_state.get_data_parallel_rank())
     if opt is not None:
         sd["optimizer"] = opt.sharded_state_dict(model_sd(models), is_loading=True,
                                                  metadata=content)
-    early = []  # what the strict checks of a checkpoint without _extra_state found
-    if getattr(a, "args", None) is None:
-        loaded = dist_checkpointing.load(sd, str(iter_dir))
-        for key, model in model_sd_keys(models):
-            model.load_state_dict(loaded[key], strict=True)
-    else:
-        # A checkpoint made from another framework's model has no _extra_state objects
-        # (training loads it with --dist-ckpt-strictness log_all, which drops the keys the
-        # checkpoint lacks: adjust_non_strict_load). Only those may be dropped here (any other
-        # key absent from the checkpoint fails the load); the test checks that the names
-        # compared cover the whole checkpoint. (megatron-core 0.16's own strict validation
-        # cannot read torch 2.15's metadata: TensorProperties' strides.)
-        from megatron.core.dist_checkpointing.mapping import ShardedObject
-        from megatron.core.dist_checkpointing.dict_utils import extract_matching_values
-        saved = {k.split("/shard_")[0] for k in FileSystemReader(
-            str(iter_dir)).read_metadata().state_dict_metadata}
-        absent = {sh.key for sh in nested_values(sd) if isinstance(sh, ShardedObject)
-                  and sh.key.endswith("_extra_state") and sh.key not in saved}
-        # (as adjust_non_strict_load, which takes only sharded values)
-        _, sd = extract_matching_values(
-            sd, lambda x: isinstance(x, ShardedObject) and x.key in absent)
-        loaded = dist_checkpointing.load(sd, str(iter_dir))
-        for key, model in model_sd_keys(models):
-            res = model.load_state_dict(loaded[key], strict=False)
-            early += [f"{key} not loaded: {k}" for k in res.missing_keys
-                      if not k.endswith("_extra_state")]
-            early += [f"{key} left over: {k}" for k in res.unexpected_keys]
+    loaded = dist_checkpointing.load(sd, str(iter_dir))
+    for key, model in model_sd_keys(models):
+        model.load_state_dict(loaded[key], strict=True)
     if opt is not None:
         opt.load_state_dict(loaded["optimizer"])  # as training's load_checkpoint does
     truth = a.truth
-    mismatches, checked, values, controls = early, 0, 0, []
-    compared = set()  # the truth's names compared ("model/<name>", "<state>/<name>")
+    mismatches, checked, values, controls = [], 0, 0, []
     after = model_sd(models)
     apply_factories(after)
     shards = [("model", sh, truth["model"]) for sh in nested_values(after)
@@ -611,7 +541,6 @@ def load_rank(rank, world, port, a):
             tensors = truth["optimizer"][state]
         values += compare_shard(sh, tensors, name, mismatches)
         checked += 1
-        compared.add(f"{what}/{name}" if what == "model" else f"{state}/{name}")
         if not controls and ".mlp.experts." in name:  # negative control, once
             missed = []
             compare_shard(sh, tensors, name, missed, perturb=True)
@@ -620,7 +549,7 @@ def load_rank(rank, world, port, a):
         mismatches.append(f"negative control (a changed expert value) not detected: {controls}")
     experts = sum(1 for w, sh, _ in shards if w == "model" and EXPERTS_INFIX in sh.key)
     mtd.report(a, {"rank": rank, "ok": not mismatches, "checked": checked, "values": values,
-                   "expert_shards": experts, "steps": steps, "names": sorted(compared),
+                   "expert_shards": experts, "steps": steps,
                    "mismatches": [m[:160] for m in mismatches[:10]]})
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -629,25 +558,21 @@ def load_rank(rank, world, port, a):
 
 
 def run_load(ckpt, truth, variant, tp, pp=1, dp=1, ep=1, etp=None, optim="fully_reshardable",
-             no_optimizer=False, vpp=1, from_args=False, iteration=ITERATION):
+             no_optimizer=False, vpp=1):
     """`load` in the calling process (a test's, megatron-core imported once there; the ranks
     forked from it): (every rank exited 0, the ranks' verdicts). truth: a truth.pt's dict (the
     source's); the model is built with the vocabulary rows of the checkpoint's args
-    (padded_vocab_size, which ucp sets for the target TP). from_args: the model built from the
-    checkpoint's args as Megatron-LM builds it (config_from_args; a checkpoint ucp made from
-    another framework's model), without rng state or _extra_state where the checkpoint has
-    none. Each verdict also names the truth's tensors compared ("names")."""
+    (padded_vocab_size, which ucp sets for the target TP)."""
     import json
     import tempfile
     import time
     mtd.preload()
     import megatron.core.transformer.moe.moe_layer  # noqa: F401 (once, before forking)
-    iter_dir = pathlib.Path(ckpt) / f"iter_{iteration:07d}"
+    iter_dir = pathlib.Path(ckpt) / f"iter_{ITERATION:07d}"
     args = torch.load(iter_dir / "common.pt", weights_only=False)["args"]
     a = argparse.Namespace(ckpt=str(ckpt), truth=truth, variant=variant, tp=tp, pp=pp, dp=dp,
                            ep=ep, etp=etp or tp, optim=optim, no_optimizer=no_optimizer,
-                           vocab=args.padded_vocab_size, vpp=vpp, iteration=iteration,
-                           args=args if from_args else None)
+                           vocab=args.padded_vocab_size, vpp=vpp)
     # the source's model size (a --size save's), whatever SIZE holds now
     SIZE.update({k: truth["config"][k] for k in SIZE if k in truth["config"]})
     with tempfile.TemporaryDirectory(prefix="ucp-moe-load-") as t:

@@ -149,9 +149,8 @@ def _adam_step_shim():
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
-def ddp_and_optimizer(models, lr=1e-3, distributed=True, bf16=True):
-    """Training's objects for `models` (the model chunks of this rank, bf16; fp32 with
-    bf16=False): each wrapped in
+def ddp_and_optimizer(models, lr=1e-3, distributed=True):
+    """Training's objects for `models` (the model chunks of this rank, bf16): each wrapped in
     megatron-core's DistributedDataParallel (--use-distributed-optimizer, grads in fp32, no
     overlap: one bucket per chunk, bucketing off for chunks after the first as training's
     get_model does), and get_megatron_optimizer's optimizer over them (a ChainedOptimizer of one
@@ -168,9 +167,8 @@ def ddp_and_optimizer(models, lr=1e-3, distributed=True, bf16=True):
               for i, m in enumerate(models)]
     opt = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=lr, min_lr=lr / 10, weight_decay=0.1,
-                        adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=bf16,
-                        params_dtype=torch.bfloat16 if bf16 else torch.float32,
-                        use_distributed_optimizer=distributed,
+                        adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=True,
+                        params_dtype=torch.bfloat16, use_distributed_optimizer=distributed,
                         clip_grad=0.0),
         chunks)
     return chunks, opt

@@ -444,16 +444,8 @@ std::vector<Value*> TorchDistPlan::TargetGroups(
     pickle::Arena& arena,
     const std::function<Value*(const std::string&)>& import, int half) const {
   std::vector<Value*> groups;
-  // The source's groups when they are Megatron's (its keys: wd_mult, ...);
-  // another framework's (torchtitan's DCP keeps torch's groups) would not
-  // match the groups Megatron's optimizer builds: Megatron's instead.
-  auto megatron_group = [](const Value* g) {
-    return g != nullptr && g->IsDictLike() &&
-           pickle::DictGet(g, "wd_mult") != nullptr;
-  };
   if (Value* list = import("optimizer/param_groups");
-      list != nullptr && list->kind == Kind::kList && !list->items.empty() &&
-      std::all_of(list->items.begin(), list->items.end(), megatron_group))
+      list != nullptr && list->kind == Kind::kList)
     groups.assign(list->items.begin(), list->items.end());
   else if (write_optimizer_)
     groups = DefaultGroups(arena);
@@ -557,12 +549,8 @@ std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
     const megatron::GroupKey& key = grouping.keys[i];
     const auto it =
         source_group.find(params[grouping.members[i].front()]->info.fqn);
-    // (a source of one group under other names, a name map's: that group)
     const universal::ParamGroup* src =
-        it != source_group.end() ? it->second
-        : optimizer.groups && optimizer.groups->size() == 1
-            ? &optimizer.groups->front()
-            : nullptr;
+        it != source_group.end() ? it->second : nullptr;
     auto number = [&](std::optional<double> universal::ParamGroup::*k,
                       double def) {
       const bool have = src != nullptr && (src->*k).has_value();
@@ -599,21 +587,6 @@ std::vector<Value*> TorchDistPlan::DefaultGroups(pickle::Arena& arena) const {
     put("capturable", arena.Bool(false));
     put("differentiable", arena.Bool(false));
     put("fused", arena.None());
-    // The source group's further scalar settings (torch Adam's
-    // decoupled_weight_decay, say): kept for a load back into its framework.
-    if (src != nullptr && src->other.is_object()) {
-      for (const auto& [k, v] : src->other.members()) {
-        if (k == "params" || k == "step" || pickle::DictGet(g, k) != nullptr)
-          continue;
-        Value* x = v.is_bool()     ? arena.Bool(v.AsBool())
-                   : v.is_int()    ? arena.Int(v.AsInt())
-                   : v.is_number() ? arena.Float(v.AsDouble())
-                   : v.is_string() ? arena.Str(v.AsString())
-                   : v.is_null()   ? arena.None()
-                                   : nullptr;
-        if (x != nullptr) put(k.c_str(), x);
-      }
-    }
     put("wd_mult", arena.Float(key.wd_mult));
     put("lr_mult", arena.Float(key.lr_mult));
     put("is_expert_parallel", arena.Bool(key.is_expert_parallel));

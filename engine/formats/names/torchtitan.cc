@@ -267,74 +267,6 @@ std::optional<std::vector<universal::MappedParam>> TorchtitanFromMcore(
   return out;
 }
 
-// The model variables a torchtitan save does not record, for Megatron's args
-// (megatron/args.h NewArgs builds them for a torch_dist or legacy target of
-// content without args): torchtitan's decoders (Llama 3, Qwen3, its
-// DeepSeek-style MoE) are RMSNorm, RoPE, SwiGLU models with no linear
-// biases; the sizes from the shapes (hidden_size: the embedding's columns,
-// ffn_hidden_size: a dense layer's w1 rows, moe_ffn_hidden_size: an expert's
-// w1 rows, moe_shared_expert_intermediate_size: the shared experts' w1 rows,
-// with no gate), tied 0 with an output.weight, qk_layernorm with q_norm, and
-// an expert bias as Megatron's only router with one: the sigmoid score
-// function with moe_router_enable_expert_bias. A variable the source
-// records is kept; the heads, query groups and router top-k are not in the
-// save (--model-var).
-void TorchtitanVariables(const universal::UniversalInput& input,
-                         universal::Model& model) {
-  universal::ModelInfo& vars = model.variables;
-  auto set = [&](std::string_view name, int64_t value) {
-    if (!vars.Get(name)) vars.Set(name, value);
-  };
-  // The rows of the first 2-D param whose name after "layers.L." is `part`
-  // (kExpertW1: a routed expert's w1).
-  constexpr std::string_view kExpertW1 = "moe.experts.<e>.w1";
-  auto rows = [&](std::string_view part) -> std::optional<int64_t> {
-    for (const atoms::StoredParam& p : input.params()) {
-      if (p.info.kind != atoms::ParamKind::kParam || p.info.shape.size() != 2)
-        continue;
-      const auto layer = TorchtitanLayer(p.info.fqn);
-      if (!layer) continue;
-      const auto expert = TorchtitanExpert(layer->second);
-      if (part == kExpertW1 ? expert && expert->second == "w1"
-                            : layer->second == part)
-        return p.info.shape[0];
-    }
-    return std::nullopt;
-  };
-  const atoms::StoredParam* embedding =
-      input.FindParam("tok_embeddings.weight");
-  if (embedding != nullptr && embedding->info.shape.size() == 2)
-    set("hidden_size", embedding->info.shape[1]);
-  if (auto f = rows("feed_forward.w1.weight")) set("ffn_hidden_size", *f);
-  if (auto f = rows(kExpertW1)) set("moe_ffn_hidden_size", *f);
-  if (auto f = rows("moe.shared_experts.w1.weight")) {
-    set("moe_shared_expert_intermediate_size", *f);
-    set("moe_shared_expert_gate", 0);
-  }
-  set("swiglu", 1);
-  set("add_bias_linear", 0);
-  set("tied", input.FindParam("output.weight") != nullptr ? 0 : 1);
-  bool qk_norm = false, expert_bias = false;
-  for (const atoms::StoredParam& p : input.params()) {
-    const auto layer = TorchtitanLayer(p.info.fqn);
-    if (!layer) continue;
-    qk_norm = qk_norm || layer->second == "attention.q_norm.weight";
-    expert_bias = expert_bias || layer->second == "moe.expert_bias";
-  }
-  set("qk_layernorm", qk_norm ? 1 : 0);
-  json::Value& other = vars.other;
-  if (!other.is_object()) other = json::Value::Object();
-  if (expert_bias) {
-    set("moe_router_enable_expert_bias", 1);
-    if (other.Find("moe_router_score_function") == nullptr)
-      other["moe_router_score_function"] = "sigmoid";
-  }
-  if (other.Find("normalization") == nullptr)
-    other["normalization"] = "RMSNorm";
-  if (other.Find("position_embedding_type") == nullptr)
-    other["position_embedding_type"] = "rope";
-}
-
 }  // namespace
 
 UCP_REGISTER_NAME_MAP(torchtitan_from_mcore,
@@ -349,7 +281,6 @@ UCP_REGISTER_NAME_MAP(mcore_llama_from_torchtitan,
                        "torchtitan's names (Llama 3, Qwen3, MoE with routed "
                        "experts per global expert as the dcp reader gives "
                        "them, router, expert bias, shared experts)",
-                       McoreFromTorchtitan, "mcore-llama", nullptr,
-                       TorchtitanVariables});
+                       McoreFromTorchtitan, "mcore-llama"});
 
 }  // namespace ucp::names
