@@ -552,6 +552,20 @@ def test_qwen3_qk_norm():
     check_model("qwen3")
 
 
+def load_release(model, ckpt):
+    """dist_checkpointing.load of `ckpt`/release into megatron-core `model` (ucp writes no
+    `_extra_state`: left out of the request and of the check); the keys not loaded or
+    unexpected, as problem lines."""
+    from megatron.core import dist_checkpointing
+    sd = {"model": model.sharded_state_dict()}
+    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
+        del sd["model"][k]
+    loaded = dist_checkpointing.load(sd, str(pathlib.Path(ckpt) / "release"))
+    res = model.load_state_dict(loaded["model"], strict=False)
+    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
+    return problems + [f"unexpected: {k}" for k in res.unexpected_keys]
+
+
 def moe_rank(rank, world, port, a):
     """megatron-core's MoE GPTModel of a.variant (moe_hf_oracle.build: mixtral, every layer MoE;
     qwen3, QK norms and layer 0 dense; qwen2, layer 0 dense and a shared expert with its sigmoid
@@ -562,17 +576,10 @@ def moe_rank(rank, world, port, a):
     import mcore_cpu
     mcore_cpu.shims()
     import moe_hf_oracle
-    from megatron.core import dist_checkpointing
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.moe import moe_utils
     model = moe_hf_oracle.build(a.variant, 999)  # other values than the checkpoint's
-    sd = {"model": model.sharded_state_dict()}
-    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
-        del sd["model"][k]
-    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "release"))
-    res = model.load_state_dict(loaded["model"], strict=False)
-    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
-    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    problems = load_release(model, a.ckpt)
     model.config.bf16 = False
     m = model.float().eval()
     if not hasattr(moe_utils, "te_general_gemm"):
@@ -735,7 +742,6 @@ def glm_rank(rank, world, port, a):
     mtd.init(rank, world, port, 1, 1, 1)
     import mcore_cpu
     mcore_cpu.shims()
-    from megatron.core import dist_checkpointing
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.tensor_parallel import random as mrandom
@@ -771,13 +777,7 @@ def glm_rank(rank, world, port, a):
                          "untie_embeddings_and_output_weights"],
                      position_embedding_type=g["position_embedding_type"],
                      rotary_percent=g["rotary_percent"], rotary_base=g["rotary_base"])
-    sd = {"model": model.sharded_state_dict()}
-    for k in [k for k in sd["model"] if k.endswith("_extra_state")]:
-        del sd["model"][k]
-    loaded = dist_checkpointing.load(sd, str(pathlib.Path(a.ckpt) / "release"))
-    res = model.load_state_dict(loaded["model"], strict=False)
-    problems = [f"not loaded: {k}" for k in res.missing_keys if not k.endswith("_extra_state")]
-    problems += [f"unexpected: {k}" for k in res.unexpected_keys]
+    problems = load_release(model, a.ckpt)
     m = model.eval()
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None

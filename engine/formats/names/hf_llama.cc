@@ -933,26 +933,20 @@ std::optional<std::vector<universal::MappedParam>> McoreLlamaFromHf(
       }
       if (e == 0)
         throw UsageError(where, ": ", h, "mlp.gate.weight but no expert 0");
-      // Qwen2-MoE's shared expert and its sigmoid gate (DeepSeek's shared
-      // experts have none).
-      if (by_hf.count(h + "mlp.shared_expert.gate_proj.weight")) {
-        const std::string x = h + "mlp.shared_expert.";
+      // Shared experts: Qwen2-MoE's `shared_expert` (with its sigmoid gate
+      // below), DeepSeek-V3's / GLM-4-MoE's ungated `shared_experts`.
+      for (const char* shared : {"mlp.shared_expert.", "mlp.shared_experts."}) {
+        const std::string x = h + shared;
+        if (!by_hf.count(x + "gate_proj.weight")) continue;
         gate_up(l + "mlp.shared_experts.linear_fc1.weight",
                 x + "gate_proj.weight", x + "up_proj.weight");
         whole(l + "mlp.shared_experts.linear_fc2.weight",
               find(x + "down_proj.weight", 2));
-        if (by_hf.count(h + "mlp.shared_expert_gate.weight")) {
-          whole(l + "mlp.shared_experts.gate_weight",
-                find(h + "mlp.shared_expert_gate.weight", 2));
-        }
       }
-      // DeepSeek-V3's / GLM-4-MoE's ungated shared experts.
-      if (by_hf.count(h + "mlp.shared_experts.gate_proj.weight")) {
-        const std::string x = h + "mlp.shared_experts.";
-        gate_up(l + "mlp.shared_experts.linear_fc1.weight",
-                x + "gate_proj.weight", x + "up_proj.weight");
-        whole(l + "mlp.shared_experts.linear_fc2.weight",
-              find(x + "down_proj.weight", 2));
+      if (by_hf.count(h + "mlp.shared_expert.gate_proj.weight") &&
+          by_hf.count(h + "mlp.shared_expert_gate.weight")) {
+        whole(l + "mlp.shared_experts.gate_weight",
+              find(h + "mlp.shared_expert_gate.weight", 2));
       }
       continue;
     }
