@@ -652,15 +652,21 @@ def rank_load(a):
                 checked += 1
                 if got_facts.get(key) != want:
                     failures.append(f"{key}: {got_facts.get(key)!r}, expected {want!r}")
-    # Every rank's verdict, decided together.
+    if not verdict(failures, checked):
+        sys.exit(1)
+
+
+def verdict(failures, checked):
+    """Every rank's verdict, decided together: rank 0 prints the JSON line the test reads
+    ({"ok", "checked", "failures": rank 0's}); True when no rank failed."""
+    import torch
     bad = torch.tensor([len(failures)])
     torch.distributed.all_reduce(bad)
     if torch.distributed.get_rank() == 0:
         print(json.dumps({"ok": int(bad) == 0, "checked": checked, "failures": failures}),
               flush=True)
     torch.distributed.barrier()
-    if int(bad):
-        sys.exit(1)
+    return int(bad) == 0
 
 
 def parse(argv):
